@@ -1,0 +1,20 @@
+#pragma once
+// Umbrella header: everything Ember offers.
+
+#include "ember/core/config.h"
+#include "ember/core/device.h"
+#include "ember/core/error.h"
+#include "ember/data/dataset.h"
+#include "ember/data/idx.h"
+#include "ember/data/loader.h"
+#include "ember/train/accuracy.h"
+#include "ember/train/callback.h"
+#include "ember/train/checkpoint.h"
+#include "ember/train/early_stopping.h"
+#include "ember/train/logging.h"
+#include "ember/train/optim.h"
+#include "ember/train/recipe.h"
+#include "ember/train/scheduler.h"
+#include "ember/train/task.h"
+#include "ember/train/trainer.h"
+#include "ember/version.h"

@@ -1,0 +1,78 @@
+#pragma once
+// Callbacks: the hooks through which precision, pruning, monitoring,
+// distribution and logging plug into the one training loop.
+//
+// Call order in Trainer::fit (documented once, here):
+//
+//   on_fit_start
+//   for each epoch:
+//     on_epoch_start
+//     for each batch (micro-batch when accumulating):
+//       forward, loss / accumulate_grad_batches, backward
+//       at an accumulation boundary (every k-th batch, or the epoch's last):
+//         clip gradients (if trainer.clip_grad_norm > 0)
+//         on_before_optimizer_step      <- gradients are final here
+//         optimizer.step(); zero grads; LR schedule for the next step
+//         on_step_end                   <- one call per optimizer step
+//       a stop request (signal, request_stop) is honoured here, after a checkpoint
+//     on_epoch_end                      <- training metrics of the epoch
+//     validation (every trainer.val_every epochs, if the task has val data)
+//     on_validation_end                 <- validation metrics
+//     checkpoint written (every trainer.checkpoint_every epochs and at a stop)
+//       on_checkpoint_save for each callback, in registration order
+//   on_fit_end                          <- also after a stop request
+//
+// Callbacks run in registration order. A callback may call
+// Trainer::request_stop(reason) from any hook; the loop stops at the next
+// optimizer-step boundary, or after the current epoch's validation when
+// called from on_epoch_end / on_validation_end.
+
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace ember::train {
+
+class Trainer;
+
+/// Metrics of one pass over a loader (training epoch, validation or test).
+struct EvalResult {
+  double loss = 0.0;        ///< mean loss per sample
+  double accuracy = -1.0;   ///< fraction correct; -1 when the task has no classification output
+  int64_t samples = 0;
+  double seconds = 0.0;
+};
+
+/// Passed to on_step_end, once per optimizer step.
+struct StepInfo {
+  int64_t epoch = 0;          ///< 0-based epoch
+  int64_t step = 0;           ///< optimizer steps taken so far, this one included
+  int64_t batch = 0;          ///< batches of this epoch consumed so far
+  int64_t samples = 0;        ///< samples in this optimizer step (all micro-batches)
+  double lr = 0.0;            ///< learning rate of the first param group used for this step
+  torch::Tensor loss;         ///< mean loss of the step, on the device (reading it syncs)
+};
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  /// Name used in checkpoints for this callback's state.
+  virtual std::string name() const = 0;
+
+  virtual void on_fit_start(Trainer& trainer) {}
+  virtual void on_epoch_start(Trainer& trainer, int64_t epoch) {}
+  virtual void on_before_optimizer_step(Trainer& trainer, torch::optim::Optimizer& optimizer) {}
+  virtual void on_step_end(Trainer& trainer, const StepInfo& info) {}
+  virtual void on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& train) {}
+  virtual void on_validation_end(Trainer& trainer, int64_t epoch, const EvalResult& val) {}
+  virtual void on_fit_end(Trainer& trainer) {}
+
+  /// State that must survive a resume (counters, best values...).
+  virtual void on_checkpoint_save(Trainer& trainer, torch::serialize::OutputArchive& archive) {}
+  virtual void on_checkpoint_load(Trainer& trainer, torch::serialize::InputArchive& archive) {}
+};
+
+}  // namespace ember::train

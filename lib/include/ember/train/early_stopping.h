@@ -1,0 +1,40 @@
+#pragma once
+// EarlyStopping: stops fit when a validation metric stops improving.
+
+#include <limits>
+#include <string>
+
+#include "ember/train/callback.h"
+
+namespace ember::train {
+
+struct EarlyStoppingOptions {
+  /// val_loss or val_accuracy.
+  std::string monitor = "val_loss";
+  /// Epochs without improvement before stopping.
+  int64_t patience = 3;
+  /// Smallest change that counts as an improvement.
+  double min_delta = 0.0;
+  /// Stop when the monitored value is not finite (NaN/inf loss).
+  bool check_finite = true;
+};
+
+class EarlyStopping : public Callback {
+ public:
+  explicit EarlyStopping(EarlyStoppingOptions options);
+  std::string name() const override { return "early_stopping"; }
+  void on_validation_end(Trainer& trainer, int64_t epoch, const EvalResult& val) override;
+  void on_checkpoint_save(Trainer& trainer, torch::serialize::OutputArchive& archive) override;
+  void on_checkpoint_load(Trainer& trainer, torch::serialize::InputArchive& archive) override;
+
+  double best() const { return best_; }
+  int64_t bad_epochs() const { return bad_epochs_; }
+
+ private:
+  EarlyStoppingOptions options_;
+  bool maximize_ = false;
+  double best_;
+  int64_t bad_epochs_ = 0;
+};
+
+}  // namespace ember::train

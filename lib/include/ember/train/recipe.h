@@ -1,0 +1,73 @@
+#pragma once
+// Recipe plumbing: the command line, the config keys every recipe shares, the
+// run folder and summary.json, so that a recipe's main() is tens of lines.
+//
+//   int main(int argc, char** argv) {
+//     ember::train::RecipeSpec spec;
+//     spec.name = "fashion_mnist";
+//     spec.default_config = kDefaultConfig;   // the recipe's config.toml, embedded
+//     spec.declare = [](ember::core::Config& c) { c.declare("model.width", 32, "..."); };
+//     spec.make_task = [](const ember::core::Config& c, torch::Device d) { return ...; };
+//     return ember::train::run_recipe(argc, argv, spec);
+//   }
+//
+// Command line: RECIPE [--config FILE] [--help] [key=value ...]. The recipe's
+// default config is applied unless --config replaces it; key=value overrides
+// come last. Exit status: 0 done, 2 bad command line or config, 1 error,
+// 130 stopped by SIGINT/SIGTERM (a checkpoint was saved; resume with
+// trainer.resume=auto run.dir=<same folder>).
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ember/core/config.h"
+#include "ember/train/task.h"
+#include "ember/train/trainer.h"
+
+namespace ember::train {
+
+/// Declares the keys every recipe shares: run.*, trainer.*, optim.*, sched.*, early_stop.*.
+void declare_trainer_keys(core::Config& config);
+
+/// TrainerOptions from those keys. `steps_per_epoch` (optimizer steps) turns
+/// epoch-based schedule keys into steps.
+TrainerOptions trainer_options_from_config(const core::Config& config, int64_t steps_per_epoch);
+
+/// What a run leaves in summary.json.
+struct RunSummary {
+  std::string recipe;
+  double test_accuracy = -1.0;
+  double test_loss = 0.0;
+  int64_t epochs = 0;
+  int64_t steps = 0;
+  double train_seconds = 0.0;
+  double samples_per_second = 0.0;
+  std::string device;
+  std::string precision;
+  int64_t parameters = 0;
+  std::string stop_reason;
+  /// Recipe-specific numbers (e.g. val_accuracy).
+  std::map<std::string, double> extra;
+};
+
+/// Writes summary.json atomically.
+void write_summary(const std::string& path, const RunSummary& summary);
+
+struct RecipeSpec {
+  std::string name;
+  /// The recipe's default config (TOML text).
+  std::string_view default_config;
+  /// Declares the recipe's own keys (model.*, data.* ...).
+  std::function<void(core::Config&)> declare;
+  /// Builds the task on `device` from the resolved config.
+  std::function<std::unique_ptr<Task>(const core::Config&, torch::Device)> make_task;
+};
+
+/// Parses the command line, trains, tests, writes the run folder, prints the
+/// test accuracy. Never throws: errors are printed and turned into an exit status.
+int run_recipe(int argc, char** argv, const RecipeSpec& spec);
+
+}  // namespace ember::train

@@ -1,0 +1,124 @@
+#pragma once
+// Learning-rate schedules as pure functions of the optimizer step.
+//
+// A Schedule maps (step, base_lr) to the learning rate used for that step,
+// where step counts optimizer steps already taken (0 for the first). Because
+// the value depends on nothing but the step, resuming a run only needs the
+// step counter. Formulas match PyTorch's closed forms:
+//   constant:  base
+//   step:      base * gamma^floor(step / step_size)             (StepLR)
+//   cosine:    min + (base - min) * (1 + cos(pi * t / T)) / 2,   t = min(step, T)
+//                                                              (CosineAnnealingLR)
+//   onecycle:  OneCycleLR, two phases, cosine annealing, max_lr = base:
+//              start = base / div_factor, end = start / final_div_factor,
+//              warm to base over pct_start * total - 1 steps, then anneal to end
+//   warmup:    any of the above, scaled by a linear ramp from start_factor to 1
+//              over `warmup_steps` (LinearLR then SequentialLR-like hand-off:
+//              the inner schedule sees step - warmup_steps afterwards)
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ember::train {
+
+class Schedule {
+ public:
+  virtual ~Schedule() = default;
+  virtual double lr_at(int64_t step, double base_lr) const = 0;
+  virtual std::string name() const = 0;
+};
+
+class ConstantSchedule : public Schedule {
+ public:
+  double lr_at(int64_t, double base_lr) const override { return base_lr; }
+  std::string name() const override { return "constant"; }
+};
+
+class StepSchedule : public Schedule {
+ public:
+  /// Multiplies the rate by `gamma` every `step_size` optimizer steps.
+  StepSchedule(int64_t step_size, double gamma);
+  double lr_at(int64_t step, double base_lr) const override;
+  std::string name() const override { return "step"; }
+
+ private:
+  int64_t step_size_;
+  double gamma_;
+};
+
+class CosineSchedule : public Schedule {
+ public:
+  /// Anneals from base to base * min_factor over `total_steps`, then stays.
+  CosineSchedule(int64_t total_steps, double min_factor);
+  double lr_at(int64_t step, double base_lr) const override;
+  std::string name() const override { return "cosine"; }
+
+ private:
+  int64_t total_steps_;
+  double min_factor_;
+};
+
+struct OneCycleOptions {
+  /// Total optimizer steps of the cycle.
+  int64_t total_steps = 1000;
+  /// Fraction of the cycle spent increasing the rate.
+  double pct_start = 0.3;
+  /// Initial rate = base / div_factor.
+  double div_factor = 25.0;
+  /// Final rate = initial / final_div_factor.
+  double final_div_factor = 1e4;
+};
+
+class OneCycleSchedule : public Schedule {
+ public:
+  explicit OneCycleSchedule(OneCycleOptions options);
+  double lr_at(int64_t step, double base_lr) const override;
+  std::string name() const override { return "onecycle"; }
+
+ private:
+  OneCycleOptions options_;
+};
+
+class WarmupSchedule : public Schedule {
+ public:
+  /// Linear warm-up from start_factor * lr to lr over `warmup_steps`, then `after`.
+  WarmupSchedule(int64_t warmup_steps, double start_factor, std::shared_ptr<Schedule> after);
+  double lr_at(int64_t step, double base_lr) const override;
+  std::string name() const override { return "warmup+" + after_->name(); }
+
+ private:
+  int64_t warmup_steps_;
+  double start_factor_;
+  std::shared_ptr<Schedule> after_;
+};
+
+/// What the Trainer's config keys describe (sched.*). Lengths are in
+/// optimizer steps; the Trainer converts epochs to steps.
+struct ScheduleSpec {
+  /// constant, step, cosine or onecycle.
+  std::string name = "constant";
+  /// Linear warm-up steps before the schedule (0 = none).
+  int64_t warmup_steps = 0;
+  /// Warm-up starts at this fraction of the rate.
+  double warmup_start_factor = 0.1;
+  /// step: steps between decays.
+  int64_t step_size = 1000;
+  /// step: decay factor.
+  double gamma = 0.1;
+  /// cosine: final rate as a fraction of the base rate.
+  double min_factor = 0.0;
+  /// cosine / onecycle: length of the schedule (excluding warm-up).
+  int64_t total_steps = 1000;
+  /// onecycle: fraction of the cycle spent warming up.
+  double pct_start = 0.3;
+  /// onecycle: initial rate = base / div_factor.
+  double div_factor = 25.0;
+  /// onecycle: final rate = initial / final_div_factor.
+  double final_div_factor = 1e4;
+};
+
+/// Builds a schedule by name; an unknown name is an error listing the valid ones.
+std::shared_ptr<Schedule> make_schedule(const ScheduleSpec& spec);
+
+}  // namespace ember::train

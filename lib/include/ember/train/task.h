@@ -1,0 +1,48 @@
+#pragma once
+// Task: what a recipe implements. The Trainer owns the loop; the Task owns the
+// model, the loss and the data.
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <memory>
+
+#include "ember/data/loader.h"
+
+namespace ember::train {
+
+/// What one forward pass returns. `loss` is a scalar mean over the batch.
+/// When `output` is [N, C] logits and `target` is [N] class indices, the
+/// Trainer also counts accuracy (on the device, without a host sync).
+struct StepOutput {
+  torch::Tensor loss;
+  torch::Tensor output;
+  torch::Tensor target;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+
+  /// The model being trained (already on the training device).
+  virtual std::shared_ptr<torch::nn::Module> model() = 0;
+
+  /// Forward pass and loss for one training batch (autograd on).
+  virtual StepOutput training_step(const data::Batch& batch) = 0;
+
+  /// Forward pass for validation/test (the Trainer sets eval mode and
+  /// disables autograd). Defaults to training_step.
+  virtual StepOutput evaluation_step(const data::Batch& batch) { return training_step(batch); }
+
+  /// The optimizer; nullptr lets the Trainer build one from its OptimizerSpec.
+  virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer() { return nullptr; }
+
+  virtual data::Loader& train_loader() = 0;
+  /// Validation data, or nullptr for none.
+  virtual data::Loader* val_loader() { return nullptr; }
+  /// Test data, or nullptr for none.
+  virtual data::Loader* test_loader() { return nullptr; }
+};
+
+}  // namespace ember::train

@@ -1,0 +1,125 @@
+#pragma once
+// Trainer: the one training loop every recipe and feature uses.
+// The call order of its hooks is documented in ember/train/callback.h.
+
+#include <torch/optim/optimizer.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/train/callback.h"
+#include "ember/train/optim.h"
+#include "ember/train/scheduler.h"
+#include "ember/train/task.h"
+
+namespace ember::train {
+
+struct TrainerOptions {
+  /// Passes over the training data.
+  int64_t epochs = 10;
+  /// Stop after this many optimizer steps; -1 = no limit.
+  int64_t max_steps = -1;
+  /// Batches whose gradients are summed into one optimizer step.
+  int64_t accumulate_grad_batches = 1;
+  /// Clip the global gradient L2 norm to this value; 0 = off.
+  double clip_grad_norm = 0.0;
+  /// Numeric precision of training; fp32 for now (mixed precision plugs in later).
+  std::string precision = "fp32";
+  /// Run folder (metrics.jsonl, checkpoints/, config); "" = write nothing.
+  std::string run_dir;
+  /// "" = start fresh, "auto" = <run_dir>/checkpoints/last.pt if present, else a checkpoint path.
+  std::string resume;
+  /// Validate every N epochs (0 = never).
+  int64_t val_every = 1;
+  /// Checkpoint every N epochs (0 = only when stopped by a signal or request).
+  int64_t checkpoint_every = 1;
+  /// Optimizer steps between metrics.jsonl step records.
+  int64_t log_every = 50;
+  /// Show a progress line (throttled; plain periodic lines when not a terminal).
+  bool progress = true;
+  /// Seconds between progress refreshes on a terminal.
+  double progress_interval = 0.25;
+  /// Stop cleanly, after saving a checkpoint, on SIGINT/SIGTERM.
+  bool handle_signals = true;
+  /// Used when the Task does not build its own optimizer.
+  OptimizerSpec optimizer;
+  /// Learning-rate schedule over optimizer steps; nullptr = constant.
+  std::shared_ptr<Schedule> schedule;
+};
+
+struct FitResult {
+  int64_t epochs_completed = 0;  ///< whole epochs done (including any before a resume)
+  int64_t steps = 0;             ///< optimizer steps done (including any before a resume)
+  int64_t samples = 0;           ///< training samples processed in this process
+  double train_seconds = 0.0;    ///< wall time in the training loop of this process (no validation)
+  bool stopped_early = false;    ///< a stop was requested (early stopping, signal, max_steps)
+  bool interrupted = false;      ///< stopped by SIGINT/SIGTERM (a checkpoint was saved)
+  std::string stop_reason;
+  EvalResult last_train;
+  EvalResult last_val;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainerOptions options);
+  ~Trainer();
+
+  /// Registers a callback; callbacks run in registration order.
+  Trainer& add_callback(std::shared_ptr<Callback> callback);
+
+  /// Trains `task` for options().epochs (resuming first if options().resume says so).
+  FitResult fit(Task& task);
+  /// Mean loss and accuracy over the task's validation data.
+  EvalResult validate(Task& task);
+  /// Mean loss and accuracy over the task's test data.
+  EvalResult test(Task& task);
+  /// Mean loss and accuracy over any loader, in eval mode, without autograd.
+  EvalResult evaluate(Task& task, data::Loader& loader);
+
+  /// Asks fit to stop at the next optimizer-step boundary.
+  void request_stop(const std::string& reason);
+
+  /// Writes a checkpoint of the current fit state (model, optimizer, counters,
+  /// RNG, callbacks) atomically. Only valid during fit (from a callback).
+  void save_checkpoint(const std::string& path);
+
+  const TrainerOptions& options() const { return options_; }
+  int64_t epoch() const { return epoch_; }
+  int64_t global_step() const { return global_step_; }
+  /// The optimizer of the current fit (nullptr outside fit).
+  torch::optim::Optimizer* optimizer() { return optimizer_.get(); }
+  /// The task of the current fit (nullptr outside fit).
+  Task* task() { return task_; }
+  /// Path of the last checkpoint written or loaded ("" if none).
+  const std::string& last_checkpoint() const { return last_checkpoint_; }
+
+ private:
+  void load_checkpoint(const std::string& path);
+  std::string resolve_resume_path() const;
+  void apply_schedule();
+
+  TrainerOptions options_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  Task* task_ = nullptr;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<double> base_lrs_;
+
+  // Loop position: the next batch to run is (epoch_, batch_).
+  int64_t epoch_ = 0;
+  int64_t batch_ = 0;
+  int64_t global_step_ = 0;
+  // Running sums of the current epoch (device tensors; read at epoch end).
+  torch::Tensor epoch_loss_sum_, epoch_correct_;
+  int64_t epoch_samples_ = 0;
+
+  std::string stop_reason_;
+  std::atomic<bool> stop_requested_{false};
+  std::string last_checkpoint_;
+};
+
+/// Number of parameters (elements) of a module.
+int64_t count_parameters(const torch::nn::Module& module);
+
+}  // namespace ember::train

@@ -1,0 +1,333 @@
+#include "ember/core/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace ember::core {
+namespace {
+
+const char* type_name(const ConfigValue& v) {
+  switch (v.index()) {
+    case 0: return "bool";
+    case 1: return "int";
+    case 2: return "float";
+    case 3: return "string";
+    default: return "float list";
+  }
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string format_float(double v) {
+  std::string s = fmt::format("{}", v);  // shortest round-trip form
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string format_value(const ConfigValue& v) {
+  switch (v.index()) {
+    case 0: return std::get<bool>(v) ? "true" : "false";
+    case 1: return std::to_string(std::get<int64_t>(v));
+    case 2: return format_float(std::get<double>(v));
+    case 3: {
+      std::ostringstream os;
+      os << toml::value<std::string>(std::get<std::string>(v));
+      return os.str();
+    }
+    default: {
+      std::string out = "[";
+      const auto& list = std::get<std::vector<double>>(v);
+      for (size_t i = 0; i < list.size(); ++i) out += (i ? ", " : "") + format_float(list[i]);
+      return out + "]";
+    }
+  }
+}
+
+std::string trim(std::string s) {
+  const auto not_space = [](unsigned char c) { return !std::isspace(c); };
+  s.erase(s.begin(), std::find_if(s.begin(), s.end(), not_space));
+  s.erase(std::find_if(s.rbegin(), s.rend(), not_space).base(), s.end());
+  return s;
+}
+
+// Parses a command-line value as the type of `like`.
+ConfigValue parse_text(const std::string& key, const std::string& raw, const ConfigValue& like) {
+  const std::string text = trim(raw);
+  const auto bad = [&](const char* expected) {
+    return Error(fmt::format("[config] {}={}: expected {}, e.g. {}={}", key, raw, expected, key,
+                             format_value(like)));
+  };
+  switch (like.index()) {
+    case 0:
+      if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
+      if (text == "false" || text == "0" || text == "off" || text == "no") return false;
+      throw bad("true or false");
+    case 1: {
+      errno = 0;
+      char* end = nullptr;
+      const long long v = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno == ERANGE) throw bad("an integer");
+      return static_cast<int64_t>(v);
+    }
+    case 2: {
+      errno = 0;
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) throw bad("a finite number");
+      return v;
+    }
+    case 3: return text;
+    default: {
+      std::string body = text;
+      if (!body.empty() && body.front() == '[') body.erase(0, 1);
+      if (!body.empty() && body.back() == ']') body.pop_back();
+      std::vector<double> out;
+      std::stringstream ss(body);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        item = trim(item);
+        if (item.empty()) continue;
+        char* end = nullptr;
+        const double v = std::strtod(item.c_str(), &end);
+        if (*end != '\0' || !std::isfinite(v)) throw bad("a list of numbers like [0.5, 0.25]");
+        out.push_back(v);
+      }
+      return out;
+    }
+  }
+}
+
+std::string toml_type(const toml::node& n) {
+  std::ostringstream os;
+  os << n.type();
+  return os.str();
+}
+
+// Converts a TOML node to the type of `like`.
+ConfigValue from_toml(const std::string& key, const toml::node& node, const ConfigValue& like,
+                      const std::string& source) {
+  const auto bad = [&]() {
+    return Error(fmt::format("[config] {}: {} must be a {} (e.g. {} = {}), got a TOML {}", source, key,
+                             type_name(like), key.substr(key.rfind('.') + 1), format_value(like),
+                             toml_type(node)));
+  };
+  switch (like.index()) {
+    case 0:
+      if (auto v = node.value_exact<bool>()) return *v;
+      throw bad();
+    case 1:
+      if (auto v = node.value_exact<int64_t>()) return *v;
+      throw bad();
+    case 2:
+      if (node.is_integer()) return static_cast<double>(*node.value<int64_t>());
+      if (auto v = node.value_exact<double>()) {
+        if (!std::isfinite(*v)) detail::fail("[config] {}: {} must be finite", source, key);
+        return *v;
+      }
+      throw bad();
+    case 3:
+      if (auto v = node.value_exact<std::string>()) return *v;
+      throw bad();
+    default: {
+      const auto* arr = node.as_array();
+      if (!arr) throw bad();
+      std::vector<double> out;
+      for (const auto& el : *arr) {
+        if (el.is_integer()) out.push_back(static_cast<double>(*el.value<int64_t>()));
+        else if (el.is_floating_point()) out.push_back(*el.value<double>());
+        else throw bad();
+      }
+      return out;
+    }
+  }
+}
+
+void flatten(const toml::table& table, const std::string& prefix,
+             std::vector<std::pair<std::string, const toml::node*>>& out) {
+  for (const auto& [k, node] : table) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const auto* sub = node.as_table()) flatten(*sub, key, out);
+    else out.emplace_back(key, &node);
+  }
+}
+
+std::string unknown_key_message(const Config& cfg, const std::string& key, const std::string& source) {
+  const std::string near = nearest_key(cfg, key);
+  std::string msg = fmt::format("[config] {}: unknown key '{}'", source, key);
+  if (!near.empty()) msg += fmt::format(" (did you mean '{}'?)", near);
+  return msg + "; --help lists every key";
+}
+
+}  // namespace
+
+Config& Config::declare_value(const std::string& key, ConfigValue value, std::string doc) {
+  EMBER_CHECK(!key.empty() && key.front() != '.' && key.back() != '.',
+              "[config] invalid key name '{}'", key);
+  EMBER_CHECK(!entries_.count(key), "[config] key '{}' declared twice", key);
+  entries_.emplace(key, ConfigEntry{value, value, std::move(doc), "default"});
+  return *this;
+}
+
+Config& Config::declare(const std::string& key, bool v, std::string doc) { return declare_value(key, v, std::move(doc)); }
+Config& Config::declare(const std::string& key, int64_t v, std::string doc) { return declare_value(key, v, std::move(doc)); }
+Config& Config::declare(const std::string& key, double v, std::string doc) { return declare_value(key, v, std::move(doc)); }
+Config& Config::declare(const std::string& key, const char* v, std::string doc) { return declare_value(key, std::string(v), std::move(doc)); }
+Config& Config::declare(const std::string& key, std::string v, std::string doc) { return declare_value(key, std::move(v), std::move(doc)); }
+Config& Config::declare(const std::string& key, std::vector<double> v, std::string doc) { return declare_value(key, std::move(v), std::move(doc)); }
+
+ConfigEntry& Config::entry_for_update(const std::string& key, const std::string& source) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) throw Error(unknown_key_message(*this, key, source));
+  return it->second;
+}
+
+const ConfigEntry& Config::entry(const std::string& key) const {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) throw Error(unknown_key_message(*this, key, "lookup"));
+  return it->second;
+}
+
+void Config::merge_toml(std::string_view text, const std::string& source) {
+  toml::table table;
+  try {
+    table = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    detail::fail("[config] {}:{}:{}: {} (fix the TOML syntax there)", source, where.line,
+                 where.column, e.description());
+  }
+  std::vector<std::pair<std::string, const toml::node*>> items;
+  flatten(table, "", items);
+  for (const auto& [key, node] : items) {
+    ConfigEntry& e = entry_for_update(key, source);
+    e.value = from_toml(key, *node, e.default_value, source);
+    e.source = source;
+  }
+}
+
+void Config::merge_toml_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EMBER_CHECK(in.good(), "[config] cannot open config file '{}' (check the path given to --config)", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  merge_toml(ss.str(), path);
+}
+
+void Config::set_override(const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  EMBER_CHECK(eq != std::string::npos && eq > 0,
+              "[config] '{}': overrides are key=value, e.g. trainer.epochs=3", assignment);
+  const std::string key = trim(assignment.substr(0, eq));
+  ConfigEntry& e = entry_for_update(key, "command line");
+  e.value = parse_text(key, assignment.substr(eq + 1), e.default_value);
+  e.source = "command line";
+}
+
+bool Config::get_bool(const std::string& key) const {
+  const auto& v = entry(key).value;
+  EMBER_CHECK(v.index() == 0, "[config] {} is a {}, not a bool", key, type_name(v));
+  return std::get<bool>(v);
+}
+int64_t Config::get_int(const std::string& key) const {
+  const auto& v = entry(key).value;
+  EMBER_CHECK(v.index() == 1, "[config] {} is a {}, not an int", key, type_name(v));
+  return std::get<int64_t>(v);
+}
+double Config::get_float(const std::string& key) const {
+  const auto& v = entry(key).value;
+  if (v.index() == 1) return static_cast<double>(std::get<int64_t>(v));
+  EMBER_CHECK(v.index() == 2, "[config] {} is a {}, not a float", key, type_name(v));
+  return std::get<double>(v);
+}
+std::string Config::get_string(const std::string& key) const {
+  const auto& v = entry(key).value;
+  EMBER_CHECK(v.index() == 3, "[config] {} is a {}, not a string", key, type_name(v));
+  return std::get<std::string>(v);
+}
+std::vector<double> Config::get_float_list(const std::string& key) const {
+  const auto& v = entry(key).value;
+  EMBER_CHECK(v.index() == 4, "[config] {} is a {}, not a float list", key, type_name(v));
+  return std::get<std::vector<double>>(v);
+}
+
+std::vector<std::string> Config::keys() const {
+  std::vector<std::string> out;
+  for (const auto& kv : entries_) out.push_back(kv.first);
+  return out;
+}
+
+std::string Config::to_toml() const {
+  // Group keys by their table (everything before the last dot).
+  std::map<std::string, std::vector<std::pair<std::string, const ConfigEntry*>>> tables;
+  for (const auto& [key, e] : entries_) {
+    const auto dot = key.rfind('.');
+    tables[dot == std::string::npos ? "" : key.substr(0, dot)].emplace_back(
+        dot == std::string::npos ? key : key.substr(dot + 1), &e);
+  }
+  std::string out;
+  for (const auto& [table, items] : tables) {
+    if (!table.empty()) out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", table);
+    for (const auto& [name, e] : items) out += fmt::format("{} = {}\n", name, format_value(e->value));
+  }
+  return out;
+}
+
+std::string Config::help() const {
+  std::string out;
+  size_t width = 0;
+  for (const auto& kv : entries_)
+    width = std::max(width, kv.first.size() + format_value(kv.second.value).size() + 1);
+  for (const auto& [key, e] : entries_) {
+    const std::string kv = key + "=" + format_value(e.value);
+    out += fmt::format("  {:<{}}  {} ({})\n", kv, width, e.doc, type_name(e.value));
+  }
+  return out;
+}
+
+uint64_t Config::hash() const {
+  // FNV-1a over the resolved TOML text: stable across processes and builds.
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : to_toml()) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string nearest_key(const Config& config, const std::string& key) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  const auto leaf = [](const std::string& k) { return k.substr(k.rfind('.') + 1); };
+  for (const auto& k : config.keys()) {
+    // Compare whole keys, and the last component alone (a key in the wrong table).
+    const size_t d = std::min(edit_distance(k, key), edit_distance(leaf(k), leaf(key)) + 2);
+    if (d < best_d) {
+      best_d = d;
+      best = k;
+    }
+  }
+  const size_t limit = std::max<size_t>(3, key.size() / 3);
+  return best_d <= limit ? best : std::string();
+}
+
+}  // namespace ember::core

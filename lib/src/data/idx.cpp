@@ -1,0 +1,176 @@
+#include "ember/data/idx.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <array>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/check.h"
+
+namespace ember::data {
+namespace {
+
+struct TypeInfo {
+  uint8_t code;
+  torch::ScalarType dtype;
+  size_t bytes;
+};
+constexpr std::array<TypeInfo, 6> kTypes{{{0x08, torch::kUInt8, 1},
+                                          {0x09, torch::kInt8, 1},
+                                          {0x0B, torch::kInt16, 2},
+                                          {0x0C, torch::kInt32, 4},
+                                          {0x0D, torch::kFloat32, 4},
+                                          {0x0E, torch::kFloat64, 8}}};
+
+std::string basename(const std::string& path) { return path.substr(path.find_last_of('/') + 1); }
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Reads the whole file, inflating gzip when the content is gzip (zlib's
+// gzread passes plain files through unchanged).
+std::vector<uint8_t> read_all(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  EMBER_CHECK(f != nullptr, "[data::read_idx] {}: cannot open ({})", path, std::strerror(errno));
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> guard(f, gzclose);
+  gzbuffer(f, 1 << 20);
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> chunk(1 << 20);
+  while (true) {
+    const int n = gzread(f, chunk.data(), static_cast<unsigned>(chunk.size()));
+    if (n < 0) {
+      int err = 0;
+      const char* msg = gzerror(f, &err);
+      detail::fail("[data::read_idx] {}: corrupt gzip stream ({}); re-copy or re-download the file",
+                   basename(path), msg ? msg : "unknown error");
+    }
+    if (n == 0) break;
+    out.insert(out.end(), chunk.begin(), chunk.begin() + n);
+  }
+  // gzread stops silently at a gzip stream that was cut short.
+  int err = 0;
+  const char* msg = gzerror(f, &err);
+  EMBER_CHECK(err == Z_OK || err == Z_BUF_ERROR, "[data::read_idx] {}: corrupt gzip stream ({})",
+              basename(path), msg);
+  EMBER_CHECK(gzdirect(f) || err != Z_BUF_ERROR,
+              "[data::read_idx] {}: the gzip stream is truncated (the file was cut short); re-copy it",
+              basename(path));
+  return out;
+}
+
+uint32_t read_be32(const uint8_t* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
+}
+
+void write_be32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(v >> s));
+}
+
+std::string find_split_file(const std::string& root, const std::string& stem) {
+  for (const char* ext : {".gz", ""}) {
+    const std::string p = root + "/" + stem + ext;
+    if (file_exists(p)) return p;
+  }
+  detail::fail(
+      "[data::load_mnist] {}: neither {} nor {}.gz found; set data.root to the folder holding "
+      "the IDX files (Debian: apt-get install dataset-fashion-mnist -> /usr/share/datasets/fashion-mnist)",
+      root, stem, stem);
+}
+
+}  // namespace
+
+torch::Tensor read_idx(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_all(path);
+  const std::string name = basename(path);
+  EMBER_CHECK(bytes.size() >= 4, "[data::read_idx] {}: only {} bytes, too short for an IDX header",
+              name, bytes.size());
+  const uint32_t magic = read_be32(bytes.data());
+  const TypeInfo* type = nullptr;
+  for (const auto& t : kTypes)
+    if (bytes[2] == t.code) type = &t;
+  const int ndim = bytes[3];
+  if (bytes[0] != 0 || bytes[1] != 0 || type == nullptr || ndim == 0) {
+    std::string hint = "is this an IDX file?";
+    if (bytes[0] == 0x1f && bytes[1] == 0x8b) hint = "it is gzip inside gzip: decompress it once";
+    detail::fail("[data::read_idx] {}: bad magic 0x{:08x}: expected 0x0000TTDD with type TT in "
+                 "{{08,09,0B,0C,0D,0E}} and DD >= 1 dimensions ({})",
+                 name, magic, hint);
+  }
+  const size_t header = 4 + 4 * static_cast<size_t>(ndim);
+  EMBER_CHECK(bytes.size() >= header, "[data::read_idx] {}: truncated header ({} of {} bytes)",
+              name, bytes.size(), header);
+  std::vector<int64_t> shape;
+  size_t count = 1;
+  for (int d = 0; d < ndim; ++d) {
+    shape.push_back(read_be32(bytes.data() + 4 + 4 * d));
+    count *= static_cast<size_t>(shape.back());
+  }
+  const size_t data_bytes = count * type->bytes;
+  const size_t have = bytes.size() - header;
+  EMBER_CHECK(have >= data_bytes,
+              "[data::read_idx] {}: truncated: the header promises {} bytes of data ({}), found {}; "
+              "the file was cut short, re-copy it",
+              name, data_bytes, fmt::join(shape, "x"), have);
+  EMBER_CHECK(have == data_bytes,
+              "[data::read_idx] {}: {} unexpected bytes after the data ({} promised by the header); "
+              "the file is corrupt or not IDX",
+              name, have - data_bytes, data_bytes);
+
+  torch::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(type->dtype));
+  auto* dst = static_cast<uint8_t*>(out.data_ptr());
+  const uint8_t* src = bytes.data() + header;
+  if (type->bytes == 1) {
+    std::memcpy(dst, src, data_bytes);
+  } else {  // big-endian to host (little-endian) order
+    for (size_t i = 0; i < count; ++i)
+      for (size_t b = 0; b < type->bytes; ++b) dst[i * type->bytes + b] = src[i * type->bytes + type->bytes - 1 - b];
+  }
+  return out;
+}
+
+void write_idx(const std::string& path, const torch::Tensor& tensor) {
+  const TypeInfo* type = nullptr;
+  for (const auto& t : kTypes)
+    if (tensor.scalar_type() == t.dtype) type = &t;
+  EMBER_CHECK(type != nullptr, "[data::write_idx] {}: dtype {} has no IDX type code", path,
+              c10::toString(tensor.scalar_type()));
+  EMBER_CHECK(tensor.dim() >= 1 && tensor.dim() <= 255, "[data::write_idx] {}: rank {} not supported", path, tensor.dim());
+  const torch::Tensor t = tensor.contiguous().cpu();
+  std::vector<uint8_t> out{0, 0, type->code, static_cast<uint8_t>(t.dim())};
+  for (int64_t s : t.sizes()) write_be32(out, static_cast<uint32_t>(s));
+  const auto* src = static_cast<const uint8_t*>(t.data_ptr());
+  const size_t count = static_cast<size_t>(t.numel());
+  for (size_t i = 0; i < count; ++i)
+    for (size_t b = 0; b < type->bytes; ++b) out.push_back(src[i * type->bytes + type->bytes - 1 - b]);
+
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  gzFile f = gzopen(path.c_str(), gz ? "wb6" : "wbT");  // 'T': plain, no gzip header
+  EMBER_CHECK(f != nullptr, "[data::write_idx] {}: cannot create ({})", path, std::strerror(errno));
+  const int written = gzwrite(f, out.data(), static_cast<unsigned>(out.size()));
+  const int rc = gzclose(f);
+  EMBER_CHECK(written == static_cast<int>(out.size()) && rc == Z_OK, "[data::write_idx] {}: write failed", path);
+}
+
+TensorDataset load_mnist(const std::string& root, Split split) {
+  const std::string prefix = split == Split::kTrain ? "train" : "t10k";
+  const std::string images_path = find_split_file(root, prefix + "-images-idx3-ubyte");
+  const std::string labels_path = find_split_file(root, prefix + "-labels-idx1-ubyte");
+  torch::Tensor images = read_idx(images_path);
+  torch::Tensor labels = read_idx(labels_path);
+  EMBER_CHECK(images.dim() == 3 && images.scalar_type() == torch::kUInt8,
+              "[data::load_mnist] {}: expected uint8 images [N, H, W], got {} {}", images_path,
+              c10::toString(images.scalar_type()), fmt::join(images.sizes(), "x"));
+  EMBER_CHECK(labels.dim() == 1, "[data::load_mnist] {}: expected labels [N], got {}", labels_path, fmt::join(labels.sizes(), "x"));
+  EMBER_CHECK(images.size(0) == labels.size(0),
+              "[data::load_mnist] {} has {} images but {} has {} labels; the two files come from "
+              "different splits or one is damaged",
+              basename(images_path), images.size(0), basename(labels_path), labels.size(0));
+  return {images, labels.to(torch::kInt64)};
+}
+
+}  // namespace ember::data

@@ -1,0 +1,70 @@
+#include "ember/train/accuracy.h"
+
+#include <torch/torch.h>
+
+#include "core/check.h"
+
+#if EMBER_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "train/cuda/accuracy_kernel.h"
+#endif
+
+namespace ember::train {
+namespace {
+
+void check_inputs(const torch::Tensor& logits, const torch::Tensor& targets) {
+  EMBER_CHECK(logits.dim() == 2, "[train::count_correct] logits must be [N, C], got {}D",
+              logits.dim());
+  EMBER_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0),
+              "[train::count_correct] targets must be [N] with N = {}, got [{}]", logits.size(0),
+              fmt::join(targets.sizes(), ", "));
+  EMBER_CHECK(c10::isFloatingType(logits.scalar_type()),
+              "[train::count_correct] logits must be floating point, got {}",
+              c10::toString(logits.scalar_type()));
+  EMBER_CHECK(c10::isIntegralType(targets.scalar_type(), /*includeBool=*/false),
+              "[train::count_correct] targets must be integer class indices, got {}",
+              c10::toString(targets.scalar_type()));
+  EMBER_CHECK(logits.device() == targets.device(),
+              "[train::count_correct] logits on {} but targets on {}", logits.device().str(),
+              targets.device().str());
+}
+
+}  // namespace
+
+torch::Tensor count_correct_reference(const torch::Tensor& logits, const torch::Tensor& targets) {
+  check_inputs(logits, targets);
+  if (logits.size(0) == 0) return torch::zeros({}, logits.options().dtype(torch::kInt64));
+  return logits.argmax(1).eq(targets.to(torch::kInt64)).sum();
+}
+
+torch::Tensor count_correct(const torch::Tensor& logits, const torch::Tensor& targets) {
+  check_inputs(logits, targets);
+  if (!logits.is_cuda()) return count_correct_reference(logits, targets);
+#if EMBER_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const torch::Tensor x = logits.contiguous();
+  const torch::Tensor t = targets.to(torch::kInt64).contiguous();
+  torch::Tensor out = torch::zeros({}, logits.options().dtype(torch::kInt64));
+  if (x.size(0) == 0 || x.size(1) == 0) return out;
+  cuda::DType dtype;
+  switch (x.scalar_type()) {
+    case torch::kFloat: dtype = cuda::DType::kFloat32; break;
+    case torch::kDouble: dtype = cuda::DType::kFloat64; break;
+    case torch::kHalf: dtype = cuda::DType::kFloat16; break;
+    case torch::kBFloat16: dtype = cuda::DType::kBFloat16; break;
+    default: return count_correct_reference(logits, targets);
+  }
+  cuda::launch_count_correct(x.data_ptr(), dtype, t.data_ptr<int64_t>(), x.size(0), x.size(1),
+                             reinterpret_cast<unsigned long long*>(out.data_ptr<int64_t>()),
+                             c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+#else
+  detail::fail("[train::count_correct] logits are on {}, but this Ember was built without CUDA "
+               "(EMBER_CUDA=OFF or no nvcc); rebuild with CUDA or move the tensors to the CPU",
+               logits.device().str());
+#endif
+}
+
+}  // namespace ember::train

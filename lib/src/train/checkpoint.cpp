@@ -1,0 +1,86 @@
+#include "ember/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace ember::train {
+namespace {
+std::string parent_dir(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+}  // namespace
+
+void make_dirs(const std::string& path) {
+  if (path.empty()) return;
+  std::string partial;
+  std::stringstream ss(path);
+  std::string part;
+  if (path.front() == '/') partial = "/";
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    partial += part + "/";
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
+      detail::fail("[train::make_dirs] cannot create {}: {}", partial, std::strerror(errno));
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  const std::string dir = parent_dir(path);
+  make_dirs(dir);
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  EMBER_CHECK(fd >= 0, "[train::write_file_atomic] cannot create a temporary file next to {}: {}", path,
+              std::strerror(errno));
+  const auto fail_with = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    detail::fail("[train::write_file_atomic] {} {}: {} (the previous file, if any, is untouched)", what,
+                 path, std::strerror(err));
+  };
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail_with("writing");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd, 0644) != 0) fail_with("setting permissions of");
+  if (::fsync(fd) != 0) fail_with("syncing");
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    detail::fail("[train::write_file_atomic] closing {}: {}", path, std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    detail::fail("[train::write_file_atomic] renaming onto {}: {}", path, std::strerror(err));
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {  // make the rename itself durable
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EMBER_CHECK(in.good(), "[train::read_file] cannot open {}: {}", path, std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace ember::train

@@ -1,0 +1,240 @@
+#include "ember/train/recipe.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "ember/core/device.h"
+#include "ember/train/checkpoint.h"
+#include "ember/train/early_stopping.h"
+#include "ember/train/logging.h"
+
+namespace ember::train {
+namespace {
+
+struct UsageError : Error {
+  using Error::Error;
+};
+
+std::string timestamp() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
+  return buf;
+}
+
+nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+std::string usage(const RecipeSpec& spec, const core::Config& config) {
+  return fmt::format(
+      "usage: {0} [--config FILE] [key=value ...]\n\n"
+      "Trains the {0} recipe. --config FILE replaces the recipe's default config;\n"
+      "key=value arguments override single keys. Keys and their defaults:\n\n{1}",
+      spec.name, config.help());
+}
+
+}  // namespace
+
+void declare_trainer_keys(core::Config& c) {
+  c.declare("run.dir", "", "run folder; empty = runs/<recipe>-<timestamp>");
+  c.declare("trainer.epochs", 10, "passes over the training data");
+  c.declare("trainer.max_steps", -1, "stop after this many optimizer steps (-1 = no limit)");
+  c.declare("trainer.accumulate_grad_batches", 1, "batches summed into one optimizer step");
+  c.declare("trainer.clip_grad_norm", 0.0, "clip the global gradient L2 norm (0 = off)");
+  c.declare("trainer.device", "auto", "auto, cpu, cuda or cuda:N");
+  c.declare("trainer.precision", "fp32", "numeric precision of training");
+  c.declare("trainer.seed", 0, "seed of initialisation, shuffling and dropout");
+  c.declare("trainer.threads", 0, "CPU threads for LibTorch (0 = LibTorch's default)");
+  c.declare("trainer.resume", "", "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
+  c.declare("trainer.val_every", 1, "validate every N epochs (0 = never)");
+  c.declare("trainer.checkpoint_every", 1, "checkpoint every N epochs (0 = at the end and on stop only)");
+  c.declare("trainer.log_every", 50, "optimizer steps between metrics.jsonl step records");
+  c.declare("trainer.progress", true, "show the progress line");
+  c.declare("optim.name", "sgd", "sgd, adam or adamw");
+  c.declare("optim.lr", 0.1, "base learning rate");
+  c.declare("optim.momentum", 0.9, "SGD momentum");
+  c.declare("optim.nesterov", true, "SGD Nesterov momentum");
+  c.declare("optim.weight_decay", 5e-4, "weight decay (decoupled for adamw)");
+  c.declare("optim.beta1", 0.9, "Adam beta1");
+  c.declare("optim.beta2", 0.999, "Adam beta2");
+  c.declare("optim.eps", 1e-8, "Adam epsilon");
+  c.declare("sched.name", "constant", "constant, step, cosine or onecycle");
+  c.declare("sched.warmup_epochs", 0.0, "linear warm-up length in epochs (fractions allowed)");
+  c.declare("sched.warmup_start_factor", 0.1, "warm-up starts at this fraction of the rate");
+  c.declare("sched.step_epochs", 1.0, "step: epochs between decays");
+  c.declare("sched.gamma", 0.1, "step: decay factor");
+  c.declare("sched.min_factor", 0.0, "cosine: final rate as a fraction of the base rate");
+  c.declare("sched.pct_start", 0.3, "onecycle: fraction of the cycle spent warming up");
+  c.declare("sched.div_factor", 25.0, "onecycle: initial rate = lr / div_factor");
+  c.declare("sched.final_div_factor", 1e4, "onecycle: final rate = initial / final_div_factor");
+  c.declare("early_stop.patience", 0, "stop after N epochs without improvement (0 = off; needs validation data)");
+  c.declare("early_stop.monitor", "val_loss", "val_loss or val_accuracy");
+  c.declare("early_stop.min_delta", 0.0, "smallest change that counts as an improvement");
+}
+
+TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_per_epoch) {
+  TrainerOptions o;
+  o.epochs = c.get_int("trainer.epochs");
+  o.max_steps = c.get_int("trainer.max_steps");
+  o.accumulate_grad_batches = c.get_int("trainer.accumulate_grad_batches");
+  o.clip_grad_norm = c.get_float("trainer.clip_grad_norm");
+  o.precision = c.get_string("trainer.precision");
+  o.run_dir = c.get_string("run.dir");
+  o.resume = c.get_string("trainer.resume");
+  o.val_every = c.get_int("trainer.val_every");
+  o.checkpoint_every = c.get_int("trainer.checkpoint_every");
+  o.log_every = c.get_int("trainer.log_every");
+  o.progress = c.get_bool("trainer.progress");
+
+  o.optimizer.name = c.get_string("optim.name");
+  o.optimizer.lr = c.get_float("optim.lr");
+  o.optimizer.momentum = c.get_float("optim.momentum");
+  o.optimizer.nesterov = c.get_bool("optim.nesterov");
+  o.optimizer.weight_decay = c.get_float("optim.weight_decay");
+  o.optimizer.beta1 = c.get_float("optim.beta1");
+  o.optimizer.beta2 = c.get_float("optim.beta2");
+  o.optimizer.eps = c.get_float("optim.eps");
+
+  const auto to_steps = [&](double epochs) { return static_cast<int64_t>(std::llround(epochs * steps_per_epoch)); };
+  ScheduleSpec s;
+  s.name = c.get_string("sched.name");
+  s.warmup_steps = to_steps(c.get_float("sched.warmup_epochs"));
+  s.warmup_start_factor = c.get_float("sched.warmup_start_factor");
+  s.step_size = std::max<int64_t>(1, to_steps(c.get_float("sched.step_epochs")));
+  s.gamma = c.get_float("sched.gamma");
+  s.min_factor = c.get_float("sched.min_factor");
+  int64_t total = o.epochs * steps_per_epoch;
+  if (o.max_steps > 0) total = std::min(total, o.max_steps);
+  s.total_steps = std::max<int64_t>(2, total - s.warmup_steps);
+  s.pct_start = c.get_float("sched.pct_start");
+  s.div_factor = c.get_float("sched.div_factor");
+  s.final_div_factor = c.get_float("sched.final_div_factor");
+  o.schedule = make_schedule(s);
+  return o;
+}
+
+void write_summary(const std::string& path, const RunSummary& s) {
+  nlohmann::json j{{"recipe", s.recipe},
+                   {"test_accuracy", s.test_accuracy >= 0 ? num(s.test_accuracy) : nlohmann::json(nullptr)},
+                   {"test_loss", num(s.test_loss)},
+                   {"epochs", s.epochs},
+                   {"steps", s.steps},
+                   {"train_seconds", num(s.train_seconds)},
+                   {"samples_per_second", num(s.samples_per_second)},
+                   {"device", s.device},
+                   {"precision", s.precision},
+                   {"parameters", s.parameters},
+                   {"stop_reason", s.stop_reason}};
+  for (const auto& [k, v] : s.extra) j[k] = num(v);
+  write_file_atomic(path, j.dump(2) + "\n");
+}
+
+int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
+  core::Config config;
+  try {
+    declare_trainer_keys(config);
+    if (spec.declare) spec.declare(config);
+    std::string config_file;
+    std::vector<std::string> overrides;
+    bool help = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--help" || arg == "-h") help = true;
+      else if (arg == "--config") {
+        if (i + 1 >= argc) throw UsageError("--config needs a file name");
+        config_file = argv[++i];
+      } else if (arg.rfind("--config=", 0) == 0) config_file = arg.substr(9);
+      else if (arg.rfind("--", 0) == 0) throw UsageError(fmt::format("unknown option {} (try --help)", arg));
+      else overrides.push_back(arg);
+    }
+    if (config_file.empty()) config.merge_toml(spec.default_config, spec.name + " default config");
+    else config.merge_toml_file(config_file);
+    for (const auto& o : overrides) config.set_override(o);
+    if (help) {
+      std::cout << usage(spec, config);
+      return 0;
+    }
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+
+  try {
+    if (config.get_string("run.dir").empty()) config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
+    const std::string run_dir = config.get_string("run.dir");
+    if (config.get_int("trainer.threads") > 0) at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
+    const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
+    torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));
+    make_dirs(run_dir);
+    write_file_atomic(run_dir + "/config.toml", config.to_toml());
+
+    std::unique_ptr<Task> task = spec.make_task(config, device);
+    const int64_t k = config.get_int("trainer.accumulate_grad_batches");
+    const int64_t steps_per_epoch = (task->train_loader().num_batches() + std::max<int64_t>(k, 1) - 1) / std::max<int64_t>(k, 1);
+    TrainerOptions options = trainer_options_from_config(config, steps_per_epoch);
+    Trainer trainer(options);
+    if (options.progress) trainer.add_callback(std::make_shared<ProgressLogger>());
+    trainer.add_callback(std::make_shared<MetricsLogger>(run_dir + "/metrics.jsonl", options.log_every));
+    if (config.get_int("early_stop.patience") > 0) {
+      EarlyStoppingOptions es;
+      es.patience = config.get_int("early_stop.patience");
+      es.monitor = config.get_string("early_stop.monitor");
+      es.min_delta = config.get_float("early_stop.min_delta");
+      trainer.add_callback(std::make_shared<EarlyStopping>(es));
+    }
+
+    const int64_t parameters = count_parameters(*task->model());
+    std::cerr << fmt::format("{}: {} parameters on {}, run folder {}\n", spec.name, parameters,
+                             core::describe_device(device), run_dir);
+    const FitResult fit = trainer.fit(*task);
+    if (fit.interrupted) {
+      std::cerr << fmt::format("{}: {}; checkpoint saved to {}\nresume with: run.dir={} trainer.resume=auto\n",
+                               spec.name, fit.stop_reason, trainer.last_checkpoint(), run_dir);
+      return 130;
+    }
+    if (!fit.stop_reason.empty()) std::cerr << spec.name << ": " << fit.stop_reason << "\n";
+
+    RunSummary summary;
+    summary.recipe = spec.name;
+    summary.epochs = fit.epochs_completed;
+    summary.steps = fit.steps;
+    summary.train_seconds = fit.train_seconds;
+    summary.samples_per_second = fit.samples / std::max(fit.train_seconds, 1e-9);
+    summary.device = device.str();
+    summary.precision = options.precision;
+    summary.parameters = parameters;
+    summary.stop_reason = fit.stop_reason;
+    if (fit.last_val.samples > 0) {
+      summary.extra["val_loss"] = fit.last_val.loss;
+      if (fit.last_val.accuracy >= 0) summary.extra["val_accuracy"] = fit.last_val.accuracy;
+    }
+    if (task->test_loader()) {
+      const EvalResult test = trainer.test(*task);
+      summary.test_loss = test.loss;
+      summary.test_accuracy = test.accuracy;
+    }
+    write_summary(run_dir + "/summary.json", summary);
+    std::cout << fmt::format("test_accuracy={:.4f} test_loss={:.4f} epochs={} train_seconds={:.1f} "
+                             "samples_per_second={:.0f} summary={}/summary.json\n",
+                             summary.test_accuracy, summary.test_loss, summary.epochs, summary.train_seconds,
+                             summary.samples_per_second, run_dir);
+    return 0;
+  } catch (const UsageError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return e.what()[0] == '[' && std::string(e.what()).rfind("[config]", 0) == 0 ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace ember::train

@@ -1,0 +1,392 @@
+#include "ember/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <csignal>
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+#include "ember/train/accuracy.h"
+#include "ember/train/checkpoint.h"
+
+namespace ember::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The one process-wide state Ember keeps: which stop signal arrived. A signal
+// handler can do nothing else safely; fit() installs and restores it.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void ember_on_stop_signal(int sig) {
+  g_stop_signal = sig;
+  std::signal(sig, SIG_DFL);  // a second Ctrl-C kills at once
+}
+
+class ScopedStopSignals {
+ public:
+  explicit ScopedStopSignals(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    g_stop_signal = 0;
+    old_int_ = std::signal(SIGINT, ember_on_stop_signal);
+    old_term_ = std::signal(SIGTERM, ember_on_stop_signal);
+  }
+  ~ScopedStopSignals() {
+    if (!enabled_) return;
+    std::signal(SIGINT, old_int_);
+    std::signal(SIGTERM, old_term_);
+  }
+
+ private:
+  bool enabled_;
+  void (*old_int_)(int) = SIG_DFL;
+  void (*old_term_)(int) = SIG_DFL;
+};
+
+// Device-side sums for one pass: loss * samples and correct predictions.
+struct PassSums {
+  torch::Tensor loss_sum;  // float64 scalar
+  torch::Tensor correct;   // int64 scalar, undefined when no classification output
+  int64_t samples = 0;
+
+  void add(const StepOutput& out, int64_t batch_size) {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor l = out.loss.detach().to(torch::kFloat64) * static_cast<double>(batch_size);
+    loss_sum = loss_sum.defined() ? loss_sum + l : l;
+    if (out.output.defined() && out.target.defined() && out.output.dim() == 2 && out.target.dim() == 1) {
+      const torch::Tensor c = count_correct(out.output.detach(), out.target);
+      correct = correct.defined() ? correct + c : c;
+    }
+    samples += batch_size;
+  }
+  EvalResult result(double seconds) const {
+    EvalResult r;
+    r.samples = samples;
+    r.seconds = seconds;
+    if (samples > 0 && loss_sum.defined()) r.loss = loss_sum.item<double>() / static_cast<double>(samples);
+    if (samples > 0 && correct.defined())
+      r.accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(samples);
+    return r;
+  }
+};
+
+std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& model) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : model.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+void check_loss(const StepOutput& out, const char* where) {
+  EMBER_CHECK(out.loss.defined() && out.loss.numel() == 1,
+              "[train::Trainer] {} must return a scalar loss, got {}", where,
+              out.loss.defined() ? fmt::format("shape [{}]", fmt::join(out.loss.sizes(), ", ")) : "none");
+}
+
+}  // namespace
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return n;
+}
+
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+  EMBER_CHECK(options_.epochs >= 0, "[train::Trainer] trainer.epochs must be >= 0, got {}", options_.epochs);
+  EMBER_CHECK(options_.accumulate_grad_batches >= 1,
+              "[train::Trainer] trainer.accumulate_grad_batches must be >= 1, got {}", options_.accumulate_grad_batches);
+  EMBER_CHECK(options_.clip_grad_norm >= 0, "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}",
+              options_.clip_grad_norm);
+  EMBER_CHECK(options_.precision == "fp32",
+              "[train::Trainer] trainer.precision={} is not available yet; use fp32", options_.precision);
+  EMBER_CHECK(options_.resume.empty() || options_.resume != "auto" || !options_.run_dir.empty(),
+              "[train::Trainer] trainer.resume=auto needs a run folder (run.dir)");
+}
+
+Trainer::~Trainer() = default;
+
+Trainer& Trainer::add_callback(std::shared_ptr<Callback> callback) {
+  EMBER_CHECK(callback != nullptr, "[train::Trainer] add_callback(nullptr)");
+  callbacks_.push_back(std::move(callback));
+  return *this;
+}
+
+void Trainer::request_stop(const std::string& reason) {
+  if (!stop_requested_.exchange(true)) stop_reason_ = reason;
+}
+
+void Trainer::apply_schedule() {
+  if (!options_.schedule) return;
+  auto& groups = optimizer_->param_groups();
+  for (size_t i = 0; i < groups.size(); ++i)
+    groups[i].options().set_lr(options_.schedule->lr_at(global_step_, base_lrs_[i]));
+}
+
+std::string Trainer::resolve_resume_path() const {
+  if (options_.resume.empty()) return "";
+  if (options_.resume == "auto") {
+    const std::string p = options_.run_dir + "/checkpoints/last.pt";
+    std::ifstream f(p);
+    return f.good() ? p : "";
+  }
+  std::ifstream f(options_.resume);
+  EMBER_CHECK(f.good(), "[train::Trainer] trainer.resume={}: no such checkpoint (use auto to resume "
+              "from the run folder when one exists)", options_.resume);
+  return options_.resume;
+}
+
+void Trainer::save_checkpoint(const std::string& path) {
+  EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
+  torch::serialize::OutputArchive root;
+  torch::serialize::OutputArchive model_archive, optim_archive, state, callbacks;
+  task_->model()->save(model_archive);
+  optimizer_->save(optim_archive);
+  state.write("format", torch::IValue(int64_t{1}));
+  state.write("epoch", torch::IValue(epoch_));
+  state.write("batch", torch::IValue(batch_));
+  state.write("global_step", torch::IValue(global_step_));
+  state.write("epoch_samples", torch::IValue(epoch_samples_));
+  state.write("base_lrs", torch::tensor(base_lrs_, torch::kFloat64));
+  if (epoch_loss_sum_.defined()) state.write("epoch_loss_sum", epoch_loss_sum_.cpu());
+  if (epoch_correct_.defined()) state.write("epoch_correct", epoch_correct_.cpu());
+  // RNG: the CPU generator and every CUDA generator that was initialised.
+  state.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
+  if (torch::cuda::is_available()) {
+    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
+      at::Generator gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      state.write("rng_cuda_" + std::to_string(i), gen.get_state());
+    }
+  }
+  for (auto& cb : callbacks_) {
+    torch::serialize::OutputArchive a;
+    cb->on_checkpoint_save(*this, a);
+    callbacks.write(cb->name(), a);
+  }
+  root.write("model", model_archive);
+  root.write("optimizer", optim_archive);
+  root.write("trainer", state);
+  root.write("callbacks", callbacks);
+  std::ostringstream bytes;
+  root.save_to(bytes);
+  write_file_atomic(path, bytes.str());
+  last_checkpoint_ = path;
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  torch::serialize::InputArchive root;
+  try {
+    root.load_from(path);
+  } catch (const std::exception& e) {
+    detail::fail("[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
+                 "checkpoint ({}); remove it or point trainer.resume at another one",
+                 path, std::string(e.what()).substr(0, 200));
+  }
+  torch::serialize::InputArchive model_archive, optim_archive, state, callbacks;
+  try {
+    root.read("model", model_archive);
+    root.read("optimizer", optim_archive);
+    root.read("trainer", state);
+    root.read("callbacks", callbacks);
+    task_->model()->load(model_archive);
+    optimizer_->load(optim_archive);
+  } catch (const std::exception& e) {
+    detail::fail("[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
+                 "written by a different recipe or config?",
+                 path, std::string(e.what()).substr(0, 300));
+  }
+  torch::IValue v;
+  state.read("epoch", v);
+  epoch_ = v.toInt();
+  state.read("batch", v);
+  batch_ = v.toInt();
+  state.read("global_step", v);
+  global_step_ = v.toInt();
+  state.read("epoch_samples", v);
+  epoch_samples_ = v.toInt();
+  torch::Tensor t;
+  state.read("base_lrs", t);
+  base_lrs_.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  const torch::Device device = task_->model()->parameters().empty()
+                                   ? torch::Device(torch::kCPU)
+                                   : task_->model()->parameters().front().device();
+  epoch_loss_sum_ = torch::Tensor();
+  epoch_correct_ = torch::Tensor();
+  if (state.try_read("epoch_loss_sum", t)) epoch_loss_sum_ = t.to(device);
+  if (state.try_read("epoch_correct", t)) epoch_correct_ = t.to(device);
+  state.read("rng_cpu", t);
+  at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
+  cpu_gen.set_state(t);
+  if (torch::cuda::is_available()) {
+    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
+      if (state.try_read("rng_cuda_" + std::to_string(i), t)) {
+        at::Generator gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+        gen.set_state(t);
+      }
+    }
+  }
+  for (auto& cb : callbacks_) {
+    torch::serialize::InputArchive a;
+    if (callbacks.try_read(cb->name(), a)) cb->on_checkpoint_load(*this, a);
+  }
+  last_checkpoint_ = path;
+}
+
+FitResult Trainer::fit(Task& task) {
+  FitResult result;
+  task_ = &task;
+  auto model = task.model();
+  EMBER_CHECK(model != nullptr, "[train::Trainer] the task returned no model");
+  optimizer_ = task.make_optimizer();
+  if (!optimizer_) optimizer_ = make_optimizer(*model, options_.optimizer);
+  base_lrs_.clear();
+  for (auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.options().get_lr());
+  epoch_ = batch_ = global_step_ = epoch_samples_ = 0;
+  epoch_loss_sum_ = torch::Tensor();
+    epoch_correct_ = torch::Tensor();
+  stop_requested_ = false;
+  stop_reason_.clear();
+
+  const std::string resume_path = resolve_resume_path();
+  if (!resume_path.empty()) load_checkpoint(resume_path);
+  apply_schedule();  // the rate of the next step (global_step_)
+  const std::string ckpt_path = options_.run_dir.empty() ? "" : options_.run_dir + "/checkpoints/last.pt";
+  const auto checkpoint_now = [&] {
+    if (!ckpt_path.empty()) save_checkpoint(ckpt_path);
+  };
+
+  ScopedStopSignals signals(options_.handle_signals);
+  data::Loader& loader = task.train_loader();
+  const int64_t num_batches = loader.num_batches();
+  const int64_t k = options_.accumulate_grad_batches;
+  auto params = trainable_parameters(*model);
+
+  for (auto& cb : callbacks_) cb->on_fit_start(*this);
+  const auto fit_start = Clock::now();
+  double val_seconds = 0.0;
+
+  while (epoch_ < options_.epochs && !stop_requested_) {
+    if (batch_ == 0) {
+      epoch_loss_sum_ = torch::Tensor();
+    epoch_correct_ = torch::Tensor();
+      epoch_samples_ = 0;
+    }
+    for (auto& cb : callbacks_) cb->on_epoch_start(*this, epoch_);
+    const auto epoch_start = Clock::now();
+    model->train();
+    optimizer_->zero_grad(/*set_to_none=*/true);
+    loader.start_epoch(epoch_, batch_);
+    PassSums sums{epoch_loss_sum_, epoch_correct_, epoch_samples_};
+
+    torch::Tensor step_loss;  // sum of micro-batch losses weighted by their share
+    int64_t step_samples = 0;
+    while (batch_ < num_batches) {
+      const int64_t window_start = batch_ - batch_ % k;
+      const int64_t window = std::min(k, num_batches - window_start);
+      std::optional<data::Batch> batch = loader.next();
+      EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", batch_, num_batches);
+
+      StepOutput out = task.training_step(*batch);
+      check_loss(out, "training_step");
+      (out.loss / static_cast<double>(window)).backward();
+      sums.add(out, batch->size());
+      {
+        torch::NoGradGuard ng;
+        const torch::Tensor share = out.loss.detach() / static_cast<double>(window);
+        step_loss = step_loss.defined() ? step_loss + share : share;
+      }
+      step_samples += batch->size();
+      ++batch_;
+
+      if (batch_ - window_start == window) {  // accumulation boundary
+        if (options_.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, options_.clip_grad_norm);
+        for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
+        const double lr = optimizer_->param_groups().front().options().get_lr();
+        optimizer_->step();
+        optimizer_->zero_grad(/*set_to_none=*/true);
+        ++global_step_;
+        apply_schedule();
+        StepInfo info{epoch_, global_step_, batch_, step_samples, lr, step_loss};
+        result.samples += step_samples;
+        step_loss = torch::Tensor();
+        step_samples = 0;
+        epoch_loss_sum_ = sums.loss_sum;
+        epoch_correct_ = sums.correct;
+        epoch_samples_ = sums.samples;
+        for (auto& cb : callbacks_) cb->on_step_end(*this, info);
+        if (options_.max_steps >= 0 && global_step_ >= options_.max_steps) request_stop("max_steps reached");
+        if (g_stop_signal != 0) {
+          result.interrupted = true;
+          request_stop(g_stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
+        }
+        if (stop_requested_ && batch_ < num_batches) break;
+      }
+    }
+    const bool epoch_done = batch_ >= num_batches;
+    if (!epoch_done) {  // stopped mid-epoch: save the exact position
+      checkpoint_now();
+      break;
+    }
+    const EvalResult train_result = sums.result(seconds_since(epoch_start));
+    result.last_train = train_result;
+    for (auto& cb : callbacks_) cb->on_epoch_end(*this, epoch_, train_result);
+
+    const int64_t finished = epoch_;
+    ++epoch_;
+    batch_ = 0;
+    epoch_loss_sum_ = torch::Tensor();
+    epoch_correct_ = torch::Tensor();
+    epoch_samples_ = 0;
+    if (options_.val_every > 0 && task.val_loader() && (finished + 1) % options_.val_every == 0) {
+      const auto v0 = Clock::now();
+      result.last_val = evaluate(task, *task.val_loader());
+      val_seconds += seconds_since(v0);
+      for (auto& cb : callbacks_) cb->on_validation_end(*this, finished, result.last_val);
+    }
+    const bool last = epoch_ >= options_.epochs || stop_requested_;
+    if ((options_.checkpoint_every > 0 && epoch_ % options_.checkpoint_every == 0) || last) checkpoint_now();
+  }
+
+  result.train_seconds = seconds_since(fit_start) - val_seconds;
+  result.epochs_completed = epoch_;
+  result.steps = global_step_;
+  result.stopped_early = stop_requested_;
+  result.stop_reason = stop_reason_;
+  for (auto& cb : callbacks_) cb->on_fit_end(*this);
+  task_ = nullptr;
+  return result;
+}
+
+EvalResult Trainer::evaluate(Task& task, data::Loader& loader) {
+  auto model = task.model();
+  const bool was_training = model->is_training();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto start = Clock::now();
+  PassSums sums;
+  loader.start_epoch(0, 0);
+  while (auto batch = loader.next()) {
+    StepOutput out = task.evaluation_step(*batch);
+    check_loss(out, "evaluation_step");
+    sums.add(out, batch->size());
+  }
+  model->train(was_training);
+  return sums.result(seconds_since(start));
+}
+
+EvalResult Trainer::validate(Task& task) {
+  data::Loader* loader = task.val_loader();
+  EMBER_CHECK(loader != nullptr, "[train::Trainer] validate: the task has no validation data");
+  return evaluate(task, *loader);
+}
+
+EvalResult Trainer::test(Task& task) {
+  data::Loader* loader = task.test_loader();
+  EMBER_CHECK(loader != nullptr, "[train::Trainer] test: the task has no test data");
+  return evaluate(task, *loader);
+}
+
+}  // namespace ember::train

@@ -1,0 +1,89 @@
+// fashion_mnist: a batch-norm CNN on the real Fashion-MNIST (Debian's
+// dataset-fashion-mnist). See README.md for the command and expected output.
+#include <ember/ember.h>
+
+#include "default_config.h"
+#include "model.h"
+
+namespace {
+
+using namespace ember;
+
+// 0 (the config's "all") -> -1 (TensorDataset::head's "all").
+int64_t subset(int64_t n) { return n > 0 ? n : -1; }
+
+class FashionTask : public train::Task {
+ public:
+  FashionTask(const core::Config& c, torch::Device device) {
+    FashionNetOptions mo;
+    mo.width = c.get_int("model.width");
+    mo.hidden = c.get_int("model.hidden");
+    mo.dropout = c.get_float("model.dropout");
+    net_ = FashionNet(mo);
+    net_->to(device);
+
+    const std::string root = c.get_string("data.root");
+    data::TensorDataset train = data::load_mnist(root, data::Split::kTrain).head(subset(c.get_int("data.train_subset")));
+    data::TensorDataset test = data::load_mnist(root, data::Split::kTest).head(subset(c.get_int("data.test_subset")));
+    const int64_t val_size = c.get_int("data.val_size");
+    if (val_size < 0 || val_size >= train.size())
+      throw Error("[fashion_mnist] data.val_size=" + std::to_string(val_size) + " must be in [0, " +
+                  std::to_string(train.size()) + ")");
+
+    const auto normalize = [](data::Batch b) {
+      b.input = normalize_fashion(b.input);
+      return b;
+    };
+    auto opts = data::TensorLoaderOptions()
+                    .set_batch_size(c.get_int("data.batch_size"))
+                    .set_seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
+                    .set_prefetch(c.get_int("data.prefetch"))
+                    .set_device(device)
+                    .set_transform(normalize);
+    auto eval_opts = opts;
+    eval_opts.set_batch_size(c.get_int("data.eval_batch_size")).set_shuffle(false);
+    const int64_t n_train = train.size() - val_size;
+    train_ = std::make_unique<data::TensorLoader>(
+        data::TensorDataset{train.inputs.narrow(0, 0, n_train), train.targets.narrow(0, 0, n_train)}, opts);
+    if (val_size > 0)
+      val_ = std::make_unique<data::TensorLoader>(
+          data::TensorDataset{train.inputs.narrow(0, n_train, val_size), train.targets.narrow(0, n_train, val_size)},
+          eval_opts);
+    test_ = std::make_unique<data::TensorLoader>(test, eval_opts);
+  }
+
+  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
+  train::StepOutput training_step(const data::Batch& b) override {
+    torch::Tensor logits = net_->forward(b.input);
+    return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
+  }
+  data::Loader& train_loader() override { return *train_; }
+  data::Loader* val_loader() override { return val_.get(); }
+  data::Loader* test_loader() override { return test_.get(); }
+
+ private:
+  FashionNet net_{nullptr};
+  std::unique_ptr<data::TensorLoader> train_, val_, test_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  train::RecipeSpec spec;
+  spec.name = "fashion_mnist";
+  spec.default_config = kDefaultConfig;
+  spec.declare = [](core::Config& c) {
+    c.declare("data.root", "/usr/share/datasets/fashion-mnist", "folder with the four IDX files (.gz or plain)");
+    c.declare("data.batch_size", 128, "training batch size");
+    c.declare("data.eval_batch_size", 1000, "validation/test batch size");
+    c.declare("data.train_subset", 0, "use the first N training images (0 = all)");
+    c.declare("data.test_subset", 0, "use the first N test images (0 = all)");
+    c.declare("data.val_size", 0, "hold out the last N training images for validation");
+    c.declare("data.prefetch", 2, "batches prepared ahead by the loader thread");
+    c.declare("model.width", 16, "channels of the first conv block (the second has 2x)");
+    c.declare("model.hidden", 128, "units of the hidden linear layer");
+    c.declare("model.dropout", 0.25, "dropout before each linear layer");
+  };
+  spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<FashionTask>(c, d); };
+  return train::run_recipe(argc, argv, spec);
+}
