@@ -127,7 +127,7 @@ std::string toml_type(const toml::node& n) {
 ConfigValue from_toml(const std::string& key, const toml::node& node, const ConfigValue& like,
                       const std::string& source) {
   const auto bad = [&]() {
-    return Error(fmt::format("[config] {}: {} must be a {} (e.g. {} = {}), got a TOML {}", source, key,
+    return Error(fmt::format("[config] {}: {} must be of type {} (e.g. {} = {}), got a TOML {}", source, key,
                              type_name(like), key.substr(key.rfind('.') + 1), format_value(like),
                              toml_type(node)));
   };

@@ -207,24 +207,32 @@ void Trainer::load_checkpoint(const std::string& path) {
   global_step_ = v.toInt();
   state.read("epoch_samples", v);
   epoch_samples_ = v.toInt();
-  torch::Tensor t;
-  state.read("base_lrs", t);
-  base_lrs_.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-  const torch::Device device = task_->model()->parameters().empty()
-                                   ? torch::Device(torch::kCPU)
-                                   : task_->model()->parameters().front().device();
-  epoch_loss_sum_ = torch::Tensor();
-  epoch_correct_ = torch::Tensor();
-  if (state.try_read("epoch_loss_sum", t)) epoch_loss_sum_ = t.to(device);
-  if (state.try_read("epoch_correct", t)) epoch_correct_ = t.to(device);
-  state.read("rng_cpu", t);
+  // A fresh tensor per read: InputArchive::read assigns into a defined tensor with set_().
+  const auto read_tensor = [&](const char* key) {
+    torch::Tensor t;
+    state.read(key, t);
+    return t;
+  };
+  const auto try_read_tensor = [&](const std::string& key) {
+    torch::Tensor t;
+    return state.try_read(key, t) ? t : torch::Tensor();
+  };
+  const torch::Tensor lrs = read_tensor("base_lrs");
+  base_lrs_.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
+  const auto params = task_->model()->parameters();
+  const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+  epoch_loss_sum_ = try_read_tensor("epoch_loss_sum");
+  epoch_correct_ = try_read_tensor("epoch_correct");
+  if (epoch_loss_sum_.defined()) epoch_loss_sum_ = epoch_loss_sum_.to(device);
+  if (epoch_correct_.defined()) epoch_correct_ = epoch_correct_.to(device);
   at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
-  cpu_gen.set_state(t);
+  cpu_gen.set_state(read_tensor("rng_cpu"));
   if (torch::cuda::is_available()) {
     for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
-      if (state.try_read("rng_cuda_" + std::to_string(i), t)) {
+      const torch::Tensor rng = try_read_tensor("rng_cuda_" + std::to_string(i));
+      if (rng.defined()) {
         at::Generator gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-        gen.set_state(t);
+        gen.set_state(rng);
       }
     }
   }

@@ -1,0 +1,164 @@
+#include <gtest/gtest.h>
+
+#include "train/test_task.h"
+
+using namespace ember;
+using test_util::BlobTask;
+
+namespace {
+train::TrainerOptions quiet(int64_t epochs) {
+  train::TrainerOptions o;
+  o.epochs = epochs;
+  o.progress = false;
+  o.handle_signals = false;
+  o.optimizer.lr = 0.05;
+  return o;
+}
+
+double grad_norm(torch::nn::Module& m) {
+  double sq = 0;
+  for (auto& p : m.parameters())
+    if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+  return std::sqrt(sq);
+}
+
+struct Recorder : train::Callback {
+  std::vector<std::string> events;
+  std::vector<double> lrs, norms;
+  std::string name() const override { return "recorder"; }
+  void on_fit_start(train::Trainer&) override { events.push_back("fit_start"); }
+  void on_epoch_start(train::Trainer&, int64_t e) override { events.push_back("epoch_start " + std::to_string(e)); }
+  void on_before_optimizer_step(train::Trainer& t, torch::optim::Optimizer& opt) override {
+    events.push_back("before_step");
+    lrs.push_back(opt.param_groups().front().options().get_lr());
+    norms.push_back(grad_norm(*t.task()->model()));
+  }
+  void on_step_end(train::Trainer&, const train::StepInfo& i) override { events.push_back("step_end " + std::to_string(i.step)); }
+  void on_epoch_end(train::Trainer&, int64_t e, const train::EvalResult&) override { events.push_back("epoch_end " + std::to_string(e)); }
+  void on_validation_end(train::Trainer&, int64_t e, const train::EvalResult&) override {
+    events.push_back("validation_end " + std::to_string(e));
+  }
+  void on_checkpoint_save(train::Trainer&, torch::serialize::OutputArchive&) override { events.push_back("checkpoint"); }
+  void on_fit_end(train::Trainer&) override { events.push_back("fit_end"); }
+};
+}  // namespace
+
+TEST(Trainer, LearnsAndReportsMetrics) {
+  BlobTask task({});
+  train::Trainer trainer(quiet(5));
+  const train::FitResult r = trainer.fit(task);
+  EXPECT_EQ(r.epochs_completed, 5);
+  EXPECT_EQ(r.steps, 5 * 8);
+  EXPECT_EQ(r.samples, 5 * 256);
+  EXPECT_GT(r.last_val.accuracy, 0.9);  // separable blobs
+  EXPECT_EQ(r.last_val.samples, 128);
+  const train::EvalResult t = trainer.test(task);
+  EXPECT_NEAR(t.accuracy, r.last_val.accuracy, 1e-12);
+}
+
+TEST(Trainer, AccumulationEqualsTheLargeBatch) {
+  BlobTask::Options big_opts;
+  big_opts.batch_size = 32;
+  big_opts.dropout = false;
+  BlobTask::Options small_opts = big_opts;
+  small_opts.batch_size = 8;
+  BlobTask big(big_opts), small(small_opts);
+  ASSERT_TRUE(torch::equal(big.net()->fc1->weight, small.net()->fc1->weight));
+
+  train::TrainerOptions a = quiet(2), b = quiet(2);
+  b.accumulate_grad_batches = 4;
+  const auto ra = train::Trainer(a).fit(big);
+  const auto rb = train::Trainer(b).fit(small);
+  EXPECT_EQ(ra.steps, rb.steps);
+  const auto pa = test_util::snapshot(*big.model()), pb = test_util::snapshot(*small.model());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::allclose(pa[i], pb[i], 1e-5, 1e-6)) << i;
+  // And it is not trivially equal to training without accumulation.
+  BlobTask plain(small_opts);
+  train::Trainer(quiet(2)).fit(plain);
+  EXPECT_FALSE(torch::allclose(test_util::snapshot(*plain.model())[0], pa[0], 1e-5, 1e-6));
+}
+
+TEST(Trainer, ClipsTheGlobalGradientNorm) {
+  BlobTask task({});
+  auto rec = std::make_shared<Recorder>();
+  train::TrainerOptions o = quiet(1);
+  o.clip_grad_norm = 0.01;
+  train::Trainer(o).add_callback(rec).fit(task);
+  ASSERT_EQ(rec->norms.size(), 8u);
+  for (double n : rec->norms) EXPECT_NEAR(n, 0.01, 1e-4);
+
+  BlobTask unclipped({});
+  auto rec2 = std::make_shared<Recorder>();
+  train::Trainer(quiet(1)).add_callback(rec2).fit(unclipped);
+  EXPECT_GT(rec2->norms.front(), 0.1);  // so the clip above really acted
+}
+
+TEST(Trainer, ScheduleSetsTheRateOfEveryStep) {
+  BlobTask task({});
+  auto rec = std::make_shared<Recorder>();
+  train::TrainerOptions o = quiet(3);
+  o.schedule = std::make_shared<train::OneCycleSchedule>(train::OneCycleOptions{24, 0.25, 10.0, 100.0});
+  train::Trainer(o).add_callback(rec).fit(task);
+  ASSERT_EQ(rec->lrs.size(), 24u);
+  for (size_t s = 0; s < rec->lrs.size(); ++s) EXPECT_DOUBLE_EQ(rec->lrs[s], o.schedule->lr_at(s, 0.05)) << s;
+}
+
+TEST(Trainer, CallbacksRunInTheDocumentedOrder) {
+  BlobTask::Options opts;
+  opts.samples = 64;  // 2 batches of 32
+  BlobTask task(opts);
+  auto rec = std::make_shared<Recorder>();
+  train::TrainerOptions o = quiet(2);
+  o.run_dir = test_util::temp_dir("callback_order");
+  train::Trainer(o).add_callback(rec).fit(task);
+  const std::vector<std::string> want = {
+      "fit_start",   "epoch_start 0", "before_step", "step_end 1", "before_step", "step_end 2", "epoch_end 0",
+      "validation_end 0", "checkpoint", "epoch_start 1", "before_step", "step_end 3", "before_step", "step_end 4",
+      "epoch_end 1", "validation_end 1", "checkpoint", "fit_end"};
+  EXPECT_EQ(rec->events, want);
+}
+
+TEST(Trainer, EarlyStoppingStopsAfterPatience) {
+  BlobTask task({});
+  train::TrainerOptions o = quiet(20);
+  o.optimizer.lr = 1e-12;  // nothing improves
+  auto es = std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{"val_loss", 2, 1e-3, true});
+  const auto r = train::Trainer(o).add_callback(es).fit(task);
+  EXPECT_EQ(r.epochs_completed, 3);  // best at epoch 1, then 2 epochs without improvement
+  EXPECT_TRUE(r.stopped_early);
+  EXPECT_NE(r.stop_reason.find("did not improve"), std::string::npos) << r.stop_reason;
+}
+
+TEST(Trainer, MaxStepsStopsMidEpoch) {
+  BlobTask task({});
+  train::TrainerOptions o = quiet(10);
+  o.max_steps = 11;
+  const auto r = train::Trainer(o).fit(task);
+  EXPECT_EQ(r.steps, 11);
+  EXPECT_EQ(r.epochs_completed, 1);
+  EXPECT_EQ(r.stop_reason, "max_steps reached");
+}
+
+TEST(Trainer, RejectsBadOptionsAndBadLosses) {
+  train::TrainerOptions o = quiet(1);
+  o.accumulate_grad_batches = 0;
+  EXPECT_THROW(train::Trainer{o}, Error);
+  o = quiet(1);
+  o.precision = "fp8";
+  EXPECT_THROW(train::Trainer{o}, Error);
+
+  struct VectorLoss : BlobTask {
+    VectorLoss() : BlobTask({}) {}
+    train::StepOutput training_step(const data::Batch& b) override {
+      auto out = BlobTask::training_step(b);
+      out.loss = out.loss.expand({2});
+      return out;
+    }
+  } bad;
+  try {
+    train::Trainer(quiet(1)).fit(bad);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scalar loss"), std::string::npos);
+  }
+}
