@@ -81,7 +81,7 @@ void TensorLoader::stop_worker() {
   error_ = nullptr;
 }
 
-void TensorLoader::worker_loop(uint64_t /*generation*/) {
+void TensorLoader::worker_loop() {
   try {
     torch::NoGradGuard no_grad;  // batches never need autograd history
     for (int64_t b = next_batch_; b < end_batch_; ++b) {
@@ -114,7 +114,7 @@ void TensorLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
   end_batch_ = num_batches();
   produced_ = 0;
   stop_ = false;
-  if (options_.prefetch > 0 && next_batch_ < end_batch_) worker_ = std::thread([this] { worker_loop(0); });
+  if (options_.prefetch > 0 && next_batch_ < end_batch_) worker_ = std::thread([this] { worker_loop(); });
 }
 
 std::optional<Batch> TensorLoader::next() {

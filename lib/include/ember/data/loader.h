@@ -88,7 +88,7 @@ class TensorLoader : public Loader {
  private:
   Batch make_batch(int64_t batch_index) const;
   void stop_worker();
-  void worker_loop(uint64_t generation);
+  void worker_loop();
 
   TensorDataset dataset_;
   TensorLoaderOptions options_;
