@@ -2,7 +2,7 @@
 // The Python twin (fashion_epoch.py) runs the same model and loop in PyTorch
 // and drives this program, so both are measured side by side in one run.
 //
-//   ember_bench_fashion_epoch --root DIR --epochs N --batch-size B --threads T [--samples S]
+//   ember_bench_fashion_epoch --root DIR --epochs N --batch-size B --threads T [--samples S] [--prefetch P]
 // prints one line per epoch: {"epoch": i, "seconds": s, "samples": n}
 #include <ember/ember.h>
 
@@ -20,9 +20,9 @@ using namespace ember;
 
 class BenchTask : public train::Task {
  public:
-  BenchTask(data::TensorDataset train, int64_t batch_size) {
+  BenchTask(data::TensorDataset train, int64_t batch_size, int64_t prefetch) {
     net_ = FashionNet(FashionNetOptions{});
-    auto opts = data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_prefetch(2).set_transform(
+    auto opts = data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_prefetch(prefetch).set_transform(
         [](data::Batch b) {
           b.input = normalize_fashion(b.input);
           return b;
@@ -59,7 +59,7 @@ class EpochTimer : public train::Callback {
 
 int main(int argc, char** argv) {
   std::string root = "/usr/share/datasets/fashion-mnist";
-  int64_t epochs = 2, batch_size = 128, threads = 0, samples = -1;
+  int64_t epochs = 2, batch_size = 128, threads = 0, samples = -1, prefetch = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--root") root = v;
@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
     else if (k == "--batch-size") batch_size = std::stoll(v);
     else if (k == "--threads") threads = std::stoll(v);
     else if (k == "--samples") samples = std::stoll(v);
+    else if (k == "--prefetch") prefetch = std::stoll(v);
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     torch::manual_seed(0);
-    BenchTask task(data::load_mnist(root, data::Split::kTrain).head(samples), batch_size);
+    BenchTask task(data::load_mnist(root, data::Split::kTrain).head(samples), batch_size, prefetch);
     train::TrainerOptions o;
     o.epochs = epochs;
     o.progress = false;

@@ -5,8 +5,11 @@ Both sides train the same network (recipes/fashion_mnist/model.h, mirrored
 below), same batch size, same thread count, data held in memory as uint8 and
 normalised per batch, SGD with momentum, shuffled each epoch. Runs alternate
 (Ember, Python, Ember, Python, ...) so drift hits both; the first epoch of
-each process is a warm-up and is not counted. Prints per-rep medians and the
-ratio Ember / Python (< 1 means Ember is faster).
+each process is a warm-up and is not counted. Ember runs twice per rep:
+with its loader's background prefetch (its default) and with prefetch=0,
+which is the Python loop's structure exactly (batch preparation on the
+training thread); so the second ratio isolates the loop itself. Prints
+per-rep medians and the ratios Ember / Python (< 1 means Ember is faster).
 
     tools/ember bench                      # defaults: 3 reps x 2 epochs, 2 threads
     python3 tools/bench/fashion_epoch.py --binary build/bin/ember_bench_fashion_epoch --reps 5
@@ -85,9 +88,9 @@ def python_epochs(images, labels, epochs, batch_size):
     return times
 
 
-def ember_epochs(binary, root, epochs, batch_size, threads, samples):
+def ember_epochs(binary, root, epochs, batch_size, threads, samples, prefetch):
     out = subprocess.run([binary, "--root", root, "--epochs", str(epochs), "--batch-size", str(batch_size),
-                          "--threads", str(threads), "--samples", str(samples)],
+                          "--threads", str(threads), "--samples", str(samples), "--prefetch", str(prefetch)],
                          check=True, capture_output=True, text=True)
     return [json.loads(l)["seconds"] for l in out.stdout.splitlines() if l.startswith("{")]
 
@@ -108,17 +111,21 @@ def main():
     labels = torch.from_numpy(read_idx(os.path.join(args.root, "train-labels-idx1-ubyte.gz")).astype(np.int64))[:args.samples]
     print(f"fashion_mnist epoch, {images.shape[0]} samples, batch {args.batch_size}, {args.threads} threads, "
           f"torch {torch.__version__}, {args.reps} reps x {args.epochs} epochs (first epoch of each rep is warm-up)")
-    ember_t, py_t = [], []
+    ember_t, sync_t, py_t = [], [], []
+    n = images.shape[0]
     for rep in range(args.reps):
-        e = ember_epochs(args.binary, args.root, args.epochs, args.batch_size, args.threads, args.samples)[1:]
+        e = ember_epochs(args.binary, args.root, args.epochs, args.batch_size, args.threads, args.samples, 2)[1:]
+        s = ember_epochs(args.binary, args.root, args.epochs, args.batch_size, args.threads, args.samples, 0)[1:]
         p = python_epochs(images, labels, args.epochs, args.batch_size)[1:]
         ember_t += e
+        sync_t += s
         py_t += p
-        print(f"  rep {rep + 1}: ember {statistics.median(e):7.2f} s/epoch   python {statistics.median(p):7.2f} s/epoch")
-    me, mp = statistics.median(ember_t), statistics.median(py_t)
-    print(f"median: ember {me:.2f} s/epoch ({images.shape[0] / me:.0f} samples/s), "
-          f"python {mp:.2f} s/epoch ({images.shape[0] / mp:.0f} samples/s)")
-    print(f"ratio ember/python = {me / mp:.3f}  ({'Ember faster' if me < mp else 'Ember slower'})")
+        print(f"  rep {rep + 1}: ember {statistics.median(e):7.2f}   ember prefetch=0 {statistics.median(s):7.2f}   "
+              f"python {statistics.median(p):7.2f}  s/epoch")
+    me, ms, mp = statistics.median(ember_t), statistics.median(sync_t), statistics.median(py_t)
+    print(f"median s/epoch: ember {me:.2f} ({n / me:.0f} samples/s), ember prefetch=0 {ms:.2f} ({n / ms:.0f} samples/s), "
+          f"python {mp:.2f} ({n / mp:.0f} samples/s)")
+    print(f"ratio ember/python = {me / mp:.3f}   ratio ember(prefetch=0)/python = {ms / mp:.3f}   (< 1: Ember faster)")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/json_number.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/trainer.h"
 
@@ -27,8 +28,6 @@ std::string format_result(const char* what, const EvalResult& r) {
   return s;
 }
 
-// JSON numbers must be finite; NaN/inf become null rather than invalid JSON.
-nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 }  // namespace
 
 ProgressLogger::ProgressLogger(ProgressOptions options) : options_(options) {
@@ -117,25 +116,25 @@ void MetricsLogger::on_step_end(Trainer&, const StepInfo& info) {
   nlohmann::json j{{"kind", "step"},
                    {"epoch", info.epoch + 1},
                    {"step", info.step},
-                   {"loss", num(info.loss.item<double>())},
-                   {"lr", num(info.lr)},
-                   {"samples_per_second", num(samples_since_last_ / std::max(dt, 1e-9))}};
+                   {"loss", ember::detail::json_number(info.loss.item<double>())},
+                   {"lr", ember::detail::json_number(info.lr)},
+                   {"samples_per_second", ember::detail::json_number(samples_since_last_ / std::max(dt, 1e-9))}};
   write_line(j.dump());
   last_ = Clock::now();
   samples_since_last_ = 0;
 }
 
 void MetricsLogger::on_epoch_end(Trainer&, int64_t epoch, const EvalResult& r) {
-  nlohmann::json j{{"kind", "train_epoch"}, {"epoch", epoch + 1}, {"loss", num(r.loss)},
-                   {"seconds", num(r.seconds)}, {"samples", r.samples}};
-  if (r.accuracy >= 0) j["accuracy"] = num(r.accuracy);
+  nlohmann::json j{{"kind", "train_epoch"}, {"epoch", epoch + 1}, {"loss", ember::detail::json_number(r.loss)},
+                   {"seconds", ember::detail::json_number(r.seconds)}, {"samples", r.samples}};
+  if (r.accuracy >= 0) j["accuracy"] = ember::detail::json_number(r.accuracy);
   write_line(j.dump());
 }
 
 void MetricsLogger::on_validation_end(Trainer&, int64_t epoch, const EvalResult& r) {
-  nlohmann::json j{{"kind", "val"}, {"epoch", epoch + 1}, {"loss", num(r.loss)},
-                   {"seconds", num(r.seconds)}, {"samples", r.samples}};
-  if (r.accuracy >= 0) j["accuracy"] = num(r.accuracy);
+  nlohmann::json j{{"kind", "val"}, {"epoch", epoch + 1}, {"loss", ember::detail::json_number(r.loss)},
+                   {"seconds", ember::detail::json_number(r.seconds)}, {"samples", r.samples}};
+  if (r.accuracy >= 0) j["accuracy"] = ember::detail::json_number(r.accuracy);
   write_line(j.dump());
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/json_number.h"
 #include "ember/core/device.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/early_stopping.h"
@@ -29,7 +30,6 @@ std::string timestamp() {
   return buf;
 }
 
-nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
 std::string usage(const RecipeSpec& spec, const core::Config& config) {
   return fmt::format(
@@ -121,17 +121,17 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
 
 void write_summary(const std::string& path, const RunSummary& s) {
   nlohmann::json j{{"recipe", s.recipe},
-                   {"test_accuracy", s.test_accuracy >= 0 ? num(s.test_accuracy) : nlohmann::json(nullptr)},
-                   {"test_loss", num(s.test_loss)},
+                   {"test_accuracy", s.test_accuracy >= 0 ? ember::detail::json_number(s.test_accuracy) : nlohmann::json(nullptr)},
+                   {"test_loss", ember::detail::json_number(s.test_loss)},
                    {"epochs", s.epochs},
                    {"steps", s.steps},
-                   {"train_seconds", num(s.train_seconds)},
-                   {"samples_per_second", num(s.samples_per_second)},
+                   {"train_seconds", ember::detail::json_number(s.train_seconds)},
+                   {"samples_per_second", ember::detail::json_number(s.samples_per_second)},
                    {"device", s.device},
                    {"precision", s.precision},
                    {"parameters", s.parameters},
                    {"stop_reason", s.stop_reason}};
-  for (const auto& [k, v] : s.extra) j[k] = num(v);
+  for (const auto& [k, v] : s.extra) j[k] = ember::detail::json_number(v);
   write_file_atomic(path, j.dump(2) + "\n");
 }
 
@@ -230,7 +230,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     return 2;
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
-    return e.what()[0] == '[' && std::string(e.what()).rfind("[config]", 0) == 0 ? 2 : 1;
+    return std::string(e.what()).rfind("[config]", 0) == 0 ? 2 : 1;  // config errors are usage errors
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

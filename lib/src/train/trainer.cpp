@@ -47,33 +47,6 @@ class ScopedStopSignals {
   void (*old_term_)(int) = SIG_DFL;
 };
 
-// Device-side sums for one pass: loss * samples and correct predictions.
-struct PassSums {
-  torch::Tensor loss_sum;  // float64 scalar
-  torch::Tensor correct;   // int64 scalar, undefined when no classification output
-  int64_t samples = 0;
-
-  void add(const StepOutput& out, int64_t batch_size) {
-    torch::NoGradGuard no_grad;
-    const torch::Tensor l = out.loss.detach().to(torch::kFloat64) * static_cast<double>(batch_size);
-    loss_sum = loss_sum.defined() ? loss_sum + l : l;
-    if (out.output.defined() && out.target.defined() && out.output.dim() == 2 && out.target.dim() == 1) {
-      const torch::Tensor c = count_correct(out.output.detach(), out.target);
-      correct = correct.defined() ? correct + c : c;
-    }
-    samples += batch_size;
-  }
-  EvalResult result(double seconds) const {
-    EvalResult r;
-    r.samples = samples;
-    r.seconds = seconds;
-    if (samples > 0 && loss_sum.defined()) r.loss = loss_sum.item<double>() / static_cast<double>(samples);
-    if (samples > 0 && correct.defined())
-      r.accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(samples);
-    return r;
-  }
-};
-
 std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& model) {
   std::vector<torch::Tensor> out;
   for (auto& p : model.parameters())
@@ -88,6 +61,27 @@ void check_loss(const StepOutput& out, const char* where) {
 }
 
 }  // namespace
+
+void PassSums::add(const StepOutput& out, int64_t batch_size) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor l = out.loss.detach().to(torch::kFloat64) * static_cast<double>(batch_size);
+  loss_sum = loss_sum.defined() ? loss_sum + l : l;
+  if (out.output.defined() && out.target.defined() && out.output.dim() == 2 && out.target.dim() == 1) {
+    const torch::Tensor c = count_correct(out.output.detach(), out.target);
+    correct = correct.defined() ? correct + c : c;
+  }
+  samples += batch_size;
+}
+
+EvalResult PassSums::result(double seconds) const {
+  EvalResult r;
+  r.samples = samples;
+  r.seconds = seconds;
+  if (samples > 0 && loss_sum.defined()) r.loss = loss_sum.item<double>() / static_cast<double>(samples);
+  if (samples > 0 && correct.defined())
+    r.accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(samples);
+  return r;
+}
 
 int64_t count_parameters(const torch::nn::Module& module) {
   int64_t n = 0;
@@ -149,10 +143,10 @@ void Trainer::save_checkpoint(const std::string& path) {
   state.write("epoch", torch::IValue(epoch_));
   state.write("batch", torch::IValue(batch_));
   state.write("global_step", torch::IValue(global_step_));
-  state.write("epoch_samples", torch::IValue(epoch_samples_));
+  state.write("epoch_samples", torch::IValue(epoch_sums_.samples));
   state.write("base_lrs", torch::tensor(base_lrs_, torch::kFloat64));
-  if (epoch_loss_sum_.defined()) state.write("epoch_loss_sum", epoch_loss_sum_.cpu());
-  if (epoch_correct_.defined()) state.write("epoch_correct", epoch_correct_.cpu());
+  if (epoch_sums_.loss_sum.defined()) state.write("epoch_loss_sum", epoch_sums_.loss_sum.cpu());
+  if (epoch_sums_.correct.defined()) state.write("epoch_correct", epoch_sums_.correct.cpu());
   // RNG: the CPU generator and every CUDA generator that was initialised.
   state.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
   if (torch::cuda::is_available()) {
@@ -206,7 +200,8 @@ void Trainer::load_checkpoint(const std::string& path) {
   state.read("global_step", v);
   global_step_ = v.toInt();
   state.read("epoch_samples", v);
-  epoch_samples_ = v.toInt();
+  epoch_sums_ = {};
+  epoch_sums_.samples = v.toInt();
   // A fresh tensor per read: InputArchive::read assigns into a defined tensor with set_().
   const auto read_tensor = [&](const char* key) {
     torch::Tensor t;
@@ -221,10 +216,10 @@ void Trainer::load_checkpoint(const std::string& path) {
   base_lrs_.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
   const auto params = task_->model()->parameters();
   const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
-  epoch_loss_sum_ = try_read_tensor("epoch_loss_sum");
-  epoch_correct_ = try_read_tensor("epoch_correct");
-  if (epoch_loss_sum_.defined()) epoch_loss_sum_ = epoch_loss_sum_.to(device);
-  if (epoch_correct_.defined()) epoch_correct_ = epoch_correct_.to(device);
+  for (auto [key, sum] : {std::pair{"epoch_loss_sum", &epoch_sums_.loss_sum}, std::pair{"epoch_correct", &epoch_sums_.correct}}) {
+    const torch::Tensor t = try_read_tensor(key);
+    if (t.defined()) *sum = t.to(device);
+  }
   at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
   cpu_gen.set_state(read_tensor("rng_cpu"));
   if (torch::cuda::is_available()) {
@@ -252,9 +247,8 @@ FitResult Trainer::fit(Task& task) {
   if (!optimizer_) optimizer_ = make_optimizer(*model, options_.optimizer);
   base_lrs_.clear();
   for (auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.options().get_lr());
-  epoch_ = batch_ = global_step_ = epoch_samples_ = 0;
-  epoch_loss_sum_ = torch::Tensor();
-    epoch_correct_ = torch::Tensor();
+  epoch_ = batch_ = global_step_ = 0;
+  epoch_sums_ = {};
   stop_requested_ = false;
   stop_reason_.clear();
 
@@ -277,17 +271,12 @@ FitResult Trainer::fit(Task& task) {
   double val_seconds = 0.0;
 
   while (epoch_ < options_.epochs && !stop_requested_) {
-    if (batch_ == 0) {
-      epoch_loss_sum_ = torch::Tensor();
-    epoch_correct_ = torch::Tensor();
-      epoch_samples_ = 0;
-    }
+    if (batch_ == 0) epoch_sums_ = {};
     for (auto& cb : callbacks_) cb->on_epoch_start(*this, epoch_);
     const auto epoch_start = Clock::now();
     model->train();
     optimizer_->zero_grad(/*set_to_none=*/true);
     loader.start_epoch(epoch_, batch_);
-    PassSums sums{epoch_loss_sum_, epoch_correct_, epoch_samples_};
 
     torch::Tensor step_loss;  // sum of micro-batch losses weighted by their share
     int64_t step_samples = 0;
@@ -300,7 +289,7 @@ FitResult Trainer::fit(Task& task) {
       StepOutput out = task.training_step(*batch);
       check_loss(out, "training_step");
       (out.loss / static_cast<double>(window)).backward();
-      sums.add(out, batch->size());
+      epoch_sums_.add(out, batch->size());
       {
         torch::NoGradGuard ng;
         const torch::Tensor share = out.loss.detach() / static_cast<double>(window);
@@ -321,9 +310,6 @@ FitResult Trainer::fit(Task& task) {
         result.samples += step_samples;
         step_loss = torch::Tensor();
         step_samples = 0;
-        epoch_loss_sum_ = sums.loss_sum;
-        epoch_correct_ = sums.correct;
-        epoch_samples_ = sums.samples;
         for (auto& cb : callbacks_) cb->on_step_end(*this, info);
         if (options_.max_steps >= 0 && global_step_ >= options_.max_steps) request_stop("max_steps reached");
         if (g_stop_signal != 0) {
@@ -338,16 +324,14 @@ FitResult Trainer::fit(Task& task) {
       checkpoint_now();
       break;
     }
-    const EvalResult train_result = sums.result(seconds_since(epoch_start));
+    const EvalResult train_result = epoch_sums_.result(seconds_since(epoch_start));
     result.last_train = train_result;
     for (auto& cb : callbacks_) cb->on_epoch_end(*this, epoch_, train_result);
 
     const int64_t finished = epoch_;
     ++epoch_;
     batch_ = 0;
-    epoch_loss_sum_ = torch::Tensor();
-    epoch_correct_ = torch::Tensor();
-    epoch_samples_ = 0;
+    epoch_sums_ = {};
     if (options_.val_every > 0 && task.val_loader() && (finished + 1) % options_.val_every == 0) {
       const auto v0 = Clock::now();
       result.last_val = evaluate(task, *task.val_loader());

@@ -49,6 +49,17 @@ struct TrainerOptions {
   std::shared_ptr<Schedule> schedule;
 };
 
+/// Running sums of one pass over a loader, kept on the device so that no step
+/// syncs with the host; read once when the pass ends.
+struct PassSums {
+  torch::Tensor loss_sum;  ///< float64 scalar: sum of loss x batch size
+  torch::Tensor correct;   ///< int64 scalar; undefined when the task has no classification output
+  int64_t samples = 0;
+
+  void add(const StepOutput& out, int64_t batch_size);
+  EvalResult result(double seconds) const;
+};
+
 struct FitResult {
   int64_t epochs_completed = 0;  ///< whole epochs done (including any before a resume)
   int64_t steps = 0;             ///< optimizer steps done (including any before a resume)
@@ -110,9 +121,8 @@ class Trainer {
   int64_t epoch_ = 0;
   int64_t batch_ = 0;
   int64_t global_step_ = 0;
-  // Running sums of the current epoch (device tensors; read at epoch end).
-  torch::Tensor epoch_loss_sum_, epoch_correct_;
-  int64_t epoch_samples_ = 0;
+  // Training sums of the current epoch (checkpointed, so a resumed epoch reports the same).
+  PassSums epoch_sums_;
 
   std::string stop_reason_;
   std::atomic<bool> stop_requested_{false};
