@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
     c.declare("data.train_subset", 0, "use the first N training images (0 = all)");
     c.declare("data.test_subset", 0, "use the first N test images (0 = all)");
     c.declare("data.val_size", 0, "hold out the last N training images for validation");
-    c.declare("data.prefetch", 2, "batches prepared ahead by the loader thread");
+    c.declare("data.prefetch", -1, "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)");
     c.declare("model.width", 16, "channels of the first conv block (the second has 2x)");
     c.declare("model.hidden", 128, "units of the hidden linear layer");
     c.declare("model.dropout", 0.25, "dropout before each linear layer");

@@ -25,8 +25,9 @@ std::vector<int64_t> drain(data::Loader& loader, int64_t epoch, int64_t skip = 0
 }  // namespace
 
 TEST(TensorLoader, EachEpochIsAPermutationFixedBySeedAndEpoch) {
-  data::TensorLoader a(numbered(103), data::TensorLoaderOptions().set_batch_size(10).set_seed(5));
+  data::TensorLoader a(numbered(103), data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(2));
   data::TensorLoader b(numbered(103), data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(0));
+  EXPECT_EQ(data::TensorLoader(numbered(8), data::TensorLoaderOptions()).options().prefetch, 0);  // auto on CPU
   EXPECT_EQ(a.num_batches(), 11);
   const auto e0 = drain(a, 0), e1 = drain(a, 1);
   EXPECT_EQ(std::set<int64_t>(e0.begin(), e0.end()).size(), 103u);
@@ -56,7 +57,7 @@ TEST(TensorLoader, DropLastAndNoShuffle) {
 }
 
 TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
-  auto opts = data::TensorLoaderOptions().set_batch_size(4).set_transform([](data::Batch b) {
+  auto opts = data::TensorLoaderOptions().set_batch_size(4).set_prefetch(2).set_transform([](data::Batch b) {
     b.input = b.input.to(torch::kFloat32) * 2;
     return b;
   });
@@ -67,7 +68,7 @@ TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
   EXPECT_EQ(batch->input.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::equal(batch->input.select(1, 0), batch->target.to(torch::kFloat32) * 2));
 
-  data::TensorLoader bad(numbered(8), data::TensorLoaderOptions().set_batch_size(4).set_transform([](data::Batch) -> data::Batch {
+  data::TensorLoader bad(numbered(8), data::TensorLoaderOptions().set_batch_size(4).set_prefetch(2).set_transform([](data::Batch) -> data::Batch {
     throw std::runtime_error("decode failed for sample 3");
   }));
   bad.start_epoch(0, 0);

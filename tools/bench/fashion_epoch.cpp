@@ -59,7 +59,7 @@ class EpochTimer : public train::Callback {
 
 int main(int argc, char** argv) {
   std::string root = "/usr/share/datasets/fashion-mnist";
-  int64_t epochs = 2, batch_size = 128, threads = 0, samples = -1, prefetch = 2;
+  int64_t epochs = 2, batch_size = 128, threads = 0, samples = -1, prefetch = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--root") root = v;

@@ -27,7 +27,9 @@ TensorLoader::TensorLoader(TensorDataset dataset, TensorLoaderOptions options)
               dataset_.targets.size(0));
   EMBER_CHECK(options_.batch_size > 0, "[data::TensorLoader] batch_size must be positive, got {}",
               options_.batch_size);
-  EMBER_CHECK(options_.prefetch >= 0, "[data::TensorLoader] prefetch must be >= 0, got {}", options_.prefetch);
+  EMBER_CHECK(options_.prefetch >= -1, "[data::TensorLoader] prefetch must be >= 0, or -1 for automatic, got {}",
+              options_.prefetch);
+  if (options_.prefetch < 0) options_.prefetch = options_.device.is_cuda() ? 2 : 0;
   EMBER_CHECK(dataset_.inputs.device().is_cpu(), "[data::TensorLoader] the dataset must be on the CPU");
   EMBER_CHECK(num_batches() > 0,
               "[data::TensorLoader] {} samples make no batch of {} with drop_last; lower the batch size",

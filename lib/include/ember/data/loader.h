@@ -50,8 +50,11 @@ struct TensorLoaderOptions {
   bool drop_last = false;
   /// Seed of the shuffling order.
   uint64_t seed = 0;
-  /// Batches prepared ahead by a background thread; 0 = prepare on demand.
-  int64_t prefetch = 2;
+  /// Batches prepared ahead by a background thread; 0 = prepared on demand in
+  /// next(); -1 = 2 when `device` is CUDA, else 0. On the CPU the thread would
+  /// compete with LibTorch's intra-op threads for the same cores (measured on
+  /// 2 cores: an epoch 1.3x slower with it, see tools/bench/fashion_epoch.py).
+  int64_t prefetch = -1;
   /// Where batches are delivered. With CUDA, batches are staged in pinned
   /// host memory and copied with non_blocking=true.
   torch::Device device = torch::kCPU;
