@@ -288,13 +288,16 @@ FitResult Trainer::fit(Task& task) {
 
       StepOutput out = task.training_step(*batch);
       check_loss(out, "training_step");
-      (out.loss / static_cast<double>(window)).backward();
-      epoch_sums_.add(out, batch->size());
-      {
+      if (window == 1) {  // no accumulation: skip the extra autograd node and division
+        out.loss.backward();
+        step_loss = out.loss.detach();
+      } else {
+        (out.loss / static_cast<double>(window)).backward();
         torch::NoGradGuard ng;
         const torch::Tensor share = out.loss.detach() / static_cast<double>(window);
         step_loss = step_loss.defined() ? step_loss + share : share;
       }
+      epoch_sums_.add(out, batch->size());
       step_samples += batch->size();
       ++batch_;
 
