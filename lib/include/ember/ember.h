@@ -1,15 +1,19 @@
 #pragma once
 // Umbrella header: everything Ember offers.
 
+#include "ember/amp/autocast.h"
+#include "ember/amp/grad_scaler.h"
 #include "ember/core/config.h"
 #include "ember/core/device.h"
 #include "ember/core/error.h"
+#include "ember/core/flops.h"
 #include "ember/data/dataset.h"
 #include "ember/data/idx.h"
 #include "ember/data/loader.h"
 #include "ember/train/accuracy.h"
 #include "ember/train/callback.h"
 #include "ember/train/checkpoint.h"
+#include "ember/train/clip_grad.h"
 #include "ember/train/early_stopping.h"
 #include "ember/train/logging.h"
 #include "ember/train/optim.h"

@@ -219,11 +219,15 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       summary.test_loss = test.loss;
       summary.test_accuracy = test.accuracy;
     }
+    if (spec.finish) spec.finish(*task, config, fit, summary);
     write_summary(run_dir + "/summary.json", summary);
-    std::cout << fmt::format("test_accuracy={:.4f} test_loss={:.4f} epochs={} train_seconds={:.1f} "
-                             "samples_per_second={:.0f} summary={}/summary.json\n",
-                             summary.test_accuracy, summary.test_loss, summary.epochs, summary.train_seconds,
-                             summary.samples_per_second, run_dir);
+    std::string line;
+    if (summary.test_accuracy >= 0) line += fmt::format("test_accuracy={:.4f} ", summary.test_accuracy);
+    if (task->test_loader()) line += fmt::format("test_loss={:.4f} ", summary.test_loss);
+    for (const auto& [key, value] : summary.extra) line += fmt::format("{}={:.6g} ", key, value);
+    std::cout << line
+              << fmt::format("epochs={} train_seconds={:.1f} samples_per_second={:.0f} summary={}/summary.json\n",
+                             summary.epochs, summary.train_seconds, summary.samples_per_second, run_dir);
     return 0;
   } catch (const UsageError& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -64,6 +64,10 @@ struct RecipeSpec {
   std::function<void(core::Config&)> declare;
   /// Builds the task on `device` from the resolved config.
   std::function<std::unique_ptr<Task>(const core::Config&, torch::Device)> make_task;
+  /// Optional: runs after training and testing, before summary.json is
+  /// written. Adds recipe-specific numbers to `summary.extra` (printed on the
+  /// final line too) and prints recipe-specific output (e.g. a text sample).
+  std::function<void(Task&, const core::Config&, const FitResult&, RunSummary&)> finish;
 };
 
 /// Parses the command line, trains, tests, writes the run folder, prints the

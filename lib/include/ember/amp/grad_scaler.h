@@ -1,0 +1,115 @@
+#pragma once
+// GradScaler: dynamic loss scaling for fp16 mixed precision, with the
+// semantics of Python's torch.amp.GradScaler (defaults, per-optimizer state
+// machine, error messages, state_dict keys, update rule):
+//
+//   ember::amp::GradScaler scaler;                  // init_scale 65536
+//   for (...) {
+//     optimizer.zero_grad();
+//     torch::Tensor loss;
+//     { ember::amp::AutocastGuard ac(torch::kCUDA, torch::kHalf); loss = ...; }
+//     scaler.scale(loss).backward();
+//     scaler.unscale_(optimizer);                   // optional: before clipping
+//     ember::train::clip_grad_norm_(params, 1.0);  // no host sync
+//     bool stepped = scaler.step(optimizer);        // skipped on inf/NaN
+//     scaler.update();
+//   }
+//
+// The scale (0-dim fp32) and growth tracker (0-dim int32) live on the device
+// of the first tensor passed to scale(); unscaling and the update use ATen's
+// _amp_foreach_non_finite_check_and_unscale_ and _amp_update_scale_ (CPU and
+// CUDA kernels), so nothing is read back to the host except in step(): one
+// host sync per step() to decide whether to skip (Python syncs once per
+// device; Ember sums the per-device inf flags on the device first).
+// Gradients must be fp32 (fp32 master weights), as in PyTorch.
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace ember::amp {
+
+struct GradScalerOptions {
+  /// Initial scale factor (2^16, as PyTorch).
+  TORCH_ARG(double, init_scale) = 65536.0;
+  /// Factor applied after growth_interval consecutive steps without inf/NaN; > 1.
+  TORCH_ARG(double, growth_factor) = 2.0;
+  /// Factor applied when a step has inf/NaN gradients; in (0, 1).
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Consecutive finite steps before the scale grows.
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  /// false = every call passes through (scale() returns its input, step() steps).
+  TORCH_ARG(bool, enabled) = true;
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {});
+
+  /// `outputs` x scale (the scale is created on outputs' device on first use).
+  torch::Tensor scale(const torch::Tensor& outputs);
+  std::vector<torch::Tensor> scale(const std::vector<torch::Tensor>& outputs);
+
+  /// Divides `optimizer`'s gradients by the scale in place and records
+  /// whether any is inf/NaN. At most once per optimizer between update()s,
+  /// and not after step(). No host sync.
+  void unscale_(torch::optim::Optimizer& optimizer);
+
+  /// Unscales (if unscale_ was not called), then runs optimizer.step() unless
+  /// a gradient was inf/NaN. Returns true when the optimizer stepped, false
+  /// when the step was skipped. One host sync.
+  bool step(torch::optim::Optimizer& optimizer);
+
+  /// Updates the scale from the inf/NaN flags of every optimizer stepped or
+  /// unscaled since the last update: x backoff_factor if any was found,
+  /// x growth_factor after growth_interval clean updates. Call once per
+  /// iteration, after all step()s. No host sync.
+  void update();
+  /// Sets the scale to `new_scale` instead (the growth tracker is kept).
+  void update(double new_scale);
+
+  /// The current scale (reads the device: a host sync). 1.0 when disabled.
+  double get_scale() const;
+  /// The scale as a 0-dim fp32 tensor on its device, without a sync;
+  /// undefined before the first scale() or when disabled.
+  const torch::Tensor& scale_tensor() const { return scale_; }
+  /// Consecutive clean updates since the last growth or backoff (reads the device).
+  int64_t growth_tracker() const;
+
+  bool is_enabled() const { return options_.enabled(); }
+  const GradScalerOptions& options() const { return options_; }
+  double get_growth_factor() const { return options_.growth_factor(); }
+  double get_backoff_factor() const { return options_.backoff_factor(); }
+  int64_t get_growth_interval() const { return options_.growth_interval(); }
+
+  /// Writes PyTorch's five state_dict entries: scale, growth_factor,
+  /// backoff_factor, growth_interval, _growth_tracker. Nothing when disabled.
+  void save(torch::serialize::OutputArchive& archive) const;
+  /// Reads them back (an archive written by a disabled scaler is an error).
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  enum class Stage { kReady, kUnscaled, kStepped };
+  struct OptimizerState {
+    Stage stage = Stage::kReady;
+    /// One 1-element fp32 flag per device that held gradients (> 0: inf/NaN seen).
+    std::map<std::string, torch::Tensor> found_inf_per_device;
+  };
+
+  void check_initialized(const char* fn) const;
+  void lazy_init(const torch::Device& device);
+
+  GradScalerOptions options_;
+  torch::Tensor scale_;           // 0-dim fp32 on the scale device
+  torch::Tensor growth_tracker_;  // 0-dim int32 on the scale device
+  double init_scale_;             // used until the tensors exist (and after load)
+  int64_t init_growth_tracker_ = 0;
+  std::map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+};
+
+}  // namespace ember::amp

@@ -1,0 +1,184 @@
+#include "ember/amp/grad_scaler.h"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include "core/check.h"
+
+namespace ember::amp {
+namespace {
+
+// Gradients of one optimizer grouped by device, then dtype, as the foreach
+// kernels need (Python's GradScaler._unscale_grads_ does the same).
+using GradBuckets = std::map<std::string, std::map<c10::ScalarType, std::vector<torch::Tensor>>>;
+
+GradBuckets bucket_grads(torch::optim::Optimizer& optimizer) {
+  GradBuckets buckets;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& param : group.params()) {
+      torch::Tensor& grad = param.mutable_grad();
+      if (!grad.defined()) continue;
+      EMBER_CHECK(grad.scalar_type() != torch::kHalf,
+                  "[amp::GradScaler] Attempting to unscale FP16 gradients. Keep fp32 parameters (master "
+                  "weights) and let AutocastGuard run the forward pass in fp16.");
+      torch::Tensor to_unscale = grad.is_sparse() ? grad._values() : grad;
+      buckets[to_unscale.device().str()][to_unscale.scalar_type()].push_back(to_unscale);
+    }
+  }
+  return buckets;
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(options), init_scale_(options.init_scale()) {
+  if (!options_.enabled()) return;
+  EMBER_CHECK(options_.growth_factor() > 1.0, "[amp::GradScaler] The growth factor must be > 1.0, got {}",
+              options_.growth_factor());
+  EMBER_CHECK(options_.backoff_factor() < 1.0 && options_.backoff_factor() > 0.0,
+              "[amp::GradScaler] The backoff factor must be in (0, 1), got {}", options_.backoff_factor());
+  EMBER_CHECK(options_.growth_interval() >= 1, "[amp::GradScaler] growth_interval must be >= 1, got {}",
+              options_.growth_interval());
+  EMBER_CHECK(options_.init_scale() > 0.0, "[amp::GradScaler] init_scale must be > 0, got {}", options_.init_scale());
+}
+
+void GradScaler::lazy_init(const torch::Device& device) {
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  scale_ = torch::full({}, init_scale_, f32);
+  growth_tracker_ = torch::full({}, init_growth_tracker_, f32.dtype(torch::kInt32));
+}
+
+void GradScaler::check_initialized(const char* fn) const {
+  EMBER_CHECK(scale_.defined(),
+              "[amp::GradScaler] Attempted {} but the scale is not initialised yet. This may indicate your "
+              "loop did not use scaler.scale(loss) earlier in the iteration.",
+              fn);
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
+  if (!options_.enabled()) return outputs;
+  EMBER_CHECK(outputs.defined(), "[amp::GradScaler] scale() got an undefined tensor");
+  if (!scale_.defined()) lazy_init(outputs.device());
+  return outputs * scale_.to(outputs.device(), /*non_blocking=*/true);
+}
+
+std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& outputs) {
+  std::vector<torch::Tensor> out;
+  out.reserve(outputs.size());
+  for (const auto& t : outputs) out.push_back(scale(t));
+  return out;
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) return;
+  check_initialized("unscale_");
+  OptimizerState& state = per_optimizer_[&optimizer];
+  EMBER_CHECK(state.stage != Stage::kUnscaled,
+              "[amp::GradScaler] unscale_() has already been called on this optimizer since the last update().");
+  EMBER_CHECK(state.stage != Stage::kStepped, "[amp::GradScaler] unscale_() is being called after step().");
+
+  torch::NoGradGuard no_grad;
+  // The inverse in fp64, then fp32, exactly as PyTorch.
+  const torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+  const torch::Tensor found_inf = torch::zeros({}, scale_.options());
+  std::map<std::string, torch::Tensor> inv_per_device;
+  for (auto& [device, per_dtype] : bucket_grads(optimizer)) {
+    const torch::Device d(device);
+    torch::Tensor& flag = state.found_inf_per_device[device];
+    if (!flag.defined()) flag = found_inf.to(d, /*non_blocking=*/true, /*copy=*/true);
+    torch::Tensor& inv = inv_per_device[device];
+    if (!inv.defined()) inv = inv_scale.to(d, /*non_blocking=*/true);
+    for (auto& [dtype, grads] : per_dtype) at::_amp_foreach_non_finite_check_and_unscale_(grads, flag, inv);
+  }
+  state.stage = Stage::kUnscaled;
+}
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) {
+    optimizer.step();
+    return true;
+  }
+  check_initialized("step");
+  OptimizerState& state = per_optimizer_[&optimizer];
+  EMBER_CHECK(state.stage != Stage::kStepped,
+              "[amp::GradScaler] step() has already been called since the last update().");
+  if (state.stage == Stage::kReady) unscale_(optimizer);
+  EMBER_CHECK(!state.found_inf_per_device.empty(),
+              "[amp::GradScaler] No inf checks were recorded for this optimizer (none of its parameters has a "
+              "gradient: did backward() reach them?).");
+  // One host sync for all devices: add the flags on the scale's device first.
+  torch::Tensor total;
+  for (auto& [device, flag] : state.found_inf_per_device) {
+    torch::Tensor f = flag.to(scale_.device(), /*non_blocking=*/true);
+    total = total.defined() ? total + f : f;
+  }
+  const bool skip = total.item<float>() != 0.0f;
+  if (!skip) optimizer.step();
+  state.stage = Stage::kStepped;
+  return !skip;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled()) return;
+  check_initialized("update");
+  torch::Tensor combined;
+  for (auto& [opt, state] : per_optimizer_) {
+    for (auto& [device, flag] : state.found_inf_per_device) {
+      torch::Tensor f = flag.to(scale_.device(), /*non_blocking=*/true);
+      combined = combined.defined() ? combined + f : f;
+    }
+  }
+  EMBER_CHECK(combined.defined(),
+              "[amp::GradScaler] No inf checks were recorded prior to update(): call step() (or unscale_()) "
+              "for each optimizer first.");
+  at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor(), options_.backoff_factor(),
+                         options_.growth_interval());
+  per_optimizer_.clear();
+}
+
+void GradScaler::update(double new_scale) {
+  if (!options_.enabled()) return;
+  check_initialized("update");
+  scale_.fill_(new_scale);
+  per_optimizer_.clear();
+}
+
+double GradScaler::get_scale() const {
+  if (!options_.enabled()) return 1.0;
+  return scale_.defined() ? scale_.item<double>() : init_scale_;
+}
+
+int64_t GradScaler::growth_tracker() const {
+  if (!options_.enabled()) return 0;
+  return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : init_growth_tracker_;
+}
+
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  if (!options_.enabled()) return;
+  archive.write("scale", torch::IValue(get_scale()));
+  archive.write("growth_factor", torch::IValue(options_.growth_factor()));
+  archive.write("backoff_factor", torch::IValue(options_.backoff_factor()));
+  archive.write("growth_interval", torch::IValue(options_.growth_interval()));
+  archive.write("_growth_tracker", torch::IValue(growth_tracker()));
+}
+
+void GradScaler::load(torch::serialize::InputArchive& archive) {
+  if (!options_.enabled()) return;
+  torch::IValue v;
+  EMBER_CHECK(archive.try_read("scale", v),
+              "[amp::GradScaler] The source state is empty, possibly because it was saved from a disabled "
+              "GradScaler.");
+  const auto read = [&](const char* key) {
+    torch::IValue x;
+    EMBER_CHECK(archive.try_read(key, x), "[amp::GradScaler] saved state lacks '{}'", key);
+    return x;
+  };
+  init_scale_ = v.toDouble();
+  options_.growth_factor(read("growth_factor").toDouble());
+  options_.backoff_factor(read("backoff_factor").toDouble());
+  options_.growth_interval(read("growth_interval").toInt());
+  init_growth_tracker_ = read("_growth_tracker").toInt();
+  if (scale_.defined()) scale_.fill_(init_scale_);
+  if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
+}
+
+}  // namespace ember::amp
