@@ -1,0 +1,133 @@
+"""Parity: Ember's GradScaler (C++) vs torch.amp.GradScaler (Python).
+
+Both run the same gradient sequences (finite, injected inf/NaN, real fp32
+overflow of scaled gradients, several param groups and optimizers, gradient
+accumulation, clipping after unscale_, runs long enough to grow the scale) and
+must give the same scale trajectory, growth tracker and skip decisions exactly,
+and the same final weights (SGD bitwise; Adam within 1e-6 relative, because
+LibTorch's C++ Adam and Python's differ in one op: mul_+add_ vs lerp_).
+
+    python grad_scaler_parity.py DRIVER_EXECUTABLE [WORK_DIR]
+"""
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHAPES = [(4, 3), (3,), (5,), (6,)]
+TOTAL = sum(math.prod(s) for s in SHAPES)
+
+
+def make_sequence(seed, steps, micro, inject, overflow_rate):
+    """Initial weights + steps x micro gradient blocks (float32), with inf/NaN and huge values.
+    `inject`: a probability per step, or a list of the steps that get an inf/NaN."""
+    rng = np.random.default_rng(seed)
+    init = rng.standard_normal(TOTAL).astype(np.float32)
+    mags = 10.0 ** rng.uniform(-4, 4, size=(steps, micro, TOTAL))
+    grads = (rng.standard_normal((steps, micro, TOTAL)) * mags).astype(np.float32)
+    for t in range(steps):
+        if (t in inject) if isinstance(inject, list) else (rng.random() < inject):  # an inf/NaN in one element of one micro-batch
+            m, i = rng.integers(micro), rng.integers(TOTAL)
+            grads[t, m, i] = rng.choice([np.inf, -np.inf, np.nan])
+        if rng.random() < overflow_rate:  # finite, but x scale overflows fp32 once the scale is large
+            m, i = rng.integers(micro), rng.integers(TOTAL)
+            grads[t, m, i] = np.float32(3e34)
+    return init, grads
+
+
+def run_torch(init, grads, init_scale, growth, backoff, interval, clip):
+    steps, micro, _ = grads.shape
+    flat = torch.from_numpy(init.copy())
+    params, offset = [], 0
+    for s in SHAPES:
+        n = math.prod(s)
+        params.append(flat[offset:offset + n].reshape(s).clone().requires_grad_(True))
+        offset += n
+    opt_a = torch.optim.SGD([{"params": [params[0], params[1]]}, {"params": [params[2]], "lr": 0.02}],
+                            lr=0.05, momentum=0.9)
+    opt_b = torch.optim.Adam([params[3]], lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth, backoff_factor=backoff,
+                                  growth_interval=interval)
+    out = {"scale": [], "tracker": [], "stepped_a": [], "stepped_b": []}
+    g_all = torch.from_numpy(grads)
+    for t in range(steps):
+        for m in range(micro):
+            g, offset = [], 0
+            for s in SHAPES:
+                n = math.prod(s)
+                g.append(g_all[t, m, offset:offset + n].reshape(s))
+                offset += n
+            loss = sum((p * gi).sum() for p, gi in zip(params, g))
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt_a)
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params[:3], clip)
+        scaler.step(opt_a)
+        scaler.step(opt_b)
+        for name, opt in (("stepped_a", opt_a), ("stepped_b", opt_b)):
+            found = sum(v.item() for v in scaler._found_inf_per_device(opt).values())
+            out[name].append(0 if found else 1)
+        scaler.update()
+        out["scale"].append(scaler.get_scale())
+        out["tracker"].append(scaler._get_growth_tracker())
+        opt_a.zero_grad(set_to_none=True)
+        opt_b.zero_grad(set_to_none=True)
+    out["weights"] = [float(x) for p in params for x in p.detach().reshape(-1).tolist()]
+    return out
+
+
+SCENARIOS = [
+    # name, seed, steps, micro, inject, overflow, init_scale, growth, backoff, interval, clip
+    ("defaults_long_growth", 1, 2100, 1, [3, 7, 12, 40], 0.0, 65536.0, 2.0, 0.5, 2000, 0.0),
+    ("dynamic_accum_clip", 2, 400, 2, 0.08, 0.08, 1024.0, 4.0, 0.25, 3, 1.0),
+    ("overflow_driven", 3, 300, 1, 0.0, 0.15, 2.0 ** 20, 2.0, 0.5, 5, 0.5),
+]
+
+
+def main():
+    driver = sys.argv[1]
+    work = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(tempfile.mkdtemp())
+    work.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    failures = 0
+    for name, seed, steps, micro, inject, overflow, init_scale, growth, backoff, interval, clip in SCENARIOS:
+        init, grads = make_sequence(seed, steps, micro, inject, overflow)
+        seq = work / f"{name}.bin"
+        np.concatenate([init, grads.reshape(-1)]).astype("<f4").tofile(seq)
+        args = [driver, str(seq), str(steps), str(micro), repr(init_scale), repr(growth), repr(backoff),
+                str(interval), repr(clip)]
+        ember = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+        ref = run_torch(init, grads, init_scale, growth, backoff, interval, clip)
+
+        problems = []
+        for key in ("scale", "tracker", "stepped_a", "stepped_b"):
+            if ember[key] != ref[key]:
+                first = next(i for i, (a, b) in enumerate(zip(ember[key], ref[key])) if a != b)
+                problems.append(f"{key} differs first at step {first}: ember {ember[key][first]} torch {ref[key][first]}")
+        n_sgd = TOTAL - math.prod(SHAPES[3])
+        if ember["weights"][:n_sgd] != ref["weights"][:n_sgd]:
+            problems.append("SGD weights are not bitwise equal")
+        if not np.allclose(ember["weights"][n_sgd:], ref["weights"][n_sgd:], rtol=1e-6, atol=1e-7):
+            problems.append("Adam weights differ by more than 1e-6")
+        # The scenario must exercise what it claims (a test that cannot fail proves nothing).
+        skips = ref["stepped_a"].count(0) + ref["stepped_b"].count(0)
+        grows = sum(1 for a, b in zip(ref["scale"], ref["scale"][1:]) if b > a)
+        if skips == 0 or grows == 0:
+            problems.append(f"scenario too easy: {skips} skips, {grows} growths")
+        only_b = sum(1 for a, b in zip(ref["stepped_a"], ref["stepped_b"]) if a != b)
+        status = "OK" if not problems else "FAIL"
+        print(f"{status} {name}: {steps} steps x {micro} micro-batches, {skips} skipped optimizer steps "
+              f"({only_b} where only one optimizer skipped), {grows} growths, final scale {ref['scale'][-1]:g}")
+        for p in problems:
+            print("   ", p)
+        failures += bool(problems)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
