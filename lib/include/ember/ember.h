@@ -3,6 +3,7 @@
 
 #include "ember/amp/autocast.h"
 #include "ember/amp/grad_scaler.h"
+#include "ember/amp/precision.h"
 #include "ember/core/config.h"
 #include "ember/core/device.h"
 #include "ember/core/error.h"

@@ -58,9 +58,11 @@ void ProgressLogger::on_step_end(Trainer& trainer, const StepInfo& info) {
   const double frac = total > 0 ? static_cast<double>(info.batch) / static_cast<double>(total) : 0.0;
   const double epochs_left = static_cast<double>(trainer.options().epochs - info.epoch) - frac;
   const double eta = frac > 0 ? elapsed / frac * epochs_left : NAN;
-  const std::string line = fmt::format(
+  std::string line = fmt::format(
       "epoch {}/{} {:3.0f}% step {} loss {:.4f} lr {:.3g} {:.0f} samples/s ETA {}", info.epoch + 1,
       trainer.options().epochs, 100.0 * frac, info.step, info.loss.item<double>(), info.lr, rate, format_eta(eta));
+  if (info.loss_scale.defined())
+    line += fmt::format(" | scale {:g} skipped {}", info.loss_scale.item<double>(), info.skipped_steps);
   if (tty_) {
     std::fprintf(options_.stream, "\r%-100s", line.c_str());
     line_open_ = true;
@@ -119,14 +121,19 @@ void MetricsLogger::on_step_end(Trainer&, const StepInfo& info) {
                    {"loss", ember::detail::json_number(info.loss.item<double>())},
                    {"lr", ember::detail::json_number(info.lr)},
                    {"samples_per_second", ember::detail::json_number(samples_since_last_ / std::max(dt, 1e-9))}};
+  if (info.loss_scale.defined()) {
+    j["loss_scale"] = ember::detail::json_number(info.loss_scale.item<double>());
+    j["skipped_steps"] = info.skipped_steps;
+  }
   write_line(j.dump());
   last_ = Clock::now();
   samples_since_last_ = 0;
 }
 
-void MetricsLogger::on_epoch_end(Trainer&, int64_t epoch, const EvalResult& r) {
+void MetricsLogger::on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& r) {
   nlohmann::json j{{"kind", "train_epoch"}, {"epoch", epoch + 1}, {"loss", ember::detail::json_number(r.loss)},
-                   {"seconds", ember::detail::json_number(r.seconds)}, {"samples", r.samples}};
+                   {"seconds", ember::detail::json_number(r.seconds)}, {"samples", r.samples},
+                   {"skipped_steps", trainer.skipped_steps()}};
   if (r.accuracy >= 0) j["accuracy"] = ember::detail::json_number(r.accuracy);
   write_line(j.dump());
 }

@@ -48,7 +48,7 @@ void declare_trainer_keys(core::Config& c) {
   c.declare("trainer.accumulate_grad_batches", 1, "batches summed into one optimizer step");
   c.declare("trainer.clip_grad_norm", 0.0, "clip the global gradient L2 norm (0 = off)");
   c.declare("trainer.device", "auto", "auto, cpu, cuda or cuda:N");
-  c.declare("trainer.precision", "fp32", "numeric precision of training");
+  c.declare("trainer.precision", "fp32", "fp32, tf32 (CUDA), bf16-mixed or fp16-mixed (with loss scaling)");
   c.declare("trainer.seed", 0, "seed of initialisation, shuffling and dropout");
   c.declare("trainer.threads", 0, "CPU threads for LibTorch (0 = LibTorch's default)");
   c.declare("trainer.resume", "", "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
@@ -56,6 +56,10 @@ void declare_trainer_keys(core::Config& c) {
   c.declare("trainer.checkpoint_every", 1, "checkpoint every N epochs (0 = at the end and on stop only)");
   c.declare("trainer.log_every", 50, "optimizer steps between metrics.jsonl step records");
   c.declare("trainer.progress", true, "show the progress line");
+  c.declare("amp.init_scale", 65536.0, "fp16-mixed: initial loss scale");
+  c.declare("amp.growth_factor", 2.0, "fp16-mixed: scale x this after amp.growth_interval clean steps");
+  c.declare("amp.backoff_factor", 0.5, "fp16-mixed: scale x this after a step with inf/NaN gradients");
+  c.declare("amp.growth_interval", 2000, "fp16-mixed: clean steps before the scale grows");
   c.declare("optim.name", "sgd", "sgd, adam or adamw");
   c.declare("optim.lr", 0.1, "base learning rate");
   c.declare("optim.momentum", 0.9, "SGD momentum");
@@ -85,6 +89,10 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
   o.accumulate_grad_batches = c.get_int("trainer.accumulate_grad_batches");
   o.clip_grad_norm = c.get_float("trainer.clip_grad_norm");
   o.precision = c.get_string("trainer.precision");
+  o.grad_scaler.init_scale(c.get_float("amp.init_scale"))
+      .growth_factor(c.get_float("amp.growth_factor"))
+      .backoff_factor(c.get_float("amp.backoff_factor"))
+      .growth_interval(c.get_int("amp.growth_interval"));
   o.run_dir = c.get_string("run.dir");
   o.resume = c.get_string("trainer.resume");
   o.val_every = c.get_int("trainer.val_every");
@@ -210,6 +218,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     summary.precision = options.precision;
     summary.parameters = parameters;
     summary.stop_reason = fit.stop_reason;
+    if (options.precision == "fp16-mixed") summary.extra["skipped_steps"] = static_cast<double>(fit.skipped_steps);
     if (fit.last_val.samples > 0) {
       summary.extra["val_loss"] = fit.last_val.loss;
       if (fit.last_val.accuracy >= 0) summary.extra["val_accuracy"] = fit.last_val.accuracy;

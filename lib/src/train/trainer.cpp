@@ -8,8 +8,11 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "ember/amp/autocast.h"
+#include "ember/amp/precision.h"
 #include "ember/train/accuracy.h"
 #include "ember/train/checkpoint.h"
+#include "ember/train/clip_grad.h"
 
 namespace ember::train {
 namespace {
@@ -54,6 +57,20 @@ std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& model) {
   return out;
 }
 
+c10::DeviceType device_type_of(torch::nn::Module& model) {
+  const auto params = model.parameters();
+  return params.empty() ? c10::kCPU : params.front().device().type();
+}
+
+// Runs `step` under autocast when `precision` is a mixed mode.
+template <typename F>
+StepOutput forward_with_precision(amp::Precision precision, c10::DeviceType device_type, F&& step) {
+  const auto dtype = amp::autocast_dtype(precision);
+  if (!dtype) return step();
+  amp::AutocastGuard autocast(device_type, *dtype);
+  return step();
+}
+
 void check_loss(const StepOutput& out, const char* where) {
   EMBER_CHECK(out.loss.defined() && out.loss.numel() == 1,
               "[train::Trainer] {} must return a scalar loss, got {}", where,
@@ -95,8 +112,13 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
               "[train::Trainer] trainer.accumulate_grad_batches must be >= 1, got {}", options_.accumulate_grad_batches);
   EMBER_CHECK(options_.clip_grad_norm >= 0, "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}",
               options_.clip_grad_norm);
-  EMBER_CHECK(options_.precision == "fp32",
-              "[train::Trainer] trainer.precision={} is not available yet; use fp32", options_.precision);
+  try {
+    amp::parse_precision(options_.precision);
+  } catch (const Error&) {
+    detail::fail("[train::Trainer] trainer.precision={} is not a precision; use fp32, tf32 (CUDA), bf16-mixed "
+                 "or fp16-mixed", options_.precision);
+  }
+  if (amp::needs_grad_scaler(amp::parse_precision(options_.precision))) amp::GradScaler check(options_.grad_scaler);
   EMBER_CHECK(options_.resume.empty() || options_.resume != "auto" || !options_.run_dir.empty(),
               "[train::Trainer] trainer.resume=auto needs a run folder (run.dir)");
 }
@@ -117,7 +139,7 @@ void Trainer::apply_schedule() {
   if (!options_.schedule) return;
   auto& groups = optimizer_->param_groups();
   for (size_t i = 0; i < groups.size(); ++i)
-    groups[i].options().set_lr(options_.schedule->lr_at(global_step_, base_lrs_[i]));
+    groups[i].options().set_lr(options_.schedule->lr_at(global_step_ - skipped_steps_, base_lrs_[i]));
 }
 
 std::string Trainer::resolve_resume_path() const {
@@ -143,6 +165,7 @@ void Trainer::save_checkpoint(const std::string& path) {
   state.write("epoch", torch::IValue(epoch_));
   state.write("batch", torch::IValue(batch_));
   state.write("global_step", torch::IValue(global_step_));
+  state.write("skipped_steps", torch::IValue(skipped_steps_));
   state.write("epoch_samples", torch::IValue(epoch_sums_.samples));
   state.write("base_lrs", torch::tensor(base_lrs_, torch::kFloat64));
   if (epoch_sums_.loss_sum.defined()) state.write("epoch_loss_sum", epoch_sums_.loss_sum.cpu());
@@ -164,6 +187,11 @@ void Trainer::save_checkpoint(const std::string& path) {
   root.write("optimizer", optim_archive);
   root.write("trainer", state);
   root.write("callbacks", callbacks);
+  if (grad_scaler_) {
+    torch::serialize::OutputArchive scaler;
+    grad_scaler_->save(scaler);
+    root.write("grad_scaler", scaler);
+  }
   std::ostringstream bytes;
   root.save_to(bytes);
   write_file_atomic(path, bytes.str());
@@ -199,6 +227,11 @@ void Trainer::load_checkpoint(const std::string& path) {
   batch_ = v.toInt();
   state.read("global_step", v);
   global_step_ = v.toInt();
+  skipped_steps_ = state.try_read("skipped_steps", v) ? v.toInt() : 0;
+  if (grad_scaler_) {
+    torch::serialize::InputArchive scaler;
+    if (root.try_read("grad_scaler", scaler)) grad_scaler_->load(scaler);  // else: from an fp32/bf16 run, start fresh
+  }
   state.read("epoch_samples", v);
   epoch_sums_ = {};
   epoch_sums_.samples = v.toInt();
@@ -247,7 +280,12 @@ FitResult Trainer::fit(Task& task) {
   if (!optimizer_) optimizer_ = make_optimizer(*model, options_.optimizer);
   base_lrs_.clear();
   for (auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.options().get_lr());
-  epoch_ = batch_ = global_step_ = 0;
+  epoch_ = batch_ = global_step_ = skipped_steps_ = 0;
+  const amp::Precision precision = amp::parse_precision(options_.precision);
+  const c10::DeviceType device_type = device_type_of(*model);
+  amp::check_precision_supported(precision, device_type);
+  const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
+  grad_scaler_ = amp::needs_grad_scaler(precision) ? std::make_unique<amp::GradScaler>(options_.grad_scaler) : nullptr;
   epoch_sums_ = {};
   stop_requested_ = false;
   stop_reason_.clear();
@@ -286,13 +324,17 @@ FitResult Trainer::fit(Task& task) {
       std::optional<data::Batch> batch = loader.next();
       EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", batch_, num_batches);
 
-      StepOutput out = task.training_step(*batch);
+      StepOutput out = forward_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
       check_loss(out, "training_step");
+      const auto backward = [&](const torch::Tensor& loss) {
+        if (grad_scaler_) grad_scaler_->scale(loss).backward();
+        else loss.backward();
+      };
       if (window == 1) {  // no accumulation: skip the extra autograd node and division
-        out.loss.backward();
+        backward(out.loss);
         step_loss = out.loss.detach();
       } else {
-        (out.loss / static_cast<double>(window)).backward();
+        backward(out.loss / static_cast<double>(window));
         torch::NoGradGuard ng;
         const torch::Tensor share = out.loss.detach() / static_cast<double>(window);
         step_loss = step_loss.defined() ? step_loss + share : share;
@@ -302,14 +344,25 @@ FitResult Trainer::fit(Task& task) {
       ++batch_;
 
       if (batch_ - window_start == window) {  // accumulation boundary
-        if (options_.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, options_.clip_grad_norm);
+        // Once per effective batch: unscale (inf/NaN check), clip, step or skip, update the scale.
+        if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
+        if (options_.clip_grad_norm > 0) clip_grad_norm_(params, options_.clip_grad_norm);
         for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
         const double lr = optimizer_->param_groups().front().options().get_lr();
-        optimizer_->step();
+        bool stepped = true;
+        if (grad_scaler_) {
+          stepped = grad_scaler_->step(*optimizer_);  // the one host sync of an fp16-mixed step
+          grad_scaler_->update();
+        } else {
+          optimizer_->step();
+        }
         optimizer_->zero_grad(/*set_to_none=*/true);
         ++global_step_;
+        if (!stepped) ++skipped_steps_;
         apply_schedule();
-        StepInfo info{epoch_, global_step_, batch_, step_samples, lr, step_loss};
+        StepInfo info{epoch_,    global_step_, batch_,         step_samples,
+                      lr,        step_loss,    !stepped,       skipped_steps_,
+                      grad_scaler_ ? grad_scaler_->scale_tensor() : torch::Tensor()};
         result.samples += step_samples;
         step_loss = torch::Tensor();
         step_samples = 0;
@@ -348,10 +401,12 @@ FitResult Trainer::fit(Task& task) {
   result.train_seconds = seconds_since(fit_start) - val_seconds;
   result.epochs_completed = epoch_;
   result.steps = global_step_;
+  result.skipped_steps = skipped_steps_;
   result.stopped_early = stop_requested_;
   result.stop_reason = stop_reason_;
   for (auto& cb : callbacks_) cb->on_fit_end(*this);
   task_ = nullptr;
+  grad_scaler_.reset();
   return result;
 }
 
@@ -362,9 +417,12 @@ EvalResult Trainer::evaluate(Task& task, data::Loader& loader) {
   torch::NoGradGuard no_grad;
   const auto start = Clock::now();
   PassSums sums;
+  const amp::Precision precision = amp::parse_precision(options_.precision);
+  const c10::DeviceType device_type = device_type_of(*model);
+  const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
   loader.start_epoch(0, 0);
   while (auto batch = loader.next()) {
-    StepOutput out = task.evaluation_step(*batch);
+    StepOutput out = forward_with_precision(precision, device_type, [&] { return task.evaluation_step(*batch); });
     check_loss(out, "evaluation_step");
     sums.add(out, batch->size());
   }

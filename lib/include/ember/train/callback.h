@@ -8,12 +8,16 @@
 //   for each epoch:
 //     on_epoch_start
 //     for each batch (micro-batch when accumulating):
-//       forward, loss / accumulate_grad_batches, backward
+//       forward and loss (under autocast for bf16-/fp16-mixed)
+//       backward of loss / accumulate_grad_batches (x loss scale for fp16-mixed)
 //       at an accumulation boundary (every k-th batch, or the epoch's last):
-//         clip gradients (if trainer.clip_grad_norm > 0)
-//         on_before_optimizer_step      <- gradients are final here
-//         optimizer.step(); zero grads; LR schedule for the next step
-//         on_step_end                   <- one call per optimizer step
+//         unscale gradients (fp16-mixed; inf/NaN check, once per effective batch)
+//         clip gradients (if trainer.clip_grad_norm > 0; no host sync)
+//         on_before_optimizer_step      <- gradients are final (unscaled, clipped) here
+//         optimizer.step(), skipped on inf/NaN gradients (fp16-mixed)
+//         loss-scale update (fp16-mixed); zero grads
+//         LR schedule for the next step (advances only if the optimizer stepped)
+//         on_step_end                   <- one call per step, skipped ones included
 //       a stop request (signal, request_stop) is honoured here, after a checkpoint
 //     on_epoch_end                      <- training metrics of the epoch
 //     validation (every trainer.val_every epochs, if the task has val data)
@@ -54,6 +58,9 @@ struct StepInfo {
   int64_t samples = 0;        ///< samples in this optimizer step (all micro-batches)
   double lr = 0.0;            ///< learning rate of the first param group used for this step
   torch::Tensor loss;         ///< mean loss of the step, on the device (reading it syncs)
+  bool skipped = false;       ///< the optimizer did not step (fp16-mixed: inf/NaN gradients)
+  int64_t skipped_steps = 0;  ///< steps skipped so far in the fit, this one included
+  torch::Tensor loss_scale;   ///< fp16-mixed: the loss scale after this step's update, on the device; else undefined
 };
 
 class Callback {

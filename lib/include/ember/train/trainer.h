@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ember/amp/grad_scaler.h"
 #include "ember/train/callback.h"
 #include "ember/train/optim.h"
 #include "ember/train/scheduler.h"
@@ -23,10 +24,12 @@ struct TrainerOptions {
   int64_t max_steps = -1;
   /// Batches whose gradients are summed into one optimizer step.
   int64_t accumulate_grad_batches = 1;
-  /// Clip the global gradient L2 norm to this value; 0 = off.
+  /// Clip the global gradient L2 norm to this value (after unscaling; no host sync); 0 = off.
   double clip_grad_norm = 0.0;
-  /// Numeric precision of training; fp32 for now (mixed precision plugs in later).
+  /// fp32, tf32 (CUDA), bf16-mixed or fp16-mixed; see ember/amp/precision.h.
   std::string precision = "fp32";
+  /// Dynamic loss scaling of fp16-mixed (PyTorch's GradScaler defaults).
+  amp::GradScalerOptions grad_scaler;
   /// Run folder (metrics.jsonl, checkpoints/, config); "" = write nothing.
   std::string run_dir;
   /// "" = start fresh, "auto" = <run_dir>/checkpoints/last.pt if present, else a checkpoint path.
@@ -62,7 +65,8 @@ struct PassSums {
 
 struct FitResult {
   int64_t epochs_completed = 0;  ///< whole epochs done (including any before a resume)
-  int64_t steps = 0;             ///< optimizer steps done (including any before a resume)
+  int64_t steps = 0;             ///< optimizer steps done, skipped ones included (also before a resume)
+  int64_t skipped_steps = 0;     ///< steps skipped by fp16-mixed on inf/NaN gradients (also before a resume)
   int64_t samples = 0;           ///< training samples processed in this process
   double train_seconds = 0.0;    ///< wall time in the training loop of this process (no validation)
   bool stopped_early = false;    ///< a stop was requested (early stopping, signal, max_steps)
@@ -99,6 +103,10 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   int64_t epoch() const { return epoch_; }
   int64_t global_step() const { return global_step_; }
+  /// Optimizer steps skipped by the GradScaler so far (inf/NaN gradients).
+  int64_t skipped_steps() const { return skipped_steps_; }
+  /// The loss scaler of the current fit (fp16-mixed only; nullptr otherwise).
+  amp::GradScaler* grad_scaler() { return grad_scaler_.get(); }
   /// The optimizer of the current fit (nullptr outside fit).
   torch::optim::Optimizer* optimizer() { return optimizer_.get(); }
   /// The task of the current fit (nullptr outside fit).
@@ -115,12 +123,14 @@ class Trainer {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   Task* task_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<amp::GradScaler> grad_scaler_;
   std::vector<double> base_lrs_;
 
   // Loop position: the next batch to run is (epoch_, batch_).
   int64_t epoch_ = 0;
   int64_t batch_ = 0;
   int64_t global_step_ = 0;
+  int64_t skipped_steps_ = 0;  // the schedule advances by global_step_ - skipped_steps_
   // Training sums of the current epoch (checkpointed, so a resumed epoch reports the same).
   PassSums epoch_sums_;
 

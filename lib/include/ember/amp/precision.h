@@ -1,0 +1,52 @@
+#pragma once
+// Precision policy: what each value of `trainer.precision` means.
+//
+//   fp32        fp32 everywhere; on CUDA, TF32 tensor-core math is switched
+//               off for matmuls and convolutions (true fp32).
+//   tf32        fp32 storage, TF32 tensor-core matmuls and convolutions
+//               (CUDA, Ampere or newer; ~10-bit mantissa products, fp32 sums).
+//   bf16-mixed  fp32 weights and optimizer; forward and loss under autocast
+//               in bf16. No loss scaling (bf16 has fp32's exponent range).
+//   fp16-mixed  fp32 weights and optimizer; forward and loss under autocast
+//               in fp16, with dynamic loss scaling (GradScaler).
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Optional.h>
+
+#include <string>
+
+namespace ember::amp {
+
+enum class Precision { kFp32, kTf32, kBf16Mixed, kFp16Mixed };
+
+/// "fp32", "tf32", "bf16-mixed" or "fp16-mixed" -> Precision; anything else is
+/// an ember::Error listing the valid names.
+Precision parse_precision(const std::string& name);
+std::string to_string(Precision precision);
+
+/// The autocast dtype of a mixed mode; nullopt for fp32 and tf32.
+c10::optional<c10::ScalarType> autocast_dtype(Precision precision);
+/// Whether the mode needs a GradScaler (fp16-mixed only).
+inline bool needs_grad_scaler(Precision precision) { return precision == Precision::kFp16Mixed; }
+
+/// Checks that `precision` can run on `device_type` (tf32 needs CUDA); throws
+/// ember::Error saying what to use instead.
+void check_precision_supported(Precision precision, c10::DeviceType device_type);
+
+/// RAII: sets cuBLAS/cuDNN TF32 switches for fp32 (off) and tf32 (on) on CUDA
+/// for the scope and restores the previous values; does nothing otherwise.
+class MatmulPrecisionGuard {
+ public:
+  MatmulPrecisionGuard(Precision precision, c10::DeviceType device_type);
+  ~MatmulPrecisionGuard();
+  MatmulPrecisionGuard(const MatmulPrecisionGuard&) = delete;
+  MatmulPrecisionGuard& operator=(const MatmulPrecisionGuard&) = delete;
+
+ private:
+  bool active_ = false;
+  bool prev_cublas_ = false;
+  bool prev_cudnn_ = false;
+};
+
+}  // namespace ember::amp

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# End to end: char_gpt on a small generated text, tiny model, 30 steps.
+# Checks summary.json (val_bpb, tokens/s, MFU, FLOPs/token against the
+# formula computed here from the config), sample.txt, and bad input.
+set -euo pipefail
+bin="$1"; out="$2"
+rm -rf "$out"; mkdir -p "$out"
+
+# About 40 KB of English-like text, the same every time.
+python3 - "$out/text.txt" <<'PY'
+import random, sys
+r = random.Random(0)
+words = ("the a cat dog sat on mat ran to house and saw big small red green tree bird sang "
+         "in morning evening quiet loud river flows under old bridge").split()
+lines = []
+while sum(len(l) + 1 for l in lines) < 40000:
+    lines.append(" ".join(r.choice(words) for _ in range(r.randint(4, 12))).capitalize() + ".")
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+PY
+
+L=2 H=2 D=32 T=32
+"$bin" run.dir="$out/run" data.path="$out/text.txt" data.block_size=$T data.batch_size=16 \
+  model.n_layer=$L model.n_head=$H model.n_embd=$D trainer.max_steps=30 trainer.progress=false \
+  sched.warmup_epochs=0 sample.length=64 >"$out/stdout" 2>"$out/stderr"
+cat "$out/stdout"
+grep -q -- '^--- char_gpt sample' "$out/stdout"
+tail -n 1 "$out/stdout" | grep -q 'val_bpb=.*summary='
+python3 - "$out/run" $L $D $T <<'PY'
+import json, math, sys, pathlib
+run = pathlib.Path(sys.argv[1]); L, d, T = map(int, sys.argv[2:5])
+s = json.loads((run / "summary.json").read_text())
+for key in ["val_bpb", "val_loss", "tokens_per_second", "mfu", "flops_per_token", "steps", "parameters"]:
+    assert key in s, f"summary.json lacks {key}: {s}"
+assert s["steps"] == 30 and s["test_accuracy"] is None, s
+assert math.isfinite(s["val_bpb"]) and 0 < s["val_bpb"] < 8, s    # 8 bits/byte = uniform guessing
+assert abs(s["val_bpb"] - s["val_loss"] / math.log(2)) < 1e-9, s
+assert s["tokens_per_second"] > 0 and 0 < s["mfu"] < 1, s
+# Training FLOPs per token = 3 x forward: per layer the Linears (qkv 3d^2, proj d^2,
+# fc 4d^2, proj 4d^2: 2 FLOPs per multiply-add) and attention (2 x 2 T d), plus the tied head.
+expected = 3 * (L * (2 * 12 * d * d + 2 * 2 * T * d) + 2 * d * 256)
+assert s["flops_per_token"] == expected, (s["flops_per_token"], expected)
+# Parameters: wte 256d, wpe Td, per layer 2 LayerNorms (4d) + Linears with bias
+# (3d^2+3d, d^2+d, 4d^2+4d, 4d^2+d), ln_f 2d; the head is tied (not counted again).
+params = 256 * d + T * d + L * (4 * d + 12 * d * d + 9 * d) + 2 * d
+assert s["parameters"] == params, (s["parameters"], params)
+sample = (run / "sample.txt").read_text(errors="replace")
+assert sample.startswith("Q:") and len(sample.encode("utf-8", "surrogateescape")) >= 60, repr(sample)
+print("run folder OK:", s["val_bpb"], s["tokens_per_second"], s["mfu"])
+PY
+
+# Bad input: a missing data.path and a text too short for the block size (exit 1, clear messages).
+printf 'too short\n' >"$out/short.txt"
+set +e
+"$bin" run.dir="$out/bad1" data.path="$out/nowhere" 2>"$out/err1"; rc1=$?
+"$bin" run.dir="$out/bad2" data.path="$out/short.txt" 2>"$out/err2"; rc2=$?
+set -e
+cat "$out/err1" "$out/err2"
+[[ $rc1 -eq 1 ]] && grep -q "apt install fortunes" "$out/err1" && grep -q "data.path=" "$out/err1"
+[[ $rc2 -eq 1 ]] && grep -q "too short for data.block_size" "$out/err2"
+echo "char_gpt_subset: OK"
