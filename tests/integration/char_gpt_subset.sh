@@ -20,7 +20,7 @@ PY
 
 L=2 H=2 D=32 T=32
 "$bin" run.dir="$out/run" data.path="$out/text.txt" data.block_size=$T data.batch_size=16 \
-  model.n_layer=$L model.n_head=$H model.n_embd=$D trainer.max_steps=30 trainer.progress=false \
+  model.n_layer=$L model.n_head=$H model.n_embd=$D trainer.max_steps=30 trainer.threads=1 trainer.progress=false \
   sched.warmup_epochs=0 sample.length=64 >"$out/stdout" 2>"$out/stderr"
 cat "$out/stdout"
 grep -q -- '^--- char_gpt sample' "$out/stdout"

@@ -5,6 +5,10 @@
 
 #include <set>
 
+#if EMBER_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include "train/test_task.h"
 
 using namespace ember;
@@ -181,3 +185,45 @@ TEST(Precision, RejectsUnknownModesAndTf32OnCpu) {
   PoisonTask task({}, &trainer);
   EXPECT_THROW(trainer.fit(task), Error);
 }
+
+#if EMBER_WITH_CUDA
+namespace {
+// Counts "synchronizing CUDA operation" warnings of this thread.
+struct SyncCounter : c10::WarningHandler {
+  int64_t syncs = 0;
+  void process(const c10::Warning& w) override {
+    if (w.msg().find("synchronizing") != std::string::npos) ++syncs;
+  }
+};
+
+int64_t count_host_syncs(const std::string& precision, int64_t* steps) {
+  BlobTask::Options to;
+  to.device = torch::Device(torch::kCUDA);
+  to.prefetch = 0;
+  to.dropout = false;
+  BlobTask task(to);
+  train::TrainerOptions o = opts(precision);
+  o.epochs = 1;
+  o.val_every = 0;
+  o.clip_grad_norm = 1.0;
+  SyncCounter counter;
+  c10::WarningUtils::WarningHandlerGuard guard(&counter);
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+  const auto r = train::Trainer(o).fit(task);
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  *steps = r.steps;
+  return counter.syncs;
+}
+}  // namespace
+
+TEST(Precision, HostSyncsPerStepOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  int64_t steps = 0;
+  const int64_t bf16 = count_host_syncs("bf16-mixed", &steps);
+  const int64_t fp16 = count_host_syncs("fp16-mixed", &steps);
+  // bf16-mixed: only the end-of-epoch metric reads (loss sum, correct count).
+  EXPECT_LE(bf16, 2) << "a bf16-mixed step must not sync with the host (clipping included)";
+  // fp16-mixed: exactly one more per optimizer step (the GradScaler's skip decision).
+  EXPECT_EQ(fp16 - bf16, steps);
+}
+#endif

@@ -33,14 +33,16 @@ class BlobTask : public train::Task {
     int64_t samples = 256;
     int64_t batch_size = 32;
     int64_t prefetch = 2;
+    torch::Device device = torch::kCPU;
     bool shuffle = true;
     bool dropout = true;
   };
   explicit BlobTask(Options o) : options_(o) {
     torch::manual_seed(1234);
     net_ = BlobNet();
+    net_->to(o.device);
     if (!o.dropout) net_->drop->options.p(0.0);
-    auto lo = data::TensorLoaderOptions().set_batch_size(o.batch_size).set_seed(7).set_prefetch(o.prefetch).set_shuffle(o.shuffle);
+    auto lo = data::TensorLoaderOptions().set_batch_size(o.batch_size).set_seed(7).set_prefetch(o.prefetch).set_shuffle(o.shuffle).set_device(o.device);
     train_ = std::make_unique<data::TensorLoader>(make_blobs(o.samples, 1), lo);
     val_ = std::make_unique<data::TensorLoader>(make_blobs(128, 2), lo.set_shuffle(false));
   }
