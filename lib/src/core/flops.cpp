@@ -31,7 +31,7 @@ void check_math(const std::string& math) {
 #if EMBER_WITH_CUDA
 /// Dense datasheet peaks in FLOP/s; 0 = the GPU has no tensor-core path for that type.
 struct GpuPeak {
-  const char* model;  // matched against a whole word of the device name
+  const char* model;    // matched against a whole word of the device name
   const char* variant;  // "" = any; else a second word that must also be present
   double bf16, fp16, tf32, fp32;
 };
@@ -39,19 +39,23 @@ struct GpuPeak {
 // NVIDIA datasheets, dense (the "with sparsity" figures halved), SXM boards
 // unless the name says PCIe or NVL. GPUs without TF32 (V100, T4) run tf32 as fp32.
 // Order matters: a row with a variant comes before the plain row of the same model.
+// clang-format off
 constexpr GpuPeak kGpuPeaks[] = {
-    {"B200", "", 2250e12, 2250e12, 1100e12, 80e12},
-    {"H200", "NVL", 835.5e12, 835.5e12, 417.5e12, 60e12},
-    {"H200", "", 989e12, 989e12, 494.5e12, 66.9e12},
-    {"H100", "PCIe", 756e12, 756e12, 378e12, 51.2e12},
-    {"H100", "NVL", 835.5e12, 835.5e12, 417.5e12, 60e12},
-    {"H100", "", 989e12, 989e12, 494.5e12, 66.9e12},
-    {"A100", "", 312e12, 312e12, 156e12, 19.5e12},
-    {"L40S", "", 362e12, 362e12, 183e12, 91.6e12},
-    {"L4", "", 121e12, 121e12, 60e12, 30.3e12},
-    {"V100", "", 0.0, 125e12, 15.7e12, 15.7e12},
-    {"T4", "", 0.0, 65e12, 8.1e12, 8.1e12},
+    // model, variant, then FLOP/s in bf16, fp16, tf32, fp32
+    {"B200",  "",     2250e12,    2250e12,    1100e12,    80e12},
+    {"H200",  "NVL",  835.5e12,   835.5e12,   417.5e12,   60e12},
+    {"H200",  "",     989e12,     989e12,     494.5e12,   66.9e12},
+    {"GH200", "",     989e12,     989e12,     494.5e12,   66.9e12},
+    {"H100",  "PCIe", 756e12,     756e12,     378e12,     51.2e12},
+    {"H100",  "NVL",  835.5e12,   835.5e12,   417.5e12,   60e12},
+    {"H100",  "",     989e12,     989e12,     494.5e12,   66.9e12},
+    {"A100",  "",     312e12,     312e12,     156e12,     19.5e12},
+    {"L40S",  "",     362e12,     362e12,     183e12,     91.6e12},
+    {"L4",    "",     121e12,     121e12,     60e12,      30.3e12},
+    {"V100",  "",     0.0,        125e12,     15.7e12,    15.7e12},
+    {"T4",    "",     0.0,        65e12,      8.1e12,     8.1e12},
 };
+// clang-format on
 
 std::string upper(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
@@ -78,17 +82,20 @@ double cuda_peak(const torch::Device& device, const std::string& math) {
   const c10::DeviceIndex index = device.has_index() ? device.index() : at::cuda::current_device();
   const std::string name = at::cuda::getDeviceProperties(index)->name;
   const std::vector<std::string> words = name_words(name);
-  const auto has = [&](const char* w) { return std::find(words.begin(), words.end(), upper(w)) != words.end(); };
+  const auto has = [&](const char* w) {
+    return std::find(words.begin(), words.end(), upper(w)) != words.end();
+  };
   for (const GpuPeak& p : kGpuPeaks) {
     if (!has(p.model) || (*p.variant != '\0' && !has(p.variant))) continue;
     const double peak = math == "bf16" ? p.bf16 : math == "fp16" ? p.fp16 : math == "tf32" ? p.tf32 : p.fp32;
-    EMBER_CHECK(peak > 0, "[core::peak_flops] {} ({}) has no {} matrix math; use trainer.precision=fp16-mixed or fp32",
+    EMBER_CHECK(peak > 0,
+                "[core::peak_flops] {} ({}) has no {} matrix math; use trainer.precision=fp16-mixed or fp32",
                 name, device.str(), math);
     return peak;
   }
   detail::fail(
-      "[core::peak_flops] no peak FLOP/s known for GPU '{}' ({}); known: B200, H200, H100 SXM/PCIe/NVL, A100, "
-      "L40S, L4, V100, T4. Set the dense {} peak by hand with {}=<TFLOP/s>",
+      "[core::peak_flops] no peak FLOP/s known for GPU '{}' ({}); known: B200, H200, GH200, "
+      "H100 SXM/PCIe/NVL, A100, L40S, L4, V100, T4. Set the dense {} peak by hand with {}=<TFLOP/s>",
       name, device.str(), math, kPeakKey);
 }
 #endif
@@ -121,7 +128,9 @@ double measure_cpu_peak(torch::ScalarType dtype) {
 
 double cpu_peak(const std::string& math) {
   // tf32 is a CUDA tensor-core mode; on the CPU it is plain fp32.
-  const torch::ScalarType dtype = math == "bf16" ? torch::kBFloat16 : math == "fp16" ? torch::kHalf : torch::kFloat32;
+  const torch::ScalarType dtype = math == "bf16"   ? torch::kBFloat16
+                                  : math == "fp16" ? torch::kHalf
+                                                   : torch::kFloat32;
   // Keyed by thread count too, since the peak scales with it (trainer.threads).
   static std::mutex mutex;
   static std::map<std::pair<torch::ScalarType, int>, double> cache;
@@ -143,9 +152,10 @@ double peak_flops(const torch::Device& device, const std::string& math) {
 #if EMBER_WITH_CUDA
     return cuda_peak(device, math);
 #else
-    detail::fail("[core::peak_flops] device {}: this Ember was built without CUDA (EMBER_CUDA=OFF or no nvcc); "
-                 "set the peak by hand with {}=<TFLOP/s>",
-                 device.str(), kPeakKey);
+    detail::fail(
+        "[core::peak_flops] device {}: this Ember was built without CUDA (EMBER_CUDA=OFF or no nvcc); "
+        "set the peak by hand with {}=<TFLOP/s>",
+        device.str(), kPeakKey);
 #endif
   }
   detail::fail("[core::peak_flops] no peak FLOP/s known for device {}; set it by hand with {}=<TFLOP/s>",
@@ -157,7 +167,8 @@ std::string math_of_precision(const std::string& precision) {
   if (precision == "tf32") return "tf32";
   if (precision == "bf16-mixed") return "bf16";
   if (precision == "fp16-mixed") return "fp16";
-  detail::fail("[core::math_of_precision] precision '{}': expected fp32, tf32, bf16-mixed or fp16-mixed", precision);
+  detail::fail("[core::math_of_precision] precision '{}': expected fp32, tf32, bf16-mixed or fp16-mixed",
+               precision);
 }
 
 }  // namespace ember::core

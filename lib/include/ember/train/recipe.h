@@ -17,6 +17,7 @@
 // 130 stopped by SIGINT/SIGTERM (a checkpoint was saved; resume with
 // trainer.resume=auto run.dir=<same folder>).
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -40,7 +41,7 @@ TrainerOptions trainer_options_from_config(const core::Config& config, int64_t s
 struct RunSummary {
   std::string recipe;
   double test_accuracy = -1.0;
-  double test_loss = 0.0;
+  double test_loss = NAN;     ///< NaN (null in summary.json) when the task has no test data
   int64_t epochs = 0;
   int64_t steps = 0;
   double train_seconds = 0.0;

@@ -1,0 +1,249 @@
+// char_gpt: a small GPT trained on bytes (vocabulary 256), by default on the
+// text of Debian's fortunes package. Reports validation bits per byte,
+// tokens/s and model FLOPs utilisation, and prints a generated sample.
+// See README.md for the command and expected output.
+#include <ember/ember.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+
+#include "default_config.h"
+#include "model.h"
+
+namespace {
+
+using namespace ember;
+namespace fs = std::filesystem;
+
+/// The files a folder contributes: regular files (not symlinks) without an
+/// extension, sorted by name. In /usr/share/games/fortunes this skips the
+/// strfile indexes (*.dat) and the UTF-8 duplicates (*.u8).
+std::vector<fs::path> corpus_files(const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const fs::path& p = entry.path();
+    if (entry.is_symlink() || !entry.is_regular_file()) continue;
+    if (p.has_extension() || p.filename().string().rfind('.', 0) == 0) continue;
+    files.push_back(p);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+/// data.path (a text file, or a folder read by the rule above) -> uint8 [bytes].
+torch::Tensor read_corpus(const std::string& path) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status))
+    throw Error("[char_gpt] data.path=" + path +
+                ": no such file or folder; install Debian's fortunes package (apt install fortunes) "
+                "or pass data.path=<a text file or a folder of text files>");
+  std::vector<fs::path> files;
+  if (fs::is_directory(status)) {
+    files = corpus_files(path);
+    if (files.empty())
+      throw Error("[char_gpt] data.path=" + path +
+                  ": the folder has no regular files without an extension (the corpus rule: *.dat, *.u8, "
+                  "other extensions and symlinks are skipped); pass a text file instead");
+  } else {
+    files.push_back(path);
+  }
+  std::string text;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw Error("[char_gpt] cannot read " + f.string() + " (permissions?)");
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return torch::from_blob(text.data(), {static_cast<int64_t>(text.size())}, torch::kUInt8).clone();
+}
+
+/// uint8 [n] -> windows uint8 [N, T+1] (strided views, no copy) with N = (n - T - 1) / stride + 1;
+/// targets: int64 [N] byte offset of each window (the loss does not use them).
+data::TensorDataset windows(const torch::Tensor& bytes, int64_t offset, int64_t block, int64_t stride) {
+  const torch::Tensor w = bytes.unfold(0, block + 1, stride);
+  return {w, torch::arange(w.size(0), torch::kLong).mul_(stride).add_(offset)};
+}
+
+class CharGptTask : public train::Task {
+ public:
+  CharGptTask(const core::Config& c, torch::Device device) : block_(c.get_int("data.block_size")) {
+    const std::string path = c.get_string("data.path");
+    int64_t stride = c.get_int("data.stride");
+    if (stride == 0) stride = block_;
+    const double val_fraction = c.get_float("data.val_fraction");
+    if (block_ < 1) throw Error("[char_gpt] data.block_size=" + std::to_string(block_) + " must be >= 1");
+    if (stride < 1)
+      throw Error("[char_gpt] data.stride=" + std::to_string(stride) + " must be >= 1 (0 = block_size)");
+    if (!(val_fraction >= 0 && val_fraction < 1))
+      throw Error(fmt::format("[char_gpt] data.val_fraction={} must be in [0, 1)", val_fraction));
+
+    const torch::Tensor bytes = read_corpus(path);
+    const int64_t n = bytes.size(0);
+    const int64_t n_val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n)));
+    const int64_t n_train = n - n_val;
+    // At least 4 training windows and, with validation, one validation window.
+    const int64_t min_train = block_ + 1 + 3 * stride;
+    if (n_train < min_train || (val_fraction > 0 && n_val < block_ + 1))
+      throw Error(
+          fmt::format("[char_gpt] data.path={}: {} bytes is too short for data.block_size={} "
+                      "(stride {}, val_fraction {}): need {} bytes to train on{}; use a longer text "
+                      "or a smaller block_size",
+                      path, n, block_, stride, val_fraction, min_train,
+                      val_fraction > 0 ? fmt::format(" and {} to validate on", block_ + 1) : ""));
+
+    CharGptOptions mo;
+    mo.block_size(block_)
+        .n_layer(c.get_int("model.n_layer"))
+        .n_head(c.get_int("model.n_head"))
+        .n_embd(c.get_int("model.n_embd"))
+        .dropout(c.get_float("model.dropout"));
+    if (mo.n_layer() < 1 || mo.n_head() < 1 || mo.n_embd() % std::max<int64_t>(mo.n_head(), 1) != 0)
+      throw Error(
+          fmt::format("[char_gpt] model.n_layer={} and model.n_head={} must be >= 1, and "
+                      "model.n_embd={} a multiple of n_head",
+                      mo.n_layer(), mo.n_head(), mo.n_embd()));
+    net_ = CharGpt(mo);
+    net_->to(device);
+
+    auto opts = data::TensorLoaderOptions()
+                    .set_batch_size(c.get_int("data.batch_size"))
+                    .set_seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
+                    .set_prefetch(c.get_int("data.prefetch"))
+                    .set_device(device);
+    auto eval_opts = opts;
+    eval_opts.set_batch_size(c.get_int("data.eval_batch_size")).set_shuffle(false);
+    train_ =
+        std::make_unique<data::TensorLoader>(windows(bytes.narrow(0, 0, n_train), 0, block_, stride), opts);
+    // Validation windows do not overlap, so each held-out byte is predicted once.
+    if (n_val > 0)
+      val_ = std::make_unique<data::TensorLoader>(
+          windows(bytes.narrow(0, n_train, n_val), n_train, block_, block_), eval_opts);
+    std::cerr << fmt::format("char_gpt: {} bytes from {} ({} train windows of {}+1 bytes, {} validation)\n",
+                             n, path, train_->num_samples(), block_, val_ ? val_->num_samples() : 0);
+  }
+
+  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
+  /// batch.input: uint8 [B, T+1]; predicts bytes 1..T from bytes 0..T-1.
+  train::StepOutput training_step(const data::Batch& b) override {
+    const torch::Tensor x = b.input.narrow(1, 0, block_).to(torch::kLong);
+    const torch::Tensor y = b.input.narrow(1, 1, block_).to(torch::kLong);
+    const torch::Tensor logits = net_->forward(x);  // [B, T, 256]
+    train::StepOutput out;                          // loss only: no per-sample accuracy for a language model
+    out.loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+    return out;
+  }
+  data::Loader& train_loader() override { return *train_; }
+  data::Loader* val_loader() override { return val_.get(); }
+
+  CharGpt& net() { return net_; }
+  int64_t block_size() const { return block_; }
+
+ private:
+  int64_t block_;
+  CharGpt net_{nullptr};
+  std::unique_ptr<data::TensorLoader> train_, val_;
+};
+
+/// After training: validation bits per byte, tokens/s, MFU, and a text sample.
+void finish(train::Task& task, const core::Config& c, const train::FitResult& fit,
+            train::RunSummary& summary) {
+  auto& t = dynamic_cast<CharGptTask&>(task);
+  CharGpt& net = t.net();
+  const torch::Device device = net->wte->weight.device();
+
+  // fit.last_val is the last epoch's validation; evaluate again when it is
+  // missing or older than the final weights (max_steps mid-epoch, val_every > 1).
+  train::EvalResult val = fit.last_val;
+  const int64_t val_every = c.get_int("trainer.val_every");
+  const bool current =
+      val.samples > 0 && !fit.stopped_early && val_every > 0 && fit.epochs_completed % val_every == 0;
+  if (t.val_loader() && !current) {
+    train::TrainerOptions eo;
+    eo.precision = c.get_string("trainer.precision");  // evaluate as training did (autocast for *-mixed)
+    train::Trainer evaluator{eo};
+    val = evaluator.evaluate(task, *t.val_loader());
+  }
+  if (val.samples > 0) {
+    summary.extra["val_loss"] = val.loss;
+    summary.extra["val_bpb"] = val.loss / std::log(2.0);  // nats per byte -> bits per byte
+  }
+
+  const double flops_per_token = static_cast<double>(net->flops_per_token());
+  const double tokens_per_second = static_cast<double>(fit.samples) * static_cast<double>(t.block_size()) /
+                                   std::max(fit.train_seconds, 1e-9);
+  summary.extra["flops_per_token"] = flops_per_token;
+  summary.extra["tokens_per_second"] = tokens_per_second;
+  double peak = c.get_float("mfu.peak_tflops") * 1e12;
+  std::string peak_source = "mfu.peak_tflops";
+  if (peak <= 0) {
+    const std::string math = core::math_of_precision(c.get_string("trainer.precision"));
+    try {
+      peak = core::peak_flops(device, math);
+      peak_source = device.is_cpu() ? "measured " + math + " matmul" : "datasheet " + math;
+    } catch (const Error& e) {
+      std::cerr << "char_gpt: warning: mfu not reported: " << e.what() << "\n";
+      peak = 0;
+    }
+  }
+  if (peak > 0 && fit.samples > 0) {
+    summary.extra["mfu"] = flops_per_token * tokens_per_second / peak;
+    std::cerr << fmt::format(
+        "char_gpt: {:.3g} FLOPs/token x {:.0f} tokens/s = {:.3g} TFLOP/s of {:.3g} peak ({})\n",
+        flops_per_token, tokens_per_second, flops_per_token * tokens_per_second / 1e12, peak / 1e12,
+        peak_source);
+  }
+
+  SampleOptions so;
+  so.length(c.get_int("sample.length"))
+      .temperature(c.get_float("sample.temperature"))
+      .top_k(c.get_int("sample.top_k"));
+  const std::string prompt = c.get_string("sample.prompt");
+  if (so.length() > 0) {
+    const torch::Generator gen =
+        at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.get_int("trainer.seed")));
+    const std::string text = prompt + net->generate(prompt, so, gen);
+    std::cout << fmt::format(
+                     "--- char_gpt sample ({} bytes after the prompt, temperature {}, top_k {}) ---\n",
+                     so.length(), so.temperature(), so.top_k())
+              << text << (text.empty() || text.back() != '\n' ? "\n" : "") << "--- end of sample ---\n";
+    train::write_file_atomic(c.get_string("run.dir") + "/sample.txt", text);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  train::RecipeSpec spec;
+  spec.name = "char_gpt";
+  spec.default_config = kDefaultConfig;
+  spec.declare = [](core::Config& c) {
+    c.declare("data.path", "/usr/share/games/fortunes",
+              "a text file, or a folder whose regular files without an extension are concatenated by name");
+    c.declare("data.block_size", 128, "context length in bytes (T)");
+    c.declare("data.stride", 0, "bytes between the starts of training windows (0 = block_size)");
+    c.declare("data.val_fraction", 0.1, "the last fraction of the text, held out for validation (0 = none)");
+    c.declare("data.batch_size", 16, "training windows per batch");
+    c.declare("data.eval_batch_size", 64, "validation windows per batch");
+    c.declare("data.prefetch", -1, "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)");
+    c.declare("model.n_layer", 4, "transformer blocks");
+    c.declare("model.n_head", 4, "attention heads (must divide n_embd)");
+    c.declare("model.n_embd", 128, "width of the residual stream");
+    c.declare("model.dropout", 0.0, "dropout on embeddings, attention and residual branches");
+    c.declare("sample.length", 300, "bytes generated after training (0 = no sample)");
+    c.declare("sample.temperature", 0.8, "sampling temperature (0 = greedy)");
+    c.declare("sample.top_k", 40, "sample among the k most likely bytes (0 = all)");
+    c.declare("sample.prompt", "Q:", "text the sample starts from");
+    c.declare("mfu.peak_tflops", 0.0,
+              "peak TFLOP/s for MFU (0 = auto: GPU datasheet table, or a CPU matmul)");
+  };
+  spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<CharGptTask>(c, d); };
+  spec.finish = finish;
+  return train::run_recipe(argc, argv, spec);
+}

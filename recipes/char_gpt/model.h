@@ -1,0 +1,207 @@
+#pragma once
+// The char_gpt recipe's network: a small GPT-2-style decoder over bytes.
+//   idx [B,T] int64 in [0,256) -> wte(idx) + wpe(0..T-1) -> dropout   [B,T,d]
+//     -> n_layer x Block:  x = x + dropout(proj(attn(ln_1(x))))        causal, n_head heads
+//                          x = x + dropout(proj(gelu(fc(ln_2(x)))))    fc: d -> 4d, proj: 4d -> d
+//     -> ln_f -> x @ wte.weight^T                                      [B,T,256] logits
+// The output projection shares the token embedding's weight (weight tying):
+// one parameter, listed once by parameters(). Initialisation as GPT-2: every
+// weight N(0, 0.02), biases 0, the two residual projections of each block
+// N(0, 0.02 / sqrt(2 n_layer)).
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+struct CharGptOptions {
+  /// Tokens: 256 byte values.
+  TORCH_ARG(int64_t, vocab_size) = 256;
+  /// Longest context in tokens (the position table has this many rows).
+  TORCH_ARG(int64_t, block_size) = 128;
+  /// Transformer blocks.
+  TORCH_ARG(int64_t, n_layer) = 4;
+  /// Attention heads per block; must divide n_embd.
+  TORCH_ARG(int64_t, n_head) = 4;
+  /// Width of the residual stream.
+  TORCH_ARG(int64_t, n_embd) = 128;
+  /// Dropout on the embeddings, attention weights and residual branches (0 = off).
+  TORCH_ARG(double, dropout) = 0.0;
+};
+
+/// Multi-head causal self-attention with one fused q/k/v projection.
+struct CausalSelfAttentionImpl : torch::nn::Module {
+  explicit CausalSelfAttentionImpl(const CharGptOptions& o) : n_head(o.n_head()), dropout_p(o.dropout()) {
+    qkv = register_module("qkv", torch::nn::Linear(o.n_embd(), 3 * o.n_embd()));
+    proj = register_module("proj", torch::nn::Linear(o.n_embd(), o.n_embd()));
+    resid_drop = register_module("resid_drop", torch::nn::Dropout(o.dropout()));
+  }
+  /// [B,T,C] -> [B,T,C]
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    // [B,T,3C] -> [3,B,H,T,C/H]: q, k, v as strided views (last dim contiguous).
+    const torch::Tensor qkv_heads = qkv(x).view({B, T, 3, n_head, C / n_head}).permute({2, 0, 3, 1, 4});
+    torch::Tensor y =
+        torch::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/{},
+                                            is_training() ? dropout_p : 0.0, /*is_causal=*/true);
+    y = y.transpose(1, 2).reshape({B, T, C});  // [B,H,T,C/H] -> [B,T,C]
+    return resid_drop(proj(y));
+  }
+  int64_t n_head;
+  double dropout_p;
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  torch::nn::Dropout resid_drop{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+/// Pre-norm transformer block: attention and a 4x GELU MLP, each on a residual branch.
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const CharGptOptions& o) {
+    const int64_t d = o.n_embd();
+    ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    attn = register_module("attn", CausalSelfAttention(o));
+    ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    fc = register_module("fc", torch::nn::Linear(d, 4 * d));
+    proj = register_module("proj", torch::nn::Linear(4 * d, d));
+    resid_drop = register_module("resid_drop", torch::nn::Dropout(o.dropout()));
+  }
+  /// [B,T,C] -> [B,T,C]
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attn(ln_1(x));
+    return x + resid_drop(proj(torch::gelu(fc(ln_2(x)))));
+  }
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::Linear fc{nullptr}, proj{nullptr};
+  torch::nn::Dropout resid_drop{nullptr};
+};
+TORCH_MODULE(Block);
+
+/// Sampling settings of CharGptImpl::generate.
+struct SampleOptions {
+  /// Bytes to generate after the prompt.
+  TORCH_ARG(int64_t, length) = 300;
+  /// Softmax temperature; 0 = greedy (always the most likely byte).
+  TORCH_ARG(double, temperature) = 0.8;
+  /// Sample among the k most likely bytes only; 0 = all 256.
+  TORCH_ARG(int64_t, top_k) = 40;
+};
+
+struct CharGptImpl : torch::nn::Module {
+  explicit CharGptImpl(const CharGptOptions& o) : options(o) {
+    TORCH_CHECK(o.n_layer() >= 1 && o.n_head() >= 1 && o.n_embd() >= 1 && o.block_size() >= 1,
+                "[char_gpt] model sizes must be positive");
+    TORCH_CHECK(o.n_embd() % o.n_head() == 0, "[char_gpt] model.n_embd=", o.n_embd(),
+                " must be a multiple of model.n_head=", o.n_head());
+    const int64_t d = o.n_embd();
+    wte = register_module("wte", torch::nn::Embedding(o.vocab_size(), d));
+    wpe = register_module("wpe", torch::nn::Embedding(o.block_size(), d));
+    drop = register_module("drop", torch::nn::Dropout(o.dropout()));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < o.n_layer(); ++i) blocks->push_back(Block(o));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    reset_parameters();
+  }
+
+  /// idx: int64 [B,T] with T <= block_size -> logits [B,T,vocab_size].
+  torch::Tensor forward(const torch::Tensor& idx) {
+    const int64_t T = idx.size(1);
+    TORCH_CHECK(T <= options.block_size(), "[char_gpt] sequence of ", T, " tokens exceeds block_size ",
+                options.block_size());
+    const torch::Tensor pos = torch::arange(T, idx.options().dtype(torch::kLong));
+    torch::Tensor x = drop(wte(idx) + wpe(pos));
+    for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
+    return torch::nn::functional::linear(ln_f(x), wte->weight);  // tied lm_head
+  }
+
+  /// Model FLOPs of one token's forward pass at full context (T = block_size),
+  /// counting a multiply-add as 2 FLOPs and ignoring biases, norms, softmax:
+  ///   every Linear module             2 * in * out   (a block: qkv 3d^2 + proj d^2 + fc 4d^2 + proj 4d^2)
+  ///   the tied lm_head                2 * d * vocab
+  ///   attention q.k^T and weights.v   2 * 2 * T * d  per block
+  /// The attention term counts the whole T x T matrix although half of it is
+  /// masked, the convention of PaLM (appendix B) and nanoGPT's estimate_mfu.
+  int64_t forward_flops_per_token() const {
+    int64_t flops = 0;
+    for (const auto& m : modules(/*include_self=*/false))
+      if (const auto* lin = m->as<torch::nn::Linear>())
+        flops += 2 * lin->options.in_features() * lin->options.out_features();
+    flops += 2 * options.n_embd() * options.vocab_size();
+    flops += options.n_layer() * 2 * 2 * options.block_size() * options.n_embd();
+    return flops;
+  }
+  /// Training FLOPs per token: forward + backward (twice the forward) = 3x.
+  /// For this model 3 * (n_layer * (24 d^2 + 4 T d) + 2 d vocab), i.e. 6N + 12 L T d
+  /// with N the non-embedding weights plus the tied head.
+  int64_t flops_per_token() const { return 3 * forward_flops_per_token(); }
+
+  /// Continues `prompt` (bytes) by `o.length()` bytes, sampling on the CPU
+  /// with `gen` (deterministic for a given seed); the context is cropped to
+  /// the last block_size bytes. Runs in eval mode without autograd and
+  /// restores the previous mode.
+  std::string generate(const std::string& prompt, const SampleOptions& o, torch::Generator gen) {
+    TORCH_CHECK(o.temperature() >= 0, "[char_gpt] sample.temperature must be >= 0, got ", o.temperature());
+    TORCH_CHECK(o.top_k() >= 0, "[char_gpt] sample.top_k must be >= 0, got ", o.top_k());
+    const bool was_training = is_training();
+    eval();
+    torch::NoGradGuard no_grad;
+    const torch::Device device = wte->weight.device();
+    std::vector<int64_t> tokens;
+    for (unsigned char ch : prompt) tokens.push_back(ch);
+    if (tokens.empty()) tokens.push_back('\n');
+    std::string out;
+    for (int64_t i = 0; i < o.length(); ++i) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), options.block_size());
+      const torch::Tensor ctx =
+          torch::tensor(std::vector<int64_t>(tokens.end() - n, tokens.end()), torch::kLong)
+              .view({1, n})
+              .to(device);
+      torch::Tensor logits =
+          forward(ctx).select(1, n - 1).squeeze(0).to(torch::kCPU, torch::kFloat);  // [vocab]
+      int64_t next;
+      if (o.temperature() == 0) {
+        next = logits.argmax().item<int64_t>();
+      } else {
+        logits = logits / o.temperature();
+        if (o.top_k() > 0 && o.top_k() < logits.size(0)) {
+          const torch::Tensor kth = std::get<0>(logits.topk(o.top_k())).min();
+          logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+        }
+        next = torch::multinomial(torch::softmax(logits, 0), 1, /*replacement=*/false, gen).item<int64_t>();
+      }
+      tokens.push_back(next);
+      out.push_back(static_cast<char>(next));
+    }
+    train(was_training);
+    return out;
+  }
+
+  CharGptOptions options;
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  void reset_parameters() {
+    torch::NoGradGuard no_grad;
+    for (auto& m : modules(/*include_self=*/false)) {
+      if (auto* lin = m->as<torch::nn::Linear>()) {
+        torch::nn::init::normal_(lin->weight, 0.0, 0.02);
+        if (lin->bias.defined()) torch::nn::init::zeros_(lin->bias);
+      } else if (auto* emb = m->as<torch::nn::Embedding>()) {
+        torch::nn::init::normal_(emb->weight, 0.0, 0.02);
+      }
+    }
+    const double resid_std = 0.02 / std::sqrt(2.0 * static_cast<double>(options.n_layer()));
+    for (const auto& block : *blocks) {
+      auto* b = block->as<Block>();
+      torch::nn::init::normal_(b->attn->proj->weight, 0.0, resid_std);
+      torch::nn::init::normal_(b->proj->weight, 0.0, resid_std);
+    }
+  }
+};
+TORCH_MODULE(CharGpt);
