@@ -24,11 +24,11 @@ std::string to_string(Precision precision) {
   return "?";
 }
 
-c10::optional<c10::ScalarType> autocast_dtype(Precision precision) {
+std::optional<c10::ScalarType> autocast_dtype(Precision precision) {
   switch (precision) {
     case Precision::kBf16Mixed: return c10::kBFloat16;
     case Precision::kFp16Mixed: return c10::kHalf;
-    default: return c10::nullopt;
+    default: return std::nullopt;
   }
 }
 

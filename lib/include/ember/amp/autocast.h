@@ -24,6 +24,8 @@
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
+#include <optional>
+
 namespace ember::amp {
 
 struct AutocastOptions {
@@ -31,7 +33,7 @@ struct AutocastOptions {
   /// Device type whose autocast state the guard sets (kCPU or kCUDA).
   TORCH_ARG(c10::DeviceType, device_type);
   /// Low-precision type: kHalf or kBFloat16. Default: kBFloat16 on CPU, kHalf on CUDA (as PyTorch).
-  TORCH_ARG(c10::optional<c10::ScalarType>, dtype) = c10::nullopt;
+  TORCH_ARG(std::optional<c10::ScalarType>, dtype) = std::nullopt;
   /// false = a scope with autocast switched off (e.g. around a custom op).
   TORCH_ARG(bool, enabled) = true;
   /// Cache low-precision copies of leaf weights within the outermost scope.

@@ -12,7 +12,7 @@
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include <string>
 
@@ -26,7 +26,7 @@ Precision parse_precision(const std::string& name);
 std::string to_string(Precision precision);
 
 /// The autocast dtype of a mixed mode; nullopt for fp32 and tf32.
-c10::optional<c10::ScalarType> autocast_dtype(Precision precision);
+std::optional<c10::ScalarType> autocast_dtype(Precision precision);
 /// Whether the mode needs a GradScaler (fp16-mixed only).
 inline bool needs_grad_scaler(Precision precision) { return precision == Precision::kFp16Mixed; }
 
