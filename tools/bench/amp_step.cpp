@@ -25,7 +25,7 @@ using namespace ember;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string model = "cnn", precision = "fp32", scaler = "on", device = "cpu";
+  std::string model = "cnn", precision = "fp32", scaler = "on", device = "cpu", loop = "trainer";
   int64_t steps = 30, warmup = 5, threads = 0, batch = 0;
   int64_t gpt_layers = 4, gpt_embd = 128, gpt_heads = 4, gpt_block = 128;
 };
@@ -110,6 +110,43 @@ class StepTimer : public train::Callback {
   bool cuda_;
   Clock::time_point last_;
 };
+// The same step without the Trainer, with Ember's AutocastGuard and
+// GradScaler only: tells the loop's own cost apart from LibTorch's.
+int raw_loop(const Args& a, SyntheticTask& task, const torch::Device& device, const train::TrainerOptions& o) {
+  auto model = task.model();
+  auto optimizer = train::make_optimizer(*model, o.optimizer);
+  const amp::Precision precision = amp::parse_precision(a.precision);
+  const amp::MatmulPrecisionGuard matmul(precision, device.type());
+  amp::GradScaler scaler(amp::GradScalerOptions().enabled(amp::needs_grad_scaler(precision) && a.scaler == "on"));
+  data::Loader& loader = task.train_loader();
+  loader.start_epoch(0, 0);
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  std::vector<double> times;
+  auto last = Clock::now();
+  for (int64_t s = 0; s < a.steps + a.warmup; ++s) {
+    const auto batch = loader.next();
+    train::StepOutput out;
+    if (const auto dtype = amp::autocast_dtype(precision)) {
+      amp::AutocastGuard autocast(device.type(), *dtype);
+      out = task.training_step(*batch);
+    } else {
+      out = task.training_step(*batch);
+    }
+    scaler.scale(out.loss).backward();
+    scaler.step(*optimizer);
+    scaler.update();
+    optimizer->zero_grad(true);
+    loss_sum += out.loss.detach().to(torch::kFloat64) * static_cast<double>(batch->size());
+    if (device.is_cuda()) torch::cuda::synchronize();
+    const auto now = Clock::now();
+    times.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+    last = now;
+  }
+  std::vector<double> t(times.begin() + a.warmup, times.end());
+  std::sort(t.begin(), t.end());
+  std::printf("{\"median_ms\": %.4f, \"steps\": %zu, \"loop\": \"raw\"}\n", t[t.size() / 2], t.size());
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,6 +157,7 @@ int main(int argc, char** argv) {
     else if (k == "--precision") a.precision = v;
     else if (k == "--scaler") a.scaler = v;
     else if (k == "--device") a.device = v;
+    else if (k == "--loop") a.loop = v;
     else if (k == "--steps") a.steps = std::stoll(v);
     else if (k == "--warmup") a.warmup = std::stoll(v);
     else if (k == "--threads") a.threads = std::stoll(v);
@@ -134,6 +172,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    core::tune_host_malloc();  // as run_recipe does for every recipe
     if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
     torch::manual_seed(0);
     const torch::Device device = core::resolve_device(a.device);
@@ -154,6 +193,7 @@ int main(int argc, char** argv) {
     } else {
       o.optimizer.lr = 0.05;
     }
+    if (a.loop == "raw") return raw_loop(a, task, device, o);
     auto timer = std::make_shared<StepTimer>(device.is_cuda());
     train::Trainer trainer(o);
     trainer.add_callback(timer);

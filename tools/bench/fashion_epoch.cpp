@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    core::tune_host_malloc();  // as run_recipe does for every recipe
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     torch::manual_seed(0);
     BenchTask task(data::load_mnist(root, data::Split::kTrain).head(samples), batch_size, prefetch);

@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/json_number.h"
 #include "ember/core/device.h"
+#include "ember/core/host_malloc.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/early_stopping.h"
 #include "ember/train/logging.h"
@@ -43,6 +44,7 @@ std::string usage(const RecipeSpec& spec, const core::Config& config) {
 
 void declare_trainer_keys(core::Config& c) {
   c.declare("run.dir", "", "run folder; empty = runs/<recipe>-<timestamp>");
+  c.declare("run.malloc_tuning", true, "keep freed host memory in glibc's heap (no page faults per step; see core/host_malloc.h)");
   c.declare("trainer.epochs", 10, "passes over the training data");
   c.declare("trainer.max_steps", -1, "stop after this many optimizer steps (-1 = no limit)");
   c.declare("trainer.accumulate_grad_batches", 1, "batches summed into one optimizer step");
@@ -176,6 +178,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
   try {
     if (config.get_string("run.dir").empty()) config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
     const std::string run_dir = config.get_string("run.dir");
+    if (config.get_bool("run.malloc_tuning")) core::tune_host_malloc();
     if (config.get_int("trainer.threads") > 0) at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
     const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
     torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));
