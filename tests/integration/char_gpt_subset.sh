@@ -48,6 +48,32 @@ assert sample.startswith("Q:") and len(sample.encode("utf-8", "surrogateescape")
 print("run folder OK:", s["val_bpb"], s["tokens_per_second"], s["mfu"])
 PY
 
+# Mixed precision through the shared key: fp16-mixed logs the loss scale and
+# skipped steps (metrics.jsonl, summary.json); bf16-mixed runs without a scaler.
+for prec in fp16-mixed bf16-mixed; do
+  "$bin" run.dir="$out/$prec" data.path="$out/text.txt" data.block_size=$T data.batch_size=16 \
+    model.n_layer=$L model.n_head=$H model.n_embd=$D trainer.max_steps=20 trainer.threads=1 trainer.progress=false \
+    trainer.precision=$prec trainer.log_every=5 sched.warmup_epochs=0 sample.length=16 >"$out/$prec.out" 2>&1
+done
+python3 - "$out" <<'PY'
+import json, math, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+for prec in ["fp16-mixed", "bf16-mixed"]:
+    s = json.loads((out / prec / "summary.json").read_text())
+    assert s["precision"] == prec and s["steps"] == 20 and 0 < s["val_bpb"] < 8, s
+    steps = [json.loads(l) for l in (out / prec / "metrics.jsonl").read_text().splitlines() if '"step"' in l]
+    steps = [r for r in steps if r["kind"] == "step"]
+    assert len(steps) == 4, steps
+    if prec == "fp16-mixed":
+        assert "skipped_steps" in s and s["skipped_steps"] >= 0, s
+        assert all(r["loss_scale"] > 0 and r["skipped_steps"] >= 0 for r in steps), steps
+        # PyTorch's schedule: 65536, halved per skipped step, no growth within 2000 steps.
+        assert steps[-1]["loss_scale"] == 65536.0 / 2 ** steps[-1]["skipped_steps"], steps[-1]
+    else:
+        assert "skipped_steps" not in s and all("loss_scale" not in r for r in steps), (s, steps)
+print("mixed precision runs OK")
+PY
+
 # Bad input: a missing data.path and a text too short for the block size (exit 1, clear messages).
 printf 'too short\n' >"$out/short.txt"
 set +e
