@@ -1,6 +1,7 @@
 #include <ember/amp/autocast.h>
 #include <ember/core/error.h>
 #include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace {
@@ -82,9 +83,15 @@ TEST(AutocastGuard, RejectsNonLowPrecisionTypesAndDevices) {
   EXPECT_FALSE(ember::amp::is_autocast_enabled(torch::kCPU));
 }
 
-TEST(AutocastGuard, DefaultDtypeFollowsPyTorch) {
-  AutocastGuard guard(AutocastOptions(torch::kCPU));
-  EXPECT_EQ(ember::amp::autocast_dtype(torch::kCPU), torch::kBFloat16);
+TEST(AutocastGuard, DefaultsFollowTheEnclosingScopeAsPyTorch) {
+  {
+    AutocastGuard guard(AutocastOptions(torch::kCPU));
+    EXPECT_EQ(ember::amp::autocast_dtype(torch::kCPU), torch::kBFloat16);
+  }
+  AutocastGuard outer(AutocastOptions(torch::kCPU).dtype(torch::kHalf).cache_enabled(false));
+  AutocastGuard inner(AutocastOptions(torch::kCPU));  // no dtype, no cache setting: inherit both
+  EXPECT_EQ(ember::amp::autocast_dtype(torch::kCPU), torch::kHalf);
+  EXPECT_FALSE(at::autocast::is_autocast_cache_enabled());
 }
 
 }  // namespace

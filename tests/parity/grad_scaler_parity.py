@@ -86,6 +86,8 @@ SCENARIOS = [
     ("defaults_long_growth", 1, 2100, 1, [3, 7, 12, 40], 0.0, 65536.0, 2.0, 0.5, 2000, 0.0),
     ("dynamic_accum_clip", 2, 400, 2, 0.08, 0.08, 1024.0, 4.0, 0.25, 3, 1.0),
     ("overflow_driven", 3, 300, 1, 0.0, 0.15, 2.0 ** 20, 2.0, 0.5, 5, 0.5),
+    # A clip value that is not a power of two, so that rounding of the clip coefficient shows.
+    ("clip_rounding", 4, 200, 3, 0.05, 0.05, 4096.0, 2.0, 0.5, 10, 0.7),
 ]
 
 

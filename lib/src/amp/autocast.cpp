@@ -48,8 +48,7 @@ AutocastGuard::AutocastGuard(c10::DeviceType device_type, c10::ScalarType dtype)
 
 AutocastGuard::AutocastGuard(const AutocastOptions& options) : device_type_(options.device_type()) {
   check_device_type(device_type_);
-  const c10::ScalarType dtype =
-      options.dtype().value_or(device_type_ == c10::kCUDA ? c10::kHalf : c10::kBFloat16);
+  const c10::ScalarType dtype = options.dtype().value_or(get_dtype(device_type_));
   EMBER_CHECK(dtype == c10::kHalf || dtype == c10::kBFloat16,
               "[amp::AutocastGuard] dtype {} is not a low-precision type; use kHalf (fp16) or kBFloat16 (bf16)",
               c10::toString(dtype));
@@ -60,7 +59,7 @@ AutocastGuard::AutocastGuard(const AutocastOptions& options) : device_type_(opti
   set_enabled(device_type_, options.enabled());
   set_dtype(device_type_, dtype);
   at::autocast::increment_nesting();
-  at::autocast::set_autocast_cache_enabled(options.cache_enabled());
+  at::autocast::set_autocast_cache_enabled(options.cache_enabled().value_or(prev_cache_enabled_));
 }
 
 AutocastGuard::~AutocastGuard() {

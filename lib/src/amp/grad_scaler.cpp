@@ -177,6 +177,11 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   options_.backoff_factor(read("backoff_factor").toDouble());
   options_.growth_interval(read("growth_interval").toInt());
   init_growth_tracker_ = read("_growth_tracker").toInt();
+  EMBER_CHECK(options_.growth_factor() > 1.0 && options_.backoff_factor() > 0.0 && options_.backoff_factor() < 1.0 &&
+                  options_.growth_interval() >= 1 && init_scale_ > 0.0,
+              "[amp::GradScaler] saved state is invalid (scale {}, growth_factor {}, backoff_factor {}, "
+              "growth_interval {})",
+              init_scale_, options_.growth_factor(), options_.backoff_factor(), options_.growth_interval());
   if (scale_.defined()) scale_.fill_(init_scale_);
   if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
 }

@@ -1,6 +1,7 @@
 #include "ember/amp/precision.h"
 
 #include <ATen/Context.h>
+#include <torch/version.h>
 
 #include "core/check.h"
 
@@ -39,22 +40,46 @@ void check_precision_supported(Precision precision, c10::DeviceType device_type)
               c10::DeviceTypeName(device_type, /*lower_case=*/true));
 }
 
+// LibTorch 2.11 keeps fp32 precision per backend and op (the API behind
+// torch.backends.cuda.matmul.fp32_precision); mixing it with the legacy TF32
+// booleans can trip its consistency checks, so use it where it exists.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+#define EMBER_FP32_PRECISION_API 1
+#else
+#define EMBER_FP32_PRECISION_API 0
+#endif
+
 MatmulPrecisionGuard::MatmulPrecisionGuard(Precision precision, c10::DeviceType device_type) {
   if (device_type != c10::kCUDA || (precision != Precision::kFp32 && precision != Precision::kTf32)) return;
   auto& ctx = at::globalContext();
   active_ = true;
-  prev_cublas_ = ctx.allowTF32CuBLAS();
-  prev_cudnn_ = ctx.allowTF32CuDNN();
   const bool tf32 = precision == Precision::kTf32;
+#if EMBER_FP32_PRECISION_API
+  using at::Float32Backend, at::Float32Op, at::Float32Precision;
+  prev_matmul_ = static_cast<int>(ctx.float32Precision(Float32Backend::CUDA, Float32Op::MATMUL));
+  prev_conv_ = static_cast<int>(ctx.float32Precision(Float32Backend::CUDA, Float32Op::CONV));
+  const Float32Precision p = tf32 ? Float32Precision::TF32 : Float32Precision::IEEE;
+  ctx.setFloat32Precision(Float32Backend::CUDA, Float32Op::MATMUL, p);
+  ctx.setFloat32Precision(Float32Backend::CUDA, Float32Op::CONV, p);
+#else
+  prev_matmul_ = ctx.allowTF32CuBLAS();
+  prev_conv_ = ctx.allowTF32CuDNN();
   ctx.setAllowTF32CuBLAS(tf32);
   ctx.setAllowTF32CuDNN(tf32);
+#endif
 }
 
 MatmulPrecisionGuard::~MatmulPrecisionGuard() {
   if (!active_) return;
   auto& ctx = at::globalContext();
-  ctx.setAllowTF32CuBLAS(prev_cublas_);
-  ctx.setAllowTF32CuDNN(prev_cudnn_);
+#if EMBER_FP32_PRECISION_API
+  using at::Float32Backend, at::Float32Op, at::Float32Precision;
+  ctx.setFloat32Precision(Float32Backend::CUDA, Float32Op::MATMUL, static_cast<Float32Precision>(prev_matmul_));
+  ctx.setFloat32Precision(Float32Backend::CUDA, Float32Op::CONV, static_cast<Float32Precision>(prev_conv_));
+#else
+  ctx.setAllowTF32CuBLAS(prev_matmul_ != 0);
+  ctx.setAllowTF32CuDNN(prev_conv_ != 0);
+#endif
 }
 
 }  // namespace ember::amp

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "core/check.h"
@@ -230,7 +231,18 @@ void Trainer::load_checkpoint(const std::string& path) {
   skipped_steps_ = state.try_read("skipped_steps", v) ? v.toInt() : 0;
   if (grad_scaler_) {
     torch::serialize::InputArchive scaler;
-    if (root.try_read("grad_scaler", scaler)) grad_scaler_->load(scaler);  // else: from an fp32/bf16 run, start fresh
+    if (root.try_read("grad_scaler", scaler)) {  // else: from an fp32/bf16 run, start fresh
+      grad_scaler_->load(scaler);
+      const amp::GradScalerOptions& want = options_.grad_scaler;
+      if (want.growth_factor() != grad_scaler_->get_growth_factor() ||
+          want.backoff_factor() != grad_scaler_->get_backoff_factor() ||
+          want.growth_interval() != grad_scaler_->get_growth_interval())
+        std::cerr << fmt::format(
+            "[train::Trainer] note: the checkpoint's loss-scaling settings (growth_factor {}, backoff_factor {}, "
+            "growth_interval {}) replace the configured ones ({}, {}, {}), as PyTorch's GradScaler does on load\n",
+            grad_scaler_->get_growth_factor(), grad_scaler_->get_backoff_factor(),
+            grad_scaler_->get_growth_interval(), want.growth_factor(), want.backoff_factor(), want.growth_interval());
+    }
   }
   state.read("epoch_samples", v);
   epoch_sums_ = {};
@@ -362,7 +374,7 @@ FitResult Trainer::fit(Task& task) {
         apply_schedule();
         StepInfo info{epoch_,    global_step_, batch_,         step_samples,
                       lr,        step_loss,    !stepped,       skipped_steps_,
-                      grad_scaler_ ? grad_scaler_->scale_tensor() : torch::Tensor()};
+                      grad_scaler_ ? grad_scaler_->scale_tensor().clone() : torch::Tensor()};  // a snapshot: update() works in place
         result.samples += step_samples;
         step_loss = torch::Tensor();
         step_samples = 0;

@@ -32,12 +32,15 @@ struct AutocastOptions {
   explicit AutocastOptions(c10::DeviceType device_type) : device_type_(device_type) {}
   /// Device type whose autocast state the guard sets (kCPU or kCUDA).
   TORCH_ARG(c10::DeviceType, device_type);
-  /// Low-precision type: kHalf or kBFloat16. Default: kBFloat16 on CPU, kHalf on CUDA (as PyTorch).
+  /// Low-precision type: kHalf or kBFloat16. Default, as torch.autocast: the
+  /// thread's current autocast dtype for the device type (kBFloat16 on CPU and
+  /// kHalf on CUDA unless an enclosing scope set another).
   TORCH_ARG(std::optional<c10::ScalarType>, dtype) = std::nullopt;
   /// false = a scope with autocast switched off (e.g. around a custom op).
   TORCH_ARG(bool, enabled) = true;
   /// Cache low-precision copies of leaf weights within the outermost scope.
-  TORCH_ARG(bool, cache_enabled) = true;
+  /// Default, as torch.autocast: the thread's current setting (on unless changed).
+  TORCH_ARG(std::optional<bool>, cache_enabled) = std::nullopt;
 };
 
 class AutocastGuard {

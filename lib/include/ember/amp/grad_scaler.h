@@ -50,6 +50,11 @@ struct GradScalerOptions {
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
+  // Not copyable: a copy would share the scale tensors but not the state machine.
+  GradScaler(const GradScaler&) = delete;
+  GradScaler& operator=(const GradScaler&) = delete;
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
 
   /// `outputs` x scale (the scale is created on outputs' device on first use).
   torch::Tensor scale(const torch::Tensor& outputs);
@@ -90,7 +95,9 @@ class GradScaler {
   /// Writes PyTorch's five state_dict entries: scale, growth_factor,
   /// backoff_factor, growth_interval, _growth_tracker. Nothing when disabled.
   void save(torch::serialize::OutputArchive& archive) const;
-  /// Reads them back (an archive written by a disabled scaler is an error).
+  /// Reads them back, as PyTorch's load_state_dict: the saved factors and
+  /// interval replace the options (an archive written by a disabled scaler is
+  /// an error).
   void load(torch::serialize::InputArchive& archive);
 
  private:

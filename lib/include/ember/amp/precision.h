@@ -34,8 +34,11 @@ inline bool needs_grad_scaler(Precision precision) { return precision == Precisi
 /// ember::Error saying what to use instead.
 void check_precision_supported(Precision precision, c10::DeviceType device_type);
 
-/// RAII: sets cuBLAS/cuDNN TF32 switches for fp32 (off) and tf32 (on) on CUDA
-/// for the scope and restores the previous values; does nothing otherwise.
+/// RAII: sets CUDA's fp32 matmul and convolution precision for fp32 (IEEE:
+/// TF32 off, also for cuDNN convolutions, where PyTorch's default is on) and
+/// tf32 (TF32) for the scope and restores the previous settings exactly; does
+/// nothing for other modes or devices. The setting is process-wide (LibTorch's
+/// global context), not per thread.
 class MatmulPrecisionGuard {
  public:
   MatmulPrecisionGuard(Precision precision, c10::DeviceType device_type);
@@ -45,8 +48,8 @@ class MatmulPrecisionGuard {
 
  private:
   bool active_ = false;
-  bool prev_cublas_ = false;
-  bool prev_cudnn_ = false;
+  int prev_matmul_ = 0;  // LibTorch >= 2.11: at::Float32Precision; older: allowTF32CuBLAS()
+  int prev_conv_ = 0;    // LibTorch >= 2.11: at::Float32Precision; older: allowTF32CuDNN()
 };
 
 }  // namespace ember::amp

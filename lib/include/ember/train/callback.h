@@ -59,7 +59,7 @@ struct StepInfo {
   double lr = 0.0;            ///< learning rate of the first param group used for this step
   torch::Tensor loss;         ///< mean loss of the step, on the device (reading it syncs)
   bool skipped = false;       ///< the optimizer did not step (fp16-mixed: inf/NaN gradients)
-  int64_t skipped_steps = 0;  ///< steps skipped so far in the fit, this one included
+  int64_t skipped_steps = 0;  ///< steps skipped so far (also before a resume), this one included
   torch::Tensor loss_scale;   ///< fp16-mixed: the loss scale after this step's update, on the device; else undefined
 };
 

@@ -20,7 +20,9 @@ namespace ember::train {
 struct TrainerOptions {
   /// Passes over the training data.
   int64_t epochs = 10;
-  /// Stop after this many optimizer steps; -1 = no limit.
+  /// Stop after this many optimizer steps, skipped ones (fp16-mixed) included;
+  /// -1 = no limit. The LR schedule advances on real steps only, so after k
+  /// skipped steps it ends k steps short of its last value.
   int64_t max_steps = -1;
   /// Batches whose gradients are summed into one optimizer step.
   int64_t accumulate_grad_batches = 1;
