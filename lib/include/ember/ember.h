@@ -9,6 +9,7 @@
 #include "ember/core/error.h"
 #include "ember/core/flops.h"
 #include "ember/core/host_malloc.h"
+#include "ember/data/cifar.h"
 #include "ember/data/dataset.h"
 #include "ember/data/idx.h"
 #include "ember/data/loader.h"
