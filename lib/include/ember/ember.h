@@ -4,6 +4,8 @@
 #include "ember/amp/autocast.h"
 #include "ember/amp/grad_scaler.h"
 #include "ember/amp/precision.h"
+#include "ember/augment/augment.h"
+#include "ember/augment/philox.h"
 #include "ember/core/config.h"
 #include "ember/core/device.h"
 #include "ember/core/error.h"
