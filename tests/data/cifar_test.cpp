@@ -10,6 +10,8 @@
 #include "train/test_task.h"  // temp_dir
 
 using namespace ember;
+using test_util::error_of;
+using test_util::write_bytes;
 using data::CifarLabel;
 using data::CifarOptions;
 using data::CifarVariant;
@@ -24,23 +26,12 @@ std::string record10(uint8_t label, uint8_t r, uint8_t g, uint8_t b) {
   return rec;
 }
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
 
 data::TensorDataset random_images(int64_t n, int64_t classes, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return {torch::randint(0, 256, {n, 32, 32, 3}, gen, torch::kUInt8), torch::randint(0, classes, {n}, gen, torch::kInt64)};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

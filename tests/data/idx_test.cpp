@@ -7,21 +7,8 @@
 #include "train/test_task.h"
 
 using namespace ember;
-
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-}  // namespace
+using test_util::error_of;
+using test_util::write_bytes;
 
 TEST(Idx, RoundTripsEveryTypePlainAndGzip) {
   const std::string dir = test_util::temp_dir("idx_roundtrip");

@@ -3,6 +3,10 @@
 // Gaussian blobs -> MLP with dropout -> cross-entropy.
 #include <ember/ember.h>
 
+#include <fstream>
+#include <functional>
+#include <string>
+
 namespace ember::test_util {
 
 struct BlobNetImpl : torch::nn::Module {
@@ -68,6 +72,21 @@ inline std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
   for (auto& p : m.parameters()) out.push_back(p.detach().clone());
   for (auto& b : m.buffers()) out.push_back(b.detach().clone());
   return out;
+}
+
+/// The message of the ember::Error that `f` throws ("" if it throws none).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// Writes `bytes` to `path` as they are.
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
 }
 
 /// A fresh empty folder under the test temp dir.
