@@ -71,6 +71,7 @@ if [[ -f "$root/train-images-idx3-ubyte.gz" ]]; then
       trainer.progress=false >"$OUT/fashion-$p.log" 2>&1
     rc=$?
     res="$(grep -o 'test_accuracy=[0-9.]*\|train_seconds=[0-9.]*\|skipped_steps=[0-9.]*' "$OUT/fashion-$p.log" | tr '\n' ' ')"
+    [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/fashion-$p.log" | cut -c1-120)"
     row "fashion_mnist $p on cuda" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$res"
   done
 else
@@ -85,7 +86,8 @@ if [[ -x "$BUILD/bin/ember_bench_amp_step" ]]; then
     --batch 16 --reps 1 --steps 15 --warmup 5 --peak-tflops "${EMBER_PEAK_TFLOPS:-989}" --json "$OUT/amp_gpu.json" \
     >"$OUT/amp_gpu.txt" 2>"$OUT/amp_gpu.err"
   rc=$?
-  row "amp bench GPT (H200 size)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "table in amp_gpu.txt"
+  row "amp bench GPT (H200 size)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+    "$([[ $rc -eq 0 ]] && echo "table below, amp_gpu.txt" || grep -m1 '^error' "$OUT/amp_gpu.err" | cut -c1-120)"
   cat "$OUT/amp_gpu.txt"
 fi
 # char_gpt's documented GPU config, a short run: tokens/s and MFU from its summary.
@@ -95,5 +97,6 @@ if [[ -x "$BUILD/bin/char_gpt" && -f "$ROOT/recipes/char_gpt/gpu.toml" ]]; then
     run.dir="$OUT/char_gpt" trainer.progress=false >"$OUT/char_gpt.log" 2>&1
   rc=$?
   res="$(grep -o 'val_bpb=[0-9.]*\|tokens_per_second=[0-9.e+]*\|mfu=[0-9.e+-]*' "$OUT/char_gpt.log" | tr '\n' ' ')"
+  [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/char_gpt.log" | cut -c1-120)"
   row "char_gpt gpu.toml 150 steps" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$res"
 fi
