@@ -127,8 +127,10 @@ def ember_steps(args, model_name, precision, scaler_on):
            "--gpt-heads", str(args.gpt_heads), "--gpt-block", str(args.gpt_block)]
     if args.batch:
         cmd += ["--batch", str(args.batch)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} failed: {run.stderr.strip().splitlines()[0] if run.stderr.strip() else run.returncode}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def main():
