@@ -29,9 +29,9 @@ class PoisonTask : public BlobTask {
     return o;
   }
   train::StepOutput training_step(const data::Batch& b) override {
-    seen_dtype = net()->forward(b.input).scalar_type();
     autocast_on = amp::is_autocast_enabled(torch::kCPU);
     train::StepOutput out = BlobTask::training_step(b);
+    seen_dtype = out.output.scalar_type();  // the logits' dtype
     if (trainer_ && poison_.count(trainer_->global_step())) out.loss = out.loss * INFINITY;
     return out;
   }

@@ -107,19 +107,14 @@ int64_t count_parameters(const torch::nn::Module& module) {
   return n;
 }
 
-Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+Trainer::Trainer(TrainerOptions options)
+    : options_(std::move(options)), precision_(amp::parse_precision(options_.precision)) {
   EMBER_CHECK(options_.epochs >= 0, "[train::Trainer] trainer.epochs must be >= 0, got {}", options_.epochs);
   EMBER_CHECK(options_.accumulate_grad_batches >= 1,
               "[train::Trainer] trainer.accumulate_grad_batches must be >= 1, got {}", options_.accumulate_grad_batches);
   EMBER_CHECK(options_.clip_grad_norm >= 0, "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}",
               options_.clip_grad_norm);
-  try {
-    amp::parse_precision(options_.precision);
-  } catch (const Error&) {
-    detail::fail("[train::Trainer] trainer.precision={} is not a precision; use fp32, tf32 (CUDA), bf16-mixed "
-                 "or fp16-mixed", options_.precision);
-  }
-  if (amp::needs_grad_scaler(amp::parse_precision(options_.precision))) amp::GradScaler check(options_.grad_scaler);
+  if (amp::needs_grad_scaler(precision_)) amp::GradScaler check(options_.grad_scaler);  // validates the options
   EMBER_CHECK(options_.resume.empty() || options_.resume != "auto" || !options_.run_dir.empty(),
               "[train::Trainer] trainer.resume=auto needs a run folder (run.dir)");
 }
@@ -293,7 +288,7 @@ FitResult Trainer::fit(Task& task) {
   base_lrs_.clear();
   for (auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.options().get_lr());
   epoch_ = batch_ = global_step_ = skipped_steps_ = 0;
-  const amp::Precision precision = amp::parse_precision(options_.precision);
+  const amp::Precision precision = precision_;
   const c10::DeviceType device_type = device_type_of(*model);
   amp::check_precision_supported(precision, device_type);
   const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
@@ -429,7 +424,7 @@ EvalResult Trainer::evaluate(Task& task, data::Loader& loader) {
   torch::NoGradGuard no_grad;
   const auto start = Clock::now();
   PassSums sums;
-  const amp::Precision precision = amp::parse_precision(options_.precision);
+  const amp::Precision precision = precision_;
   const c10::DeviceType device_type = device_type_of(*model);
   const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
   loader.start_epoch(0, 0);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ember/amp/grad_scaler.h"
+#include "ember/amp/precision.h"
 #include "ember/train/callback.h"
 #include "ember/train/optim.h"
 #include "ember/train/scheduler.h"
@@ -122,6 +123,7 @@ class Trainer {
   void apply_schedule();
 
   TrainerOptions options_;
+  amp::Precision precision_;  // options_.precision, parsed once
   std::vector<std::shared_ptr<Callback>> callbacks_;
   Task* task_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
