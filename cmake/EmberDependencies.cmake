@@ -47,3 +47,55 @@ if(EMBER_BUILD_TESTS)
   endif()
   include(GoogleTest)
 endif()
+
+# OpenCV (optional; core, imgproc, imgcodecs): decodes and resizes images for
+# ember::data::load_image_folder. Private to the shared library, so the
+# installed package does not need it. EMBER_OPENCV: AUTO uses it when found,
+# ON requires it, OFF never looks. Debian's small libopencv-{core,imgproc,
+# imgcodecs}-dev packages ship no OpenCVConfig.cmake (only the full
+# libopencv-dev does), so the headers and libraries are also looked up directly.
+# Result: the target ember_opencv and EMBER_WITH_OPENCV (ON/OFF).
+set(EMBER_WITH_OPENCV OFF)
+string(TOUPPER "${EMBER_OPENCV}" _ember_opencv_mode)
+if(_ember_opencv_mode STREQUAL "AUTO")
+  set(_ember_opencv_required OFF)
+elseif(EMBER_OPENCV)
+  set(_ember_opencv_required ON)
+else()
+  set(_ember_opencv_mode OFF)
+endif()
+if(NOT _ember_opencv_mode STREQUAL "OFF")
+  add_library(ember_opencv INTERFACE)
+  find_package(OpenCV QUIET COMPONENTS core imgproc imgcodecs)
+  if(OpenCV_FOUND)
+    target_include_directories(ember_opencv SYSTEM INTERFACE ${OpenCV_INCLUDE_DIRS})
+    target_link_libraries(ember_opencv INTERFACE ${OpenCV_LIBS})
+    set(EMBER_WITH_OPENCV ON)
+    set(_ember_opencv_where "OpenCV ${OpenCV_VERSION} (${OpenCV_DIR})")
+  else()
+    find_path(EMBER_OPENCV_INCLUDE_DIR opencv2/imgcodecs.hpp PATH_SUFFIXES opencv4
+              DOC "OpenCV 4 headers (Debian: libopencv-core-dev)")
+    find_library(EMBER_OPENCV_CORE_LIBRARY opencv_core DOC "Debian: libopencv-core-dev")
+    find_library(EMBER_OPENCV_IMGPROC_LIBRARY opencv_imgproc DOC "Debian: libopencv-imgproc-dev")
+    find_library(EMBER_OPENCV_IMGCODECS_LIBRARY opencv_imgcodecs DOC "Debian: libopencv-imgcodecs-dev")
+    if(EMBER_OPENCV_INCLUDE_DIR AND EMBER_OPENCV_CORE_LIBRARY AND EMBER_OPENCV_IMGPROC_LIBRARY
+       AND EMBER_OPENCV_IMGCODECS_LIBRARY)
+      target_include_directories(ember_opencv SYSTEM INTERFACE "${EMBER_OPENCV_INCLUDE_DIR}")
+      # imgcodecs needs imgproc needs core: link in that order.
+      target_link_libraries(ember_opencv INTERFACE "${EMBER_OPENCV_IMGCODECS_LIBRARY}"
+                            "${EMBER_OPENCV_IMGPROC_LIBRARY}" "${EMBER_OPENCV_CORE_LIBRARY}")
+      set(EMBER_WITH_OPENCV ON)
+      set(_ember_opencv_where "${EMBER_OPENCV_INCLUDE_DIR}, ${EMBER_OPENCV_IMGCODECS_LIBRARY}")
+    endif()
+  endif()
+  if(EMBER_WITH_OPENCV)
+    message(STATUS "[ember] OpenCV: ${_ember_opencv_where}")
+  elseif(_ember_opencv_required)
+    message(FATAL_ERROR "[ember] EMBER_OPENCV=ON but OpenCV (core, imgproc, imgcodecs) was not found: "
+                        "install libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev "
+                        "(Debian), set OpenCV_DIR, or configure with -DEMBER_OPENCV=AUTO or OFF")
+  else()
+    message(STATUS "[ember] OpenCV not found: ember::data::load_image_folder can only read its caches "
+                   "(install libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev)")
+  endif()
+endif()

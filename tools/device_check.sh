@@ -58,7 +58,10 @@ skipped="$(grep -c 'Skipped' "$OUT/ctest.log")"
 row "ctest (all but consumer)" "$([[ "$summary" == *" 0 tests failed"* ]] && echo ok || echo FAIL)" "$summary; $skipped skipped"
 gpu_line="$(grep 'CountCorrect.CudaKernelEqualsCpuReference' "$OUT/ctest.log" | tail -1)"
 row "count_correct CUDA vs CPU" "$([[ "$gpu_line" == *Passed* ]] && echo ok || echo FAIL)" "${gpu_line##*..}"
-for t in GradScaler.GradientsOnCpuAndCuda Precision.HostSyncsPerStepOnCuda parity.grad_scaler; do
+for t in GradScaler.GradientsOnCpuAndCuda Precision.HostSyncsPerStepOnCuda parity.grad_scaler \
+         AugmentCuda.KernelEqualsTheCpuReferenceBitForBit MixCuda.DeviceMixEqualsCpu python.augment_ops \
+         TensorLoader.CudaResidentMatchesTheCpuLoader TensorLoader.CudaPrefetchDeliversCorrectBatches \
+         TensorLoader.CudaPrefetchOrdersCopiesAgainstANonDefaultStream TensorLoader.DeviceTransformRunsOnTheGpu; do
   line="$(grep "$t" "$OUT/ctest.log" | tail -1)"
   row "$t" "$([[ "$line" == *Passed* ]] && echo ok || echo FAIL)" "${line##*..}"
 done
@@ -99,4 +102,38 @@ if [[ -x "$BUILD/bin/char_gpt" && -f "$ROOT/recipes/char_gpt/gpu.toml" ]]; then
   res="$(grep -o 'val_bpb=[0-9.]*\|tokens_per_second=[0-9.e+]*\|mfu=[0-9.e+-]*' "$OUT/char_gpt.log" | tr '\n' ' ')"
   [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/char_gpt.log" | cut -c1-120)"
   row "char_gpt gpu.toml 150 steps" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$res"
+fi
+
+# Augmentation on the GPU: the fused kernel's bytes/s against the
+# device-to-device copy bandwidth of the same run, host time per batch, and
+# the speed-up over the same pipeline composed from LibTorch ops.
+if [[ -x "$BUILD/bin/ember_bench_augment" ]]; then
+  "$BUILD/bin/ember_bench_augment" --device cuda --json "$OUT/augment_gpu.json" >"$OUT/augment_gpu.txt" 2>"$OUT/augment_gpu.err"
+  rc=$?
+  row "augment bench (GPU)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+    "$([[ $rc -eq 0 ]] && echo "table below, augment_gpu.txt" || tail -1 "$OUT/augment_gpu.err" | cut -c1-120)"
+  cat "$OUT/augment_gpu.txt"
+fi
+# cifar_resnet on generated CIFAR-10 files (real format), resident on the GPU,
+# augmented by the kernel, bf16: throughput and that it learns.
+if [[ -x "$BUILD/bin/cifar_resnet" ]]; then
+  "$PY" "$ROOT/tests/integration/make_cifar.py" "$OUT/cifar" 2000 2000 >/dev/null 2>&1
+  "$BUILD/bin/cifar_resnet" trainer.device=cuda trainer.precision=bf16-mixed data.root="$OUT/cifar" trainer.epochs=5 \
+    augment.brightness=0.2 augment.erase=0.25 run.dir="$OUT/cifar_run" trainer.progress=false >"$OUT/cifar.log" 2>&1
+  rc=$?
+  res="$(grep -o 'test_accuracy=[0-9.]*\|samples_per_second=[0-9.]*' "$OUT/cifar.log" | tr '\n' ' ')"
+  [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/cifar.log" | cut -c1-120)"
+  row "cifar_resnet resident bf16 (gen.)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$res"
+fi
+# fashion_mnist with and without augmentation at the longer schedule (augment.toml).
+if [[ -f "$root/train-images-idx3-ubyte.gz" ]]; then
+  for variant in aug noaug; do
+    extra=(); [[ $variant == noaug ]] && extra=(augment.crop=none augment.hflip=0)
+    "$BUILD/bin/fashion_mnist" --config "$ROOT/recipes/fashion_mnist/augment.toml" trainer.device=cuda data.root="$root" \
+      "${extra[@]}" run.dir="$OUT/fashion-$variant" trainer.progress=false >"$OUT/fashion-$variant.log" 2>&1
+    rc=$?
+    res="$(grep -o 'test_accuracy=[0-9.]*\|train_seconds=[0-9.]*' "$OUT/fashion-$variant.log" | tr '\n' ' ')"
+    [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/fashion-$variant.log" | cut -c1-120)"
+    row "fashion_mnist augment.toml $variant" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$res"
+  done
 fi

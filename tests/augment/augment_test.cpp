@@ -143,3 +143,210 @@ TEST(Augment, BadInputIsAClearError) {
                ember::Error);
   EXPECT_THROW(apply(x, torch::zeros({2, 3}), {}), ember::Error);
 }
+
+// ---- colour, erasing -----------------------------------------------------
+
+namespace {
+
+// One sample's identity parameter row for an h x w image (box = the image).
+torch::Tensor identity_params(int64_t n, int64_t h, int64_t w) {
+  torch::Tensor p = torch::zeros({n, kNumParams}, torch::kFloat32);
+  p.select(1, kW).fill_(static_cast<float>(w));
+  p.select(1, kH).fill_(static_cast<float>(h));
+  p.select(1, kBrightness).fill_(1);
+  p.select(1, kContrast).fill_(1);
+  p.select(1, kSaturation).fill_(1);
+  return p;
+}
+
+// The documented colour formulas, in float64 on NCHW [0, 1] images.
+torch::Tensor gray_of(const torch::Tensor& v) {
+  return (0.299 * v.select(1, 0) + 0.587 * v.select(1, 1) + 0.114 * v.select(1, 2)).unsqueeze(1);
+}
+torch::Tensor hue_rotate(const torch::Tensor& v, double turns) {
+  const auto f64 = torch::kFloat64;
+  const torch::Tensor t = torch::tensor({0.299, 0.587, 0.114, 0.596, -0.274, -0.322, 0.211, -0.523, 0.312}, f64).view({3, 3});
+  const double a = 2 * M_PI * turns;
+  const torch::Tensor r = torch::tensor({1.0, 0.0, 0.0, 0.0, std::cos(a), -std::sin(a), 0.0, std::sin(a), std::cos(a)}, f64).view({3, 3});
+  const torch::Tensor m = torch::linalg_inv(t).mm(r).mm(t);
+  return torch::einsum("ij,njhw->nihw", {m, v});
+}
+
+}  // namespace
+
+TEST(AugmentColor, EachOpMatchesItsFormula) {
+  const int64_t n = 4, h = 5, w = 6;
+  const torch::Tensor x = images(n, h, w, 3, 9);
+  const torch::Tensor v = as_float(x).to(torch::kFloat64);
+  const AugmentOptions o;
+  const auto run = [&](Param col, float value) {
+    torch::Tensor p = identity_params(n, h, w);
+    p.select(1, col).fill_(value);
+    return apply(x, p, o).to(torch::kFloat64);
+  };
+  const auto clamp01 = [](const torch::Tensor& t) { return t.clamp(0, 1); };
+  EXPECT_TRUE(torch::allclose(run(kBrightness, 1.3f), clamp01(1.3 * v), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(run(kContrast, 0.6f), clamp01(0.6 * v + 0.4 * 0.5), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(run(kSaturation, 1.7f), clamp01(1.7 * v - 0.7 * gray_of(v)), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(run(kGray, 1.0f), gray_of(v).expand({n, 3, h, w}), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(run(kHue, 0.2f), clamp01(hue_rotate(v, 0.2)), 0, 2e-6));
+  EXPECT_TRUE(torch::allclose(run(kHue, -0.45f), clamp01(hue_rotate(v, -0.45)), 0, 2e-6));
+  // A hue rotation keeps gray pixels gray and keeps the luma of in-range pixels.
+  const torch::Tensor grays = torch::arange(0, 250, 10, torch::kUInt8).view({1, 1, 25, 1}).expand({1, 2, 25, 3}).contiguous();
+  torch::Tensor pg = identity_params(1, 2, 25);
+  pg.select(1, kHue).fill_(0.3f);
+  EXPECT_TRUE(torch::allclose(apply(grays, pg, o), as_float(grays), 0, 1e-6));
+}
+
+TEST(AugmentColor, ComposedInTheDocumentedOrderWithOneClamp) {
+  const int64_t n = 3, h = 4, w = 4;
+  const torch::Tensor x = images(n, h, w, 3, 10);
+  const torch::Tensor v = as_float(x).to(torch::kFloat64);
+  torch::Tensor p = identity_params(n, h, w);
+  p.select(1, kBrightness).fill_(1.2f);
+  p.select(1, kContrast).fill_(0.7f);
+  p.select(1, kSaturation).fill_(0.5f);
+  p.select(1, kHue).fill_(0.1f);
+  torch::Tensor want = 1.2 * v;
+  want = 0.7 * want + 0.3 * 0.5;
+  want = 0.5 * want + 0.5 * gray_of(want);
+  want = hue_rotate(want, 0.1).clamp(0, 1);
+  const std::vector<double> mean = {0.4, 0.5, 0.6}, stdv = {0.2, 0.3, 0.25};
+  want = (want - torch::tensor(mean, torch::kFloat64).view({1, 3, 1, 1})) / torch::tensor(stdv, torch::kFloat64).view({1, 3, 1, 1});
+  const torch::Tensor got = apply(x, p, AugmentOptions().mean(mean).std(stdv)).to(torch::kFloat64);
+  EXPECT_TRUE(torch::allclose(got, want, 0, 1e-5)) << (got - want).abs().max().item<double>();
+  // Gray after the jitter: every channel equals the luma of the jittered colour.
+  p.select(1, kGray).fill_(1);
+  const torch::Tensor g = apply(x, p, AugmentOptions()).to(torch::kFloat64);
+  torch::Tensor jittered = 1.2 * v;
+  jittered = 0.5 * (0.7 * jittered + 0.15) + 0.5 * gray_of(0.7 * jittered + 0.15);
+  EXPECT_TRUE(torch::allclose(g, gray_of(hue_rotate(jittered, 0.1)).clamp(0, 1).expand({n, 3, h, w}), 0, 1e-5));
+}
+
+TEST(AugmentColor, SingleChannelTakesBrightnessAndContrastOnly) {
+  const torch::Tensor x = images(2, 5, 5, 1, 11);
+  const torch::Tensor v = as_float(x).to(torch::kFloat64);
+  torch::Tensor p = identity_params(2, 5, 5);
+  p.select(1, kBrightness).fill_(0.8f);
+  p.select(1, kContrast).fill_(1.5f);
+  p.select(1, kSaturation).fill_(0.0f);  // ignored: no colour
+  p.select(1, kHue).fill_(0.25f);        // ignored
+  p.select(1, kGray).fill_(1.0f);        // ignored
+  EXPECT_TRUE(torch::allclose(apply(x, p, AugmentOptions()).to(torch::kFloat64), (1.5 * (0.8 * v) - 0.5 * 0.5).clamp(0, 1), 0, 1e-6));
+}
+
+TEST(AugmentColor, JitterDrawsLikeColorJitter) {
+  const int64_t n = 20000;
+  const auto o = AugmentOptions().brightness(0.4).contrast(0.3).saturation(1.5).hue(0.1).color_p(0.8).grayscale(0.2);
+  const torch::Tensor p = sample_params(o, indices(n), 8, 8, 5, 2);
+  const torch::Tensor applied = p.select(1, kBrightness) != 1;
+  const double rate = applied.to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(rate, 0.8, 4 * std::sqrt(0.16 / n));
+  const torch::Tensor b = p.select(1, kBrightness).masked_select(applied);
+  EXPECT_GE(b.min().item<float>(), 0.6f);
+  EXPECT_LE(b.max().item<float>(), 1.4f);
+  EXPECT_NEAR(b.mean().item<double>(), 1.0, 0.01);
+  const torch::Tensor s = p.select(1, kSaturation).masked_select(applied);
+  EXPECT_GE(s.min().item<float>(), 0.0f);  // max(0, 1 - 1.5)
+  EXPECT_LE(s.max().item<float>(), 2.5f);
+  EXPECT_NEAR(s.mean().item<double>(), 1.25, 0.02);
+  const torch::Tensor hue = p.select(1, kHue).masked_select(applied);
+  EXPECT_LE(hue.abs().max().item<float>(), 0.1f);
+  EXPECT_NEAR(hue.mean().item<double>(), 0.0, 0.002);
+  EXPECT_NEAR(p.select(1, kGray).mean().item<double>(), 0.2, 4 * std::sqrt(0.16 / n));
+  // Not applied: exactly the identity.
+  EXPECT_TRUE((p.select(1, kHue).masked_select(~applied) == 0).all().item<bool>());
+  EXPECT_TRUE((p.select(1, kContrast).masked_select(~applied) == 1).all().item<bool>());
+}
+
+TEST(AugmentErase, RectangleTakesTheValueEverythingElseIsUntouched) {
+  const int64_t n = 2, h = 10, w = 12;
+  const torch::Tensor x = images(n, h, w, 3, 12);
+  const auto o = AugmentOptions().mean({0.5, 0.5, 0.5}).std({0.2, 0.2, 0.2}).erase_value(-1.5);
+  torch::Tensor p = identity_params(n, h, w);
+  p.select(1, kHFlip).fill_(1);
+  const torch::Tensor plain = apply(x, p, o);
+  p[0][kEraseX0] = 2, p[0][kEraseY0] = 3, p[0][kEraseW] = 4, p[0][kEraseH] = 5;  // sample 1: no erase
+  const torch::Tensor erased = apply(x, p, o);
+  torch::Tensor mask = torch::zeros({n, 1, h, w}, torch::kBool);
+  mask[0].narrow(1, 3, 5).narrow(2, 2, 4).fill_(true);  // output coordinates, after the flip
+  EXPECT_TRUE(torch::equal(erased, torch::where(mask, torch::full({}, -1.5f), plain)));
+}
+
+TEST(AugmentErase, DrawsLikeRandomErasing) {
+  const int64_t n = 20000, oh = 32, ow = 32;  // square: rejection is symmetric in the ratio
+  const auto o = AugmentOptions().erase(0.25);
+  const torch::Tensor p = sample_params(o, indices(n), oh, ow, 3, 0);
+  const torch::Tensor w = p.select(1, kEraseW), h = p.select(1, kEraseH);
+  const torch::Tensor on = w > 0;
+  EXPECT_NEAR(on.to(torch::kFloat64).mean().item<double>(), 0.25, 4 * std::sqrt(0.25 * 0.75 / n));
+  const torch::Tensor area = (w * h).masked_select(on) / static_cast<double>(oh * ow);
+  EXPECT_GE(area.min().item<double>(), 0.02 * 0.6);  // whole pixels widen the range a little
+  EXPECT_LE(area.max().item<double>(), 0.33 * 1.3);
+  EXPECT_TRUE((p.select(1, kEraseX0) + w <= ow).all().item<bool>());
+  EXPECT_TRUE((p.select(1, kEraseY0) + h <= oh).all().item<bool>());
+  const torch::Tensor log_ratio = (h / w).masked_select(on).log();
+  EXPECT_NEAR(log_ratio.mean().item<double>(), 0.5 * std::log(0.3 * 3.3), 0.03);  // log-uniform
+  EXPECT_GE(log_ratio.min().item<double>(), std::log(0.3) - 0.5);
+}
+
+TEST(AugmentErase, BadOptionsAreClearErrors) {
+  const torch::Tensor x = images(2, 6, 6, 3);
+  EXPECT_THROW(augment(x, indices(2), AugmentOptions().erase(1.2), 0, 0), ember::Error);
+  EXPECT_THROW(augment(x, indices(2), AugmentOptions().erase(0.5).erase_scale({0.1, 1.0}), 0, 0), ember::Error);
+  EXPECT_THROW(augment(x, indices(2), AugmentOptions().hue(0.7), 0, 0), ember::Error);
+  EXPECT_THROW(augment(x, indices(2), AugmentOptions().brightness(-0.1), 0, 0), ember::Error);
+  EXPECT_THROW(augment(x, indices(2), AugmentOptions().grayscale(2), 0, 0), ember::Error);
+}
+
+TEST(Augment, EvalOptionsDrawNothing) {
+  const auto train = AugmentOptions().crop(CropMode::kRandomResized).size({8, 8}).hflip(0.5).brightness(0.4).erase(0.5)
+                         .grayscale(0.5).mean({0.5, 0.5, 0.5}).std({0.2, 0.2, 0.2});
+  const torch::Tensor x = images(6, 12, 12, 3, 13);
+  const AugmentResult a = augment(x, indices(6), eval_options(train), 1, 0);
+  const AugmentResult b = augment(x, indices(6, 50), eval_options(train), 2, 7);
+  EXPECT_TRUE(torch::equal(a.images, b.images));
+  EXPECT_EQ(a.images.sizes(), (std::vector<int64_t>{6, 3, 8, 8}));
+}
+
+// ---- GPU == CPU ------------------------------------------------------------
+
+TEST(AugmentCuda, KernelEqualsTheCpuReferenceBitForBit) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Tensor x = images(37, 29, 41, 3, 14);
+  const torch::Tensor gray = images(9, 20, 20, 1, 15);
+  const std::vector<AugmentOptions> cases = {
+      AugmentOptions(),
+      AugmentOptions().hflip(0.5).vflip(0.5),
+      AugmentOptions().crop(CropMode::kPad).padding(3).size({24, 32}).hflip(0.5),
+      AugmentOptions().crop(CropMode::kRandomResized).size({16, 20}).hflip(0.5),
+      AugmentOptions().crop(CropMode::kRandomResized).size({64, 48}),  // upscaling
+      AugmentOptions().brightness(0.4).contrast(0.4).saturation(0.4).hue(0.1).grayscale(0.2),
+      AugmentOptions().erase(0.9).erase_value(0.25).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3}),
+      AugmentOptions().crop(CropMode::kRandomResized).size({17, 13}).hflip(0.5).brightness(0.3).contrast(0.3)
+          .saturation(0.3).hue(0.05).erase(0.5).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3}),
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16}) {
+      for (auto layout : {Layout::kNCHW, Layout::kNHWC}) {
+        const AugmentOptions o = AugmentOptions(cases[k]).dtype(dtype).layout(layout);
+        const AugmentResult cpu = augment(x, indices(37, 1000), o, 21, 3);
+        const AugmentResult gpu = augment(x.cuda(), indices(37, 1000), o, 21, 3);
+        ASSERT_TRUE(gpu.images.is_cuda());
+        EXPECT_TRUE(torch::equal(gpu.params, cpu.params));
+        EXPECT_TRUE(torch::equal(gpu.images.cpu(), cpu.images)) << "case " << k << " " << c10::toString(dtype);
+        if (k == 5 || k == 7) {
+          const AugmentOptions og = AugmentOptions(o).mean({}).std({});
+          EXPECT_TRUE(torch::equal(augment(gray.cuda(), indices(9), og, 4, 0).images.cpu(),
+                                   augment(gray, indices(9), og, 4, 0).images));
+        }
+      }
+    }
+  }
+  // Params already on the device; a non-contiguous input.
+  const auto o = AugmentOptions().crop(CropMode::kRandomResized).size({8, 8}).brightness(0.5);
+  const torch::Tensor p = sample_params(o, indices(37), 29, 41, 1, 1);
+  const torch::Tensor xs = x.permute({0, 2, 1, 3}).contiguous().permute({0, 2, 1, 3});
+  EXPECT_TRUE(torch::equal(apply(xs.cuda(), p.cuda(), o).cpu(), apply(x, p, o)));
+  EXPECT_THROW(apply(x.cuda(), p.cuda().to(torch::kFloat64), o), ember::Error);
+}

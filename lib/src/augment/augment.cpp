@@ -1,20 +1,29 @@
 #include "ember/augment/augment.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
 #include <torch/torch.h>
 
 #include <array>
 #include <cmath>
 
 #include "core/check.h"
+#include "augment/apply_impl.h"
+#include "augment/pixel.h"
 #include "ember/augment/philox.h"
+#include "ember/core/error.h"
 
 namespace ember::augment {
 namespace {
 
 // Philox draw blocks of one sample (4 uniforms each).
-constexpr uint32_t kCropAttempts = 10;       // blocks 0..9: random resized crop attempts
-constexpr uint32_t kBlockFlipsAndPad = 10;   // flips (u0, u1), pad offsets (u2, u3)
+constexpr uint32_t kCropAttempts = 10;      // blocks 0..9: random resized crop attempts
+constexpr uint32_t kBlockFlipsAndPad = 10;  // flips (u0, u1), pad offsets (u2 y, u3 x)
+constexpr uint32_t kBlockColor = 11;        // brightness, contrast, saturation, hue
+constexpr uint32_t kBlockGates = 12;        // colour applied (u0), grayscale (u1), erase (u2)
+constexpr uint32_t kBlockErase = 13;        // blocks 13..22: erase attempts
+constexpr uint32_t kEraseAttempts = 10;
 
 struct Geometry {
   int64_t n, h, w, c;  // input
@@ -59,6 +68,31 @@ void check_options(const AugmentOptions& o) {
               "[augment] scale must be {{min, max}} with 0 < min <= max <= 1, got [{}]", fmt::join(o.scale(), ", "));
   EMBER_CHECK(o.ratio().size() == 2 && o.ratio()[0] > 0 && o.ratio()[0] <= o.ratio()[1],
               "[augment] ratio must be {{min, max}} with 0 < min <= max, got [{}]", fmt::join(o.ratio(), ", "));
+  EMBER_CHECK(o.brightness() >= 0 && o.contrast() >= 0 && o.saturation() >= 0,
+              "[augment] brightness, contrast and saturation must be >= 0 (0 = off), got {} {} {}", o.brightness(),
+              o.contrast(), o.saturation());
+  EMBER_CHECK(o.hue() >= 0 && o.hue() <= 0.5, "[augment] hue must be in [0, 0.5] turns, got {}", o.hue());
+  for (double prob : {o.color_p(), o.grayscale(), o.erase()})
+    EMBER_CHECK(prob >= 0 && prob <= 1, "[augment] color_p, grayscale and erase are probabilities in [0, 1], got {}",
+                prob);
+  EMBER_CHECK(o.contrast_center() >= 0 && o.contrast_center() <= 1,
+              "[augment] contrast_center must be in [0, 1], got {}", o.contrast_center());
+  EMBER_CHECK(o.erase_scale().size() == 2 && o.erase_scale()[0] > 0 && o.erase_scale()[0] <= o.erase_scale()[1] &&
+                  o.erase_scale()[1] < 1,
+              "[augment] erase_scale must be {{min, max}} with 0 < min <= max < 1, got [{}]",
+              fmt::join(o.erase_scale(), ", "));
+  EMBER_CHECK(o.erase_ratio().size() == 2 && o.erase_ratio()[0] > 0 && o.erase_ratio()[0] <= o.erase_ratio()[1],
+              "[augment] erase_ratio must be {{min, max}} with 0 < min <= max, got [{}]",
+              fmt::join(o.erase_ratio(), ", "));
+  EMBER_CHECK(std::isfinite(o.erase_value()), "[augment] erase_value must be finite, got {}", o.erase_value());
+}
+
+void check_params(const torch::Tensor& params, int64_t n) {
+  EMBER_CHECK(params.defined() && params.dim() == 2 && params.size(0) == n && params.size(1) == kNumParams &&
+                  params.scalar_type() == torch::kFloat32,
+              "[augment::apply] params must be float32 [{}, {}] (from sample_params), got {} [{}]", n,
+              static_cast<int64_t>(kNumParams), params.defined() ? c10::toString(params.scalar_type()) : "none",
+              params.defined() ? fmt::format("{}", fmt::join(params.sizes(), ", ")) : "");
 }
 
 int64_t randint(float u, int64_t n) {  // uniform in [0, n)
@@ -91,35 +125,82 @@ std::array<float, 4> resized_crop_box(const AugmentOptions& o, uint64_t seed, ui
           static_cast<float>(h)};
 }
 
-// Bilinear sampling of the crop box as torch.nn.functional.interpolate
-// (align_corners=False, antialias=False) samples the cropped image: box
-// coordinates are clamped at 0 and the upper neighbour at the box's last
-// pixel. Box pixels outside the image are 0 (padding).
-struct Tap {
-  int64_t i0, i1;  // source pixel indices (may be outside the image)
-  float frac;      // weight of i1
-};
 
-inline Tap tap(int64_t out_index, int64_t out_size, float box_start, float box_size) {
-  const auto n = std::max<int64_t>(1, static_cast<int64_t>(std::lround(box_size)));
-  float b = (static_cast<float>(out_index) + 0.5f) * box_size / static_cast<float>(out_size) - 0.5f;
-  b = std::max(b, 0.0f);
-  const int64_t b0 = std::min<int64_t>(static_cast<int64_t>(b), n - 1);
-  const int64_t b1 = std::min<int64_t>(b0 + 1, n - 1);
-  const auto start = static_cast<int64_t>(std::lround(box_start));
-  return {start + b0, start + b1, b - static_cast<float>(b0)};
+// torchvision's RandomErasing.get_params on an oh x ow output with Philox
+// draws; returns {x0, y0, w, h}, w = h = 0 when no attempt fits.
+std::array<float, 4> erase_box(const AugmentOptions& o, uint64_t seed, uint64_t sample, uint32_t epoch, int64_t oh,
+                               int64_t ow) {
+  const double area = static_cast<double>(oh * ow);
+  const double log_r0 = std::log(o.erase_ratio()[0]), log_r1 = std::log(o.erase_ratio()[1]);
+  float u[4];
+  for (uint32_t attempt = 0; attempt < kEraseAttempts; ++attempt) {
+    sample_uniforms(seed, sample, epoch, kBlockErase + attempt, u);
+    const double target = area * (o.erase_scale()[0] + (o.erase_scale()[1] - o.erase_scale()[0]) * u[0]);
+    const double aspect = std::exp(log_r0 + (log_r1 - log_r0) * u[1]);  // h / w
+    const auto h = static_cast<int64_t>(std::lround(std::sqrt(target * aspect)));
+    const auto w = static_cast<int64_t>(std::lround(std::sqrt(target / aspect)));
+    if (h < oh && w < ow && h > 0 && w > 0) {
+      const int64_t y0 = randint(u[2], oh - h + 1), x0 = randint(u[3], ow - w + 1);
+      return {static_cast<float>(x0), static_cast<float>(y0), static_cast<float>(w), static_cast<float>(h)};
+    }
+  }
+  return {0, 0, 0, 0};
 }
 
-inline float sample_bilinear(const uint8_t* img, int64_t H, int64_t W, int64_t C, int64_t c, const Tap& ty,
-                             const Tap& tx) {
-  const auto at = [&](int64_t y, int64_t x) {
-    return (y >= 0 && y < H && x >= 0 && x < W) ? static_cast<float>(img[(y * W + x) * C + c]) : 0.0f;
-  };
-  return (1.0f - ty.frac) * ((1.0f - tx.frac) * at(ty.i0, tx.i0) + tx.frac * at(ty.i0, tx.i1)) +
-         ty.frac * ((1.0f - tx.frac) * at(ty.i1, tx.i0) + tx.frac * at(ty.i1, tx.i1));
+// A factor uniform in [max(0, 1 - x), 1 + x] (torchvision's ColorJitter); 1 when x = 0.
+float jitter_factor(double x, float u) {
+  if (x == 0) return 1.0f;
+  const double lo = std::max(0.0, 1.0 - x), hi = 1.0 + x;
+  return static_cast<float>(lo + (hi - lo) * u);
+}
+
+detail::BatchGeometry batch_geometry(const Geometry& g, const std::vector<double>& mean, const std::vector<double>& stdv,
+                                     double contrast_center, double erase_value) {
+  detail::BatchGeometry b{};
+  b.n = static_cast<int>(g.n), b.h = static_cast<int>(g.h), b.w = static_cast<int>(g.w), b.c = static_cast<int>(g.c);
+  b.oh = static_cast<int>(g.oh), b.ow = static_cast<int>(g.ow);
+  for (int64_t c = 0; c < g.c; ++c) {
+    b.mean[c] = mean.empty() ? 0.0f : static_cast<float>(mean[c]);
+    b.inv_std[c] = stdv.empty() ? 1.0f : static_cast<float>(1.0 / stdv[c]);
+  }
+  b.contrast_center = static_cast<float>(contrast_center);
+  b.erase_value = static_cast<float>(erase_value);
+  return b;
+}
+
+template <typename T>
+void apply_cpu_typed(const uint8_t* src, const float* params, const detail::BatchGeometry& g, bool nhwc, T* dst) {
+  const int64_t plane = static_cast<int64_t>(g.oh) * g.ow;
+  at::parallel_for(0, static_cast<int64_t>(g.n) * g.oh, 16, [&](int64_t begin, int64_t end) {
+    int64_t planned = -1;
+    detail::SamplePlan plan{};
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row / g.oh;
+      const int oy = static_cast<int>(row % g.oh);
+      if (i != planned) plan = detail::make_plan(params + i * kNumParams, g), planned = i;
+      const uint8_t* img = src + i * static_cast<int64_t>(g.h) * g.w * g.c;
+      float v[detail::kMaxChannels];
+      for (int ox = 0; ox < g.ow; ++ox) {
+        detail::augment_pixel(img, g, plan, oy, ox, v);
+        if (nhwc) {
+          T* d = dst + ((i * g.oh + oy) * g.ow + ox) * g.c;
+          for (int c = 0; c < g.c; ++c) d[c] = static_cast<T>(v[c]);
+        } else {
+          T* d = dst + i * g.c * plane + static_cast<int64_t>(oy) * g.ow + ox;
+          for (int c = 0; c < g.c; ++c) d[c * plane] = static_cast<T>(v[c]);
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
+
+AugmentOptions eval_options(const AugmentOptions& train) {
+  AugmentOptions o = train;
+  o.crop(CropMode::kNone).hflip(0).vflip(0).brightness(0).contrast(0).saturation(0).hue(0).grayscale(0).erase(0);
+  return o;
+}
 
 torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& sample_indices, int64_t height,
                             int64_t width, uint64_t seed, int64_t epoch) {
@@ -128,14 +209,21 @@ torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& 
               "[augment::sample_params] sample_indices must be int64 [N], got {} [{}]",
               c10::toString(sample_indices.scalar_type()), fmt::join(sample_indices.sizes(), ", "));
   EMBER_CHECK(epoch >= 0 && epoch <= UINT32_MAX, "[augment::sample_params] epoch out of range: {}", epoch);
+  EMBER_CHECK(height > 0 && width > 0, "[augment::sample_params] image size {}x{} must be positive", height, width);
   const int64_t oh = options.size().empty() ? height : options.size()[0];
   const int64_t ow = options.size().empty() ? width : options.size()[1];
+  if (options.crop() == CropMode::kPad)
+    EMBER_CHECK(height + 2 * options.padding() >= oh && width + 2 * options.padding() >= ow,
+                "[augment] a {}x{} crop does not fit a {}x{} image padded by {}", oh, ow, height, width,
+                options.padding());
   const torch::Tensor idx = sample_indices.cpu().contiguous();
   const int64_t n = idx.size(0);
   torch::Tensor params = torch::empty({n, kNumParams}, torch::kFloat32);
   const int64_t* ip = idx.data_ptr<int64_t>();
   float* pp = params.data_ptr<float>();
   const auto ep = static_cast<uint32_t>(epoch);
+  const bool jitter = options.brightness() > 0 || options.contrast() > 0 || options.saturation() > 0 ||
+                      options.hue() > 0;
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const auto sample = static_cast<uint64_t>(ip[i]);
@@ -161,54 +249,82 @@ torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& 
       }
       p[kHFlip] = u[0] < options.hflip() ? 1.0f : 0.0f;
       p[kVFlip] = u[1] < options.vflip() ? 1.0f : 0.0f;
+      float gate[4];
+      sample_uniforms(seed, sample, ep, kBlockGates, gate);
+      p[kBrightness] = 1.0f, p[kContrast] = 1.0f, p[kSaturation] = 1.0f, p[kHue] = 0.0f;
+      if (jitter && gate[0] < options.color_p()) {
+        sample_uniforms(seed, sample, ep, kBlockColor, u);
+        p[kBrightness] = jitter_factor(options.brightness(), u[0]);
+        p[kContrast] = jitter_factor(options.contrast(), u[1]);
+        p[kSaturation] = jitter_factor(options.saturation(), u[2]);
+        p[kHue] = options.hue() == 0 ? 0.0f : static_cast<float>(options.hue() * (2.0 * u[3] - 1.0));
+      }
+      p[kGray] = gate[1] < options.grayscale() ? 1.0f : 0.0f;
+      std::array<float, 4> erase = {0, 0, 0, 0};
+      if (gate[2] < options.erase()) erase = erase_box(options, seed, sample, ep, oh, ow);
+      p[kEraseX0] = erase[0], p[kEraseY0] = erase[1], p[kEraseW] = erase[2], p[kEraseH] = erase[3];
     }
   });
-  if (options.crop() == CropMode::kPad)
-    EMBER_CHECK(height + 2 * options.padding() >= oh && width + 2 * options.padding() >= ow,
-                "[augment] a {}x{} crop does not fit a {}x{} image padded by {}", oh, ow, height, width,
-                options.padding());
   return params;
 }
+
+namespace detail {
+
+ApplySetup setup_apply(const torch::Tensor& images, const torch::Tensor& params, c10::IntArrayRef size,
+                       c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv, double contrast_center,
+                       double erase_value, c10::ScalarType dtype, bool channels_last) {
+  const AugmentOptions o = AugmentOptions()
+                               .size(size.vec())
+                               .mean(std::vector<double>(mean.begin(), mean.end()))
+                               .std(std::vector<double>(stdv.begin(), stdv.end()))
+                               .dtype(dtype);
+  const Geometry g = check_inputs(images, o);
+  check_params(params, g.n);
+  EMBER_CHECK(contrast_center >= 0 && contrast_center <= 1, "[augment] contrast_center must be in [0, 1], got {}",
+              contrast_center);
+  EMBER_CHECK(std::isfinite(erase_value), "[augment] erase_value must be finite, got {}", erase_value);
+  EMBER_CHECK(g.n <= INT32_MAX && g.h * g.w * g.c <= INT32_MAX && g.oh * g.ow * g.c <= INT32_MAX,
+              "[augment] the batch is too large for 32-bit pixel indices; split it");
+  const std::vector<int64_t> shape =
+      channels_last ? std::vector<int64_t>{g.n, g.oh, g.ow, g.c} : std::vector<int64_t>{g.n, g.c, g.oh, g.ow};
+  return {batch_geometry(g, o.mean(), o.std(), contrast_center, erase_value),
+          torch::empty(shape, images.options().dtype(dtype))};
+}
+
+// The CPU implementation of ember::augment_apply (the reference).
+torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor& params, c10::IntArrayRef size,
+                                c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv, double contrast_center,
+                                double erase_value, c10::ScalarType dtype, bool channels_last) {
+  ApplySetup setup =
+      setup_apply(images, params, size, mean, stdv, contrast_center, erase_value, dtype, channels_last);
+  const BatchGeometry& bg = setup.geometry;
+  torch::Tensor& out = setup.out;
+  const torch::Tensor src = images.contiguous();
+  const torch::Tensor par = params.to(torch::kCPU).contiguous();
+  const uint8_t* sp = src.data_ptr<uint8_t>();
+  const float* pp = par.data_ptr<float>();
+  switch (dtype) {
+    case torch::kFloat32: apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<float>()); break;
+    case torch::kFloat16: apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<c10::Half>()); break;
+    default: apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<c10::BFloat16>()); break;
+  }
+  return out;
+}
+
+}  // namespace detail
 
 torch::Tensor apply(const torch::Tensor& images, const torch::Tensor& params, const AugmentOptions& options) {
   check_options(options);
   const Geometry g = check_inputs(images, options);
-  EMBER_CHECK(params.dim() == 2 && params.size(0) == g.n && params.size(1) == kNumParams &&
-                  params.scalar_type() == torch::kFloat32,
-              "[augment::apply] params must be float32 [{}, {}] (from sample_params), got {} [{}]", g.n,
-              static_cast<int64_t>(kNumParams), c10::toString(params.scalar_type()), fmt::join(params.sizes(), ", "));
-  EMBER_CHECK(images.device().is_cpu(),
-              "[augment::apply] images on {}: the CUDA kernel is not built yet; move them to the CPU",
-              images.device().str());
-  const torch::Tensor src = images.contiguous();
-  const torch::Tensor par = params.cpu().contiguous();
-  torch::Tensor out = torch::empty({g.n, g.oh, g.ow, g.c}, torch::kFloat32);  // NHWC while computing
-  const uint8_t* sp = src.data_ptr<uint8_t>();
-  const float* pp = par.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  float scale[3], shift[3];  // v = pixel * scale + shift
-  for (int64_t c = 0; c < g.c; ++c) {
-    const bool norm = !options.mean().empty();
-    const double s = norm ? options.std()[c] : 1.0;
-    scale[c] = static_cast<float>(1.0 / (255.0 * s));
-    shift[c] = norm ? static_cast<float>(-options.mean()[c] / s) : 0.0f;
-  }
-  at::parallel_for(0, g.n * g.oh, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = row / g.oh, oy = row % g.oh;
-      const float* p = pp + i * kNumParams;
-      const uint8_t* img = sp + i * g.h * g.w * g.c;
-      const Tap ty = tap(p[kVFlip] > 0.5f ? g.oh - 1 - oy : oy, g.oh, p[kY0], p[kH]);
-      float* dst = op + row * g.ow * g.c;
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const Tap tx = tap(p[kHFlip] > 0.5f ? g.ow - 1 - ox : ox, g.ow, p[kX0], p[kW]);
-        for (int64_t c = 0; c < g.c; ++c)
-          dst[ox * g.c + c] = sample_bilinear(img, g.h, g.w, g.c, c, ty, tx) * scale[c] + shift[c];
-      }
-    }
-  });
-  torch::Tensor result = options.layout() == Layout::kNCHW ? out.permute({0, 3, 1, 2}).contiguous() : out;
-  return result.to(options.dtype());
+  check_params(params, g.n);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("ember::augment_apply", "")
+                             .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, c10::IntArrayRef,
+                                                  c10::ArrayRef<double>, c10::ArrayRef<double>, double, double,
+                                                  c10::ScalarType, bool)>();
+  const std::vector<int64_t> size = {g.oh, g.ow};
+  return op.call(images, params, size, options.mean(), options.std(), options.contrast_center(),
+                 options.erase_value(), options.dtype(), options.layout() == Layout::kNHWC);
 }
 
 AugmentResult augment(const torch::Tensor& images, const torch::Tensor& sample_indices,
@@ -218,7 +334,52 @@ AugmentResult augment(const torch::Tensor& images, const torch::Tensor& sample_i
               "[augment] sample_indices must be [N] with N = {} images, got [{}]", g.n,
               fmt::join(sample_indices.sizes(), ", "));
   torch::Tensor params = sample_params(options, sample_indices, g.h, g.w, seed, epoch);
+  if (images.is_cuda()) {
+    // Pinned, so the copy to the GPU does not block the host; the caching
+    // host allocator keeps the buffer alive until the copy has run.
+    torch::Tensor staged = params.pin_memory();
+    return {apply(images, staged.to(images.device(), /*non_blocking=*/true), options), params};
+  }
   return {apply(images, params, options), params};
 }
 
 }  // namespace ember::augment
+
+// ---- dispatcher operators ---------------------------------------------------
+
+namespace {
+
+torch::Tensor sample_params_op(const torch::Tensor& sample_indices, int64_t height, int64_t width,
+                               c10::IntArrayRef size, c10::string_view crop, int64_t padding,
+                               c10::ArrayRef<double> scale, c10::ArrayRef<double> ratio, double hflip, double vflip,
+                               c10::ArrayRef<double> color, double color_p, double grayscale, double erase,
+                               c10::ArrayRef<double> erase_scale, c10::ArrayRef<double> erase_ratio, int64_t seed,
+                               int64_t epoch) {
+  using namespace ember::augment;
+  AugmentOptions o;
+  o.size(size.vec()).padding(padding).scale(scale.vec()).ratio(ratio.vec()).hflip(hflip).vflip(vflip);
+  if (crop == "none") o.crop(CropMode::kNone);
+  else if (crop == "pad") o.crop(CropMode::kPad);
+  else if (crop == "resized") o.crop(CropMode::kRandomResized);
+  else throw ember::Error(fmt::format("[ember::augment_sample_params] crop must be none, pad or resized, got {}", crop));
+  EMBER_CHECK(color.size() == 4, "[ember::augment_sample_params] color must be [brightness, contrast, saturation, hue]");
+  o.brightness(color[0]).contrast(color[1]).saturation(color[2]).hue(color[3]).color_p(color_p).grayscale(grayscale);
+  o.erase(erase).erase_scale(erase_scale.vec()).erase_ratio(erase_ratio.vec());
+  return sample_params(o, sample_indices, height, width, static_cast<uint64_t>(seed), epoch);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ember, m) {
+  m.def(
+      "augment_apply(Tensor images, Tensor params, int[] size, float[] mean, float[] std, float contrast_center, "
+      "float erase_value, ScalarType dtype, bool channels_last) -> Tensor");
+  m.def(
+      "augment_sample_params(Tensor sample_indices, int height, int width, int[] size, str crop, int padding, "
+      "float[] scale, float[] ratio, float hflip, float vflip, float[] color, float color_p, float grayscale, "
+      "float erase, float[] erase_scale, float[] erase_ratio, int seed, int epoch) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("augment_apply", &ember::augment::detail::augment_apply_cpu); }
+
+TORCH_LIBRARY_IMPL(ember, CompositeExplicitAutograd, m) { m.impl("augment_sample_params", &sample_params_op); }

@@ -1,6 +1,8 @@
 #include "ember/data/loader.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "core/check.h"
@@ -29,11 +31,42 @@ TensorLoader::TensorLoader(TensorDataset dataset, TensorLoaderOptions options)
               options_.batch_size);
   EMBER_CHECK(options_.prefetch >= -1, "[data::TensorLoader] prefetch must be >= 0, or -1 for automatic, got {}",
               options_.prefetch);
-  if (options_.prefetch < 0) options_.prefetch = options_.device.is_cuda() ? 2 : 0;
+  EMBER_CHECK(
+      !(options_.resident && options_.transform),
+      "[data::TensorLoader] a host `transform` cannot run with resident=true (batches are gathered on "
+      "the device, they never pass through the host); use device_transform, or resident=false");
   EMBER_CHECK(dataset_.inputs.device().is_cpu(), "[data::TensorLoader] the dataset must be on the CPU");
   EMBER_CHECK(num_batches() > 0,
               "[data::TensorLoader] {} samples make no batch of {} with drop_last; lower the batch size",
               dataset_.size(), options_.batch_size);
+  if (options_.device.is_cuda() && !options_.device.has_index()) {
+    // Pin "cuda" to the device current now: the worker thread's current device is its own.
+    const c10::impl::VirtualGuardImpl impl(options_.device.type());
+    options_.device = impl.getDevice();
+  }
+  if (options_.resident) {
+    options_.prefetch = 0;  // gathering is a device op: nothing for a thread to hide
+  } else if (options_.prefetch < 0) {
+    options_.prefetch = options_.device.is_cuda() ? 2 : 0;
+  }
+
+  if (options_.resident && !options_.device.is_cpu()) {
+    // Synchronous copies: the data is on the device before the first batch, whatever stream reads it.
+    try {
+      resident_.inputs = dataset_.inputs.to(options_.device);
+      resident_.targets = dataset_.targets.to(options_.device);
+    } catch (const c10::Error& e) {
+      const double mb = static_cast<double>(dataset_.inputs.nbytes() + dataset_.targets.nbytes()) / 1e6;
+      detail::fail(
+          "[data::TensorLoader] resident: copying the dataset ({:.0f} MB) to {} failed: {} "
+          "(set resident=false to stream batches from the host instead)",
+          mb, options_.device.str(), e.what_without_backtrace());
+    }
+  }
+  if (options_.device.is_cuda() && options_.prefetch > 0) {
+    const c10::impl::VirtualGuardImpl impl(options_.device.type());
+    copy_stream_ = impl.getStreamFromGlobalPool(options_.device);
+  }
 }
 
 TensorLoader::~TensorLoader() { stop_worker(); }
@@ -54,21 +87,49 @@ torch::Tensor TensorLoader::epoch_order(int64_t epoch) const {
   return torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
 }
 
-Batch TensorLoader::make_batch(int64_t batch_index) const {
+Batch TensorLoader::gather(int64_t batch_index) const {
   const int64_t begin = batch_index * options_.batch_size;
   const int64_t len = std::min(options_.batch_size, dataset_.size() - begin);
-  Batch batch;
   const torch::Tensor idx = order_.narrow(0, begin, len);
+  Batch batch;
   batch.input = dataset_.inputs.index_select(0, idx);
   batch.target = dataset_.targets.index_select(0, idx);
-  if (options_.transform) batch = options_.transform(std::move(batch));
-  if (options_.device.is_cuda()) {
-    batch.input = batch.input.pin_memory().to(options_.device, /*non_blocking=*/true);
-    batch.target = batch.target.pin_memory().to(options_.device, /*non_blocking=*/true);
-  } else if (options_.device != batch.input.device()) {
-    batch.input = batch.input.to(options_.device);
-    batch.target = batch.target.to(options_.device);
+  batch.index = idx.clone();  // its own storage: the batch may outlive the epoch's order
+  batch.epoch = epoch_;
+  if (options_.transform) {
+    batch = options_.transform(std::move(batch));
+    EMBER_CHECK(
+        batch.index.defined() && batch.index.dim() == 1 && batch.index.size(0) == batch.size(),
+        "[data::TensorLoader] the transform returned a batch of {} samples with {} indices; return the "
+        "Batch it is given, with its index and epoch",
+        batch.size(), batch.index.defined() ? batch.index.numel() : 0);
   }
+  return batch;
+}
+
+void TensorLoader::copy_to_device(Batch& batch) const {
+  const auto copy = [&](torch::Tensor& t) {
+    if (!t.defined() || t.device() == options_.device) return;
+    if (options_.device.is_cuda() && t.is_cpu()) {
+      t = t.pin_memory().to(options_.device, /*non_blocking=*/true);
+    } else {
+      t = t.to(options_.device);
+    }
+  };
+  copy(batch.input);
+  copy(batch.target);
+}
+
+Batch TensorLoader::gather_resident(int64_t batch_index) const {
+  const int64_t begin = batch_index * options_.batch_size;
+  const int64_t len = std::min(options_.batch_size, dataset_.size() - begin);
+  const torch::Tensor idx = order_.narrow(0, begin, len);  // pinned with CUDA (start_epoch)
+  const torch::Tensor device_idx = idx.to(options_.device, /*non_blocking=*/options_.device.is_cuda());
+  Batch batch;
+  batch.input = resident_.inputs.index_select(0, device_idx);
+  batch.target = resident_.targets.index_select(0, device_idx);
+  batch.index = idx.clone();
+  batch.epoch = epoch_;
   return batch;
 }
 
@@ -86,16 +147,25 @@ void TensorLoader::stop_worker() {
 void TensorLoader::worker_loop() {
   try {
     torch::NoGradGuard no_grad;  // batches never need autograd history
+    // With CUDA, everything this thread enqueues goes to the side stream, so the
+    // copies overlap the consumer's kernels; next() orders them through `ready`.
+    std::optional<c10::StreamGuard> on_copy_stream;
+    if (copy_stream_) on_copy_stream.emplace(*copy_stream_);
     for (int64_t b = next_batch_; b < end_batch_; ++b) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait(lock, [&] { return stop_ || static_cast<int64_t>(queue_.size()) < options_.prefetch; });
         if (stop_) return;
       }
-      Batch batch = make_batch(b);
+      Staged staged{gather(b), std::nullopt};
+      copy_to_device(staged.batch);
+      if (copy_stream_) {
+        staged.ready.emplace(options_.device.type());
+        staged.ready->record(*copy_stream_);
+      }
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        queue_.push_back(std::move(batch));
+        queue_.push_back(std::move(staged));
         ++produced_;
       }
       cv_.notify_all();
@@ -112,6 +182,9 @@ void TensorLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
   EMBER_CHECK(skip_batches >= 0 && skip_batches <= num_batches(),
               "[data::TensorLoader] cannot skip {} of {} batches", skip_batches, num_batches());
   order_ = epoch_order(epoch);
+  // Resident on CUDA: each batch's slice of the order is copied non_blocking, so from pinned memory.
+  if (resident_.inputs.defined() && options_.device.is_cuda()) order_ = order_.pin_memory();
+  epoch_ = epoch;
   next_batch_ = skip_batches;
   end_batch_ = num_batches();
   produced_ = 0;
@@ -119,22 +192,44 @@ void TensorLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
   if (options_.prefetch > 0 && next_batch_ < end_batch_) worker_ = std::thread([this] { worker_loop(); });
 }
 
-std::optional<Batch> TensorLoader::next() {
+std::optional<Batch> TensorLoader::take() {
   if (options_.prefetch == 0) {
     if (next_batch_ >= end_batch_) return std::nullopt;
-    torch::NoGradGuard no_grad;  // batches never need autograd history
-    return make_batch(next_batch_++);
+    const int64_t b = next_batch_++;
+    if (resident_.inputs.defined()) return gather_resident(b);
+    Batch batch = gather(b);
+    copy_to_device(batch);  // on the current stream: nothing to order
+    return batch;
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  const int64_t remaining = end_batch_ - next_batch_;
-  if (remaining <= 0) return std::nullopt;
-  cv_.wait(lock, [&] { return !queue_.empty() || error_ != nullptr; });
-  if (queue_.empty() && error_) std::rethrow_exception(error_);
-  Batch batch = std::move(queue_.front());
-  queue_.pop_front();
-  ++next_batch_;
-  lock.unlock();
+  Staged staged;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t remaining = end_batch_ - next_batch_;
+    if (remaining <= 0) return std::nullopt;
+    cv_.wait(lock, [&] { return !queue_.empty() || error_ != nullptr; });
+    if (queue_.empty() && error_) std::rethrow_exception(error_);
+    staged = std::move(queue_.front());
+    queue_.pop_front();
+    ++next_batch_;
+  }
   cv_.notify_all();
+  if (staged.ready) {
+    // The current stream waits for the side stream's copies (no host sync), and the
+    // allocator keeps the batch's memory until the current stream is done with it.
+    const c10::impl::VirtualGuardImpl impl(options_.device.type());
+    const c10::Stream current = impl.getStream(options_.device);
+    staged.ready->block(current);
+    for (torch::Tensor* t : {&staged.batch.input, &staged.batch.target}) {
+      if (t->defined() && t->device() == options_.device) t->record_stream(current);
+    }
+  }
+  return std::move(staged.batch);
+}
+
+std::optional<Batch> TensorLoader::next() {
+  torch::NoGradGuard no_grad;  // batches never need autograd history
+  std::optional<Batch> batch = take();
+  if (batch && options_.device_transform) batch = options_.device_transform(std::move(*batch));
   return batch;
 }
 

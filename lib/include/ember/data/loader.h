@@ -6,6 +6,8 @@
 // function of (seed, epoch), so a run resumed at batch k of epoch e sees
 // exactly the batches an uninterrupted run would have seen.
 
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 #include <torch/types.h>
 
 #include <condition_variable>
@@ -21,10 +23,17 @@
 
 namespace ember::data {
 
-/// One mini-batch. `input` and `target` are on the loader's device.
+/// One mini-batch. `input` and `target` are on the loader's device; `index`
+/// and `epoch` key per-sample random augmentation (Philox on (seed, sample
+/// index, epoch)), so they are the same on resume and with or without prefetch.
 struct Batch {
-  torch::Tensor input;
-  torch::Tensor target;
+  torch::Tensor input;   ///< [B, ...] on the loader's device
+  torch::Tensor target;  ///< [B] or [B, ...] on the loader's device
+  /// Dataset index of each sample, int64 [B] on the CPU: the batch's slice of
+  /// TensorLoader::epoch_order(epoch).
+  torch::Tensor index;
+  /// The epoch the batch belongs to.
+  int64_t epoch = 0;
   int64_t size() const { return input.defined() ? input.size(0) : 0; }
 };
 
@@ -37,10 +46,19 @@ class Loader {
   virtual int64_t num_samples() const = 0;
   /// Starts `epoch`, skipping its first `skip_batches` batches (for resume).
   virtual void start_epoch(int64_t epoch, int64_t skip_batches) = 0;
-  /// The next batch of the current epoch, or nullopt at its end.
+  /// The next batch of the current epoch (with its `index` and `epoch`), or
+  /// nullopt at its end.
   virtual std::optional<Batch> next() = 0;
 };
 
+/// Options of TensorLoader. A batch goes through, in this order:
+///   1. gather: the batch's samples, picked by index_select from the dataset;
+///   2. `transform` (host): in the background thread when prefetch > 0, else
+///      in next();
+///   3. copy to `device`;
+///   4. `device_transform`: on the consumer thread, in next(), on the current
+///      stream.
+/// With `resident`, 1 runs on the device in next() and 2-3 do not exist.
 struct TensorLoaderOptions {
   /// Samples per batch.
   int64_t batch_size = 128;
@@ -54,13 +72,32 @@ struct TensorLoaderOptions {
   /// next(); -1 = 2 when `device` is CUDA, else 0. On the CPU the thread would
   /// compete with LibTorch's intra-op threads for the same cores (measured on
   /// 2 cores: an epoch 1.3x slower with it, see tools/bench/fashion_epoch.py).
+  /// Ignored (reads 0) with `resident`: gathering there is a device op, queued
+  /// on the stream in microseconds, so a thread would have nothing to hide.
   int64_t prefetch = -1;
-  /// Where batches are delivered. With CUDA, batches are staged in pinned
-  /// host memory and copied with non_blocking=true.
+  /// Where batches are delivered; "cuda" without an index means the current
+  /// device at construction. With CUDA, batches are staged in pinned host
+  /// memory and copied with non_blocking=true; with prefetch > 0 the
+  /// background thread issues the copies on a side stream from the pool, and
+  /// next() makes the current stream wait on them (an event, no host sync),
+  /// so the next batch's copy overlaps the current step.
   torch::Device device = torch::kCPU;
-  /// Runs on the host in the background thread, before the device copy
-  /// (e.g. uint8 -> normalised float). Must not use the global RNG.
+  /// Runs on the host before the device copy (e.g. uint8 -> normalised
+  /// float). Must not use the global RNG; must return the Batch it is given
+  /// with `index` and `epoch` kept (one index per sample). Not with `resident`.
   std::function<Batch(Batch)> transform;
+  /// Runs in next(), on the consumer thread, once the batch is on `device`
+  /// (with CUDA: on the current stream, e.g. GPU augmentation kernels keyed on
+  /// batch.index and batch.epoch). Runs without autograd.
+  std::function<Batch(Batch)> device_transform;
+  /// Copy the whole dataset to `device` once, in the constructor, in its own
+  /// dtype (uint8 images stay uint8: CIFAR-10 is 150 MB), and gather batches
+  /// there with index_select (the batch's index is copied to the device
+  /// non_blocking from pinned memory). No background thread, no per-batch
+  /// host work beyond slicing the order. Off by default. With the CPU as
+  /// `device` it is the same as not resident. `transform` is an error with it:
+  /// use `device_transform`.
+  bool resident = false;
 
   TensorLoaderOptions& set_batch_size(int64_t v) { batch_size = v; return *this; }
   TensorLoaderOptions& set_shuffle(bool v) { shuffle = v; return *this; }
@@ -69,6 +106,11 @@ struct TensorLoaderOptions {
   TensorLoaderOptions& set_prefetch(int64_t v) { prefetch = v; return *this; }
   TensorLoaderOptions& set_device(torch::Device v) { device = v; return *this; }
   TensorLoaderOptions& set_transform(std::function<Batch(Batch)> v) { transform = std::move(v); return *this; }
+  TensorLoaderOptions& set_device_transform(std::function<Batch(Batch)> v) {
+    device_transform = std::move(v);
+    return *this;
+  }
+  TensorLoaderOptions& set_resident(bool v) { resident = v; return *this; }
 };
 
 class TensorLoader : public Loader {
@@ -89,21 +131,34 @@ class TensorLoader : public Loader {
   const TensorLoaderOptions& options() const { return options_; }
 
  private:
-  Batch make_batch(int64_t batch_index) const;
+  /// A batch on its way to the consumer; `ready` is recorded on the copy
+  /// stream after its device copies (CUDA with prefetch > 0 only).
+  struct Staged {
+    Batch batch;
+    std::optional<c10::Event> ready;
+  };
+
+  Batch gather(int64_t batch_index) const;           // steps 1-2, on the host
+  void copy_to_device(Batch& batch) const;           // step 3, current stream
+  Batch gather_resident(int64_t batch_index) const;  // step 1 on the device
+  std::optional<Batch> take();                       // steps 1-3 for next()
   void stop_worker();
   void worker_loop();
 
   TensorDataset dataset_;
   TensorLoaderOptions options_;
-  torch::Tensor order_;      // indices of the current epoch
-  int64_t next_batch_ = 0;   // next batch index to hand out (synchronous mode)
+  TensorDataset resident_;                  // the dataset on options_.device (resident on a device only)
+  std::optional<c10::Stream> copy_stream_;  // side stream of the worker's copies (CUDA, prefetch > 0)
+  torch::Tensor order_;                     // indices of the current epoch (pinned for resident CUDA)
+  int64_t epoch_ = 0;                       // the current epoch
+  int64_t next_batch_ = 0;                  // next batch index to hand out
   int64_t end_batch_ = 0;
 
   // Background prefetch: the worker fills `queue_` with batches in order.
   std::thread worker_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<Batch> queue_;
+  std::deque<Staged> queue_;
   int64_t produced_ = 0;     // batches the worker has produced this epoch
   bool stop_ = false;
   std::exception_ptr error_;

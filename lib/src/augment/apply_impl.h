@@ -1,0 +1,20 @@
+#pragma once
+// Internal: what the CPU and CUDA implementations of ember::augment_apply
+// share (argument checks, the batch geometry, the output tensor).
+#include <torch/types.h>
+
+#include "augment/pixel.h"
+
+namespace ember::augment::detail {
+
+/// Checks the op's arguments (clear ember::Error on misuse) and returns the
+/// batch geometry and the empty output tensor on the images' device.
+struct ApplySetup {
+  BatchGeometry geometry;
+  torch::Tensor out;  ///< [N, C, OH, OW] or [N, OH, OW, C], `dtype`
+};
+ApplySetup setup_apply(const torch::Tensor& images, const torch::Tensor& params, c10::IntArrayRef size,
+                       c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv, double contrast_center,
+                       double erase_value, c10::ScalarType dtype, bool channels_last);
+
+}  // namespace ember::augment::detail

@@ -1,0 +1,45 @@
+// The CUDA implementation of ember::augment_apply: checks, then one launch
+// of the fused kernel (cuda/augment_kernel.cu) on the current stream.
+// Compiled only when Ember is built with CUDA.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include "augment/apply_impl.h"
+#include "augment/cuda/augment_kernel.h"
+#include "core/check.h"
+
+namespace ember::augment::detail {
+namespace {
+
+torch::Tensor augment_apply_cuda(const torch::Tensor& images, const torch::Tensor& params, c10::IntArrayRef size,
+                                 c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv, double contrast_center,
+                                 double erase_value, c10::ScalarType dtype, bool channels_last) {
+  const c10::cuda::CUDAGuard guard(images.device());
+  ApplySetup setup =
+      setup_apply(images, params, size, mean, stdv, contrast_center, erase_value, dtype, channels_last);
+  EMBER_CHECK(params.device().is_cpu() || params.device() == images.device(),
+              "[augment::apply] params on {} but images on {}; keep them on the CPU or on the images' device",
+              params.device().str(), images.device().str());
+  const torch::Tensor src = images.contiguous();
+  // A CPU params tensor (pinned, as augment() makes it) is copied without blocking the host.
+  const torch::Tensor par = params.to(images.device(), /*non_blocking=*/true).contiguous();
+  AugmentLaunch launch;
+  launch.src = src.data_ptr<uint8_t>();
+  launch.params = par.data_ptr<float>();
+  launch.dst = setup.out.data_ptr();
+  launch.geometry = setup.geometry;
+  launch.dtype = dtype == torch::kFloat32   ? OutDtype::kFloat32
+                 : dtype == torch::kFloat16 ? OutDtype::kFloat16
+                                            : OutDtype::kBFloat16;
+  launch.nhwc = channels_last;
+  const cudaError_t err = launch_augment(launch, c10::cuda::getCurrentCUDAStream().stream());
+  EMBER_CHECK(err == cudaSuccess, "[augment::apply] kernel launch failed: {}", cudaGetErrorString(err));
+  return setup.out;
+}
+
+}  // namespace
+}  // namespace ember::augment::detail
+
+TORCH_LIBRARY_IMPL(ember, CUDA, m) { m.impl("augment_apply", &ember::augment::detail::augment_apply_cuda); }

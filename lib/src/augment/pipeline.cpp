@@ -1,0 +1,114 @@
+#include "ember/augment/pipeline.h"
+
+#include <torch/torch.h>
+
+#include "core/check.h"
+
+namespace ember::augment {
+namespace {
+
+const char* crop_name(CropMode m) {
+  switch (m) {
+    case CropMode::kPad: return "pad";
+    case CropMode::kRandomResized: return "resized";
+    default: return "none";
+  }
+}
+
+std::vector<double> as_doubles(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+c10::ScalarType parse_dtype(const std::string& s) {
+  if (s == "float32") return torch::kFloat32;
+  if (s == "float16") return torch::kFloat16;
+  if (s == "bfloat16") return torch::kBFloat16;
+  throw Error("[augment] augment.dtype must be float32, float16 or bfloat16, got \"" + s + "\"");
+}
+
+const char* dtype_name(c10::ScalarType t) {
+  return t == torch::kFloat16 ? "float16" : t == torch::kBFloat16 ? "bfloat16" : "float32";
+}
+
+}  // namespace
+
+void declare_augment_keys(core::Config& c, const AugmentOptions& d, const MixOptions& m) {
+  c.declare("augment.crop", crop_name(d.crop()), "none | pad (RandomCrop with padding) | resized (RandomResizedCrop)");
+  c.declare("augment.size", as_doubles(d.size()), "output [H, W] ([] = the input size)");
+  c.declare("augment.padding", d.padding(), "pad crop: zero padding on each side, pixels");
+  c.declare("augment.scale", d.scale(), "resized crop: [min, max] area fraction");
+  c.declare("augment.ratio", d.ratio(), "resized crop: [min, max] aspect ratio w/h");
+  c.declare("augment.hflip", d.hflip(), "probability of a horizontal flip");
+  c.declare("augment.vflip", d.vflip(), "probability of a vertical flip");
+  c.declare("augment.brightness", d.brightness(), "colour jitter: brightness factor range 1 +- x (0 = off)");
+  c.declare("augment.contrast", d.contrast(), "colour jitter: contrast factor range 1 +- x (0 = off)");
+  c.declare("augment.saturation", d.saturation(), "colour jitter: saturation factor range 1 +- x (0 = off)");
+  c.declare("augment.hue", d.hue(), "colour jitter: hue shift range +- x turns, x <= 0.5 (0 = off)");
+  c.declare("augment.color_p", d.color_p(), "probability that a sample gets colour jitter");
+  c.declare("augment.grayscale", d.grayscale(), "probability of converting a sample to gray");
+  c.declare("augment.erase", d.erase(), "probability of random erasing");
+  c.declare("augment.erase_value", d.erase_value(), "value of erased pixels, after normalisation");
+  c.declare("augment.mean", d.mean(), "per-channel mean of pixel/255 ([] = no normalisation)");
+  c.declare("augment.std", d.std(), "per-channel std of pixel/255");
+  c.declare("augment.dtype", dtype_name(d.dtype()), "output dtype: float32 | float16 | bfloat16");
+  c.declare("augment.layout", d.layout() == Layout::kNHWC ? "nhwc" : "nchw", "output layout: nchw | nhwc");
+  c.declare("augment.mix.mixup_alpha", m.mixup_alpha(), "Mixup Beta(alpha, alpha) (0 = off)");
+  c.declare("augment.mix.cutmix_alpha", m.cutmix_alpha(), "CutMix Beta(alpha, alpha) (0 = off)");
+  c.declare("augment.mix.switch_p", m.switch_p(), "with both: probability of CutMix for a sample");
+  c.declare("augment.mix.p", m.p(), "probability that a sample is mixed");
+  c.declare("augment.mix.label_smoothing", m.label_smoothing(), "label smoothing of the mixed targets");
+}
+
+AugmentOptions augment_options_from_config(const core::Config& c) {
+  AugmentOptions o;
+  const std::string crop = c.get_string("augment.crop");
+  if (crop == "none") o.crop(CropMode::kNone);
+  else if (crop == "pad") o.crop(CropMode::kPad);
+  else if (crop == "resized") o.crop(CropMode::kRandomResized);
+  else throw Error("[augment] augment.crop must be none, pad or resized, got \"" + crop + "\"");
+  std::vector<int64_t> size;
+  for (double v : c.get_float_list("augment.size")) {
+    EMBER_CHECK(v >= 1 && v == std::floor(v), "[augment] augment.size must be whole pixels [H, W], got {}", v);
+    size.push_back(static_cast<int64_t>(v));
+  }
+  o.size(size).padding(c.get_int("augment.padding")).scale(c.get_float_list("augment.scale"));
+  o.ratio(c.get_float_list("augment.ratio")).hflip(c.get_float("augment.hflip")).vflip(c.get_float("augment.vflip"));
+  o.brightness(c.get_float("augment.brightness")).contrast(c.get_float("augment.contrast"));
+  o.saturation(c.get_float("augment.saturation")).hue(c.get_float("augment.hue"));
+  o.color_p(c.get_float("augment.color_p")).grayscale(c.get_float("augment.grayscale"));
+  o.erase(c.get_float("augment.erase")).erase_value(c.get_float("augment.erase_value"));
+  o.mean(c.get_float_list("augment.mean")).std(c.get_float_list("augment.std"));
+  o.dtype(parse_dtype(c.get_string("augment.dtype")));
+  const std::string layout = c.get_string("augment.layout");
+  EMBER_CHECK(layout == "nchw" || layout == "nhwc", "[augment] augment.layout must be nchw or nhwc, got \"{}\"", layout);
+  o.layout(layout == "nhwc" ? Layout::kNHWC : Layout::kNCHW);
+  // Validate now (a bad value is a config error before training starts).
+  const int64_t probe_h = size.empty() ? 8 : size[0], probe_w = size.empty() ? 8 : size[1];
+  sample_params(o, torch::zeros({0}, torch::kInt64), probe_h, probe_w, 0, 0);
+  return o;
+}
+
+MixOptions mix_options_from_config(const core::Config& c) {
+  MixOptions m;
+  m.mixup_alpha(c.get_float("augment.mix.mixup_alpha")).cutmix_alpha(c.get_float("augment.mix.cutmix_alpha"));
+  m.switch_p(c.get_float("augment.mix.switch_p")).p(c.get_float("augment.mix.p"));
+  m.label_smoothing(c.get_float("augment.mix.label_smoothing"));
+  sample_mix_params(m, torch::zeros({0}, torch::kInt64), 1, 1, 0, 0);  // validates
+  return m;
+}
+
+std::function<data::Batch(data::Batch)> batch_transform(AugmentOptions options, uint64_t seed) {
+  return [options = std::move(options), seed](data::Batch b) {
+    EMBER_CHECK(b.index.defined() && b.index.size(0) == b.size(),
+                "[augment::batch_transform] the batch has no sample indices (batch.index); use a loader that "
+                "fills them (data::TensorLoader does)");
+    b.input = augment(b.input, b.index, options, seed, b.epoch).images;
+    return b;
+  };
+}
+
+data::TensorLoaderOptions with_augment(data::TensorLoaderOptions loader, AugmentOptions options, uint64_t seed) {
+  auto t = batch_transform(std::move(options), seed);
+  if (loader.device.is_cpu() && !loader.resident) return loader.set_transform(std::move(t));
+  return loader.set_device_transform(std::move(t));
+}
+
+}  // namespace ember::augment
