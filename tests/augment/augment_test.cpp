@@ -1,9 +1,16 @@
 // The augmentation CPU reference: exact geometry, exact values, determinism
 // independent of batch split, replay, statistics and errors.
 #include <ember/augment/augment.h>
+
+#include "augment/pixel.h"  // the per-pixel code of the kernel (lib/src)
 #include <ember/core/error.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#if EMBER_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 using namespace ember::augment;
 
@@ -309,6 +316,47 @@ TEST(Augment, EvalOptionsDrawNothing) {
   EXPECT_EQ(a.images.sizes(), (std::vector<int64_t>{6, 3, 8, 8}));
 }
 
+// The CPU path computes rows with per-sample tap tables; the CUDA kernel
+// calls detail::augment_pixel per pixel. Both must give the same bits.
+TEST(Augment, CpuRowsEqualThePerPixelCodeOfTheKernel) {
+  const torch::Tensor x = images(12, 23, 31, 3, 16);
+  const torch::Tensor gray = images(5, 17, 19, 1, 17);
+  const std::vector<AugmentOptions> cases = {
+      AugmentOptions().crop(CropMode::kPad).padding(5).size({20, 28}).hflip(0.5).vflip(0.5),
+      AugmentOptions().crop(CropMode::kRandomResized).size({16, 40}).hflip(0.5).brightness(0.4).contrast(0.4)
+          .saturation(0.4).hue(0.2).grayscale(0.3).erase(0.7).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3}),
+  };
+  for (const auto& o : cases) {
+    for (const torch::Tensor& src : {x, gray}) {
+      const int64_t n = src.size(0), c = src.size(3);
+      const AugmentOptions oc = c == 1 ? AugmentOptions(o).mean({}).std({}) : o;
+      const AugmentResult r = augment(src, indices(n), AugmentOptions(oc).layout(Layout::kNHWC), 8, 1);
+      ember::augment::detail::BatchGeometry g{};
+      g.n = static_cast<int>(n), g.h = static_cast<int>(src.size(1)), g.w = static_cast<int>(src.size(2));
+      g.c = static_cast<int>(c), g.oh = static_cast<int>(r.images.size(1)), g.ow = static_cast<int>(r.images.size(2));
+      for (int k = 0; k < g.c; ++k) {
+        g.mean[k] = oc.mean().empty() ? 0.0f : static_cast<float>(oc.mean()[k]);
+        g.inv_std[k] = oc.std().empty() ? 1.0f : static_cast<float>(1.0 / oc.std()[k]);
+      }
+      g.contrast_center = 0.5f, g.erase_value = 0.0f;
+      torch::Tensor want = torch::empty_like(r.images);
+      const torch::Tensor s = src.contiguous();
+      for (int i = 0; i < g.n; ++i) {
+        const auto plan = ember::augment::detail::make_plan(r.params[i].contiguous().data_ptr<float>(), g);
+        const uint8_t* img = s.data_ptr<uint8_t>() + static_cast<int64_t>(i) * g.h * g.w * g.c;
+        for (int oy = 0; oy < g.oh; ++oy)
+          for (int ox = 0; ox < g.ow; ++ox) {
+            float v[3];
+            ember::augment::detail::augment_pixel(img, g, plan, oy, ox, v);
+            for (int k = 0; k < g.c; ++k) want[i][oy][ox][k] = v[k];
+          }
+      }
+      EXPECT_TRUE(torch::equal(r.images, want)) << "channels " << c << " max diff "
+                                               << (r.images - want).abs().max().item<float>();
+    }
+  }
+}
+
 // ---- GPU == CPU ------------------------------------------------------------
 
 TEST(AugmentCuda, KernelEqualsTheCpuReferenceBitForBit) {
@@ -349,4 +397,39 @@ TEST(AugmentCuda, KernelEqualsTheCpuReferenceBitForBit) {
   const torch::Tensor xs = x.permute({0, 2, 1, 3}).contiguous().permute({0, 2, 1, 3});
   EXPECT_TRUE(torch::equal(apply(xs.cuda(), p.cuda(), o).cpu(), apply(x, p, o)));
   EXPECT_THROW(apply(x.cuda(), p.cuda().to(torch::kFloat64), o), ember::Error);
+  EXPECT_THROW(apply(x, p.cuda(), o), ember::Error) << "CPU images with CUDA params";
+  // CPU params, pageable and pinned; the caller's buffer may be reused at once.
+  const torch::Tensor want = apply(x, p, o);
+  EXPECT_TRUE(torch::equal(apply(x.cuda(), p, o).cpu(), want));
+  torch::Tensor pinned = p.pin_memory();
+  const torch::Tensor out = apply(x.cuda(), pinned, o);
+  pinned.fill_(0);  // must not reach the copy already queued
+  EXPECT_TRUE(torch::equal(out.cpu(), want));
+}
+
+TEST(AugmentCuda, RunsOnTheCurrentStreamAndSplitsHugeBatches) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  // More samples than one grid's z extent (65535).
+  const int64_t n = 70000;
+  const torch::Tensor x = images(n, 2, 3, 3, 18);
+  const auto o = AugmentOptions().hflip(0.5).brightness(0.3);
+  const AugmentResult cpu = augment(x, indices(n), o, 2, 0);
+  EXPECT_TRUE(torch::equal(augment(x.cuda(), indices(n), o, 2, 0).images.cpu(), cpu.images));
+  // On a non-default stream with work queued ahead: the kernel must run on it, after that work.
+  const torch::Tensor big = images(64, 224, 224, 3, 19);
+  const auto ob = AugmentOptions().crop(CropMode::kRandomResized).size({112, 112}).hflip(0.5);
+  const torch::Tensor want = augment(big, indices(64), ob, 3, 0).images;
+  const torch::Tensor big_gpu = big.cuda();
+  torch::cuda::synchronize();
+  auto stream = c10::cuda::getStreamFromPool();
+  torch::Tensor got;
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);
+    torch::Tensor src = torch::zeros_like(big_gpu);
+    torch::Tensor busy = torch::randn({2048, 2048}, torch::kCUDA);
+    for (int i = 0; i < 8; ++i) busy = busy.mm(busy).tanh_();  // queued ahead on `stream`
+    src.copy_(big_gpu);  // device to device, on `stream`, after the busy work
+    got = augment(src, indices(64), ob, 3, 0).images.cpu();  // a kernel on another stream would read zeros
+  }
+  EXPECT_TRUE(torch::equal(got, want));
 }

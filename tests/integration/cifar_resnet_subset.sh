@@ -30,11 +30,11 @@ PY
 grep -q '^test_accuracy=' "$out/mix.stdout"
 python3 -c "import json,math,sys; s=json.load(open(sys.argv[1])); assert math.isfinite(s['test_loss']), s" "$out/mix/summary.json"
 
-# A truncated file: exit 1, the message names the file.
-head -c 5000 "$out/data/cifar-10-batches-bin/test_batch.bin" >"$out/t.bin" && mv "$out/t.bin" "$out/data/cifar-10-batches-bin/test_batch.bin"
+# A bad augmentation key value, then a truncated file: exit 1, the message says what and where.
 set +e
-"$bin" "${common[@]}" run.dir="$out/bad" 2>"$out/err"; rc=$?
 "$bin" "${common[@]}" run.dir="$out/bad2" augment.crop=rotate 2>"$out/err2"; rc2=$?
+head -c 5000 "$out/data/cifar-10-batches-bin/test_batch.bin" >"$out/t.bin" && mv "$out/t.bin" "$out/data/cifar-10-batches-bin/test_batch.bin"
+"$bin" "${common[@]}" run.dir="$out/bad" 2>"$out/err"; rc=$?
 set -e
 cat "$out/err"
 [[ $rc -eq 1 ]] && grep -q "test_batch.bin" "$out/err"

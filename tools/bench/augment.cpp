@@ -8,7 +8,7 @@
 // Pipelines (every peer does the same work: all of them draw the per-sample
 // parameters with ember::augment::sample_params, then apply them):
 //   32px   CIFAR-like uint8 [N, 32, 32, 3] -> random crop 32 with padding 4,
-//          hflip 0.5, normalise -> float32 [N, 3, 32, 32]. Batch 256 (CPU), 1024 (GPU).
+//          hflip 0.5, normalise -> float32 [N, 3, 32, 32]. Batch 256 (CPU), 4096 (GPU).
 //   224px  uint8 [N, 256, 256, 3] -> random resized crop 224 (scale 0.08-1,
 //          ratio 3/4-4/3, bilinear), hflip 0.5, colour jitter brightness,
 //          contrast, saturation 0.4, normalise -> float32 [N, 3, 224, 224]
@@ -33,8 +33,12 @@
 // --device cuda (Ember built with CUDA): per pipeline, (i) the fused kernel's
 // achieved bandwidth, minimum bytes per image / kernel time (CUDA events
 // around back-to-back apply() calls on device-resident params), against the
-// device-to-device copy bandwidth of a 1 GiB uint8 tensor (2 x bytes / time),
-// goal >= 0.7; (ii) the host time of one augment() call (sample on the host,
+// device-to-device copy bandwidth of a >= 1 GiB uint8 tensor (2 x bytes / time),
+// goal >= 0.7. So that both measure DRAM, not the L2 cache: the timed apply()
+// calls rotate through K sets of distinct images, params and outputs (all held
+// alive), K such that one rotation's bytes exceed 4 x L2, and every timed region
+// is queued behind 1 GiB copies. Minimum bytes per image = output bytes + the
+// input bytes the kernel must read at least once (see min_read_bytes); (ii) the host time of one augment() call (sample on the host,
 // pin, async copy, launch; no synchronisation), mean of 200 calls, goal < 50 us;
 // (iii) augment() against the LibTorch-ops pipeline on the GPU, per batch,
 // synchronised: the speed-up.
@@ -47,6 +51,10 @@
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+
+#if EMBER_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #if EMBER_WITH_OPENCV
 #include <opencv2/core.hpp>
@@ -111,7 +119,7 @@ struct Pipeline {
 Pipeline make_pipeline(int64_t which) {
   Pipeline p;
   if (which == 32) {
-    p.name = "32px", p.height = 32, p.width = 32, p.cpu_batch = 256, p.cuda_batch = 1024;
+    p.name = "32px", p.height = 32, p.width = 32, p.cpu_batch = 256, p.cuda_batch = 4096;
     p.options = aug::AugmentOptions()
                     .size({32, 32})
                     .crop(aug::CropMode::kPad)
@@ -491,6 +499,9 @@ int run_cpu(const Args& a) {
 struct GpuRow {
   std::string pipeline, output;
   int64_t batch = 0;
+  int64_t sets = 0;           // distinct image/params/output sets the kernel timing rotates through
+  double rotation_bytes = 0;  // bytes of one rotation (all sets: images + params + outputs)
+  double read_bytes = 0, write_bytes = 0;  // minimum bytes per image: read + write
   double bytes_per_image = 0, kernel_us = 0, achieved_gbs = 0, host_us = 0;
   double ember_ips = 0, libtorch_ips = 0;
   bool launch_bound = false;  // the host queued the timed launches slower than the blocker kept the GPU busy
@@ -510,6 +521,36 @@ struct EventTimer {
   }
 };
 
+/// L2 cache size in bytes of the current CUDA device; 64 MiB when it cannot be queried.
+int64_t l2_cache_bytes() {
+#if EMBER_WITH_CUDA
+  const int l2 = at::cuda::getCurrentDeviceProperties()->l2CacheSize;
+  if (l2 > 0) return l2;
+#endif
+  return int64_t{64} << 20;
+}
+
+/// Input bytes per image that the kernel must read at least once, mean over
+/// the rows of `params` (float32 [N, kNumParams], CPU): channels x 1 B x the
+/// pixels of the crop box that lie inside the image (the zero padding outside
+/// it is never read), where along each axis at most 2 bilinear taps per output
+/// column (row) are touched: min(box columns inside, 2 OW) x min(box rows
+/// inside, 2 OH). For a box of the output size (random crop with padding) that
+/// is the box's pixels inside the image; for a resized crop, the box's pixels
+/// unless it is over 2x the output along an axis.
+double min_read_bytes(const torch::Tensor& params, int64_t height, int64_t width, int64_t out_h, int64_t out_w,
+                      int64_t channels) {
+  const auto col = [&](int64_t k) { return params.select(1, k).to(torch::kFloat64); };
+  const torch::Tensor x0 = col(aug::kX0), y0 = col(aug::kY0), bw = col(aug::kW), bh = col(aug::kH);
+  const torch::Tensor cols =
+      (torch::clamp_max(x0 + bw, static_cast<double>(width)) - torch::clamp_min(x0, 0.0))
+          .clamp(0.0, 2.0 * static_cast<double>(out_w));
+  const torch::Tensor rows =
+      (torch::clamp_max(y0 + bh, static_cast<double>(height)) - torch::clamp_min(y0, 0.0))
+          .clamp(0.0, 2.0 * static_cast<double>(out_h));
+  return (cols * rows).mean().item<double>() * static_cast<double>(channels);
+}
+
 int run_cuda(const Args& a) {
   if (!EMBER_WITH_CUDA)
     throw ember::Error(
@@ -521,11 +562,13 @@ int run_cuda(const Args& a) {
   EventTimer timer(guard.getStream(device));
   const auto sync = [] { torch::cuda::synchronize(); };
   const auto u8 = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+  const int64_t l2_bytes = l2_cache_bytes();  // after the device guard: the current device's
 
-  // Device-to-device copy bandwidth: 2 x bytes / time of dst.copy_(src), 1 GiB.
-  constexpr int64_t kCopyBytes = int64_t{1} << 30;
+  // Device-to-device copy bandwidth: 2 x bytes / time of dst.copy_(src), 1 GiB (more if the L2 is over
+  // 1/8 of that): source and destination together are >= 16 x L2, so the copy streams from and to DRAM.
+  const int64_t copy_bytes = std::max(int64_t{1} << 30, ((8 * l2_bytes + (1 << 20) - 1) >> 20) << 20);
   constexpr int kCopies = 5;
-  const torch::Tensor copy_src = torch::full({kCopyBytes}, 7, u8), copy_dst = torch::empty({kCopyBytes}, u8);
+  const torch::Tensor copy_src = torch::full({copy_bytes}, 7, u8), copy_dst = torch::empty({copy_bytes}, u8);
   copy_dst.copy_(copy_src);
   sync();
   std::vector<double> copy_ms;
@@ -534,7 +577,7 @@ int run_cuda(const Args& a) {
     for (int i = 0; i < kCopies; ++i) copy_dst.copy_(copy_src);
     copy_ms.push_back(timer.end_ms() / kCopies);
   }
-  const double copy_gbs = 2.0 * static_cast<double>(kCopyBytes) / (median(copy_ms) * 1e-3) / 1e9;
+  const double copy_gbs = 2.0 * static_cast<double>(copy_bytes) / (median(copy_ms) * 1e-3) / 1e9;
   timer.begin();
   copy_dst.copy_(copy_src);
   const double blocker_ms = timer.end_ms();
@@ -552,8 +595,9 @@ int run_cuda(const Args& a) {
   std::vector<std::string> notes;
   std::string json_diffs;
   constexpr int kLaunches = 20;    // apply() calls per timed kernel region
-  constexpr int kBlockers = 4;     // 1 GiB copies queued first: the GPU stays busy while the host launches
+  constexpr int kBlockers = 4;     // big copies queued first: the GPU stays busy while the host launches
   constexpr int kHostCalls = 200;  // augment() calls for the host time
+  constexpr int64_t kChannels = 3;
   for (const Case& cs : cases) {
     const Pipeline p = make_pipeline(cs.which);
     const aug::AugmentOptions o = with_dtype(p.options, cs.dtype);
@@ -561,7 +605,8 @@ int run_cuda(const Args& a) {
     std::fprintf(stderr, "[bench augment] cuda %s %s, batch %lld...\n", p.name.c_str(), dtype_name(cs.dtype),
                  static_cast<long long>(n));
     auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-    const torch::Tensor images_cpu = torch::randint(0, 256, {n, p.height, p.width, 3}, gen, torch::kUInt8);
+    const torch::Tensor images_cpu =
+        torch::randint(0, 256, {n, p.height, p.width, kChannels}, gen, torch::kUInt8);
     const torch::Tensor images = images_cpu.to(device);
     const torch::Tensor indices = torch::arange(n, torch::kInt64);  // on the CPU: augment() reads it there
     const torch::Tensor params = aug::sample_params(o, indices, p.height, p.width, kSeed, 0);
@@ -569,14 +614,7 @@ int run_cuda(const Args& a) {
 
     GpuRow row;
     row.pipeline = p.name, row.output = dtype_name(cs.dtype), row.batch = n;
-    // Minimum bytes per image: read the crop box once (32px: output pixels x 3 B, the box is the output
-    // size; 224px: the box's pixels x 3 B, mean over the batch, every box pixel is a bilinear tap as
-    // boxes are < 2x the output), write output pixels x 3 x sizeof(out).
-    const int64_t out_pixels = o.size()[0] * o.size()[1];
-    const double read =
-        cs.which == 224 ? (params.select(1, aug::kW) * params.select(1, aug::kH)).mean().item<double>() * 3
-                        : static_cast<double>(out_pixels * 3);
-    row.bytes_per_image = read + static_cast<double>(out_pixels * 3 * c10::elementSize(cs.dtype));
+    const int64_t out_h = o.size()[0], out_w = o.size()[1], out_pixels = out_h * out_w;
 
     // Same results as the CPU reference and the LibTorch pipeline?
     const torch::Tensor ember_gpu = aug::apply(images, params_dev, o);
@@ -585,28 +623,67 @@ int run_cuda(const Args& a) {
     torch::Tensor lt = libtorch_ops(images, params_dev);
     if (cs.dtype != torch::kFloat32) lt = lt.to(cs.dtype);
     const double d_lt = max_abs_diff(lt, ember_gpu);
-    notes.push_back(
-        fmt::format("- **{} {}**, batch {}: max |Ember CUDA - Ember CPU| {:.3g}, max |LibTorch ops CUDA - "
-                    "Ember CUDA| {:.3g}",
-                    p.name, row.output, n, d_cpu, d_lt));
     json_diffs += fmt::format("{}\"{} {}\": {{\"ember_cuda_vs_cpu\": {:.6g}, \"libtorch_vs_ember\": {:.6g}}}",
                               json_diffs.empty() ? "" : ", ", p.name, row.output, d_cpu, d_lt);
 
     // (i) Kernel time: events around kLaunches back-to-back apply() calls (device-resident params),
-    // queued behind kBlockers copies so that the host's launch rate does not show.
-    for (int i = 0; i < 3; ++i) aug::apply(images, params_dev, o);
-    sync();
-    std::vector<double> kernel_ms;
-    for (int64_t r = 0; r < a.repeats; ++r) {
-      for (int i = 0; i < kBlockers; ++i) copy_dst.copy_(copy_src);
-      timer.begin();
-      const auto t0 = Clock::now();
-      for (int i = 0; i < kLaunches; ++i) aug::apply(images, params_dev, o);
-      if (elapsed_s(t0) * 1e3 > kBlockers * blocker_ms) row.launch_bound = true;
-      kernel_ms.push_back(timer.end_ms() / kLaunches);
+    // queued behind kBlockers copies so that the host's launch rate does not show. The launches rotate
+    // through `sets` sets of distinct images, params and outputs (set k: samples k n .. (k + 1) n - 1),
+    // one rotation > 4 x L2, so that the kernel reads and writes DRAM, not data left in L2 by the
+    // previous launches. The outputs of the last `sets` launches are held (a ring), so the caching
+    // allocator cycles through sets + 1 output blocks instead of handing back the one just freed.
+    {
+      const int64_t in_bytes = n * p.height * p.width * kChannels;
+      const int64_t param_bytes = n * aug::kNumParams * static_cast<int64_t>(sizeof(float));
+      const int64_t out_bytes = n * kChannels * out_pixels * static_cast<int64_t>(c10::elementSize(cs.dtype));
+      const int64_t set_bytes = in_bytes + param_bytes + out_bytes;
+      const int64_t sets = std::max<int64_t>(2, (4 * l2_bytes + set_bytes - 1) / set_bytes);
+      row.sets = sets;
+      row.rotation_bytes = static_cast<double>(sets * set_bytes);
+      const torch::Tensor rot_images = torch::randint(0, 256, {sets * n, p.height, p.width, kChannels}, u8);
+      const torch::Tensor rot_params_cpu =
+          aug::sample_params(o, torch::arange(sets * n, torch::kInt64), p.height, p.width, kSeed, 0);
+      const torch::Tensor rot_params = rot_params_cpu.to(device);
+      std::vector<torch::Tensor> set_images, set_params;  // views, made once: no slicing in the timed loop
+      for (int64_t k = 0; k < sets; ++k) {
+        set_images.push_back(rot_images.slice(0, k * n, (k + 1) * n));
+        set_params.push_back(rot_params.slice(0, k * n, (k + 1) * n));
+      }
+
+      // Minimum bytes per image, from the parameters of the timed batches (all sets): read (see
+      // min_read_bytes) + write (output pixels x 3 x sizeof(out)).
+      row.read_bytes = min_read_bytes(rot_params_cpu, p.height, p.width, out_h, out_w, kChannels);
+      row.write_bytes = static_cast<double>(kChannels * out_pixels * c10::elementSize(cs.dtype));
+      row.bytes_per_image = row.read_bytes + row.write_bytes;
+
+      std::vector<torch::Tensor> outs(static_cast<size_t>(sets));  // the ring of live outputs
+      int64_t next = 0;
+      const auto launch = [&] {
+        const auto k = static_cast<size_t>(next++ % sets);
+        outs[k] = aug::apply(set_images[k], set_params[k], o);  // the old block is freed after the launch
+      };
+      // Warm-up: two rotations, so that all sets + 1 output blocks are allocated before timing.
+      for (int64_t i = 0; i < 2 * sets + 1; ++i) launch();
+      sync();
+      std::vector<double> kernel_ms;
+      for (int64_t r = 0; r < a.repeats; ++r) {
+        for (int i = 0; i < kBlockers; ++i) copy_dst.copy_(copy_src);  // also flushes L2
+        timer.begin();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < kLaunches; ++i) launch();
+        if (elapsed_s(t0) * 1e3 > kBlockers * blocker_ms) row.launch_bound = true;
+        kernel_ms.push_back(timer.end_ms() / kLaunches);
+      }
+      outs.clear();  // released only now: every timed launch wrote a block not written just before
+      row.kernel_us = median(kernel_ms) * 1e3;
+      row.achieved_gbs = row.bytes_per_image * static_cast<double>(n) / (row.kernel_us * 1e-6) / 1e9;
     }
-    row.kernel_us = median(kernel_ms) * 1e3;
-    row.achieved_gbs = row.bytes_per_image * static_cast<double>(n) / (row.kernel_us * 1e-6) / 1e9;
+    notes.push_back(fmt::format(
+        "- **{} {}**, batch {}: max |Ember CUDA - Ember CPU| {:.3g}, max |LibTorch ops CUDA - Ember CUDA| "
+        "{:.3g}; kernel timing rotates through {} sets ({:.0f} MB per rotation = {:.1f} x L2); min bytes/img "
+        "{:.0f} read + {:.0f} write",
+        p.name, row.output, n, d_cpu, d_lt, row.sets, row.rotation_bytes / 1e6,
+        row.rotation_bytes / static_cast<double>(l2_bytes), row.read_bytes, row.write_bytes));
 
     // (ii) Host time of augment(): sample on the host, pin, async copy, launch; no synchronisation.
     for (int i = 0; i < 20; ++i) aug::augment(images, indices, o, kSeed, i % kEpochs);
@@ -630,38 +707,47 @@ int run_cuda(const Args& a) {
     rows.push_back(row);
   }
 
+  const double copy_gib = static_cast<double>(copy_bytes) / static_cast<double>(int64_t{1} << 30);
   std::printf("## Batch augmentation on the GPU: Ember's fused kernel\n\n");
   std::printf(
-      "%s; LibTorch %s. D2D copy bandwidth (2 x 1 GiB / time of dst.copy_(src), median of %lld): %.1f "
-      "GB/s.\n\n",
-      ember::core::describe_device(device).c_str(), TORCH_VERSION, static_cast<long long>(a.repeats),
+      "%s; LibTorch %s; L2 %.1f MB. D2D copy bandwidth (2 x %.3g GiB / time of dst.copy_(src), source + "
+      "destination %.0f x L2, median of %lld): %.1f GB/s.\n\n",
+      ember::core::describe_device(device).c_str(), TORCH_VERSION, static_cast<double>(l2_bytes) / 1e6, copy_gib,
+      2.0 * static_cast<double>(copy_bytes) / static_cast<double>(l2_bytes), static_cast<long long>(a.repeats),
       copy_gbs);
   for (const auto& note : notes) std::printf("%s\n", note.c_str());
   std::printf(
-      "\nMinimum bytes per image = read (32px: output pixels x 3 B, the box is the output size; 224px: "
-      "crop-box "
-      "pixels x 3 B, mean over the batch) + write (output pixels x 3 x sizeof(out)). Kernel: CUDA events "
-      "around %d back-to-back apply() calls on device-resident params, median of %lld. Host: wall time of "
-      "one augment() call without synchronising, mean of %d. Ember / LibTorch: per batch, synchronised, "
+      "\nMinimum bytes per image = write (output pixels x 3 x sizeof(out)) + read: the input bytes the kernel "
+      "must read at least once, 3 B x the crop box's pixels that lie inside the image (32px: the zero-padding "
+      "border is never read, so fewer than 32 x 32 when the box overhangs), capped along each axis at 2 "
+      "bilinear taps per output column/row (min(box columns, 2 OW) x min(box rows, 2 OH); binds only for "
+      "boxes over 2x the output), mean over the drawn params of the timed batches; the params themselves "
+      "(%lld B/img) are left out. Kernel: CUDA events around %d back-to-back apply() calls on "
+      "device-resident params, rotating through sets of distinct images, params and outputs that exceed 4 x "
+      "L2 per rotation, behind %d copies of %.3g GiB (L2 flushed), median of %lld. Host: wall time of one "
+      "augment() call without synchronising, mean of %d. Ember / LibTorch: per batch, synchronised, "
       "parameters sampled on the host for both.\n\n",
-      kLaunches, static_cast<long long>(a.repeats), kHostCalls);
+      static_cast<long long>(aug::kNumParams * sizeof(float)), kLaunches, kBlockers, copy_gib,
+      static_cast<long long>(a.repeats), kHostCalls);
   std::printf(
-      "| pipeline | output | batch | min bytes/img | kernel (us/batch) | achieved (GB/s) | achieved / copy "
-      "(goal >= 0.7) | host us per augment() (goal < 50) | Ember (img/s) | LibTorch ops (img/s) | "
-      "Ember / LibTorch |\n");
+      "| pipeline | output | batch | min bytes/img (read + write) | kernel (us/batch) | achieved (GB/s) | "
+      "achieved / copy (goal >= 0.7) | host us per augment() (goal < 50) | Ember (img/s) | LibTorch ops "
+      "(img/s) | Ember / LibTorch |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json_rows;
   for (const GpuRow& r : rows) {
-    std::printf("| %s | %s | %lld | %.0f | %.1f%s | %.1f | %.2f | %.1f | %.0f | %.0f | %.2fx |\n",
+    std::printf("| %s | %s | %lld | %.0f (%.0f + %.0f) | %.1f%s | %.1f | %.2f | %.1f | %.0f | %.0f | %.2fx |\n",
                 r.pipeline.c_str(), r.output.c_str(), static_cast<long long>(r.batch), r.bytes_per_image,
-                r.kernel_us, r.launch_bound ? " (*)" : "", r.achieved_gbs, r.achieved_gbs / copy_gbs,
-                r.host_us, r.ember_ips, r.libtorch_ips, r.ember_ips / r.libtorch_ips);
+                r.read_bytes, r.write_bytes, r.kernel_us, r.launch_bound ? " (*)" : "", r.achieved_gbs,
+                r.achieved_gbs / copy_gbs, r.host_us, r.ember_ips, r.libtorch_ips, r.ember_ips / r.libtorch_ips);
     json_rows += fmt::format(
         "{}\n    {{\"pipeline\": \"{}\", \"output\": \"{}\", \"batch\": {}, \"bytes_per_image\": {:.6g}, "
-        "\"kernel_us\": {:.6g}, \"achieved_gbs\": {:.6g}, \"copy_gbs\": {:.6g}, \"host_us\": {:.6g}, "
-        "\"ember_img_s\": {:.6g}, \"libtorch_img_s\": {:.6g}, \"launch_bound\": {}}}",
-        json_rows.empty() ? "" : ",", r.pipeline, r.output, r.batch, r.bytes_per_image, r.kernel_us,
-        r.achieved_gbs, copy_gbs, r.host_us, r.ember_ips, r.libtorch_ips, r.launch_bound ? "true" : "false");
+        "\"read_bytes_per_image\": {:.6g}, \"write_bytes_per_image\": {:.6g}, \"rotation_sets\": {}, "
+        "\"rotation_bytes\": {:.6g}, \"kernel_us\": {:.6g}, \"achieved_gbs\": {:.6g}, \"copy_gbs\": {:.6g}, "
+        "\"host_us\": {:.6g}, \"ember_img_s\": {:.6g}, \"libtorch_img_s\": {:.6g}, \"launch_bound\": {}}}",
+        json_rows.empty() ? "" : ",", r.pipeline, r.output, r.batch, r.bytes_per_image, r.read_bytes,
+        r.write_bytes, r.sets, r.rotation_bytes, r.kernel_us, r.achieved_gbs, copy_gbs, r.host_us, r.ember_ips,
+        r.libtorch_ips, r.launch_bound ? "true" : "false");
   }
   bool any_launch_bound = false;
   for (const GpuRow& r : rows) any_launch_bound = any_launch_bound || r.launch_bound;
@@ -670,10 +756,9 @@ int run_cuda(const Args& a) {
         "\n(*) the host took longer to queue the %d launches than the %d blocking copies (%.2f ms) kept the "
         "GPU busy: the kernel time may include idle gaps.\n",
         kLaunches, kBlockers, kBlockers * blocker_ms);
-  write_json(a.json,
-             fmt::format("{{\n  \"device\": \"cuda\",\n  \"copy_gbs\": {:.6g},\n  \"max_abs_diff\": {{{}}},\n"
-                         "  \"rows\": [{}\n  ]\n}}\n",
-                         copy_gbs, json_diffs, json_rows));
+  write_json(a.json, fmt::format("{{\n  \"device\": \"cuda\",\n  \"l2_bytes\": {},\n  \"copy_bytes\": {},\n"
+                                 "  \"copy_gbs\": {:.6g},\n  \"max_abs_diff\": {{{}}},\n  \"rows\": [{}\n  ]\n}}\n",
+                                 l2_bytes, copy_bytes, copy_gbs, json_diffs, json_rows));
   return 0;
 }
 

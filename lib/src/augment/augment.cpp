@@ -93,6 +93,11 @@ void check_params(const torch::Tensor& params, int64_t n) {
               "[augment::apply] params must be float32 [{}, {}] (from sample_params), got {} [{}]", n,
               static_cast<int64_t>(kNumParams), params.defined() ? c10::toString(params.scalar_type()) : "none",
               params.defined() ? fmt::format("{}", fmt::join(params.sizes(), ", ")) : "");
+  if (params.is_cpu() && n > 0) {  // (on a GPU this check would cost a host sync)
+    EMBER_CHECK(params.isfinite().all().item<bool>() && params.abs().lt(16777216.0f).all().item<bool>(),
+                "[augment::apply] params must be finite and within +-2^24 (whole pixels, factors); got {} / {}",
+                params.min().item<float>(), params.max().item<float>());
+  }
 }
 
 int64_t randint(float u, int64_t n) {  // uniform in [0, n)
@@ -168,26 +173,113 @@ detail::BatchGeometry batch_geometry(const Geometry& g, const std::vector<double
   return b;
 }
 
+// One output row of one sample, computed as detail::augment_pixel computes
+// each pixel (the same operations in the same order, so the same bits), but
+// with the horizontal taps computed once per sample and the loops split by
+// stage so that the compiler vectorises the arithmetic.
+struct RowScratch {
+  std::vector<detail::Tap> tx;  // [ow] horizontal taps of the current sample
+  std::vector<float> v;         // [ow * c] the row's values
+};
+
+void compute_row(const uint8_t* img, const detail::BatchGeometry& g, const detail::SamplePlan& s, int oy,
+                 RowScratch& scratch) {
+  const int c = g.c, ow = g.ow;
+  float* v = scratch.v.data();
+  const int sy = s.vflip ? g.oh - 1 - oy : oy;
+  const auto row_ptr = [&](int y) { return (y >= 0 && y < g.h) ? img + static_cast<int64_t>(y) * g.w * c : nullptr; };
+  const auto texel = [&](const uint8_t* r, int x, int ch) {
+    return (r != nullptr && x >= 0 && x < g.w) ? static_cast<float>(r[x * c + ch]) : 0.0f;
+  };
+  if (s.exact) {
+    const uint8_t* r = row_ptr(s.y0 + sy);
+    for (int ox = 0; ox < ow; ++ox) {
+      const int x = s.x0 + (s.hflip ? ow - 1 - ox : ox);
+      for (int ch = 0; ch < c; ++ch) v[ox * c + ch] = texel(r, x, ch) * (1.0f / 255.0f);
+    }
+  } else {
+    const detail::Tap ty = detail::make_tap(sy, s.sy, s.y0, s.bh);
+    const uint8_t* r0 = row_ptr(ty.i0);
+    const uint8_t* r1 = row_ptr(ty.i1);
+    if (r0 != nullptr && r1 != nullptr && s.x0 >= 0 && s.x0 + s.bw <= g.w) {
+      // The box row lies inside the image (always for random resized crops):
+      // no bounds checks, the same arithmetic.
+      for (int ox = 0; ox < ow; ++ox) {
+        const detail::Tap& tx = scratch.tx[ox];
+        const uint8_t* a0 = r0 + tx.i0 * c;
+        const uint8_t* a1 = r0 + tx.i1 * c;
+        const uint8_t* b0 = r1 + tx.i0 * c;
+        const uint8_t* b1 = r1 + tx.i1 * c;
+        for (int ch = 0; ch < c; ++ch) {
+          const float top = (1.0f - tx.frac) * static_cast<float>(a0[ch]) + tx.frac * static_cast<float>(a1[ch]);
+          const float bot = (1.0f - tx.frac) * static_cast<float>(b0[ch]) + tx.frac * static_cast<float>(b1[ch]);
+          v[ox * c + ch] = ((1.0f - ty.frac) * top + ty.frac * bot) * (1.0f / 255.0f);
+        }
+      }
+    } else {
+    for (int ox = 0; ox < ow; ++ox) {
+      const detail::Tap& tx = scratch.tx[ox];
+      for (int ch = 0; ch < c; ++ch) {
+        const float top = (1.0f - tx.frac) * texel(r0, tx.i0, ch) + tx.frac * texel(r0, tx.i1, ch);
+        const float bot = (1.0f - tx.frac) * texel(r1, tx.i0, ch) + tx.frac * texel(r1, tx.i1, ch);
+        v[ox * c + ch] = ((1.0f - ty.frac) * top + ty.frac * bot) * (1.0f / 255.0f);
+      }
+    }
+    }
+  }
+  if (s.color) {
+    const float* m = s.m;
+    if (c == 3) {
+      for (int ox = 0; ox < ow; ++ox) {
+        float* p = v + ox * 3;
+        const float r = m[0] * p[0] + m[1] * p[1] + m[2] * p[2] + m[3];
+        const float gg = m[4] * p[0] + m[5] * p[1] + m[6] * p[2] + m[7];
+        const float b = m[8] * p[0] + m[9] * p[1] + m[10] * p[2] + m[11];
+        p[0] = r < 0.0f ? 0.0f : (r > 1.0f ? 1.0f : r);
+        p[1] = gg < 0.0f ? 0.0f : (gg > 1.0f ? 1.0f : gg);
+        p[2] = b < 0.0f ? 0.0f : (b > 1.0f ? 1.0f : b);
+      }
+    } else {
+      for (int ox = 0; ox < ow; ++ox) {
+        const float r = m[0] * v[ox] + m[3];
+        v[ox] = r < 0.0f ? 0.0f : (r > 1.0f ? 1.0f : r);
+      }
+    }
+  }
+  for (int ox = 0; ox < ow; ++ox)
+    for (int ch = 0; ch < c; ++ch) v[ox * c + ch] = (v[ox * c + ch] - g.mean[ch]) * g.inv_std[ch];
+  if (oy >= s.ey0 && oy < s.ey1) {
+    for (int ox = std::max(s.ex0, 0); ox < std::min(s.ex1, ow); ++ox)
+      for (int ch = 0; ch < c; ++ch) v[ox * c + ch] = g.erase_value;
+  }
+}
+
 template <typename T>
 void apply_cpu_typed(const uint8_t* src, const float* params, const detail::BatchGeometry& g, bool nhwc, T* dst) {
   const int64_t plane = static_cast<int64_t>(g.oh) * g.ow;
   at::parallel_for(0, static_cast<int64_t>(g.n) * g.oh, 16, [&](int64_t begin, int64_t end) {
     int64_t planned = -1;
     detail::SamplePlan plan{};
+    RowScratch scratch{std::vector<detail::Tap>(g.ow), std::vector<float>(static_cast<size_t>(g.ow) * g.c)};
     for (int64_t row = begin; row < end; ++row) {
       const int64_t i = row / g.oh;
       const int oy = static_cast<int>(row % g.oh);
-      if (i != planned) plan = detail::make_plan(params + i * kNumParams, g), planned = i;
-      const uint8_t* img = src + i * static_cast<int64_t>(g.h) * g.w * g.c;
-      float v[detail::kMaxChannels];
-      for (int ox = 0; ox < g.ow; ++ox) {
-        detail::augment_pixel(img, g, plan, oy, ox, v);
-        if (nhwc) {
-          T* d = dst + ((i * g.oh + oy) * g.ow + ox) * g.c;
-          for (int c = 0; c < g.c; ++c) d[c] = static_cast<T>(v[c]);
-        } else {
-          T* d = dst + i * g.c * plane + static_cast<int64_t>(oy) * g.ow + ox;
-          for (int c = 0; c < g.c; ++c) d[c * plane] = static_cast<T>(v[c]);
+      if (i != planned) {
+        plan = detail::make_plan(params + i * kNumParams, g);
+        planned = i;
+        if (!plan.exact)
+          for (int ox = 0; ox < g.ow; ++ox)
+            scratch.tx[ox] = detail::make_tap(plan.hflip ? g.ow - 1 - ox : ox, plan.sx, plan.x0, plan.bw);
+      }
+      compute_row(src + i * static_cast<int64_t>(g.h) * g.w * g.c, g, plan, oy, scratch);
+      const float* v = scratch.v.data();
+      if (nhwc) {
+        T* d = dst + (i * g.oh + oy) * static_cast<int64_t>(g.ow) * g.c;
+        for (int64_t k = 0; k < static_cast<int64_t>(g.ow) * g.c; ++k) d[k] = static_cast<T>(v[k]);
+      } else {
+        for (int ch = 0; ch < g.c; ++ch) {
+          T* d = dst + (i * g.c + ch) * plane + static_cast<int64_t>(oy) * g.ow;
+          for (int ox = 0; ox < g.ow; ++ox) d[ox] = static_cast<T>(v[ox * g.c + ch]);
         }
       }
     }
@@ -283,8 +375,9 @@ ApplySetup setup_apply(const torch::Tensor& images, const torch::Tensor& params,
   EMBER_CHECK(contrast_center >= 0 && contrast_center <= 1, "[augment] contrast_center must be in [0, 1], got {}",
               contrast_center);
   EMBER_CHECK(std::isfinite(erase_value), "[augment] erase_value must be finite, got {}", erase_value);
-  EMBER_CHECK(g.n <= INT32_MAX && g.h * g.w * g.c <= INT32_MAX && g.oh * g.ow * g.c <= INT32_MAX,
-              "[augment] the batch is too large for 32-bit pixel indices; split it");
+  EMBER_CHECK(g.n <= INT32_MAX && g.h * g.w * g.c <= INT32_MAX && g.oh * g.ow * g.c <= INT32_MAX &&
+                  g.oh <= 65535 * 32,
+              "[augment] the images are too large for 32-bit pixel indices; split or shrink them");
   const std::vector<int64_t> shape =
       channels_last ? std::vector<int64_t>{g.n, g.oh, g.ow, g.c} : std::vector<int64_t>{g.n, g.c, g.oh, g.ow};
   return {batch_geometry(g, o.mean(), o.std(), contrast_center, erase_value),
@@ -335,8 +428,9 @@ AugmentResult augment(const torch::Tensor& images, const torch::Tensor& sample_i
               fmt::join(sample_indices.sizes(), ", "));
   torch::Tensor params = sample_params(options, sample_indices, g.h, g.w, seed, epoch);
   if (images.is_cuda()) {
-    // Pinned, so the copy to the GPU does not block the host; the caching
-    // host allocator keeps the buffer alive until the copy has run.
+    // Pinned (a fresh buffer: `params` is returned to the caller), so the copy
+    // does not block the host; the caching host allocator keeps the buffer
+    // alive until the copy has run.
     torch::Tensor staged = params.pin_memory();
     return {apply(images, staged.to(images.device(), /*non_blocking=*/true), options), params};
   }

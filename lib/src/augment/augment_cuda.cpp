@@ -16,6 +16,8 @@ namespace {
 torch::Tensor augment_apply_cuda(const torch::Tensor& images, const torch::Tensor& params, c10::IntArrayRef size,
                                  c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv, double contrast_center,
                                  double erase_value, c10::ScalarType dtype, bool channels_last) {
+  EMBER_CHECK(images.is_cuda(), "[augment::apply] images on {} but params on {}; put both on the same GPU",
+              images.device().str(), params.device().str());
   const c10::cuda::CUDAGuard guard(images.device());
   ApplySetup setup =
       setup_apply(images, params, size, mean, stdv, contrast_center, erase_value, dtype, channels_last);
@@ -23,8 +25,15 @@ torch::Tensor augment_apply_cuda(const torch::Tensor& images, const torch::Tenso
               "[augment::apply] params on {} but images on {}; keep them on the CPU or on the images' device",
               params.device().str(), images.device().str());
   const torch::Tensor src = images.contiguous();
-  // A CPU params tensor (pinned, as augment() makes it) is copied without blocking the host.
-  const torch::Tensor par = params.to(images.device(), /*non_blocking=*/true).contiguous();
+  // CPU params are staged in a pinned buffer this call owns (so the caller may
+  // reuse or edit theirs at once) and copied without blocking the host.
+  torch::Tensor par = params;
+  if (params.is_cpu()) {
+    torch::Tensor staged = torch::empty(params.sizes(), params.options().pinned_memory(true));
+    staged.copy_(params);
+    par = staged.to(images.device(), /*non_blocking=*/true);
+  }
+  par = par.contiguous();
   AugmentLaunch launch;
   launch.src = src.data_ptr<uint8_t>();
   launch.params = par.data_ptr<float>();

@@ -139,7 +139,14 @@ MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, i
   const bool nhwc = options.layout() == Layout::kNHWC;
   const int64_t h = images.size(nhwc ? 1 : 2), w = images.size(nhwc ? 2 : 3);
   const torch::Device dev = images.device();
-  const torch::Tensor p = params.to(dev, /*non_blocking=*/true);
+  torch::Tensor p = params;
+  if (params.is_cpu() && dev.is_cuda()) {  // staged in a pinned buffer this call owns: no host sync
+    torch::Tensor staged = torch::empty(params.sizes(), params.options().pinned_memory(true));
+    staged.copy_(params);
+    p = staged.to(dev, /*non_blocking=*/true);
+  } else {
+    p = params.to(dev);
+  }
   const torch::Tensor partner = images.flip({0});
 
   // Mixup part: lambda_m = lambda for Mixup samples, 1 for CutMix and unmixed ones.
@@ -163,12 +170,16 @@ MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, i
   // Targets: smoothed one-hot, mixed with the partner's by lambda.
   const double s = options.label_smoothing();
   const double off = s / static_cast<double>(num_classes), on = 1.0 - s + off;
-  const torch::Tensor t = targets.to(dev, torch::kLong);
+  if (targets.is_cpu() && n > 0)  // (on a GPU this check would cost a host sync; scatter_ asserts there)
+    EMBER_CHECK(targets.min().item<int64_t>() >= 0 && targets.max().item<int64_t>() < num_classes,
+                "[augment::mix] targets must be class indices in [0, {}), got [{}, {}]", num_classes,
+                targets.min().item<int64_t>(), targets.max().item<int64_t>());
+  const torch::Tensor t = targets.to(torch::kLong).to(dev, /*non_blocking=*/true);
   torch::Tensor onehot = torch::full({n, num_classes}, off, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
   onehot.scatter_(1, t.view({n, 1}), on);
   const torch::Tensor lam_t = lam.view({n, 1});
   const torch::Tensor soft = lam_t * onehot + (1.0 - lam_t) * onehot.flip({0});
-  return {out, soft, params.cpu()};
+  return {out, soft, params.is_cpu() ? params : params.cpu()};
 }
 
 MixResult mix(const torch::Tensor& images, const torch::Tensor& targets, int64_t num_classes,
@@ -179,7 +190,7 @@ MixResult mix(const torch::Tensor& images, const torch::Tensor& targets, int64_t
   const bool nhwc = options.layout() == Layout::kNHWC;
   const torch::Tensor params = sample_mix_params(options, sample_indices, images.size(nhwc ? 1 : 2),
                                                  images.size(nhwc ? 2 : 3), seed, epoch);
-  return apply_mix(images, targets, num_classes, images.is_cuda() ? params.pin_memory() : params, options);
+  return apply_mix(images, targets, num_classes, params, options);
 }
 
 }  // namespace ember::augment

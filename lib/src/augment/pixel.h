@@ -31,6 +31,7 @@ struct BatchGeometry {
 /// One sample's parameters in the form the pixel loop uses.
 struct SamplePlan {
   int x0, y0, bw, bh;       // crop box in source pixels
+  float sx, sy;             // box / output size per axis (interpolate's scale)
   bool hflip, vflip;
   bool exact;               // box size == output size: each output pixel copies one source pixel
   bool color;               // apply m and clamp to [0, 1]
@@ -38,7 +39,22 @@ struct SamplePlan {
   int ex0, ey0, ex1, ey1;   // erase rectangle [ex0, ex1) x [ey0, ey1) of output pixels
 };
 
-EMBER_HOST_DEVICE int to_int(float v) {  // params hold whole numbers; round to be safe
+/// Bilinear tap along one axis, as interpolate(align_corners=False) samples
+/// a box of `box` pixels starting at `start` into `out_size` outputs.
+struct Tap {
+  int i0, i1;   // source indices (may be outside the image: reads as 0)
+  float frac;   // weight of i1
+};
+
+// The functions have internal linkage: every translation unit (the CPU
+// reference, the kernel, white-box tests) compiles its own copy with its own
+// flags, and none can be interposed by another library's copy.
+namespace {
+
+/// Params hold whole numbers; round to be safe. NaN and values beyond +-2^24
+/// (rejected by the op's checks) map to 0 the same way on the CPU and GPU.
+EMBER_HOST_DEVICE int to_int(float v) {
+  if (!(v > -16777216.0f && v < 16777216.0f)) return 0;
   const float r = v + (v >= 0.0f ? 0.5f : -0.5f);
   return static_cast<int>(r);
 }
@@ -48,8 +64,11 @@ EMBER_HOST_DEVICE int to_int(float v) {  // params hold whole numbers; round to 
 EMBER_HOST_DEVICE void sincos_turns(float t, float* s_out, float* c_out) {
   const float q = t * 1.57079632679f;  // (2 pi t) / 4
   const float q2 = q * q;
-  float s = q * (1.0f - q2 / 6.0f * (1.0f - q2 / 20.0f * (1.0f - q2 / 42.0f * (1.0f - q2 / 72.0f))));
-  float c = 1.0f - q2 / 2.0f * (1.0f - q2 / 12.0f * (1.0f - q2 / 30.0f * (1.0f - q2 / 56.0f * (1.0f - q2 / 90.0f))));
+  // Horner forms of the Taylor series, with reciprocals (multiplications only).
+  float s = q * (1.0f - q2 * (1.0f / 6.0f) * (1.0f - q2 * (1.0f / 20.0f) * (1.0f - q2 * (1.0f / 42.0f) *
+                                                                             (1.0f - q2 * (1.0f / 72.0f)))));
+  float c = 1.0f - q2 * 0.5f * (1.0f - q2 * (1.0f / 12.0f) * (1.0f - q2 * (1.0f / 30.0f) *
+                                                              (1.0f - q2 * (1.0f / 56.0f) * (1.0f - q2 * (1.0f / 90.0f)))));
   for (int i = 0; i < 2; ++i) {
     const float s2 = 2.0f * s * c;
     const float c2 = c * c - s * s;
@@ -139,6 +158,8 @@ EMBER_HOST_DEVICE SamplePlan make_plan(const float* p, const BatchGeometry& g) {
   s.hflip = p[kHFlip] > 0.5f;
   s.vflip = p[kVFlip] > 0.5f;
   s.exact = s.bw == g.ow && s.bh == g.oh;
+  s.sx = static_cast<float>(s.bw) / static_cast<float>(g.ow);
+  s.sy = static_cast<float>(s.bh) / static_cast<float>(g.oh);
   const bool gray = p[kGray] > 0.5f && g.c == 3;
   s.color = p[kBrightness] != 1.0f || p[kContrast] != 1.0f || (g.c == 3 && (p[kSaturation] != 1.0f || p[kHue] != 0.0f)) ||
             gray;
@@ -155,15 +176,9 @@ EMBER_HOST_DEVICE SamplePlan make_plan(const float* p, const BatchGeometry& g) {
   return s;
 }
 
-/// Bilinear tap along one axis, as interpolate(align_corners=False) samples
-/// a box of `box` pixels starting at `start` into `out_size` outputs.
-struct Tap {
-  int i0, i1;   // source indices (may be outside the image: reads as 0)
-  float frac;   // weight of i1
-};
-
-EMBER_HOST_DEVICE Tap make_tap(int out_index, int out_size, int start, int box) {
-  float b = (static_cast<float>(out_index) + 0.5f) * static_cast<float>(box) / static_cast<float>(out_size) - 0.5f;
+/// `scale` = box / out_size, computed once per sample as interpolate computes it.
+EMBER_HOST_DEVICE Tap make_tap(int out_index, float scale, int start, int box) {
+  float b = (static_cast<float>(out_index) + 0.5f) * scale - 0.5f;
   if (b < 0.0f) b = 0.0f;
   int b0 = static_cast<int>(b);
   if (b0 > box - 1) b0 = box - 1;
@@ -189,8 +204,8 @@ EMBER_HOST_DEVICE void augment_pixel(const uint8_t* img, const BatchGeometry& g,
   if (s.exact) {  // equal to the bilinear formula with zero fractions
     for (int ch = 0; ch < g.c; ++ch) v[ch] = texel(img, g, s.y0 + sy, s.x0 + sx, ch) * (1.0f / 255.0f);
   } else {
-    const Tap ty = make_tap(sy, g.oh, s.y0, s.bh);
-    const Tap tx = make_tap(sx, g.ow, s.x0, s.bw);
+    const Tap ty = make_tap(sy, s.sy, s.y0, s.bh);
+    const Tap tx = make_tap(sx, s.sx, s.x0, s.bw);
     for (int ch = 0; ch < g.c; ++ch) {
       const float top = (1.0f - tx.frac) * texel(img, g, ty.i0, tx.i0, ch) + tx.frac * texel(img, g, ty.i0, tx.i1, ch);
       const float bot = (1.0f - tx.frac) * texel(img, g, ty.i1, tx.i0, ch) + tx.frac * texel(img, g, ty.i1, tx.i1, ch);
@@ -208,5 +223,7 @@ EMBER_HOST_DEVICE void augment_pixel(const uint8_t* img, const BatchGeometry& g,
   }
   for (int ch = 0; ch < g.c; ++ch) out[ch] = (v[ch] - g.mean[ch]) * g.inv_std[ch];
 }
+
+}  // namespace
 
 }  // namespace ember::augment::detail

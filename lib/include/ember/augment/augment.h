@@ -15,9 +15,16 @@
 //   out.images  // float32 [N, 3, 32, 32], on the images' device
 //   out.params  // float32 [N, kNumParams] on the CPU: pass back to apply() to replay exactly
 //
-// The kernels are also dispatcher operators, ember::augment_apply and
-// ember::augment_sample_params (ember/augment/ops.h), callable from Python
-// after torch.ops.load_library("libember.so").
+// The kernels are also dispatcher operators, registered with TORCH_LIBRARY
+// (CPU and CUDA implementations; apply() calls through the dispatcher):
+//   ember::augment_apply(Tensor images, Tensor params, int[] size, float[] mean, float[] std,
+//                        float contrast_center, float erase_value, ScalarType dtype, bool channels_last)
+//   ember::augment_sample_params(Tensor sample_indices, int height, int width, int[] size, str crop,
+//                                int padding, float[] scale, float[] ratio, float hflip, float vflip,
+//                                float[] color, float color_p, float grayscale, float erase,
+//                                float[] erase_scale, float[] erase_ratio, int seed, int epoch)
+// so Python can call them after torch.ops.load_library("libember.so")
+// (tests/augment/ops_test.py).
 //
 // Randomness: each sample's parameters come from Philox keyed on (seed) and
 // counted on (sample index, epoch, draw block) (ember/augment/philox.h), so
