@@ -80,12 +80,9 @@ class ImageFolderTask : public train::Task {
 
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
   train::StepOutput training_step(const data::Batch& b) override {
-    if (!augment::mixing(mix_)) {
-      torch::Tensor logits = net_->forward(b.input);
-      const auto ce = F::CrossEntropyFuncOptions().label_smoothing(mix_.label_smoothing());
-      return {F::cross_entropy(logits, b.target, ce), logits, b.target};
-    }
-    const augment::MixResult m = augment::mix(b.input, b.target, classes_, b.index, mix_, seed_, b.epoch);
+    // Mixup/CutMix (augment.mix.*) or label smoothing: soft targets for the
+    // loss; accuracy against the sample's own label.
+    const augment::MixResult m = augment::mix_batch(b, classes_, mix_, seed_);
     torch::Tensor logits = net_->forward(m.images);
     return {F::cross_entropy(logits, m.targets), logits, b.target};
   }

@@ -63,3 +63,20 @@ TEST(AugmentPipeline, LoaderTransformIsKeyedByIndexAndEpochAndSurvivesResume) {
   bare.target = ds.targets.narrow(0, 0, 2);
   EXPECT_THROW(batch_transform(o, 1)(bare), Error);
 }
+
+TEST(AugmentPipeline, MixBatchGivesSoftTargetsWithOrWithoutMixing) {
+  data::Batch b;
+  b.input = torch::rand({6, 3, 4, 4});
+  b.target = torch::tensor({0, 2, 1, 2, 0, 1}, torch::kInt64);
+  b.index = torch::arange(10, 16, torch::kInt64);
+  b.epoch = 3;
+  const MixResult plain = mix_batch(b, 3, MixOptions().label_smoothing(0.3), 5);
+  EXPECT_TRUE(torch::equal(plain.images, b.input));
+  const torch::Tensor want = torch::full({6, 3}, 0.1f).scatter_(1, b.target.view({6, 1}), 0.8f);
+  EXPECT_TRUE(torch::allclose(plain.targets, want));
+  const MixOptions mo = MixOptions().mixup_alpha(0.4);
+  const MixResult mixed = mix_batch(b, 3, mo, 5);
+  EXPECT_TRUE(torch::equal(mixed.images, mix(b.input, b.target, 3, b.index, mo, 5, 3).images));
+  EXPECT_FALSE(torch::equal(mixed.images, b.input));
+  EXPECT_THROW(mix_batch(b, 2, MixOptions(), 5), Error) << "label 2 out of range for 2 classes";
+}

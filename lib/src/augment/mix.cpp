@@ -119,6 +119,24 @@ torch::Tensor sample_mix_params(const MixOptions& options, const torch::Tensor& 
   return params;
 }
 
+torch::Tensor one_hot_targets(const torch::Tensor& targets, int64_t num_classes, double label_smoothing,
+                              torch::Device device) {
+  EMBER_CHECK(num_classes > 0, "[augment::mix] num_classes must be positive, got {}", num_classes);
+  EMBER_CHECK(label_smoothing >= 0 && label_smoothing < 1, "[augment::mix] label_smoothing must be in [0, 1), got {}",
+              label_smoothing);
+  EMBER_CHECK(targets.defined() && targets.dim() == 1 && !c10::isFloatingType(targets.scalar_type()),
+              "[augment::mix] targets must be class indices [N] (integers)");
+  const int64_t n = targets.size(0);
+  if (targets.is_cpu() && n > 0)  // (on a GPU this check would cost a host sync; scatter_ asserts there)
+    EMBER_CHECK(targets.min().item<int64_t>() >= 0 && targets.max().item<int64_t>() < num_classes,
+                "[augment::mix] targets must be class indices in [0, {}), got [{}, {}]", num_classes,
+                targets.min().item<int64_t>(), targets.max().item<int64_t>());
+  const double off = label_smoothing / static_cast<double>(num_classes), on = 1.0 - label_smoothing + off;
+  const torch::Tensor t = targets.to(torch::kLong).to(device, /*non_blocking=*/true);
+  torch::Tensor onehot = torch::full({n, num_classes}, off, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  return onehot.scatter_(1, t.view({n, 1}), on);
+}
+
 MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, int64_t num_classes,
                     const torch::Tensor& params, const MixOptions& options) {
   check_mix_options(options);
@@ -168,15 +186,7 @@ MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, i
   out = torch::where(box, partner, out);
 
   // Targets: smoothed one-hot, mixed with the partner's by lambda.
-  const double s = options.label_smoothing();
-  const double off = s / static_cast<double>(num_classes), on = 1.0 - s + off;
-  if (targets.is_cpu() && n > 0)  // (on a GPU this check would cost a host sync; scatter_ asserts there)
-    EMBER_CHECK(targets.min().item<int64_t>() >= 0 && targets.max().item<int64_t>() < num_classes,
-                "[augment::mix] targets must be class indices in [0, {}), got [{}, {}]", num_classes,
-                targets.min().item<int64_t>(), targets.max().item<int64_t>());
-  const torch::Tensor t = targets.to(torch::kLong).to(dev, /*non_blocking=*/true);
-  torch::Tensor onehot = torch::full({n, num_classes}, off, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
-  onehot.scatter_(1, t.view({n, 1}), on);
+  const torch::Tensor onehot = one_hot_targets(targets, num_classes, options.label_smoothing(), dev);
   const torch::Tensor lam_t = lam.view({n, 1});
   const torch::Tensor soft = lam_t * onehot + (1.0 - lam_t) * onehot.flip({0});
   return {out, soft, params.is_cpu() ? params : params.cpu()};

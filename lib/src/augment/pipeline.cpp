@@ -105,6 +105,17 @@ std::function<data::Batch(data::Batch)> batch_transform(AugmentOptions options, 
   };
 }
 
+MixResult mix_batch(const data::Batch& batch, int64_t num_classes, const MixOptions& mix, uint64_t seed) {
+  EMBER_CHECK(batch.index.defined() && batch.index.size(0) == batch.size(),
+              "[augment::mix_batch] the batch has no sample indices (batch.index)");
+  if (mixing(mix)) return augment::mix(batch.input, batch.target, num_classes, batch.index, mix, seed, batch.epoch);
+  // No mixing: the images as they are, the labels as (smoothed) one-hot rows.
+  torch::Tensor params = torch::zeros({batch.size(), kNumMixParams}, torch::kFloat32);
+  params.select(1, kMixLambda).fill_(1.0f);
+  return {batch.input, one_hot_targets(batch.target, num_classes, mix.label_smoothing(), batch.input.device()),
+          params};
+}
+
 data::TensorLoaderOptions with_augment(data::TensorLoaderOptions loader, AugmentOptions options, uint64_t seed) {
   auto t = batch_transform(std::move(options), seed);
   if (loader.device.is_cpu() && !loader.resident) return loader.set_transform(std::move(t));

@@ -59,6 +59,11 @@ struct MixResult {
   torch::Tensor params;   ///< float32 [N, kNumMixParams] on the CPU (replay with apply_mix)
 };
 
+/// Class indices [N] (any integer dtype, any device) -> float32 [N, num_classes]
+/// one-hot rows smoothed to (1 - s + s/K, s/K), on `device`.
+torch::Tensor one_hot_targets(const torch::Tensor& targets, int64_t num_classes, double label_smoothing,
+                              torch::Device device);
+
 /// Draws each sample's mix parameters (CPU) for `height` x `width` images.
 torch::Tensor sample_mix_params(const MixOptions& options, const torch::Tensor& sample_indices, int64_t height,
                                 int64_t width, uint64_t seed, int64_t epoch);

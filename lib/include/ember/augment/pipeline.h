@@ -43,6 +43,13 @@ inline bool mixing(const MixOptions& o) { return o.mixup_alpha() > 0 || o.cutmix
 /// batch.index, batch.epoch). Runs on the batch's device.
 std::function<data::Batch(data::Batch)> batch_transform(AugmentOptions options, uint64_t seed);
 
+/// The images and soft targets a classification step trains on: Mixup/CutMix
+/// of `batch` (keyed on batch.index and batch.epoch) when `mix` asks for it,
+/// else the batch's images with its labels as (smoothed) one-hot rows. Train
+/// with cross_entropy(model(r.images), r.targets) in both cases; measure
+/// accuracy against batch.target.
+MixResult mix_batch(const data::Batch& batch, int64_t num_classes, const MixOptions& mix, uint64_t seed);
+
 /// Makes `loader` augment its batches with `options`: as the host transform
 /// (before the copy, on the loader's thread) when batches are delivered to
 /// the CPU from host memory, else as the device transform (after the copy
