@@ -36,29 +36,16 @@ class CifarTask : public train::Task {
     const std::string root = c.get_string("data.root");
     data::TensorDataset train = data::load_cifar(root, data::Split::kTrain, co).head(subset(c.get_int("data.train_subset")));
     data::TensorDataset test = data::load_cifar(root, data::Split::kTest, co).head(subset(c.get_int("data.test_subset")));
-    const int64_t val_size = c.get_int("data.val_size");
-    if (val_size < 0 || val_size >= train.size())
-      throw Error("[cifar_resnet] data.val_size=" + std::to_string(val_size) + " must be in [0, " +
-                  std::to_string(train.size()) + ")");
-
-    const augment::AugmentOptions train_aug = augment::augment_options_from_config(c);
     const auto base = data::TensorLoaderOptions()
                           .set_batch_size(c.get_int("data.batch_size"))
                           .set_seed(seed_)
                           .set_prefetch(c.get_int("data.prefetch"))
                           .set_device(device)
                           .set_resident(c.get_bool("data.resident") && device.is_cuda());
-    const auto opts = augment::with_augment(base, train_aug, seed_);
-    auto eval_opts = augment::with_augment(base, augment::eval_options(train_aug), seed_);
-    eval_opts.set_batch_size(c.get_int("data.eval_batch_size")).set_shuffle(false);
-    const int64_t n_train = train.size() - val_size;
-    train_ = std::make_unique<data::TensorLoader>(
-        data::TensorDataset{train.inputs.narrow(0, 0, n_train), train.targets.narrow(0, 0, n_train)}, opts);
-    if (val_size > 0)
-      val_ = std::make_unique<data::TensorLoader>(
-          data::TensorDataset{train.inputs.narrow(0, n_train, val_size), train.targets.narrow(0, n_train, val_size)},
-          eval_opts);
-    test_ = std::make_unique<data::TensorLoader>(test, eval_opts);
+    augment::Loaders l = augment::make_loaders(train, test, c.get_int("data.val_size"), base,
+                                               augment::augment_options_from_config(c),
+                                               c.get_int("data.eval_batch_size"));
+    train_ = std::move(l.train), val_ = std::move(l.val), test_ = std::move(l.test);
   }
 
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }

@@ -65,17 +65,16 @@ class ImageFolderTask : public train::Task {
     net_ = CifarResNet(mo);
     net_->to(device);
 
-    const augment::AugmentOptions train_aug = augment::augment_options_from_config(c);
     const auto base = data::TensorLoaderOptions()
                           .set_batch_size(c.get_int("data.batch_size"))
                           .set_seed(seed_)
                           .set_prefetch(c.get_int("data.prefetch"))
                           .set_device(device)
                           .set_resident(c.get_bool("data.resident") && device.is_cuda());
-    auto eval_opts = augment::with_augment(base, augment::eval_options(train_aug), seed_);
-    eval_opts.set_batch_size(c.get_int("data.eval_batch_size")).set_shuffle(false);
-    train_ = std::make_unique<data::TensorLoader>(train.data, augment::with_augment(base, train_aug, seed_));
-    test_ = std::make_unique<data::TensorLoader>(test.data, eval_opts);
+    augment::Loaders l = augment::make_loaders(train.data, test.data, /*val_size=*/0, base,
+                                               augment::augment_options_from_config(c),
+                                               c.get_int("data.eval_batch_size"));
+    train_ = std::move(l.train), test_ = std::move(l.test);
   }
 
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/staging.h"
 #include "augment/apply_impl.h"
 #include "augment/pixel.h"
 #include "ember/augment/philox.h"
@@ -407,9 +408,7 @@ torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor
 }  // namespace detail
 
 torch::Tensor apply(const torch::Tensor& images, const torch::Tensor& params, const AugmentOptions& options) {
-  check_options(options);
-  const Geometry g = check_inputs(images, options);
-  check_params(params, g.n);
+  const Geometry g = check_inputs(images, options);  // for the output size; the op checks the rest
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("ember::augment_apply", "")
                              .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, c10::IntArrayRef,
@@ -427,14 +426,9 @@ AugmentResult augment(const torch::Tensor& images, const torch::Tensor& sample_i
               "[augment] sample_indices must be [N] with N = {} images, got [{}]", g.n,
               fmt::join(sample_indices.sizes(), ", "));
   torch::Tensor params = sample_params(options, sample_indices, g.h, g.w, seed, epoch);
-  if (images.is_cuda()) {
-    // Pinned (a fresh buffer: `params` is returned to the caller), so the copy
-    // does not block the host; the caching host allocator keeps the buffer
-    // alive until the copy has run.
-    torch::Tensor staged = params.pin_memory();
-    return {apply(images, staged.to(images.device(), /*non_blocking=*/true), options), params};
-  }
-  return {apply(images, params, options), params};
+  // On a GPU the params go over before the op (no host sync), so it does not
+  // re-check the values sample_params just drew.
+  return {apply(images, ember::detail::to_device_async(params, images.device()), options), params};
 }
 
 }  // namespace ember::augment

@@ -9,6 +9,7 @@
 #include "augment/apply_impl.h"
 #include "augment/cuda/augment_kernel.h"
 #include "core/check.h"
+#include "core/staging.h"
 
 namespace ember::augment::detail {
 namespace {
@@ -25,14 +26,8 @@ torch::Tensor augment_apply_cuda(const torch::Tensor& images, const torch::Tenso
               "[augment::apply] params on {} but images on {}; keep them on the CPU or on the images' device",
               params.device().str(), images.device().str());
   const torch::Tensor src = images.contiguous();
-  // CPU params are staged in a pinned buffer this call owns (so the caller may
-  // reuse or edit theirs at once) and copied without blocking the host.
-  torch::Tensor par = params;
-  if (params.is_cpu()) {
-    torch::Tensor staged = torch::empty(params.sizes(), params.options().pinned_memory(true));
-    staged.copy_(params);
-    par = staged.to(images.device(), /*non_blocking=*/true);
-  }
+  // CPU params: staged in a pinned buffer this call owns, copied without a host sync.
+  torch::Tensor par = ember::detail::to_device_async(params, images.device());
   par = par.contiguous();
   AugmentLaunch launch;
   launch.src = src.data_ptr<uint8_t>();

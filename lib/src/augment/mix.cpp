@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/staging.h"
 #include "ember/augment/philox.h"
 
 namespace ember::augment {
@@ -157,14 +158,7 @@ MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, i
   const bool nhwc = options.layout() == Layout::kNHWC;
   const int64_t h = images.size(nhwc ? 1 : 2), w = images.size(nhwc ? 2 : 3);
   const torch::Device dev = images.device();
-  torch::Tensor p = params;
-  if (params.is_cpu() && dev.is_cuda()) {  // staged in a pinned buffer this call owns: no host sync
-    torch::Tensor staged = torch::empty(params.sizes(), params.options().pinned_memory(true));
-    staged.copy_(params);
-    p = staged.to(dev, /*non_blocking=*/true);
-  } else {
-    p = params.to(dev);
-  }
+  const torch::Tensor p = ember::detail::to_device_async(params, dev);  // no host sync
   const torch::Tensor partner = images.flip({0});
 
   // Mixup part: lambda_m = lambda for Mixup samples, 1 for CutMix and unmixed ones.

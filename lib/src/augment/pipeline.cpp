@@ -122,4 +122,22 @@ data::TensorLoaderOptions with_augment(data::TensorLoaderOptions loader, Augment
   return loader.set_device_transform(std::move(t));
 }
 
+Loaders make_loaders(const data::TensorDataset& train, const data::TensorDataset& test, int64_t val_size,
+                     const data::TensorLoaderOptions& base, const AugmentOptions& train_aug, int64_t eval_batch_size) {
+  EMBER_CHECK(val_size >= 0 && val_size < train.size(),
+              "[augment::make_loaders] data.val_size={} must be in [0, {}) (the training set's size)", val_size,
+              train.size());
+  auto eval = with_augment(base, eval_options(train_aug), base.seed);
+  eval.set_batch_size(eval_batch_size).set_shuffle(false);
+  const int64_t n_train = train.size() - val_size;
+  const auto part = [&](int64_t begin, int64_t n) {
+    return data::TensorDataset{train.inputs.narrow(0, begin, n), train.targets.narrow(0, begin, n)};
+  };
+  Loaders l;
+  l.train = std::make_unique<data::TensorLoader>(part(0, n_train), with_augment(base, train_aug, base.seed));
+  if (val_size > 0) l.val = std::make_unique<data::TensorLoader>(part(n_train, val_size), eval);
+  l.test = std::make_unique<data::TensorLoader>(test, eval);
+  return l;
+}
+
 }  // namespace ember::augment

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "core/check.h"
+#include "core/staging.h"
 
 namespace ember::data {
 namespace {
@@ -87,10 +88,13 @@ torch::Tensor TensorLoader::epoch_order(int64_t epoch) const {
   return torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
 }
 
-Batch TensorLoader::gather(int64_t batch_index) const {
+torch::Tensor TensorLoader::order_slice(int64_t batch_index) const {
   const int64_t begin = batch_index * options_.batch_size;
-  const int64_t len = std::min(options_.batch_size, dataset_.size() - begin);
-  const torch::Tensor idx = order_.narrow(0, begin, len);
+  return order_.narrow(0, begin, std::min(options_.batch_size, dataset_.size() - begin));
+}
+
+Batch TensorLoader::gather(int64_t batch_index) const {
+  const torch::Tensor idx = order_slice(batch_index);
   Batch batch;
   batch.input = dataset_.inputs.index_select(0, idx);
   batch.target = dataset_.targets.index_select(0, idx);
@@ -110,20 +114,14 @@ Batch TensorLoader::gather(int64_t batch_index) const {
 void TensorLoader::copy_to_device(Batch& batch) const {
   const auto copy = [&](torch::Tensor& t) {
     if (!t.defined() || t.device() == options_.device) return;
-    if (options_.device.is_cuda() && t.is_cpu()) {
-      t = t.pin_memory().to(options_.device, /*non_blocking=*/true);
-    } else {
-      t = t.to(options_.device);
-    }
+    t = detail::to_device_async(t, options_.device);
   };
   copy(batch.input);
   copy(batch.target);
 }
 
 Batch TensorLoader::gather_resident(int64_t batch_index) const {
-  const int64_t begin = batch_index * options_.batch_size;
-  const int64_t len = std::min(options_.batch_size, dataset_.size() - begin);
-  const torch::Tensor idx = order_.narrow(0, begin, len);  // pinned with CUDA (start_epoch)
+  const torch::Tensor idx = order_slice(batch_index);  // pinned with CUDA (start_epoch)
   const torch::Tensor device_idx = idx.to(options_.device, /*non_blocking=*/options_.device.is_cuda());
   Batch batch;
   batch.input = resident_.inputs.index_select(0, device_idx);

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "ember/augment/augment.h"
 #include "ember/augment/mix.h"
@@ -55,5 +56,15 @@ MixResult mix_batch(const data::Batch& batch, int64_t num_classes, const MixOpti
 /// the CPU from host memory, else as the device transform (after the copy
 /// or the resident gather; the fused kernel on a GPU).
 data::TensorLoaderOptions with_augment(data::TensorLoaderOptions loader, AugmentOptions options, uint64_t seed);
+
+/// The loaders of an augmented classification recipe, from one `base`:
+/// train augments with `train_aug` (shuffled as `base` says); val (the last
+/// `val_size` training samples; null when 0) and test apply
+/// eval_options(train_aug), unshuffled, in batches of `eval_batch_size`.
+struct Loaders {
+  std::unique_ptr<data::TensorLoader> train, val, test;
+};
+Loaders make_loaders(const data::TensorDataset& train, const data::TensorDataset& test, int64_t val_size,
+                     const data::TensorLoaderOptions& base, const AugmentOptions& train_aug, int64_t eval_batch_size);
 
 }  // namespace ember::augment

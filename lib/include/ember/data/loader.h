@@ -138,6 +138,7 @@ class TensorLoader : public Loader {
     std::optional<c10::Event> ready;
   };
 
+  torch::Tensor order_slice(int64_t batch_index) const;  // the batch's dataset indices
   Batch gather(int64_t batch_index) const;           // steps 1-2, on the host
   void copy_to_device(Batch& batch) const;           // step 3, current stream
   Batch gather_resident(int64_t batch_index) const;  // step 1 on the device
