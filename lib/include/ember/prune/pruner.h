@@ -1,0 +1,134 @@
+#pragma once
+// Structured pruning of a torch::nn::Module: trace the dependency graph, score
+// every removable unit, pick the least important ones, remove them physically.
+//
+//   ember::prune::Pruner pruner(*model, [&] { return std::vector{model->forward(example)}; },
+//                               ember::prune::PrunerOptions().round_to(8));
+//   auto result = pruner.step(0.5, &optimizer);     // half of every group's channels
+//   std::cout << result.table();                    // per-layer shapes, MACs, params
+//   pruner.plan().save("run/pruning_plan.json");    // replay on a fresh model: prune::apply
+//
+// Importance is computed over the whole group (all layers a unit spans), as
+// Torch-Pruning's group importance. Ratios are fractions of the channels the
+// model had when constructed (cumulative across steps), as Torch-Pruning's
+// pruning_ratio: step(0.3) then step(0.5) removes 30%, then 20% more.
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ember/core/model_cost.h"
+#include "ember/prune/graph.h"
+#include "ember/prune/plan.h"
+
+namespace ember::prune {
+
+/// How a unit's importance is scored (summed over every tensor of its group).
+enum class Importance {
+  kL1,              ///< sum of |w| of conv/linear weights (rows and columns) and norm scales
+  kL2,              ///< sum of w^2, same tensors
+  kNormScale,       ///< |gamma| of the batch/group/layer norms in the group (network slimming)
+  kTaylor,          ///< |w * dL/dw| (first-order Taylor), same tensors; needs gradients
+  kRandom,          ///< uniform random: the baseline
+};
+/// "l1", "l2", "bn_scale", "taylor", "random".
+Importance importance_from_string(const std::string& name);
+std::string to_string(Importance importance);
+
+/// What a target fraction measures.
+enum class Target {
+  kMacs,    ///< multiply-accumulates of the example forward pass
+  kParams,  ///< parameter elements
+};
+
+struct PrunerOptions {
+  /// The ranking criterion.
+  TORCH_ARG(Importance, importance) = Importance::kL1;
+  /// Rank units across all groups (scores divided by their group's mean
+  /// score) instead of removing the same fraction from every group.
+  TORCH_ARG(bool, global_ranking) = false;
+  /// No group loses more than this fraction of its original channels; one unit always stays.
+  TORCH_ARG(double, max_ratio) = 1.0;
+  /// Layers whose tensors keep their shapes (qualified module names; covers
+  /// submodules). The model's outputs always keep theirs (the classifier's
+  /// output features, a decoder's vocabulary).
+  TORCH_ARG(std::vector<std::string>, ignored_layers) = {};
+  /// Remaining channels of each group are rounded down to a multiple of this
+  /// (8 suits tensor cores in fp16/bf16); a group never goes below it.
+  TORCH_ARG(int64_t, round_to) = 1;
+  /// Seed of the random criterion.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Print the tracer's warnings (unprunable channels) with TORCH_WARN.
+  TORCH_ARG(bool, print_warnings) = true;
+};
+
+/// Per-unit importance for each group of `graph` ([num_units] float32 on the
+/// CPU, in the group's unit order), or an undefined tensor where the criterion
+/// sees nothing to score (kNormScale in a group without norm layers).
+std::vector<torch::Tensor> importance(const DependencyGraph& graph, Importance criterion, uint64_t seed = 0);
+
+/// The plan that removes, for each group i of `graph`, the units remove[i]
+/// (indices in [0, num_units); `remove` may be shorter than groups()). For
+/// hand-picked or externally scored pruning; a group cannot lose all its units.
+Plan make_plan(const DependencyGraph& graph, const std::vector<std::vector<int64_t>>& remove);
+
+/// One layer tensor whose shape a pruning step changed.
+struct ShapeChange {
+  std::string name;  ///< e.g. "layer1.0.conv1.weight"
+  std::vector<int64_t> before, after;
+};
+
+struct PruneResult {
+  Plan plan;  ///< what this call removed, relative to the model before it
+  std::vector<ShapeChange> changes;
+  core::ModelCost before, after;  ///< MACs and parameters of the example forward pass
+  std::vector<std::string> warnings;  ///< the tracer's (channels left alone and why)
+  /// Per-layer shapes, then MACs and parameters before -> after with ratios.
+  std::string table() const;
+};
+
+class Pruner {
+ public:
+  /// `forward` runs `model` on example inputs (a real batch's shapes) and is
+  /// called to trace and to count MACs; the model must outlive the pruner.
+  Pruner(torch::nn::Module& model, ForwardFn forward, PrunerOptions options = {});
+
+  /// Removes units until each group has lost `ratio` of its original channels
+  /// (local ranking) or the model has in total (global ranking). Slices the
+  /// state `optimizer` keeps for the parameters, if given.
+  PruneResult step(double ratio, torch::optim::Optimizer* optimizer = nullptr);
+
+  /// Prunes in steps of `increment` (in ratio) until the model's MACs or
+  /// parameters are at most `fraction` of the original's. Stops with what it
+  /// reached, and a warning in the result, when nothing more can be removed.
+  PruneResult prune_to(Target target, double fraction, torch::optim::Optimizer* optimizer = nullptr,
+                       double increment = 0.02);
+
+  /// Continues after an earlier session: `applied` (already applied to the
+  /// model, e.g. replayed from a checkpoint) becomes plan(), `ratio` ratio().
+  void resume(Plan applied, double ratio);
+
+  /// Everything removed so far, relative to the model as constructed.
+  const Plan& plan() const { return plan_; }
+  /// The ratio the last step aimed at.
+  double ratio() const { return ratio_; }
+  /// The cost of the model when the pruner was created.
+  const core::ModelCost& original_cost() const { return original_; }
+  const PrunerOptions& options() const { return options_; }
+
+ private:
+  Plan select(const DependencyGraph& graph, double ratio) const;
+
+  torch::nn::Module& model_;
+  ForwardFn forward_;
+  PrunerOptions options_;
+  Plan plan_;
+  double ratio_ = 0.0;
+  int64_t steps_ = 0;
+  core::ModelCost original_;
+};
+
+}  // namespace ember::prune

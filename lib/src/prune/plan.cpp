@@ -1,0 +1,262 @@
+#include "ember/prune/plan.h"
+
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "ember/core/file.h"
+
+namespace ember::prune {
+
+Plan::Plan(std::vector<PlanEntry> entries) : entries_(std::move(entries)) {
+  std::set<std::pair<std::string, int64_t>> seen;
+  for (const PlanEntry& e : entries_) {
+    EMBER_CHECK(seen.emplace(e.name, e.dim).second, "[prune::Plan] {} dim {} appears twice", e.name, e.dim);
+    EMBER_CHECK(!e.keep.empty(), "[prune::Plan] {} dim {}: keeps no channel (a layer cannot be emptied)", e.name,
+                e.dim);
+    for (size_t i = 0; i < e.keep.size(); ++i)
+      EMBER_CHECK(e.keep[i] >= 0 && e.keep[i] < e.size && (i == 0 || e.keep[i] > e.keep[i - 1]),
+                  "[prune::Plan] {} dim {}: kept indices must be ascending in [0, {})", e.name, e.dim, e.size);
+  }
+}
+
+Plan Plan::then(const Plan& next) const {
+  std::map<std::pair<std::string, int64_t>, const PlanEntry*> mine;
+  for (const PlanEntry& e : entries_) mine.emplace(std::make_pair(e.name, e.dim), &e);
+  std::vector<PlanEntry> out;
+  std::set<std::pair<std::string, int64_t>> done;
+  for (const PlanEntry& n : next.entries_) {
+    const auto key = std::make_pair(n.name, n.dim);
+    auto it = mine.find(key);
+    if (it == mine.end()) {
+      out.push_back(n);
+    } else {
+      const PlanEntry& f = *it->second;
+      EMBER_CHECK(static_cast<int64_t>(f.keep.size()) == n.size,
+                  "[prune::Plan::then] {} dim {}: the second plan expects size {}, the first leaves {}", n.name,
+                  n.dim, n.size, f.keep.size());
+      PlanEntry c{n.name, n.dim, f.size, {}};
+      for (int64_t k : n.keep) c.keep.push_back(f.keep[k]);
+      out.push_back(std::move(c));
+    }
+    done.insert(key);
+  }
+  for (const PlanEntry& e : entries_)
+    if (!done.count({e.name, e.dim})) out.push_back(e);
+  std::sort(out.begin(), out.end(), [](const PlanEntry& a, const PlanEntry& b) {
+    return std::tie(a.name, a.dim) < std::tie(b.name, b.dim);
+  });
+  return Plan(std::move(out));
+}
+
+std::string Plan::to_json() const {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const PlanEntry& e : entries_)
+    entries.push_back({{"name", e.name}, {"dim", e.dim}, {"size", e.size}, {"keep", e.keep}});
+  return nlohmann::json{{"format", "ember.pruning_plan"}, {"version", 1}, {"entries", entries}}.dump() + "\n";
+}
+
+Plan Plan::from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    detail::fail("[prune::Plan::from_json] not valid JSON: {}", e.what());
+  }
+  EMBER_CHECK(j.is_object() && j.value("format", "") == "ember.pruning_plan",
+              "[prune::Plan::from_json] not an Ember pruning plan (expected \"format\": \"ember.pruning_plan\")");
+  EMBER_CHECK(j.value("version", 0) == 1, "[prune::Plan::from_json] plan version {} is not supported (this build reads 1)",
+              j.value("version", 0));
+  std::vector<PlanEntry> entries;
+  try {
+    for (const auto& e : j.at("entries"))
+      entries.push_back({e.at("name").get<std::string>(), e.at("dim").get<int64_t>(), e.at("size").get<int64_t>(),
+                         e.at("keep").get<std::vector<int64_t>>()});
+  } catch (const nlohmann::json::exception& e) {
+    detail::fail("[prune::Plan::from_json] malformed entry: {}", e.what());
+  }
+  return Plan(std::move(entries));
+}
+
+void Plan::save(const std::string& path) const { core::write_file_atomic(path, to_json()); }
+
+Plan Plan::load(const std::string& path) {
+  try {
+    return from_json(core::read_file(path));
+  } catch (const Error& e) {
+    detail::fail("{} (file {})", e.what(), path);
+  }
+}
+
+namespace {
+
+/// Slices the optimizer state of one parameter whose dim `dim` keeps `index`.
+void slice_state(torch::optim::OptimizerParamState& state, const std::string& name, const c10::IntArrayRef old_sizes,
+                 int64_t dim, const torch::Tensor& index) {
+  const auto cut = [&](torch::Tensor& t) {
+    if (!t.defined() || t.numel() == 0) return;
+    EMBER_CHECK(t.sizes() == old_sizes, "[prune::apply] optimizer state of {} has shape {}, the parameter {}", name,
+                t.sizes(), old_sizes);
+    t = t.index_select(dim, index.to(t.device()));
+  };
+  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
+    cut(sgd->momentum_buffer());
+  } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
+    cut(adam->exp_avg());
+    cut(adam->exp_avg_sq());
+    cut(adam->max_exp_avg_sq());
+  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
+    cut(adamw->exp_avg());
+    cut(adamw->exp_avg_sq());
+    cut(adamw->max_exp_avg_sq());
+  } else if (auto* rms = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
+    cut(rms->square_avg());
+    cut(rms->momentum_buffer());
+    cut(rms->grad_avg());
+  } else if (auto* ada = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
+    cut(ada->sum());
+  } else {
+    detail::fail("[prune::apply] {}: cannot slice the state of this optimizer (SGD, Adam, AdamW, RMSprop and "
+                 "Adagrad are supported); prune before creating it, or between runs",
+                 name);
+  }
+}
+
+template <typename Conv>
+bool resize_conv(torch::nn::Module& m) {
+  auto* c = dynamic_cast<Conv*>(&m);
+  if (!c) return false;
+  auto& o = c->options;
+  EMBER_CHECK(!o.transposed(), "[prune::apply] transposed convolutions cannot be resized");
+  const int64_t out = c->weight.size(0), per_group_out = o.out_channels() / o.groups();
+  if (o.groups() == 1) {  // any channels
+    o.out_channels(out).in_channels(c->weight.size(1));
+    return true;
+  }
+  EMBER_CHECK(out % per_group_out == 0,
+              "[prune::apply] conv with {} groups keeps {} output channels: not whole groups of {}", o.groups(), out,
+              per_group_out);
+  const int64_t groups = out / per_group_out;
+  o.groups(groups).out_channels(out).in_channels(groups * c->weight.size(1));
+  return true;
+}
+
+template <typename Norm>
+bool resize_batch_norm(torch::nn::Module& m) {
+  auto* b = dynamic_cast<Norm*>(&m);
+  if (!b) return false;
+  if (b->weight.defined()) b->options.num_features(b->weight.size(0));
+  else if (b->running_mean.defined()) b->options.num_features(b->running_mean.size(0));
+  return true;
+}
+
+/// Updates a known layer's options from its (already sliced) tensors.
+void resize_layer(torch::nn::Module& m) {
+  if (resize_conv<torch::nn::Conv1dImpl>(m) || resize_conv<torch::nn::Conv2dImpl>(m) ||
+      resize_conv<torch::nn::Conv3dImpl>(m))
+    return;
+  if (resize_batch_norm<torch::nn::BatchNorm1dImpl>(m) || resize_batch_norm<torch::nn::BatchNorm2dImpl>(m) ||
+      resize_batch_norm<torch::nn::BatchNorm3dImpl>(m))
+    return;
+  if (auto* l = dynamic_cast<torch::nn::LinearImpl*>(&m)) {
+    l->options.in_features(l->weight.size(1)).out_features(l->weight.size(0));
+  } else if (auto* n = dynamic_cast<torch::nn::LayerNormImpl*>(&m)) {
+    std::vector<int64_t> shape = n->options.normalized_shape();
+    EMBER_CHECK(n->weight.defined() && shape.size() == 1,
+                "[prune::apply] only a LayerNorm over one dimension, with weights, can be resized");
+    n->options.normalized_shape({n->weight.size(0)});
+  } else if (auto* g = dynamic_cast<torch::nn::GroupNormImpl*>(&m)) {
+    const int64_t c = g->weight.size(0), per = g->options.num_channels() / g->options.num_groups();
+    EMBER_CHECK(c % per == 0, "[prune::apply] GroupNorm keeps {} channels: not whole groups of {}", c, per);
+    g->options.num_groups(c / per).num_channels(c);
+  } else if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(&m)) {
+    e->options.num_embeddings(e->weight.size(0)).embedding_dim(e->weight.size(1));
+  }
+}
+
+}  // namespace
+
+void apply(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* optimizer) {
+  if (plan.empty()) return;
+  // Tensors by qualified name (each tensor once: tied weights under their first name), and owners.
+  struct Target {
+    torch::Tensor tensor;
+    std::shared_ptr<torch::nn::Module> module;
+    bool is_param = false;
+  };
+  std::unordered_map<std::string, Target> by_name;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : model.named_modules()) {
+    const std::string& path = item.key();
+    const auto add = [&](const std::string& local, const torch::Tensor& t, bool is_param) {
+      if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) return;
+      by_name.emplace(path.empty() ? local : path + "." + local, Target{t, item.value(), is_param});
+    };
+    for (const auto& p : item.value()->named_parameters(false)) add(p.key(), p.value(), true);
+    for (const auto& b : item.value()->named_buffers(false)) add(b.key(), b.value(), false);
+  }
+  // Validate everything before touching anything.
+  std::map<std::string, std::vector<const PlanEntry*>> per_tensor;
+  for (const PlanEntry& e : plan.entries()) {
+    auto it = by_name.find(e.name);
+    EMBER_CHECK(it != by_name.end(),
+                "[prune::apply] the plan prunes {}, which this model does not have (was the plan made for another "
+                "model or config?)",
+                e.name);
+    const torch::Tensor& t = it->second.tensor;
+    EMBER_CHECK(e.dim >= 0 && e.dim < t.dim(), "[prune::apply] {} has {} dims; the plan prunes dim {}", e.name,
+                t.dim(), e.dim);
+    EMBER_CHECK(t.size(e.dim) == e.size,
+                "[prune::apply] {} dim {} has size {}, the plan was made for size {} (apply a plan to the model "
+                "as constructed, before loading pruned weights, and only once)",
+                e.name, e.dim, t.size(e.dim), e.size);
+    per_tensor[e.name].push_back(&e);
+  }
+  for (const auto& [name, entries] : per_tensor) {
+    const auto& m = *by_name.at(name).module;
+    const bool known = dynamic_cast<const torch::nn::ConvTranspose1dImpl*>(&m) == nullptr &&
+                       dynamic_cast<const torch::nn::ConvTranspose2dImpl*>(&m) == nullptr &&
+                       dynamic_cast<const torch::nn::ConvTranspose3dImpl*>(&m) == nullptr;
+    EMBER_CHECK(known, "[prune::apply] {}: transposed convolutions cannot be resized", name);
+  }
+
+  torch::NoGradGuard no_grad;
+  std::set<torch::nn::Module*> touched;
+  for (const auto& [name, entries] : per_tensor) {
+    Target& target = by_name.at(name);
+    torch::Tensor& t = target.tensor;
+    torch::optim::OptimizerParamState* state = nullptr;
+    if (optimizer && target.is_param) {
+      auto it = optimizer->state().find(t.unsafeGetTensorImpl());
+      if (it != optimizer->state().end()) state = it->second.get();
+    }
+    torch::Tensor data = t.detach();
+    torch::Tensor grad = t.grad().defined() ? t.grad().detach() : torch::Tensor();
+    for (const PlanEntry* e : entries) {
+      const torch::Tensor index = torch::tensor(e->keep, torch::kLong).to(t.device());
+      const std::vector<int64_t> old_sizes = data.sizes().vec();
+      if (state) slice_state(*state, name, old_sizes, e->dim, index);
+      data = data.index_select(e->dim, index);
+      if (grad.defined()) grad = grad.index_select(e->dim, index);
+    }
+    t.set_data(data.contiguous());
+    if (grad.defined()) t.mutable_grad() = grad.contiguous();
+    touched.insert(target.module.get());
+  }
+  for (torch::nn::Module* m : touched) resize_layer(*m);
+}
+
+}  // namespace ember::prune

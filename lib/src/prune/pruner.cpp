@@ -1,0 +1,293 @@
+#include "ember/prune/pruner.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "core/check.h"
+
+namespace ember::prune {
+
+Importance importance_from_string(const std::string& name) {
+  if (name == "l1") return Importance::kL1;
+  if (name == "l2") return Importance::kL2;
+  if (name == "bn_scale") return Importance::kNormScale;
+  if (name == "taylor") return Importance::kTaylor;
+  if (name == "random") return Importance::kRandom;
+  detail::fail("[prune] unknown importance '{}': use l1, l2, bn_scale, taylor or random", name);
+}
+
+std::string to_string(Importance importance) {
+  switch (importance) {
+    case Importance::kL1: return "l1";
+    case Importance::kL2: return "l2";
+    case Importance::kNormScale: return "bn_scale";
+    case Importance::kTaylor: return "taylor";
+    case Importance::kRandom: return "random";
+  }
+  return "?";
+}
+
+std::vector<torch::Tensor> importance(const DependencyGraph& graph, Importance criterion, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> out;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (const Group& g : graph.groups()) {
+    if (criterion == Importance::kRandom) {
+      out.push_back(torch::rand({g.num_units}, gen, torch::kFloat));
+      continue;
+    }
+    torch::Tensor score = torch::zeros({g.num_units}, torch::kDouble);
+    bool any = false;
+    for (const Group::Member& m : g.members) {
+      const TensorDim& td = graph.dims()[m.dim];
+      const bool weight = td.role == DimRole::kOut || td.role == DimRole::kIn || td.role == DimRole::kNorm;
+      if (criterion == Importance::kNormScale ? td.role != DimRole::kNorm : !weight) continue;
+      const torch::Tensor w = td.tensor.detach().to(torch::kCPU, torch::kDouble);
+      torch::Tensor a;
+      switch (criterion) {
+        case Importance::kL1:
+        case Importance::kNormScale: a = w.abs(); break;
+        case Importance::kL2: a = w * w; break;
+        case Importance::kTaylor: {
+          const torch::Tensor grad = td.tensor.grad();
+          EMBER_CHECK(grad.defined(),
+                      "[prune::importance] taylor needs gradients, and {} has none: run forward and backward on a "
+                      "few batches first (the pruning callback does: prune.taylor_batches)",
+                      td.name);
+          a = (w * grad.detach().to(torch::kCPU, torch::kDouble)).abs();
+          break;
+        }
+        case Importance::kRandom: break;
+      }
+      // One score per position of the dimension: sum over every other dimension.
+      const torch::Tensor per_pos = a.dim() == 1 ? a : a.movedim(td.dim, 0).flatten(1).sum(1);
+      const torch::Tensor unit = torch::tensor(m.unit_of, torch::kLong);
+      const torch::Tensor in_group = unit.ge(0);
+      score.index_add_(0, unit.masked_select(in_group), per_pos.masked_select(in_group));
+      any = true;
+    }
+    out.push_back(any ? score.to(torch::kFloat) : torch::Tensor());
+  }
+  return out;
+}
+
+std::string PruneResult::table() const {
+  std::string s;
+  size_t width = 24;
+  for (const ShapeChange& c : changes) width = std::max(width, c.name.size() + 2);
+  s += fmt::format("{:<{}}{:<22}{}\n", "tensor", width, "before", "after");
+  for (const ShapeChange& c : changes)
+    s += fmt::format("{:<{}}{:<22}{}\n", c.name, width, fmt::format("[{}]", fmt::join(c.before, ", ")),
+                     fmt::format("[{}]", fmt::join(c.after, ", ")));
+  const auto ratio = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+  s += fmt::format("MACs    {:>14} -> {:>14}  ({:.2f}x fewer)\n", before.macs, after.macs, ratio(before.macs, after.macs));
+  s += fmt::format("params  {:>14} -> {:>14}  ({:.2f}x fewer)\n", before.params, after.params,
+                   ratio(before.params, after.params));
+  for (const std::string& w : warnings) s += "note: " + w + "\n";
+  return s;
+}
+
+Pruner::Pruner(torch::nn::Module& model, ForwardFn forward, PrunerOptions options)
+    : model_(model), forward_(std::move(forward)), options_(std::move(options)) {
+  EMBER_CHECK(options_.max_ratio() > 0.0 && options_.max_ratio() <= 1.0,
+              "[prune::Pruner] max_ratio {} must be in (0, 1]", options_.max_ratio());
+  EMBER_CHECK(options_.round_to() >= 1, "[prune::Pruner] round_to {} must be >= 1", options_.round_to());
+  original_ = core::count_cost(model_, forward_);
+}
+
+void Pruner::resume(Plan applied, double ratio) {
+  plan_ = std::move(applied);
+  ratio_ = ratio;
+}
+
+Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
+  const auto scores = importance(graph, options_.importance(), options_.seed() + static_cast<uint64_t>(steps_));
+  std::map<std::pair<std::string, int64_t>, int64_t> original_size;
+  for (const PlanEntry& e : plan_.entries()) original_size[{e.name, e.dim}] = e.size;
+
+  struct Candidate {
+    size_t group;
+    int64_t units, width, original, min_keep;  // channels: original, min_keep
+  };
+  std::vector<Candidate> cands;
+  for (size_t i = 0; i < graph.groups().size(); ++i) {
+    const Group& g = graph.groups()[i];
+    if (!scores[i].defined() || g.num_units < 2) continue;
+    const TensorDim& ref = graph.dims()[g.members[0].dim];
+    const int64_t current = g.num_units * g.unit_width;
+    auto it = original_size.find({ref.name, ref.dim});
+    const int64_t original = it != original_size.end() && current == ref.size ? it->second : current;
+    const auto min_keep = std::max<int64_t>(
+        g.unit_width, static_cast<int64_t>(std::ceil(static_cast<double>(original) * (1.0 - options_.max_ratio()) - 1e-9)));
+    cands.push_back({i, g.num_units, g.unit_width, original, min_keep});
+  }
+
+  // Channels each group keeps, before rounding.
+  std::map<size_t, int64_t> keep_channels;
+  if (!options_.global_ranking()) {
+    for (const Candidate& c : cands)
+      keep_channels[c.group] = static_cast<int64_t>(std::floor(static_cast<double>(c.original) * (1.0 - ratio) + 1e-9));
+  } else {
+    // Scores normalised by their group's mean; the lowest go first, each group within its bounds.
+    struct Unit {
+      double score;
+      size_t cand;
+    };
+    std::vector<Unit> units;
+    int64_t total_units = 0, target_units = 0;
+    for (size_t ci = 0; ci < cands.size(); ++ci) {
+      const torch::Tensor s = scores[cands[ci].group].to(torch::kDouble);
+      const double mean = s.mean().item<double>();
+      const torch::Tensor n = mean > 0 ? s / mean : s;
+      for (int64_t u = 0; u < cands[ci].units; ++u) units.push_back({n[u].item<double>(), ci});
+      total_units += cands[ci].units;
+      target_units += static_cast<int64_t>(
+          std::floor(static_cast<double>(cands[ci].original / cands[ci].width) * (1.0 - ratio) + 1e-9));
+    }
+    std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.score < b.score; });
+    std::vector<int64_t> left(cands.size());
+    for (size_t ci = 0; ci < cands.size(); ++ci) left[ci] = cands[ci].units;
+    int64_t to_remove = total_units - target_units;
+    for (const Unit& u : units) {
+      if (to_remove <= 0) break;
+      const Candidate& c = cands[u.cand];
+      if ((left[u.cand] - 1) * c.width < c.min_keep) continue;
+      --left[u.cand];
+      --to_remove;
+    }
+    for (size_t ci = 0; ci < cands.size(); ++ci) keep_channels[cands[ci].group] = left[ci] * cands[ci].width;
+  }
+
+  // Per group: bounds, rounding, then the lowest-scoring units go.
+  std::vector<std::vector<int64_t>> remove(graph.groups().size());
+  for (const Candidate& c : cands) {
+    int64_t keep = std::max(keep_channels[c.group], c.min_keep);
+    const int64_t r = options_.round_to();
+    if (r > 1) {
+      keep -= keep % r;
+      if (keep < r) keep = std::min(r, c.units * c.width);
+    }
+    const int64_t keep_units = std::clamp<int64_t>(keep / c.width, 1, c.units);
+    const torch::Tensor order = std::get<1>(scores[c.group].sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+    for (int64_t i = 0; i < c.units - keep_units; ++i) remove[c.group].push_back(order[i].item<int64_t>());
+  }
+  return make_plan(graph, remove);
+}
+
+Plan make_plan(const DependencyGraph& graph, const std::vector<std::vector<int64_t>>& remove) {
+  EMBER_CHECK(remove.size() <= graph.groups().size(), "[prune::make_plan] {} unit lists for {} groups",
+              remove.size(), graph.groups().size());
+  std::map<int64_t, std::set<int64_t>> removed;  // tensor dim index -> removed positions
+  for (size_t gi = 0; gi < remove.size(); ++gi) {
+    const Group& g = graph.groups()[gi];
+    const std::set<int64_t> gone(remove[gi].begin(), remove[gi].end());
+    if (gone.empty()) continue;
+    EMBER_CHECK(*gone.begin() >= 0 && *gone.rbegin() < g.num_units,
+                "[prune::make_plan] group {} has {} units; asked to remove unit {}", g.name, g.num_units,
+                *gone.begin() < 0 ? *gone.begin() : *gone.rbegin());
+    EMBER_CHECK(static_cast<int64_t>(gone.size()) < g.num_units,
+                "[prune::make_plan] group {}: removing all {} units would empty its layers", g.name, g.num_units);
+    for (const Group::Member& m : g.members)
+      for (size_t p = 0; p < m.unit_of.size(); ++p)
+        if (m.unit_of[p] >= 0 && gone.count(m.unit_of[p])) removed[m.dim].insert(static_cast<int64_t>(p));
+  }
+  std::vector<PlanEntry> entries;
+  for (const auto& [d, gone] : removed) {
+    const TensorDim& td = graph.dims()[d];
+    PlanEntry e{td.name, td.dim, td.size, {}};
+    for (int64_t p = 0; p < td.size; ++p)
+      if (!gone.count(p)) e.keep.push_back(p);
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const PlanEntry& a, const PlanEntry& b) { return std::tie(a.name, a.dim) < std::tie(b.name, b.dim); });
+  return Plan(std::move(entries));
+}
+
+namespace {
+
+std::map<std::string, std::vector<int64_t>> parameter_shapes(const torch::nn::Module& model) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& p : model.named_parameters()) shapes.emplace(p.key(), p.value().sizes().vec());
+  return shapes;
+}
+
+std::vector<ShapeChange> diff(const std::map<std::string, std::vector<int64_t>>& before,
+                              const std::map<std::string, std::vector<int64_t>>& after) {
+  std::vector<ShapeChange> changes;
+  for (const auto& [name, shape] : before) {
+    auto it = after.find(name);
+    if (it != after.end() && it->second != shape) changes.push_back({name, shape, it->second});
+  }
+  return changes;
+}
+
+}  // namespace
+
+PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
+  EMBER_CHECK(ratio >= 0.0 && ratio < 1.0, "[prune::Pruner::step] ratio {} must be in [0, 1)", ratio);
+  PruneResult result;
+  result.before = core::count_cost(model_, forward_);
+  const auto shapes_before = parameter_shapes(model_);
+  {
+    const DependencyGraph graph = DependencyGraph::build(
+        model_, forward_, GraphOptions{options_.ignored_layers(), options_.print_warnings()});
+    result.warnings = graph.warnings();
+    result.plan = select(graph, ratio);
+  }
+  prune::apply(model_, result.plan, optimizer);
+  try {
+    result.after = core::count_cost(model_, forward_);
+  } catch (const std::exception& e) {
+    detail::fail("[prune::Pruner::step] the pruned model's forward pass fails ({}). The tracer assumed every "
+                 "chunk/split of a pruned tensor is computed from its size at run time (chunk(n)); a split with "
+                 "sizes fixed in code breaks that. Add that layer to ignored_layers.",
+                 std::string(e.what()).substr(0, 300));
+  }
+  result.changes = diff(shapes_before, parameter_shapes(model_));
+  plan_ = plan_.then(result.plan);
+  ratio_ = ratio;
+  ++steps_;
+  return result;
+}
+
+PruneResult Pruner::prune_to(Target target, double fraction, torch::optim::Optimizer* optimizer, double increment) {
+  EMBER_CHECK(fraction > 0.0 && fraction <= 1.0, "[prune::Pruner::prune_to] fraction {} must be in (0, 1]",
+              fraction);
+  EMBER_CHECK(increment > 0.0 && increment < 1.0, "[prune::Pruner::prune_to] increment {} must be in (0, 1)",
+              increment);
+  const auto measure = [&](const core::ModelCost& c) { return target == Target::kMacs ? c.macs : c.params; };
+  const double goal = fraction * static_cast<double>(measure(original_));
+  PruneResult total;
+  total.before = core::count_cost(model_, forward_);
+  total.after = total.before;
+  const auto shapes_before = parameter_shapes(model_);
+  double r = ratio_;
+  while (static_cast<double>(measure(total.after)) > goal) {
+    r = std::min(r + increment, 1.0 - 1e-6);
+    PruneResult s = step(r, optimizer);
+    total.plan = total.plan.then(s.plan);
+    total.after = s.after;
+    for (const std::string& w : s.warnings)
+      if (std::find(total.warnings.begin(), total.warnings.end(), w) == total.warnings.end())
+        total.warnings.push_back(w);
+    if (r >= 1.0 - 1e-6) {
+      total.warnings.push_back(fmt::format("[prune::Pruner::prune_to] stopped at {} of the original {}: nothing "
+                                           "more can be removed (max_ratio, ignored layers, unprunable channels)",
+                                           static_cast<double>(measure(total.after)) /
+                                               static_cast<double>(std::max<int64_t>(1, measure(original_))),
+                                           target == Target::kMacs ? "MACs" : "parameters"));
+      break;
+    }
+  }
+  total.changes = diff(shapes_before, parameter_shapes(model_));
+  return total;
+}
+
+}  // namespace ember::prune
