@@ -84,7 +84,7 @@ double prune_zeroed_units(M& model, const torch::Tensor& x, const std::function<
   const int64_t params_before = train_params(*model);
   const Plan plan = make_plan(g, remove);
   EXPECT_FALSE(plan.empty());
-  prune::apply(*model, plan);
+  prune::apply_plan(*model, plan);
   const torch::Tensor after = model->forward(x);
   EXPECT_EQ(after.sizes(), before.sizes());
   if (params_removed) *params_removed = params_before - train_params(*model);
@@ -235,7 +235,7 @@ TEST(PruneGraph, LayerNormResidualStreamPrunesConsistently) {
   std::vector<std::vector<int64_t>> remove(g.groups().size());
   for (size_t i = 0; i < g.groups().size(); ++i)
     if (&g.groups()[i] == find_group(g, "emb.weight[1]")) remove[i] = {0, 5, 7};
-  prune::apply(*model, make_plan(g, remove));
+  prune::apply_plan(*model, make_plan(g, remove));
   EXPECT_EQ(model->emb->options.embedding_dim(), 9);
   EXPECT_EQ(model->ln->options.normalized_shape(), std::vector<int64_t>{9});
   EXPECT_EQ(model->head->options.in_features(), 9);

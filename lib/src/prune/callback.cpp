@@ -1,0 +1,378 @@
+#include "ember/prune/callback.h"
+
+#include <ATen/Context.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/batchnorm.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "core/check.h"
+#include "ember/amp/autocast.h"
+#include "ember/amp/precision.h"
+#include "ember/core/file.h"
+#include "ember/train/trainer.h"
+
+namespace ember::prune {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// What ModelStateGuard does with gradients.
+enum class Grads {
+  kRestore,  ///< set them aside, start from none, put them back
+  kKeep,     ///< leave them alone (gradients collected inside stay)
+};
+
+/// Saves what measuring or gradient collection may change (buffers such as
+/// batch-norm statistics, train/eval modes, RNG state, gradients) and puts it
+/// back on destruction. The model must keep its shapes meanwhile.
+class ModelStateGuard {
+ public:
+  ModelStateGuard(torch::nn::Module& model, Grads grads) {
+    torch::NoGradGuard ng;
+    for (auto& b : model.buffers()) buffers_.emplace_back(b, b.clone());
+    if (grads == Grads::kRestore)
+      for (auto& p : model.parameters()) {
+        grads_.emplace_back(p, p.grad());
+        p.mutable_grad() = torch::Tensor();
+      }
+    for (auto& m : model.modules()) modes_.emplace_back(m, m->is_training());
+    cpu_rng_ = at::detail::getDefaultCPUGenerator().get_state();
+    if (torch::cuda::is_available())
+      for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(torch::cuda::device_count()); ++i)
+        cuda_rng_.push_back(at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i)).get_state());
+  }
+  ~ModelStateGuard() {
+    torch::NoGradGuard ng;
+    for (auto& [b, saved] : buffers_) b.copy_(saved);
+    for (auto& [p, g] : grads_) p.mutable_grad() = g;
+    for (auto& [m, training] : modes_) m->train(training);
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    cpu.set_state(cpu_rng_);
+    for (size_t i = 0; i < cuda_rng_.size(); ++i) {
+      at::Generator gen =
+          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      gen.set_state(cuda_rng_[i]);
+    }
+  }
+  ModelStateGuard(const ModelStateGuard&) = delete;
+  ModelStateGuard& operator=(const ModelStateGuard&) = delete;
+
+ private:
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers_, grads_;
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
+  torch::Tensor cpu_rng_;
+  std::vector<torch::Tensor> cuda_rng_;
+};
+
+torch::Device device_of(torch::nn::Module& model) {
+  const auto params = model.parameters();
+  return params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+}
+
+/// Runs `f` under the trainer's autocast, if its precision is mixed.
+template <typename F>
+train::StepOutput with_precision(const train::Trainer& trainer, c10::DeviceType device_type, F&& f) {
+  const auto dtype = amp::autocast_dtype(amp::parse_precision(trainer.options().precision));
+  if (!dtype) return f();
+  amp::AutocastGuard autocast(device_type, *dtype);
+  return f();
+}
+
+struct Timing {
+  double train_ms = 0, infer_ms = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/// Median wall time of a training step (forward + backward) and an inference
+/// forward on `batch`, after 3 warm-up steps each. Leaves the model as it was.
+Timing time_steps(const train::Trainer& trainer, train::Task& task, const data::Batch& batch, int64_t steps) {
+  if (steps <= 0) return {};
+  auto model = task.model();
+  ModelStateGuard guard(*model, Grads::kRestore);
+  const torch::Device device = device_of(*model);
+  const auto sync = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
+  Timing t;
+  std::vector<double> ms;
+  model->train();
+  for (int64_t i = 0; i < steps + 3; ++i) {
+    sync();
+    const auto t0 = Clock::now();
+    train::StepOutput out = with_precision(trainer, device.type(), [&] { return task.training_step(batch); });
+    out.loss.backward();
+    sync();
+    if (i >= 3) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+  }
+  t.train_ms = median(ms);
+  ms.clear();
+  model->eval();
+  torch::NoGradGuard ng;
+  for (int64_t i = 0; i < steps + 3; ++i) {
+    sync();
+    const auto t0 = Clock::now();
+    with_precision(trainer, device.type(), [&] { return task.evaluation_step(batch); });
+    sync();
+    if (i >= 3) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  t.infer_ms = median(ms);
+  return t;
+}
+
+data::Batch clone_batch(const data::Batch& b) {
+  data::Batch c;
+  c.input = b.input.clone();
+  c.target = b.target.defined() ? b.target.clone() : b.target;
+  c.index = b.index.defined() ? b.index.clone() : b.index;
+  c.epoch = b.epoch;
+  return c;
+}
+
+nlohmann::json eval_json(const train::EvalResult& r) {
+  if (r.samples == 0) return nullptr;
+  return {{"loss", r.loss}, {"accuracy", r.accuracy}, {"samples", r.samples}};
+}
+
+}  // namespace
+
+std::string PruningReport::table() const {
+  std::string s = result.table();
+  const auto speed = [](double before, double after) { return after > 0 ? before / after : 0.0; };
+  if (train_step_ms_before > 0) {
+    s += fmt::format("train step  {:9.2f} ms -> {:9.2f} ms  ({:.2f}x faster)\n", train_step_ms_before,
+                     train_step_ms_after, speed(train_step_ms_before, train_step_ms_after));
+    s += fmt::format("inference   {:9.2f} ms -> {:9.2f} ms  ({:.2f}x faster)\n", infer_ms_before, infer_ms_after,
+                     speed(infer_ms_before, infer_ms_after));
+    if (train_step_ms_after >= 0.97 * train_step_ms_before || infer_ms_after >= 0.97 * infer_ms_before)
+      s += "warning: the pruned model is not faster on this device: small layers are bound by kernel launches "
+           "and memory, not arithmetic. Try larger batches, prune.round_to=8 (tensor cores), or prune less.\n";
+  }
+  if (eval_before.samples > 0 && eval_before.accuracy >= 0)
+    s += fmt::format("accuracy    {:.4f} -> {:.4f} (before fine-tuning)\n", eval_before.accuracy, eval_after.accuracy);
+  return s;
+}
+
+PruningCallback::PruningCallback(PruningCallbackOptions options) : options_(std::move(options)) {
+  auto& e = options_.epochs();
+  std::sort(e.begin(), e.end());
+  EMBER_CHECK(std::adjacent_find(e.begin(), e.end()) == e.end() && (e.empty() || e.front() >= 0),
+              "[prune::PruningCallback] prune.epochs must be distinct epochs >= 0");
+  EMBER_CHECK(options_.ratio() >= 0 && options_.ratio() < 1, "[prune::PruningCallback] prune.ratio {} must be in [0, 1)",
+              options_.ratio());
+  EMBER_CHECK(options_.target_macs() >= 0 && options_.target_macs() <= 1,
+              "[prune::PruningCallback] prune.target_macs {} must be in [0, 1] (0 = use prune.ratio)",
+              options_.target_macs());
+  EMBER_CHECK(options_.eval() == "val" || options_.eval() == "test" || options_.eval() == "none",
+              "[prune::PruningCallback] prune.eval '{}' must be val, test or none", options_.eval());
+}
+
+void PruningCallback::on_fit_start(train::Trainer& trainer) {
+  train::Task& task = *trainer.task();
+  auto model = task.model();
+  data::Loader& loader = task.train_loader();
+  loader.start_epoch(trainer.epoch(), 0);  // the trainer restarts the epoch after this
+  std::optional<data::Batch> batch = loader.next();
+  EMBER_CHECK(batch.has_value(), "[prune::PruningCallback] the training loader yields no batch");
+  example_ = clone_batch(*batch);
+  train::Task* t = &task;
+  const data::Batch* example = &example_;
+  ForwardFn forward = [t, example] { return std::vector<torch::Tensor>{t->evaluation_step(*example).output}; };
+  pruner_ = std::make_unique<Pruner>(*model, std::move(forward), options_.pruner());
+  if (resumed_) pruner_->resume(plan_, ratio_, original_);
+  else original_ = pruner_->original_cost();
+  norm_scales_.clear();
+  for (const auto& m : model->modules()) {
+    torch::Tensor w;
+    if (auto* b1 = m->as<torch::nn::BatchNorm1d>()) w = b1->weight;
+    else if (auto* b2 = m->as<torch::nn::BatchNorm2d>()) w = b2->weight;
+    else if (auto* b3 = m->as<torch::nn::BatchNorm3d>()) w = b3->weight;
+    if (w.defined()) norm_scales_.push_back(w);
+  }
+  if (options_.sparsity_l1() > 0 && norm_scales_.empty())
+    std::cerr << "[prune::PruningCallback] note: prune.sparsity_l1 is set but the model has no batch norm\n";
+}
+
+void PruningCallback::on_epoch_start(train::Trainer& trainer, int64_t epoch) {
+  const auto& epochs = options_.epochs();
+  while (steps_done_ < static_cast<int64_t>(epochs.size()) && epochs[steps_done_] <= epoch)
+    prune_step(trainer, epoch, steps_done_);
+}
+
+void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t step) {
+  train::Task& task = *trainer.task();
+  auto model = task.model();
+  const auto n = static_cast<double>(options_.epochs().size());
+  const double progress = static_cast<double>(step + 1) / n;
+  PruningReport report;
+  report.epoch = epoch;
+  data::Loader* eval_loader = options_.eval() == "val"    ? task.val_loader()
+                              : options_.eval() == "test" ? task.test_loader()
+                                                          : nullptr;
+  if (eval_loader) report.eval_before = trainer.evaluate(task, *eval_loader);
+  const Timing before = time_steps(trainer, task, example_, options_.timing_steps());
+
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+  if (options_.pruner().importance() == Importance::kTaylor) {
+    // Gradients of a few training batches; batch-norm statistics and RNG are put back afterwards.
+    ModelStateGuard state(*model, Grads::kKeep);
+    model->train();
+    data::Loader& loader = task.train_loader();
+    loader.start_epoch(epoch, 0);
+    const torch::Device device = device_of(*model);
+    for (int64_t i = 0; i < options_.taylor_batches(); ++i) {
+      std::optional<data::Batch> b = loader.next();
+      if (!b) break;
+      with_precision(trainer, device.type(), [&] { return task.training_step(*b); }).loss.backward();
+    }
+  }
+  if (options_.target_macs() > 0) {
+    report.result = pruner_->prune_to(Target::kMacs, 1.0 - (1.0 - options_.target_macs()) * progress,
+                                      trainer.optimizer());
+  } else {
+    report.ratio = options_.ratio() * progress;
+    report.result = pruner_->step(report.ratio, trainer.optimizer());
+  }
+  report.ratio = pruner_->ratio();
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // taylor's, sliced along
+
+  const Timing after = time_steps(trainer, task, example_, options_.timing_steps());
+  if (eval_loader) report.eval_after = trainer.evaluate(task, *eval_loader);
+  report.train_step_ms_before = before.train_ms;
+  report.train_step_ms_after = after.train_ms;
+  report.infer_ms_before = before.infer_ms;
+  report.infer_ms_after = after.infer_ms;
+  plan_ = pruner_->plan();
+  ratio_ = pruner_->ratio();
+  steps_done_ = step + 1;
+
+  const std::string& dir = trainer.options().run_dir;
+  if (!dir.empty()) {
+    plan_.save(dir + "/pruning_plan.json");
+    nlohmann::json shapes = nlohmann::json::array();
+    for (const ShapeChange& c : report.result.changes)
+      shapes.push_back({{"name", c.name}, {"before", c.before}, {"after", c.after}});
+    const nlohmann::json j = {{"epoch", epoch},
+                              {"step", step + 1},
+                              {"ratio", report.ratio},
+                              {"macs_before", report.result.before.macs},
+                              {"macs_after", report.result.after.macs},
+                              {"params_before", report.result.before.params},
+                              {"params_after", report.result.after.params},
+                              {"train_step_ms_before", report.train_step_ms_before},
+                              {"train_step_ms_after", report.train_step_ms_after},
+                              {"infer_ms_before", report.infer_ms_before},
+                              {"infer_ms_after", report.infer_ms_after},
+                              {"eval_before", eval_json(report.eval_before)},
+                              {"eval_after", eval_json(report.eval_after)},
+                              {"shapes", shapes},
+                              {"warnings", report.result.warnings}};
+    std::ofstream(dir + "/pruning.jsonl", std::ios::app) << j.dump() << "\n";
+  }
+  if (options_.verbose())
+    std::cout << fmt::format("pruning step {} of {} at epoch {} (batch of {} for timing):\n", step + 1,
+                             options_.epochs().size(), epoch, example_.size())
+              << report.table() << std::flush;
+  reports_.push_back(std::move(report));
+}
+
+void PruningCallback::on_before_optimizer_step(train::Trainer&, torch::optim::Optimizer&) {
+  if (options_.sparsity_l1() <= 0 || steps_done_ >= static_cast<int64_t>(options_.epochs().size())) return;
+  torch::NoGradGuard ng;
+  for (auto& w : norm_scales_)  // the subgradient of l1 * |gamma|
+    if (w.grad().defined()) w.mutable_grad().add_(w.detach().sign(), options_.sparsity_l1());
+}
+
+void PruningCallback::on_checkpoint_save(train::Trainer&, torch::serialize::OutputArchive& archive) {
+  archive.write("plan", torch::IValue(plan_.to_json()));
+  archive.write("ratio", torch::IValue(ratio_));
+  archive.write("steps_done", torch::IValue(steps_done_));
+  archive.write("original_macs", torch::IValue(original_.macs));
+  archive.write("original_params", torch::IValue(original_.params));
+}
+
+void PruningCallback::on_checkpoint_load(train::Trainer& trainer, torch::serialize::InputArchive& archive) {
+  torch::IValue v;
+  archive.read("plan", v);
+  plan_ = Plan::from_json(v.toStringRef());
+  archive.read("ratio", v);
+  ratio_ = v.toDouble();
+  archive.read("steps_done", v);
+  steps_done_ = v.toInt();
+  archive.read("original_macs", v);
+  original_.macs = v.toInt();
+  archive.read("original_params", v);
+  original_.params = v.toInt();
+  resumed_ = true;
+  // Runs before the model's weights are loaded: give the fresh model the checkpoint's shapes.
+  if (!plan_.empty()) apply_plan(*trainer.task()->model(), plan_, trainer.optimizer());
+}
+
+void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
+  std::vector<double> epochs(d.epochs().begin(), d.epochs().end());
+  std::string ignored;
+  for (const auto& l : d.pruner().ignored_layers()) ignored += (ignored.empty() ? "" : ",") + l;
+  c.declare("prune.epochs", epochs, "epochs (0-based) at whose start a pruning step runs ([] = no pruning)");
+  c.declare("prune.ratio", d.ratio(), "channel fraction removed in total by the last step");
+  c.declare("prune.target_macs", d.target_macs(), "if > 0: prune to this fraction of the original MACs instead");
+  c.declare("prune.importance", to_string(d.pruner().importance()), "l1 | l2 | bn_scale | taylor | random");
+  c.declare("prune.global", d.pruner().global_ranking(), "rank channels across layers (else each group loses the ratio)");
+  c.declare("prune.max_ratio", d.pruner().max_ratio(), "no group loses more than this fraction of its channels");
+  c.declare("prune.round_to", d.pruner().round_to(), "remaining channels rounded down to a multiple of this");
+  c.declare("prune.ignored", ignored, "comma-separated layers whose shapes stay (e.g. \"stem,fc\")");
+  c.declare("prune.taylor_batches", d.taylor_batches(), "batches whose gradients feed taylor importance");
+  c.declare("prune.sparsity_l1", d.sparsity_l1(), "L1 on batch-norm scales before pruning (network slimming; 0 = off)");
+  c.declare("prune.timing_steps", d.timing_steps(), "steps timed before/after each pruning step (0 = no timing)");
+  c.declare("prune.eval", d.eval(), "evaluate before/after each pruning step on: val | test | none");
+  c.declare("prune.seed", static_cast<int64_t>(d.pruner().seed()), "seed of random importance");
+}
+
+PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
+  PruningCallbackOptions o;
+  std::vector<int64_t> epochs;
+  for (double e : c.get_float_list("prune.epochs")) {
+    EMBER_CHECK(e >= 0 && e == std::floor(e), "[prune] prune.epochs: {} is not an epoch number", e);
+    epochs.push_back(static_cast<int64_t>(e));
+  }
+  std::vector<std::string> ignored;
+  const std::string list = c.get_string("prune.ignored");
+  for (size_t start = 0; start < list.size();) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (!item.empty()) ignored.push_back(item);
+    start = end + 1;
+  }
+  PrunerOptions p;
+  p.importance(importance_from_string(c.get_string("prune.importance")))
+      .global_ranking(c.get_bool("prune.global"))
+      .max_ratio(c.get_float("prune.max_ratio"))
+      .round_to(c.get_int("prune.round_to"))
+      .ignored_layers(ignored)
+      .seed(static_cast<uint64_t>(c.get_int("prune.seed")));
+  o.epochs(epochs)
+      .ratio(c.get_float("prune.ratio"))
+      .target_macs(c.get_float("prune.target_macs"))
+      .pruner(p)
+      .taylor_batches(c.get_int("prune.taylor_batches"))
+      .sparsity_l1(c.get_float("prune.sparsity_l1"))
+      .timing_steps(c.get_int("prune.timing_steps"))
+      .eval(c.get_string("prune.eval"));
+  return o;
+}
+
+}  // namespace ember::prune

@@ -108,7 +108,7 @@ void slice_state(torch::optim::OptimizerParamState& state, const std::string& na
                  int64_t dim, const torch::Tensor& index) {
   const auto cut = [&](torch::Tensor& t) {
     if (!t.defined() || t.numel() == 0) return;
-    EMBER_CHECK(t.sizes() == old_sizes, "[prune::apply] optimizer state of {} has shape {}, the parameter {}", name,
+    EMBER_CHECK(t.sizes() == old_sizes, "[prune::apply_plan] optimizer state of {} has shape {}, the parameter {}", name,
                 t.sizes(), old_sizes);
     t = t.index_select(dim, index.to(t.device()));
   };
@@ -129,7 +129,7 @@ void slice_state(torch::optim::OptimizerParamState& state, const std::string& na
   } else if (auto* ada = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
     cut(ada->sum());
   } else {
-    detail::fail("[prune::apply] {}: cannot slice the state of this optimizer (SGD, Adam, AdamW, RMSprop and "
+    detail::fail("[prune::apply_plan] {}: cannot slice the state of this optimizer (SGD, Adam, AdamW, RMSprop and "
                  "Adagrad are supported); prune before creating it, or between runs",
                  name);
   }
@@ -140,14 +140,14 @@ bool resize_conv(torch::nn::Module& m) {
   auto* c = dynamic_cast<Conv*>(&m);
   if (!c) return false;
   auto& o = c->options;
-  EMBER_CHECK(!o.transposed(), "[prune::apply] transposed convolutions cannot be resized");
+  EMBER_CHECK(!o.transposed(), "[prune::apply_plan] transposed convolutions cannot be resized");
   const int64_t out = c->weight.size(0), per_group_out = o.out_channels() / o.groups();
   if (o.groups() == 1) {  // any channels
     o.out_channels(out).in_channels(c->weight.size(1));
     return true;
   }
   EMBER_CHECK(out % per_group_out == 0,
-              "[prune::apply] conv with {} groups keeps {} output channels: not whole groups of {}", o.groups(), out,
+              "[prune::apply_plan] conv with {} groups keeps {} output channels: not whole groups of {}", o.groups(), out,
               per_group_out);
   const int64_t groups = out / per_group_out;
   o.groups(groups).out_channels(out).in_channels(groups * c->weight.size(1));
@@ -176,11 +176,11 @@ void resize_layer(torch::nn::Module& m) {
   } else if (auto* n = dynamic_cast<torch::nn::LayerNormImpl*>(&m)) {
     std::vector<int64_t> shape = n->options.normalized_shape();
     EMBER_CHECK(n->weight.defined() && shape.size() == 1,
-                "[prune::apply] only a LayerNorm over one dimension, with weights, can be resized");
+                "[prune::apply_plan] only a LayerNorm over one dimension, with weights, can be resized");
     n->options.normalized_shape({n->weight.size(0)});
   } else if (auto* g = dynamic_cast<torch::nn::GroupNormImpl*>(&m)) {
     const int64_t c = g->weight.size(0), per = g->options.num_channels() / g->options.num_groups();
-    EMBER_CHECK(c % per == 0, "[prune::apply] GroupNorm keeps {} channels: not whole groups of {}", c, per);
+    EMBER_CHECK(c % per == 0, "[prune::apply_plan] GroupNorm keeps {} channels: not whole groups of {}", c, per);
     g->options.num_groups(c / per).num_channels(c);
   } else if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(&m)) {
     e->options.num_embeddings(e->weight.size(0)).embedding_dim(e->weight.size(1));
@@ -189,7 +189,7 @@ void resize_layer(torch::nn::Module& m) {
 
 }  // namespace
 
-void apply(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* optimizer) {
+void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* optimizer) {
   if (plan.empty()) return;
   // Tensors by qualified name (each tensor once: tied weights under their first name), and owners.
   struct Target {
@@ -213,14 +213,14 @@ void apply(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* 
   for (const PlanEntry& e : plan.entries()) {
     auto it = by_name.find(e.name);
     EMBER_CHECK(it != by_name.end(),
-                "[prune::apply] the plan prunes {}, which this model does not have (was the plan made for another "
+                "[prune::apply_plan] the plan prunes {}, which this model does not have (was the plan made for another "
                 "model or config?)",
                 e.name);
     const torch::Tensor& t = it->second.tensor;
-    EMBER_CHECK(e.dim >= 0 && e.dim < t.dim(), "[prune::apply] {} has {} dims; the plan prunes dim {}", e.name,
+    EMBER_CHECK(e.dim >= 0 && e.dim < t.dim(), "[prune::apply_plan] {} has {} dims; the plan prunes dim {}", e.name,
                 t.dim(), e.dim);
     EMBER_CHECK(t.size(e.dim) == e.size,
-                "[prune::apply] {} dim {} has size {}, the plan was made for size {} (apply a plan to the model "
+                "[prune::apply_plan] {} dim {} has size {}, the plan was made for size {} (apply a plan to the model "
                 "as constructed, before loading pruned weights, and only once)",
                 e.name, e.dim, t.size(e.dim), e.size);
     per_tensor[e.name].push_back(&e);
@@ -230,7 +230,7 @@ void apply(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* 
     const bool known = dynamic_cast<const torch::nn::ConvTranspose1dImpl*>(&m) == nullptr &&
                        dynamic_cast<const torch::nn::ConvTranspose2dImpl*>(&m) == nullptr &&
                        dynamic_cast<const torch::nn::ConvTranspose3dImpl*>(&m) == nullptr;
-    EMBER_CHECK(known, "[prune::apply] {}: transposed convolutions cannot be resized", name);
+    EMBER_CHECK(known, "[prune::apply_plan] {}: transposed convolutions cannot be resized", name);
   }
 
   torch::NoGradGuard no_grad;

@@ -101,9 +101,10 @@ Pruner::Pruner(torch::nn::Module& model, ForwardFn forward, PrunerOptions option
   original_ = core::count_cost(model_, forward_);
 }
 
-void Pruner::resume(Plan applied, double ratio) {
+void Pruner::resume(Plan applied, double ratio, core::ModelCost original) {
   plan_ = std::move(applied);
   ratio_ = ratio;
+  original_ = std::move(original);
 }
 
 Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
@@ -241,7 +242,7 @@ PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
     result.warnings = graph.warnings();
     result.plan = select(graph, ratio);
   }
-  prune::apply(model_, result.plan, optimizer);
+  prune::apply_plan(model_, result.plan, optimizer);
   try {
     result.after = core::count_cost(model_, forward_);
   } catch (const std::exception& e) {

@@ -209,6 +209,17 @@ void Trainer::load_checkpoint(const std::string& path) {
     root.read("optimizer", optim_archive);
     root.read("trainer", state);
     root.read("callbacks", callbacks);
+  } catch (const std::exception& e) {
+    detail::fail("[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
+                 "trainer.resume at another one",
+                 path, std::string(e.what()).substr(0, 200));
+  }
+  // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
+  for (auto& cb : callbacks_) {
+    torch::serialize::InputArchive a;
+    if (callbacks.try_read(cb->name(), a)) cb->on_checkpoint_load(*this, a);
+  }
+  try {
     task_->model()->load(model_archive);
     optimizer_->load(optim_archive);
   } catch (const std::exception& e) {
@@ -270,10 +281,6 @@ void Trainer::load_checkpoint(const std::string& path) {
         gen.set_state(rng);
       }
     }
-  }
-  for (auto& cb : callbacks_) {
-    torch::serialize::InputArchive a;
-    if (callbacks.try_read(cb->name(), a)) cb->on_checkpoint_load(*this, a);
   }
   last_checkpoint_ = path;
 }

@@ -57,6 +57,6 @@ class Plan {
 /// indices valid, every layer type can be resized) and changes nothing when a
 /// check fails. Layers Ember does not know (custom modules) get their tensors
 /// sliced; their own size attributes are theirs to update.
-void apply(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* optimizer = nullptr);
+void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* optimizer = nullptr);
 
 }  // namespace ember::prune

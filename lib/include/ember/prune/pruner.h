@@ -108,8 +108,9 @@ class Pruner {
                        double increment = 0.02);
 
   /// Continues after an earlier session: `applied` (already applied to the
-  /// model, e.g. replayed from a checkpoint) becomes plan(), `ratio` ratio().
-  void resume(Plan applied, double ratio);
+  /// model, e.g. replayed from a checkpoint) becomes plan(), `ratio` ratio()
+  /// and `original` original_cost() (targets are fractions of it).
+  void resume(Plan applied, double ratio, core::ModelCost original);
 
   /// Everything removed so far, relative to the model as constructed.
   const Plan& plan() const { return plan_; }

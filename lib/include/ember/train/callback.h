@@ -25,6 +25,8 @@
 //     checkpoint written (every trainer.checkpoint_every epochs and at a stop)
 //       on_checkpoint_save for each callback, in registration order
 //   on_fit_end                          <- also after a stop request
+// On resume, on_checkpoint_load runs (before on_fit_start) ahead of loading
+// the model's weights and the optimizer state.
 //
 // Callbacks run in registration order. A callback may call
 // Trainer::request_stop(reason) from any hook; the loop stops at the next
@@ -79,6 +81,9 @@ class Callback {
 
   /// State that must survive a resume (counters, best values...).
   virtual void on_checkpoint_save(Trainer& trainer, torch::serialize::OutputArchive& archive) {}
+  /// Runs on resume before the model's weights and the optimizer state are
+  /// loaded, so a callback can give the freshly built model the checkpoint's
+  /// architecture (pruning does).
   virtual void on_checkpoint_load(Trainer& trainer, torch::serialize::InputArchive& archive) {}
 };
 

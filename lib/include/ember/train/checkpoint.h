@@ -1,19 +1,13 @@
 #pragma once
-// Atomic file writes for checkpoints and run files.
+// Atomic file writes for checkpoints and run files. The functions live in
+// ember/core/file.h; these names keep ember::train callers working.
 
-#include <string>
+#include "ember/core/file.h"
 
 namespace ember::train {
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same folder,
-/// fsync, rename over `path`, fsync of the folder. A crash at any point leaves
-/// either the old file or the new one, never a torn one. Creates the folder.
-void write_file_atomic(const std::string& path, const std::string& bytes);
-
-/// Reads a whole file; a clear error when it cannot be read.
-std::string read_file(const std::string& path);
-
-/// Creates a directory and its parents (like mkdir -p).
-void make_dirs(const std::string& path);
+using core::make_dirs;
+using core::read_file;
+using core::write_file_atomic;
 
 }  // namespace ember::train

@@ -1,4 +1,4 @@
-#include "ember/train/checkpoint.h"
+#include "ember/core/file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 
 #include "core/check.h"
 
-namespace ember::train {
+namespace ember::core {
 namespace {
 std::string parent_dir(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -30,7 +30,7 @@ void make_dirs(const std::string& path) {
     if (part.empty()) continue;
     partial += part + "/";
     if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
-      detail::fail("[train::make_dirs] cannot create {}: {}", partial, std::strerror(errno));
+      detail::fail("[core::make_dirs] cannot create {}: {}", partial, std::strerror(errno));
   }
 }
 
@@ -39,14 +39,14 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   make_dirs(dir);
   std::string tmp = path + ".tmp.XXXXXX";
   const int fd = ::mkstemp(tmp.data());
-  EMBER_CHECK(fd >= 0, "[train::write_file_atomic] cannot create a temporary file next to {}: {}", path,
+  EMBER_CHECK(fd >= 0, "[core::write_file_atomic] cannot create a temporary file next to {}: {}", path,
               std::strerror(errno));
   const auto fail_with = [&](const char* what) {
     const int err = errno;
     ::close(fd);
     ::unlink(tmp.c_str());
-    detail::fail("[train::write_file_atomic] {} {}: {} (the previous file, if any, is untouched)", what,
-                 path, std::strerror(err));
+    detail::fail("[core::write_file_atomic] {} {}: {} (the previous file, if any, is untouched)", what, path,
+                 std::strerror(err));
   };
   size_t done = 0;
   while (done < bytes.size()) {
@@ -61,12 +61,12 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   if (::fsync(fd) != 0) fail_with("syncing");
   if (::close(fd) != 0) {
     ::unlink(tmp.c_str());
-    detail::fail("[train::write_file_atomic] closing {}: {}", path, std::strerror(errno));
+    detail::fail("[core::write_file_atomic] closing {}: {}", path, std::strerror(errno));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    detail::fail("[train::write_file_atomic] renaming onto {}: {}", path, std::strerror(err));
+    detail::fail("[core::write_file_atomic] renaming onto {}: {}", path, std::strerror(err));
   }
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {  // make the rename itself durable
@@ -77,10 +77,10 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  EMBER_CHECK(in.good(), "[train::read_file] cannot open {}: {}", path, std::strerror(errno));
+  EMBER_CHECK(in.good(), "[core::read_file] cannot open {}: {}", path, std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
-}  // namespace ember::train
+}  // namespace ember::core

@@ -1,0 +1,114 @@
+#pragma once
+// Pruning inside the Trainer: one-shot or iterative structured pruning at the
+// start of chosen epochs, fine-tuning in the epochs after, optional sparsity
+// regularisation before, and a report per pruning step.
+//
+// At a scheduled epoch start (before any batch of that epoch):
+//   1. step time (training: forward+backward; inference: forward) is measured
+//      on a fixed batch from the training data, and the model is evaluated
+//      (prune.eval);
+//   2. taylor importance: gradients of prune.taylor_batches batches;
+//   3. the Pruner removes channels (ratio or MACs target for this step), and
+//      slices the optimizer's state: training continues with the same
+//      optimizer, LR schedule and GradScaler;
+//   4. step 1 again on the smaller model; the report (per-layer shapes, MACs,
+//      parameters, step times, accuracy) is printed, appended to
+//      <run_dir>/pruning.jsonl, and the cumulative plan is written to
+//      <run_dir>/pruning_plan.json.
+// Schedule: step k of n (k = 1..n, one per entry of `epochs`) aims at
+// ratio x k / n of the channels (or, with a MACs target, a MACs fraction of
+// 1 - (1 - target) x k / n), as Torch-Pruning's linear iterative schedule.
+//
+// Checkpoints keep the cumulative plan; on resume the plan is applied to the
+// freshly built model before its weights and the optimizer state are loaded
+// (Callback::on_checkpoint_load runs first), so a pruned run resumes exactly.
+//
+// The timing runs with the trainer's precision (autocast), restores the
+// model's buffers, gradients, mode and the RNG state afterwards, so measuring
+// does not change training.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/core/config.h"
+#include "ember/data/loader.h"
+#include "ember/prune/pruner.h"
+#include "ember/train/callback.h"
+
+namespace ember::prune {
+
+struct PruningCallbackOptions {
+  /// Epochs (0-based) at whose start a pruning step runs; empty = never.
+  TORCH_ARG(std::vector<int64_t>, epochs) = {};
+  /// Channel ratio removed by the last step (cumulative, of the original channels).
+  TORCH_ARG(double, ratio) = 0.5;
+  /// If > 0: instead of `ratio`, prune until the MACs are at most this fraction of the original's.
+  TORCH_ARG(double, target_macs) = 0.0;
+  /// Ranking, ignored layers, round_to...
+  TORCH_ARG(PrunerOptions, pruner) = {};
+  /// Batches whose gradients feed taylor importance.
+  TORCH_ARG(int64_t, taylor_batches) = 8;
+  /// L1 penalty on batch-norm scales added to their gradients before every
+  /// optimizer step until the last pruning step (network slimming); 0 = off.
+  TORCH_ARG(double, sparsity_l1) = 0.0;
+  /// Timed steps before and after each pruning step (after 3 warm-up steps); 0 = no timing.
+  TORCH_ARG(int64_t, timing_steps) = 10;
+  /// Evaluate before and after each pruning step: "val", "test" or "none".
+  TORCH_ARG(std::string, eval) = "val";
+  /// Print the report of each step.
+  TORCH_ARG(bool, verbose) = true;
+};
+
+/// One pruning step during training.
+struct PruningReport {
+  int64_t epoch = 0;
+  double ratio = 0.0;  ///< cumulative ratio aimed at (0 with a MACs target)
+  PruneResult result;  ///< plan of this step, shapes, MACs and parameters
+  double train_step_ms_before = 0, train_step_ms_after = 0;  ///< median; 0 = not timed
+  double infer_ms_before = 0, infer_ms_after = 0;            ///< median; 0 = not timed
+  train::EvalResult eval_before, eval_after;  ///< samples == 0 when not evaluated
+  /// result.table() plus timing and accuracy lines (and a warning when the smaller model is not faster).
+  std::string table() const;
+};
+
+class PruningCallback : public train::Callback {
+ public:
+  explicit PruningCallback(PruningCallbackOptions options);
+
+  std::string name() const override { return "pruning"; }
+  void on_fit_start(train::Trainer& trainer) override;
+  void on_epoch_start(train::Trainer& trainer, int64_t epoch) override;
+  void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;
+  void on_checkpoint_save(train::Trainer& trainer, torch::serialize::OutputArchive& archive) override;
+  void on_checkpoint_load(train::Trainer& trainer, torch::serialize::InputArchive& archive) override;
+
+  const std::vector<PruningReport>& reports() const { return reports_; }
+  /// Everything removed so far (relative to the model as constructed).
+  const Plan& plan() const { return plan_; }
+  /// The model's MACs and parameters before any pruning (known after fit starts).
+  const core::ModelCost& original_cost() const { return original_; }
+  const PruningCallbackOptions& options() const { return options_; }
+
+ private:
+  void prune_step(train::Trainer& trainer, int64_t epoch, int64_t step);
+
+  PruningCallbackOptions options_;
+  std::unique_ptr<Pruner> pruner_;
+  data::Batch example_;
+  Plan plan_;
+  double ratio_ = 0.0;
+  int64_t steps_done_ = 0;
+  core::ModelCost original_;
+  bool resumed_ = false;
+  std::vector<torch::Tensor> norm_scales_;  // batch-norm weights, for sparsity_l1
+  std::vector<PruningReport> reports_;
+};
+
+/// Declares the prune.* keys (defaults from `defaults`).
+void declare_pruning_keys(core::Config& config, const PruningCallbackOptions& defaults = {});
+/// Reads the prune.* keys.
+PruningCallbackOptions pruning_options_from_config(const core::Config& config);
+
+}  // namespace ember::prune

@@ -1,0 +1,123 @@
+// The pruning callback inside the Trainer: scheduled steps, reports, the
+// plan on disk, sparsity regularisation, and an exact resume of a pruned run.
+
+#include "ember/prune/callback.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "train/test_task.h"
+
+namespace ember::prune {
+namespace {
+
+using test_util::BlobTask;
+
+std::string fresh_dir(const std::string& name) { return test_util::temp_dir("prune_cb_" + name); }
+
+void remove_dir(const std::string& dir) { ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0); }
+
+train::TrainerOptions trainer_options(int64_t epochs, const std::string& run_dir) {
+  train::TrainerOptions o;
+  o.epochs = epochs;
+  o.progress = false;
+  o.handle_signals = false;
+  o.run_dir = run_dir;
+  o.optimizer.name = "sgd";
+  o.optimizer.lr = 0.05;
+  o.optimizer.momentum = 0.9;
+  return o;
+}
+
+BlobTask::Options deterministic() {
+  BlobTask::Options o;
+  o.prefetch = 0;
+  o.dropout = false;
+  return o;
+}
+
+PruningCallbackOptions options(std::vector<int64_t> epochs, double ratio) {
+  return PruningCallbackOptions().epochs(std::move(epochs)).ratio(ratio).timing_steps(3).verbose(false).pruner(
+      PrunerOptions().print_warnings(false));
+}
+
+TEST(PruningCallback, IterativeStepsShrinkTheModelAndTrainingGoesOn) {
+  BlobTask task(deterministic());
+  const std::string dir = fresh_dir("iter");
+  train::Trainer trainer(trainer_options(4, dir));
+  auto cb = std::make_shared<PruningCallback>(options({1, 2}, 0.5));
+  trainer.add_callback(cb);
+  const train::FitResult r = trainer.fit(task);
+  EXPECT_EQ(task.net()->fc1->options.out_features(), 16);  // 32 x (1 - 0.5)
+  EXPECT_EQ(task.net()->fc2->options.in_features(), 16);
+  ASSERT_EQ(cb->reports().size(), 2u);
+  EXPECT_DOUBLE_EQ(cb->reports()[0].ratio, 0.25);  // linear schedule: 0.25 then 0.5
+  EXPECT_EQ(cb->reports()[0].epoch, 1);
+  EXPECT_GT(cb->reports()[0].train_step_ms_before, 0.0);
+  EXPECT_GT(cb->reports()[0].eval_before.samples, 0);
+  EXPECT_LT(cb->reports()[1].result.after.macs, cb->reports()[0].result.before.macs);
+  EXPECT_GT(r.last_val.accuracy, 0.9);  // blobs stay separable after pruning and fine-tuning
+  const Plan on_disk = Plan::load(dir + "/pruning_plan.json");
+  EXPECT_EQ(on_disk.to_json(), cb->plan().to_json());
+  std::ifstream jsonl(dir + "/pruning.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(jsonl, line);) ++lines;
+  EXPECT_EQ(lines, 2);
+  remove_dir(dir);
+}
+
+TEST(PruningCallback, ResumeAfterPruningReplaysThePlanExactly) {
+  const std::string dir_a = fresh_dir("full"), dir_b = fresh_dir("resumed");
+  // Uninterrupted: 4 epochs, pruning at epoch 1.
+  BlobTask full_task(deterministic());
+  {
+    train::Trainer t(trainer_options(4, dir_a));
+    t.add_callback(std::make_shared<PruningCallback>(options({1}, 0.5)));
+    t.fit(full_task);
+  }
+  // Interrupted after epoch 2 (pruned at 1), then resumed in a fresh process-like setup.
+  {
+    BlobTask first(deterministic());
+    train::Trainer t(trainer_options(2, dir_b));
+    t.add_callback(std::make_shared<PruningCallback>(options({1}, 0.5)));
+    t.fit(first);
+  }
+  BlobTask resumed(deterministic());
+  EXPECT_EQ(resumed.net()->fc1->options.out_features(), 32);  // built at full size
+  train::TrainerOptions o = trainer_options(4, dir_b);
+  o.resume = "auto";
+  train::Trainer t(o);
+  auto cb = std::make_shared<PruningCallback>(options({1}, 0.5));
+  t.add_callback(cb);
+  t.fit(resumed);
+  EXPECT_TRUE(cb->reports().empty());  // the step was done before the interruption
+  EXPECT_EQ(resumed.net()->fc1->options.out_features(), 16);
+  const auto a = test_util::snapshot(*full_task.net()), b = test_util::snapshot(*resumed.net());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+  remove_dir(dir_a);
+  remove_dir(dir_b);
+}
+
+TEST(PruningCallback, ConfigKeysRoundTrip) {
+  core::Config c;
+  declare_pruning_keys(c);
+  c.set_override("prune.epochs=[2, 4]");
+  c.set_override("prune.ratio=0.4");
+  c.set_override("prune.importance=taylor");
+  c.set_override("prune.ignored=stem, fc");
+  c.set_override("prune.round_to=8");
+  const PruningCallbackOptions o = pruning_options_from_config(c);
+  EXPECT_EQ(o.epochs(), (std::vector<int64_t>{2, 4}));
+  EXPECT_DOUBLE_EQ(o.ratio(), 0.4);
+  EXPECT_EQ(o.pruner().importance(), Importance::kTaylor);
+  EXPECT_EQ(o.pruner().ignored_layers(), (std::vector<std::string>{"stem", "fc"}));
+  EXPECT_EQ(o.pruner().round_to(), 8);
+  c.set_override("prune.epochs=[1.5]");
+  EXPECT_THROW(pruning_options_from_config(c), Error);
+}
+
+}  // namespace
+}  // namespace ember::prune
