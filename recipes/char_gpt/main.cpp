@@ -236,6 +236,8 @@ int main(int argc, char** argv) {
     c.declare("model.n_head", 4, "attention heads (must divide n_embd)");
     c.declare("model.n_embd", 128, "width of the residual stream");
     c.declare("model.dropout", 0.0, "dropout on embeddings, attention and residual branches");
+    prune::declare_pruning_keys(
+        c, prune::PruningCallbackOptions().pruner(prune::PrunerOptions().ignored_layers({"wte"})));
     c.declare("sample.length", 300, "bytes generated after training (0 = no sample)");
     c.declare("sample.temperature", 0.8, "sampling temperature (0 = greedy)");
     c.declare("sample.top_k", 40, "sample among the k most likely bytes (0 = all)");
@@ -244,6 +246,13 @@ int main(int argc, char** argv) {
               "peak TFLOP/s for MFU (0 = auto: GPU datasheet table, or a CPU matmul)");
   };
   spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<CharGptTask>(c, d); };
+  // Structured pruning of the MLP hidden size (prune.epochs=[...] turns it on).
+  // The token embedding is ignored, which keeps the residual stream's width;
+  // attention heads are left alone by the tracer (the q/k/v view splits channels).
+  spec.add_callbacks = [](train::Trainer& trainer, train::Task&, const core::Config& c) {
+    const prune::PruningCallbackOptions o = prune::pruning_options_from_config(c);
+    if (!o.epochs().empty()) trainer.add_callback(std::make_shared<prune::PruningCallback>(o));
+  };
   spec.finish = finish;
   return train::run_recipe(argc, argv, spec);
 }

@@ -166,6 +166,7 @@ std::string PruningReport::table() const {
 }
 
 PruningCallback::PruningCallback(PruningCallbackOptions options) : options_(std::move(options)) {
+  if (options_.verbose()) options_.pruner().print_warnings(false);  // the report lists them
   auto& e = options_.epochs();
   std::sort(e.begin(), e.end());
   EMBER_CHECK(std::adjacent_find(e.begin(), e.end()) == e.end() && (e.empty() || e.front() >= 0),
@@ -187,9 +188,19 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
   std::optional<data::Batch> batch = loader.next();
   EMBER_CHECK(batch.has_value(), "[prune::PruningCallback] the training loader yields no batch");
   example_ = clone_batch(*batch);
+  // Traced and counted on one sample: the MACs in reports are per sample.
+  sample_ = example_;
+  sample_.input = example_.input.narrow(0, 0, 1);
+  if (example_.target.defined() && example_.target.dim() > 0) sample_.target = example_.target.narrow(0, 0, 1);
+  if (example_.index.defined() && example_.index.dim() > 0) sample_.index = example_.index.narrow(0, 0, 1);
   train::Task* t = &task;
-  const data::Batch* example = &example_;
-  ForwardFn forward = [t, example] { return std::vector<torch::Tensor>{t->evaluation_step(*example).output}; };
+  const data::Batch* sample = &sample_;
+  // The model's output, or the loss for tasks that return none (a language model): channels
+  // reduced into the loss (logits over the vocabulary) are frozen by the trace either way.
+  ForwardFn forward = [t, sample] {
+    const train::StepOutput out = t->evaluation_step(*sample);
+    return std::vector<torch::Tensor>{out.output.defined() ? out.output : out.loss};
+  };
   pruner_ = std::make_unique<Pruner>(*model, std::move(forward), options_.pruner());
   if (resumed_) pruner_->resume(plan_, ratio_, original_);
   else original_ = pruner_->original_cost();
@@ -282,7 +293,7 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
     std::ofstream(dir + "/pruning.jsonl", std::ios::app) << j.dump() << "\n";
   }
   if (options_.verbose())
-    std::cout << fmt::format("pruning step {} of {} at epoch {} (batch of {} for timing):\n", step + 1,
+    std::cout << fmt::format("pruning step {} of {} at epoch {} (MACs per sample; times for a batch of {}):\n", step + 1,
                              options_.epochs().size(), epoch, example_.size())
               << report.table() << std::flush;
   reports_.push_back(std::move(report));

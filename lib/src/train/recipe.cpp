@@ -199,6 +199,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       es.min_delta = config.get_float("early_stop.min_delta");
       trainer.add_callback(std::make_shared<EarlyStopping>(es));
     }
+    if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config);
 
     const int64_t parameters = count_parameters(*task->model());
     std::cerr << fmt::format("{}: {} parameters on {}, run folder {}\n", spec.name, parameters,

@@ -6,7 +6,8 @@
 // At a scheduled epoch start (before any batch of that epoch):
 //   1. step time (training: forward+backward; inference: forward) is measured
 //      on a fixed batch from the training data, and the model is evaluated
-//      (prune.eval);
+//      (prune.eval); the dependency graph and MACs use the batch's first
+//      sample (reported MACs are per sample);
 //   2. taylor importance: gradients of prune.taylor_batches batches;
 //   3. the Pruner removes channels (ratio or MACs target for this step), and
 //      slices the optimizer's state: training continues with the same
@@ -96,7 +97,8 @@ class PruningCallback : public train::Callback {
 
   PruningCallbackOptions options_;
   std::unique_ptr<Pruner> pruner_;
-  data::Batch example_;
+  data::Batch example_;  // a training batch: timing
+  data::Batch sample_;   // its first sample: tracing and MACs
   Plan plan_;
   double ratio_ = 0.0;
   int64_t steps_done_ = 0;

@@ -6,12 +6,15 @@
 //                               ember::prune::PrunerOptions().round_to(8));
 //   auto result = pruner.step(0.5, &optimizer);     // half of every group's channels
 //   std::cout << result.table();                    // per-layer shapes, MACs, params
-//   pruner.plan().save("run/pruning_plan.json");    // replay on a fresh model: prune::apply
+//   pruner.plan().save("run/pruning_plan.json");    // replay on a fresh model: prune::apply_plan
 //
 // Importance is computed over the whole group (all layers a unit spans), as
 // Torch-Pruning's group importance. Ratios are fractions of the channels the
 // model had when constructed (cumulative across steps), as Torch-Pruning's
-// pruning_ratio: step(0.3) then step(0.5) removes 30%, then 20% more.
+// pruning_ratio: step(0.3) then step(0.5) removes 30%, then 20% more. A group
+// of n channels keeps floor(n (1 - ratio)); Torch-Pruning's int() of the same
+// float product keeps one fewer where it lands just below an integer (10
+// channels at ratio 0.8: Ember keeps 2, Torch-Pruning 1).
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -26,10 +29,16 @@
 
 namespace ember::prune {
 
-/// How a unit's importance is scored (summed over every tensor of its group).
+/// How a unit's importance is scored: summed, per unit, over every weight of
+/// its group: conv (also depthwise and grouped), linear and embedding weights
+/// (output rows and input columns) and batch/layer/group norm scales; not
+/// biases or running statistics. On conv, linear, batch norm and layer norm
+/// this is Torch-Pruning's group magnitude importance (tested for equality,
+/// tests/prune/parity.py); Torch-Pruning leaves depthwise convs, embeddings and
+/// group norms out of the score.
 enum class Importance {
-  kL1,              ///< sum of |w| of conv/linear weights (rows and columns) and norm scales
-  kL2,              ///< sum of w^2, same tensors
+  kL1,              ///< sum of |w|
+  kL2,              ///< sum of w^2
   kNormScale,       ///< |gamma| of the batch/group/layer norms in the group (network slimming)
   kTaylor,          ///< |w * dL/dw| (first-order Taylor), same tensors; needs gradients
   kRandom,          ///< uniform random: the baseline

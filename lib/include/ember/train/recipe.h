@@ -65,6 +65,9 @@ struct RecipeSpec {
   std::function<void(core::Config&)> declare;
   /// Builds the task on `device` from the resolved config.
   std::function<std::unique_ptr<Task>(const core::Config&, torch::Device)> make_task;
+  /// Optional: adds the recipe's own callbacks (pruning...) after the
+  /// standard ones (progress, metrics, early stopping).
+  std::function<void(Trainer&, Task&, const core::Config&)> add_callbacks;
   /// Optional: runs after training and testing, before summary.json is
   /// written. Adds recipe-specific numbers to `summary.extra` (printed on the
   /// final line too) and prints recipe-specific output (e.g. a text sample).
