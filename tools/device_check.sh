@@ -13,6 +13,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PACK="$ROOT/.device"
 BUILD="${EMBER_DEVICE_BUILD_DIR:-/tmp/ember-device-build}"
 PY="${EMBER_DEVICE_PYTHON:-python3}"
+# Torch-Pruning and safetensors for the pruning parity test, carried in .device/python.
+[[ -d "$ROOT/.device/python" ]] && export PYTHONPATH="$ROOT/.device/python${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-/tmp/ember-device-out}"
 mkdir -p "$OUT"
 rows=()
@@ -61,7 +63,8 @@ row "count_correct CUDA vs CPU" "$([[ "$gpu_line" == *Passed* ]] && echo ok || e
 for t in GradScaler.GradientsOnCpuAndCuda Precision.HostSyncsPerStepOnCuda parity.grad_scaler \
          AugmentCuda.KernelEqualsTheCpuReferenceBitForBit MixCuda.DeviceMixEqualsCpu python.augment_ops \
          TensorLoader.CudaResidentMatchesTheCpuLoader TensorLoader.CudaPrefetchDeliversCorrectBatches \
-         TensorLoader.CudaPrefetchOrdersCopiesAgainstANonDefaultStream TensorLoader.DeviceTransformRunsOnTheGpu; do
+         TensorLoader.CudaPrefetchOrdersCopiesAgainstANonDefaultStream TensorLoader.DeviceTransformRunsOnTheGpu \
+         PrunerCuda.PruningOnTheGpuMatchesTheCpu parity.prune_torch_pruning; do
   line="$(grep "$t" "$OUT/ctest.log" | tail -1)"
   row "$t" "$([[ "$line" == *Passed* ]] && echo ok || echo FAIL)" "${line##*..}"
 done
@@ -136,4 +139,25 @@ if [[ -f "$root/train-images-idx3-ubyte.gz" ]]; then
     [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/fashion-$variant.log" | cut -c1-120)"
     row "fashion_mnist augment.toml $variant" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$res"
   done
+fi
+
+# Structured pruning on the GPU: MACs and step times of the CIFAR ResNet-20 at
+# 30/50/70% vs unpruned (bf16, channels rounded to 8 for tensor cores), and the
+# prune_finetune recipe on a short schedule.
+if [[ -x "$BUILD/bin/ember_bench_prune" ]]; then
+  "$BUILD/bin/ember_bench_prune" --device cuda --channels 3 --size 32 --blocks 3 --batch 256 \
+    --precision bf16-mixed --round-to 8 --rounds 5 --steps 20 >"$OUT/prune_gpu.txt" 2>"$OUT/prune_gpu.err"
+  rc=$?
+  row "prune bench ResNet-20 bf16 (GPU)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+    "$([[ $rc -eq 0 ]] && echo "table below, prune_gpu.txt" || tail -1 "$OUT/prune_gpu.err" | cut -c1-120)"
+  cat "$OUT/prune_gpu.txt"
+fi
+if [[ -f "$root/train-images-idx3-ubyte.gz" && -x "$BUILD/bin/prune_finetune" ]]; then
+  "$BUILD/bin/prune_finetune" trainer.device=cuda data.root="$root" trainer.epochs=3 finetune.epochs=2 \
+    prune.round_to=8 run.dir="$OUT/prune_finetune" trainer.progress=false >"$OUT/prune_finetune.log" 2>&1
+  rc=$?
+  res="$(grep -o 'dense_test_accuracy=[0-9.]*\|^test_accuracy=[0-9.]*\|train_step_speedup=[0-9.]*\|inference_speedup=[0-9.]*' \
+         "$OUT/prune_finetune.log" | tr '\n' ' ')"
+  [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/prune_finetune.log" | cut -c1-120)"
+  row "prune_finetune 3+2 epochs (cuda)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$res"
 fi

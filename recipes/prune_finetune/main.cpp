@@ -129,7 +129,10 @@ int main(int argc, char** argv) {
     c.declare("finetune.epochs", 3, "fine-tuning epochs after pruning");
     c.declare("finetune.lr", 0.02, "fine-tuning learning rate (cosine to 0, fresh optimizer)");
   };
-  spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<FashionResNetTask>(c, d); };
+  spec.make_task = [](const core::Config& c, torch::Device d) {
+    prune::pruning_options_from_config(c);  // bad prune.* values fail now, not after the dense training
+    return std::make_unique<FashionResNetTask>(c, d);
+  };
   spec.finish = prune_and_finetune;
   return train::run_recipe(argc, argv, spec);
 }

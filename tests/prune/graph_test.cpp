@@ -10,6 +10,7 @@
 
 #include "ember/prune/plan.h"
 #include "ember/prune/pruner.h"
+#include "char_gpt/model.h"
 #include "prune/models.h"
 
 namespace ember::prune {
@@ -240,6 +241,43 @@ TEST(PruneGraph, LayerNormResidualStreamPrunesConsistently) {
   EXPECT_EQ(model->ln->options.normalized_shape(), std::vector<int64_t>{9});
   EXPECT_EQ(model->head->options.in_features(), 9);
   EXPECT_EQ(model->forward(idx).sizes(), (std::vector<int64_t>{2, 5, 11}));
+}
+
+TEST(PruneGraph, CharGptMlpHiddenSizesAndTheResidualStream) {
+  torch::manual_seed(10);
+  CharGpt model(CharGptOptions().n_layer(2).n_head(2).n_embd(16).block_size(8));
+  const torch::Tensor idx = torch::randint(256, {1, 8});
+  {
+    const DependencyGraph g = trace(model, idx);
+    // The q/k/v view into heads freezes the attention's projections; the MLPs and the residual stream remain.
+    ASSERT_EQ(g.groups().size(), 3u) << g.summary();
+    const Group* stream = find_group(g, "wte.weight[1]");
+    ASSERT_NE(stream, nullptr);
+    for (const char* m : {"wpe.weight[1]", "blocks.0.ln_1.weight[0]", "blocks.0.attn.qkv.weight[1]",
+                          "blocks.0.attn.proj.weight[0]", "blocks.1.proj.bias[0]", "ln_f.bias[0]"})
+      EXPECT_TRUE(members(g, *stream).count(m)) << m;
+    EXPECT_EQ(find_group(g, "blocks.0.attn.qkv.weight[0]"), nullptr);
+    EXPECT_EQ(find_group(g, "blocks.0.attn.proj.weight[1]"), nullptr);
+    bool qkv_warned = false;
+    for (const auto& w : g.warnings()) qkv_warned = qkv_warned || w.find("blocks.0.attn.qkv") != std::string::npos;
+    EXPECT_TRUE(qkv_warned);
+  }
+  // As the recipe does: ignoring the token embedding keeps the residual width; only the MLPs shrink.
+  GraphOptions o;
+  o.ignored_layers = {"wte"};
+  const DependencyGraph g = trace(model, idx, o);
+  ASSERT_EQ(g.groups().size(), 2u) << g.summary();
+  for (const Group& group : g.groups()) {
+    EXPECT_EQ(group.num_units, 64);
+    EXPECT_EQ(group.members.size(), 3u);  // fc.weight rows, fc.bias, proj.weight columns
+  }
+  std::vector<std::vector<int64_t>> remove(2);
+  for (int64_t u = 0; u < 48; ++u) remove[0].push_back(u), remove[1].push_back(u + 16);
+  prune::apply_plan(*model, make_plan(g, remove));
+  EXPECT_EQ(model->blocks[0]->as<Block>()->fc->options.out_features(), 16);
+  EXPECT_EQ(model->blocks[1]->as<Block>()->proj->options.in_features(), 16);
+  EXPECT_EQ(model->forward(idx).sizes(), (std::vector<int64_t>{1, 8, 256}));
+  EXPECT_EQ(model->forward_flops_per_token(), 2 * 2 * (16 * 48 + 16 * 16 + 16 * 16 + 16 * 16) + 2 * 16 * 256 + 2 * 2 * 2 * 8 * 16);
 }
 
 struct UnsupportedImpl : torch::nn::Module {

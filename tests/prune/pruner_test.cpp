@@ -294,6 +294,44 @@ TEST(Pruner, PrunedSequentialPrintsAndClones) {
   EXPECT_TRUE(torch::equal(model->forward(x), copy->forward(x)));
 }
 
+TEST(PrunerCuda, PruningOnTheGpuMatchesTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(12);
+  ResidualNet cpu, gpu;
+  test::randomize_norms(*cpu);
+  {
+    torch::NoGradGuard ng;
+    const auto src = cpu->named_parameters(), dst = gpu->named_parameters();
+    for (const auto& p : src) dst[p.key()].copy_(p.value());
+    const auto sb = cpu->named_buffers(), db = gpu->named_buffers();
+    for (const auto& b : sb) db[b.key()].copy_(b.value());
+  }
+  gpu->to(torch::kCUDA);
+  torch::optim::SGD opt(gpu->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  const torch::Tensor x = torch::randn({4, 3, 8, 8});
+  {
+    gpu->train();
+    opt.zero_grad();
+    torch::cross_entropy_loss(gpu->forward(x.cuda()), torch::zeros({4}, torch::kLong).cuda()).backward();
+    opt.step();
+    torch::NoGradGuard ng;  // the same weights again on the CPU after the step
+    const auto src = gpu->named_parameters(), dst = cpu->named_parameters();
+    for (const auto& p : src) dst[p.key()].copy_(p.value().cpu());
+  }
+  Pruner on_cpu(*cpu, forward_of(cpu, x), quiet());
+  Pruner on_gpu(*gpu, forward_of(gpu, x.cuda()), quiet());
+  on_cpu.step(0.5);
+  on_gpu.step(0.5, &opt);
+  EXPECT_EQ(on_cpu.plan().to_json(), on_gpu.plan().to_json());
+  EXPECT_EQ(on_gpu.original_cost().macs, on_cpu.original_cost().macs);
+  cpu->eval();
+  gpu->eval();
+  EXPECT_TRUE(torch::allclose(cpu->forward(x), gpu->forward(x.cuda()).cpu(), 1e-4, 1e-5));
+  const auto& st = static_cast<torch::optim::SGDParamState&>(*opt.state().at(gpu->a1->weight.unsafeGetTensorImpl()));
+  EXPECT_EQ(st.momentum_buffer().sizes(), gpu->a1->weight.sizes());
+  EXPECT_TRUE(st.momentum_buffer().is_cuda());
+}
+
 TEST(Pruner, UnknownImportanceNameIsAnError) {
   EXPECT_EQ(importance_from_string("taylor"), Importance::kTaylor);
   EXPECT_THROW(importance_from_string("l3"), Error);
