@@ -920,6 +920,7 @@ DependencyGraph DependencyGraph::build(torch::nn::Module& model, const ForwardFn
   for (const auto& m : model.modules(/*include_self=*/false)) restore.modes.emplace_back(m, m->is_training());
   const bool root_training = model.is_training();
   for (auto& p : model.parameters()) {
+    if (!p.is_floating_point()) continue;
     restore.grads.emplace_back(p, p.requires_grad());
     p.requires_grad_(true);
   }

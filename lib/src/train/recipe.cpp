@@ -220,7 +220,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     summary.samples_per_second = fit.samples / std::max(fit.train_seconds, 1e-9);
     summary.device = device.str();
     summary.precision = options.precision;
-    summary.parameters = parameters;
+    summary.parameters = count_parameters(*task->model());  // after training: pruning may have shrunk it
     summary.stop_reason = fit.stop_reason;
     if (options.precision == "fp16-mixed") summary.extra["skipped_steps"] = static_cast<double>(fit.skipped_steps);
     if (fit.last_val.samples > 0) {
