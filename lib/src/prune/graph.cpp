@@ -211,9 +211,6 @@ class Tracer {
     TORCH_INTERNAL_ASSERT(a.size() == b.size(), "[prune::trace] tying ", a.size(), " channels to ", b.size());
     for (size_t i = 0; i < a.size(); ++i) uf_.unite(a[i], b[i]);
   }
-  void unite_all(const std::vector<int64_t>& labels) {
-    for (size_t i = 1; i < labels.size(); ++i) uf_.unite(labels[0], labels[i]);
-  }
 
   void warn(const std::string& msg) {
     if (!warned_.insert(msg).second) return;

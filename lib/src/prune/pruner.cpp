@@ -145,8 +145,9 @@ Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
     for (size_t ci = 0; ci < cands.size(); ++ci) {
       const torch::Tensor s = scores[cands[ci].group].to(torch::kDouble);
       const double mean = s.mean().item<double>();
-      const torch::Tensor n = mean > 0 ? s / mean : s;
-      for (int64_t u = 0; u < cands[ci].units; ++u) units.push_back({n[u].item<double>(), ci});
+      const torch::Tensor n = (mean > 0 ? s / mean : s).contiguous();
+      const double* p = n.data_ptr<double>();
+      for (int64_t u = 0; u < cands[ci].units; ++u) units.push_back({p[u], ci});
       total_units += cands[ci].units;
       target_units += static_cast<int64_t>(
           std::floor(static_cast<double>(cands[ci].original / cands[ci].width) * (1.0 - ratio) + 1e-9));
@@ -175,8 +176,10 @@ Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
       if (keep < r) keep = std::min(r, c.units * c.width);
     }
     const int64_t keep_units = std::clamp<int64_t>(keep / c.width, 1, c.units);
-    const torch::Tensor order = std::get<1>(scores[c.group].sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-    for (int64_t i = 0; i < c.units - keep_units; ++i) remove[c.group].push_back(order[i].item<int64_t>());
+    const torch::Tensor order =
+        std::get<1>(scores[c.group].sort(/*stable=*/true, /*dim=*/0, /*descending=*/false)).contiguous();
+    const int64_t* lowest = order.data_ptr<int64_t>();
+    remove[c.group].assign(lowest, lowest + (c.units - keep_units));
   }
   return make_plan(graph, remove);
 }
