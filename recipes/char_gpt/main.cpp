@@ -249,9 +249,9 @@ int main(int argc, char** argv) {
   // Structured pruning of the MLP hidden size (prune.epochs=[...] turns it on).
   // The token embedding is ignored, which keeps the residual stream's width;
   // attention heads are left alone by the tracer (the q/k/v view splits channels).
+  // Always registered: without steps it still replays a checkpoint's plan on resume.
   spec.add_callbacks = [](train::Trainer& trainer, train::Task&, const core::Config& c) {
-    const prune::PruningCallbackOptions o = prune::pruning_options_from_config(c);
-    if (!o.epochs().empty()) trainer.add_callback(std::make_shared<prune::PruningCallback>(o));
+    trainer.add_callback(std::make_shared<prune::PruningCallback>(prune::pruning_options_from_config(c)));
   };
   spec.finish = finish;
   return train::run_recipe(argc, argv, spec);

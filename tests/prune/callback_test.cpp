@@ -57,7 +57,8 @@ TEST(PruningCallback, IterativeStepsShrinkTheModelAndTrainingGoesOn) {
   EXPECT_EQ(cb->reports()[0].epoch, 1);
   EXPECT_GT(cb->reports()[0].train_step_ms_before, 0.0);
   EXPECT_GT(cb->reports()[0].eval_before.samples, 0);
-  EXPECT_LT(cb->reports()[1].result.after.macs, cb->reports()[0].result.before.macs);
+  EXPECT_EQ(cb->reports()[0].result.after.params + 0, cb->reports()[1].result.before.params);
+  EXPECT_LT(cb->reports()[1].result.after.macs, cb->reports()[1].result.before.macs);  // step 2 removed more
   EXPECT_GT(r.last_val.accuracy, 0.9);  // blobs stay separable after pruning and fine-tuning
   const Plan on_disk = Plan::load(dir + "/pruning_plan.json");
   EXPECT_EQ(on_disk.to_json(), cb->plan().to_json());
@@ -135,6 +136,27 @@ TEST(PruningCallback, SparsityShrinksBatchNormScalesUntilPruning) {
   };
   const double plain = run(0.0), sparse = run(0.2);
   EXPECT_LT(sparse, 0.6 * plain) << plain << " vs " << sparse;
+}
+
+TEST(PruningCallback, ResumingAPrunedRunWithoutTheCallbackIsAnError) {
+  const std::string dir = fresh_dir("nocb");
+  {
+    BlobTask task(deterministic());
+    train::Trainer t(trainer_options(2, dir));
+    t.add_callback(std::make_shared<PruningCallback>(options({1}, 0.5)));
+    t.fit(task);
+  }
+  BlobTask task(deterministic());
+  train::TrainerOptions o = trainer_options(3, dir);
+  o.resume = "auto";
+  const std::string err = test_util::error_of([&] { train::Trainer(o).fit(task); });
+  EXPECT_NE(err.find("no pruning callback"), std::string::npos) << err;
+  // With the callback registered and nothing left to prune, the plan is replayed.
+  train::Trainer t(o);
+  t.add_callback(std::make_shared<PruningCallback>(PruningCallbackOptions().verbose(false)));
+  t.fit(task);
+  EXPECT_EQ(task.net()->fc1->options.out_features(), 16);
+  remove_dir(dir);
 }
 
 TEST(PruningCallback, ConfigKeysRoundTrip) {

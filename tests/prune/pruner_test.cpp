@@ -122,6 +122,17 @@ TEST(Pruner, RoundToAndMaxRatio) {
   EXPECT_LT(r.after.params, r.before.params);
 }
 
+TEST(Pruner, RoundingNeverBreaksMaxRatio) {
+  torch::manual_seed(13);
+  ResidualNet model;
+  const torch::Tensor x = torch::randn({2, 3, 8, 8});
+  // 16 channels, at most 30% may go: 12 must stay; rounding to 8 keeps 16, not 8.
+  Pruner pruner(*model, forward_of(model, x), quiet().round_to(8).max_ratio(0.3));
+  pruner.step(0.5);
+  EXPECT_EQ(model->b1->options.out_channels(), 16);
+  EXPECT_EQ(model->stem->options.out_channels(), 8);  // 8 channels: 0.3 allows 5.6 -> 6 kept, rounded up to 8
+}
+
 TEST(Pruner, GlobalRankingRemovesTheTargetShareInTotal) {
   torch::manual_seed(3);
   ResidualNet model;

@@ -181,6 +181,8 @@ PruningCallback::PruningCallback(PruningCallbackOptions options) : options_(std:
 }
 
 void PruningCallback::on_fit_start(train::Trainer& trainer) {
+  // Without scheduled steps the callback only carries a plan through checkpoints.
+  if (options_.epochs().empty()) return;
   train::Task& task = *trainer.task();
   auto model = task.model();
   data::Loader& loader = task.train_loader();
@@ -307,6 +309,7 @@ void PruningCallback::on_before_optimizer_step(train::Trainer&, torch::optim::Op
 }
 
 void PruningCallback::on_checkpoint_save(train::Trainer&, torch::serialize::OutputArchive& archive) {
+  if (plan_.empty() && steps_done_ == 0) return;  // nothing pruned yet: nothing to replay
   archive.write("plan", torch::IValue(plan_.to_json()));
   archive.write("ratio", torch::IValue(ratio_));
   archive.write("steps_done", torch::IValue(steps_done_));

@@ -6,6 +6,11 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/generated/Functions.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <algorithm>
 #include <map>
@@ -83,7 +88,24 @@ struct Owner {
   std::string name;    // qualified tensor name
   std::string module;  // qualified module name
   bool is_buffer = false;
+  std::string fixed_type;  // a torch::nn layer apply_plan cannot resize ("" = resizable or a custom module)
 };
+
+/// torch::nn layers whose sizes live in options apply_plan does not update
+/// (MultiheadAttention, RNNs, transposed convs, InstanceNorm, PReLU...): their
+/// tensors keep their shapes. Custom modules are sliced (their forward reads
+/// the tensors' shapes); Ember's resizable layers are updated.
+std::string fixed_layer_type(const torch::nn::Module& m) {
+  namespace nn = torch::nn;
+  if (dynamic_cast<const nn::Conv1dImpl*>(&m) || dynamic_cast<const nn::Conv2dImpl*>(&m) ||
+      dynamic_cast<const nn::Conv3dImpl*>(&m) || dynamic_cast<const nn::LinearImpl*>(&m) ||
+      dynamic_cast<const nn::BatchNorm1dImpl*>(&m) || dynamic_cast<const nn::BatchNorm2dImpl*>(&m) ||
+      dynamic_cast<const nn::BatchNorm3dImpl*>(&m) || dynamic_cast<const nn::LayerNormImpl*>(&m) ||
+      dynamic_cast<const nn::GroupNormImpl*>(&m) || dynamic_cast<const nn::EmbeddingImpl*>(&m))
+    return {};
+  const std::string name = m.name();
+  return name.rfind("torch::nn::", 0) == 0 ? name : std::string();
+}
 
 }  // namespace
 
@@ -91,16 +113,31 @@ class Tracer {
  public:
   Tracer(torch::nn::Module& model, const GraphOptions& options) : options_(options) {
     frozen_ = uf_.make();  // label 0
+    std::set<std::string> paths;
     for (const auto& item : model.named_modules()) {
       const std::string& path = item.key();
+      paths.insert(path);
+      const std::string fixed = fixed_layer_type(*item.value());
       for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
         owners_.emplace(p.value().unsafeGetTensorImpl(),
-                        Owner{path.empty() ? p.key() : path + "." + p.key(), path, false});
+                        Owner{path.empty() ? p.key() : path + "." + p.key(), path, false, fixed});
       for (const auto& b : item.value()->named_buffers(/*recurse=*/false))
         if (b.value().defined())
           owners_.emplace(b.value().unsafeGetTensorImpl(),
-                          Owner{path.empty() ? b.key() : path + "." + b.key(), path, true});
+                          Owner{path.empty() ? b.key() : path + "." + b.key(), path, true, fixed});
     }
+    for (const std::string& ignored : options_.ignored_layers)
+      EMBER_CHECK(paths.count(ignored),
+                  "[prune::DependencyGraph] ignored layer '{}' is not a module of this model (qualified names "
+                  "such as \"layer1.0.conv1\"; the model's top-level modules: {})",
+                  ignored, fmt::join(top_level(paths), ", "));
+  }
+
+  static std::vector<std::string> top_level(const std::set<std::string>& paths) {
+    std::vector<std::string> top;
+    for (const std::string& p : paths)
+      if (!p.empty() && p.find('.') == std::string::npos) top.push_back(p);
+    return top;
   }
 
   void run(const std::vector<torch::Tensor>& outputs) {
@@ -133,6 +170,16 @@ class Tracer {
   }
 
   DependencyGraph finish() {
+    std::vector<std::string> unreached;
+    for (const auto& [impl, owner] : owners_)
+      if (!owner.is_buffer && !leaves_.count(impl)) unreached.push_back(owner.name);
+    std::sort(unreached.begin(), unreached.end());
+    if (!unreached.empty())
+      warn(fmt::format("[prune::trace] the example forward pass does not use {} parameter(s) ({}{}): layers used only "
+                       "in training, or fed through detach/argmax, are not tied to the channels they consume; add "
+                       "them to ignored_layers if they are",
+                       unreached.size(), fmt::join(unreached.begin(), unreached.begin() + std::min<size_t>(4, unreached.size()), ", "),
+                       unreached.size() > 4 ? ", ..." : ""));
     for (size_t t = 0; t < dims_.size(); ++t)
       for (const std::string& ignored : options_.ignored_layers)
         if (dims_[t].module == ignored || dims_[t].module.rfind(ignored + ".", 0) == 0) freeze(dim_labels_[t]);
@@ -242,6 +289,13 @@ class Tracer {
     if (owner == owners_.end()) {
       td.name = "<tensor not in the model>";
       freeze(labels);
+    } else if (!owner->second.fixed_type.empty()) {
+      td.name = owner->second.name;
+      td.module = owner->second.module;
+      freeze(labels);
+      warn(fmt::format("[prune::trace] {} '{}' keeps its sizes (Ember does not resize this layer type), and so "
+                       "do the channels tied to it",
+                       owner->second.fixed_type, owner->second.module));
     } else {
       td.name = owner->second.name;
       td.module = owner->second.module;
@@ -326,6 +380,7 @@ class Tracer {
 
   void visit(ag::Node* node) {
     if (auto* acc = dynamic_cast<ag::AccumulateGrad*>(node)) {
+      leaves_.insert(acc->variable.unsafeGetTensorImpl());
       Value v;
       v.known = true;
       v.shape = acc->variable.sizes().vec();
@@ -356,11 +411,8 @@ class Tracer {
     if (name == "TBackward0") return transpose(node, 0, 1);
     if (auto* n = dynamic_cast<gen::CatBackward0*>(node)) return cat(node, *n);
     if (auto* n = dynamic_cast<gen::SplitBackward0*>(node)) return split(node, n->dim, false);
-    if (auto* n = dynamic_cast<gen::SplitWithSizesBackward0*>(node)) {
-      bool equal = true;
-      for (const auto& s : n->split_sizes) equal = equal && to_int(s) == to_int(n->split_sizes.front());
-      return split(node, n->dim, !equal);
-    }
+    // split_with_sizes: sizes written in the model's code, which pruning cannot change.
+    if (auto* n = dynamic_cast<gen::SplitWithSizesBackward0*>(node)) return split(node, n->dim, true);
     if (auto* n = dynamic_cast<gen::UnbindBackward0*>(node)) return remove_dim(node, n->dim, "unbind");
     if (auto* n = dynamic_cast<gen::SelectBackward0*>(node)) return remove_dim(node, n->dim, "select");
     if (auto* n = dynamic_cast<gen::SliceBackward0*>(node)) return slice(node, *n);
@@ -562,6 +614,14 @@ class Tracer {
     set_output(node, 0, std::move(v));
   }
 
+  /// Ops over the last 1, 2 or 3 dims of (N, C, ...) tensors (the digit in their name;
+  /// constant padding may touch any dim): the channels must lie before those dims.
+  static int64_t spatial_rank(const std::string& name) {
+    for (const char* r : {"1D", "2D", "3D"})
+      if (name.find(r) != std::string::npos) return r[0] - '0';
+    return 0;
+  }
+
   /// Ops that keep (N, C, ...) channels where they are and change other dims.
   void spatial(ag::Node* node) {
     const Value in = input(node->next_edge(0));
@@ -570,7 +630,8 @@ class Tracer {
     const Shape out = out_shape(node, 0);
     if (!in.labeled()) return set_output(node, 0, {});
     const auto d = static_cast<size_t>(in.dim);
-    bool keeps = out.size() == in.shape.size() && out[d] == in.shape[d];
+    bool keeps = out.size() == in.shape.size() && out[d] == in.shape[d] &&
+                 static_cast<int64_t>(d) < static_cast<int64_t>(out.size()) - spatial_rank(node->name());
     for (size_t i = 0; keeps && i < d; ++i) keeps = out[i] == in.shape[i];
     if (!keeps) {
       freeze_value(in, node->name(), "changes the channel dimension");
@@ -589,17 +650,20 @@ class Tracer {
     for (const auto& e : node->next_edges()) ins.push_back(input(e));
     // Constant operands (no edge): their shapes, where autograd saved them.
     std::vector<Shape> const_shapes;
-    const auto saved_shape = [&](size_t edge, ag::SavedVariable& sv) {
+    // Constant operands (no edge): their shapes where autograd saved them; else unknown.
+    bool unknown_constant = false;
+    const auto saved_shape = [&](size_t edge, ag::SavedVariable* sv) {
       if (node->next_edge(edge).is_valid()) return;
-      const torch::Tensor t = sv.unpack();
+      const torch::Tensor t = sv ? sv->unpack() : torch::Tensor();
       if (t.defined()) const_shapes.push_back(t.sizes().vec());
+      else unknown_constant = true;
     };
-    if (auto* n = dynamic_cast<gen::MulBackward0*>(node)) {
-      saved_shape(0, n->self_);
-      saved_shape(1, n->other_);
-    } else if (auto* d = dynamic_cast<gen::DivBackward0*>(node)) {
-      saved_shape(1, d->other_);
-    }
+    ag::SavedVariable *self = nullptr, *other = nullptr;
+    if (auto* n = dynamic_cast<gen::MulBackward0*>(node)) self = &n->self_, other = &n->other_;
+    else if (auto* d = dynamic_cast<gen::DivBackward0*>(node)) self = &d->self_, other = &d->other_;
+    else if (auto* mx = dynamic_cast<gen::MaximumBackward0*>(node)) self = &mx->self_, other = &mx->other_;
+    else if (auto* mn = dynamic_cast<gen::MinimumBackward0*>(node)) self = &mn->self_, other = &mn->other_;
+    for (size_t e = 0; e < node->num_outputs() && e < 2; ++e) saved_shape(e, e == 0 ? self : other);
     int64_t od = -1;
     bool conflict = false;
     for (const Value& v : ins)
@@ -654,6 +718,11 @@ class Tracer {
         tmp.shape = out;
         freeze_value(tmp, op, "combines them with a constant tensor of the same extent");
       }
+    if (unknown_constant) {  // add/sub keep no operand: a buffer or the model's input may span the channels
+      Value tmp = result;
+      tmp.shape = out;
+      freeze_value(tmp, op, "combines them with a tensor that needs no gradient (a buffer, the input, a detached value)");
+    }
     set_output(node, 0, std::move(result));
   }
 
@@ -798,7 +867,7 @@ class Tracer {
     const int64_t c = static_cast<int64_t>(in.labels.size());
     const int64_t size = pieces > 0 ? out_shape(node, 0)[dim] : c;
     if (fixed_unequal || size * pieces != c) {
-      freeze_value(in, node->name(), "splits the channels into pieces of fixed, unequal sizes");
+      freeze_value(in, node->name(), "splits the channels into pieces of fixed sizes");
       for (uint32_t i = 0; i < pieces; ++i) set_output(node, i, {});
       return;
     }
@@ -899,6 +968,7 @@ class Tracer {
   std::map<std::pair<ag::Node*, uint32_t>, Value> values_;
   std::vector<std::string> warnings_;
   std::set<std::string> warned_;
+  std::unordered_set<const c10::TensorImpl*> leaves_;  // parameters the trace reached
 };
 
 DependencyGraph DependencyGraph::build(torch::nn::Module& model, const ForwardFn& forward,

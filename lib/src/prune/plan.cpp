@@ -103,6 +103,42 @@ Plan Plan::load(const std::string& path) {
 
 namespace {
 
+bool supported_state(torch::optim::OptimizerParamState& state) {
+  return dynamic_cast<torch::optim::SGDParamState*>(&state) || dynamic_cast<torch::optim::AdamParamState*>(&state) ||
+         dynamic_cast<torch::optim::AdamWParamState*>(&state) ||
+         dynamic_cast<torch::optim::RMSpropParamState*>(&state) ||
+         dynamic_cast<torch::optim::AdagradParamState*>(&state);
+}
+
+void check_state_type(torch::optim::OptimizerParamState& state, const std::string& name) {
+  EMBER_CHECK(supported_state(state),
+              "[prune::apply_plan] {}: cannot slice the state of this optimizer (SGD, Adam, AdamW, RMSprop and "
+              "Adagrad are supported); prune before creating it, or between runs",
+              name);
+}
+
+/// Checks, before anything changes, that a layer can take its tensor `name`'s new `shape`.
+void check_layer(const torch::nn::Module& m, const std::string& name, const std::vector<int64_t>& shape) {
+  const auto conv_groups = [&](int64_t out_channels, int64_t groups) {
+    if (groups == 1 || !(name.size() >= 7 && name.compare(name.size() - 7, 7, ".weight") == 0)) return;
+    const int64_t per_group = out_channels / groups;
+    EMBER_CHECK(shape[0] % per_group == 0,
+                "[prune::apply_plan] {}: a conv with {} groups would keep {} output channels, not whole groups of {}",
+                name, groups, shape[0], per_group);
+  };
+  if (auto* c1 = dynamic_cast<const torch::nn::Conv1dImpl*>(&m)) conv_groups(c1->options.out_channels(), c1->options.groups());
+  if (auto* c2 = dynamic_cast<const torch::nn::Conv2dImpl*>(&m)) conv_groups(c2->options.out_channels(), c2->options.groups());
+  if (auto* c3 = dynamic_cast<const torch::nn::Conv3dImpl*>(&m)) conv_groups(c3->options.out_channels(), c3->options.groups());
+  if (auto* n = dynamic_cast<const torch::nn::LayerNormImpl*>(&m))
+    EMBER_CHECK(n->options.normalized_shape().size() == 1 && n->weight.defined(),
+                "[prune::apply_plan] {}: only a LayerNorm over one dimension, with weights, can be resized", name);
+  if (auto* g = dynamic_cast<const torch::nn::GroupNormImpl*>(&m)) {
+    const int64_t per = g->options.num_channels() / g->options.num_groups();
+    EMBER_CHECK(shape[0] % per == 0, "[prune::apply_plan] {}: GroupNorm would keep {} channels, not whole groups of {}",
+                name, shape[0], per);
+  }
+}
+
 /// Slices the optimizer state of one parameter whose dim `dim` keeps `index`.
 void slice_state(torch::optim::OptimizerParamState& state, const std::string& name, const c10::IntArrayRef old_sizes,
                  int64_t dim, const torch::Tensor& index) {
@@ -226,11 +262,19 @@ void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimi
     per_tensor[e.name].push_back(&e);
   }
   for (const auto& [name, entries] : per_tensor) {
-    const auto& m = *by_name.at(name).module;
+    const Target& target = by_name.at(name);
+    const auto& m = *target.module;
     const bool known = dynamic_cast<const torch::nn::ConvTranspose1dImpl*>(&m) == nullptr &&
                        dynamic_cast<const torch::nn::ConvTranspose2dImpl*>(&m) == nullptr &&
                        dynamic_cast<const torch::nn::ConvTranspose3dImpl*>(&m) == nullptr;
     EMBER_CHECK(known, "[prune::apply_plan] {}: transposed convolutions cannot be resized", name);
+    std::vector<int64_t> shape = target.tensor.sizes().vec();
+    for (const PlanEntry* e : entries) shape[e->dim] = static_cast<int64_t>(e->keep.size());
+    check_layer(m, name, shape);
+    if (optimizer && target.is_param) {
+      auto it = optimizer->state().find(target.tensor.unsafeGetTensorImpl());
+      if (it != optimizer->state().end()) check_state_type(*it->second, name);
+    }
   }
 
   torch::NoGradGuard no_grad;

@@ -56,6 +56,7 @@ std::vector<torch::Tensor> importance(const DependencyGraph& graph, Importance c
         case Importance::kL2: a = w * w; break;
         case Importance::kTaylor: {
           const torch::Tensor grad = td.tensor.grad();
+          if (!grad.defined() && !td.tensor.requires_grad()) continue;  // a frozen layer: no evidence either way
           EMBER_CHECK(grad.defined(),
                       "[prune::importance] taylor needs gradients, and {} has none: run forward and backward on a "
                       "few batches first (the pruning callback does: prune.taylor_batches)",
@@ -169,8 +170,9 @@ Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
   // Per group: bounds, rounding, then the lowest-scoring units go.
   std::vector<std::vector<int64_t>> remove(graph.groups().size());
   for (const Candidate& c : cands) {
-    int64_t keep = std::max(keep_channels[c.group], c.min_keep);
     const int64_t r = options_.round_to();
+    const int64_t min_keep = r > 1 ? (c.min_keep + r - 1) / r * r : c.min_keep;  // rounding never breaks max_ratio
+    int64_t keep = std::max(keep_channels[c.group], min_keep);
     if (r > 1) {
       keep -= keep % r;
       if (keep < r) keep = std::min(r, c.units * c.width);
@@ -249,9 +251,10 @@ PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
   try {
     result.after = core::count_cost(model_, forward_);
   } catch (const std::exception& e) {
-    detail::fail("[prune::Pruner::step] the pruned model's forward pass fails ({}). The tracer assumed every "
-                 "chunk/split of a pruned tensor is computed from its size at run time (chunk(n)); a split with "
-                 "sizes fixed in code breaks that. Add that layer to ignored_layers.",
+    detail::fail("[prune::Pruner::step] the pruned model's forward pass fails ({}); the model is left pruned "
+                 "and inconsistent. Usual causes: a chunk/split of pruned channels with sizes fixed in code (the "
+                 "tracer assumes chunk(n), computed at run time), or a size kept in a custom module's own members. "
+                 "Add that layer to ignored_layers.",
                  std::string(e.what()).substr(0, 300));
   }
   result.changes = diff(shapes_before, parameter_shapes(model_));

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "core/check.h"
@@ -215,9 +216,23 @@ void Trainer::load_checkpoint(const std::string& path) {
                  path, std::string(e.what()).substr(0, 200));
   }
   // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
+  std::set<std::string> registered;
   for (auto& cb : callbacks_) {
+    registered.insert(cb->name());
     torch::serialize::InputArchive a;
     if (callbacks.try_read(cb->name(), a)) cb->on_checkpoint_load(*this, a);
+  }
+  for (const std::string& key : callbacks.keys()) {
+    torch::serialize::InputArchive unread;
+    if (registered.count(key) || !callbacks.try_read(key, unread) || unread.keys().empty()) continue;
+    // A pruned model's weights would load into the full-size layers (the archive resizes tensors), silently.
+    EMBER_CHECK(key != "pruning",
+                "[train::Trainer] checkpoint {} is of a pruned model, but no pruning callback is registered to "
+                "replay its plan: add prune::PruningCallback (recipes: keep the prune.* keys as they were)",
+                path);
+    std::cerr << fmt::format("[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
+                             "not have; it is ignored\n",
+                             path, key);
   }
   try {
     task_->model()->load(model_archive);

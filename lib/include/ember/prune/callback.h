@@ -23,6 +23,8 @@
 // Checkpoints keep the cumulative plan; on resume the plan is applied to the
 // freshly built model before its weights and the optimizer state are loaded
 // (Callback::on_checkpoint_load runs first), so a pruned run resumes exactly.
+// Keep the callback registered when resuming a pruned run even with no more
+// steps to take (empty `epochs`): it is what replays the plan.
 //
 // The timing runs with the trainer's precision (autocast), restores the
 // model's buffers, gradients, mode and the RNG state afterwards, so measuring
@@ -65,7 +67,7 @@ struct PruningCallbackOptions {
 /// One pruning step during training.
 struct PruningReport {
   int64_t epoch = 0;
-  double ratio = 0.0;  ///< cumulative ratio aimed at (0 with a MACs target)
+  double ratio = 0.0;  ///< cumulative channel ratio reached (with a MACs target: the ratio it took)
   PruneResult result;  ///< plan of this step, shapes, MACs and parameters
   double train_step_ms_before = 0, train_step_ms_after = 0;  ///< median; 0 = not timed
   double infer_ms_before = 0, infer_ms_after = 0;            ///< median; 0 = not timed
