@@ -21,6 +21,7 @@
 #include "ember/data/idx.h"
 #include "ember/data/image_folder.h"
 #include "ember/data/loader.h"
+#include "ember/monitor/nvml.h"
 #include "ember/prune/callback.h"
 #include "ember/prune/graph.h"
 #include "ember/prune/plan.h"
