@@ -165,9 +165,7 @@ void slice_state(torch::optim::OptimizerParamState& state, const std::string& na
   } else if (auto* ada = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
     cut(ada->sum());
   } else {
-    detail::fail("[prune::apply_plan] {}: cannot slice the state of this optimizer (SGD, Adam, AdamW, RMSprop and "
-                 "Adagrad are supported); prune before creating it, or between runs",
-                 name);
+    check_state_type(state, name);  // throws: apply_plan validated this before changing anything
   }
 }
 
