@@ -80,6 +80,26 @@ if [[ -f "$root/train-images-idx3-ubyte.gz" ]]; then
     [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/fashion-$p.log" | cut -c1-120)"
     row "fashion_mnist $p on cuda" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$res"
   done
+  # Monitoring: the telemetry of the bf16 run's last step record, and a 3-step trace.
+  tele="$("$PY" - "$OUT/fashion-bf16-mixed/metrics.jsonl" <<'PYEOF' 2>&1
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"step"' in l]
+r = steps[-1]
+f = lambda k, fmt: (fmt % r[k]) if r.get(k) is not None else "-"
+print(f"step {r['step']}: {f('samples_per_second','%.0f')} samples/s, mfu {f('mfu','%.3f')}, step {f('step_ms','%.2f')} ms "
+      f"(data {f('data_ms','%.2f')} fwd {f('forward_ms','%.2f')} bwd {f('backward_ms','%.2f')} opt {f('optimizer_ms','%.2f')}), "
+      f"mem {f('gpu_mem_allocated_mib','%.0f')}/{f('gpu_mem_reserved_mib','%.0f')} MiB peak {f('gpu_mem_peak_mib','%.0f')}, "
+      f"util {f('gpu_util','%.0f')}%, {f('gpu_power_w','%.0f')} W, {f('gpu_temp_c','%.0f')} C, sm {f('gpu_sm_clock_mhz','%.0f')} MHz")
+PYEOF
+)"
+  row "telemetry (fashion bf16, cuda)" "$([[ "$tele" == step* ]] && echo ok || echo FAIL)" "$tele"
+  "$BUILD/bin/fashion_mnist" trainer.device=cuda data.root="$root" trainer.epochs=1 trainer.profile_steps=3 \
+    run.dir="$OUT/profile" trainer.progress=false >"$OUT/profile.log" 2>&1
+  prof="$("$PY" -c "
+import json; t = json.load(open('$OUT/profile/trace.json'))['traceEvents']
+k = sum(1 for e in t if e.get('cat') == 'kernel'); r = sum(1 for e in t if e.get('name') == 'ember::forward')
+print(f'{k} CUDA kernels, {r} ember::forward ranges')" 2>&1 | tail -1)"
+  row "profiler trace (3 steps, cuda)" "$([[ "$prof" == *kernels* && "$prof" != 0\ * ]] && echo ok || echo FAIL)" "$prof"
 else
   row "fashion_mnist on cuda" "skip" "no data at $root (tools/ember device-pack copies it)"
 fi
@@ -151,6 +171,15 @@ if [[ -x "$BUILD/bin/ember_bench_prune" ]]; then
   row "prune bench ResNet-20 bf16 (GPU)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
     "$([[ $rc -eq 0 ]] && echo "table below, prune_gpu.txt" || tail -1 "$OUT/prune_gpu.err" | cut -c1-120)"
   cat "$OUT/prune_gpu.txt"
+fi
+# Monitoring overhead on the GPU: throughput with monitoring off vs on.
+if [[ -x "$BUILD/bin/ember_bench_monitor" ]]; then
+  "$BUILD/bin/ember_bench_monitor" --device cuda --batch-size 256 --steps 100 --rounds 5 --precision bf16-mixed \
+    >"$OUT/monitor_gpu.txt" 2>"$OUT/monitor_gpu.err"
+  rc=$?
+  row "monitor overhead bench (GPU)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+    "$([[ $rc -eq 0 ]] && grep '^default\|^full' "$OUT/monitor_gpu.txt" | awk '{print $1, $NF}' | tr '\n' ' ' || tail -1 "$OUT/monitor_gpu.err" | cut -c1-120)"
+  cat "$OUT/monitor_gpu.txt"
 fi
 if [[ -f "$root/train-images-idx3-ubyte.gz" && -x "$BUILD/bin/prune_finetune" ]]; then
   "$BUILD/bin/prune_finetune" trainer.device=cuda data.root="$root" trainer.epochs=3 finetune.epochs=2 \

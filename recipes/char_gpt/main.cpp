@@ -130,6 +130,10 @@ class CharGptTask : public train::Task {
   }
 
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
+  int64_t tokens_per_sample() const override { return block_; }
+  double train_flops_per_sample() const override {
+    return static_cast<double>(net_->flops_per_token()) * static_cast<double>(block_);
+  }
   /// batch.input: uint8 [B, T+1]; predicts bytes 1..T from bytes 0..T-1.
   train::StepOutput training_step(const data::Batch& b) override {
     const torch::Tensor x = b.input.narrow(1, 0, block_).to(torch::kLong);
@@ -153,7 +157,7 @@ class CharGptTask : public train::Task {
 
 /// After training: validation bits per byte, tokens/s, MFU, and a text sample.
 void finish(train::Task& task, const core::Config& c, const train::FitResult& fit,
-            train::RunSummary& summary) {
+            recipe::RunSummary& summary) {
   auto& t = dynamic_cast<CharGptTask&>(task);
   CharGpt& net = t.net();
   const torch::Device device = net->wte->weight.device();
@@ -182,7 +186,7 @@ void finish(train::Task& task, const core::Config& c, const train::FitResult& fi
   summary.extra["tokens_per_second"] = tokens_per_second;
   double peak = c.get_float("mfu.peak_tflops") * 1e12;
   std::string peak_source = "mfu.peak_tflops";
-  if (peak <= 0) {
+  if (peak == 0) {  // < 0: no MFU
     const std::string math = core::math_of_precision(c.get_string("trainer.precision"));
     try {
       peak = core::peak_flops(device, math);
@@ -220,7 +224,7 @@ void finish(train::Task& task, const core::Config& c, const train::FitResult& fi
 }  // namespace
 
 int main(int argc, char** argv) {
-  train::RecipeSpec spec;
+  recipe::RecipeSpec spec;
   spec.name = "char_gpt";
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
@@ -242,8 +246,6 @@ int main(int argc, char** argv) {
     c.declare("sample.temperature", 0.8, "sampling temperature (0 = greedy)");
     c.declare("sample.top_k", 40, "sample among the k most likely bytes (0 = all)");
     c.declare("sample.prompt", "Q:", "text the sample starts from");
-    c.declare("mfu.peak_tflops", 0.0,
-              "peak TFLOP/s for MFU (0 = auto: GPU datasheet table, or a CPU matmul)");
   };
   spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<CharGptTask>(c, d); };
   // Structured pruning of the MLP hidden size (prune.epochs=[...] turns it on).
@@ -254,5 +256,5 @@ int main(int argc, char** argv) {
     trainer.add_callback(std::make_shared<prune::PruningCallback>(prune::pruning_options_from_config(c)));
   };
   spec.finish = finish;
-  return train::run_recipe(argc, argv, spec);
+  return recipe::run_recipe(argc, argv, spec);
 }

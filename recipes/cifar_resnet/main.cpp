@@ -72,7 +72,7 @@ class CifarTask : public train::Task {
 }  // namespace
 
 int main(int argc, char** argv) {
-  train::RecipeSpec spec;
+  recipe::RecipeSpec spec;
   spec.name = "cifar_resnet";
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
@@ -97,5 +97,5 @@ int main(int argc, char** argv) {
                                       .std({0.2470, 0.2435, 0.2616}));
   };
   spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<CifarTask>(c, d); };
-  return train::run_recipe(argc, argv, spec);
+  return recipe::run_recipe(argc, argv, spec);
 }

@@ -56,7 +56,7 @@ class FashionTask : public train::Task {
 }  // namespace
 
 int main(int argc, char** argv) {
-  train::RecipeSpec spec;
+  recipe::RecipeSpec spec;
   spec.name = "fashion_mnist";
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
@@ -75,5 +75,5 @@ int main(int argc, char** argv) {
     c.declare("model.dropout", 0.25, "dropout before each linear layer");
   };
   spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<FashionTask>(c, d); };
-  return train::run_recipe(argc, argv, spec);
+  return recipe::run_recipe(argc, argv, spec);
 }

@@ -99,7 +99,7 @@ class ImageFolderTask : public train::Task {
 }  // namespace
 
 int main(int argc, char** argv) {
-  train::RecipeSpec spec;
+  recipe::RecipeSpec spec;
   spec.name = "image_folder";
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
@@ -125,5 +125,5 @@ int main(int argc, char** argv) {
                                          .std({0.229, 0.224, 0.225}));
   };
   spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<ImageFolderTask>(c, d); };
-  return train::run_recipe(argc, argv, spec);
+  return recipe::run_recipe(argc, argv, spec);
 }

@@ -56,9 +56,9 @@ class FashionResNetTask : public train::Task {
 /// Phase 2, after the dense model is trained and tested: prune at the first
 /// fine-tuning epoch, fine-tune, test. Its own run folder: <run.dir>/finetune.
 void prune_and_finetune(train::Task& task, const core::Config& c, const train::FitResult& dense,
-                        train::RunSummary& summary) {
+                        recipe::RunSummary& summary) {
   const int64_t steps_per_epoch = task.train_loader().num_batches();
-  train::TrainerOptions o = train::trainer_options_from_config(c, steps_per_epoch);
+  train::TrainerOptions o = recipe::trainer_options_from_config(c, steps_per_epoch);
   o.epochs = c.get_int("finetune.epochs");
   o.run_dir = c.get_string("run.dir") + "/finetune";
   o.optimizer.lr = c.get_float("finetune.lr");
@@ -70,8 +70,7 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const train::F
   po.epochs({0});
   auto pruning = std::make_shared<prune::PruningCallback>(po);
   train::Trainer trainer(o);
-  if (o.progress) trainer.add_callback(std::make_shared<train::ProgressLogger>());
-  trainer.add_callback(std::make_shared<train::MetricsLogger>(o.run_dir + "/metrics.jsonl", o.log_every));
+  recipe::add_monitoring(trainer, c, o.run_dir);
   trainer.add_callback(pruning);
   const train::FitResult fit = trainer.fit(task);
   if (fit.interrupted) {
@@ -113,7 +112,7 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const train::F
 }  // namespace
 
 int main(int argc, char** argv) {
-  train::RecipeSpec spec;
+  recipe::RecipeSpec spec;
   spec.name = "prune_finetune";
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
@@ -134,5 +133,5 @@ int main(int argc, char** argv) {
     return std::make_unique<FashionResNetTask>(c, d);
   };
   spec.finish = prune_and_finetune;
-  return train::run_recipe(argc, argv, spec);
+  return recipe::run_recipe(argc, argv, spec);
 }

@@ -31,11 +31,11 @@ struct XTask : ember::train::Task {
 
 int main() {
   ember::core::Config config;
-  ember::train::declare_trainer_keys(config);
+  ember::recipe::declare_trainer_keys(config);
   config.set_override("trainer.epochs=5");
   torch::manual_seed(0);
   XTask task;
-  ember::train::TrainerOptions options = ember::train::trainer_options_from_config(config, 8);
+  ember::train::TrainerOptions options = ember::recipe::trainer_options_from_config(config, 8);
   options.progress = false;
   ember::train::Trainer trainer(options);
   trainer.fit(task);

@@ -70,7 +70,7 @@ for prec in ["fp16-mixed", "bf16-mixed"]:
         # PyTorch's schedule: 65536, halved per skipped step, no growth within 2000 steps.
         assert steps[-1]["loss_scale"] == 65536.0 / 2 ** steps[-1]["skipped_steps"], steps[-1]
     else:
-        assert "skipped_steps" not in s and all("loss_scale" not in r for r in steps), (s, steps)
+        assert "skipped_steps" not in s and all(r["loss_scale"] is None for r in steps), (s, steps)
 print("mixed precision runs OK")
 PY
 

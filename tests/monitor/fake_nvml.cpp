@@ -22,6 +22,10 @@ int nvmlDeviceGetName(nvmlDevice_st* d, char* name, unsigned int len) {
   std::strncpy(name, d->index == 0 ? "Fake GPU A" : "Fake GPU B", len);
   return 0;
 }
+int nvmlDeviceGetUUID(nvmlDevice_st* d, char* uuid, unsigned int len) {
+  std::strncpy(uuid, d->index == 0 ? "GPU-00000000-0000-0000-0000-00000000000a" : "GPU-00000000-0000-0000-0000-00000000000b", len);
+  return 0;
+}
 int nvmlDeviceGetUtilizationRates(nvmlDevice_st* d, Util* u) { return u->gpu = 87 + d->index, u->memory = 41, 0; }
 int nvmlDeviceGetMemoryInfo(nvmlDevice_st*, Mem* m) { return m->total = 80ull << 30, m->used = 5ull << 30, m->free = 75ull << 30, 0; }
 int nvmlDeviceGetTemperature(nvmlDevice_st*, int sensor, unsigned int* t) { return sensor == 0 ? (*t = 63, 0) : 2; }

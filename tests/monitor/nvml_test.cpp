@@ -29,6 +29,8 @@ TEST(Nvml, ReadsEveryFieldOfEveryDevice) {
   ASSERT_EQ(s.size(), 2u);
   EXPECT_EQ(s[0].name, "Fake GPU A");
   EXPECT_EQ(s[1].name, "Fake GPU B");
+  EXPECT_EQ(s[0].uuid, "GPU-00000000-0000-0000-0000-00000000000a");
+  EXPECT_EQ(s[1].uuid, "GPU-00000000-0000-0000-0000-00000000000b");
   EXPECT_EQ(s[0].utilization_pct, 87);
   EXPECT_EQ(s[1].utilization_pct, 88);
   EXPECT_EQ(s[0].memory_utilization_pct, 41);

@@ -28,6 +28,7 @@ struct Nvml::Api {
   nvmlReturn_t (*count)(unsigned int*) = nullptr;
   nvmlReturn_t (*by_index)(unsigned int, nvmlDevice_t*) = nullptr;
   nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned int) = nullptr;
+  nvmlReturn_t (*uuid)(nvmlDevice_t, char*, unsigned int) = nullptr;  // optional
   nvmlReturn_t (*utilization)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
   nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
   nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned int*) = nullptr;
@@ -61,6 +62,7 @@ std::unique_ptr<Nvml> Nvml::open(const std::string& library, std::string* why) {
     if (why) *why = fmt::format("{} lacks NVML functions ({}); too old a driver?", path, dlerror());
     return nullptr;
   }
+  load(api->uuid, "nvmlDeviceGetUUID");  // optional: matches NVML devices to CUDA's
   const nvmlReturn_t rc = api->init();
   if (rc != kSuccess) {
     if (why) *why = fmt::format("nvmlInit failed: {}", api->error(rc));
@@ -90,6 +92,8 @@ std::vector<GpuSample> Nvml::sample() const {
     s.index = i;
     char name[96] = {0};
     if (api_->name(dev, name, sizeof(name)) == kSuccess) s.name = name;
+    char uuid[96] = {0};
+    if (api_->uuid && api_->uuid(dev, uuid, sizeof(uuid)) == kSuccess) s.uuid = uuid;
     nvmlUtilization_t u{};
     if (api_->utilization(dev, &u) == kSuccess) {
       s.utilization_pct = u.gpu;

@@ -334,6 +334,9 @@ FitResult Trainer::fit(Task& task) {
   auto params = trainable_parameters(*model);
 
   for (auto& cb : callbacks_) cb->on_fit_start(*this);
+  const auto phase = [this](StepPhase p) {
+    for (auto& cb : callbacks_) cb->on_step_phase(*this, p);
+  };
   const auto fit_start = Clock::now();
   double val_seconds = 0.0;
 
@@ -350,11 +353,14 @@ FitResult Trainer::fit(Task& task) {
     while (batch_ < num_batches) {
       const int64_t window_start = batch_ - batch_ % k;
       const int64_t window = std::min(k, num_batches - window_start);
+      phase(StepPhase::kData);
       std::optional<data::Batch> batch = loader.next();
       EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", batch_, num_batches);
 
+      phase(StepPhase::kForward);
       StepOutput out = forward_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
       check_loss(out, "training_step");
+      phase(StepPhase::kBackward);
       const auto backward = [&](const torch::Tensor& loss) {
         if (grad_scaler_) grad_scaler_->scale(loss).backward();
         else loss.backward();
@@ -374,6 +380,7 @@ FitResult Trainer::fit(Task& task) {
 
       if (batch_ - window_start == window) {  // accumulation boundary
         // Once per effective batch: unscale (inf/NaN check), clip, step or skip, update the scale.
+        phase(StepPhase::kOptimizer);
         if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
         if (options_.clip_grad_norm > 0) clip_grad_norm_(params, options_.clip_grad_norm);
         for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
@@ -395,6 +402,7 @@ FitResult Trainer::fit(Task& task) {
         result.samples += step_samples;
         step_loss = torch::Tensor();
         step_samples = 0;
+        phase(StepPhase::kCallbacks);
         for (auto& cb : callbacks_) cb->on_step_end(*this, info);
         if (options_.max_steps >= 0 && global_step_ >= options_.max_steps) request_stop("max_steps reached");
         if (g_stop_signal != 0) {

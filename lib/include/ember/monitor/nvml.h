@@ -15,6 +15,7 @@ namespace ember::monitor {
 struct GpuSample {
   int64_t index = 0;                 ///< NVML device index
   std::string name;                  ///< e.g. "NVIDIA H200"
+  std::string uuid;                  ///< "GPU-xxxxxxxx-..." (matches CUDA's device UUID); "" if not reported
   double utilization_pct = -1;       ///< share of the last sample period a kernel ran, %
   double memory_utilization_pct = -1;  ///< share of it the memory was read or written, %
   int64_t memory_used_bytes = -1;    ///< device memory in use (all processes)

@@ -8,15 +8,18 @@
 //   for each epoch:
 //     on_epoch_start
 //     for each batch (micro-batch when accumulating):
-//       forward and loss (under autocast for bf16-/fp16-mixed)
-//       backward of loss / accumulate_grad_batches (x loss scale for fp16-mixed)
+//       on_step_phase(kData)            <- the loader is asked for the batch
+//       on_step_phase(kForward)         <- forward and loss (under autocast for bf16-/fp16-mixed)
+//       on_step_phase(kBackward)        <- backward of loss / accumulate_grad_batches (x loss scale for fp16-mixed)
 //       at an accumulation boundary (every k-th batch, or the epoch's last):
+//         on_step_phase(kOptimizer)
 //         unscale gradients (fp16-mixed; inf/NaN check, once per effective batch)
 //         clip gradients (if trainer.clip_grad_norm > 0; no host sync)
 //         on_before_optimizer_step      <- gradients are final (unscaled, clipped) here
 //         optimizer.step(), skipped on inf/NaN gradients (fp16-mixed)
 //         loss-scale update (fp16-mixed); zero grads
 //         LR schedule for the next step (advances only if the optimizer stepped)
+//         on_step_phase(kCallbacks)
 //         on_step_end                   <- one call per step, skipped ones included
 //       a stop request (signal, request_stop) is honoured here, after a checkpoint
 //     on_epoch_end                      <- training metrics of the epoch
@@ -52,6 +55,17 @@ struct EvalResult {
   double seconds = 0.0;
 };
 
+/// The part of a training step the loop is entering; see on_step_phase.
+/// Phases follow each other without gaps within an epoch, so their durations
+/// add up to the training time (validation and checkpoints excluded).
+enum class StepPhase {
+  kData,       ///< waiting for the loader's next batch
+  kForward,    ///< Task::training_step: device copy, augmentation, forward, loss
+  kBackward,   ///< backward (and the trainer's bookkeeping of the batch)
+  kOptimizer,  ///< unscale, clip, on_before_optimizer_step, step, zero_grad, schedule
+  kCallbacks,  ///< on_step_end of every callback (logging, checkpoints by step...)
+};
+
 /// Passed to on_step_end, once per optimizer step.
 struct StepInfo {
   int64_t epoch = 0;          ///< 0-based epoch
@@ -73,6 +87,10 @@ class Callback {
 
   virtual void on_fit_start(Trainer& trainer) {}
   virtual void on_epoch_start(Trainer& trainer, int64_t epoch) {}
+  /// The loop enters `phase` (several times per step when accumulating).
+  /// Called on the training thread, about 5 times per batch: keep it cheap and
+  /// never sync with the device here (monitor::StepTimer records CUDA events).
+  virtual void on_step_phase(Trainer& trainer, StepPhase phase) {}
   virtual void on_before_optimizer_step(Trainer& trainer, torch::optim::Optimizer& optimizer) {}
   virtual void on_step_end(Trainer& trainer, const StepInfo& info) {}
   virtual void on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& train) {}

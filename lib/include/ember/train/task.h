@@ -38,6 +38,13 @@ class Task {
   /// The optimizer; nullptr lets the Trainer build one from its OptimizerSpec.
   virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer() { return nullptr; }
 
+  /// Tokens per training sample for language models (monitoring reports
+  /// tokens/s); 0 = not a token model.
+  virtual int64_t tokens_per_sample() const { return 0; }
+  /// FLOPs of one training sample (forward + backward) for model FLOPs
+  /// utilisation; 0 = let monitoring count them (3 x 2 x forward MACs).
+  virtual double train_flops_per_sample() const { return 0; }
+
   virtual data::Loader& train_loader() = 0;
   /// Validation data, or nullptr for none.
   virtual data::Loader* val_loader() { return nullptr; }

@@ -1,4 +1,4 @@
-#include "ember/train/recipe.h"
+#include "ember/recipe/recipe.h"
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -15,9 +15,24 @@
 #include "ember/core/host_malloc.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/early_stopping.h"
-#include "ember/train/logging.h"
+#include "ember/monitor/monitor.h"
+#include "ember/monitor/profiler.h"
+#include "ember/monitor/progress.h"
 
-namespace ember::train {
+namespace ember::recipe {
+using train::EarlyStopping;
+using train::EarlyStoppingOptions;
+using train::EvalResult;
+using train::FitResult;
+using train::Task;
+using train::Trainer;
+using train::TrainerOptions;
+using train::count_parameters;
+using train::make_schedule;
+using train::ScheduleSpec;
+using train::make_dirs;
+using train::write_file_atomic;
+
 namespace {
 
 struct UsageError : Error {
@@ -56,8 +71,18 @@ void declare_trainer_keys(core::Config& c) {
   c.declare("trainer.resume", "", "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
   c.declare("trainer.val_every", 1, "validate every N epochs (0 = never)");
   c.declare("trainer.checkpoint_every", 1, "checkpoint every N epochs (0 = at the end and on stop only)");
-  c.declare("trainer.log_every", 50, "optimizer steps between metrics.jsonl step records");
+  c.declare("trainer.log_every", 50, "optimizer steps between step records (metrics.jsonl, CSV, TensorBoard)");
   c.declare("trainer.progress", true, "show the progress line");
+  c.declare("trainer.profile_steps", 0, "write a Chrome/Perfetto trace of N steps to <run.dir>/trace.json (0 = off)");
+  c.declare("trainer.profile_wait", 5, "steps before the traced ones (warm-up)");
+  c.declare("monitor.tensorboard", true, "TensorBoard event files in <run.dir>/tensorboard");
+  c.declare("monitor.csv", true, "metrics_steps.csv and metrics_epochs.csv in the run folder");
+  c.declare("monitor.histogram_every", 0, "weight and gradient histograms to TensorBoard every N steps (0 = off)");
+  c.declare("monitor.step_timing", true, "step-time breakdown: data, forward, backward, optimizer, other");
+  c.declare("monitor.nvml", true, "GPU utilisation, power, temperature and clocks through NVML");
+  c.declare("monitor.data_wait_warning", 0.2, "warn when waiting for data takes more than this share of the step (0 = off)");
+  c.declare("mfu.peak_tflops", 0.0, "peak TFLOP/s for MFU (0 = auto: GPU datasheet table, or a CPU matmul; < 0 = no MFU)");
+  c.declare("mfu.flops_per_sample", 0.0, "training FLOPs per sample (0 = the task's count, else 3 x forward MACs x 2)");
   c.declare("amp.init_scale", 65536.0, "fp16-mixed: initial loss scale");
   c.declare("amp.growth_factor", 2.0, "fp16-mixed: scale x this after amp.growth_interval clean steps");
   c.declare("amp.backoff_factor", 0.5, "fp16-mixed: scale x this after a step with inf/NaN gradients");
@@ -129,6 +154,31 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
   return o;
 }
 
+std::shared_ptr<monitor::Monitor> add_monitoring(Trainer& trainer, const core::Config& c, const std::string& run_dir) {
+  if (c.get_bool("trainer.progress")) trainer.add_callback(std::make_shared<monitor::ProgressLogger>());
+  monitor::MonitorOptions mo;
+  mo.log_every = c.get_int("trainer.log_every");
+  mo.run_dir = run_dir;
+  mo.tensorboard = c.get_bool("monitor.tensorboard");
+  mo.csv = c.get_bool("monitor.csv");
+  mo.histogram_every = c.get_int("monitor.histogram_every");
+  mo.step_timing = c.get_bool("monitor.step_timing");
+  mo.nvml = c.get_bool("monitor.nvml");
+  mo.data_wait_warning = c.get_float("monitor.data_wait_warning");
+  mo.flops_per_sample = c.get_float("mfu.flops_per_sample");
+  mo.peak_flops = c.get_float("mfu.peak_tflops") * 1e12;
+  auto mon = std::make_shared<monitor::Monitor>(mo);
+  trainer.add_callback(mon);
+  if (c.get_int("trainer.profile_steps") > 0) {
+    monitor::ProfilerOptions po;
+    po.steps = c.get_int("trainer.profile_steps");
+    po.wait = c.get_int("trainer.profile_wait");
+    po.path = run_dir + "/trace.json";
+    trainer.add_callback(std::make_shared<monitor::Profiler>(po));
+  }
+  return mon;
+}
+
 void write_summary(const std::string& path, const RunSummary& s) {
   nlohmann::json j{{"recipe", s.recipe},
                    {"test_accuracy", s.test_accuracy >= 0 ? ember::detail::json_number(s.test_accuracy) : nlohmann::json(nullptr)},
@@ -142,6 +192,11 @@ void write_summary(const std::string& path, const RunSummary& s) {
                    {"parameters", s.parameters},
                    {"stop_reason", s.stop_reason}};
   for (const auto& [k, v] : s.extra) j[k] = ember::detail::json_number(v);
+  if (!s.monitor.empty()) {
+    nlohmann::json m = nlohmann::json::object();
+    for (const auto& [k, v] : s.monitor) m[k] = ember::detail::json_number(v);
+    j["monitor"] = m;
+  }
   write_file_atomic(path, j.dump(2) + "\n");
 }
 
@@ -190,8 +245,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     const int64_t steps_per_epoch = (task->train_loader().num_batches() + std::max<int64_t>(k, 1) - 1) / std::max<int64_t>(k, 1);
     TrainerOptions options = trainer_options_from_config(config, steps_per_epoch);
     Trainer trainer(options);
-    if (options.progress) trainer.add_callback(std::make_shared<ProgressLogger>());
-    trainer.add_callback(std::make_shared<MetricsLogger>(run_dir + "/metrics.jsonl", options.log_every));
+    const std::shared_ptr<monitor::Monitor> mon = add_monitoring(trainer, config, run_dir);
     if (config.get_int("early_stop.patience") > 0) {
       EarlyStoppingOptions es;
       es.patience = config.get_int("early_stop.patience");
@@ -222,6 +276,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     summary.precision = options.precision;
     summary.parameters = count_parameters(*task->model());  // after training: pruning may have shrunk it
     summary.stop_reason = fit.stop_reason;
+    summary.monitor = mon->summary().as_map();
     if (options.precision == "fp16-mixed") summary.extra["skipped_steps"] = static_cast<double>(fit.skipped_steps);
     if (fit.last_val.samples > 0) {
       summary.extra["val_loss"] = fit.last_val.loss;
@@ -254,4 +309,4 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
   }
 }
 
-}  // namespace ember::train
+}  // namespace ember::recipe

@@ -1,16 +1,18 @@
-#include "ember/train/logging.h"
+#include "ember/monitor/progress.h"
 
 #include <unistd.h>
 
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "core/json_number.h"
-#include "ember/train/checkpoint.h"
 #include "ember/train/trainer.h"
 
-namespace ember::train {
+namespace ember::monitor {
+
+using train::EvalResult;
+using train::StepInfo;
+using train::Task;
+using train::Trainer;
 namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -39,7 +41,25 @@ void ProgressLogger::end_line() {
   line_open_ = false;
 }
 
-void ProgressLogger::on_fit_start(Trainer&) { last_print_ = Clock::now(); }
+void ProgressLogger::on_fit_start(Trainer& trainer) {
+  last_print_ = Clock::now();
+  device_ = torch::Device(torch::kCPU);
+  if (Task* task = trainer.task()) {
+    for (const auto& p : task->model()->parameters()) {
+      device_ = p.device();
+      break;
+    }
+    tokens_per_sample_ = task->tokens_per_sample();
+  }
+}
+
+std::string ProgressLogger::memory_text() {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const DeviceMemory m = device_memory(device_);
+  if (m.allocated >= 0) return fmt::format(" mem {:.2f}/{:.2f} GiB", m.allocated / kGiB, m.reserved / kGiB);
+  const HostStats h = host_.sample();
+  return h.rss_bytes >= 0 ? fmt::format(" rss {:.2f} GiB", h.rss_bytes / kGiB) : "";
+}
 
 void ProgressLogger::on_epoch_start(Trainer&, int64_t) {
   epoch_start_ = Clock::now();
@@ -58,9 +78,11 @@ void ProgressLogger::on_step_end(Trainer& trainer, const StepInfo& info) {
   const double frac = total > 0 ? static_cast<double>(info.batch) / static_cast<double>(total) : 0.0;
   const double epochs_left = static_cast<double>(trainer.options().epochs - info.epoch) - frac;
   const double eta = frac > 0 ? elapsed / frac * epochs_left : NAN;
-  std::string line = fmt::format(
-      "epoch {}/{} {:3.0f}% step {} loss {:.4f} lr {:.3g} {:.0f} samples/s ETA {}", info.epoch + 1,
-      trainer.options().epochs, 100.0 * frac, info.step, info.loss.item<double>(), info.lr, rate, format_eta(eta));
+  std::string line = fmt::format("epoch {}/{} {:3.0f}% step {} loss {:.4f} lr {:.3g} ", info.epoch + 1,
+                                 trainer.options().epochs, 100.0 * frac, info.step, info.loss.item<double>(), info.lr);
+  line += tokens_per_sample_ > 0 ? fmt::format("{:.0f} tokens/s", rate * static_cast<double>(tokens_per_sample_))
+                                 : fmt::format("{:.0f} samples/s", rate);
+  line += memory_text() + " ETA " + format_eta(eta);
   if (info.loss_scale.defined())
     line += fmt::format(" | scale {:g} skipped {}", info.loss_scale.item<double>(), info.skipped_steps);
   if (tty_) {
@@ -98,51 +120,4 @@ void ProgressLogger::on_fit_end(Trainer& trainer) {
   pending_epoch_line_.clear();
 }
 
-MetricsLogger::MetricsLogger(const std::string& path, int64_t log_every) : log_every_(log_every) {
-  const auto slash = path.find_last_of('/');
-  if (slash != std::string::npos) make_dirs(path.substr(0, slash));
-  out_.open(path, std::ios::app);
-  EMBER_CHECK(out_.good(), "[train::MetricsLogger] cannot open {} for writing", path);
-  last_ = Clock::now();
-}
-
-void MetricsLogger::write_line(const std::string& line) {
-  out_ << line << '\n';
-  out_.flush();
-}
-
-void MetricsLogger::on_step_end(Trainer&, const StepInfo& info) {
-  samples_since_last_ += info.samples;
-  if (log_every_ <= 0 || info.step % log_every_ != 0) return;
-  const double dt = since(last_);
-  nlohmann::json j{{"kind", "step"},
-                   {"epoch", info.epoch + 1},
-                   {"step", info.step},
-                   {"loss", ember::detail::json_number(info.loss.item<double>())},
-                   {"lr", ember::detail::json_number(info.lr)},
-                   {"samples_per_second", ember::detail::json_number(samples_since_last_ / std::max(dt, 1e-9))}};
-  if (info.loss_scale.defined()) {
-    j["loss_scale"] = ember::detail::json_number(info.loss_scale.item<double>());
-    j["skipped_steps"] = info.skipped_steps;
-  }
-  write_line(j.dump());
-  last_ = Clock::now();
-  samples_since_last_ = 0;
-}
-
-void MetricsLogger::on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& r) {
-  nlohmann::json j{{"kind", "train_epoch"}, {"epoch", epoch + 1}, {"loss", ember::detail::json_number(r.loss)},
-                   {"seconds", ember::detail::json_number(r.seconds)}, {"samples", r.samples},
-                   {"skipped_steps", trainer.skipped_steps()}};
-  if (r.accuracy >= 0) j["accuracy"] = ember::detail::json_number(r.accuracy);
-  write_line(j.dump());
-}
-
-void MetricsLogger::on_validation_end(Trainer&, int64_t epoch, const EvalResult& r) {
-  nlohmann::json j{{"kind", "val"}, {"epoch", epoch + 1}, {"loss", ember::detail::json_number(r.loss)},
-                   {"seconds", ember::detail::json_number(r.seconds)}, {"samples", r.samples}};
-  if (r.accuracy >= 0) j["accuracy"] = ember::detail::json_number(r.accuracy);
-  write_line(j.dump());
-}
-
-}  // namespace ember::train
+}  // namespace ember::monitor

@@ -3,12 +3,12 @@
 // run folder and summary.json, so that a recipe's main() is tens of lines.
 //
 //   int main(int argc, char** argv) {
-//     ember::train::RecipeSpec spec;
+//     ember::recipe::RecipeSpec spec;
 //     spec.name = "fashion_mnist";
 //     spec.default_config = kDefaultConfig;   // the recipe's config.toml, embedded
 //     spec.declare = [](ember::core::Config& c) { c.declare("model.width", 32, "..."); };
 //     spec.make_task = [](const ember::core::Config& c, torch::Device d) { return ...; };
-//     return ember::train::run_recipe(argc, argv, spec);
+//     return ember::recipe::run_recipe(argc, argv, spec);
 //   }
 //
 // Command line: RECIPE [--config FILE] [--help] [key=value ...]. The recipe's
@@ -25,17 +25,19 @@
 #include <string_view>
 
 #include "ember/core/config.h"
+#include "ember/monitor/monitor.h"
 #include "ember/train/task.h"
 #include "ember/train/trainer.h"
 
-namespace ember::train {
+namespace ember::recipe {
 
-/// Declares the keys every recipe shares: run.*, trainer.*, optim.*, sched.*, early_stop.*.
+/// Declares the keys every recipe shares: run.*, trainer.*, optim.*, sched.*,
+/// early_stop.*, monitor.*, mfu.*.
 void declare_trainer_keys(core::Config& config);
 
-/// TrainerOptions from those keys. `steps_per_epoch` (optimizer steps) turns
+/// train::TrainerOptions from those keys. `steps_per_epoch` (optimizer steps) turns
 /// epoch-based schedule keys into steps.
-TrainerOptions trainer_options_from_config(const core::Config& config, int64_t steps_per_epoch);
+train::TrainerOptions trainer_options_from_config(const core::Config& config, int64_t steps_per_epoch);
 
 /// What a run leaves in summary.json.
 struct RunSummary {
@@ -52,7 +54,17 @@ struct RunSummary {
   std::string stop_reason;
   /// Recipe-specific numbers (e.g. val_accuracy).
   std::map<std::string, double> extra;
+  /// monitor::MonitorSummary::as_map(): MFU, step-time shares, peak GPU
+  /// memory; summary.json's "monitor" object.
+  std::map<std::string, double> monitor;
 };
+
+/// Adds the standard run callbacks to `trainer` from the trainer.* and
+/// monitor.* keys: the progress line (trainer.progress), the Monitor
+/// (metrics.jsonl, CSV, TensorBoard in `run_dir`) and the Profiler
+/// (trainer.profile_steps). Returns the Monitor.
+std::shared_ptr<monitor::Monitor> add_monitoring(train::Trainer& trainer, const core::Config& config,
+                                                 const std::string& run_dir);
 
 /// Writes summary.json atomically.
 void write_summary(const std::string& path, const RunSummary& summary);
@@ -64,18 +76,18 @@ struct RecipeSpec {
   /// Declares the recipe's own keys (model.*, data.* ...).
   std::function<void(core::Config&)> declare;
   /// Builds the task on `device` from the resolved config.
-  std::function<std::unique_ptr<Task>(const core::Config&, torch::Device)> make_task;
+  std::function<std::unique_ptr<train::Task>(const core::Config&, torch::Device)> make_task;
   /// Optional: adds the recipe's own callbacks (pruning...) after the
   /// standard ones (progress, metrics, early stopping).
-  std::function<void(Trainer&, Task&, const core::Config&)> add_callbacks;
+  std::function<void(train::Trainer&, train::Task&, const core::Config&)> add_callbacks;
   /// Optional: runs after training and testing, before summary.json is
   /// written. Adds recipe-specific numbers to `summary.extra` (printed on the
   /// final line too) and prints recipe-specific output (e.g. a text sample).
-  std::function<void(Task&, const core::Config&, const FitResult&, RunSummary&)> finish;
+  std::function<void(train::Task&, const core::Config&, const train::FitResult&, RunSummary&)> finish;
 };
 
 /// Parses the command line, trains, tests, writes the run folder, prints the
 /// test accuracy. Never throws: errors are printed and turned into an exit status.
 int run_recipe(int argc, char** argv, const RecipeSpec& spec);
 
-}  // namespace ember::train
+}  // namespace ember::recipe

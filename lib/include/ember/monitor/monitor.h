@@ -1,0 +1,142 @@
+#pragma once
+// Monitor: the callback that measures a training run and writes what it sees.
+//
+// Every `log_every` optimizer steps it writes one "step" record:
+//   loss (mean over the interval), lr, samples_per_second (tokens_per_second
+//   for token models), step-time breakdown (step_ms, data_ms, forward_ms,
+//   backward_ms, optimizer_ms, other_ms: means per step), mfu, the caching
+//   allocator's gpu_mem_allocated_mib / gpu_mem_reserved_mib / gpu_mem_peak_mib,
+//   NVML's gpu_util, gpu_mem_used_mib, gpu_temp_c, gpu_power_w, gpu_sm_clock_mhz,
+//   the process's cpu_percent and rss_mib, and fp16-mixed's loss_scale and
+//   skipped_steps. Unmeasured values are NaN (null in metrics.jsonl).
+// At each epoch end a "train_epoch" record (loss, accuracy, seconds, samples,
+// skipped_steps) and after validation a "val" record (loss, accuracy, seconds,
+// samples), both with the step at which they were taken.
+//
+// Cost: per step, five phase marks (a clock read or a CUDA event record) and
+// one device-side add of the loss; per logging interval, one host sync (the
+// loss read), a few /proc and NVML reads and one line per writer. No host sync
+// happens between logging steps.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/monitor/nvml.h"
+#include "ember/monitor/step_timer.h"
+#include "ember/monitor/telemetry.h"
+#include "ember/monitor/writers.h"
+#include "ember/train/callback.h"
+
+namespace ember::monitor {
+
+class TensorBoardWriter;
+
+struct MonitorOptions {
+  /// Optimizer steps between step records; 0 = epoch records only.
+  int64_t log_every = 50;
+  /// Run folder for metrics.jsonl, metrics_steps.csv, metrics_epochs.csv and
+  /// tensorboard/; "" = no files (records go only to added writers).
+  std::string run_dir;
+  /// Write <run_dir>/metrics.jsonl.
+  bool jsonl = true;
+  /// Write <run_dir>/metrics_steps.csv and metrics_epochs.csv.
+  bool csv = true;
+  /// Write TensorBoard event files to <run_dir>/tensorboard (needs a build
+  /// with TensorBoard support; without it a note is printed once).
+  bool tensorboard = true;
+  /// Weight and gradient histograms to TensorBoard every N steps (0 = off):
+  /// weights/<name> after the step, gradients/<name> (final: unscaled,
+  /// clipped) before it. Costs a few reductions and a small copy per tensor.
+  int64_t histogram_every = 0;
+  /// Step-time breakdown (CUDA events on GPU, host clock on CPU).
+  bool step_timing = true;
+  /// GPU utilisation, power, temperature and clocks through NVML.
+  bool nvml = true;
+  /// Warn when waiting for data takes more than this share of the step
+  /// time over a logging interval (0 = never).
+  double data_wait_warning = 0.2;
+  /// Training FLOPs per sample (forward + backward); 0 = the task's
+  /// train_flops_per_sample(), else 3 x 2 x forward MACs counted on one
+  /// batch with core::count_cost.
+  double flops_per_sample = 0;
+  /// Peak FLOP/s that MFU divides by; 0 = core::peak_flops(device, math of
+  /// the trainer's precision); negative = no MFU.
+  double peak_flops = 0;
+  /// Where warnings and notes go.
+  std::FILE* stream = stderr;
+};
+
+/// Numbers of a whole fit, for summary.json.
+struct MonitorSummary {
+  double samples_per_second = NAN;  ///< samples / training time (logging intervals)
+  double mfu = NAN;                 ///< mean model FLOPs utilisation
+  double flops_per_sample = NAN;    ///< training FLOPs per sample used for MFU
+  double peak_flops = NAN;          ///< the peak MFU divides by
+  double gpu_mem_peak_mib = NAN;    ///< caching allocator's peak
+  double data_share = NAN;          ///< share of step time waiting for data
+  StepTimes times;                  ///< summed over the fit
+  /// As name -> value for summary.json (NaN entries left out).
+  std::map<std::string, double> as_map() const;
+};
+
+class Monitor : public train::Callback {
+ public:
+  explicit Monitor(MonitorOptions options = {});
+  ~Monitor() override;
+
+  /// Sends every record to `writer` too (after the built-in ones).
+  Monitor& add_writer(std::shared_ptr<MetricsWriter> writer);
+
+  std::string name() const override { return "monitor"; }
+  void on_fit_start(train::Trainer& trainer) override;
+  void on_epoch_start(train::Trainer& trainer, int64_t epoch) override;
+  void on_step_phase(train::Trainer& trainer, train::StepPhase phase) override;
+  void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;
+  void on_step_end(train::Trainer& trainer, const train::StepInfo& info) override;
+  void on_epoch_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& train) override;
+  void on_validation_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& val) override;
+  void on_fit_end(train::Trainer& trainer) override;
+
+  /// The last step record (empty before the first).
+  const Record& last_step_record() const { return last_step_; }
+  const MonitorSummary& summary() const { return summary_; }
+  const MonitorOptions& options() const { return options_; }
+
+ private:
+  void emit(const Record& record);
+  void write_histograms(train::Trainer& trainer, int64_t step);
+  Record epoch_record(const char* kind, int64_t epoch, const train::EvalResult& r, const train::Trainer& trainer) const;
+  void count_flops(train::Trainer& trainer);
+
+  MonitorOptions options_;
+  std::vector<std::shared_ptr<MetricsWriter>> writers_, extra_writers_;
+  std::shared_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<StepTimer> timer_;
+  std::unique_ptr<Nvml> nvml_;
+  HostSampler host_;
+  torch::Device device_{torch::kCPU};
+  int64_t tokens_per_sample_ = 0;
+  double flops_per_sample_ = 0, peak_flops_ = 0;
+
+  // The current logging interval.
+  torch::Tensor loss_sum_;  // on the device: no sync per step
+  int64_t interval_steps_ = 0, interval_samples_ = 0;
+  double interval_start_ = 0;  // Unix seconds
+  double fit_start_ = 0;
+  int64_t warned_epoch_ = -1;
+
+  // Whole fit.
+  double logged_seconds_ = 0;
+  int64_t logged_samples_ = 0;
+  double mfu_sum_ = 0;
+  int64_t mfu_n_ = 0;
+  MonitorSummary summary_;
+  Record last_step_;
+};
+
+}  // namespace ember::monitor

@@ -1,0 +1,136 @@
+// Monitoring overhead: training throughput with Ember's monitoring off and
+// fully on, side by side in one process (rounds interleave the settings, so
+// drift and thermal changes hit both alike). The peer is the same Trainer
+// without callbacks. Goal: under 2% overhead.
+//
+//   ember_bench_monitor [--device cpu|cuda] [--steps N] [--rounds R] [--batch-size B] [--threads T] [--precision P]
+//
+// Settings:
+//   off        no callbacks
+//   default    progress line + Monitor as recipes run it (log_every 50:
+//              step timing, telemetry, metrics.jsonl, CSV, TensorBoard)
+//   full       the same with log_every 10 and weight/gradient histograms every 50 steps
+#include <ember/ember.h>
+
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "fashion_mnist/model.h"
+
+namespace {
+using namespace ember;
+
+class BenchTask : public train::Task {
+ public:
+  BenchTask(torch::Device device, int64_t batch_size, int64_t steps) {
+    torch::manual_seed(0);
+    net_ = FashionNet(FashionNetOptions{});
+    net_->to(device);
+    const int64_t n = batch_size * steps;
+    data::TensorDataset ds{torch::randint(0, 256, {n, 28, 28}, torch::kUInt8), torch::randint(0, 10, {n})};
+    auto opts = data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_device(device).set_transform(
+        [](data::Batch b) {
+          b.input = normalize_fashion(b.input);
+          return b;
+        });
+    loader_ = std::make_unique<data::TensorLoader>(std::move(ds), opts);
+  }
+  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
+  train::StepOutput training_step(const data::Batch& b) override {
+    auto logits = net_->forward(b.input);
+    return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
+  }
+  data::Loader& train_loader() override { return *loader_; }
+
+ private:
+  FashionNet net_{nullptr};
+  std::unique_ptr<data::TensorLoader> loader_;
+};
+
+struct Setting {
+  const char* name;
+  int64_t log_every;    // 0 = no monitoring at all
+  int64_t histograms;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string device_name = "cpu", precision = "fp32";
+  int64_t steps = 40, rounds = 7, batch_size = 128, threads = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--device") device_name = v;
+    else if (k == "--steps") steps = std::stoll(v);
+    else if (k == "--rounds") rounds = std::stoll(v);
+    else if (k == "--batch-size") batch_size = std::stoll(v);
+    else if (k == "--threads") threads = std::stoll(v);
+    else if (k == "--precision") precision = v;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      return 2;
+    }
+  }
+  try {
+    core::tune_host_malloc();
+    if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+    const torch::Device device = core::resolve_device(device_name);
+    const std::string run_root = "/tmp/ember_bench_monitor_" + std::to_string(::getpid());
+    const std::vector<Setting> settings{{"off", 0, 0}, {"default (log_every 50)", 50, 0}, {"full (log_every 10, histograms/50)", 10, 50}};
+    std::vector<std::vector<double>> rate(settings.size());
+    BenchTask task(device, batch_size, steps);
+    std::FILE* devnull = std::fopen("/dev/null", "w");
+    for (int64_t r = -1; r < rounds; ++r) {  // round -1 warms up (allocator, caches, CPU peak measurement)
+      for (size_t k = 0; k < settings.size(); ++k) {
+        const size_t s = (r % 2 == 0) ? k : settings.size() - 1 - k;  // alternate the order
+        train::TrainerOptions o;
+        o.epochs = 1;
+        o.handle_signals = false;
+        o.precision = precision;
+        o.optimizer.lr = 0.01;
+        train::Trainer trainer(o);
+        if (settings[s].log_every > 0) {
+          monitor::ProgressOptions po;
+          po.stream = devnull;
+          trainer.add_callback(std::make_shared<monitor::ProgressLogger>(po));
+          monitor::MonitorOptions mo;
+          mo.log_every = settings[s].log_every;
+          mo.histogram_every = settings[s].histograms;
+          mo.run_dir = run_root + "/" + std::to_string(s);
+          mo.stream = devnull;
+          trainer.add_callback(std::make_shared<monitor::Monitor>(mo));
+        }
+        const train::FitResult fit = trainer.fit(task);
+        if (r >= 0) rate[s].push_back(static_cast<double>(fit.samples) / fit.train_seconds);
+      }
+    }
+    std::fclose(devnull);
+    std::printf("monitoring overhead: FashionNet, batch %lld, %lld steps per fit, %s%s, %s, median of %lld rounds\n",
+                static_cast<long long>(batch_size), static_cast<long long>(steps), core::describe_device(device).c_str(),
+                monitor::TensorBoardWriter::available() ? "" : " (no TensorBoard support in this build)",
+                precision.c_str(), static_cast<long long>(rounds));
+    std::printf("%-36s %12s %10s %10s\n", "setting", "samples/s", "vs off", "overhead");
+    const double off = median(rate[0]);
+    for (size_t s = 0; s < settings.size(); ++s) {
+      const double m = median(rate[s]);
+      std::printf("%-36s %12.0f %10.4f %9.2f%%\n", settings[s].name, m, m / off, 100.0 * (1.0 - m / off));
+    }
+    const std::string cmd = "rm -rf '" + run_root + "'";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", run_root.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
