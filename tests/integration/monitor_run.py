@@ -46,7 +46,7 @@ def main():
     run = a.work / "run"
     subprocess.run(["rm", "-rf", str(a.work)], check=True)
     cmd = [a.binary, f"run.dir={run}", f"data.root={a.data_root}", "trainer.epochs=2", "data.train_subset=2500",
-           "data.val_size=500", "data.test_subset=500", "trainer.log_every=5", "trainer.progress=false",
+           "data.val_size=500", "data.test_subset=500", "trainer.log_every=5", "trainer.progress=false", "trainer.device=cpu",
            "trainer.threads=1", "monitor.histogram_every=10", "trainer.profile_steps=3", "trainer.profile_wait=2"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
@@ -57,12 +57,14 @@ def main():
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     assert len(steps) == 2 * (2000 // 128 + 1) // 5, len(steps)  # 16 steps per epoch, a record every 5 steps
+    summary = json.loads((run / "summary.json").read_text())
+    mon = summary["monitor"]
+    assert mon["flops_per_sample"] > 0 and mon["peak_flops"] > 0 and 0 < mon["mfu"] < 1, mon
     for r in steps:
         parts = sum(r[k] for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms"))
         assert math.isclose(parts, r["step_ms"], rel_tol=1e-5), r
-    summary = json.loads((run / "summary.json").read_text())
-    mon = summary["monitor"]
-    assert mon["flops_per_sample"] > 0 and 0 < mon["mfu"] < 1, mon
+        mfu = mon["flops_per_sample"] * r["samples_per_second"] / mon["peak_flops"]
+        assert math.isclose(r["mfu"], mfu, rel_tol=1e-5), (r["mfu"], mfu)
     assert math.isclose(sum(mon[k + "_share"] for k in ("data", "forward", "backward", "optimizer", "other")), 1.0,
                         rel_tol=1e-9), mon
 

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -75,6 +76,7 @@ std::map<std::string, double> MonitorSummary::as_map() const {
   };
   put("mfu", mfu);
   put("flops_per_sample", flops_per_sample);
+  put("peak_flops", peak_flops);
   put("gpu_mem_peak_mib", gpu_mem_peak_mib);
   if (times.steps > 0) {
     put("step_ms", times.mean_step_ms());
@@ -87,7 +89,8 @@ std::map<std::string, double> MonitorSummary::as_map() const {
 }
 
 Monitor::Monitor(MonitorOptions options) : options_(std::move(options)) {
-  EMBER_CHECK(options_.log_every >= 0, "[monitor::Monitor] monitor log_every must be >= 0, got {}", options_.log_every);
+  EMBER_CHECK(options_.log_every >= 0, "[monitor::Monitor] log_every (trainer.log_every) must be >= 0, got {}",
+              options_.log_every);
   EMBER_CHECK(options_.histogram_every >= 0, "[monitor::Monitor] monitor.histogram_every must be >= 0, got {}",
               options_.histogram_every);
   EMBER_CHECK(options_.data_wait_warning >= 0 && options_.data_wait_warning <= 1,
@@ -105,28 +108,40 @@ Monitor& Monitor::add_writer(std::shared_ptr<MetricsWriter> writer) {
 
 void Monitor::count_flops(train::Trainer& trainer) {
   train::Task& task = *trainer.task();
+  counted_parameters_ = train::count_parameters(*task.model());
   flops_per_sample_ = options_.flops_per_sample > 0 ? options_.flops_per_sample : task.train_flops_per_sample();
-  if (flops_per_sample_ <= 0) {
-    // One batch of held-out data (no augmentation), else of the training data;
-    // the trainer restarts the loader's epoch afterwards.
+  if (flops_per_sample_ <= 0 && options_.peak_flops >= 0) {
+    // A forward pass on two samples of held-out data (no augmentation), else
+    // of the training data, under the trainer's RNG state (restored after:
+    // the run must draw the same numbers with and without monitoring). The
+    // trainer restarts the loader's epoch afterwards.
+    RngRestore rng;
     data::Loader* loader = task.val_loader() ? task.val_loader() : task.test_loader();
     if (!loader) loader = &task.train_loader();
     loader->start_epoch(0, 0);
     std::optional<data::Batch> batch = loader->next();
     if (batch && batch->size() > 0) {
-      RngRestore rng;
+      const int64_t n = std::min<int64_t>(batch->size(), 2);
+      const auto head = [n](const torch::Tensor& t) { return t.defined() && t.dim() > 0 ? t.narrow(0, 0, n) : t; };
+      batch->input = head(batch->input);
+      batch->target = head(batch->target);
+      batch->index = head(batch->index);
       try {
         const core::ModelCost cost = core::count_cost(*task.model(), [&] {
           const train::StepOutput out = task.evaluation_step(*batch);
           return std::vector<torch::Tensor>{out.output.defined() ? out.output : out.loss};
         });
         // Backward costs twice the forward (gradients of inputs and of weights).
-        flops_per_sample_ = 3.0 * static_cast<double>(cost.flops()) / static_cast<double>(batch->size());
+        flops_per_sample_ = 3.0 * static_cast<double>(cost.flops()) / static_cast<double>(n);
       } catch (const std::exception& e) {  // training itself will say what is wrong, if anything is
         std::fprintf(options_.stream, "monitor: no MFU: counting the model's FLOPs failed (set mfu.flops_per_sample): %s\n",
                      e.what());
       }
+      reset_peak_memory(device_);  // the counting graph is not the run's peak
     }
+    if (flops_per_sample_ <= 0)
+      std::fprintf(options_.stream, "monitor: note: no MFU: the model's forward pass has no matrix products to count "
+                                    "(set mfu.flops_per_sample)\n");
   }
   peak_flops_ = options_.peak_flops;
   if (peak_flops_ == 0 && flops_per_sample_ > 0) {
@@ -137,6 +152,14 @@ void Monitor::count_flops(train::Trainer& trainer) {
       peak_flops_ = -1;
     }
   }
+  summary_.flops_per_sample = flops_per_sample_ > 0 ? flops_per_sample_ : NAN;
+  summary_.peak_flops = peak_flops_ > 0 ? peak_flops_ : NAN;
+}
+
+double Monitor::interval_seconds() const {
+  double s = interval_seconds_;
+  if (interval_since_) s += std::chrono::duration<double>(std::chrono::steady_clock::now() - *interval_since_).count();
+  return s;
 }
 
 void Monitor::on_fit_start(train::Trainer& trainer) {
@@ -144,12 +167,12 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
   EMBER_CHECK(task != nullptr, "[monitor::Monitor] on_fit_start outside fit");
   device_ = device_of(*task->model());
   tokens_per_sample_ = task->tokens_per_sample();
-  fit_start_ = interval_start_ = unix_now();
+  fit_start_ = unix_now();
+  interval_seconds_ = 0;
+  interval_since_.reset();
   summary_ = {};
   logged_seconds_ = 0;
   logged_samples_ = 0;
-  mfu_sum_ = 0;
-  mfu_n_ = 0;
   interval_steps_ = interval_samples_ = 0;
   loss_sum_ = torch::Tensor();
   warned_epoch_ = -1;
@@ -186,13 +209,17 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
     nvml_ = Nvml::open("", &why);
     if (!nvml_) std::fprintf(options_.stream, "monitor: note: no GPU utilisation, power or clocks: %s\n", why.c_str());
   }
+  gpu_uuid_ = cuda_device_uuid(device_);
   host_.sample();
   count_flops(trainer);
-  summary_.flops_per_sample = flops_per_sample_ > 0 ? flops_per_sample_ : NAN;
-  summary_.peak_flops = peak_flops_ > 0 ? peak_flops_ : NAN;
 }
 
-void Monitor::on_epoch_start(train::Trainer&, int64_t) { interval_start_ = unix_now(); }
+void Monitor::on_epoch_start(train::Trainer& trainer, int64_t) {
+  // Pruning at an epoch start changes the model: count its FLOPs again.
+  if (counted_parameters_ >= 0 && train::count_parameters(*trainer.task()->model()) != counted_parameters_)
+    count_flops(trainer);
+  interval_since_ = std::chrono::steady_clock::now();
+}
 
 void Monitor::on_step_phase(train::Trainer&, train::StepPhase phase) {
   if (timer_) timer_->mark(phase);
@@ -207,14 +234,14 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   ++interval_steps_;
   interval_samples_ += info.samples;
   if (options_.histogram_every > 0 && tensorboard_ && info.step % options_.histogram_every == 0)
-    write_histograms(trainer, info.step);
+    write_histograms(trainer, info.step, "weights");
   if (options_.log_every <= 0 || info.step % options_.log_every != 0) return;
 
   // The one host sync of the interval: the loss; the timer's events are then
   // complete too (they were recorded before it on the same stream).
   const double loss = loss_sum_.item<double>() / static_cast<double>(interval_steps_);
   const double now = unix_now();
-  const double seconds = std::max(now - interval_start_, 1e-9);
+  const double seconds = std::max(interval_seconds(), 1e-9);
   const double sps = static_cast<double>(interval_samples_) / seconds;
 
   Record r;
@@ -226,7 +253,7 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   r.add("tokens_per_second", tokens_per_sample_ > 0 ? sps * static_cast<double>(tokens_per_sample_) : NAN);
   StepTimes t;
   if (timer_) {
-    t = timer_->take(/*wait=*/true);
+    t = timer_->take_all();
     summary_.times += t;
   }
   const bool timed = t.steps > 0;
@@ -244,7 +271,7 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
       .add("gpu_mem_reserved_mib", mib(mem.reserved))
       .add("gpu_mem_peak_mib", mib(mem.peak_allocated));
   std::optional<GpuSample> gpu;
-  if (nvml_) gpu = nvml_sample_of(*nvml_, device_);
+  if (nvml_) gpu = nvml_sample_of(*nvml_, device_, gpu_uuid_);
   r.add("gpu_util", gpu ? or_nan(gpu->utilization_pct) : NAN)
       .add("gpu_mem_used_mib", gpu ? mib(gpu->memory_used_bytes) : NAN)
       .add("gpu_temp_c", gpu ? or_nan(gpu->temperature_c) : NAN)
@@ -257,10 +284,6 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
 
   logged_seconds_ += seconds;
   logged_samples_ += interval_samples_;
-  if (std::isfinite(mfu)) {
-    mfu_sum_ += mfu;
-    ++mfu_n_;
-  }
   if (mem.peak_allocated >= 0) summary_.gpu_mem_peak_mib = mib(mem.peak_allocated);
   if (timed && options_.data_wait_warning > 0 && t.share(StepPhase::kData) > options_.data_wait_warning &&
       warned_epoch_ != info.epoch) {
@@ -273,20 +296,30 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   }
   loss_sum_ = torch::Tensor();
   interval_steps_ = interval_samples_ = 0;
-  interval_start_ = unix_now();  // writing the record is not training time
+  interval_seconds_ = 0;
+  interval_since_ = std::chrono::steady_clock::now();  // writing the record is not training time
 }
 
-void Monitor::write_histograms(train::Trainer& trainer, int64_t step) {
-  for (const auto& item : trainer.task()->model()->named_parameters())
-    tensorboard_->add_histogram("weights/" + item.key(), item.value().detach(), step);
+void Monitor::write_histograms(train::Trainer& trainer, int64_t step, const char* what) {
+  try {
+    for (const auto& item : trainer.task()->model()->named_parameters()) {
+      const torch::Tensor t = what[0] == 'w' ? item.value().detach() : item.value().grad();
+      if (t.defined()) tensorboard_->add_histogram(std::string(what) + "/" + item.key(), t, step);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(options_.stream, "\nmonitor: warning: %s; TensorBoard is off for the rest of the run\n", e.what());
+    writers_.erase(std::remove_if(writers_.begin(), writers_.end(),
+                                  [](const auto& w) { return std::dynamic_pointer_cast<TensorBoardScalars>(w) != nullptr; }),
+                   writers_.end());
+    tensorboard_.reset();
+  }
 }
 
 void Monitor::on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer&) {
   // Gradients are final here (unscaled, clipped) and gone by on_step_end.
   const int64_t step = trainer.global_step() + 1;  // the step being taken
   if (options_.histogram_every <= 0 || !tensorboard_ || step % options_.histogram_every != 0) return;
-  for (const auto& item : trainer.task()->model()->named_parameters())
-    if (item.value().grad().defined()) tensorboard_->add_histogram("gradients/" + item.key(), item.value().grad(), step);
+  write_histograms(trainer, step, "gradients");
 }
 
 Record Monitor::epoch_record(const char* kind, int64_t epoch, const train::EvalResult& r,
@@ -304,6 +337,8 @@ Record Monitor::epoch_record(const char* kind, int64_t epoch, const train::EvalR
 
 void Monitor::on_epoch_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& train) {
   if (timer_) timer_->pause();  // validation and checkpoints are not step time
+  interval_seconds_ = interval_seconds();
+  interval_since_.reset();
   emit(epoch_record("train_epoch", epoch, train, trainer));
 }
 
@@ -312,9 +347,15 @@ void Monitor::on_validation_end(train::Trainer& trainer, int64_t epoch, const tr
 }
 
 void Monitor::on_fit_end(train::Trainer&) {
-  if (timer_) summary_.times += timer_->take(/*wait=*/true);
-  if (logged_seconds_ > 0) summary_.samples_per_second = static_cast<double>(logged_samples_) / logged_seconds_;
-  if (mfu_n_ > 0) summary_.mfu = mfu_sum_ / static_cast<double>(mfu_n_);
+  if (timer_) summary_.times += timer_->take_all();
+  // The last, partial interval counts too.
+  logged_seconds_ += interval_seconds();
+  logged_samples_ += interval_samples_;
+  interval_since_.reset();
+  if (logged_seconds_ > 0 && logged_samples_ > 0) {
+    summary_.samples_per_second = static_cast<double>(logged_samples_) / logged_seconds_;
+    if (flops_per_sample_ > 0 && peak_flops_ > 0) summary_.mfu = flops_per_sample_ * summary_.samples_per_second / peak_flops_;
+  }
   if (summary_.times.steps > 0) summary_.data_share = summary_.times.share(StepPhase::kData);
   const DeviceMemory mem = device_memory(device_);
   if (mem.peak_allocated >= 0) summary_.gpu_mem_peak_mib = mib(mem.peak_allocated);
@@ -324,7 +365,18 @@ void Monitor::on_fit_end(train::Trainer&) {
 }
 
 void Monitor::emit(const Record& record) {
-  for (auto& w : writers_) w->write(record);
+  // A writer that fails (disk full, folder removed) is dropped with a warning:
+  // losing metrics must not stop training (checkpoints are written apart).
+  for (auto it = writers_.begin(); it != writers_.end();) {
+    try {
+      (*it)->write(record);
+      ++it;
+    } catch (const std::exception& e) {
+      std::fprintf(options_.stream, "\nmonitor: warning: %s; that writer is off for the rest of the run\n", e.what());
+      if (tensorboard_ && std::dynamic_pointer_cast<TensorBoardScalars>(*it)) tensorboard_.reset();
+      it = writers_.erase(it);
+    }
+  }
 }
 
 }  // namespace ember::monitor

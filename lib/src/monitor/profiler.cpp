@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
+#include <fstream>
+
 #include "core/check.h"
 #include "ember/core/file.h"
 #include "ember/train/trainer.h"
@@ -45,18 +47,19 @@ Profiler::~Profiler() {
 
 void Profiler::on_fit_start(train::Trainer& trainer) {
   first_step_ = trainer.global_step();
+  written_ = false;
   start_step_ = options_.steps > 0 ? first_step_ + options_.wait : -1;
   if (options_.steps > 0 && options_.wait == 0) start(trainer);
 }
 
 void Profiler::start(train::Trainer& trainer) {
   std::set<ActivityType> activities{ActivityType::CPU};
-  bool cuda = false;
+  cuda_device_ = -1;
   for (const auto& p : trainer.task()->model()->parameters()) {
-    cuda = p.is_cuda();
+    if (p.is_cuda()) cuda_device_ = p.device().index();
     break;
   }
-  if (cuda) activities.insert(ActivityType::CUDA);
+  if (cuda_device_ >= 0) activities.insert(ActivityType::CUDA);
   const ProfilerConfig config(ProfilerState::KINETO, options_.record_shapes, options_.profile_memory);
   try {
     kineto::prepareProfiler(config, activities);
@@ -72,12 +75,15 @@ void Profiler::start(train::Trainer& trainer) {
 void Profiler::stop() {
   if (!active_) return;
   range_.reset();
-  if (torch::cuda::is_available()) torch::cuda::synchronize();  // let the last kernels land in the trace
+  if (cuda_device_ >= 0) torch::cuda::synchronize(cuda_device_);  // let the last kernels land in the trace
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
   active_ = false;
   const auto slash = options_.path.find_last_of('/');
   if (slash != std::string::npos && slash > 0) core::make_dirs(options_.path.substr(0, slash));
   result->save(options_.path);
+  std::ifstream check(options_.path);
+  EMBER_CHECK(check.good(), "[monitor::Profiler] the trace was not written to {} (is the folder writable?)",
+              options_.path);
   written_ = true;
   std::fprintf(options_.stream, "\nprofiler: trace of %lld steps written to %s (open in https://ui.perfetto.dev)\n",
                static_cast<long long>(options_.steps), options_.path.c_str());
@@ -100,8 +106,14 @@ void Profiler::on_epoch_end(train::Trainer&, int64_t, const train::EvalResult&) 
   range_.reset();  // validation is not a step phase
 }
 
-void Profiler::on_fit_end(train::Trainer&) {
-  stop();  // fewer steps than asked for: write what was traced
+void Profiler::on_fit_end(train::Trainer& trainer) {
+  if (active_) {
+    stop();  // fewer steps than asked for: write what was traced
+  } else if (start_step_ >= 0 && !written_) {
+    std::fprintf(options_.stream, "\nprofiler: no trace: the run ended at step %lld, before the traced steps "
+                                  "(trainer.profile_wait=%lld)\n",
+                 static_cast<long long>(trainer.global_step()), static_cast<long long>(options_.wait));
+  }
 }
 
 }  // namespace ember::monitor

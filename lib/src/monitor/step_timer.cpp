@@ -3,6 +3,8 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <cstdio>
+
 #include "core/check.h"
 
 namespace ember::monitor {
@@ -10,6 +12,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kPaused = -1;
 constexpr int kCallbacks = static_cast<int>(train::StepPhase::kCallbacks);
+constexpr size_t kMaxPendingMarks = 256;
 }  // namespace
 
 const char* phase_name(train::StepPhase phase) {
@@ -49,9 +52,7 @@ struct StepTimer::Mark {
 };
 
 StepTimer::StepTimer(torch::Device device) : device_(device) {
-  // Device-generic: any backend whose events time (CUDA, and others that
-  // register a guard implementation) uses them; the CPU uses the host clock.
-  events_ = device.type() != c10::kCPU && device.type() != c10::kMeta;
+  events_ = device.is_cuda();
 }
 
 StepTimer::~StepTimer() = default;
@@ -77,6 +78,8 @@ void StepTimer::mark(train::StepPhase phase) {
   const c10::impl::VirtualGuardImpl guard(device_.type());
   m->event.record(guard.getStream(device_));
   marks_.push_back(std::move(m));
+  // Long logging intervals (or none): keep the number of live events bounded.
+  if (marks_.size() > kMaxPendingMarks) harvest(Wait::kNo);
 }
 
 void StepTimer::pause() {
@@ -87,28 +90,48 @@ void StepTimer::pause() {
   }
   if (marks_.empty() || marks_.back()->phase == kPaused) return;
   mark(train::StepPhase::kData);
+  if (!events_) {  // the mark fell back to the host clock
+    open_ = kPaused;
+    return;
+  }
   marks_.back()->phase = kPaused;
 }
 
-void StepTimer::harvest(bool wait) {
+void StepTimer::harvest(Wait wait) {
   if (marks_.size() < 2) return;
-  if (wait) marks_.back()->event.synchronize();
-  // Mark i's phase lasts until mark i+1; both events must have completed.
-  while (marks_.size() >= 2 && marks_[1]->event.query()) {
-    const Mark& a = *marks_[0];
-    const Mark& b = *marks_[1];
-    if (a.phase != kPaused) pending_.ms[a.phase] += a.event.elapsedTime(b.event);
-    if (b.phase == kCallbacks) ++pending_.steps;
-    pool_.push_back(std::move(marks_.front()));
-    marks_.pop_front();
+  try {
+    if (wait == Wait::kYes) marks_.back()->event.synchronize();
+    // Mark i's phase lasts until mark i+1; both events must have completed.
+    while (marks_.size() >= 2 && marks_[0]->event.query() && marks_[1]->event.query()) {
+      const Mark& a = *marks_[0];
+      const Mark& b = *marks_[1];
+      if (a.phase != kPaused) pending_.ms[a.phase] += a.event.elapsedTime(b.event);
+      if (b.phase == kCallbacks) ++pending_.steps;
+      pool_.push_back(std::move(marks_.front()));
+      marks_.pop_front();
+    }
+  } catch (const c10::Error& e) {
+    fall_back_to_host_clock(e.what_without_backtrace());
   }
 }
 
-StepTimes StepTimer::take(bool wait) {
+void StepTimer::fall_back_to_host_clock(const char* why) {
+  std::fprintf(stderr, "\nmonitor: note: step timing with CUDA events failed (%s); timing with the host clock from now on\n",
+               why);
+  events_ = false;
+  marks_.clear();
+  pool_.clear();
+  open_ = kPaused;
+}
+
+StepTimes StepTimer::take(Wait wait) {
   if (events_) harvest(wait);
   StepTimes out = pending_;
   pending_ = {};
   return out;
 }
+
+StepTimes StepTimer::take() { return take(Wait::kNo); }
+StepTimes StepTimer::take_all() { return take(Wait::kYes); }
 
 }  // namespace ember::monitor

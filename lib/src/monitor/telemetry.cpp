@@ -12,7 +12,7 @@
 #if EMBER_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <cuda_runtime_api.h>
+#include <ATen/cuda/CUDAContext.h>
 #endif
 
 namespace ember::monitor {
@@ -28,8 +28,6 @@ DeviceMemory device_memory(const torch::Device& device) {
     m.allocated = stats.allocated_bytes[aggregate].current;
     m.reserved = stats.reserved_bytes[aggregate].current;
     m.peak_allocated = stats.allocated_bytes[aggregate].peak;
-    size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) == cudaSuccess) m.total = static_cast<int64_t>(total);
   }
 #else
   (void)device;
@@ -49,10 +47,10 @@ void reset_peak_memory(const torch::Device& device) {
 std::string cuda_device_uuid(const torch::Device& device) {
 #if EMBER_WITH_CUDA
   if (!device.is_cuda()) return "";
-  cudaDeviceProp prop{};
-  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
-  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) return "";
-  const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);  // cached by LibTorch
+  if (prop == nullptr) return "";
+  const auto* b = reinterpret_cast<const unsigned char*>(prop->uuid.bytes);
   return fmt::format("GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
                      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 #else
@@ -61,18 +59,21 @@ std::string cuda_device_uuid(const torch::Device& device) {
 #endif
 }
 
-std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device) {
+std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device, const std::string& uuid) {
   if (!device.is_cuda()) return std::nullopt;
   auto samples = nvml.sample();
-  const std::string uuid = cuda_device_uuid(device);
   if (!uuid.empty()) {
     for (auto& s : samples)
       if (s.uuid == uuid) return s;
+    return std::nullopt;
   }
-  // No UUIDs to match: indices agree only when CUDA sees every GPU in NVML's order.
+  // No UUID to match: indices agree only when CUDA sees every GPU, in NVML's (PCI bus) order.
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const char* order = std::getenv("CUDA_DEVICE_ORDER");
   const int64_t index = device.has_index() ? device.index() : 0;
-  if ((visible == nullptr || *visible == '\0') && index < static_cast<int64_t>(samples.size())) return samples[index];
+  if ((visible == nullptr || *visible == '\0') && order != nullptr && std::string(order) == "PCI_BUS_ID" &&
+      index < static_cast<int64_t>(samples.size()))
+    return samples[index];
   return std::nullopt;
 }
 

@@ -33,6 +33,17 @@ std::string csv_value(double v) {
   return fmt::format("{:.7g}", v);
 }
 
+// A file that ends mid-line (a crash while writing) gets its line ended, so
+// that the next record of a resumed run starts on a line of its own.
+void end_partial_line(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in.good() || in.tellg() <= 0) return;
+  in.seekg(-1, std::ios::end);
+  char last = '\n';
+  in.get(last);
+  if (last != '\n') std::ofstream(path, std::ios::app) << '\n';
+}
+
 void check_stream(const std::ofstream& out, const std::string& path, const char* who) {
   EMBER_CHECK(out.good(), "[monitor::{}] writing {} failed (disk full, or the folder was removed?)", who, path);
 }
@@ -52,6 +63,7 @@ double Record::get(const std::string& name) const {
 
 JsonlWriter::JsonlWriter(const std::string& path, double time_origin) : path_(path), time_origin_(time_origin) {
   make_parent_dirs(path);
+  end_partial_line(path);
   out_.open(path, std::ios::app);
   EMBER_CHECK(out_.good(), "[monitor::JsonlWriter] cannot open {} for writing", path);
 }
@@ -85,6 +97,7 @@ CsvWriter::CsvWriter(const std::string& path, std::set<std::string> kinds, std::
               "was it written by another recipe or Ember version? Move it away or use a new run.dir",
               path, existing, header);
   make_parent_dirs(path);
+  end_partial_line(path);
   out_.open(path, std::ios::app);
   EMBER_CHECK(out_.good(), "[monitor::CsvWriter] cannot open {} for writing", path);
   if (existing.empty()) out_ << header << '\n';

@@ -167,14 +167,19 @@ std::shared_ptr<monitor::Monitor> add_monitoring(Trainer& trainer, const core::C
   mo.data_wait_warning = c.get_float("monitor.data_wait_warning");
   mo.flops_per_sample = c.get_float("mfu.flops_per_sample");
   mo.peak_flops = c.get_float("mfu.peak_tflops") * 1e12;
-  auto mon = std::make_shared<monitor::Monitor>(mo);
-  trainer.add_callback(mon);
-  if (c.get_int("trainer.profile_steps") > 0) {
-    monitor::ProfilerOptions po;
-    po.steps = c.get_int("trainer.profile_steps");
-    po.wait = c.get_int("trainer.profile_wait");
-    po.path = run_dir + "/trace.json";
-    trainer.add_callback(std::make_shared<monitor::Profiler>(po));
+  std::shared_ptr<monitor::Monitor> mon;
+  try {  // bad values are config errors (exit status 2)
+    mon = std::make_shared<monitor::Monitor>(mo);
+    trainer.add_callback(mon);
+    if (c.get_int("trainer.profile_steps") != 0) {
+      monitor::ProfilerOptions po;
+      po.steps = c.get_int("trainer.profile_steps");
+      po.wait = c.get_int("trainer.profile_wait");
+      po.path = run_dir + "/trace.json";
+      trainer.add_callback(std::make_shared<monitor::Profiler>(po));
+    }
+  } catch (const Error& e) {
+    throw Error(std::string("[config] ") + e.what());
   }
   return mon;
 }

@@ -20,7 +20,9 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -73,8 +75,8 @@ struct MonitorOptions {
 
 /// Numbers of a whole fit, for summary.json.
 struct MonitorSummary {
-  double samples_per_second = NAN;  ///< samples / training time (logging intervals)
-  double mfu = NAN;                 ///< mean model FLOPs utilisation
+  double samples_per_second = NAN;  ///< samples / training time (validation and checkpoints left out)
+  double mfu = NAN;                 ///< flops_per_sample x samples / training time / peak
   double flops_per_sample = NAN;    ///< training FLOPs per sample used for MFU
   double peak_flops = NAN;          ///< the peak MFU divides by
   double gpu_mem_peak_mib = NAN;    ///< caching allocator's peak
@@ -109,9 +111,11 @@ class Monitor : public train::Callback {
 
  private:
   void emit(const Record& record);
-  void write_histograms(train::Trainer& trainer, int64_t step);
+  /// `what`: "weights" or "gradients" (the TensorBoard tag prefix).
+  void write_histograms(train::Trainer& trainer, int64_t step, const char* what);
   Record epoch_record(const char* kind, int64_t epoch, const train::EvalResult& r, const train::Trainer& trainer) const;
   void count_flops(train::Trainer& trainer);
+  double interval_seconds() const;
 
   MonitorOptions options_;
   std::vector<std::shared_ptr<MetricsWriter>> writers_, extra_writers_;
@@ -120,21 +124,23 @@ class Monitor : public train::Callback {
   std::unique_ptr<Nvml> nvml_;
   HostSampler host_;
   torch::Device device_{torch::kCPU};
+  std::string gpu_uuid_;  // NVML's name for device_, looked up once
   int64_t tokens_per_sample_ = 0;
   double flops_per_sample_ = 0, peak_flops_ = 0;
+  int64_t counted_parameters_ = -1;  // parameter count when FLOPs were counted (pruning changes it)
 
-  // The current logging interval.
+  // The current logging interval: training time only (epoch ends, validation
+  // and checkpoints are left out).
   torch::Tensor loss_sum_;  // on the device: no sync per step
   int64_t interval_steps_ = 0, interval_samples_ = 0;
-  double interval_start_ = 0;  // Unix seconds
-  double fit_start_ = 0;
+  double interval_seconds_ = 0;  // closed parts of the interval
+  std::optional<std::chrono::steady_clock::time_point> interval_since_;  // the open part
+  double fit_start_ = 0;  // Unix seconds
   int64_t warned_epoch_ = -1;
 
   // Whole fit.
   double logged_seconds_ = 0;
   int64_t logged_samples_ = 0;
-  double mfu_sum_ = 0;
-  int64_t mfu_n_ = 0;
   MonitorSummary summary_;
   Record last_step_;
 };

@@ -9,10 +9,12 @@
 #include <memory>
 #include <string>
 
+#include <c10/core/Device.h>
+
 #include "ember/train/callback.h"
 
 namespace at {
-class RecordFunction;
+struct RecordFunction;
 }
 
 namespace ember::monitor {
@@ -52,6 +54,7 @@ class Profiler : public train::Callback {
   ProfilerOptions options_;
   int64_t first_step_ = 0;  // the trainer's step when fit started (resume)
   int64_t start_step_ = -1;
+  c10::DeviceIndex cuda_device_ = -1;  // the training GPU, -1 on the CPU
   bool active_ = false, written_ = false;
   std::unique_ptr<at::RecordFunction> range_;
 };

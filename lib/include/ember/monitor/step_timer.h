@@ -26,6 +26,7 @@
 namespace ember::monitor {
 
 inline constexpr int kNumPhases = 5;
+static_assert(kNumPhases == static_cast<int>(train::StepPhase::kCallbacks) + 1, "one slot per StepPhase");
 /// "data", "forward", "backward", "optimizer", "other" (the callbacks phase).
 const char* phase_name(train::StepPhase phase);
 
@@ -44,8 +45,10 @@ struct StepTimes {
 
 class StepTimer {
  public:
-  /// Times steps running on `device`: CUDA events on its current stream, the
-  /// host clock for CPU (and devices without timing events).
+  /// Times steps running on `device`: CUDA events on its current stream for
+  /// CUDA, the host clock otherwise. Should the device ever refuse an event
+  /// query (the stream changed between marks...), the timer says so once on
+  /// stderr and goes on with the host clock.
   explicit StepTimer(torch::Device device);
   ~StepTimer();
   StepTimer(const StepTimer&) = delete;
@@ -58,17 +61,21 @@ class StepTimer {
   /// Closes the open phase without opening another (end of an epoch: time
   /// until the next mark, spent in validation or checkpoints, is not counted).
   void pause();
-  /// Times of the phases that completed since the last take(). With
-  /// `wait`, first waits for the device to reach the last mark (one sync;
-  /// do it where the host syncs anyway, e.g. when a loss is read); without
-  /// it, unfinished device work is left for a later call.
-  StepTimes take(bool wait);
+  /// Times of the phases that completed since the last take: device work
+  /// not yet finished is left for a later call (never blocks).
+  StepTimes take();
+  /// The same after waiting for the device to reach the last mark (one sync:
+  /// call it where the host syncs anyway, e.g. right after reading a loss).
+  StepTimes take_all();
 
   bool uses_device_events() const { return events_; }
 
  private:
   struct Mark;
-  void harvest(bool wait);
+  enum class Wait { kNo, kYes };
+  StepTimes take(Wait wait);
+  void harvest(Wait wait);
+  void fall_back_to_host_clock(const char* why);
   bool events_ = false;
   torch::Device device_;
   // Host clock path.

@@ -21,14 +21,14 @@ struct DeviceMemory {
   int64_t allocated = -1;       ///< held by live tensors now
   int64_t reserved = -1;        ///< held by the allocator (allocated + cached)
   int64_t peak_allocated = -1;  ///< highest `allocated` since start or the last reset_peak_memory
-  int64_t total = -1;           ///< device memory size
 };
 DeviceMemory device_memory(const torch::Device& device);
 /// Starts a new peak for DeviceMemory::peak_allocated (no-op on CPU).
 void reset_peak_memory(const torch::Device& device);
 
 /// UUID of a CUDA device in NVML's spelling ("GPU-8c1e...-..."), "" on CPU or
-/// without CUDA. Matches NVML devices to CUDA's even under CUDA_VISIBLE_DEVICES.
+/// without CUDA. Matches NVML devices to CUDA's even under
+/// CUDA_VISIBLE_DEVICES (not for MIG slices, whose UUIDs NVML lists apart).
 std::string cuda_device_uuid(const torch::Device& device);
 
 /// This process on the host.
@@ -48,8 +48,10 @@ class HostSampler {
   std::chrono::steady_clock::time_point last_wall_;
 };
 
-/// NVML's sample of the GPU behind `device`, when NVML is loaded and the GPU
-/// is found (by UUID, else by index when CUDA_VISIBLE_DEVICES is unset).
-std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device);
+/// NVML's sample of the GPU behind `device`, found by `uuid`
+/// (cuda_device_uuid(device), looked up once by the caller), else by index
+/// when CUDA_VISIBLE_DEVICES is unset and CUDA_DEVICE_ORDER=PCI_BUS_ID (the
+/// only case where CUDA's and NVML's orders agree). nullopt when not found.
+std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device, const std::string& uuid);
 
 }  // namespace ember::monitor

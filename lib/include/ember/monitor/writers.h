@@ -39,7 +39,9 @@ class MetricsWriter {
 /// One JSON object per line: {"kind":K,"epoch":E,"step":S,"time":T,<values>}.
 /// Integral values (steps, sample counts) are written as JSON integers.
 /// Appends (a resumed run continues the file); each line is flushed whole, so
-/// a crash leaves at most a truncated last line.
+/// a crash leaves at most a truncated last line, which is ended before the
+/// next record is appended. A write error throws (the Monitor then drops
+/// the writer with a warning).
 class JsonlWriter : public MetricsWriter {
  public:
   /// `time_origin`: Unix time subtracted from wall_time to give "time"
