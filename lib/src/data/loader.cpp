@@ -37,9 +37,27 @@ TensorLoader::TensorLoader(TensorDataset dataset, TensorLoaderOptions options)
       "[data::TensorLoader] a host `transform` cannot run with resident=true (batches are gathered on "
       "the device, they never pass through the host); use device_transform, or resident=false");
   EMBER_CHECK(dataset_.inputs.device().is_cpu(), "[data::TensorLoader] the dataset must be on the CPU");
-  EMBER_CHECK(num_batches() > 0,
-              "[data::TensorLoader] {} samples make no batch of {} with drop_last; lower the batch size",
-              dataset_.size(), options_.batch_size);
+  EMBER_CHECK(options_.num_replicas >= 1,
+              "[data::TensorLoader] num_replicas must be >= 1 (the number of processes, WORLD_SIZE), got {}",
+              options_.num_replicas);
+  EMBER_CHECK(options_.rank >= 0 && options_.rank < options_.num_replicas,
+              "[data::TensorLoader] rank {} is outside [0, {}) for num_replicas={}; set rank to this "
+              "process's RANK, below WORLD_SIZE",
+              options_.rank, options_.num_replicas, options_.num_replicas);
+  EMBER_CHECK(!options_.drop_uneven || dataset_.size() >= options_.num_replicas,
+              "[data::TensorLoader] drop_uneven: {} samples cannot give each of {} replicas one (every "
+              "shard would be empty); use drop_uneven=false to pad, or fewer replicas",
+              dataset_.size(), options_.num_replicas);
+  if (options_.num_replicas == 1) {
+    EMBER_CHECK(num_batches() > 0,
+                "[data::TensorLoader] {} samples make no batch of {} with drop_last; lower the batch size",
+                dataset_.size(), options_.batch_size);
+  } else {
+    EMBER_CHECK(num_batches() > 0,
+                "[data::TensorLoader] rank {}'s shard of {} samples ({} over {} replicas) makes no batch "
+                "of {} with drop_last; lower the batch size",
+                options_.rank, shard_size(), dataset_.size(), options_.num_replicas, options_.batch_size);
+  }
   if (options_.device.is_cuda() && !options_.device.has_index()) {
     // Pin "cuda" to the device current now: the worker thread's current device is its own.
     const c10::impl::VirtualGuardImpl impl(options_.device.type());
@@ -72,13 +90,18 @@ TensorLoader::TensorLoader(TensorDataset dataset, TensorLoaderOptions options)
 
 TensorLoader::~TensorLoader() { stop_worker(); }
 
+int64_t TensorLoader::shard_size() const {
+  const int64_t n = dataset_.size(), r = options_.num_replicas;
+  return options_.drop_uneven ? n / r : (n + r - 1) / r;
+}
+
 int64_t TensorLoader::num_batches() const {
-  const int64_t n = dataset_.size(), b = options_.batch_size;
+  const int64_t n = shard_size(), b = options_.batch_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
 int64_t TensorLoader::num_samples() const {
-  return options_.drop_last ? num_batches() * options_.batch_size : dataset_.size();
+  return options_.drop_last ? num_batches() * options_.batch_size : shard_size();
 }
 
 torch::Tensor TensorLoader::epoch_order(int64_t epoch) const {
@@ -88,9 +111,21 @@ torch::Tensor TensorLoader::epoch_order(int64_t epoch) const {
   return torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
 }
 
+torch::Tensor TensorLoader::shard_order(int64_t epoch) const {
+  torch::Tensor order = epoch_order(epoch);
+  const int64_t r = options_.num_replicas;
+  if (r == 1) return order;
+  // DistributedSampler's rule: the order padded to total = shard_size() * r holds order[p % N] at
+  // position p (padding repeats the order from its start, several times over when N < r); with
+  // drop_uneven total <= N and nothing wraps. This rank keeps positions rank, rank + r, ...
+  const torch::Tensor positions =
+      torch::arange(options_.rank, shard_size() * r, r, torch::kInt64).remainder(order.size(0));
+  return order.index_select(0, positions);
+}
+
 torch::Tensor TensorLoader::order_slice(int64_t batch_index) const {
   const int64_t begin = batch_index * options_.batch_size;
-  return order_.narrow(0, begin, std::min(options_.batch_size, dataset_.size() - begin));
+  return order_.narrow(0, begin, std::min(options_.batch_size, order_.size(0) - begin));
 }
 
 Batch TensorLoader::gather(int64_t batch_index) const {
@@ -179,7 +214,7 @@ void TensorLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
   stop_worker();
   EMBER_CHECK(skip_batches >= 0 && skip_batches <= num_batches(),
               "[data::TensorLoader] cannot skip {} of {} batches", skip_batches, num_batches());
-  order_ = epoch_order(epoch);
+  order_ = shard_order(epoch);
   // Resident on CUDA: each batch's slice of the order is copied non_blocking, so from pinned memory.
   if (resident_.inputs.defined() && options_.device.is_cuda()) order_ = order_.pin_memory();
   epoch_ = epoch;

@@ -5,6 +5,13 @@
 // from a TensorDataset held in memory. The order of an epoch is a pure
 // function of (seed, epoch), so a run resumed at batch k of epoch e sees
 // exactly the batches an uninterrupted run would have seen.
+//
+// Distributed data parallel: with num_replicas = R and rank = r, each process
+// serves its shard of the epoch, as torch.utils.data.DistributedSampler does:
+// every rank computes the same epoch order (same seed), pads it with its first
+// samples to a multiple of R (or drops its tail, with drop_uneven), and keeps
+// every R-th sample from r on. Batching, drop_last, prefetch and resume apply
+// to the shard.
 
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
@@ -30,7 +37,7 @@ struct Batch {
   torch::Tensor input;   ///< [B, ...] on the loader's device
   torch::Tensor target;  ///< [B] or [B, ...] on the loader's device
   /// Dataset index of each sample, int64 [B] on the CPU: the batch's slice of
-  /// TensorLoader::epoch_order(epoch).
+  /// TensorLoader::shard_order(epoch) (= epoch_order(epoch) unsharded).
   torch::Tensor index;
   /// The epoch the batch belongs to.
   int64_t epoch = 0;
@@ -40,9 +47,9 @@ struct Batch {
 class Loader {
  public:
   virtual ~Loader() = default;
-  /// Batches in one epoch.
+  /// Batches in one epoch (of this process's shard, when sharded).
   virtual int64_t num_batches() const = 0;
-  /// Samples in one epoch (after drop_last).
+  /// Samples in one epoch (of this process's shard, when sharded; after drop_last).
   virtual int64_t num_samples() const = 0;
   /// Starts `epoch`, skipping its first `skip_batches` batches (for resume).
   virtual void start_epoch(int64_t epoch, int64_t skip_batches) = 0;
@@ -98,6 +105,20 @@ struct TensorLoaderOptions {
   /// `device` it is the same as not resident. `transform` is an error with it:
   /// use `device_transform`.
   bool resident = false;
+  /// Processes the epoch is split between (DDP: WORLD_SIZE); 1 = not sharded.
+  /// Every replica must use the same dataset, seed and shuffle.
+  int64_t num_replicas = 1;
+  /// This process's shard, in [0, num_replicas) (DDP: RANK): it serves
+  /// positions rank, rank + num_replicas, ... of the (padded) epoch order.
+  int64_t rank = 0;
+  /// How shards are made equal when num_replicas does not divide the N
+  /// samples, as DistributedSampler's drop_last: false (default) pads the
+  /// order with its own first samples to ceil(N / num_replicas) per rank
+  /// (a few samples served twice per epoch); true drops the order's tail,
+  /// floor(N / num_replicas) per rank (a few samples skipped per epoch, a
+  /// different few each shuffled epoch). Unrelated to drop_last, which then
+  /// applies to the shard's batches.
+  bool drop_uneven = false;
 
   TensorLoaderOptions& set_batch_size(int64_t v) { batch_size = v; return *this; }
   TensorLoaderOptions& set_shuffle(bool v) { shuffle = v; return *this; }
@@ -111,6 +132,9 @@ struct TensorLoaderOptions {
     return *this;
   }
   TensorLoaderOptions& set_resident(bool v) { resident = v; return *this; }
+  TensorLoaderOptions& set_num_replicas(int64_t v) { num_replicas = v; return *this; }
+  TensorLoaderOptions& set_rank(int64_t v) { rank = v; return *this; }
+  TensorLoaderOptions& set_drop_uneven(bool v) { drop_uneven = v; return *this; }
 };
 
 class TensorLoader : public Loader {
@@ -125,8 +149,18 @@ class TensorLoader : public Loader {
   void start_epoch(int64_t epoch, int64_t skip_batches) override;
   std::optional<Batch> next() override;
 
-  /// Sample indices of `epoch` in the order they are served (int64 [N]).
+  /// Sample indices of `epoch`, all N of them, in the global order every
+  /// rank shares (int64 [N]): shuffled from (seed, epoch), or 0..N-1. Unsharded,
+  /// the order batches are served in.
   torch::Tensor epoch_order(int64_t epoch) const;
+  /// The dataset indices this rank serves in `epoch`, in order (int64
+  /// [shard_size()]): epoch_order(epoch) padded cyclically with its own
+  /// first samples to ceil(N / R) * R (or cut to floor(N / R) * R with
+  /// drop_uneven), then positions rank, rank + R, ... (R = num_replicas).
+  /// Equal to epoch_order(epoch) when num_replicas is 1.
+  torch::Tensor shard_order(int64_t epoch) const;
+  /// Samples in this rank's shard of an epoch, before drop_last.
+  int64_t shard_size() const;
   const TensorDataset& dataset() const { return dataset_; }
   const TensorLoaderOptions& options() const { return options_; }
 
@@ -150,7 +184,7 @@ class TensorLoader : public Loader {
   TensorLoaderOptions options_;
   TensorDataset resident_;                  // the dataset on options_.device (resident on a device only)
   std::optional<c10::Stream> copy_stream_;  // side stream of the worker's copies (CUDA, prefetch > 0)
-  torch::Tensor order_;                     // indices of the current epoch (pinned for resident CUDA)
+  torch::Tensor order_;                     // shard_order of the current epoch (pinned for resident CUDA)
   int64_t epoch_ = 0;                       // the current epoch
   int64_t next_batch_ = 0;                  // next batch index to hand out
   int64_t end_batch_ = 0;
