@@ -116,9 +116,11 @@ class CharGptTask : public train::Task {
                     .set_batch_size(c.get_int("data.batch_size"))
                     .set_seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
                     .set_prefetch(c.get_int("data.prefetch"))
-                    .set_device(device);
-    auto eval_opts = opts;
-    eval_opts.set_batch_size(c.get_int("data.eval_batch_size")).set_shuffle(false);
+                    .set_device(device)
+                    .set_num_replicas(c.get_int("dist.world_size"))  // data-parallel: this rank's shard
+                    .set_rank(c.get_int("dist.rank"));
+    auto eval_opts = opts;  // every rank validates on all windows
+    eval_opts.set_batch_size(c.get_int("data.eval_batch_size")).set_shuffle(false).set_num_replicas(1).set_rank(0);
     train_ =
         std::make_unique<data::TensorLoader>(windows(bytes.narrow(0, 0, n_train), 0, block_, stride), opts);
     // Validation windows do not overlap, so each held-out byte is predicted once.

@@ -41,6 +41,8 @@ class CifarTask : public train::Task {
                           .set_seed(seed_)
                           .set_prefetch(c.get_int("data.prefetch"))
                           .set_device(device)
+                          .set_num_replicas(c.get_int("dist.world_size"))  // data-parallel: this rank's shard
+                          .set_rank(c.get_int("dist.rank"))
                           .set_resident(c.get_bool("data.resident") && device.is_cuda());
     augment::Loaders l = augment::make_loaders(train, test, c.get_int("data.val_size"), base,
                                                augment::augment_options_from_config(c),

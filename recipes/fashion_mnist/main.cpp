@@ -32,7 +32,9 @@ class FashionTask : public train::Task {
                           .set_batch_size(c.get_int("data.batch_size"))
                           .set_seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
                           .set_prefetch(c.get_int("data.prefetch"))
-                          .set_device(device);
+                          .set_device(device)
+                          .set_num_replicas(c.get_int("dist.world_size"))  // data-parallel: this rank's shard
+                          .set_rank(c.get_int("dist.rank"));
     augment::Loaders l = augment::make_loaders(train, test, c.get_int("data.val_size"), base,
                                                augment::augment_options_from_config(c),
                                                c.get_int("data.eval_batch_size"));

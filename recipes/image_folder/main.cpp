@@ -70,6 +70,8 @@ class ImageFolderTask : public train::Task {
                           .set_seed(seed_)
                           .set_prefetch(c.get_int("data.prefetch"))
                           .set_device(device)
+                          .set_num_replicas(c.get_int("dist.world_size"))  // data-parallel: this rank's shard
+                          .set_rank(c.get_int("dist.rank"))
                           .set_resident(c.get_bool("data.resident") && device.is_cuda());
     augment::Loaders l = augment::make_loaders(train.data, test.data, /*val_size=*/0, base,
                                                augment::augment_options_from_config(c),

@@ -22,6 +22,9 @@ int64_t subset(int64_t n) { return n > 0 ? n : -1; }
 class FashionResNetTask : public train::Task {
  public:
   FashionResNetTask(const core::Config& c, torch::Device device) {
+    if (c.get_int("dist.world_size") != 1)
+      throw Error("[prune_finetune] runs in one process: its fine-tuning fit is not data-parallel yet "
+                  "(start it without torchrun / --nproc)");
     CifarResNetOptions mo;
     mo.width = c.get_int("model.width");
     mo.blocks = c.get_int("model.blocks");
@@ -34,7 +37,9 @@ class FashionResNetTask : public train::Task {
     const auto base = data::TensorLoaderOptions()
                           .set_batch_size(c.get_int("data.batch_size"))
                           .set_seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
-                          .set_device(device);
+                          .set_device(device)
+                          .set_num_replicas(c.get_int("dist.world_size"))  // data-parallel: this rank's shard
+                          .set_rank(c.get_int("dist.rank"));
     augment::Loaders l = augment::make_loaders(train, test, /*val_size=*/0, base,
                                                augment::augment_options_from_config(c),
                                                c.get_int("data.eval_batch_size"));

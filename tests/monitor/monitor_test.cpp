@@ -20,6 +20,13 @@ using test_util::BlobTask;
 using train::StepPhase;
 using Clock = std::chrono::steady_clock;
 
+BlobTask::Options blob_options(int64_t samples, int64_t batch_size) {
+  BlobTask::Options o;
+  o.samples = samples;
+  o.batch_size = batch_size;
+  return o;
+}
+
 void sleep_ms(double ms) { std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(ms * 1000))); }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
@@ -69,7 +76,7 @@ class SlowLoader : public data::Loader {
 class SlowTask : public train::Task {
  public:
   SlowTask(double data_ms, double forward_ms)
-      : inner_(BlobTask::Options{.samples = 256, .batch_size = 32}), loader_(inner_.train_loader(), data_ms),
+      : inner_(blob_options(256, 32)), loader_(inner_.train_loader(), data_ms),
         forward_ms_(forward_ms) {}
   std::shared_ptr<torch::nn::Module> model() override { return inner_.model(); }
   train::StepOutput training_step(const data::Batch& b) override {
@@ -239,7 +246,7 @@ TEST(Monitor, StepBreakdownAddsUpToTheMeasuredStepTime) {
 }
 
 TEST(Monitor, PhasesFollowTheLoopWithAccumulation) {
-  BlobTask task(BlobTask::Options{.samples = 224, .batch_size = 32});  // 7 batches: windows of 3, 3, 1
+  BlobTask task(blob_options(224, 32));  // 7 batches: windows of 3, 3, 1
   auto log = std::make_shared<PhaseLog>();
   train::TrainerOptions to;
   to.epochs = 1;
@@ -258,7 +265,7 @@ TEST(Monitor, AFailingWriterIsDroppedAndTrainingGoesOn) {
     }
     int calls = 0;
   };
-  BlobTask task(BlobTask::Options{.samples = 256, .batch_size = 32});
+  BlobTask task(blob_options(256, 32));
   auto o = quiet_options();
   o.log_every = 2;
   auto failing = std::make_shared<Failing>();
@@ -277,7 +284,7 @@ TEST(Monitor, AFailingWriterIsDroppedAndTrainingGoesOn) {
 }
 
 TEST(Monitor, MfuIsFlopsTimesThroughputOverPeak) {
-  BlobTask task(BlobTask::Options{.samples = 256, .batch_size = 32});
+  BlobTask task(blob_options(256, 32));
   auto o = quiet_options();
   o.log_every = 4;
   o.flops_per_sample = 1.5e6;
@@ -310,7 +317,7 @@ TEST(Monitor, MfuIsFlopsTimesThroughputOverPeak) {
 /// evaluation step that draws random numbers, as augmentation would.
 class RandomEvalTask : public BlobTask {
  public:
-  RandomEvalTask() : BlobTask(Options{.samples = 128, .batch_size = 32}) {}
+  RandomEvalTask() : BlobTask(blob_options(128, 32)) {}
   train::StepOutput evaluation_step(const data::Batch& b) override {
     (void)torch::rand({16});
     return training_step(b);
@@ -347,7 +354,7 @@ TEST(Monitor, CountsFlopsOfTheModelWithoutChangingTraining) {
 
 TEST(Monitor, WritesJsonlAndCsvWithTheDocumentedSchema) {
   const std::string dir = test_util::temp_dir("monitor_files");
-  BlobTask task(BlobTask::Options{.samples = 256, .batch_size = 32});
+  BlobTask task(blob_options(256, 32));
   auto o = quiet_options();
   o.run_dir = dir;
   o.log_every = 3;
@@ -461,7 +468,7 @@ TEST(Progress, PlainLinesWithoutControlCharactersWhenNotATerminal) {
   monitor::ProgressOptions po;
   po.stream = out;
   po.plain_interval = 0;  // a line every step
-  BlobTask task(BlobTask::Options{.samples = 128, .batch_size = 32});
+  BlobTask task(blob_options(128, 32));
   train::TrainerOptions to;
   to.epochs = 2;
   to.handle_signals = false;
@@ -487,7 +494,7 @@ TEST(Progress, PlainLinesWithoutControlCharactersWhenNotATerminal) {
 
 TEST(Profiler, WritesAChromeTraceOfTheChosenSteps) {
   const std::string dir = test_util::temp_dir("profiler");
-  BlobTask task(BlobTask::Options{.samples = 256, .batch_size = 32});
+  BlobTask task(blob_options(256, 32));
   monitor::ProfilerOptions po;
   po.steps = 2;
   po.wait = 3;

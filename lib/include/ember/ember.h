@@ -21,6 +21,8 @@
 #include "ember/data/idx.h"
 #include "ember/data/image_folder.h"
 #include "ember/data/loader.h"
+#include "ember/dist/ddp.h"
+#include "ember/dist/process_group.h"
 #include "ember/monitor/monitor.h"
 #include "ember/monitor/nvml.h"
 #include "ember/monitor/profiler.h"

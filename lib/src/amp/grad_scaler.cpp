@@ -186,4 +186,9 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
 }
 
+std::map<std::string, torch::Tensor> GradScaler::found_inf_per_device(const torch::optim::Optimizer& optimizer) const {
+  const auto it = per_optimizer_.find(&optimizer);
+  return it == per_optimizer_.end() ? std::map<std::string, torch::Tensor>{} : it->second.found_inf_per_device;
+}
+
 }  // namespace ember::amp

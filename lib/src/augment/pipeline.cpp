@@ -128,7 +128,9 @@ Loaders make_loaders(const data::TensorDataset& train, const data::TensorDataset
               "[augment::make_loaders] data.val_size={} must be in [0, {}) (the training set's size)", val_size,
               train.size());
   auto eval = with_augment(base, eval_options(train_aug), base.seed);
-  eval.set_batch_size(eval_batch_size).set_shuffle(false);
+  // Every rank evaluates the whole held-out set (exact metrics, no padding);
+  // only training is sharded.
+  eval.set_batch_size(eval_batch_size).set_shuffle(false).set_num_replicas(1).set_rank(0);
   const int64_t n_train = train.size() - val_size;
   const auto part = [&](int64_t begin, int64_t n) {
     return data::TensorDataset{train.inputs.narrow(0, begin, n), train.targets.narrow(0, begin, n)};

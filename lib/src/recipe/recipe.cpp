@@ -15,6 +15,8 @@
 #include "ember/core/host_malloc.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/early_stopping.h"
+#include "ember/dist/ddp.h"
+#include "ember/dist/process_group.h"
 #include "ember/monitor/monitor.h"
 #include "ember/monitor/profiler.h"
 #include "ember/monitor/progress.h"
@@ -107,6 +109,13 @@ void declare_trainer_keys(core::Config& c) {
   c.declare("early_stop.patience", 0, "stop after N epochs without improvement (0 = off; needs validation data)");
   c.declare("early_stop.monitor", "val_loss", "val_loss or val_accuracy");
   c.declare("early_stop.min_delta", 0.0, "smallest change that counts as an improvement");
+  c.declare("dist.backend", "auto", "data-parallel (under torchrun): gloo, nccl, or auto (nccl on CUDA, gloo on CPU)");
+  c.declare("dist.timeout_s", 300.0, "seconds before a silent or dead rank makes the others fail, naming it");
+  c.declare("dist.bucket_cap_mb", 25.0, "gradient all-reduce bucket size in MiB (the first bucket is 1 MiB)");
+  c.declare("dist.find_unused_parameters", false, "allow parameters that get no gradient in a step (slower)");
+  c.declare("dist.broadcast_buffers", true, "batch-norm statistics from rank 0 before each synced forward");
+  c.declare("dist.world_size", 1, "set by the launcher (WORLD_SIZE): ranks the training data is split between");
+  c.declare("dist.rank", 0, "set by the launcher (RANK): this process's shard of the training data");
 }
 
 TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_per_epoch) {
@@ -235,22 +244,60 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     return 2;
   }
 
+  std::shared_ptr<dist::ProcessGroup> group;  // data-parallel runs (launched by torchrun)
   try {
-    if (config.get_string("run.dir").empty()) config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
-    const std::string run_dir = config.get_string("run.dir");
+    const dist::LaunchEnv env = dist::launch_env();
     if (config.get_bool("run.malloc_tuning")) core::tune_host_malloc();
     if (config.get_int("trainer.threads") > 0) at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
-    const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
+    torch::Device device = core::resolve_device(config.get_string("trainer.device"));
+    if (env.distributed()) {
+      // One GPU per rank: cuda:LOCAL_RANK (trainer.device=cpu keeps every rank on the CPU).
+      if (device.is_cuda()) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+      dist::ProcessGroupOptions po;
+      po.backend = config.get_string("dist.backend");
+      po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.get_float("dist.timeout_s") * 1000));
+      po.device = device;
+      group = dist::ProcessGroup::create(env, po);
+      // Rank 0 names the run folder, so that every rank uses (and hashes) the same.
+      if (config.get_string("run.dir").empty()) {
+        if (env.rank == 0) config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
+        const std::string key = "ember/run_dir";
+        if (env.rank == 0) {
+          const std::string d = config.get_string("run.dir");
+          group->store().set(key, std::vector<uint8_t>(d.begin(), d.end()));
+        } else {
+          const std::vector<uint8_t> d = group->store().get(key);
+          config.set_override("run.dir=" + std::string(d.begin(), d.end()));
+        }
+      }
+      config.set_override("dist.world_size=" + std::to_string(env.world_size));
+      group->check_same_everywhere("config", config.to_toml());
+      config.set_override("dist.rank=" + std::to_string(env.rank));
+    } else if (config.get_string("run.dir").empty()) {
+      config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
+    }
+    const bool rank0 = env.rank == 0;
+    const std::string run_dir = config.get_string("run.dir");
     torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));
-    make_dirs(run_dir);
-    write_file_atomic(run_dir + "/config.toml", config.to_toml());
+    if (rank0) {
+      make_dirs(run_dir);
+      write_file_atomic(run_dir + "/config.toml", config.to_toml());
+    }
 
     std::unique_ptr<Task> task = spec.make_task(config, device);
     const int64_t k = config.get_int("trainer.accumulate_grad_batches");
     const int64_t steps_per_epoch = (task->train_loader().num_batches() + std::max<int64_t>(k, 1) - 1) / std::max<int64_t>(k, 1);
     TrainerOptions options = trainer_options_from_config(config, steps_per_epoch);
+    if (group) {
+      options.save_checkpoints = rank0;
+      options.all_reduce_sum = [group](torch::Tensor& t) { group->all_reduce_sum_(t); };
+      options.handle_signals = false;  // a stop must be agreed by every rank; torchrun ends the group on a signal
+      if (!rank0) options.progress = false;
+    }
     Trainer trainer(options);
-    const std::shared_ptr<monitor::Monitor> mon = add_monitoring(trainer, config, run_dir);
+    // Only rank 0 reports and writes; the other ranks train silently.
+    const std::shared_ptr<monitor::Monitor> mon =
+        rank0 ? add_monitoring(trainer, config, run_dir) : std::make_shared<monitor::Monitor>(monitor::MonitorOptions{});
     if (config.get_int("early_stop.patience") > 0) {
       EarlyStoppingOptions es;
       es.patience = config.get_int("early_stop.patience");
@@ -259,11 +306,28 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       trainer.add_callback(std::make_shared<EarlyStopping>(es));
     }
     if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config);
+    if (group) {  // last: after callbacks that change the model (pruning)
+      dist::DdpOptions ddp;
+      ddp.bucket_cap_mb = config.get_float("dist.bucket_cap_mb");
+      ddp.find_unused_parameters = config.get_bool("dist.find_unused_parameters");
+      ddp.broadcast_buffers = config.get_bool("dist.broadcast_buffers");
+      trainer.add_callback(std::make_shared<dist::DistributedDataParallel>(group, ddp));
+    }
 
     const int64_t parameters = count_parameters(*task->model());
-    std::cerr << fmt::format("{}: {} parameters on {}, run folder {}\n", spec.name, parameters,
-                             core::describe_device(device), run_dir);
-    const FitResult fit = trainer.fit(*task);
+    if (rank0)
+      std::cerr << fmt::format("{}: {} parameters on {}{}, run folder {}\n", spec.name, parameters,
+                               core::describe_device(device),
+                               group ? fmt::format(" x {} ranks ({})", env.world_size, group->backend()) : "", run_dir);
+    FitResult fit;
+    try {
+      fit = trainer.fit(*task);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (group) throw Error(group->explain_failure(e.what()));  // a collective failed: say which rank
+      throw;
+    }
     if (fit.interrupted) {
       std::cerr << fmt::format("{}: {}; checkpoint saved to {}\nresume with: run.dir={} trainer.resume=auto\n",
                                spec.name, fit.stop_reason, trainer.last_checkpoint(), run_dir);
@@ -287,6 +351,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       summary.extra["val_loss"] = fit.last_val.loss;
       if (fit.last_val.accuracy >= 0) summary.extra["val_accuracy"] = fit.last_val.accuracy;
     }
+    if (!rank0) return 0;  // rank 0 tests and writes the summary (all replicas are identical)
     if (task->test_loader()) {
       const EvalResult test = trainer.test(*task);
       summary.test_loss = test.loss;
@@ -307,9 +372,18 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     return 2;
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
-    return std::string(e.what()).rfind("[config]", 0) == 0 ? 2 : 1;  // config errors are usage errors
+    const int status = std::string(e.what()).rfind("[config]", 0) == 0 ? 2 : 1;  // config errors are usage errors
+    if (group) {
+      std::cerr.flush();
+      std::_Exit(status);  // the group's destructor would wait for peers that are gone
+    }
+    return status;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
+    if (group) {
+      std::cerr.flush();
+      std::_Exit(1);
+    }
     return 1;
   }
 }

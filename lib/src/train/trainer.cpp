@@ -132,6 +132,21 @@ void Trainer::request_stop(const std::string& reason) {
   if (!stop_requested_.exchange(true)) stop_reason_ = reason;
 }
 
+void Trainer::reduce_across_processes(PassSums& sums) const {
+  // One collective: [loss sum, correct, samples] as float64 on the sums' device.
+  torch::NoGradGuard no_grad;
+  const torch::Device device = sums.loss_sum.defined() ? sums.loss_sum.device() : torch::Device(torch::kCPU);
+  torch::Tensor packed = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  if (sums.loss_sum.defined()) packed[0] = sums.loss_sum;
+  if (sums.correct.defined()) packed[1] = sums.correct.to(torch::kFloat64);
+  packed[2] = static_cast<double>(sums.samples);
+  options_.all_reduce_sum(packed);
+  const torch::Tensor host = packed.cpu();
+  if (sums.loss_sum.defined()) sums.loss_sum = packed[0].clone();
+  if (sums.correct.defined()) sums.correct = packed[1].to(torch::kInt64);
+  sums.samples = static_cast<int64_t>(std::llround(host[2].item<double>()));
+}
+
 void Trainer::apply_schedule() {
   if (!options_.schedule) return;
   auto& groups = optimizer_->param_groups();
@@ -322,7 +337,8 @@ FitResult Trainer::fit(Task& task) {
   const std::string resume_path = resolve_resume_path();
   if (!resume_path.empty()) load_checkpoint(resume_path);
   apply_schedule();  // the rate of the next step (global_step_)
-  const std::string ckpt_path = options_.run_dir.empty() ? "" : options_.run_dir + "/checkpoints/last.pt";
+  const std::string ckpt_path =
+      options_.run_dir.empty() || !options_.save_checkpoints ? "" : options_.run_dir + "/checkpoints/last.pt";
   const auto checkpoint_now = [&] {
     if (!ckpt_path.empty()) save_checkpoint(ckpt_path);
   };
@@ -358,9 +374,12 @@ FitResult Trainer::fit(Task& task) {
       EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", batch_, num_batches);
 
       phase(StepPhase::kForward);
+      const MicroBatch micro{batch_ - window_start, window};
+      for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
       StepOutput out = forward_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
       check_loss(out, "training_step");
       phase(StepPhase::kBackward);
+      for (auto& cb : callbacks_) cb->on_before_backward(*this, out, micro);
       const auto backward = [&](const torch::Tensor& loss) {
         if (grad_scaler_) grad_scaler_->scale(loss).backward();
         else loss.backward();
@@ -417,6 +436,7 @@ FitResult Trainer::fit(Task& task) {
       checkpoint_now();
       break;
     }
+    if (options_.all_reduce_sum) reduce_across_processes(epoch_sums_);
     const EvalResult train_result = epoch_sums_.result(seconds_since(epoch_start));
     result.last_train = train_result;
     for (auto& cb : callbacks_) cb->on_epoch_end(*this, epoch_, train_result);

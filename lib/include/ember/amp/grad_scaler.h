@@ -78,6 +78,12 @@ class GradScaler {
   /// Sets the scale to `new_scale` instead (the growth tracker is kept).
   void update(double new_scale);
 
+  /// The inf/NaN flags unscale_ recorded for `optimizer` since the last
+  /// update(), one 1-element fp32 tensor per device (> 0: found), shared with
+  /// the scaler: data-parallel training max-reduces them in place across
+  /// ranks so that every rank skips the same steps. Empty before unscale_.
+  std::map<std::string, torch::Tensor> found_inf_per_device(const torch::optim::Optimizer& optimizer) const;
+
   /// The current scale (reads the device: a host sync). 1.0 when disabled.
   double get_scale() const;
   /// The scale as a 0-dim fp32 tensor on its device, without a sync;

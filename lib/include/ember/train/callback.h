@@ -9,8 +9,12 @@
 //     on_epoch_start
 //     for each batch (micro-batch when accumulating):
 //       on_step_phase(kData)            <- the loader is asked for the batch
-//       on_step_phase(kForward)         <- forward and loss (under autocast for bf16-/fp16-mixed)
-//       on_step_phase(kBackward)        <- backward of loss / accumulate_grad_batches (x loss scale for fp16-mixed)
+//       on_step_phase(kForward)
+//       on_before_forward               <- DDP: prepare gradient reduction (last micro-batch of a step only)
+//       forward and loss (under autocast for bf16-/fp16-mixed)
+//       on_step_phase(kBackward)
+//       on_before_backward              <- the step's outputs (DDP: which parameters will get gradients)
+//       backward of loss / accumulate_grad_batches (x loss scale for fp16-mixed)
 //       at an accumulation boundary (every k-th batch, or the epoch's last):
 //         on_step_phase(kOptimizer)
 //         unscale gradients (fp16-mixed; inf/NaN check, once per effective batch)
@@ -39,6 +43,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include "ember/train/task.h"
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -66,6 +72,14 @@ enum class StepPhase {
   kCallbacks,  ///< on_step_end of every callback (logging, checkpoints by step...)
 };
 
+/// Where a (micro-)batch sits in its optimizer step.
+struct MicroBatch {
+  int64_t index = 0;  ///< 0-based position in the step's accumulation window
+  int64_t count = 1;  ///< micro-batches in this window (the epoch's last may be shorter)
+  /// Its backward completes the step's gradients (the last micro-batch).
+  bool completes_step() const { return index + 1 == count; }
+};
+
 /// Passed to on_step_end, once per optimizer step.
 struct StepInfo {
   int64_t epoch = 0;          ///< 0-based epoch
@@ -91,6 +105,10 @@ class Callback {
   /// Called on the training thread, about 5 times per batch: keep it cheap and
   /// never sync with the device here (monitor::StepTimer records CUDA events).
   virtual void on_step_phase(Trainer& trainer, StepPhase phase) {}
+  /// Before Task::training_step of each (micro-)batch, under no autocast.
+  virtual void on_before_forward(Trainer& trainer, const MicroBatch& micro) {}
+  /// After the forward pass and loss, before backward.
+  virtual void on_before_backward(Trainer& trainer, const StepOutput& out, const MicroBatch& micro) {}
   virtual void on_before_optimizer_step(Trainer& trainer, torch::optim::Optimizer& optimizer) {}
   virtual void on_step_end(Trainer& trainer, const StepInfo& info) {}
   virtual void on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& train) {}

@@ -5,6 +5,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,13 @@ struct TrainerOptions {
   OptimizerSpec optimizer;
   /// Learning-rate schedule over optimizer steps; nullptr = constant.
   std::shared_ptr<Schedule> schedule;
+  /// Write checkpoints (data-parallel training: rank 0 only; every rank still
+  /// reads them to resume).
+  bool save_checkpoints = true;
+  /// Sums a tensor over processes in place (data-parallel training: each rank
+  /// trains on a shard, so the epoch's training loss and accuracy are summed
+  /// over ranks before they are reported); empty = one process.
+  std::function<void(torch::Tensor&)> all_reduce_sum;
 };
 
 /// Running sums of one pass over a loader, kept on the device so that no step
@@ -121,6 +129,7 @@ class Trainer {
   void load_checkpoint(const std::string& path);
   std::string resolve_resume_path() const;
   void apply_schedule();
+  void reduce_across_processes(PassSums& sums) const;
 
   TrainerOptions options_;
   amp::Precision precision_;  // options_.precision, parsed once

@@ -1,0 +1,84 @@
+#pragma once
+// DistributedDataParallel: data-parallel training on torch's own DDP engine
+// (c10d::Reducer, the C++ core under torch.nn.parallel.DistributedDataParallel).
+//
+// Each rank holds a full replica and trains on its shard of every batch.
+// At the start, rank 0's parameters and buffers are broadcast. During
+// backward, per-parameter gradient-ready hooks fill buckets (about
+// bucket_cap_mb each, the first 1 MiB so that communication starts early,
+// rebuilt once in gradient-ready order after the first step: deterministic
+// and the same on every rank) and each full bucket is all-reduced while
+// backward goes on, so communication overlaps computation. Gradients come
+// out averaged over ranks. On accumulation micro-steps nothing is
+// communicated (PyTorch's no_sync): the gradients of the window are summed
+// locally and averaged at its last micro-batch.
+//
+// Batch-norm buffers: broadcast from rank 0 before every synced forward
+// (PyTorch's broadcast_buffers=True), so every replica normalises alike and
+// checkpoints hold rank 0's statistics. SyncBatchNorm is not provided.
+//
+// fp16-mixed: the GradScaler's inf/NaN flags are max-reduced across ranks
+// before the optimizer step, so every rank skips the same steps.
+//
+// Use it as a Trainer callback, registered after callbacks that change the
+// model (pruning): the Reducer is rebuilt when parameter shapes change.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/dist/process_group.h"
+#include "ember/train/callback.h"
+
+namespace c10d {
+class Reducer;
+class Logger;
+}  // namespace c10d
+
+namespace ember::dist {
+
+struct DdpOptions {
+  /// Bucket size in MiB (PyTorch's bucket_cap_mb, 25); the first bucket is 1 MiB.
+  double bucket_cap_mb = 25.0;
+  /// Detect parameters that get no gradient in a step (costs a graph walk per
+  /// step); without it such a parameter makes backward wait until the timeout.
+  bool find_unused_parameters = false;
+  /// Broadcast buffers (batch-norm statistics) from rank 0 before each synced forward.
+  bool broadcast_buffers = true;
+  /// Gradients as views into the communication buckets (saves one copy and
+  /// the memory of one set of gradients).
+  bool gradient_as_bucket_view = false;
+};
+
+class DistributedDataParallel : public train::Callback {
+ public:
+  DistributedDataParallel(std::shared_ptr<ProcessGroup> group, DdpOptions options = {});
+  ~DistributedDataParallel() override;
+
+  std::string name() const override { return "ddp"; }
+  void on_fit_start(train::Trainer& trainer) override;
+  void on_epoch_start(train::Trainer& trainer, int64_t epoch) override;
+  void on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) override;
+  void on_before_backward(train::Trainer& trainer, const train::StepOutput& out, const train::MicroBatch& micro) override;
+  void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;
+  void on_fit_end(train::Trainer& trainer) override;
+
+  /// Gradient buckets as indices into the model's trainable parameters, in
+  /// reduction order (after the first step: the rebuilt order).
+  std::vector<std::vector<size_t>> buckets() const;
+  const ProcessGroup& group() const { return *group_; }
+
+ private:
+  void build(train::Trainer& trainer);
+  void broadcast_state(torch::nn::Module& model, bool parameters);
+
+  std::shared_ptr<ProcessGroup> group_;
+  DdpOptions options_;
+  std::shared_ptr<c10d::Reducer> reducer_;
+  std::shared_ptr<c10d::Logger> logger_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::vector<int64_t>> shapes_;  // to notice pruning
+  bool buffers_need_sync_ = true;              // PyTorch's require_forward_param_sync
+};
+
+}  // namespace ember::dist

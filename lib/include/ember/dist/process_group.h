@@ -1,0 +1,114 @@
+#pragma once
+// Process groups from the launcher's environment, on torch's c10d: a
+// TCPStore for rendezvous, Gloo on the CPU, NCCL on CUDA.
+//
+// torchrun (`torchrun --no-python --nproc-per-node N <recipe> ...`, or
+// `tools/ember run RECIPE --nproc N`, which calls it) starts one process per
+// rank and sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
+// and MASTER_PORT. Its agent already hosts a TCPStore at MASTER_ADDR:PORT
+// (TORCHELASTIC_USE_AGENT_STORE=True): every rank then connects as a client.
+// Without the agent, rank 0 hosts the store. Across nodes: run torchrun on
+// each with --nnodes, --node-rank and the same --rdzv-endpoint (or
+// --master-addr/--master-port); nothing changes in Ember.
+//
+// Gloo from C++: see lib/src/dist/gloo_shim/gloo/README.md for how Ember
+// builds c10d::ProcessGroupGloo against the wheel's libraries and what that
+// relies on.
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ember::dist {
+
+/// What the launcher tells this process (defaults: a single process).
+struct LaunchEnv {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t local_rank = 0;
+  int64_t local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int64_t master_port = 29500;
+  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts the store.
+  bool agent_store = false;
+  /// TORCHELASTIC_RESTART_COUNT: how often torchrun restarted the workers.
+  int64_t restart_count = 0;
+
+  bool distributed() const { return world_size > 1; }
+};
+
+/// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+/// MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE and TORCHELASTIC_RESTART_COUNT.
+/// Unset means a single process; set but inconsistent is an error that says
+/// which variable.
+LaunchEnv launch_env();
+
+struct ProcessGroupOptions {
+  /// "gloo", "nccl", or "auto": NCCL when `device` is CUDA, else Gloo.
+  std::string backend = "auto";
+  /// Limit for connecting and for every collective; a rank that does not
+  /// answer within it makes the others fail with an error naming it.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  /// The device this rank trains on (NCCL: cuda:LOCAL_RANK).
+  torch::Device device = torch::kCPU;
+};
+
+class ProcessGroup {
+ public:
+  /// Connects to the store and builds the backend; blocks until every rank
+  /// has joined (or the timeout passes: an error naming the missing ranks).
+  static std::shared_ptr<ProcessGroup> create(const LaunchEnv& env, ProcessGroupOptions options);
+  /// A group over an existing store (tests: several groups on one store).
+  static std::shared_ptr<ProcessGroup> create(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t size,
+                                              ProcessGroupOptions options);
+  ~ProcessGroup();
+
+  int64_t rank() const { return rank_; }
+  int64_t size() const { return size_; }
+  /// "gloo" or "nccl".
+  const std::string& backend() const { return backend_; }
+  const torch::Device& device() const { return options_.device; }
+  const ProcessGroupOptions& options() const { return options_; }
+  const c10::intrusive_ptr<c10d::ProcessGroup>& c10d() const { return pg_; }
+  c10d::Store& store() { return *store_; }
+
+  /// Sum over ranks, in place (waits for the result).
+  void all_reduce_sum_(torch::Tensor& tensor);
+  /// Maximum over ranks, in place.
+  void all_reduce_max_(torch::Tensor& tensor);
+  /// Rank `src`'s values to every rank, in place.
+  void broadcast_(torch::Tensor& tensor, int64_t src);
+  void barrier();
+
+  /// Every rank passes its `value` (e.g. a hash of its config); an error on
+  /// every rank names the ranks whose value differs from rank 0's, so ranks
+  /// started with different settings refuse to train together.
+  void check_same_everywhere(const std::string& what, const std::string& value);
+
+  /// Publishes this rank's progress (the optimizer step it is in) for failure
+  /// reports; cheap (a store write from a background thread twice a second).
+  void set_progress(int64_t step);
+  /// Wraps an error from a collective: which ranks stopped answering (their
+  /// heartbeat in the store did not change for 2 s, or the store is gone),
+  /// and what to do. Takes about 2 s.
+  std::string explain_failure(const std::string& error);
+
+ private:
+  ProcessGroup() = default;
+  void start_heartbeat();
+  void stop_heartbeat();
+  struct Heartbeat;
+
+  int64_t rank_ = 0, size_ = 1;
+  std::string backend_;
+  ProcessGroupOptions options_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::unique_ptr<Heartbeat> heartbeat_;
+};
+
+}  // namespace ember::dist

@@ -1,0 +1,155 @@
+#include "ember/dist/ddp.h"
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/logger.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "ember/amp/grad_scaler.h"
+#include "ember/train/trainer.h"
+
+namespace ember::dist {
+namespace {
+
+constexpr int64_t kMiB = 1024 * 1024;
+constexpr int64_t kBroadcastBucketBytes = 250 * kMiB;  // PyTorch DDP's broadcast bucket
+
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<torch::Tensor>& ts) {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& t : ts) out.emplace_back(t.sizes().begin(), t.sizes().end());
+  return out;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ProcessGroup> group, DdpOptions options)
+    : group_(std::move(group)), options_(options) {
+  EMBER_CHECK(group_ != nullptr, "[dist::DistributedDataParallel] no process group");
+  EMBER_CHECK(options_.bucket_cap_mb > 0, "[dist::DistributedDataParallel] dist.bucket_cap_mb must be > 0, got {}",
+              options_.bucket_cap_mb);
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  logger_.reset();  // before the reducer it points to
+  reducer_.reset();
+}
+
+void DistributedDataParallel::broadcast_state(torch::nn::Module& model, bool parameters) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> tensors;
+  if (parameters)
+    for (const auto& p : model.parameters()) tensors.push_back(p.detach());
+  for (const auto& b : model.buffers()) tensors.push_back(b.detach());
+  if (!tensors.empty()) c10d::broadcast_coalesced(group_->c10d(), tensors, kBroadcastBucketBytes, /*rank=*/0);
+}
+
+void DistributedDataParallel::build(train::Trainer& trainer) {
+  torch::nn::Module& model = *trainer.task()->model();
+  logger_.reset();
+  reducer_.reset();
+  params_.clear();
+  std::unordered_map<size_t, std::string> names;
+  // Trainable parameters, each once (tied weights appear once), in module order.
+  std::vector<const c10::TensorImpl*> seen;
+  for (const auto& item : model.named_parameters()) {
+    const torch::Tensor& p = item.value();
+    if (!p.requires_grad()) continue;
+    if (std::find(seen.begin(), seen.end(), p.unsafeGetTensorImpl()) != seen.end()) continue;
+    seen.push_back(p.unsafeGetTensorImpl());
+    names[params_.size()] = item.key();
+    params_.push_back(p);
+  }
+  EMBER_CHECK(!params_.empty(), "[dist::DistributedDataParallel] the model has no trainable parameters");
+  // Every rank must hold the same architecture before weights are broadcast.
+  c10d::verify_params_across_processes(group_->c10d(), params_, std::nullopt);
+  broadcast_state(model, /*parameters=*/true);
+
+  const std::vector<bool> dense(params_.size(), false);
+  const bool default_cap = options_.bucket_cap_mb == 25.0;
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * kMiB);
+  // As PyTorch: one bucket per dtype/device until the first backward shows the
+  // gradient-ready order; with find_unused_parameters, size-capped from the start.
+  std::vector<size_t> limits{SIZE_MAX};
+  if (options_.find_unused_parameters)
+    limits = default_cap ? std::vector<size_t>{static_cast<size_t>(kMiB), static_cast<size_t>(cap)}
+                         : std::vector<size_t>{static_cast<size_t>(cap)};
+  auto [buckets, per_bucket_limits] = c10d::compute_bucket_assignment_by_size(params_, limits, dense);
+  std::reverse(buckets.begin(), buckets.end());  // the last layers' gradients are ready first
+  reducer_ = std::make_shared<c10d::Reducer>(params_, buckets, group_->c10d(), dense, cap,
+                                             options_.find_unused_parameters, options_.gradient_as_bucket_view, names,
+                                             default_cap ? kMiB : cap, /*skip_all_reduce_unused_params=*/false,
+                                             /*use_python_reducer=*/false, std::vector<int64_t>{});
+  logger_ = std::make_shared<c10d::Logger>(reducer_);  // the reducer calls into it with find_unused_parameters
+  reducer_->set_logger(logger_);
+  shapes_ = shapes_of(params_);
+  buffers_need_sync_ = true;
+}
+
+void DistributedDataParallel::on_fit_start(train::Trainer& trainer) { build(trainer); }
+
+void DistributedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
+  // Pruning (registered earlier) may have resized parameters in place: the
+  // reducer's buckets no longer fit them.
+  std::vector<torch::Tensor> now;
+  for (const auto& p : trainer.task()->model()->parameters())
+    if (p.requires_grad()) now.push_back(p);
+  if (now.size() != params_.size() || shapes_of(now) != shapes_) build(trainer);
+}
+
+void DistributedDataParallel::on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) {
+  if (micro.index == 0) group_->set_progress(trainer.global_step() + 1);  // the step this rank is in (failure reports)
+  if (!torch::GradMode::is_enabled()) return;
+  if (micro.completes_step()) reducer_->prepare_for_forward();
+  reducer_->rebuild_buckets();  // a collective once, after the first synced backward; else a no-op
+  // Batch-norm statistics from rank 0, so the replicas normalise alike (not
+  // inside an accumulation window, as PyTorch's require_forward_param_sync).
+  if (options_.broadcast_buffers && buffers_need_sync_) broadcast_state(*trainer.task()->model(), /*parameters=*/false);
+}
+
+void DistributedDataParallel::on_before_backward(train::Trainer& trainer, const train::StepOutput& out,
+                                                 const train::MicroBatch& micro) {
+  if (micro.completes_step()) {
+    std::vector<at::Tensor> outputs;
+    if (options_.find_unused_parameters) {
+      if (out.output.defined()) outputs.push_back(out.output);
+      outputs.push_back(out.loss);
+    }
+    reducer_->prepare_for_backward(outputs);
+    buffers_need_sync_ = true;
+  } else {
+    buffers_need_sync_ = false;
+  }
+  (void)trainer;
+}
+
+void DistributedDataParallel::on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) {
+  // fp16-mixed: a rank that saw inf/NaN makes every rank skip the step.
+  if (amp::GradScaler* scaler = trainer.grad_scaler()) {
+    for (auto& [device, flag] : scaler->found_inf_per_device(optimizer)) {
+      torch::Tensor f = flag;
+      group_->all_reduce_max_(f);
+    }
+  }
+}
+
+void DistributedDataParallel::on_fit_end(train::Trainer&) {}
+
+std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
+  std::vector<std::vector<size_t>> out;
+  if (!reducer_) return out;
+  for (const auto& b : reducer_->get_grad_buckets(/*return_zero_tensors=*/true)) {
+    std::vector<size_t> idx;
+    for (const auto& p : b.getParameters())
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (params_[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) idx.push_back(i);
+    out.push_back(std::move(idx));
+  }
+  return out;
+}
+
+}  // namespace ember::dist

@@ -1,0 +1,314 @@
+#include "ember/dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // compiled against gloo_shim/ (see its README)
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "core/check.h"
+
+#if EMBER_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace ember::dist {
+
+// The layout Ember's Gloo route relies on, as libtorch 2.11 allocates it
+// (its operator new / deleting destructor sizes). A LibTorch whose layout
+// differs fails here, at build time, instead of corrupting memory.
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
+static_assert(sizeof(c10d::ProcessGroupGloo) == 488, "c10d::ProcessGroupGloo layout changed: re-check lib/src/dist/gloo_shim");
+static_assert(sizeof(c10d::ProcessGroupGloo::Options) == 176, "ProcessGroupGloo::Options layout changed: re-check gloo_shim");
+static_assert(sizeof(c10d::ProcessGroup) == 312, "c10d::ProcessGroup layout changed");
+#endif
+static_assert(std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>, "ProcessGroupGloo must be a c10d::Backend");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const auto v = env(name);
+  if (!v) return fallback;
+  try {
+    size_t used = 0;
+    const int64_t x = std::stoll(*v, &used);
+    if (used == v->size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("[dist::launch_env] {}='{}' is not an integer (set by the launcher: torchrun or "
+                          "tools/ember run --nproc)", name, *v));
+}
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+std::string heartbeat_key(int64_t rank) { return "ember/heartbeat/" + std::to_string(rank); }
+
+}  // namespace
+
+LaunchEnv launch_env() {
+  LaunchEnv e;
+  e.world_size = env_int("WORLD_SIZE", 1);
+  e.rank = env_int("RANK", 0);
+  e.local_rank = env_int("LOCAL_RANK", e.rank);
+  e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
+  e.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
+  e.master_port = env_int("MASTER_PORT", 29500);
+  e.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+  EMBER_CHECK(e.world_size >= 1, "[dist::launch_env] WORLD_SIZE={} must be >= 1", e.world_size);
+  EMBER_CHECK(e.rank >= 0 && e.rank < e.world_size, "[dist::launch_env] RANK={} must be in [0, WORLD_SIZE={})",
+              e.rank, e.world_size);
+  EMBER_CHECK(e.local_rank >= 0 && e.local_rank < e.local_world_size,
+              "[dist::launch_env] LOCAL_RANK={} must be in [0, LOCAL_WORLD_SIZE={})", e.local_rank,
+              e.local_world_size);
+  EMBER_CHECK(e.master_port > 0 && e.master_port < 65536, "[dist::launch_env] MASTER_PORT={} is not a TCP port",
+              e.master_port);
+  if (e.world_size > 1) {
+    EMBER_CHECK(env("MASTER_ADDR").has_value() && env("MASTER_PORT").has_value(),
+                "[dist::launch_env] WORLD_SIZE={} but MASTER_ADDR/MASTER_PORT are not set: start the ranks "
+                "with torchrun (or tools/ember run RECIPE --nproc N)", e.world_size);
+  }
+  return e;
+}
+
+// Publishes "<step> <unix ms>" under ember/heartbeat/<rank> twice a second,
+// through its own store connection (TCPStore clients are not shared across
+// threads here).
+struct ProcessGroup::Heartbeat {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string key;
+  std::atomic<int64_t> step{0};
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread thread;
+
+  void beat() {
+    try {
+      store->set(key, bytes(std::to_string(step.load()) + " " + std::to_string(unix_ms())));
+    } catch (const std::exception&) {
+      // The store is gone (its host died): the collective that fails next reports it.
+    }
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!stop) {
+      lock.unlock();
+      beat();
+      lock.lock();
+      cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return stop; });
+    }
+  }
+};
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGroupOptions options) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(e.master_port);
+  // torchrun's agent hosts the store; otherwise rank 0 does.
+  so.isServer = !e.agent_store && e.rank == 0;
+  so.numWorkers = static_cast<size_t>(e.world_size);
+  so.waitWorkers = !e.agent_store;
+  so.timeout = options.timeout;
+  so.multiTenant = !e.agent_store;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
+  } catch (const std::exception& ex) {
+    throw Error(fmt::format("[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
+                            "({}): is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on every rank?",
+                            e.rank, e.master_addr, e.master_port, options.timeout.count() / 1000.0, ex.what()));
+  }
+  return create(std::move(store), e.rank, e.world_size, std::move(options));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t size,
+                                                   ProcessGroupOptions options) {
+  EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "[dist::ProcessGroup] rank {} of {} is not a valid rank", rank,
+              size);
+  std::string backend = options.backend;
+  if (backend == "auto") backend = options.device.is_cuda() ? "nccl" : "gloo";
+  EMBER_CHECK(backend == "gloo" || backend == "nccl", "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto",
+              options.backend);
+  EMBER_CHECK(backend == "gloo" || options.device.is_cuda(),
+              "[dist::ProcessGroup] dist.backend=nccl needs a CUDA device, this rank trains on {}", options.device.str());
+
+  std::shared_ptr<ProcessGroup> group(new ProcessGroup());
+  group->rank_ = rank;
+  group->size_ = size;
+  group->backend_ = backend;
+  group->options_ = options;
+  store->setTimeout(options.timeout);
+  group->store_ = store;
+  const int r = static_cast<int>(rank), n = static_cast<int>(size);
+  auto prefix = c10::make_intrusive<c10d::PrefixStore>("default_pg", store);
+  group->pg_ = c10::make_intrusive<c10d::ProcessGroup>(prefix, r, n);
+  c10::intrusive_ptr<c10d::Backend> be;
+  try {
+    if (backend == "gloo") {
+      // Options and the transport device come from libtorch (create_default
+      // honours GLOO_SOCKET_IFNAME); the group is constructed by libtorch's
+      // exported constructor and used only through its Backend base.
+      auto opts = c10d::ProcessGroupGloo::Options::create_default(options.timeout);
+      be = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("cpu", prefix), r, n, opts);
+      be->setSequenceNumberForGroup();
+      group->pg_->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, be);
+      group->pg_->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    } else {
+#if EMBER_WITH_NCCL
+      c10::cuda::set_device(options.device.index());
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = options.timeout;
+      group->pg_->setBoundDeviceId(options.device);  // before setBackend, which copies it
+      be = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("cuda", prefix), r, n, opts);
+      be->setSequenceNumberForGroup();
+      group->pg_->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, be);
+      group->pg_->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+#else
+      throw Error("[dist::ProcessGroup] this Ember was built without NCCL (needs CUDA and nccl.h at configure "
+                  "time): use dist.backend=gloo");
+#endif
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& ex) {
+    throw Error(fmt::format("[dist::ProcessGroup] rank {} of {} could not connect the {} group within {} s: {}", rank,
+                            size, backend, options.timeout.count() / 1000.0, ex.what()));
+  }
+  group->pg_->setGroupName("0");
+  group->start_heartbeat();
+  return group;
+}
+
+ProcessGroup::~ProcessGroup() { stop_heartbeat(); }
+
+void ProcessGroup::start_heartbeat() {
+  heartbeat_ = std::make_unique<Heartbeat>();
+  heartbeat_->store = store_->clone();
+  heartbeat_->key = heartbeat_key(rank_);
+  heartbeat_->thread = std::thread([h = heartbeat_.get()] { h->run(); });
+}
+
+void ProcessGroup::stop_heartbeat() {
+  if (!heartbeat_) return;
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_->mutex);
+    heartbeat_->stop = true;
+  }
+  heartbeat_->cv.notify_all();
+  if (heartbeat_->thread.joinable()) heartbeat_->thread.join();
+  heartbeat_.reset();
+}
+
+void ProcessGroup::set_progress(int64_t step) {
+  if (heartbeat_) heartbeat_->step = step;
+}
+
+std::string ProcessGroup::explain_failure(const std::string& error) {
+  // Read every rank's heartbeat twice, 2 s apart: a live rank's changes
+  // (it beats every 0.5 s), a dead or frozen process's does not.
+  std::string who;
+  try {
+    auto probe = store_->clone();
+    probe->setTimeout(std::chrono::seconds(5));
+    const auto read = [&] {
+      std::vector<std::optional<std::string>> beats(static_cast<size_t>(size_));
+      for (int64_t r = 0; r < size_; ++r)
+        if (r != rank_ && probe->check({heartbeat_key(r)})) beats[r] = text(probe->get(heartbeat_key(r)));
+      return beats;
+    };
+    const auto first = read();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    const auto second = read();
+    const int64_t mine = heartbeat_ ? heartbeat_->step.load() : -1;
+    std::vector<std::string> silent, behind, alive;
+    for (int64_t r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      if (!second[r]) {
+        silent.push_back(fmt::format("rank {} (never reported)", r));
+        continue;
+      }
+      std::istringstream in(*second[r]);
+      int64_t step = 0;
+      in >> step;
+      if (first[r] == second[r]) silent.push_back(fmt::format("rank {} (silent, last in step {})", r, step));
+      else if (mine >= 0 && step < mine) behind.push_back(fmt::format("rank {} (alive, still in step {})", r, step));
+      else alive.push_back(fmt::format("rank {} in step {}", r, step));
+    }
+    if (!silent.empty())
+      who = fmt::format("stopped answering: {}", fmt::join(silent, ", "));
+    else if (!behind.empty())
+      who = fmt::format("this rank is in step {}, but {} never joined it: stuck, or slower than dist.timeout_s",
+                        mine, fmt::join(behind, ", "));
+    else
+      who = fmt::format("every rank's process is alive ({}; this rank in step {}): one is stuck or slower than "
+                        "dist.timeout_s", fmt::join(alive, ", "), mine);
+  } catch (const std::exception&) {
+    who = "the rendezvous store is gone, so the process hosting it (rank 0, or torchrun's agent) has died";
+  }
+  return fmt::format("[dist] rank {} of {}: a collective failed: {} ({}). The run cannot continue; restart it "
+                     "from its last checkpoint (trainer.resume=auto)",
+                     rank_, size_, who, error);
+}
+
+void ProcessGroup::all_reduce_sum_(torch::Tensor& tensor) {
+  std::vector<torch::Tensor> t{tensor};
+  pg_->allreduce(t, c10d::AllreduceOptions{})->wait();
+}
+
+void ProcessGroup::all_reduce_max_(torch::Tensor& tensor) {
+  std::vector<torch::Tensor> t{tensor};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::MAX);
+  pg_->allreduce(t, o)->wait();
+}
+
+void ProcessGroup::broadcast_(torch::Tensor& tensor, int64_t src) {
+  std::vector<torch::Tensor> t{tensor};
+  c10d::BroadcastOptions o;
+  o.rootRank = src;
+  pg_->broadcast(t, o)->wait();
+}
+
+void ProcessGroup::barrier() { pg_->barrier()->wait(); }
+
+void ProcessGroup::check_same_everywhere(const std::string& what, const std::string& value) {
+  const std::string base = "ember/check/" + what + "/";
+  store_->set(base + std::to_string(rank_), bytes(value));
+  std::vector<std::string> keys;
+  for (int64_t r = 0; r < size_; ++r) keys.push_back(base + std::to_string(r));
+  try {
+    store_->wait(keys);
+  } catch (const std::exception& ex) {
+    throw Error(explain_failure(fmt::format("waiting for every rank's {}: {}", what, ex.what())));
+  }
+  const std::string reference = text(store_->get(keys[0]));
+  std::vector<int64_t> differ;
+  for (int64_t r = 1; r < size_; ++r)
+    if (text(store_->get(keys[r])) != reference) differ.push_back(r);
+  EMBER_CHECK(differ.empty(),
+              "[dist] rank {}: ranks {} were started with a different {} than rank 0; every rank must get the same "
+              "command line and config files (compare their config.toml)",
+              rank_, fmt::join(differ, ", "), what);
+}
+
+}  // namespace ember::dist

@@ -1,0 +1,140 @@
+// One rank of the multi-process DDP tests (tests/dist/ddp_test.py starts
+// them with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, as torchrun does).
+//
+//   ember_ddp_worker --out FILE [--batch B] [--epochs E] [--accumulate K]
+//                    [--precision P] [--inject-inf-step S] [--die-at-step S]
+//                    [--hang-at-step S] [--timeout-s T] [--config-tag X]
+//
+// Trains BlobNet (no dropout: ranks must draw nothing differently) on 256
+// Gaussian-blob samples, each rank on its shard with batch B; a single
+// process with batch B x WORLD_SIZE sees the same samples per step. Writes
+// the final parameters to FILE.rank<R>.safetensors and, on rank 0, a line
+// of JSON with the step counts to FILE.rank0.json.
+#include <ember/ember.h>
+
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <thread>
+
+#include "../train/test_task.h"
+
+namespace {
+using namespace ember;
+
+struct Args {
+  std::string out;
+  int64_t batch = 16, epochs = 2, accumulate = 1, inject_inf_step = -1, die_at_step = -1, hang_at_step = -1;
+  double timeout_s = 60;
+  std::string precision = "fp32", config_tag = "same";
+};
+
+class ShardedBlobTask : public train::Task {
+ public:
+  ShardedBlobTask(const Args& a, const dist::LaunchEnv& env) : args_(a) {
+    torch::manual_seed(1234 + env.rank);  // different initial weights per rank: DDP must broadcast rank 0's
+    net_ = test_util::BlobNet();
+    net_->drop->options.p(0.0);
+    auto lo = data::TensorLoaderOptions()
+                  .set_batch_size(a.batch)
+                  .set_seed(7)
+                  .set_prefetch(0)
+                  .set_num_replicas(env.world_size)
+                  .set_rank(env.rank);
+    train_ = std::make_unique<data::TensorLoader>(test_util::make_blobs(256, 1), lo);
+  }
+  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
+  train::StepOutput training_step(const data::Batch& b) override {
+    auto logits = net_->forward(b.input);
+    auto loss = torch::nn::functional::cross_entropy(logits, b.target);
+    ++batches_;
+    if (args_.inject_inf_step >= 0 && rank_inject_ && batches_ == args_.inject_inf_step * args_.accumulate)
+      loss = loss * std::numeric_limits<float>::infinity();
+    return {loss, logits, b.target};
+  }
+  data::Loader& train_loader() override { return *train_; }
+  bool rank_inject_ = false;
+
+ private:
+  Args args_;
+  test_util::BlobNet net_{nullptr};
+  std::unique_ptr<data::TensorLoader> train_;
+  int64_t batches_ = 0;
+};
+
+/// Makes this rank die or hang at a chosen step (failure tests).
+class Saboteur : public train::Callback {
+ public:
+  Saboteur(int64_t die, int64_t hang) : die_(die), hang_(hang) {}
+  std::string name() const override { return "saboteur"; }
+  void on_step_end(train::Trainer&, const train::StepInfo& info) override {
+    if (info.step == die_) {
+      std::fprintf(stderr, "worker: dying at step %lld\n", static_cast<long long>(info.step));
+      std::_Exit(9);
+    }
+    if (info.step == hang_) std::this_thread::sleep_for(std::chrono::minutes(10));
+  }
+
+ private:
+  int64_t die_, hang_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--out") a.out = v;
+    else if (k == "--batch") a.batch = std::stoll(v);
+    else if (k == "--epochs") a.epochs = std::stoll(v);
+    else if (k == "--accumulate") a.accumulate = std::stoll(v);
+    else if (k == "--precision") a.precision = v;
+    else if (k == "--inject-inf-step") a.inject_inf_step = std::stoll(v);
+    else if (k == "--die-at-step") a.die_at_step = std::stoll(v);
+    else if (k == "--hang-at-step") a.hang_at_step = std::stoll(v);
+    else if (k == "--timeout-s") a.timeout_s = std::stod(v);
+    else if (k == "--config-tag") a.config_tag = v;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      return 2;
+    }
+  }
+  std::shared_ptr<dist::ProcessGroup> group;
+  try {
+    at::set_num_threads(1);
+    const dist::LaunchEnv env = dist::launch_env();
+    ShardedBlobTask task(a, env);
+    task.rank_inject_ = env.rank == env.world_size - 1;  // the last rank sees inf
+    train::TrainerOptions o;
+    o.epochs = a.epochs;
+    o.accumulate_grad_batches = a.accumulate;
+    o.precision = a.precision;
+    o.handle_signals = false;
+    o.optimizer.name = "sgd";
+    o.optimizer.lr = 0.1;
+    o.optimizer.momentum = 0.9;
+    o.optimizer.weight_decay = 0.0;
+    train::Trainer trainer(o);
+    if (env.distributed()) {
+      dist::ProcessGroupOptions po;
+      po.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+      group = dist::ProcessGroup::create(env, po);
+      group->check_same_everywhere("config", a.config_tag);
+      trainer.add_callback(std::make_shared<Saboteur>(a.die_at_step, a.hang_at_step));
+      trainer.add_callback(std::make_shared<dist::DistributedDataParallel>(group));
+    }
+    const train::FitResult fit = trainer.fit(task);
+    core::save_safetensors(a.out + ".rank" + std::to_string(env.rank) + ".safetensors", *task.model());
+    if (env.rank == 0) {
+      std::ofstream(a.out + ".rank0.json") << "{\"steps\": " << fit.steps << ", \"skipped_steps\": " << fit.skipped_steps
+                                           << ", \"train_loss\": " << fit.last_train.loss << "}\n";
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", group ? group->explain_failure(e.what()).c_str() : e.what());
+    std::fflush(stderr);
+    std::_Exit(1);  // do not wait in destructors for peers that are gone
+  }
+  return 0;
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# torchrun launches a recipe data-parallel, unchanged: 2 ranks on the CPU
+# (Gloo), connected through torchrun's agent store; only rank 0 writes the
+# run folder; the epoch's training samples are summed over ranks.
+set -euo pipefail
+torchrun="$1"; bin="$2"; root="$3"; out="$4"
+rm -rf "$out"; mkdir -p "$out"
+if [[ ! -f "$root/train-images-idx3-ubyte.gz" ]]; then echo "SKIP: $root missing"; exit 0; fi
+"$torchrun" --standalone --nproc-per-node 2 --no-python "$bin" run.dir="$out/run" data.root="$root" \
+  data.train_subset=2500 data.val_size=500 data.test_subset=500 trainer.epochs=2 trainer.device=cpu \
+  trainer.threads=1 trainer.log_every=5 trainer.progress=false >"$out/stdout" 2>"$out/stderr" || {
+  echo "torchrun failed:"; cat "$out/stdout" "$out/stderr"; exit 1; }
+cat "$out/stdout"
+grep -q "x 2 ranks (gloo)" "$out/stderr" || { echo "no 2-rank banner"; cat "$out/stderr"; exit 1; }
+python3 - "$out/run" <<'PY'
+import json, pathlib, sys
+run = pathlib.Path(sys.argv[1])
+s = json.loads((run / "summary.json").read_text())
+assert s["test_accuracy"] > 0.5 and s["epochs"] == 2 and s["steps"] == 16, s  # 1000 samples per rank / 128: 8 steps per epoch
+assert "world_size = 2" in (run / "config.toml").read_text()
+records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+epochs = [r for r in records if r["kind"] == "train_epoch"]
+# One writer (rank 0): two epoch records, each counting both ranks' 1000 samples.
+assert [r["samples"] for r in epochs] == [2000, 2000], epochs
+steps = [r for r in records if r["kind"] == "step"]
+assert [r["step"] for r in steps] == [5, 10, 15], steps
+assert (run / "checkpoints" / "last.pt").is_file()
+print("torchrun recipe OK:", s["test_accuracy"], len(steps), "step records")
+PY
