@@ -172,6 +172,18 @@ if [[ -x "$BUILD/bin/ember_bench_prune" ]]; then
     "$([[ $rc -eq 0 ]] && echo "table below, prune_gpu.txt" || tail -1 "$OUT/prune_gpu.err" | cut -c1-120)"
   cat "$OUT/prune_gpu.txt"
 fi
+# DDP on NCCL: one rank (one GPU cannot show scaling) initialises the NCCL
+# group through Ember's process group, and trains through the reducer.
+if [[ -x "$BUILD/tests/ember_ddp_worker" ]]; then
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+    "$BUILD/tests/ember_ddp_worker" --out "$OUT/nccl" --device cuda --backend nccl --force-group 1 --batch 64 \
+    >"$OUT/nccl.log" 2>&1
+  rc=$?
+  res="$(cat "$OUT/nccl.rank0.json" 2>/dev/null | tr -d '\n')"
+  [[ $rc -ne 0 ]] && res="$(tail -1 "$OUT/nccl.log" | cut -c1-160)"
+  row "DDP, NCCL, 1 rank (cuda)" "$([[ $rc -eq 0 && "$res" == *'"nccl"'* ]] && echo ok || echo FAIL)" "$res"
+fi
+
 # Monitoring overhead on the GPU: throughput with monitoring off vs on.
 if [[ -x "$BUILD/bin/ember_bench_monitor" ]]; then
   "$BUILD/bin/ember_bench_monitor" --device cuda --batch-size 256 --steps 100 --rounds 5 --precision bf16-mixed \

@@ -9,7 +9,10 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and checks:
   3. fp16-mixed with an inf injected on one rank: both skip that step, stay identical;
   4. a rank that dies: the other exits non-zero, naming it, well within the timeout;
   5. a rank that hangs: the other exits non-zero after dist timeout, naming it;
-  6. ranks started with different configs refuse to train.
+  6. ranks started with different configs refuse to train;
+  7. a parameter the forward never uses: fine with find_unused_parameters,
+     a clear error without;
+  8. a group of one rank equals training without DDP.
 """
 import argparse
 import json
@@ -135,6 +138,32 @@ def test_config_mismatch(binary, work):
     print("config mismatch: both ranks refused")
 
 
+def test_unused_parameter(binary, work):
+    # A registered layer the forward never uses: with find_unused_parameters
+    # the reducer marks it ready itself and training runs; without, the
+    # reducer refuses at the next step with its own error naming the parameter.
+    out = work / "unused"
+    r = launch(binary, 2, out, "--batch", 16, "--unused-param", 1, "--find-unused", 1)
+    assert all(rc == 0 for rc, _, _ in r.values()), r
+    assert_identical(params(out, 0), params(out, 1), "replicas with an unused parameter")
+    r = launch(binary, 2, work / "unused_off", "--batch", 16, "--unused-param", 1, "--timeout-s", 20)
+    rc, err, _ = r[0]
+    assert rc != 0 and "parameters unused.weight, unused.bias got no gradient" in err, err
+    assert "dist.find_unused_parameters=true" in err, err
+    print(f"unused parameter: trains with find_unused_parameters; without: {err.strip().splitlines()[-1][:160]}")
+
+
+def test_group_of_one(binary, work):
+    # WORLD_SIZE=1 with a forced group: the DDP path with one rank equals plain training.
+    out, ref = work / "one", work / "one_ref"
+    assert launch(binary, 1, ref, "--batch", 32)[0][0] == 0
+    r = launch(binary, 1, out, "--batch", 32, "--force-group", 1)
+    assert r[0][0] == 0, r[0][1]
+    assert json.loads(Path(f"{out}.rank0.json").read_text())["backend"] == "gloo"
+    assert_close(params(out, 0), params(ref, 0), 1e-6, "a group of one vs no group")
+    print("group of one: equals training without DDP")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--binary", required=True)
@@ -146,6 +175,8 @@ def main():
     test_matches_single_process(a.binary, a.work, 2)
     test_fp16_inf_on_one_rank(a.binary, a.work)
     test_config_mismatch(a.binary, a.work)
+    test_unused_parameter(a.binary, a.work)
+    test_group_of_one(a.binary, a.work)
     test_dead_rank(a.binary, a.work)
     test_hung_rank(a.binary, a.work)
     print("ddp_test: OK")

@@ -4,6 +4,8 @@
 //   ember_ddp_worker --out FILE [--batch B] [--epochs E] [--accumulate K]
 //                    [--precision P] [--inject-inf-step S] [--die-at-step S]
 //                    [--hang-at-step S] [--timeout-s T] [--config-tag X]
+//                    [--device D] [--backend B] [--force-group 1]
+//                    [--unused-param 1] [--find-unused 1]
 //
 // Trains BlobNet (no dropout: ranks must draw nothing differently) on 256
 // Gaussian-blob samples, each rank on its shard with batch B; a single
@@ -27,7 +29,8 @@ struct Args {
   std::string out;
   int64_t batch = 16, epochs = 2, accumulate = 1, inject_inf_step = -1, die_at_step = -1, hang_at_step = -1;
   double timeout_s = 60;
-  std::string precision = "fp32", config_tag = "same";
+  std::string precision = "fp32", config_tag = "same", device = "cpu", backend = "auto";
+  bool unused_param = false, find_unused = false, force_group = false;
 };
 
 class ShardedBlobTask : public train::Task {
@@ -36,12 +39,15 @@ class ShardedBlobTask : public train::Task {
     torch::manual_seed(1234 + env.rank);  // different initial weights per rank: DDP must broadcast rank 0's
     net_ = test_util::BlobNet();
     net_->drop->options.p(0.0);
+    if (a.unused_param) net_->register_module("unused", torch::nn::Linear(8, 8));  // never in the forward pass
+    net_->to(torch::Device(a.device));
     auto lo = data::TensorLoaderOptions()
                   .set_batch_size(a.batch)
                   .set_seed(7)
                   .set_prefetch(0)
                   .set_num_replicas(env.world_size)
-                  .set_rank(env.rank);
+                  .set_rank(env.rank)
+                  .set_device(torch::Device(a.device));
     train_ = std::make_unique<data::TensorLoader>(test_util::make_blobs(256, 1), lo);
   }
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
@@ -96,6 +102,11 @@ int main(int argc, char** argv) {
     else if (k == "--hang-at-step") a.hang_at_step = std::stoll(v);
     else if (k == "--timeout-s") a.timeout_s = std::stod(v);
     else if (k == "--config-tag") a.config_tag = v;
+    else if (k == "--device") a.device = v;
+    else if (k == "--backend") a.backend = v;
+    else if (k == "--unused-param") a.unused_param = v == "1";
+    else if (k == "--find-unused") a.find_unused = v == "1";
+    else if (k == "--force-group") a.force_group = v == "1";
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -117,21 +128,30 @@ int main(int argc, char** argv) {
     o.optimizer.momentum = 0.9;
     o.optimizer.weight_decay = 0.0;
     train::Trainer trainer(o);
-    if (env.distributed()) {
+    if (env.distributed() || a.force_group) {  // force: a group of one (NCCL on one GPU initialises and trains)
       dist::ProcessGroupOptions po;
       po.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+      po.device = torch::Device(a.device);
+      po.backend = a.backend;
       group = dist::ProcessGroup::create(env, po);
       group->check_same_everywhere("config", a.config_tag);
       trainer.add_callback(std::make_shared<Saboteur>(a.die_at_step, a.hang_at_step));
-      trainer.add_callback(std::make_shared<dist::DistributedDataParallel>(group));
+      dist::DdpOptions ddp;
+      ddp.find_unused_parameters = a.find_unused;
+      trainer.add_callback(std::make_shared<dist::DistributedDataParallel>(group, ddp));
     }
     const train::FitResult fit = trainer.fit(task);
     core::save_safetensors(a.out + ".rank" + std::to_string(env.rank) + ".safetensors", *task.model());
     if (env.rank == 0) {
       std::ofstream(a.out + ".rank0.json") << "{\"steps\": " << fit.steps << ", \"skipped_steps\": " << fit.skipped_steps
-                                           << ", \"train_loss\": " << fit.last_train.loss << "}\n";
+                                           << ", \"train_loss\": " << fit.last_train.loss << ", \"backend\": \""
+                                           << (group ? group->backend() : "none") << "\"}\n";
     }
-  } catch (const std::exception& e) {
+  } catch (const Error& e) {  // Ember's own errors say what is wrong already
+    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fflush(stderr);
+    std::_Exit(1);
+  } catch (const std::exception& e) {  // a collective failed: say which rank
     std::fprintf(stderr, "error: %s\n", group ? group->explain_failure(e.what()).c_str() : e.what());
     std::fflush(stderr);
     std::_Exit(1);  // do not wait in destructors for peers that are gone

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # torchrun launches a recipe data-parallel, unchanged: 2 ranks on the CPU
 # (Gloo), connected through torchrun's agent store; only rank 0 writes the
-# run folder; the epoch's training samples are summed over ranks.
+# run folder; the epoch's training samples are summed over ranks; a run
+# stopped after epoch 1 and resumed ends exactly where the straight run does.
 set -euo pipefail
 torchrun="$1"; bin="$2"; root="$3"; out="$4"
 rm -rf "$out"; mkdir -p "$out"
 if [[ ! -f "$root/train-images-idx3-ubyte.gz" ]]; then echo "SKIP: $root missing"; exit 0; fi
-"$torchrun" --standalone --nproc-per-node 2 --no-python "$bin" run.dir="$out/run" data.root="$root" \
-  data.train_subset=2500 data.val_size=500 data.test_subset=500 trainer.epochs=2 trainer.device=cpu \
-  trainer.threads=1 trainer.log_every=5 trainer.progress=false >"$out/stdout" 2>"$out/stderr" || {
+common=(data.root="$root" data.train_subset=2500 data.val_size=500 data.test_subset=500 trainer.device=cpu
+        trainer.threads=1 trainer.log_every=5 trainer.progress=false sched.name=constant)
+launch() { "$torchrun" --standalone --nproc-per-node 2 --no-python "$bin" "${common[@]}" "$@"; }
+launch run.dir="$out/run" trainer.epochs=2 >"$out/stdout" 2>"$out/stderr" || {
   echo "torchrun failed:"; cat "$out/stdout" "$out/stderr"; exit 1; }
+launch run.dir="$out/resumed" trainer.epochs=1 >"$out/stdout1" 2>"$out/stderr1" || { cat "$out/stderr1"; exit 1; }
+launch run.dir="$out/resumed" trainer.epochs=2 trainer.resume=auto >"$out/stdout2" 2>"$out/stderr2" || {
+  cat "$out/stderr2"; exit 1; }
 cat "$out/stdout"
 grep -q "x 2 ranks (gloo)" "$out/stderr" || { echo "no 2-rank banner"; cat "$out/stderr"; exit 1; }
 python3 - "$out/run" <<'PY'
@@ -25,5 +30,7 @@ assert [r["samples"] for r in epochs] == [2000, 2000], epochs
 steps = [r for r in records if r["kind"] == "step"]
 assert [r["step"] for r in steps] == [5, 10, 15], steps
 assert (run / "checkpoints" / "last.pt").is_file()
-print("torchrun recipe OK:", s["test_accuracy"], len(steps), "step records")
+r = json.loads((run.parent / "resumed" / "summary.json").read_text())
+assert r["test_loss"] == s["test_loss"] and r["test_accuracy"] == s["test_accuracy"], (r, s)
+print("torchrun recipe OK:", s["test_accuracy"], len(steps), "step records; resumed run equal:", r["test_loss"])
 PY

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <sstream>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -53,6 +54,7 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
   logger_.reset();
   reducer_.reset();
   params_.clear();
+  param_names_.clear();
   std::unordered_map<size_t, std::string> names;
   // Trainable parameters, each once (tied weights appear once), in module order.
   std::vector<const c10::TensorImpl*> seen;
@@ -62,6 +64,7 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
     if (std::find(seen.begin(), seen.end(), p.unsafeGetTensorImpl()) != seen.end()) continue;
     seen.push_back(p.unsafeGetTensorImpl());
     names[params_.size()] = item.key();
+    param_names_.push_back(item.key());
     params_.push_back(p);
   }
   EMBER_CHECK(!params_.empty(), "[dist::DistributedDataParallel] the model has no trainable parameters");
@@ -104,8 +107,25 @@ void DistributedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
 void DistributedDataParallel::on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) {
   if (micro.index == 0) group_->set_progress(trainer.global_step() + 1);  // the step this rank is in (failure reports)
   if (!torch::GradMode::is_enabled()) return;
-  if (micro.completes_step()) reducer_->prepare_for_forward();
-  reducer_->rebuild_buckets();  // a collective once, after the first synced backward; else a no-op
+  try {
+    if (micro.completes_step()) reducer_->prepare_for_forward();
+    reducer_->rebuild_buckets();  // a collective once, after the first synced backward; else a no-op
+  } catch (const c10::Error& e) {
+    // The reducer's own check: the last step left parameters without gradients.
+    const std::string what = e.what_without_backtrace();
+    const auto at = what.find("Parameter indices which did not receive grad");
+    std::vector<std::string> names;
+    if (at != std::string::npos) {
+      std::istringstream in(what.substr(what.find(':', at) + 1));
+      for (int64_t i; in >> i;)
+        if (i >= 0 && i < static_cast<int64_t>(param_names_.size())) names.push_back(param_names_[i]);
+    }
+    throw Error(fmt::format("[dist::DistributedDataParallel] rank {}: parameters {} got no gradient in the last step, "
+                            "so DDP could not finish reducing it: make every parameter take part in the loss, or set "
+                            "dist.find_unused_parameters=true (DdpOptions::find_unused_parameters)",
+                            group_->rank(), names.empty() ? std::string("(see below)") : fmt::format("{}", fmt::join(names, ", "))) +
+                (names.empty() ? "\n" + what : std::string()));
+  }
   // Batch-norm statistics from rank 0, so the replicas normalise alike (not
   // inside an accumulation window, as PyTorch's require_forward_param_sync).
   if (options_.broadcast_buffers && buffers_need_sync_) broadcast_state(*trainer.task()->model(), /*parameters=*/false);

@@ -340,7 +340,9 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     summary.epochs = fit.epochs_completed;
     summary.steps = fit.steps;
     summary.train_seconds = fit.train_seconds;
-    summary.samples_per_second = fit.samples / std::max(fit.train_seconds, 1e-9);
+    // All ranks together (each trained on an equal shard).
+    summary.samples_per_second = static_cast<double>(fit.samples * env.world_size) / std::max(fit.train_seconds, 1e-9);
+    if (group) summary.extra["world_size"] = static_cast<double>(env.world_size);
     summary.device = device.str();
     summary.precision = options.precision;
     summary.parameters = count_parameters(*task->model());  // after training: pruning may have shrunk it

@@ -77,6 +77,7 @@ class DistributedDataParallel : public train::Callback {
   std::shared_ptr<c10d::Reducer> reducer_;
   std::shared_ptr<c10d::Logger> logger_;
   std::vector<torch::Tensor> params_;
+  std::vector<std::string> param_names_;  // qualified names of params_
   std::vector<std::vector<int64_t>> shapes_;  // to notice pruning
   bool buffers_need_sync_ = true;              // PyTorch's require_forward_param_sync
 };
