@@ -305,6 +305,19 @@ void ProcessGroup::check_same_everywhere(const std::string& what, const std::str
   std::vector<int64_t> differ;
   for (int64_t r = 1; r < size_; ++r)
     if (text(store_->get(keys[r])) != reference) differ.push_back(r);
+  // Rank 0 may host the store: it waits until every rank has read the values,
+  // so that none is left reading from a store whose host exited on the error.
+  if (rank_ != 0) {
+    store_->set(base + "read/" + std::to_string(rank_), bytes("1"));
+  } else {
+    std::vector<std::string> read;
+    for (int64_t r = 1; r < size_; ++r) read.push_back(base + "read/" + std::to_string(r));
+    try {
+      store_->wait(read);
+    } catch (const std::exception& ex) {
+      throw Error(explain_failure(fmt::format("waiting for every rank to compare its {}: {}", what, ex.what())));
+    }
+  }
   EMBER_CHECK(differ.empty(),
               "[dist] rank {}: ranks {} were started with a different {} than rank 0; every rank must get the same "
               "command line and config files (compare their config.toml)",
