@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""DDP communication overlap: starts the ranks of ember_bench_ddp and prints rank 0's table.
+
+Starts --nproc processes of the binary the way torchrun does (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>)
+with OMP_NUM_THREADS=--threads each, waits for all of them and prints rank 0's
+output: a table of local backward, all-reduce alone and DDP backward (bucketed
+and per-parameter) times, the derived exposed communication and overlap
+fraction, and a last line of JSON. What is measured: tools/bench/ddp.cpp.
+
+    tools/ember bench ddp                                     # 2 ranks, CPU, Gloo over loopback
+    python3 tools/bench/ddp.py --binary build/bin/ember_bench_ddp --rounds 12 --batch 64
+    python3 tools/bench/ddp.py --binary ... --nproc 2 --device cuda --backend nccl --batch 512   # one GPU per rank
+
+Arguments other than --binary, --nproc, --threads and --timeout go to every rank.
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--binary", required=True, help="build/bin/ember_bench_ddp")
+    p.add_argument("--nproc", type=int, default=2, help="ranks on this machine (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (OMP_NUM_THREADS; default 1)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the ranks (default 1800)")
+    a, rest = p.parse_known_args()
+    port = free_port()
+    procs = []
+    for rank in range(a.nproc):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(a.nproc), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(a.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS=str(a.threads))
+        procs.append(subprocess.Popen([a.binary, "--threads", str(a.threads), *rest], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=a.timeout))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        sys.exit(f"[bench ddp] the ranks did not finish within {a.timeout:.0f} s (--timeout)")
+    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
+    if failed:
+        for r in failed:
+            sys.stderr.write(f"[bench ddp] rank {r} exited {procs[r].returncode}:\n{outs[r][1]}")
+        sys.exit(1)
+    sys.stdout.write(outs[0][0])
+
+
+if __name__ == "__main__":
+    main()
