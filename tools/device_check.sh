@@ -184,6 +184,16 @@ if [[ -x "$BUILD/tests/ember_ddp_worker" ]]; then
   row "DDP, NCCL, 1 rank (cuda)" "$([[ $rc -eq 0 && "$res" == *'"nccl"'* ]] && echo ok || echo FAIL)" "$res"
 fi
 
+# DDP overlap on this machine's 16 cores (2 ranks, Gloo): on the 2-core dev
+# machine the ranks' compute and Gloo's loopback traffic share 2 cores.
+if [[ -x "$BUILD/bin/ember_bench_ddp" ]]; then
+  "$PY" "$ROOT/tools/bench/ddp.py" --binary "$BUILD/bin/ember_bench_ddp" --rounds 20 >"$OUT/ddp_cpu.txt" 2>&1
+  rc=$?
+  row "DDP overlap bench (2 ranks, Gloo, CPU)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+    "$(grep -o '"overlap_bucketed": [-0-9.]*\|"overlap_per_param": [-0-9.]*\|"local_backward_ms": [0-9.]*' "$OUT/ddp_cpu.txt" | tr '\n' ' ')"
+  cat "$OUT/ddp_cpu.txt"
+fi
+
 # Monitoring overhead on the GPU: throughput with monitoring off vs on.
 if [[ -x "$BUILD/bin/ember_bench_monitor" ]]; then
   "$BUILD/bin/ember_bench_monitor" --device cuda --batch-size 256 --steps 100 --rounds 5 --precision bf16-mixed \
