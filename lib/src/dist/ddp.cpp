@@ -20,6 +20,36 @@ namespace {
 constexpr int64_t kMiB = 1024 * 1024;
 constexpr int64_t kBroadcastBucketBytes = 250 * kMiB;  // PyTorch DDP's broadcast bucket
 
+// Trainable parameters, each once (tied weights appear once), in module order.
+std::vector<std::pair<std::string, torch::Tensor>> trainable_named(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::vector<const c10::TensorImpl*> seen;
+  for (const auto& item : model.named_parameters()) {
+    const torch::Tensor& p = item.value();
+    if (!p.requires_grad()) continue;
+    if (std::find(seen.begin(), seen.end(), p.unsafeGetTensorImpl()) != seen.end()) continue;
+    seen.push_back(p.unsafeGetTensorImpl());
+    out.emplace_back(item.key(), p);
+  }
+  return out;
+}
+
+// Same tensors (identity) in the same order?
+struct SameTensors {
+  const std::vector<torch::Tensor>& a;
+  bool operator!=(const std::vector<torch::Tensor>& b) const {
+    if (a.size() != b.size()) return true;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!a[i].is_same(b[i])) return true;
+    return false;
+  }
+};
+std::vector<torch::Tensor> tensors_of(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, t] : named) out.push_back(t);
+  return out;
+}
+
 std::vector<std::vector<int64_t>> shapes_of(const std::vector<torch::Tensor>& ts) {
   std::vector<std::vector<int64_t>> out;
   for (const auto& t : ts) out.emplace_back(t.sizes().begin(), t.sizes().end());
@@ -56,15 +86,9 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
   params_.clear();
   param_names_.clear();
   std::unordered_map<size_t, std::string> names;
-  // Trainable parameters, each once (tied weights appear once), in module order.
-  std::vector<const c10::TensorImpl*> seen;
-  for (const auto& item : model.named_parameters()) {
-    const torch::Tensor& p = item.value();
-    if (!p.requires_grad()) continue;
-    if (std::find(seen.begin(), seen.end(), p.unsafeGetTensorImpl()) != seen.end()) continue;
-    seen.push_back(p.unsafeGetTensorImpl());
-    names[params_.size()] = item.key();
-    param_names_.push_back(item.key());
+  for (const auto& [name, p] : trainable_named(model)) {
+    names[params_.size()] = name;
+    param_names_.push_back(name);
     params_.push_back(p);
   }
   EMBER_CHECK(!params_.empty(), "[dist::DistributedDataParallel] the model has no trainable parameters");
@@ -93,15 +117,22 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
   buffers_need_sync_ = true;
 }
 
-void DistributedDataParallel::on_fit_start(train::Trainer& trainer) { build(trainer); }
+void DistributedDataParallel::on_fit_start(train::Trainer& trainer) {
+  // Every rank must resume from the same point (a rank that found another
+  // checkpoint, or none, would drift silently behind the weight broadcast)
+  // and have as many batches per epoch (else the epoch-end reduction hangs).
+  group_->check_same_everywhere(
+      "resume position (epoch, step, skipped steps, batches per epoch)",
+      fmt::format("{} {} {} {}", trainer.epoch(), trainer.global_step(), trainer.skipped_steps(),
+                  trainer.task()->train_loader().num_batches()));
+  build(trainer);
+}
 
 void DistributedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
   // Pruning (registered earlier) may have resized parameters in place: the
   // reducer's buckets no longer fit them.
-  std::vector<torch::Tensor> now;
-  for (const auto& p : trainer.task()->model()->parameters())
-    if (p.requires_grad()) now.push_back(p);
-  if (now.size() != params_.size() || shapes_of(now) != shapes_) build(trainer);
+  if (SameTensors{params_} != tensors_of(trainable_named(*trainer.task()->model())) || shapes_of(params_) != shapes_)
+    build(trainer);
 }
 
 void DistributedDataParallel::on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) {
@@ -148,13 +179,23 @@ void DistributedDataParallel::on_before_backward(train::Trainer& trainer, const 
 }
 
 void DistributedDataParallel::on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) {
-  // fp16-mixed: a rank that saw inf/NaN makes every rank skip the step.
+  // fp16-mixed: a rank that saw inf/NaN makes every rank skip the step. With
+  // the reducer, an inf already spreads through the averaged gradients; the
+  // flag reduction also covers gradients DDP does not reduce (parameters
+  // outside the reducer, comm hooks that compress) at one scalar per step.
   if (amp::GradScaler* scaler = trainer.grad_scaler()) {
     for (auto& [device, flag] : scaler->found_inf_per_device(optimizer)) {
       torch::Tensor f = flag;
       group_->all_reduce_max_(f);
     }
   }
+}
+
+void DistributedDataParallel::on_epoch_end(train::Trainer& trainer, int64_t, const train::EvalResult&) {
+  // Each rank's last forward updated its running statistics from its own
+  // shard: give every rank rank 0's before validation, so all ranks validate
+  // (and early-stop) alike and checkpoints hold what every replica uses.
+  if (options_.broadcast_buffers) broadcast_state(*trainer.task()->model(), /*parameters=*/false);
 }
 
 void DistributedDataParallel::on_fit_end(train::Trainer&) {}

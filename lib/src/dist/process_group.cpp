@@ -24,9 +24,18 @@ namespace ember::dist {
 // (its operator new / deleting destructor sizes). A LibTorch whose layout
 // differs fails here, at build time, instead of corrupting memory.
 #if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
+#define EMBER_GLOO_LAYOUT_VERIFIED 1
 static_assert(sizeof(c10d::ProcessGroupGloo) == 488, "c10d::ProcessGroupGloo layout changed: re-check lib/src/dist/gloo_shim");
 static_assert(sizeof(c10d::ProcessGroupGloo::Options) == 176, "ProcessGroupGloo::Options layout changed: re-check gloo_shim");
 static_assert(sizeof(c10d::ProcessGroup) == 312, "c10d::ProcessGroup layout changed");
+#if EMBER_WITH_NCCL
+static_assert(sizeof(c10d::ProcessGroupNCCL) == 1112 && sizeof(c10d::ProcessGroupNCCL::Options) == 248,
+              "ProcessGroupNCCL layout differs from libtorch_cuda's: build against the torch wheel's nvidia-nccl headers");
+#endif
+#else
+// Another LibTorch: Ember still builds, but refuses to construct Gloo groups
+// until the layout pins above are checked for it (gloo_shim/README.md).
+#define EMBER_GLOO_LAYOUT_VERIFIED 0
 #endif
 static_assert(std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>, "ProcessGroupGloo must be a c10d::Backend");
 
@@ -130,9 +139,15 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
   so.waitWorkers = !e.agent_store;
   so.timeout = options.timeout;
   so.multiTenant = !e.agent_store;
+  if (options.device.is_cuda() && !options.device.has_index())
+    options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(e.local_rank));
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
+    // torchrun's agent keeps its store across restarts of the workers: keys
+    // of an earlier attempt (heartbeats, checks, Gloo's rendezvous) must not
+    // be read as this one's.
+    store = c10::make_intrusive<c10d::PrefixStore>("ember/attempt_" + std::to_string(e.restart_count), store);
   } catch (const std::exception& ex) {
     throw Error(fmt::format("[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
                             "({}): is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on every rank?",
@@ -145,8 +160,19 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
                                                    ProcessGroupOptions options) {
   EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "[dist::ProcessGroup] rank {} of {} is not a valid rank", rank,
               size);
+  EMBER_CHECK(options.timeout.count() > 0, "[dist::ProcessGroup] dist.timeout_s must be > 0");
   std::string backend = options.backend;
   if (backend == "auto") backend = options.device.is_cuda() ? "nccl" : "gloo";
+  EMBER_CHECK(backend != "gloo" || !options.device.is_cuda(),
+              "[dist::ProcessGroup] dist.backend=gloo reduces CPU tensors only, but this rank trains on {}: use "
+              "dist.backend=nccl (or auto) on GPUs, or trainer.device=cpu",
+              options.device.str());
+  EMBER_CHECK(backend != "gloo" || EMBER_GLOO_LAYOUT_VERIFIED,
+              "[dist::ProcessGroup] Ember's Gloo route is verified for LibTorch 2.11 only (see "
+              "lib/src/dist/gloo_shim/gloo/README.md): check the layout pins in process_group.cpp for this version");
+  if (options.device.is_cuda() && !options.device.has_index())
+    options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank % std::max<int64_t>(
+                                                     1, static_cast<int64_t>(torch::cuda::device_count()))));
   EMBER_CHECK(backend == "gloo" || backend == "nccl", "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto",
               options.backend);
   EMBER_CHECK(backend == "gloo" || options.device.is_cuda(),
@@ -228,7 +254,9 @@ std::string ProcessGroup::explain_failure(const std::string& error) {
   // (it beats every 0.5 s), a dead or frozen process's does not.
   std::string who;
   try {
-    auto probe = store_->clone();
+    // The main thread's own connection, with a short timeout: a dead store
+    // host must not make this report wait dist.timeout_s.
+    c10d::Store* probe = store_.get();
     probe->setTimeout(std::chrono::seconds(5));
     const auto read = [&] {
       std::vector<std::optional<std::string>> beats(static_cast<size_t>(size_));
@@ -264,6 +292,10 @@ std::string ProcessGroup::explain_failure(const std::string& error) {
                         "dist.timeout_s", fmt::join(alive, ", "), mine);
   } catch (const std::exception&) {
     who = "the rendezvous store is gone, so the process hosting it (rank 0, or torchrun's agent) has died";
+  }
+  try {
+    store_->setTimeout(options_.timeout);
+  } catch (const std::exception&) {
   }
   return fmt::format("[dist] rank {} of {}: a collective failed: {} ({}). The run cannot continue; restart it "
                      "from its last checkpoint (trainer.resume=auto)",

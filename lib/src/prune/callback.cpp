@@ -238,6 +238,9 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   const Timing before = time_steps(trainer, task, example_, options_.timing_steps());
 
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+  EMBER_CHECK(options_.pruner().importance() != Importance::kTaylor || !trainer.options().all_reduce_sum,
+              "[prune::PruningCallback] prune.importance=taylor takes gradients of this rank's shard, so the ranks of a "
+              "data-parallel run would prune different channels: use l1, l2 or bn_scale there");
   if (options_.pruner().importance() == Importance::kTaylor) {
     // Gradients of a few training batches; batch-norm statistics and RNG are put back afterwards.
     ModelStateGuard state(*model, Grads::kKeep);
@@ -272,7 +275,8 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   steps_done_ = step + 1;
 
   const std::string& dir = trainer.options().run_dir;
-  if (!dir.empty()) {
+  const bool writer = trainer.options().save_checkpoints;  // data-parallel: rank 0 writes and reports
+  if (!dir.empty() && writer) {
     plan_.save(dir + "/pruning_plan.json");
     nlohmann::json shapes = nlohmann::json::array();
     for (const ShapeChange& c : report.result.changes)
@@ -294,7 +298,7 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
                               {"warnings", report.result.warnings}};
     std::ofstream(dir + "/pruning.jsonl", std::ios::app) << j.dump() << "\n";
   }
-  if (options_.verbose())
+  if (options_.verbose() && writer)
     std::cout << fmt::format("pruning step {} of {} at epoch {} (MACs per sample; times for a batch of {}):\n", step + 1,
                              options_.epochs().size(), epoch, example_.size())
               << report.table() << std::flush;

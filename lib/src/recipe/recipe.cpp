@@ -273,8 +273,12 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       config.set_override("dist.world_size=" + std::to_string(env.world_size));
       group->check_same_everywhere("config", config.to_toml());
       config.set_override("dist.rank=" + std::to_string(env.rank));
-    } else if (config.get_string("run.dir").empty()) {
-      config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
+    } else {
+      // Always from the launcher, never from a saved config.toml: one process
+      // trains on all the data.
+      config.set_override("dist.world_size=1");
+      config.set_override("dist.rank=0");
+      if (config.get_string("run.dir").empty()) config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
     }
     const bool rank0 = env.rank == 0;
     const std::string run_dir = config.get_string("run.dir");
@@ -325,7 +329,13 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      if (group) throw Error(group->explain_failure(e.what()));  // a collective failed: say which rank
+      // A collective failed (a c10d error, or Gloo's own): say which rank. Other
+      // errors (out of memory, shapes) are this rank's and say so themselves.
+      const std::string what = e.what();
+      const bool collective = dynamic_cast<const c10::DistError*>(&e) != nullptr ||
+                              what.find("gloo") != std::string::npos || what.find("NCCL") != std::string::npos;
+      if (group && collective) throw Error(group->explain_failure(what));
+      if (group) throw Error(fmt::format("[recipe] rank {}: {}", env.rank, what));
       throw;
     }
     if (fit.interrupted) {
@@ -376,6 +386,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     std::cerr << "error: " << e.what() << "\n";
     const int status = std::string(e.what()).rfind("[config]", 0) == 0 ? 2 : 1;  // config errors are usage errors
     if (group) {
+      std::cout.flush();
       std::cerr.flush();
       std::_Exit(status);  // the group's destructor would wait for peers that are gone
     }
@@ -383,6 +394,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     if (group) {
+      std::cout.flush();
       std::cerr.flush();
       std::_Exit(1);
     }

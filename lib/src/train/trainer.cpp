@@ -451,6 +451,15 @@ FitResult Trainer::fit(Task& task) {
       val_seconds += seconds_since(v0);
       for (auto& cb : callbacks_) cb->on_validation_end(*this, finished, result.last_val);
     }
+    if (options_.all_reduce_sum) {
+      // Data-parallel: a stop requested on any rank at the epoch's end (early
+      // stopping) stops every rank, so none is left waiting in a collective.
+      const auto ps = model->parameters();
+      const torch::Device dev = ps.empty() ? torch::Device(torch::kCPU) : ps.front().device();
+      torch::Tensor flag = torch::full({1}, stop_requested_ ? 1.0 : 0.0, torch::TensorOptions().dtype(torch::kFloat64).device(dev));
+      options_.all_reduce_sum(flag);
+      if (flag.item<double>() > 0 && !stop_requested_) request_stop("stopped by another rank");
+    }
     const bool last = epoch_ >= options_.epochs || stop_requested_;
     if ((options_.checkpoint_every > 0 && epoch_ % options_.checkpoint_every == 0) || last) checkpoint_now();
   }

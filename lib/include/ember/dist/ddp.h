@@ -13,9 +13,15 @@
 // communicated (PyTorch's no_sync): the gradients of the window are summed
 // locally and averaged at its last micro-batch.
 //
-// Batch-norm buffers: broadcast from rank 0 before every synced forward
-// (PyTorch's broadcast_buffers=True), so every replica normalises alike and
-// checkpoints hold rank 0's statistics. SyncBatchNorm is not provided.
+// Batch-norm buffers: broadcast from rank 0 before the first forward after a
+// synced step (PyTorch's broadcast_buffers=True) and at each epoch end, so
+// every replica validates alike and checkpoints hold rank 0's statistics.
+// SyncBatchNorm is not provided.
+//
+// Stops: a stop must happen on every rank at the same step. max_steps does;
+// the runner turns signal handling off (torchrun ends the group), and the
+// Trainer agrees on stop requests at epoch ends (early stopping), where
+// validation metrics are the same on every rank.
 //
 // fp16-mixed: the GradScaler's inf/NaN flags are max-reduced across ranks
 // before the optimizer step, so every rank skips the same steps.
@@ -61,6 +67,7 @@ class DistributedDataParallel : public train::Callback {
   void on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) override;
   void on_before_backward(train::Trainer& trainer, const train::StepOutput& out, const train::MicroBatch& micro) override;
   void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;
+  void on_epoch_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& train) override;
   void on_fit_end(train::Trainer& trainer) override;
 
   /// Gradient buckets as indices into the model's trainable parameters, in
