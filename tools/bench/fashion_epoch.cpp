@@ -13,33 +13,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "model.h"
+#include "fashion_task.h"
 
 namespace {
 using namespace ember;
-
-class BenchTask : public train::Task {
- public:
-  BenchTask(data::TensorDataset train, int64_t batch_size, int64_t prefetch) {
-    net_ = FashionNet(FashionNetOptions{});
-    auto opts = data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_prefetch(prefetch).set_transform(
-        [](data::Batch b) {
-          b.input = normalize_fashion(b.input);
-          return b;
-        });
-    loader_ = std::make_unique<data::TensorLoader>(std::move(train), opts);
-  }
-  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
-  train::StepOutput training_step(const data::Batch& b) override {
-    auto logits = net_->forward(b.input);
-    return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
-  }
-  data::Loader& train_loader() override { return *loader_; }
-
- private:
-  FashionNet net_{nullptr};
-  std::unique_ptr<data::TensorLoader> loader_;
-};
 
 class EpochTimer : public train::Callback {
  public:
@@ -77,7 +54,8 @@ int main(int argc, char** argv) {
     core::tune_host_malloc();  // as run_recipe does for every recipe
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     torch::manual_seed(0);
-    BenchTask task(data::load_mnist(root, data::Split::kTrain).head(samples), batch_size, prefetch);
+    bench::FashionBenchTask task(data::load_mnist(root, data::Split::kTrain).head(samples),
+                                 data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_prefetch(prefetch));
     train::TrainerOptions o;
     o.epochs = epochs;
     o.progress = false;

@@ -24,37 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "fashion_mnist/model.h"
+#include "fashion_task.h"
 
 namespace {
 using namespace ember;
-
-class BenchTask : public train::Task {
- public:
-  BenchTask(torch::Device device, int64_t batch_size, int64_t steps) {
-    torch::manual_seed(0);
-    net_ = FashionNet(FashionNetOptions{});
-    net_->to(device);
-    const int64_t n = batch_size * steps;
-    data::TensorDataset ds{torch::randint(0, 256, {n, 28, 28}, torch::kUInt8), torch::randint(0, 10, {n})};
-    auto opts = data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_device(device).set_transform(
-        [](data::Batch b) {
-          b.input = normalize_fashion(b.input);
-          return b;
-        });
-    loader_ = std::make_unique<data::TensorLoader>(std::move(ds), opts);
-  }
-  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
-  train::StepOutput training_step(const data::Batch& b) override {
-    auto logits = net_->forward(b.input);
-    return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
-  }
-  data::Loader& train_loader() override { return *loader_; }
-
- private:
-  FashionNet net_{nullptr};
-  std::unique_ptr<data::TensorLoader> loader_;
-};
 
 /// Runs another callback and adds up the host time spent in its hooks: the
 /// monitoring's own cost, free of the run-to-run noise of whole-fit timings
@@ -126,7 +99,11 @@ int main(int argc, char** argv) {
                                         {"log_every 10", 10, 0},
                                         {"full (log_every 10, histograms/50)", 10, 50}};
     std::vector<std::vector<double>> rate(settings.size()), own(settings.size());
-    BenchTask task(device, batch_size, steps);
+    const int64_t n = batch_size * steps;
+    torch::manual_seed(0);
+    bench::FashionBenchTask task(
+        data::TensorDataset{torch::randint(0, 256, {n, 28, 28}, torch::kUInt8), torch::randint(0, 10, {n})},
+        data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_device(device));
     std::FILE* devnull = std::fopen("/dev/null", "w");
     for (int64_t r = -1; r < rounds; ++r) {  // round -1 warms up (allocator, caches, CPU peak measurement)
       for (size_t k = 0; k < settings.size(); ++k) {
