@@ -12,7 +12,8 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and checks:
   6. ranks started with different configs refuse to train;
   7. a parameter the forward never uses: fine with find_unused_parameters,
      a clear error without;
-  8. a group of one rank equals training without DDP.
+  8. a group of one rank equals training without DDP;
+  9. batch-norm buffers end identical on every rank (broadcast from rank 0).
 """
 import argparse
 import json
@@ -153,6 +154,19 @@ def test_unused_parameter(binary, work):
     print(f"unused parameter: trains with find_unused_parameters; without: {err.strip().splitlines()[-1][:160]}")
 
 
+def test_batchnorm_buffers(binary, work):
+    # Batch norm: each rank's forward updates its running statistics from its
+    # own shard; DDP gives every rank rank 0's (the policy), so the replicas,
+    # buffers included, end bit-identical.
+    out = work / "bn"
+    r = launch(binary, 2, out, "--batch", 16, "--batchnorm", 1)
+    assert all(rc == 0 for rc, _, _ in r.values()), r
+    a, b = params(out, 0), params(out, 1)
+    assert "bn.running_mean" in a and "bn.num_batches_tracked" in a, a.keys()
+    assert_identical(a, b, "replicas with batch norm (parameters and buffers)")
+    print("batch norm: parameters and running statistics identical on both ranks")
+
+
 def test_group_of_one(binary, work):
     # WORLD_SIZE=1 with a forced group: the DDP path with one rank equals plain training.
     out, ref = work / "one", work / "one_ref"
@@ -176,6 +190,7 @@ def main():
     test_fp16_inf_on_one_rank(a.binary, a.work)
     test_config_mismatch(a.binary, a.work)
     test_unused_parameter(a.binary, a.work)
+    test_batchnorm_buffers(a.binary, a.work)
     test_group_of_one(a.binary, a.work)
     test_dead_rank(a.binary, a.work)
     test_hung_rank(a.binary, a.work)

@@ -5,7 +5,7 @@
 //                    [--precision P] [--inject-inf-step S] [--die-at-step S]
 //                    [--hang-at-step S] [--timeout-s T] [--config-tag X]
 //                    [--device D] [--backend B] [--force-group 1]
-//                    [--unused-param 1] [--find-unused 1]
+//                    [--unused-param 1] [--find-unused 1] [--batchnorm 1]
 //
 // Trains BlobNet (no dropout: ranks must draw nothing differently) on 256
 // Gaussian-blob samples, each rank on its shard with batch B; a single
@@ -30,7 +30,7 @@ struct Args {
   int64_t batch = 16, epochs = 2, accumulate = 1, inject_inf_step = -1, die_at_step = -1, hang_at_step = -1;
   double timeout_s = 60;
   std::string precision = "fp32", config_tag = "same", device = "cpu", backend = "auto";
-  bool unused_param = false, find_unused = false, force_group = false;
+  bool unused_param = false, find_unused = false, force_group = false, batchnorm = false;
 };
 
 class ShardedBlobTask : public train::Task {
@@ -40,6 +40,7 @@ class ShardedBlobTask : public train::Task {
     net_ = test_util::BlobNet();
     net_->drop->options.p(0.0);
     if (a.unused_param) net_->register_module("unused", torch::nn::Linear(8, 8));  // never in the forward pass
+    if (a.batchnorm) bn_ = net_->register_module("bn", torch::nn::BatchNorm1d(32));  // running stats per rank
     net_->to(torch::Device(a.device));
     auto lo = data::TensorLoaderOptions()
                   .set_batch_size(a.batch)
@@ -52,7 +53,8 @@ class ShardedBlobTask : public train::Task {
   }
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
   train::StepOutput training_step(const data::Batch& b) override {
-    auto logits = net_->forward(b.input);
+    auto logits = bn_ ? net_->fc2->forward(torch::relu(bn_->forward(net_->fc1->forward(b.input))))
+                      : net_->forward(b.input);
     auto loss = torch::nn::functional::cross_entropy(logits, b.target);
     ++batches_;
     if (args_.inject_inf_step >= 0 && rank_inject_ && batches_ == args_.inject_inf_step * args_.accumulate)
@@ -65,6 +67,7 @@ class ShardedBlobTask : public train::Task {
  private:
   Args args_;
   test_util::BlobNet net_{nullptr};
+  torch::nn::BatchNorm1d bn_{nullptr};
   std::unique_ptr<data::TensorLoader> train_;
   int64_t batches_ = 0;
 };
@@ -107,6 +110,7 @@ int main(int argc, char** argv) {
     else if (k == "--unused-param") a.unused_param = v == "1";
     else if (k == "--find-unused") a.find_unused = v == "1";
     else if (k == "--force-group") a.force_group = v == "1";
+    else if (k == "--batchnorm") a.batchnorm = v == "1";
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
