@@ -14,7 +14,12 @@
 #include <thread>
 #include <vector>
 
+#include "batches.h"
+
 using namespace ember;
+
+using test_util::collect;
+using test_util::expect_same_batches;
 
 namespace {
 data::TensorDataset numbered(int64_t n) {
@@ -118,29 +123,6 @@ void expect_index_and_epoch(data::TensorLoader& loader, int64_t epoch, int64_t s
     ++b;
   }
   EXPECT_EQ(b, loader.num_batches());
-}
-
-// The batches of `epoch` from batch `skip` on, moved to the CPU.
-std::vector<data::Batch> collect(data::Loader& loader, int64_t epoch, int64_t skip = 0) {
-  loader.start_epoch(epoch, skip);
-  std::vector<data::Batch> out;
-  while (auto b = loader.next()) {
-    b->input = b->input.cpu();
-    b->target = b->target.cpu();
-    out.push_back(std::move(*b));
-  }
-  return out;
-}
-
-void expect_same_batches(const std::vector<data::Batch>& a, const std::vector<data::Batch>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].input.scalar_type(), b[i].input.scalar_type());
-    EXPECT_TRUE(torch::equal(a[i].input, b[i].input)) << "batch " << i;
-    EXPECT_TRUE(torch::equal(a[i].target, b[i].target)) << "batch " << i;
-    EXPECT_TRUE(torch::equal(a[i].index, b[i].index)) << "batch " << i;
-    EXPECT_EQ(a[i].epoch, b[i].epoch);
-  }
 }
 
 // Small uint8 "images" [n, side, side, 3] whose pixels differ between samples, and class targets.

@@ -13,7 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "batches.h"
+
 using namespace ember;
+
+using test_util::collect;
+using test_util::expect_same_batches;
 
 namespace {
 // Sample i is [i, i, i] with target i, so a batch's targets are its dataset indices.
@@ -70,28 +75,6 @@ std::vector<int64_t> reference_shard(std::vector<int64_t> indices, int64_t num_r
   std::vector<int64_t> out;
   for (int64_t i = rank; i < total_size; i += num_replicas) out.push_back(indices[i]);
   return out;
-}
-
-// The batches of `epoch` from batch `skip` on, moved to the CPU.
-std::vector<data::Batch> collect(data::Loader& loader, int64_t epoch, int64_t skip = 0) {
-  loader.start_epoch(epoch, skip);
-  std::vector<data::Batch> out;
-  while (auto b = loader.next()) {
-    b->input = b->input.cpu();
-    b->target = b->target.cpu();
-    out.push_back(std::move(*b));
-  }
-  return out;
-}
-
-void expect_same_batches(const std::vector<data::Batch>& a, const std::vector<data::Batch>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(torch::equal(a[i].input, b[i].input)) << "batch " << i;
-    EXPECT_TRUE(torch::equal(a[i].target, b[i].target)) << "batch " << i;
-    EXPECT_TRUE(torch::equal(a[i].index, b[i].index)) << "batch " << i;
-    EXPECT_EQ(a[i].epoch, b[i].epoch);
-  }
 }
 
 // The constructor throws ember::Error whose message contains `expected`.
