@@ -1,6 +1,6 @@
 # Third-party dependencies besides LibTorch. All are Debian packages; all but
-# zlib and the optional OpenCV and protobuf are header-only, so a source checkout can carry them to machines
-# without apt (see tools/ember device-check).
+# zlib and the optional OpenCV are header-only, so a source checkout can carry
+# them to machines without apt (see tools/ember device-pack).
 
 # fmt, header-only. LibTorch's wheel ships its own fmt headers in its include
 # directory, which comes before /usr/include on every target that links torch;
@@ -97,56 +97,5 @@ if(NOT _ember_opencv_mode STREQUAL "OFF")
   else()
     message(STATUS "[ember] OpenCV not found: ember::data::load_image_folder can only read its caches "
                    "(install libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev)")
-  endif()
-endif()
-
-# protobuf-lite + protoc and Boost.CRC (header-only), optional: TensorBoard
-# event files (ember::monitor::TensorBoardWriter). Private to the shared
-# library, so the installed package does not need them. EMBER_TENSORBOARD:
-# AUTO uses them when found, ON requires them, OFF never looks.
-# LibTorch's config has already defined protobuf::libprotobuf as an alias of
-# an empty target; FindProtobuf leaves it alone, and Ember only uses
-# protobuf::libprotobuf-lite and protoc.
-# Result: EMBER_WITH_TENSORBOARD (ON/OFF) and EMBER_BOOST_INCLUDE_DIR.
-if(DEFINED CACHE{EMBER_WITH_TENSORBOARD})
-  message(FATAL_ERROR "[ember] EMBER_WITH_TENSORBOARD is the result, not the option: configure with "
-                      "-DEMBER_TENSORBOARD=AUTO, ON or OFF (and remove EMBER_WITH_TENSORBOARD from the cache: "
-                      "-UEMBER_WITH_TENSORBOARD)")
-endif()
-set(EMBER_WITH_TENSORBOARD OFF)
-string(TOUPPER "${EMBER_TENSORBOARD}" _ember_tb_mode)
-if(_ember_tb_mode STREQUAL "AUTO")
-  set(_ember_tb_required OFF)
-elseif(EMBER_TENSORBOARD)
-  set(_ember_tb_required ON)
-else()
-  set(_ember_tb_mode OFF)
-endif()
-if(NOT _ember_tb_mode STREQUAL "OFF")
-  find_package(Protobuf QUIET)
-  find_path(EMBER_BOOST_INCLUDE_DIR boost/crc.hpp DOC "Boost headers (Debian: libboost-dev)")
-  set(_ember_tb_missing "")
-  if(NOT Protobuf_FOUND OR NOT TARGET protobuf::libprotobuf-lite)
-    list(APPEND _ember_tb_missing "libprotobuf-lite (libprotobuf-dev)")
-  endif()
-  if(NOT Protobuf_PROTOC_EXECUTABLE)
-    list(APPEND _ember_tb_missing "protoc (protobuf-compiler)")
-  endif()
-  if(NOT EMBER_BOOST_INCLUDE_DIR)
-    list(APPEND _ember_tb_missing "boost/crc.hpp (libboost-dev)")
-  endif()
-  if(NOT _ember_tb_missing)
-    set(EMBER_WITH_TENSORBOARD ON)
-    message(STATUS "[ember] TensorBoard event files: protobuf ${Protobuf_VERSION} (${Protobuf_LITE_LIBRARY}, "
-                   "${Protobuf_PROTOC_EXECUTABLE}), Boost.CRC (${EMBER_BOOST_INCLUDE_DIR})")
-  elseif(_ember_tb_required)
-    list(JOIN _ember_tb_missing ", " _ember_tb_missing)
-    message(FATAL_ERROR "[ember] EMBER_TENSORBOARD=ON but ${_ember_tb_missing} not found: install "
-                        "libprotobuf-dev protobuf-compiler libboost-dev (Debian), or configure with "
-                        "-DEMBER_TENSORBOARD=AUTO or OFF")
-  else()
-    list(JOIN _ember_tb_missing ", " _ember_tb_missing)
-    message(STATUS "[ember] TensorBoard event files disabled: ${_ember_tb_missing} not found "
-                   "(install libprotobuf-dev protobuf-compiler libboost-dev)")
   endif()
 endif()

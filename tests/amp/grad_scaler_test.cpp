@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <sstream>
+#include "cuda_test.h"
 
 namespace {
 
@@ -219,8 +220,8 @@ TEST(GradScaler, BadOptionsRaise) {
   EXPECT_THROW(GradScaler(GradScalerOptions().growth_interval(0)), ember::Error);
 }
 
-TEST(GradScaler, GradientsOnCpuAndCuda) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(GradScalerCuda, GradientsOnCpuAndCuda) {
+  EMBER_REQUIRE_CUDA();
   GradScaler s;
   torch::Tensor a = torch::zeros({2}, torch::requires_grad());
   torch::Tensor b = torch::zeros({2}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));

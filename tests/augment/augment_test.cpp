@@ -12,6 +12,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "cuda_test.h"
+
 using namespace ember::augment;
 
 namespace {
@@ -360,7 +362,7 @@ TEST(Augment, CpuRowsEqualThePerPixelCodeOfTheKernel) {
 // ---- GPU == CPU ------------------------------------------------------------
 
 TEST(AugmentCuda, KernelEqualsTheCpuReferenceBitForBit) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  EMBER_REQUIRE_CUDA();
   const torch::Tensor x = images(37, 29, 41, 3, 14);
   const torch::Tensor gray = images(9, 20, 20, 1, 15);
   const std::vector<AugmentOptions> cases = {
@@ -408,7 +410,7 @@ TEST(AugmentCuda, KernelEqualsTheCpuReferenceBitForBit) {
 }
 
 TEST(AugmentCuda, RunsOnTheCurrentStreamAndSplitsHugeBatches) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  EMBER_REQUIRE_CUDA();
   // More samples than one grid's z extent (65535).
   const int64_t n = 70000;
   const torch::Tensor x = images(n, 2, 3, 3, 18);

@@ -4,6 +4,7 @@
 #include <ember/core/error.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include "cuda_test.h"
 
 using namespace ember::augment;
 
@@ -113,7 +114,7 @@ TEST(Mix, BadInputIsAClearError) {
 }
 
 TEST(MixCuda, DeviceMixEqualsCpu) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  EMBER_REQUIRE_CUDA();
   const torch::Tensor x = batch(16, 3, 8, 8, 6);
   const torch::Tensor y = torch::arange(16, torch::kInt64) % 10;
   const MixOptions o = MixOptions().mixup_alpha(0.4).cutmix_alpha(1.0).label_smoothing(0.1);

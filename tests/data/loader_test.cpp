@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "batches.h"
+#include "cuda_test.h"
 
 using namespace ember;
 
@@ -253,8 +254,8 @@ TEST(TensorLoader, ResidentRejectsAHostTransform) {
   EXPECT_TRUE(torch::equal(batch->input.select(1, 0), batch->target * 3));
 }
 
-TEST(TensorLoader, CudaResidentMatchesTheCpuLoader) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(TensorLoaderCuda, ResidentMatchesTheCpuLoader) {
+  EMBER_REQUIRE_CUDA();
   const auto opts = data::TensorLoaderOptions().set_batch_size(32).set_seed(4);
   data::TensorLoader cpu(images(1000), opts);
   data::TensorLoader gpu(images(1000), data::TensorLoaderOptions(opts)
@@ -274,8 +275,8 @@ TEST(TensorLoader, CudaResidentMatchesTheCpuLoader) {
   expect_same_batches(collect(cpu, 6, 17), collect(gpu, 6, 17));
 }
 
-TEST(TensorLoader, CudaPrefetchDeliversCorrectBatches) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(TensorLoaderCuda, PrefetchDeliversCorrectBatches) {
+  EMBER_REQUIRE_CUDA();
   const auto opts = data::TensorLoaderOptions().set_batch_size(256).set_seed(11);
   data::TensorLoader cpu(images(2000, 32), opts);
   data::TensorLoader gpu(images(2000, 32),
@@ -308,8 +309,8 @@ TEST(TensorLoader, CudaPrefetchDeliversCorrectBatches) {
   expect_same_batches(collect(cpu, 4, 5), collect(gpu, 4, 5));  // resumed
 }
 
-TEST(TensorLoader, CudaPrefetchOrdersCopiesAgainstANonDefaultStream) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(TensorLoaderCuda, PrefetchOrdersCopiesAgainstANonDefaultStream) {
+  EMBER_REQUIRE_CUDA();
   const auto opts = data::TensorLoaderOptions().set_batch_size(100).set_seed(2);
   data::TensorLoader cpu(images(1500), opts);
   data::TensorLoader gpu(images(1500),
@@ -319,8 +320,8 @@ TEST(TensorLoader, CudaPrefetchOrdersCopiesAgainstANonDefaultStream) {
   expect_same_batches(collect(cpu, 1), collect(gpu, 1));
 }
 
-TEST(TensorLoader, DeviceTransformRunsOnTheGpu) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(TensorLoaderCuda, DeviceTransformRunsOnTheGpu) {
+  EMBER_REQUIRE_CUDA();
   const auto normalize = [](data::Batch b) {
     // Exact on both devices (x / 255 is computed as x * (1 / 255) on CUDA, not on the CPU).
     b.input = b.input.to(torch::kFloat32).mul(0.5).permute({0, 3, 1, 2}).contiguous();

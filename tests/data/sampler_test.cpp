@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "batches.h"
+#include "cuda_test.h"
 
 using namespace ember;
 
@@ -338,8 +339,8 @@ TEST(DistributedSampler, RejectsBadOptions) {
   EXPECT_EQ(drain(tiny, 0), std::vector<int64_t>{0});
 }
 
-TEST(DistributedSampler, ResidentOnCudaServesTheShard) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(DistributedSamplerCuda, ResidentServesTheShard) {
+  EMBER_REQUIRE_CUDA();
   for (int64_t rank = 0; rank < 3; ++rank) {
     const auto opts = sharded(3, rank).set_batch_size(8);
     data::TensorLoader host(numbered(100), opts);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../train/test_task.h"
+#include "cuda_test.h"
 
 namespace ember {
 namespace {
@@ -169,7 +170,7 @@ TEST(StepTimer, HostClockSumsPhasesAndCountsSteps) {
 
 #if EMBER_WITH_CUDA
 TEST(StepTimerCuda, EventsAreReadWithoutBlockingTheHost) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  EMBER_REQUIRE_CUDA();
   const torch::Device cuda(torch::kCUDA, 0);
   monitor::StepTimer timer(cuda);
   ASSERT_TRUE(timer.uses_device_events());

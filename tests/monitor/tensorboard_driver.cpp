@@ -27,10 +27,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
     return 2;
   }
-  if (!TensorBoardWriter::available()) {
-    std::printf("Ember was built without TensorBoard support\n");
-    return 77;
-  }
   const std::string out = argv[1];
   std::ostringstream scalars, histograms;
   scalars << std::setprecision(17);

@@ -14,6 +14,7 @@
 #include "ember/amp/grad_scaler.h"
 #include "ember/core/error.h"
 #include "prune/models.h"
+#include "cuda_test.h"
 
 namespace ember::prune {
 namespace {
@@ -306,7 +307,7 @@ TEST(Pruner, PrunedSequentialPrintsAndClones) {
 }
 
 TEST(PrunerCuda, PruningOnTheGpuMatchesTheCpu) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  EMBER_REQUIRE_CUDA();
   torch::manual_seed(12);
   ResidualNet cpu, gpu;
   test::randomize_norms(*cpu);

@@ -1,6 +1,7 @@
 #include <ember/train/accuracy.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#include "cuda_test.h"
 
 using ember::train::count_correct;
 using ember::train::count_correct_reference;
@@ -19,8 +20,8 @@ TEST(CountCorrect, RejectsBadShapes) {
   EXPECT_THROW(count_correct(torch::zeros({4, 3}), torch::zeros({4})), std::exception);
 }
 
-TEST(CountCorrect, CudaKernelEqualsCpuReference) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(CountCorrectCuda, KernelEqualsCpuReference) {
+  EMBER_REQUIRE_CUDA();
   torch::manual_seed(0);
   for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16}) {
     for (int64_t cols : {1, 3, 10, 31, 32, 33, 1000}) {

@@ -10,6 +10,7 @@
 #endif
 
 #include "train/test_task.h"
+#include "cuda_test.h"
 
 using namespace ember;
 using test_util::BlobTask;
@@ -216,8 +217,8 @@ int64_t count_host_syncs(const std::string& precision, int64_t* steps) {
 }
 }  // namespace
 
-TEST(Precision, HostSyncsPerStepOnCuda) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(PrecisionCuda, HostSyncsPerStep) {
+  EMBER_REQUIRE_CUDA();
   int64_t steps = 0;
   const int64_t bf16 = count_host_syncs("bf16-mixed", &steps);
   const int64_t fp16 = count_host_syncs("fp16-mixed", &steps);

@@ -139,9 +139,8 @@ int main(int argc, char** argv) {
     std::fclose(devnull);
     std::printf("own time = host time inside the monitoring callbacks' hooks / training time (no noise from\n"
                 "other rounds; on a GPU it includes waiting at the one sync per logging interval)\n");
-    std::printf("monitoring overhead: FashionNet, batch %lld, %lld steps per fit, %s%s, %s, median of %lld rounds\n",
+    std::printf("monitoring overhead: FashionNet, batch %lld, %lld steps per fit, %s, %s, median of %lld rounds\n",
                 static_cast<long long>(batch_size), static_cast<long long>(steps), core::describe_device(device).c_str(),
-                monitor::TensorBoardWriter::available() ? "" : " (no TensorBoard support in this build)",
                 precision.c_str(), static_cast<long long>(rounds));
     std::printf("%-36s %12s %10s %10s %18s %14s\n", "setting", "samples/s", "vs off", "overhead", "rounds' range",
                 "own time");

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "ember/augment/param.h"
-#include "ember/augment/philox.h"  // EMBER_HOST_DEVICE
+#include "ember/core/host_device.h"
 
 namespace ember::augment::detail {
 

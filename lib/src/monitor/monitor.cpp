@@ -190,14 +190,8 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
           std::vector<std::string>{"loss", "accuracy", "seconds", "samples", "skipped_steps"}, fit_start_));
     }
     if (options_.tensorboard) {
-      if (TensorBoardWriter::available()) {
-        tensorboard_ = std::make_shared<TensorBoardWriter>(options_.run_dir + "/tensorboard");
-        writers_.push_back(std::make_shared<TensorBoardScalars>(tensorboard_));
-      } else {
-        std::fprintf(options_.stream,
-                     "monitor: note: this Ember was built without TensorBoard support (protobuf not found): "
-                     "metrics go to metrics.jsonl and CSV only\n");
-      }
+      tensorboard_ = std::make_shared<TensorBoardWriter>(options_.run_dir + "/tensorboard");
+      writers_.push_back(std::make_shared<TensorBoardScalars>(tensorboard_));
     }
   }
   for (auto& w : extra_writers_) writers_.push_back(w);

@@ -1,6 +1,5 @@
-// TensorBoardWriter: file handling and histograms here (LibTorch side); the
-// protobuf encoding and record framing in tensorboard_record.cpp, compiled
-// apart from LibTorch's headers (see tensorboard_record.h).
+// TensorBoardWriter: file handling and histograms here; the protobuf wire
+// encoding and the record framing in tensorboard_record.cpp.
 #include "ember/monitor/tensorboard.h"
 
 #include <fcntl.h>
@@ -19,14 +18,9 @@
 #include "core/check.h"
 #include "ember/core/error.h"
 #include "ember/core/file.h"
-#include "ember/version.h"
-#if EMBER_WITH_TENSORBOARD
 #include "monitor/tensorboard_record.h"
-#endif
 
 namespace ember::monitor {
-
-#if EMBER_WITH_TENSORBOARD
 
 namespace {
 
@@ -128,10 +122,6 @@ struct TensorBoardWriter::Impl {
     return edges;
   }
 };
-
-bool TensorBoardWriter::available() {
-  return true;
-}
 
 TensorBoardWriter::TensorBoardWriter(const std::string& log_dir, TensorBoardOptions options)
     : impl_(std::make_unique<Impl>()) {
@@ -259,45 +249,5 @@ void TensorBoardWriter::flush() {
 const std::string& TensorBoardWriter::path() const {
   return impl_->path;
 }
-
-#else  // !EMBER_WITH_TENSORBOARD
-
-struct TensorBoardWriter::Impl {
-  std::string path;
-};
-
-namespace {
-[[noreturn]] void no_support() {
-  ember::detail::fail(
-      "[monitor::TensorBoardWriter] Ember was built without TensorBoard support: install protobuf and "
-      "Boost (Debian: apt-get install libprotobuf-dev protobuf-compiler libboost-dev), then reconfigure "
-      "with -DEMBER_TENSORBOARD=ON (or AUTO) and rebuild");
-}
-}  // namespace
-
-bool TensorBoardWriter::available() {
-  return false;
-}
-TensorBoardWriter::TensorBoardWriter(const std::string&, TensorBoardOptions) {
-  no_support();
-}
-TensorBoardWriter::~TensorBoardWriter() = default;
-void TensorBoardWriter::add_scalar(const std::string&, double, int64_t) {
-  no_support();
-}
-void TensorBoardWriter::add_scalar(const std::string&, double, int64_t, double) {
-  no_support();
-}
-void TensorBoardWriter::add_histogram(const std::string&, const torch::Tensor&, int64_t) {
-  no_support();
-}
-void TensorBoardWriter::flush() {
-  no_support();
-}
-const std::string& TensorBoardWriter::path() const {
-  no_support();
-}
-
-#endif  // EMBER_WITH_TENSORBOARD
 
 }  // namespace ember::monitor

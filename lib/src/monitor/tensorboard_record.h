@@ -1,9 +1,10 @@
 #pragma once
-// TensorBoard event records, serialized: the only part of Ember that sees
-// protobuf. It is compiled apart from LibTorch on purpose: LibTorch's wheel
-// ships protobuf 3.13 headers in its include directory, which would shadow the
-// system protobuf that tensorboard_event.pb.h was generated for. This header
-// is plain C++, so tensorboard.cpp (which needs LibTorch) can include it.
+// TensorBoard event records, serialized: the protobuf wire encoding of the
+// three messages Ember writes (Event, Summary.Value, HistogramProto) and the
+// TFRecord framing of an event file. Written by hand, so Ember needs neither
+// protobuf nor protoc: the messages are small and fixed, and their field
+// numbers and wire types (TensorBoard's event.proto, summary.proto and
+// histogram.proto, listed in tensorboard_record.cpp) are all the format has.
 //
 // A record of an event file (TFRecord framing, little endian):
 //   uint64 length | uint32 masked_crc32c(length bytes) | payload | uint32 masked_crc32c(payload)
@@ -13,21 +14,17 @@
 #include <string>
 #include <vector>
 
-// Exported from libember.so although tensorboard_record.cpp is compiled with
-// hidden visibility (tensorboard.cpp and the tests call these).
-#define EMBER_RECORD_API __attribute__((visibility("default")))
-
 namespace ember::monitor::detail {
 
 /// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `size` bytes.
-EMBER_RECORD_API uint32_t crc32c(const void* data, size_t size);
+uint32_t crc32c(const void* data, size_t size);
 
 /// TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2^32),
 /// of crc32c(data, size).
-EMBER_RECORD_API uint32_t masked_crc32c(const void* data, size_t size);
+uint32_t masked_crc32c(const void* data, size_t size);
 
 /// Appends one framed record holding `payload` to `out`.
-EMBER_RECORD_API void append_record(std::string& out, const std::string& payload);
+void append_record(std::string& out, const std::string& payload);
 
 /// A histogram in TensorBoard's HistogramProto form.
 struct Histogram {
@@ -41,14 +38,13 @@ struct Histogram {
 };
 
 /// Serialized Event{wall_time, file_version}: the first record of every file.
-EMBER_RECORD_API std::string file_version_event(const std::string& version, double wall_time);
+std::string file_version_event(const std::string& version, double wall_time);
 
 /// Serialized Event{wall_time, step, Summary{Value{tag, simple_value}}}.
-EMBER_RECORD_API std::string scalar_event(const std::string& tag, float value, int64_t step,
-                                          double wall_time);
+std::string scalar_event(const std::string& tag, float value, int64_t step, double wall_time);
 
 /// Serialized Event{wall_time, step, Summary{Value{tag, histo}}}.
-EMBER_RECORD_API std::string histogram_event(const std::string& tag, const Histogram& histogram, int64_t step,
-                                             double wall_time);
+std::string histogram_event(const std::string& tag, const Histogram& histogram, int64_t step,
+                            double wall_time);
 
 }  // namespace ember::monitor::detail

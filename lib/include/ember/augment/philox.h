@@ -11,11 +11,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define EMBER_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define EMBER_HOST_DEVICE inline
-#endif
+#include "ember/core/host_device.h"
 
 namespace ember::augment {
 

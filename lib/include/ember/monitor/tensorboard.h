@@ -8,9 +8,8 @@
 //   tb.add_scalar("train/loss", loss.item<double>(), step);
 //   tb.add_histogram("weights/fc1", fc1->weight, step);
 //
-// Needs Ember built with TensorBoard support (protobuf-lite and Boost.CRC;
-// EMBER_WITH_TENSORBOARD in ember/version.h); without it,
-// TensorBoardWriter::available() is false and the constructor throws.
+// No dependency beyond LibTorch: Ember encodes the few protobuf messages of an
+// event file itself.
 
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -42,15 +41,11 @@ struct TensorBoardOptions {
 /// only print its error to stderr: call flush() last to get it as an exception.
 class TensorBoardWriter {
  public:
-  /// True when Ember was built with TensorBoard support (protobuf found).
-  static bool available();
-
   /// Creates `log_dir` and its parents and the file
   ///   <log_dir>/events.out.tfevents.<unix seconds, 10 digits>.<hostname>.<pid>.<n><suffix>
   /// with n = 0, or the next free number if that name exists (never
   /// overwrites), and writes its first event, file_version "brain.Event:2".
-  /// Throws ember::Error when the folder or file cannot be created, or when
-  /// Ember was built without TensorBoard support (naming the packages to install).
+  /// Throws ember::Error when the folder or file cannot be created.
   explicit TensorBoardWriter(const std::string& log_dir, TensorBoardOptions options = {});
   /// Flushes (errors go to stderr) and closes the file.
   ~TensorBoardWriter();

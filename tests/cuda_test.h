@@ -1,0 +1,25 @@
+#pragma once
+// GPU test cases. Each lives in a test suite whose name ends in "Cuda" (the
+// device check selects them with --gtest_filter='*Cuda.*') and begins with
+// EMBER_REQUIRE_CUDA(): skipped without a CUDA device, and a failure, on any
+// machine, when its suite is misnamed (the device check would not run it).
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <string>
+
+namespace ember::test {
+
+inline bool in_cuda_suite() {
+  const std::string suite = ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name();
+  return suite.size() >= 4 && suite.compare(suite.size() - 4, 4, "Cuda") == 0;
+}
+
+}  // namespace ember::test
+
+#define EMBER_REQUIRE_CUDA()                                                                           \
+  do {                                                                                                 \
+    ASSERT_TRUE(::ember::test::in_cuda_suite())                                                        \
+        << "a test that needs CUDA belongs in a suite named *Cuda (the device check selects them so)"; \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";                                \
+  } while (0)

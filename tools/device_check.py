@@ -1,0 +1,909 @@
+#!/usr/bin/env python3
+"""Ember's GPU check: the checks that need a GPU, most important first, under a time budget.
+
+    tools/ember device-check [--budget SECONDS] [--tier N ...] [--binaries DIR] [--out DIR]
+
+Made for a lent GPU machine that has python3 with a CUDA torch but no Debian
+packages, and a loan of minutes: it runs from the prebuilt binaries that
+`tools/ember device-pack` put in .device/ when that machine's torch matches
+the one they were built against (same version, same CUDA major), and builds
+them there otherwise, saying which it did and why.
+
+Rows run in a fixed priority order, tier by tier:
+  tier 1, correctness: every GPU test case, compute-sanitizer memcheck and
+          racecheck on the augmentation and count_correct kernels, the
+          augmentation operators from Python, a short fashion_mnist run per
+          precision mode (with its telemetry), a profiler trace, NCCL with one rank;
+  tier 2, speed: the mixed-precision GPT bench at H200 size (speed-up, MFU), the
+          augmentation kernel's bandwidth against the copy bandwidth, the
+          monitoring overhead, the pruned ResNet's step times, char_gpt's GPU config;
+  tier 3, accuracies that take minutes.
+The default runs tiers 1 and 2 with a budget that fits one 9-minute command.
+Before each row it compares the row's expected seconds on an H200 with the time
+left and reports `not run (budget)` instead of starting what would not finish;
+a row that runs over is stopped at the budget.
+
+Results: each row is appended, as soon as it is known, to OUT/device_check.txt
+(the table) and OUT/device_check.jsonl (one JSON object per row: name, tier,
+status, detail, numbers, seconds); every log goes into OUT/logs.tar.gz,
+rewritten after each row and on interruption (SIGTERM, SIGINT). Nothing else
+is written to OUT ($OUT, else /tmp/ember-device-out). Scratch files live in
+--work (default /tmp/ember-device-check).
+
+Without a GPU it stops, unless EMBER_DEVICE_ALLOW_CPU=1: then the GPU rows are
+reported as skipped (the GPU test cases skip themselves) and the CPU rows run,
+which is how CI keeps this script alive.
+
+Needs only the standard library; torch is imported in child processes (the
+python given by EMBER_DEVICE_PYTHON, default this interpreter).
+"""
+import argparse
+import datetime
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACK = ROOT / ".device"
+RESULT_FILES = ("device_check.txt", "device_check.jsonl", "logs.tar.gz")
+DEFAULT_BUDGET = 520  # tiers 1 + 2 inside a 540 s command, with time for start-up and the tarball
+MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
+# Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
+RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
+BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
+           "ember_bench_ddp")
+TESTS = ("ember_tests", "ember_ddp_worker")
+# The GPU test cases that compute-sanitizer runs: the two custom kernels.
+SANITIZED = "AugmentCuda.*:CountCorrectCuda.*"
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGINT arrived."""
+
+
+class StepTimeout(Exception):
+    """A command ran past the time the budget left it."""
+
+
+def on_signal(signum, _frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def short(text, n=200):
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+class Results:
+    """The table and the JSON lines, appended row by row."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.rows = []
+        self.txt = out / "device_check.txt"
+        self.jsonl = out / "device_check.jsonl"
+
+    def add(self, name, status, detail="", numbers=None, seconds=0.0, tier=0, block=None, gpu=False):
+        row = {"name": name, "tier": tier, "gpu": gpu, "status": status, "detail": detail, "numbers": numbers or {},
+               "seconds": round(seconds, 1)}
+        self.rows.append(row)
+        line = f"{name:<60} {status:<17} {seconds:6.1f}s  {detail}"
+        text = line + "\n" + "".join(f"    | {b}\n" for b in (block or "").splitlines())
+        with open(self.txt, "a") as f:
+            f.write(text)
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(text, end="", flush=True)
+
+
+class Check:
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out)
+        self.work = Path(args.work)
+        self.logs = self.work / "logs"
+        self.python = args.python
+        self.start = time.monotonic()
+        self.deadline = self.start + args.budget
+        self.results = Results(self.out)
+        self.tier = 0
+        self.env = dict(os.environ)
+        self.bins = None  # the binaries' folder (build-tree layout)
+        self.gpu = False
+        self.info = {}
+        self.data = None  # Fashion-MNIST folder
+        self.text = None  # char_gpt's corpus
+        self.current = None  # the step running now
+        self.manifest = {}
+        self.load_problem = None  # unloadable()'s answer
+
+    # ---- time and processes ------------------------------------------------
+
+    def left(self):
+        return self.deadline - time.monotonic()
+
+    def report(self, name, status, detail="", numbers=None, seconds=0.0, block=None, gpu=None):
+        """One row; `gpu` (whether it needs a GPU) defaults to its step's."""
+        if gpu is None:
+            gpu = bool(self.current and self.current["gpu"])
+        self.results.add(name, status, detail, numbers, seconds, self.tier, block, gpu)
+
+    def run(self, cmd, log, limit=None, env=None, cwd=None, budgeted=True):
+        """Runs cmd (output to logs/<log>), stopped at `limit` seconds or, when
+        `budgeted` (rows; not the set-up), at the budget. Returns (exit status, output)."""
+        if budgeted:
+            limit = self.left() if limit is None else min(limit, self.left())
+        if limit <= 0:
+            raise StepTimeout("no time left")
+        path = self.logs / log
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as f:
+            f.write(f"$ {' '.join(map(str, cmd))}\n".encode())
+            f.flush()
+            proc = subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT,
+                                    env=env or self.env, cwd=cwd, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                self.kill(proc)
+                f.write(f"\n[device-check] stopped after {limit:.0f} s\n".encode())
+                raise StepTimeout(f"stopped after {limit:.0f} s")
+            except BaseException:
+                self.kill(proc)
+                raise
+        return rc, path.read_text(errors="replace")
+
+    @staticmethod
+    def kill(proc):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+
+    # ---- the tarball -------------------------------------------------------
+
+    def write_logs(self):
+        """OUT/logs.tar.gz from the logs folder; each file's last MAX_LOG_BYTES."""
+        tmp = self.out / "logs.tar.gz.part"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for path in sorted(self.logs.rglob("*")) if self.logs.exists() else []:
+                if not path.is_file():
+                    continue
+                data = path.read_bytes()
+                if len(data) > MAX_LOG_BYTES:
+                    data = b"[... cut ...]\n" + data[-MAX_LOG_BYTES:]
+                info = tarfile.TarInfo(str(Path("logs") / path.relative_to(self.logs)))
+                info.size = len(data)
+                info.mtime = int(path.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, self.out / "logs.tar.gz")
+
+    # ---- environment -------------------------------------------------------
+
+    def describe_machine(self):
+        code = r"""
+import json, os, platform, site, sys, glob, torch
+lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+roots = {os.path.dirname(os.path.dirname(torch.__file__))} | set(site.getsitepackages())
+nvidia = sorted({d for r in roots for d in glob.glob(os.path.join(r, "nvidia", "*", "lib"))})
+d = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+     "torch_lib": lib, "nvidia_libs": nvidia, "gpu": torch.cuda.is_available(),
+     "cmake_prefix": torch.utils.cmake_prefix_path}
+if d["gpu"]:
+    p = torch.cuda.get_device_properties(0)
+    d.update(gpu_name=p.name, gpu_mem_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}",
+             sms=p.multi_processor_count, gpus=torch.cuda.device_count())
+print("INFO " + json.dumps(d))
+"""
+        rc, out = self.run([self.python, "-c", code], "machine.log", 120, budgeted=False)
+        line = [x for x in out.splitlines() if x.startswith("INFO ")]
+        if rc != 0 or not line:
+            raise RuntimeError(f"{self.python} cannot import torch: {short(out[-400:])}")
+        self.info = json.loads(line[-1][5:])
+        i = self.info
+        self.report("torch", "info", f"{i['torch']} (CUDA {i['cuda']}), python {i['python']} ({self.python})")
+        if i["gpu"]:
+            smi = shutil.which("nvidia-smi")
+            driver = ""
+            if smi:
+                rc, out = self.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], "nvidia-smi.log", 30,
+                                   budgeted=False)
+                driver = f", driver {out.splitlines()[-1].strip()}" if rc == 0 else ""
+            self.gpu = True
+            self.report("gpu", "info", f"{i['gpu_name']}, {i['gpu_mem_gib']} GiB, sm_{i['capability'].replace('.', '')}"
+                        f", {i['sms']} SMs, {i['gpus']} GPU(s){driver}", numbers={"capability": i["capability"]})
+        elif os.environ.get("EMBER_DEVICE_ALLOW_CPU") == "1":
+            self.report("gpu", "info", "none: EMBER_DEVICE_ALLOW_CPU=1, GPU rows are skipped")
+        else:
+            self.report("gpu", "FAIL", "torch sees no CUDA device (EMBER_DEVICE_ALLOW_CPU=1 runs the CPU rows only)")
+            return False
+        paths = [i["torch_lib"], *i["nvidia_libs"]]
+        self.env["LD_LIBRARY_PATH"] = ":".join(paths + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p])
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        return True
+
+    def find_binaries(self):
+        """Sets self.bins: --binaries, the pack when it matches this torch, else a build here."""
+        if self.args.binaries:
+            self.bins = Path(self.args.binaries).resolve()
+            if not (self.bins / "tests" / "ember_tests").exists():
+                self.report("binaries", "FAIL", f"{self.bins} is not a build tree of Ember (no tests/ember_tests)")
+                return False
+            self.add_lib_path()
+            self.report("binaries", "info", f"build tree {self.bins} (--binaries)")
+            return True
+        why = self.pack_mismatch()
+        if why is None:
+            self.bins = PACK / "build"
+            self.add_lib_path()
+            bad = self.unloadable()
+            if not bad:
+                m = self.manifest
+                self.report("binaries", "info", f"prebuilt pack: built {m['built']} from {m['commit']} against torch "
+                            f"{m['torch']} (CUDA {m['cuda']}), sm_{m['cuda_archs']}; this torch matches",
+                            numbers={"mode": "prebuilt"})
+                return True
+            why = f"the prebuilt binaries do not load here ({bad})"
+        self.report("binaries", "info", f"building here: {why}", numbers={"mode": "build"})
+        return self.build_here()
+
+    def pack_mismatch(self):
+        """None when the pack fits this machine, else why not."""
+        mf = PACK / "manifest.json"
+        if not mf.exists() or not (PACK / "build" / "tests" / "ember_tests").exists():
+            return "no prebuilt pack in .device/ (tools/ember device-pack makes one)"
+        self.manifest = m = json.loads(mf.read_text())
+        here_v, here_cuda = self.info["torch"].split("+")[0], (self.info["cuda"] or "none").split(".")[0]
+        pack_v, pack_cuda = m["torch"].split("+")[0], str(m["cuda"]).split(".")[0]
+        if (here_v, here_cuda) != (pack_v, pack_cuda):
+            return f"pack built for torch {pack_v} CUDA {pack_cuda}, this machine has torch {here_v} CUDA {here_cuda}"
+        cap = self.info.get("capability")
+        if cap and cap.replace(".", "") not in str(m["cuda_archs"]).split(";"):
+            return f"pack compiled for sm_{m['cuda_archs']}, this GPU is sm_{cap.replace('.', '')}"
+        return None
+
+    def add_lib_path(self):
+        self.env["LD_LIBRARY_PATH"] = f"{self.bins / 'lib'}:{self.env.get('LD_LIBRARY_PATH', '')}"
+
+    def executables(self):
+        return ([self.bins / "bin" / r for r in RECIPES] + [self.bins / "bin" / b for b in BENCHES] +
+                [self.bins / "tests" / t for t in TESTS])
+
+    def unloadable(self):
+        """'' when every executable finds its libraries, else what is missing (checked once)."""
+        if self.load_problem is None:
+            self.load_problem = self.find_unloadable()
+        return self.load_problem
+
+    def find_unloadable(self):
+        ldd = shutil.which("ldd")
+        missing = []
+        for exe in self.executables():
+            if not exe.exists():
+                missing.append(f"{exe.name} absent")
+                continue
+            if ldd:
+                rc, out = self.run([ldd, exe], "ldd.log", 60, budgeted=False)
+                missing += [f"{exe.name}: {l.split()[0]}" for l in out.splitlines() if "not found" in l]
+                if rc != 0 and "not a dynamic" not in out:
+                    missing.append(f"{exe.name}: ldd exit {rc}")
+        if not missing:
+            rc, out = self.run([self.bins / "tests" / "ember_tests", "--gtest_list_tests"], "load.log", 120,
+                               budgeted=False)
+            if rc != 0:
+                missing.append(short(out.splitlines()[-1] if out.strip() else f"exit {rc}"))
+        return "; ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
+
+    def build_here(self):
+        """Configures and builds the rows' targets against this machine's torch."""
+        est = 420
+        self.tier = 0
+        if self.left() < est:
+            self.report("build", "not run (budget)", f"a build takes ~{est} s; {self.left():.0f} s left")
+            return False
+        build = self.work / "build"
+        inc = PACK / "include"
+        cap = (self.info.get("capability") or "9.0").replace(".", "")
+        args = ["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
+                f"-DCMAKE_PREFIX_PATH={self.info['cmake_prefix']}", f"-DEMBER_PYTHON={self.python}",
+                f"-DEMBER_CUDA_ARCHITECTURES={cap}", "-DEMBER_OPENCV=OFF", "-DCMAKE_SKIP_RPATH=ON"]
+        if shutil.which("ninja"):
+            args += ["-G", "Ninja"]
+        nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else "")
+        if nvcc:
+            args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
+        if (PACK / "googletest").is_dir():
+            args.append(f"-DEMBER_GTEST_SOURCE_DIR={PACK / 'googletest'}")
+        if inc.is_dir():
+            args += [f"-DEMBER_TOMLPP_INCLUDE_DIR={inc}", f"-DEMBER_NLOHMANN_INCLUDE_DIR={inc}",
+                     f"-DZLIB_INCLUDE_DIR={inc}"]
+        libz = next((p for p in ("/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1",
+                                 "/usr/lib64/libz.so.1") if os.path.exists(p)), None)
+        if libz:
+            args.append(f"-DZLIB_LIBRARY={libz}")
+        t0 = time.monotonic()
+        try:
+            rc, out = self.run(args, "build.log")
+            if rc == 0:
+                targets = [*RECIPES, *BENCHES, *TESTS]
+                rc, out = self.run(["cmake", "--build", build, "-j", str(os.cpu_count() or 4), "--target", *targets],
+                                   "build.log")
+        except StepTimeout as e:
+            self.report("build", "timeout", str(e), seconds=time.monotonic() - t0)
+            return False
+        if rc != 0:
+            err = [l for l in out.splitlines() if "error" in l.lower()]
+            self.report("build", "FAIL", short(err[0] if err else out[-300:]), seconds=time.monotonic() - t0)
+            return False
+        self.bins = build
+        self.load_problem = None
+        self.add_lib_path()
+        self.report("build", "ok", f"built against torch {self.info['torch']} for sm_{cap} in {build}",
+                    seconds=time.monotonic() - t0)
+        return True
+
+    def find_data(self):
+        for d in [self.args.data, PACK / "data" / "fashion-mnist", "/usr/share/datasets/fashion-mnist"]:
+            if d and (Path(d) / "train-images-idx3-ubyte.gz").exists():
+                self.data = Path(d)
+                break
+        for t in [PACK / "data" / "fortunes", "/usr/share/games/fortunes"]:
+            if Path(t).is_dir():
+                self.text = Path(t)
+                break
+
+    # ---- helpers for rows --------------------------------------------------
+
+    def exe(self, name):
+        for sub in ("bin", "tests"):
+            if (self.bins / sub / name).exists():
+                return self.bins / sub / name
+        raise RuntimeError(f"{name} is not in {self.bins}")
+
+    def recipe(self, name, log, args, limit=None):
+        """Runs a recipe; returns (exit status, the key=value pairs of its last lines, output)."""
+        rc, out = self.run([self.exe(name), *args, "trainer.progress=false"], log, limit)
+        values = {}
+        for line in out.splitlines():  # the result line: key=value ... summary=PATH
+            if re.fullmatch(r"[a-z_]+=\S+( [a-z_]+=\S+)*", line.strip()) and " summary=" in line:
+                values = {k: float(v) for k, v in re.findall(r"([a-z_]+)=([-+]?(?:[0-9.]+(?:e[-+]?\d+)?|nan|inf))(?=\s|$)",
+                                                             line)}
+        return rc, values, out
+
+    def runs_dir(self, name):
+        d = self.work / "runs" / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.parent.mkdir(parents=True, exist_ok=True)
+        return d
+
+
+# ---- the rows -----------------------------------------------------------------
+# Each step reports one or more rows. `estimate` is its expected seconds on an
+# H200 (calibrate them from device_check.jsonl's `seconds`); `gpu` steps are
+# skipped without a GPU.
+
+STEPS = []
+
+
+def step(name, tier, estimate, gpu=True, rows=None):
+    def register(fn):
+        STEPS.append({"name": name, "tier": tier, "estimate": estimate, "gpu": gpu, "fn": fn,
+                      "rows": rows or [name]})
+        return fn
+    return register
+
+
+def first_failure(out):
+    lines = out.splitlines()
+    for i, l in enumerate(lines):
+        if "Failure" in l or "error:" in l.lower() or "Error" in l:
+            return short(" ".join(lines[i:i + 3]))
+    return short(lines[-1] if lines else "no output")
+
+
+@step("binaries load (every library found)", 1, 5, gpu=False)
+def load_check(c: Check):
+    t0 = time.monotonic()
+    bad = c.unloadable()
+    n = sum(1 for e in c.executables() if e.exists())
+    c.report("binaries load (every library found)", "FAIL" if bad else "ok", bad or f"{n} executables, "
+             f"LD_LIBRARY_PATH = binaries, torch/lib and the wheel's nvidia libraries", seconds=time.monotonic() - t0)
+
+
+@step("kernels, emulated launches (CPU)", 1, 10, gpu=False)
+def emulated(c: Check):
+    t0 = time.monotonic()
+    rc, out = c.run([c.exe("ember_tests"), "--gtest_filter=*Emulated.*", "--gtest_brief=1"], "gtest_emulated.log")
+    passed = re.search(r"\[  PASSED  \] (\d+) test", out)
+    c.report("kernels, emulated launches (CPU)", "ok" if rc == 0 and passed else "FAIL",
+             f"{passed.group(1)} tests: the augmentation and count_correct kernels' grid, per-block and per-thread "
+             f"code on the CPU, bit for bit with the CPU reference, each output written once" if rc == 0 and passed
+             else first_failure(out), seconds=time.monotonic() - t0)
+
+
+def gtest_cases(c: Check, filt, log, json_name):
+    """Runs the filtered cases in one process; {name: (status, detail, seconds)} and whether it finished."""
+    report = c.work / json_name
+    report.unlink(missing_ok=True)
+    rc, out = c.run([c.exe("ember_tests"), f"--gtest_filter={filt}", f"--gtest_output=json:{report}"], log)
+    cases = {}
+    if report.exists():
+        for suite in json.loads(report.read_text()).get("testsuites", []):
+            for t in suite.get("testsuite", []):
+                name = f"{suite['name']}.{t['name']}"
+                secs = float(str(t.get("time", "0")).rstrip("s") or 0)
+                if t.get("failures"):
+                    cases[name] = ("FAIL", short(t["failures"][0].get("failure", ""), 300), secs)
+                elif t.get("result") == "SKIPPED":
+                    msg = re.search(r"Skipped\s*\n?(.*)", out.split(f"[ RUN      ] {name}")[-1])
+                    cases[name] = ("skip", short(msg.group(1) if msg else "skipped", 120), secs)
+                else:
+                    cases[name] = ("ok", "", secs)
+        return cases, True
+    # No report: the process died. What finished is in the log; the rest is unknown.
+    for m in re.finditer(r"\[ +(OK|FAILED|SKIPPED) +\] (\S+) \((\d+) ms\)", out):
+        status = {"OK": "ok", "FAILED": "FAIL", "SKIPPED": "skip"}[m.group(1)]
+        cases[m.group(2)] = (status, "", int(m.group(3)) / 1e3)
+    started = re.findall(r"\[ RUN      \] (\S+)", out)
+    for name in started:
+        if name not in cases:
+            cases[name] = ("FAIL", f"the test process died in it (exit {rc}): {short(out.splitlines()[-1])}", 0.0)
+    return cases, False
+
+
+@step("gpu test cases (*Cuda.*)", 1, 45, gpu=False)
+def gpu_tests(c: Check):
+    t0 = time.monotonic()
+    rc, listing = c.run([c.exe("ember_tests"), "--gtest_filter=*Cuda.*", "--gtest_list_tests"], "gtest_cuda.log")
+    names, suite = [], None
+    for line in listing.splitlines()[1:]:
+        if not line.startswith(" ") and line.endswith("."):
+            suite = line[:-1]
+        elif line.startswith("  ") and suite:
+            names.append(f"{suite}.{line.split()[0]}")
+    if rc != 0 or not names:
+        c.report("gpu test cases (*Cuda.*)", "FAIL", f"cannot list them: {short(listing[-300:])}")
+        return
+    cases, whole = gtest_cases(c, "*Cuda.*", "gtest_cuda.log", "gtest_cuda.json")
+    # A failure can poison the CUDA context for the cases after it: run each
+    # failed or unfinished case again in a process of its own.
+    again = [n for n in names if cases.get(n, ("FAIL",))[0] == "FAIL"]
+    for n in again:
+        one, _ = gtest_cases(c, n, "gtest_cuda_rerun.log", "gtest_rerun.json")
+        status, detail, secs = one.get(n, ("FAIL", "no result", 0.0))
+        if status != "FAIL" and n in cases:
+            detail = f"passed alone; failed after others in one process: {cases[n][1]}"
+            status = "FAIL"
+        cases[n] = (status, detail, secs)
+    for n in names:
+        status, detail, secs = cases.get(n, ("FAIL", "no result", 0.0))
+        c.report(f"gpu test {n}", status, detail, seconds=secs, gpu=True)
+    counts = {s: sum(1 for n in names if cases.get(n, ("FAIL",))[0] == s) for s in ("ok", "FAIL", "skip")}
+    c.report("gpu test cases (*Cuda.*)", "FAIL" if counts["FAIL"] else ("skip" if not counts["ok"] else "ok"),
+             f"{len(names)} cases: {counts['ok']} ok, {counts['FAIL']} failed, {counts['skip']} skipped"
+             + ("" if whole else "; the process died, cases rerun alone"), numbers=counts,
+             seconds=time.monotonic() - t0)
+
+
+def sanitizer(c: Check, tool):
+    name = f"compute-sanitizer {tool} (augment, count_correct)"
+    cs = shutil.which("compute-sanitizer") or next(
+        iter(sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer") +
+                    glob.glob("/opt/nvidia/*/compute-sanitizer/compute-sanitizer"))), None)
+    if not cs:
+        c.report(name, "skip", "compute-sanitizer not found")
+        return
+    t0 = time.monotonic()
+    rc, out = c.run([cs, f"--tool={tool}", "--error-exitcode=3", "--print-limit=50", c.exe("ember_tests"),
+                     f"--gtest_filter={SANITIZED}", "--gtest_brief=1"], f"sanitizer_{tool}.log")
+    summary = re.findall(r"ERROR SUMMARY: (\d+) error", out) or re.findall(r"RACECHECK SUMMARY: (\d+) hazard", out)
+    passed = re.search(r"\[  PASSED  \] (\d+) test", out)
+    errors = int(summary[-1]) if summary else None
+    ok = rc == 0 and errors == 0 and passed
+    c.report(name, "ok" if ok else "FAIL",
+             f"{passed.group(1)} tests, 0 errors" if ok else
+             (f"{errors} errors/hazards, exit {rc}: {first_failure(out)}" if errors else f"exit {rc}: {first_failure(out)}"),
+             numbers={"errors": errors}, seconds=time.monotonic() - t0)
+
+
+@step("compute-sanitizer memcheck (augment, count_correct)", 1, 40)
+def memcheck(c: Check):
+    sanitizer(c, "memcheck")
+
+
+@step("compute-sanitizer racecheck (augment, count_correct)", 1, 50)
+def racecheck(c: Check):
+    sanitizer(c, "racecheck")
+
+
+@step("augment operators from Python (CUDA)", 1, 15)
+def python_ops(c: Check):
+    t0 = time.monotonic()
+    lib = next(f for f in (c.bins / "lib" / "libember.so", c.bins / "lib" / "libember.so.0") if f.exists())
+    rc, out = c.run([c.python, ROOT / "tests" / "augment" / "ops_test.py", lib],
+                    "python_augment_ops.log")
+    cuda = re.search(r"test_cuda_dispatch_equals_cpu .*\.\.\. (\w+)", out)
+    ran = re.search(r"Ran (\d+) test", out)
+    ok = rc == 0 and cuda and cuda.group(1) == "ok"
+    c.report("augment operators from Python (CUDA)", "ok" if ok else "FAIL",
+             f"{ran.group(1)} tests through torch.ops.ember, CUDA dispatch equals CPU" if ok else
+             f"exit {rc}; CUDA case: {cuda.group(1) if cuda else 'not run'}: {first_failure(out)}",
+             seconds=time.monotonic() - t0)
+
+
+PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
+
+
+def fashion_short(c: Check, precision):
+    name = f"fashion_mnist {precision}, 1 epoch (cuda)"
+    if not c.data:
+        c.report(name, "skip", "no Fashion-MNIST (tools/ember device-pack packs a subset)")
+        return
+    t0 = time.monotonic()
+    run = c.runs_dir(f"fashion-{precision}")
+    rc, v, out = c.recipe("fashion_mnist", f"fashion_{precision}.log",
+                          [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}",
+                           "trainer.epochs=1", "data.train_subset=10000", "data.test_subset=2000", "data.val_size=1000",
+                           "trainer.log_every=10", f"run.dir={run}"])
+    acc = v.get("test_accuracy")
+    ok = rc == 0 and acc is not None and acc > 0.7
+    c.report(name, "ok" if ok else "FAIL",
+             f"test_accuracy {acc:.4f}, {v.get('samples_per_second', 0):.0f} samples/s, skipped steps "
+             f"{v.get('skipped_steps', 0):.0f}" if ok else
+             (f"test_accuracy {acc} (want > 0.7 after one epoch on 9000 images)" if rc == 0 else
+              f"exit {rc}: {first_failure(out)}"), numbers=v, seconds=time.monotonic() - t0)
+    if precision == "bf16-mixed" and rc == 0:
+        telemetry(c, run / "metrics.jsonl")
+
+
+def telemetry(c: Check, metrics):
+    """The monitoring's GPU fields in the last step record of a cuda run."""
+    steps = [json.loads(l) for l in metrics.read_text().splitlines() if '"kind":"step"' in l.replace(" ", "")]
+    if not steps:
+        c.report("telemetry (fashion bf16, cuda)", "FAIL", f"no step records in {metrics.name}")
+        return
+    r = steps[-1]
+    want = ["step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "gpu_mem_allocated_mib",
+            "gpu_mem_peak_mib", "gpu_util", "gpu_power_w", "gpu_temp_c", "gpu_sm_clock_mhz", "mfu"]
+    missing = [k for k in want if r.get(k) is None]
+    f = lambda k, fmt: (fmt % r[k]) if r.get(k) is not None else "-"
+    detail = (f"step {f('step_ms', '%.2f')} ms (data {f('data_ms', '%.2f')} fwd {f('forward_ms', '%.2f')} bwd "
+              f"{f('backward_ms', '%.2f')} opt {f('optimizer_ms', '%.2f')}), mem {f('gpu_mem_allocated_mib', '%.0f')} MiB "
+              f"peak {f('gpu_mem_peak_mib', '%.0f')}, util {f('gpu_util', '%.0f')}%, {f('gpu_power_w', '%.0f')} W, "
+              f"{f('gpu_temp_c', '%.0f')} C, sm {f('gpu_sm_clock_mhz', '%.0f')} MHz, mfu {f('mfu', '%.4f')}")
+    c.report("telemetry (fashion bf16, cuda)", "FAIL" if missing else "ok",
+             detail + (f"; null: {', '.join(missing)}" if missing else ""), numbers={k: r.get(k) for k in want})
+
+
+for _p in PRECISIONS:
+    step(f"fashion_mnist {_p}, 1 epoch (cuda)", 1, 15,
+         rows=[f"fashion_mnist {_p}, 1 epoch (cuda)"] + (["telemetry (fashion bf16, cuda)"] if _p == "bf16-mixed" else []))(
+        lambda c, p=_p: fashion_short(c, p))
+
+
+@step("profiler trace, 3 steps (cuda)", 1, 15)
+def profiler(c: Check):
+    name = "profiler trace, 3 steps (cuda)"
+    if not c.data:
+        c.report(name, "skip", "no Fashion-MNIST")
+        return
+    t0 = time.monotonic()
+    run = c.runs_dir("profile")
+    rc, _, out = c.recipe("fashion_mnist", "profile.log",
+                          [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=1", "data.train_subset=2000",
+                           "data.test_subset=500", "data.val_size=200", "trainer.profile_steps=3", f"run.dir={run}"])
+    trace = run / "trace.json"
+    if rc != 0 or not trace.exists():
+        c.report(name, "FAIL", f"exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
+        return
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    kernels = sum(1 for e in events if e.get("cat") == "kernel")
+    ranges = sum(1 for e in events if e.get("name") == "ember::forward")
+    shutil.copy(trace, c.logs / "profile_trace.json") if trace.stat().st_size < MAX_LOG_BYTES else None
+    c.report(name, "ok" if kernels > 0 and ranges >= 3 else "FAIL",
+             f"{kernels} CUDA kernel events, {ranges} ember::forward ranges", numbers={"kernels": kernels},
+             seconds=time.monotonic() - t0)
+
+
+@step("DDP on NCCL, 1 rank (cuda)", 1, 15)
+def nccl(c: Check):
+    name = "DDP on NCCL, 1 rank (cuda)"
+    t0 = time.monotonic()
+    out_base = c.work / "nccl"
+    env = dict(c.env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29517")
+    rc, out = c.run([c.exe("ember_ddp_worker"), "--out", out_base, "--device", "cuda", "--backend", "nccl",
+                     "--force-group", "1", "--batch", "64"], "nccl.log", env=env)
+    res = Path(f"{out_base}.rank0.json")
+    got = json.loads(res.read_text()) if res.exists() else {}
+    ok = rc == 0 and got.get("backend") == "nccl" and got.get("steps", 0) > 0
+    c.report(name, "ok" if ok else "FAIL", json.dumps(got) if ok else f"exit {rc}: {first_failure(out)}",
+             numbers=got, seconds=time.monotonic() - t0)
+
+
+# ---- tier 2: speed ----------------------------------------------------------------
+
+def bench_row(c: Check, name, cmd, log, limit=None, numbers=lambda out: {}, detail=lambda n, out: ""):
+    t0 = time.monotonic()
+    rc, out = c.run(cmd, log, limit)
+    if rc != 0:
+        c.report(name, "FAIL", f"exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
+        return None
+    n = numbers(out)
+    table = "\n".join(l for l in out.splitlines() if not l.startswith(("[bench", "rep ", "$ ")))
+    c.report(name, "ok", detail(n, out), numbers=n, seconds=time.monotonic() - t0, block=table[-3000:])
+    return n
+
+
+@step("amp bench: GPT 12x768, block 1024, batch 16 (cuda)", 2, 120)
+def amp_bench(c: Check):
+    js = c.work / "amp_gpu.json"
+
+    def numbers(_):
+        rows = json.loads(js.read_text())
+        return {f"{r['precision']}{'' if r['scaler'] else ' no-scaler'}": {k: r.get(k) for k in (
+            "ember_ms", "python_ms", "speedup_vs_fp32", "mfu", "tokens_per_second")} for r in rows}
+
+    def detail(n, _):
+        b = n.get("bf16-mixed", {})
+        return (f"bf16-mixed {b.get('speedup_vs_fp32', 0):.2f}x fp32, MFU {100 * (b.get('mfu') or 0):.1f}%, "
+                f"ember/python {b.get('ember_ms', 0) / max(b.get('python_ms') or 1, 1e-9):.3f}")
+
+    bench_row(c, "amp bench: GPT 12x768, block 1024, batch 16 (cuda)",
+              [c.python, ROOT / "tools" / "bench" / "amp_step.py", "--binary", c.exe("ember_bench_amp_step"),
+               "--device", "cuda", "--models", "gpt", "--precisions", *PRECISIONS, "--gpt-layers", "12",
+               "--gpt-embd", "768", "--gpt-heads", "12", "--gpt-block", "1024", "--batch", "16", "--reps", "1",
+               "--steps", "15", "--warmup", "5", "--peak-tflops", os.environ.get("EMBER_PEAK_TFLOPS", "989"),
+               "--json", js], "amp_bench.log", numbers=numbers, detail=detail)
+
+
+@step("augment bench: kernel vs copy bandwidth (cuda)", 2, 60)
+def augment_bench(c: Check):
+    js = c.work / "augment_gpu.json"
+    bench_row(c, "augment bench: kernel vs copy bandwidth (cuda)",
+              [c.exe("ember_bench_augment"), "--device", "cuda", "--json", js], "augment_bench.log",
+              numbers=lambda _: json.loads(js.read_text()) if js.exists() else {},
+              detail=lambda n, out: short(" ".join(l for l in out.splitlines() if "copy" in l.lower())[:200]))
+
+
+@step("monitor overhead bench (cuda)", 2, 60)
+def monitor_bench(c: Check):
+    bench_row(c, "monitor overhead bench (cuda)",
+              [c.exe("ember_bench_monitor"), "--device", "cuda", "--batch-size", "256", "--steps", "100", "--rounds",
+               "5", "--precision", "bf16-mixed"], "monitor_bench.log",
+              detail=lambda n, out: short(" ".join(" ".join(l.split()[:1] + l.split()[-1:]) for l in out.splitlines()
+                                                   if l.startswith(("default", "full")))))
+
+
+@step("prune bench: ResNet-20 30/50/70% bf16 (cuda)", 2, 60)
+def prune_bench(c: Check):
+    bench_row(c, "prune bench: ResNet-20 30/50/70% bf16 (cuda)",
+              [c.exe("ember_bench_prune"), "--device", "cuda", "--channels", "3", "--size", "32", "--blocks", "3",
+               "--batch", "256", "--precision", "bf16-mixed", "--round-to", "8", "--rounds", "5", "--steps", "20"],
+              "prune_bench.log")
+
+
+@step("char_gpt gpu.toml, 150 steps (cuda)", 2, 90)
+def char_gpt(c: Check):
+    name = "char_gpt gpu.toml, 150 steps (cuda)"
+    if not c.text:
+        c.report(name, "skip", "no text corpus (tools/ember device-pack packs the fortunes)")
+        return
+    t0 = time.monotonic()
+    rc, v, out = c.recipe("char_gpt", "char_gpt.log", ["--config", ROOT / "recipes" / "char_gpt" / "gpu.toml",
+                                                       f"data.path={c.text}", "trainer.max_steps=150",
+                                                       f"run.dir={c.runs_dir('char_gpt')}"])
+    ok = rc == 0 and "tokens_per_second" in v
+    c.report(name, "ok" if ok else "FAIL",
+             f"{v.get('tokens_per_second', 0):.0f} tokens/s, MFU {v.get('mfu', 0):.3f}, val_bpb {v.get('val_bpb', 0):.3f}"
+             if ok else f"exit {rc}: {first_failure(out)}", numbers=v, seconds=time.monotonic() - t0)
+
+
+# ---- tier 3: accuracies -------------------------------------------------------------
+
+def fashion_full(c: Check, precision, accs):
+    name = f"fashion_mnist {precision}, default config (cuda)"
+    if not c.data:
+        c.report(name, "skip", "no Fashion-MNIST")
+        return
+    t0 = time.monotonic()
+    rc, v, out = c.recipe("fashion_mnist", f"fashion_full_{precision}.log",
+                          [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}",
+                           f"run.dir={c.runs_dir('full-' + precision)}"])
+    ok = rc == 0 and v.get("test_accuracy", 0) > 0.85
+    if rc == 0:
+        accs[precision] = v.get("test_accuracy")
+    c.report(name, "ok" if ok else "FAIL",
+             f"test_accuracy {v.get('test_accuracy', 0):.4f}, {v.get('train_seconds', 0):.0f} s training"
+             if rc == 0 else f"exit {rc}: {first_failure(out)}", numbers=v, seconds=time.monotonic() - t0)
+    if len(accs) == len(PRECISIONS):
+        spread = max(accs.values()) - min(accs.values())
+        c.report("fashion_mnist accuracies agree across precisions (cuda)", "ok" if spread <= 0.005 else "FAIL",
+                 f"spread {100 * spread:.2f} points (want <= 0.5): " + ", ".join(f"{p} {a:.4f}" for p, a in accs.items()))
+
+
+_accs = {}
+for _p in PRECISIONS:
+    step(f"fashion_mnist {_p}, default config (cuda)", 3, 45,
+         rows=[f"fashion_mnist {_p}, default config (cuda)"] +
+         (["fashion_mnist accuracies agree across precisions (cuda)"] if _p == PRECISIONS[-1] else []))(
+        lambda c, p=_p: fashion_full(c, p, _accs))
+
+
+@step("cifar_resnet, generated data, bf16, 5 epochs (cuda)", 3, 60)
+def cifar(c: Check):
+    name = "cifar_resnet, generated data, bf16, 5 epochs (cuda)"
+    t0 = time.monotonic()
+    data = c.work / "cifar"
+    rc, out = c.run([c.python, ROOT / "tests" / "integration" / "make_cifar.py", data, "2000", "2000"], "cifar.log")
+    if rc != 0:
+        c.report(name, "FAIL", f"make_cifar.py: {first_failure(out)}")
+        return
+    rc, v, out = c.recipe("cifar_resnet", "cifar.log", ["trainer.device=cuda", "trainer.precision=bf16-mixed",
+                                                       f"data.root={data}", "trainer.epochs=5", "augment.brightness=0.2",
+                                                       "augment.erase=0.25", f"run.dir={c.runs_dir('cifar')}"])
+    c.report(name, "ok" if rc == 0 and "test_accuracy" in v else "FAIL",
+             f"test_accuracy {v.get('test_accuracy', 0):.4f}, {v.get('samples_per_second', 0):.0f} samples/s"
+             if rc == 0 else f"exit {rc}: {first_failure(out)}", numbers=v, seconds=time.monotonic() - t0)
+
+
+@step("prune_finetune 3 + 2 epochs (cuda)", 3, 60)
+def prune_finetune(c: Check):
+    name = "prune_finetune 3 + 2 epochs (cuda)"
+    if not c.data:
+        c.report(name, "skip", "no Fashion-MNIST")
+        return
+    t0 = time.monotonic()
+    rc, v, out = c.recipe("prune_finetune", "prune_finetune.log",
+                          [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=3", "finetune.epochs=2",
+                           "prune.round_to=8", f"run.dir={c.runs_dir('prune_finetune')}"])
+    keys = ("dense_test_accuracy", "test_accuracy", "train_step_speedup", "inference_speedup")
+    c.report(name, "ok" if rc == 0 else "FAIL",
+             ", ".join(f"{k} {v[k]:.4g}" for k in keys if k in v) if rc == 0 else f"exit {rc}: {first_failure(out)}",
+             numbers=v, seconds=time.monotonic() - t0)
+
+
+@step("fashion_mnist augment.toml, with and without augmentation (cuda)", 3, 240,
+      rows=["fashion_mnist augment.toml aug (cuda)", "fashion_mnist augment.toml noaug (cuda)"])
+def fashion_augment(c: Check):
+    for variant, extra in (("aug", []), ("noaug", ["augment.crop=none", "augment.hflip=0"])):
+        name = f"fashion_mnist augment.toml {variant} (cuda)"
+        if not c.data:
+            c.report(name, "skip", "no Fashion-MNIST")
+            continue
+        t0 = time.monotonic()
+        rc, v, out = c.recipe("fashion_mnist", f"fashion_{variant}.log",
+                              ["--config", ROOT / "recipes" / "fashion_mnist" / "augment.toml", "trainer.device=cuda",
+                               f"data.root={c.data}", *extra, f"run.dir={c.runs_dir('fashion-' + variant)}"])
+        c.report(name, "ok" if rc == 0 else "FAIL",
+                 f"test_accuracy {v.get('test_accuracy', 0):.4f}, {v.get('train_seconds', 0):.0f} s training"
+                 if rc == 0 else f"exit {rc}: {first_failure(out)}", numbers=v, seconds=time.monotonic() - t0)
+
+
+@step("DDP overlap bench, 2 ranks, Gloo (CPU cores)", 3, 90, gpu=False)
+def ddp_bench(c: Check):
+    bench_row(c, "DDP overlap bench, 2 ranks, Gloo (CPU cores)",
+              [c.python, ROOT / "tools" / "bench" / "ddp.py", "--binary", c.exe("ember_bench_ddp"), "--rounds", "20"],
+              "ddp_bench.log",
+              detail=lambda n, out: short(" ".join(re.findall(
+                  r'"(?:overlap_bucketed|overlap_per_param|local_backward_ms)": [-0-9.]+', out))))
+
+
+# ---- main -------------------------------------------------------------------------------
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
+                   help=f"seconds for the whole check (default {DEFAULT_BUDGET}: tiers 1 and 2 in one 9-minute command)")
+    p.add_argument("--tier", type=int, action="append", choices=(1, 2, 3),
+                   help="run this tier (repeatable; default: 1 and 2)")
+    p.add_argument("--binaries", help="use this build tree's binaries (bin/, lib/, tests/) instead of the pack")
+    p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/ember-device-out", help="result folder ($OUT)")
+    p.add_argument("--work", default="/tmp/ember-device-check", help="scratch folder (logs, runs, a build)")
+    p.add_argument("--data", help="Fashion-MNIST folder (default: the pack's subset, else Debian's)")
+    p.add_argument("--python", default=os.environ.get("EMBER_DEVICE_PYTHON") or sys.executable,
+                   help="python with torch (default: $EMBER_DEVICE_PYTHON, else this one)")
+    args = p.parse_args()
+    tiers = sorted(set(args.tier or [1, 2]))
+
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RESULT_FILES + ("logs.tar.gz.part",):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "logs").mkdir(parents=True)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    c = Check(args)
+    steps = [s for s in STEPS if s["tier"] in tiers]
+    status = 0
+    try:
+        commit = ""
+        if (ROOT / ".git").exists() and shutil.which("git"):
+            r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+            commit = r.stdout.strip()
+        c.report("device check", "info", f"{datetime.datetime.now().isoformat(timespec='seconds')} on "
+                 f"{os.uname().nodename}, tiers {','.join(map(str, tiers))}, budget {args.budget:.0f} s"
+                 + (f", tree {commit}" if commit else ""))
+        try:
+            ready = c.describe_machine() and c.find_binaries()
+        except (StepTimeout, RuntimeError, OSError, ValueError) as e:
+            c.report("set-up", "FAIL", short(e, 300))
+            ready = False
+        c.find_data()
+        c.write_logs()
+        for s in steps:
+            c.tier = s["tier"]
+            c.current = s
+            if not ready:
+                for r in s["rows"]:
+                    c.report(r, "not run", "no binaries (see the rows above)")
+                continue
+            if s["gpu"] and not c.gpu:
+                for r in s["rows"]:
+                    c.report(r, "skip", "no CUDA device")
+                continue
+            if s["estimate"] > c.left():
+                for r in s["rows"]:
+                    c.report(r, "not run (budget)", f"needs ~{s['estimate']} s, {max(c.left(), 0):.0f} s left")
+                continue
+            t0 = time.monotonic()
+            before = len(c.results.rows)
+            try:
+                s["fn"](c)
+            except StepTimeout as e:
+                c.report(s["rows"][0], "timeout", f"{e} (the budget ran out)", seconds=time.monotonic() - t0)
+            except Interrupted:
+                raise
+            except Exception as e:  # a broken row must not stop the others
+                c.report(s["rows"][0], "FAIL", f"{type(e).__name__}: {short(e, 300)}", seconds=time.monotonic() - t0)
+            if len(c.results.rows) == before:
+                c.report(s["rows"][0], "FAIL", "the step reported nothing", seconds=time.monotonic() - t0)
+            c.current = None
+            c.write_logs()
+        if not ready:
+            status = 1
+    except Interrupted as e:
+        status = 143 if str(e) == "SIGTERM" else 130
+        running, c.current = c.current, None
+        reported = {r["name"] for r in c.results.rows}
+        c.report("device check", "interrupted", f"{e} after {time.monotonic() - c.start:.0f} s")
+        for s in steps:
+            c.current = s
+            for r in s["rows"]:
+                if r not in reported:
+                    c.report(r, "interrupted" if s is running else "not run (interrupted)")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        rows = c.results.rows
+        failed = [r for r in rows if r["status"] in ("FAIL", "timeout")]
+        counts = {}
+        for r in rows:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        c.current = None
+        c.report("summary", "FAIL" if failed else "ok", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())),
+                 numbers=counts, seconds=time.monotonic() - c.start)
+        c.write_logs()
+        print("\n== Ember device check ==", flush=True)
+        print(c.results.txt.read_text(), end="", flush=True)
+        if status == 0 and failed:
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Packs what the GPU check needs into .device/ (called by `tools/ember device-pack`).
+
+    device_pack.py --build BUILD_DIR --venv-python PYTHON [--out .device]
+
+BUILD_DIR holds a build made for the pack (tools/ember device-pack configures
+it: sm_90 only, no OpenCV, no RPATH). Copies, stripped:
+  build/lib/libember.so.0, build/bin/<recipes and benches>, build/tests/<test binaries>
+and beside them the data subsets (Fashion-MNIST, the fortunes), the sources
+of a fallback build on a machine without apt (GoogleTest, the header-only
+toml++ and nlohmann_json, zlib's headers) and manifest.json (torch version,
+CUDA version and architectures, commit, sizes).
+
+Refuses (exit 1) when a packed binary needs a library that the GPU machine
+does not have: allowed are glibc, libstdc++, libgcc_s, zlib and what the torch
+wheel and its nvidia-* packages ship (read from this venv), or when the pack
+and the tree that travels with it would not fit the device tool's 64 MiB.
+"""
+import argparse
+import datetime
+import gzip
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+TRAVEL_LIMIT = 64 * MIB      # the device tool's limit on what travels
+SPARE = 8 * MIB              # kept free of it
+RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
+BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
+           "ember_bench_ddp")
+TESTS = ("ember_tests", "ember_ddp_worker")
+SYSTEM_LIBS = {  # on every glibc machine
+    "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2",
+    "libstdc++.so.6", "libgcc_s.so.1", "libz.so.1"}
+FASHION_TRAIN = 30000  # training images packed (of 60000); the test split is packed whole
+
+
+def log(msg):
+    print(f"[device-pack] {msg}", flush=True)
+
+
+def needed(path):
+    out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    return [line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if "(NEEDED)" in line]
+
+
+def strip_copy(src, dst, keep_symbols=False):
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+    subprocess.run(["strip", "--strip-unneeded" if keep_symbols else "--strip-all", str(dst)], check=True)
+
+
+def idx_subset(src, dst, count):
+    """The first `count` items of a gzip'd IDX file, as a gzip'd IDX file."""
+    with gzip.open(src, "rb") as f:
+        data = f.read()
+    magic, n = struct.unpack(">II", data[:8])
+    dims = magic & 0xFF
+    shape = struct.unpack(f">{dims}I", data[4:4 + 4 * dims])
+    item = 1
+    for d in shape[1:]:
+        item *= d
+    count = min(count, n)
+    header = data[:4] + struct.pack(">I", count) + data[8:4 + 4 * dims]
+    body = data[4 + 4 * dims: 4 + 4 * dims + count * item]
+    with gzip.open(dst, "wb", compresslevel=9) as f:
+        f.write(header + body)
+
+
+def tree_bytes():
+    """Bytes of what travels besides .device: tracked and untracked-not-ignored files."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, check=True).stdout.split(b"\0")
+    total = 0
+    for f in files:
+        p = ROOT / f.decode()
+        if f and p.is_file() and not p.is_symlink():
+            total += p.stat().st_size
+    shared = ROOT / "shared"
+    if shared.is_dir():
+        total += sum(p.stat().st_size for p in shared.rglob("*") if p.is_file())
+    return total
+
+
+def torch_info(python):
+    """The torch version, its CUDA version and the folders of the wheel's libraries."""
+    return json.loads(subprocess.run(
+        [python, "-c", "import json, os, glob, torch; d = os.path.dirname(torch.__file__); "
+         "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
+         "'libs': [os.path.join(d, 'lib')] + glob.glob(os.path.join(os.path.dirname(d), 'nvidia', '*', 'lib'))}))"],
+        capture_output=True, text=True, check=True).stdout)
+
+
+def foreign_libraries(files, allowed, allow_prefixes=()):
+    """{file: [needed libraries outside `allowed`]} for the ELF files given."""
+    bad = {}
+    for f in files:
+        extra = [n for n in needed(f) if n not in allowed and not n.startswith(tuple(allow_prefixes))]
+        if extra:
+            bad[f] = extra
+    return bad
+
+
+def report_foreign(bad, root):
+    for f, libs in bad.items():
+        log(f"error: {Path(f).relative_to(root)} needs {', '.join(libs)}, which the GPU machine does not have")
+    log("allowed: glibc, libstdc++, libgcc_s, zlib and the torch wheel's libraries (torch/lib, nvidia/*/lib); "
+        "build the pack without that dependency (tools/ember device-pack configures it)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", help="the pack's build tree")
+    ap.add_argument("--venv-python", required=True)
+    ap.add_argument("--out", default=str(ROOT / ".device"))
+    ap.add_argument("--fashion", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--fortunes", default="/usr/share/games/fortunes")
+    ap.add_argument("--check-needed", metavar="BUILD_DIR",
+                    help="only check the needed libraries of the binaries the pack carries, in this build tree")
+    ap.add_argument("--allow", action="append", default=[], metavar="PREFIX",
+                    help="with --check-needed: also allow libraries whose names start so (e.g. libopencv_)")
+    a = ap.parse_args()
+    info = torch_info(a.venv_python)
+    wheel_libs = {f for d in info["libs"] for f in os.listdir(d)}
+    allowed = SYSTEM_LIBS | wheel_libs | {"libember.so.0"}
+
+    if a.check_needed:
+        b = Path(a.check_needed)
+        files = [b / "lib" / "libember.so"] + [b / "bin" / n for n in RECIPES + BENCHES] + [b / "tests" / n for n in TESTS]
+        bad = foreign_libraries(files, allowed, a.allow)
+        if bad:
+            report_foreign(bad, b)
+            return 1
+        log(f"{len(files)} binaries of {b} need only glibc, libstdc++, libgcc_s, zlib, the torch wheel's libraries"
+            + (f" and {', '.join(p + '*' for p in a.allow)}" if a.allow else ""))
+        return 0
+    if not a.build:
+        ap.error("--build is required (or --check-needed)")
+    build, out = Path(a.build), Path(a.out)
+
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "build").mkdir(parents=True)
+    # Binaries, stripped. libember.so.0 is the file the executables ask for
+    # (its SONAME); no symbolic links in the pack.
+    lib = (build / "lib" / "libember.so").resolve()
+    strip_copy(lib, out / "build" / "lib" / "libember.so.0", keep_symbols=True)
+    for name in RECIPES + BENCHES:
+        strip_copy(build / "bin" / name, out / "build" / "bin" / name)
+    for name in TESTS:
+        strip_copy(build / "tests" / name, out / "build" / "tests" / name)
+
+    # Every packed binary must load on the GPU machine.
+    bad = foreign_libraries(sorted(f for f in (out / "build").rglob("*") if f.is_file()), allowed)
+    if bad:
+        report_foreign(bad, out)
+        return 1
+    log("every packed binary needs only glibc, libstdc++, libgcc_s, zlib and the torch wheel's libraries")
+
+    # Data: a Fashion-MNIST subset in the real format, the fortunes' text files.
+    fm = out / "data" / "fashion-mnist"
+    fm.mkdir(parents=True)
+    for split, count in (("train", FASHION_TRAIN), ("t10k", 10 ** 9)):
+        for kind in ("images-idx3", "labels-idx1"):
+            idx_subset(Path(a.fashion) / f"{split}-{kind}-ubyte.gz", fm / f"{split}-{kind}-ubyte.gz", count)
+    fo = out / "data" / "fortunes"
+    fo.mkdir(parents=True)
+    for f in sorted(Path(a.fortunes).iterdir()):
+        if f.is_file() and "." not in f.name:
+            shutil.copy2(f, fo / f.name)
+
+    # Sources of a fallback build on a machine without apt.
+    shutil.copytree("/usr/src/googletest", out / "googletest", symlinks=False)
+    inc = out / "include"
+    inc.mkdir()
+    for d in ("toml++", "nlohmann"):
+        shutil.copytree(Path("/usr/include") / d, inc / d)
+    for h in ("zlib.h", "zconf.h"):
+        shutil.copy2(Path("/usr/include") / h, inc / h)
+
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True).stdout.strip())
+    cache = (build / "CMakeCache.txt").read_text()
+    archs = next((l.split("=", 1)[1] for l in cache.splitlines() if l.startswith("EMBER_CUDA_ARCHITECTURES:")), "?")
+    pack_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    tree = tree_bytes()
+    manifest = {"torch": info["torch"], "cuda": info["cuda"], "cuda_archs": archs,
+                "commit": commit + ("+changes" if dirty else ""),
+                "built": datetime.datetime.now().isoformat(timespec="seconds"),
+                "fashion_mnist_train": FASHION_TRAIN, "pack_bytes": pack_bytes, "tree_bytes": tree}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+    by_part = {}
+    for p in out.rglob("*"):
+        if p.is_file():
+            part = "/".join(p.relative_to(out).parts[:2])
+            by_part[part] = by_part.get(part, 0) + p.stat().st_size
+    for part, size in sorted(by_part.items(), key=lambda kv: -kv[1]):
+        log(f"  {size / MIB:6.1f} MiB  {part}")
+    total = pack_bytes + tree
+    log(f"pack {pack_bytes / MIB:.1f} MiB + tree {tree / MIB:.1f} MiB = {total / MIB:.1f} MiB of the "
+        f"{TRAVEL_LIMIT // MIB} MiB that travel ({(TRAVEL_LIMIT - total) / MIB:.1f} MiB spare)")
+    if total > TRAVEL_LIMIT - SPARE:
+        log(f"error: over the limit less {SPARE // MIB} MiB spare; pack less data or smaller binaries")
+        return 1
+    log(f"wrote {out} for torch {info['torch']} (CUDA {info['cuda']}), sm_{archs}, from {manifest['commit']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
