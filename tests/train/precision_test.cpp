@@ -132,6 +132,28 @@ TEST(Precision, ScheduleAdvancesOnlyWhenTheOptimizerStepped) {
   EXPECT_EQ(rec->lrs, (std::vector<double>{lr, lr, lr / 2, lr / 4, lr / 4, lr / 8}));
 }
 
+TEST(Precision, Fp16MixedWithTheScalerOffTrainsWithoutScaling) {
+  // GradScalerOptions().enabled(false): autocast to fp16, unscaled gradients,
+  // every step taken (torch.amp.GradScaler(enabled=False) semantics).
+  train::TrainerOptions o = opts("fp16-mixed");
+  o.grad_scaler.enabled(false);
+  o.epochs = 1;
+  train::Trainer trainer(o);
+  PoisonTask task({}, &trainer);
+  struct ScaleSeen : train::Callback {
+    int64_t defined = 0;
+    std::string name() const override { return "scale_seen"; }
+    void on_step_end(train::Trainer&, const train::StepInfo& i) override { defined += i.loss_scale.defined(); }
+  };
+  auto seen = std::make_shared<ScaleSeen>();
+  trainer.add_callback(seen);
+  const auto r = trainer.fit(task);
+  EXPECT_EQ(task.seen_dtype, torch::kHalf);
+  EXPECT_EQ(r.steps, 3);  // 8 batches in windows of 3, 3, 2
+  EXPECT_EQ(r.skipped_steps, 0);
+  EXPECT_EQ(seen->defined, 0) << "no loss scale to report";
+}
+
 TEST(Precision, Bf16MixedTrainsUnderAutocast) {
   train::TrainerOptions o = opts("bf16-mixed");
   o.epochs = 5;

@@ -417,7 +417,9 @@ FitResult Trainer::fit(Task& task) {
         apply_schedule();
         StepInfo info{epoch_,    global_step_, batch_,         step_samples,
                       lr,        step_loss,    !stepped,       skipped_steps_,
-                      grad_scaler_ ? grad_scaler_->scale_tensor().clone() : torch::Tensor()};  // a snapshot: update() works in place
+                      // A snapshot (update() works in place); none when the scaler is off.
+                      grad_scaler_ && grad_scaler_->is_enabled() ? grad_scaler_->scale_tensor().clone()
+                                                                 : torch::Tensor()};
         result.samples += step_samples;
         step_loss = torch::Tensor();
         step_samples = 0;
