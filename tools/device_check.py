@@ -641,9 +641,13 @@ def bench_row(c: Check, name, cmd, log, limit=None, numbers=lambda out: {}, deta
     if rc != 0:
         c.report(name, "FAIL", f"exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
         return None
-    n = numbers(out)
     table = "\n".join(l for l in out.splitlines() if not l.startswith(("[bench", "rep ", "$ ")))
-    c.report(name, "ok", detail(n, out), numbers=n, seconds=time.monotonic() - t0, block=table[-3000:])
+    try:  # the bench ran: a number it printed differently must not lose its table
+        n = numbers(out)
+        text = detail(n, out)
+    except Exception as e:
+        n, text = {}, f"(numbers not read: {type(e).__name__}: {short(e, 100)}; see the table)"
+    c.report(name, "ok", text, numbers=n, seconds=time.monotonic() - t0, block=table[-3000:])
     return n
 
 
