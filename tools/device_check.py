@@ -678,8 +678,10 @@ def augment_bench(c: Check):
     js = c.work / "augment_gpu.json"
     bench_row(c, "augment bench: kernel vs copy bandwidth (cuda)",
               [c.exe("ember_bench_augment"), "--device", "cuda", "--json", js], "augment_bench.log",
-              numbers=lambda _: json.loads(js.read_text()) if js.exists() else {},
-              detail=lambda n, out: short(" ".join(l for l in out.splitlines() if "copy" in l.lower())[:200]))
+              numbers=lambda _: json.loads(js.read_text()),
+              detail=lambda n, _: f"copy {n['copy_gbs']:.0f} GB/s; " + "; ".join(
+                  f"{r['pipeline']} {r['output']}: {r['achieved_gbs']:.0f} GB/s = {r['achieved_gbs'] / n['copy_gbs']:.2f}"
+                  f" of copy, {r['ember_img_s'] / r['libtorch_img_s']:.2f}x LibTorch ops" for r in n["rows"]))
 
 
 @step("monitor overhead bench (cuda)", 2, 60)
@@ -687,8 +689,19 @@ def monitor_bench(c: Check):
     bench_row(c, "monitor overhead bench (cuda)",
               [c.exe("ember_bench_monitor"), "--device", "cuda", "--batch-size", "256", "--steps", "100", "--rounds",
                "5", "--precision", "bf16-mixed"], "monitor_bench.log",
-              detail=lambda n, out: short(" ".join(" ".join(l.split()[:1] + l.split()[-1:]) for l in out.splitlines()
-                                                   if l.startswith(("default", "full")))))
+              numbers=monitor_numbers,
+              detail=lambda n, out: "; ".join(f"{k}: throughput cost {v['overhead']}, own time {v['own_time']}"
+                                              for k, v in n.items()))
+
+
+def monitor_numbers(out):
+    """{setting: {overhead, own_time}} of the 'default' and 'full' rows of the monitor bench's table."""
+    rows = {}
+    for line in out.splitlines():
+        t = line.split()
+        if t and t[0] in ("default", "full") and len(t) >= 6 and t[-1].endswith("%"):
+            rows[t[0]] = {"overhead": t[-3], "own_time": t[-1]}
+    return rows
 
 
 @step("prune bench: ResNet-20 30/50/70% bf16 (cuda)", 2, 60)
@@ -696,7 +709,19 @@ def prune_bench(c: Check):
     bench_row(c, "prune bench: ResNet-20 30/50/70% bf16 (cuda)",
               [c.exe("ember_bench_prune"), "--device", "cuda", "--channels", "3", "--size", "32", "--blocks", "3",
                "--batch", "256", "--precision", "bf16-mixed", "--round-to", "8", "--rounds", "5", "--steps", "20"],
-              "prune_bench.log")
+              "prune_bench.log", numbers=prune_numbers,
+              detail=lambda n, out: ", ".join(f"{r}: MACs {v['macs_x']}, train step {v['train_x']}, inference "
+                                              f"{v['infer_x']}" for r, v in n.items() if r != "0.00"))
+
+
+def prune_numbers(out):
+    """{ratio: {macs_x, train_x, infer_x}} from the prune bench's table (speed-ups over unpruned)."""
+    rows = {}
+    for line in out.splitlines():
+        t = line.split()
+        if len(t) == 9 and re.fullmatch(r"\d\.\d\d", t[0]):
+            rows[t[0]] = {"macs_x": t[2], "train_x": t[6], "infer_x": t[8]}
+    return rows
 
 
 @step("char_gpt gpu.toml, 150 steps (cuda)", 2, 90)
