@@ -296,7 +296,7 @@ print("INFO " + json.dumps(d))
                 continue
             if ldd:
                 rc, out = self.run([ldd, exe], "ldd.log", 60, budgeted=False)
-                missing += [f"{exe.name}: {l.split()[0]}" for l in out.splitlines() if "not found" in l]
+                missing += [f"{exe.name}: {short(l, 160)}" for l in out.splitlines() if "not found" in l]
                 if rc != 0 and "not a dynamic" not in out:
                     missing.append(f"{exe.name}: ldd exit {rc}")
         if not missing:

@@ -21,6 +21,7 @@ import datetime
 import gzip
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -48,6 +49,18 @@ def log(msg):
 def needed(path):
     out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
     return [line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if "(NEEDED)" in line]
+
+
+def symbol_versions(files):
+    """The newest GLIBC_ and GLIBCXX_ symbol versions the files need (what the GPU machine's must have)."""
+    newest = {}
+    for f in files:
+        out = subprocess.run(["readelf", "-V", "--wide", str(f)], capture_output=True, text=True).stdout
+        for lib, ver in re.findall(r"Name: (GLIBC|GLIBCXX)_([0-9.]+)", out):
+            key = tuple(int(x) for x in ver.split("."))
+            if key > newest.get(lib, ((),))[0]:
+                newest[lib] = (key, f"{lib}_{ver}")
+    return {lib: name for lib, (_, name) in newest.items()}
 
 
 def strip_copy(src, dst, keep_symbols=False):
@@ -160,7 +173,9 @@ def main():
     if bad:
         report_foreign(bad, out)
         return 1
-    log("every packed binary needs only glibc, libstdc++, libgcc_s, zlib and the torch wheel's libraries")
+    versions = symbol_versions(sorted(f for f in (out / "build").rglob("*") if f.is_file()))
+    log("every packed binary needs only glibc, libstdc++, libgcc_s, zlib and the torch wheel's libraries "
+        f"(at least {', '.join(sorted(versions.values()))})")
 
     # Data: a Fashion-MNIST subset in the real format, the fortunes' text files.
     fm = out / "data" / "fashion-mnist"
@@ -194,7 +209,8 @@ def main():
     manifest = {"torch": info["torch"], "cuda": info["cuda"], "cuda_archs": archs,
                 "commit": commit + ("+changes" if dirty else ""),
                 "built": datetime.datetime.now().isoformat(timespec="seconds"),
-                "fashion_mnist_train": FASHION_TRAIN, "pack_bytes": pack_bytes, "tree_bytes": tree}
+                "needs": sorted(versions.values()), "fashion_mnist_train": FASHION_TRAIN, "pack_bytes": pack_bytes,
+                "tree_bytes": tree}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
     by_part = {}
