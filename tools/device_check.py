@@ -413,6 +413,33 @@ def first_failure(out):
     return short(lines[-1] if lines else "no output")
 
 
+def recipe_row(c: Check, name, recipe, args, log, want=None, detail=None, data=True):
+    """Runs a recipe as one row: ok when it exits 0 and want(values) holds (values: the numbers of
+    its result line); detail(values) says what it got. Returns the values, or None when it failed."""
+    if data and not c.data:
+        c.report(name, "skip", "no Fashion-MNIST (tools/ember device-pack packs a subset)")
+        return None
+    t0 = time.monotonic()
+    rc, v, out = c.recipe(recipe, log, args)
+    if rc != 0:
+        c.report(name, "FAIL", f"exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
+        return None
+    good, why = want(v) if want else (True, "")
+    text = detail(v) if detail else ""
+    c.report(name, "ok" if good else "FAIL", text + ("" if good else f" ({why})"), numbers=v,
+             seconds=time.monotonic() - t0)
+    return v if good else None
+
+
+def accuracy_over(threshold, what):
+    return lambda v: (v.get("test_accuracy", 0) > threshold, f"want test_accuracy > {threshold} {what}")
+
+
+def accuracy_detail(v):
+    return (f"test_accuracy {v.get('test_accuracy', 0):.4f}, {v.get('samples_per_second', 0):.0f} samples/s, "
+            f"{v.get('train_seconds', 0):.0f} s training")
+
+
 @step("binaries load (every library found)", 1, 5, gpu=False)
 def load_check(c: Check):
     t0 = time.monotonic()
@@ -547,24 +574,13 @@ PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
 
 def fashion_short(c: Check, precision):
-    name = f"fashion_mnist {precision}, 1 epoch (cuda)"
-    if not c.data:
-        c.report(name, "skip", "no Fashion-MNIST (tools/ember device-pack packs a subset)")
-        return
-    t0 = time.monotonic()
     run = c.runs_dir(f"fashion-{precision}")
-    rc, v, out = c.recipe("fashion_mnist", f"fashion_{precision}.log",
-                          [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}",
-                           "trainer.epochs=1", "data.train_subset=10000", "data.test_subset=2000", "data.val_size=1000",
-                           "trainer.log_every=10", f"run.dir={run}"])
-    acc = v.get("test_accuracy")
-    ok = rc == 0 and acc is not None and acc > 0.7
-    c.report(name, "ok" if ok else "FAIL",
-             f"test_accuracy {acc:.4f}, {v.get('samples_per_second', 0):.0f} samples/s, skipped steps "
-             f"{v.get('skipped_steps', 0):.0f}" if ok else
-             (f"test_accuracy {acc} (want > 0.7 after one epoch on 9000 images)" if rc == 0 else
-              f"exit {rc}: {first_failure(out)}"), numbers=v, seconds=time.monotonic() - t0)
-    if precision == "bf16-mixed" and rc == 0:
+    v = recipe_row(c, f"fashion_mnist {precision}, 1 epoch (cuda)", "fashion_mnist",
+                   [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}", "trainer.epochs=1",
+                    "data.train_subset=10000", "data.test_subset=2000", "data.val_size=1000", "trainer.log_every=10",
+                    f"run.dir={run}"], f"fashion_{precision}.log",
+                   want=accuracy_over(0.7, "after one epoch on 9000 images"), detail=accuracy_detail)
+    if precision == "bf16-mixed" and v is not None:
         telemetry(c, run / "metrics.jsonl")
 
 
@@ -730,33 +746,22 @@ def char_gpt(c: Check):
     if not c.text:
         c.report(name, "skip", "no text corpus (tools/ember device-pack packs the fortunes)")
         return
-    t0 = time.monotonic()
-    rc, v, out = c.recipe("char_gpt", "char_gpt.log", ["--config", ROOT / "recipes" / "char_gpt" / "gpu.toml",
-                                                       f"data.path={c.text}", "trainer.max_steps=150",
-                                                       f"run.dir={c.runs_dir('char_gpt')}"])
-    ok = rc == 0 and "tokens_per_second" in v
-    c.report(name, "ok" if ok else "FAIL",
-             f"{v.get('tokens_per_second', 0):.0f} tokens/s, MFU {v.get('mfu', 0):.3f}, val_bpb {v.get('val_bpb', 0):.3f}"
-             if ok else f"exit {rc}: {first_failure(out)}", numbers=v, seconds=time.monotonic() - t0)
+    recipe_row(c, name, "char_gpt", ["--config", ROOT / "recipes" / "char_gpt" / "gpu.toml", f"data.path={c.text}",
+                                     "trainer.max_steps=150", f"run.dir={c.runs_dir('char_gpt')}"], "char_gpt.log",
+               want=lambda v: ("tokens_per_second" in v, "no tokens_per_second in its result line"),
+               detail=lambda v: f"{v.get('tokens_per_second', 0):.0f} tokens/s, MFU {v.get('mfu', 0):.3f}, "
+                                f"val_bpb {v.get('val_bpb', 0):.3f}", data=False)
 
 
 # ---- tier 3: accuracies -------------------------------------------------------------
 
 def fashion_full(c: Check, precision, accs):
-    name = f"fashion_mnist {precision}, default config (cuda)"
-    if not c.data:
-        c.report(name, "skip", "no Fashion-MNIST")
-        return
-    t0 = time.monotonic()
-    rc, v, out = c.recipe("fashion_mnist", f"fashion_full_{precision}.log",
-                          [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}",
-                           f"run.dir={c.runs_dir('full-' + precision)}"])
-    ok = rc == 0 and v.get("test_accuracy", 0) > 0.85
-    if rc == 0:
-        accs[precision] = v.get("test_accuracy")
-    c.report(name, "ok" if ok else "FAIL",
-             f"test_accuracy {v.get('test_accuracy', 0):.4f}, {v.get('train_seconds', 0):.0f} s training"
-             if rc == 0 else f"exit {rc}: {first_failure(out)}", numbers=v, seconds=time.monotonic() - t0)
+    v = recipe_row(c, f"fashion_mnist {precision}, default config (cuda)", "fashion_mnist",
+                   [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}",
+                    f"run.dir={c.runs_dir('full-' + precision)}"], f"fashion_full_{precision}.log",
+                   want=accuracy_over(0.85, "after the default 8 epochs"), detail=accuracy_detail)
+    if v is not None:
+        accs[precision] = v["test_accuracy"]
     if len(accs) == len(PRECISIONS):
         spread = max(accs.values()) - min(accs.values())
         c.report("fashion_mnist accuracies agree across precisions (cuda)", "ok" if spread <= 0.005 else "FAIL",
@@ -774,51 +779,35 @@ for _p in PRECISIONS:
 @step("cifar_resnet, generated data, bf16, 5 epochs (cuda)", 3, 60)
 def cifar(c: Check):
     name = "cifar_resnet, generated data, bf16, 5 epochs (cuda)"
-    t0 = time.monotonic()
     data = c.work / "cifar"
     rc, out = c.run([c.python, ROOT / "tests" / "integration" / "make_cifar.py", data, "2000", "2000"], "cifar.log")
     if rc != 0:
         c.report(name, "FAIL", f"make_cifar.py: {first_failure(out)}")
         return
-    rc, v, out = c.recipe("cifar_resnet", "cifar.log", ["trainer.device=cuda", "trainer.precision=bf16-mixed",
-                                                       f"data.root={data}", "trainer.epochs=5", "augment.brightness=0.2",
-                                                       "augment.erase=0.25", f"run.dir={c.runs_dir('cifar')}"])
-    c.report(name, "ok" if rc == 0 and "test_accuracy" in v else "FAIL",
-             f"test_accuracy {v.get('test_accuracy', 0):.4f}, {v.get('samples_per_second', 0):.0f} samples/s"
-             if rc == 0 else f"exit {rc}: {first_failure(out)}", numbers=v, seconds=time.monotonic() - t0)
+    recipe_row(c, name, "cifar_resnet", ["trainer.device=cuda", "trainer.precision=bf16-mixed", f"data.root={data}",
+                                         "trainer.epochs=5", "augment.brightness=0.2", "augment.erase=0.25",
+                                         f"run.dir={c.runs_dir('cifar')}"], "cifar.log",
+               want=lambda v: ("test_accuracy" in v, "no test_accuracy in its result line"), detail=accuracy_detail,
+               data=False)
 
 
 @step("prune_finetune 3 + 2 epochs (cuda)", 3, 60)
 def prune_finetune(c: Check):
-    name = "prune_finetune 3 + 2 epochs (cuda)"
-    if not c.data:
-        c.report(name, "skip", "no Fashion-MNIST")
-        return
-    t0 = time.monotonic()
-    rc, v, out = c.recipe("prune_finetune", "prune_finetune.log",
-                          [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=3", "finetune.epochs=2",
-                           "prune.round_to=8", f"run.dir={c.runs_dir('prune_finetune')}"])
     keys = ("dense_test_accuracy", "test_accuracy", "train_step_speedup", "inference_speedup")
-    c.report(name, "ok" if rc == 0 else "FAIL",
-             ", ".join(f"{k} {v[k]:.4g}" for k in keys if k in v) if rc == 0 else f"exit {rc}: {first_failure(out)}",
-             numbers=v, seconds=time.monotonic() - t0)
+    recipe_row(c, "prune_finetune 3 + 2 epochs (cuda)", "prune_finetune",
+               [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=3", "finetune.epochs=2", "prune.round_to=8",
+                f"run.dir={c.runs_dir('prune_finetune')}"], "prune_finetune.log",
+               detail=lambda v: ", ".join(f"{k} {v[k]:.4g}" for k in keys if k in v))
 
 
 @step("fashion_mnist augment.toml, with and without augmentation (cuda)", 3, 240,
       rows=["fashion_mnist augment.toml aug (cuda)", "fashion_mnist augment.toml noaug (cuda)"])
 def fashion_augment(c: Check):
     for variant, extra in (("aug", []), ("noaug", ["augment.crop=none", "augment.hflip=0"])):
-        name = f"fashion_mnist augment.toml {variant} (cuda)"
-        if not c.data:
-            c.report(name, "skip", "no Fashion-MNIST")
-            continue
-        t0 = time.monotonic()
-        rc, v, out = c.recipe("fashion_mnist", f"fashion_{variant}.log",
-                              ["--config", ROOT / "recipes" / "fashion_mnist" / "augment.toml", "trainer.device=cuda",
-                               f"data.root={c.data}", *extra, f"run.dir={c.runs_dir('fashion-' + variant)}"])
-        c.report(name, "ok" if rc == 0 else "FAIL",
-                 f"test_accuracy {v.get('test_accuracy', 0):.4f}, {v.get('train_seconds', 0):.0f} s training"
-                 if rc == 0 else f"exit {rc}: {first_failure(out)}", numbers=v, seconds=time.monotonic() - t0)
+        recipe_row(c, f"fashion_mnist augment.toml {variant} (cuda)", "fashion_mnist",
+                   ["--config", ROOT / "recipes" / "fashion_mnist" / "augment.toml", "trainer.device=cuda",
+                    f"data.root={c.data}", *extra, f"run.dir={c.runs_dir('fashion-' + variant)}"],
+                   f"fashion_{variant}.log", detail=accuracy_detail)
 
 
 @step("DDP overlap bench, 2 ranks, Gloo (CPU cores)", 3, 90, gpu=False)
