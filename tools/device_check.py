@@ -78,6 +78,16 @@ def on_signal(signum, _frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
+def result_values(out):
+    """The numbers of a recipe's result line (key=value ... summary=PATH), by key."""
+    values = {}
+    for line in out.splitlines():
+        if re.fullmatch(r"[a-z_]+=\S+( [a-z_]+=\S+)*", line.strip()) and " summary=" in line:
+            values = {k: float(v) for k, v in re.findall(r"([a-z_]+)=([-+]?(?:[0-9.]+(?:e[-+]?\d+)?|nan|inf))(?=\s|$)",
+                                                         line)}
+    return values
+
+
 def short(text, n=200):
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 3] + "..."
@@ -375,12 +385,7 @@ print("INFO " + json.dumps(d))
     def recipe(self, name, log, args, limit=None):
         """Runs a recipe; returns (exit status, the key=value pairs of its last lines, output)."""
         rc, out = self.run([self.exe(name), *args, "trainer.progress=false"], log, limit)
-        values = {}
-        for line in out.splitlines():  # the result line: key=value ... summary=PATH
-            if re.fullmatch(r"[a-z_]+=\S+( [a-z_]+=\S+)*", line.strip()) and " summary=" in line:
-                values = {k: float(v) for k, v in re.findall(r"([a-z_]+)=([-+]?(?:[0-9.]+(?:e[-+]?\d+)?|nan|inf))(?=\s|$)",
-                                                             line)}
-        return rc, values, out
+        return rc, result_values(out), out
 
     def runs_dir(self, name):
         d = self.work / "runs" / name
@@ -528,6 +533,7 @@ def sanitizer(c: Check, tool):
     name = f"compute-sanitizer {tool} (augment, count_correct)"
     cs = shutil.which("compute-sanitizer") or next(
         iter(sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer") +
+                    glob.glob("/usr/local/cuda*/compute-sanitizer/compute-sanitizer") +
                     glob.glob("/opt/nvidia/*/compute-sanitizer/compute-sanitizer"))), None)
     if not cs:
         c.report(name, "skip", "compute-sanitizer not found")
@@ -539,9 +545,13 @@ def sanitizer(c: Check, tool):
     passed = re.search(r"\[  PASSED  \] (\d+) test", out)
     errors = int(summary[-1]) if summary else None
     ok = rc == 0 and errors == 0 and passed
+    # The first finding: "========= Invalid __global__ write of size 4 bytes", "... Race reported ...".
+    finding = next((l.strip("= ") for l in out.splitlines()
+                    if l.startswith("=========") and re.search(r"Invalid|[Rr]ace|[Hh]azard|Error|error", l)
+                    and "SUMMARY" not in l), None)
     c.report(name, "ok" if ok else "FAIL",
              f"{passed.group(1)} tests, 0 errors" if ok else
-             (f"{errors} errors/hazards, exit {rc}: {first_failure(out)}" if errors else f"exit {rc}: {first_failure(out)}"),
+             f"{errors if errors is not None else '?'} errors/hazards, exit {rc}: {short(finding or first_failure(out))}",
              numbers={"errors": errors}, seconds=time.monotonic() - t0)
 
 

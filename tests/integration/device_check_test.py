@@ -13,7 +13,10 @@ With EMBER_DEVICE_ALLOW_CPU=1 and no GPU, on the binaries of BUILD_DIR:
      the running row says `interrupted` and the rest `not run (interrupted)`;
   4. the binaries that the pack would carry need no library beyond glibc,
      libstdc++, zlib, the torch wheel's, and OpenCV's (which the pack's build
-     leaves out), as device_pack.py requires of the pack.
+     leaves out), as device_pack.py requires of the pack;
+  5. the GPU rows' readers understand what the programs print (a recipe's
+     result line, the monitor and prune benches' tables), from tiny CPU runs:
+     a changed output format fails here, not on a rented GPU.
 """
 import argparse
 import json
@@ -128,6 +131,31 @@ def main():
                         "--venv-python", sys.executable, "--allow", "libopencv_"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     print("4. " + r.stdout.strip().splitlines()[-1])
+
+    # 5. The readers of the GPU rows, on the same programs' CPU output.
+    sys.path.insert(0, str(ROOT / "tools"))
+    import device_check as dc
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    data = "/usr/share/datasets/fashion-mnist"
+    if Path(data, "train-images-idx3-ubyte.gz").exists():
+        out = subprocess.run([str(build / "bin" / "fashion_mnist"), f"data.root={data}", "data.train_subset=700",
+                              "data.test_subset=200", "data.val_size=200", "trainer.epochs=1", "trainer.progress=false",
+                              f"run.dir={work / 'recipe_run'}"], capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        v = dc.result_values(out.stdout)
+        assert 0 < v["test_accuracy"] <= 1 and v["samples_per_second"] > 0 and v["epochs"] == 1, v
+        print(f"5. recipe result line: {sorted(v)}")
+    out = subprocess.run([str(build / "bin" / "ember_bench_monitor"), "--device", "cpu", "--batch-size", "8",
+                          "--steps", "3", "--rounds", "1"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    n = dc.monitor_numbers(out.stdout)
+    assert set(n) == {"default", "full"} and all(x["overhead"].endswith("%") for x in n.values()), (n, out.stdout)
+    out = subprocess.run([str(build / "bin" / "ember_bench_prune"), "--device", "cpu", "--blocks", "1", "--batch", "4",
+                          "--steps", "1", "--rounds", "1"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    n = dc.prune_numbers(out.stdout)
+    assert {"0.00", "0.30", "0.50", "0.70"} <= set(n) and n["0.00"]["train_x"] == "1.00x", (n, out.stdout)
+    print("5. monitor and prune bench tables read")
     return 0
 
 
