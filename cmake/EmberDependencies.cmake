@@ -54,7 +54,10 @@ endif()
 # ON requires it, OFF never looks. Debian's small libopencv-{core,imgproc,
 # imgcodecs}-dev packages ship no OpenCVConfig.cmake (only the full
 # libopencv-dev does), so the headers and libraries are also looked up directly.
-# Result: the target ember_opencv and EMBER_WITH_OPENCV (ON/OFF).
+# Result: EMBER_WITH_OPENCV (ON/OFF), the target ember_opencv (the libraries to
+# link) and EMBER_OPENCV_INCLUDE_DIRS, which only the files that use OpenCV get
+# (ember_opencv_sources in lib/CMakeLists.txt): every other file compiles with
+# the same flags with or without OpenCV.
 set(EMBER_WITH_OPENCV OFF)
 string(TOUPPER "${EMBER_OPENCV}" _ember_opencv_mode)
 if(_ember_opencv_mode STREQUAL "AUTO")
@@ -68,7 +71,8 @@ if(NOT _ember_opencv_mode STREQUAL "OFF")
   add_library(ember_opencv INTERFACE)
   find_package(OpenCV QUIET COMPONENTS core imgproc imgcodecs)
   if(OpenCV_FOUND)
-    target_include_directories(ember_opencv SYSTEM INTERFACE ${OpenCV_INCLUDE_DIRS})
+    # (OpenCV's imported targets bring their include directories along.)
+    set(EMBER_OPENCV_INCLUDE_DIRS ${OpenCV_INCLUDE_DIRS})
     target_link_libraries(ember_opencv INTERFACE ${OpenCV_LIBS})
     set(EMBER_WITH_OPENCV ON)
     set(_ember_opencv_where "OpenCV ${OpenCV_VERSION} (${OpenCV_DIR})")
@@ -80,7 +84,7 @@ if(NOT _ember_opencv_mode STREQUAL "OFF")
     find_library(EMBER_OPENCV_IMGCODECS_LIBRARY opencv_imgcodecs DOC "Debian: libopencv-imgcodecs-dev")
     if(EMBER_OPENCV_INCLUDE_DIR AND EMBER_OPENCV_CORE_LIBRARY AND EMBER_OPENCV_IMGPROC_LIBRARY
        AND EMBER_OPENCV_IMGCODECS_LIBRARY)
-      target_include_directories(ember_opencv SYSTEM INTERFACE "${EMBER_OPENCV_INCLUDE_DIR}")
+      set(EMBER_OPENCV_INCLUDE_DIRS "${EMBER_OPENCV_INCLUDE_DIR}")
       # imgcodecs needs imgproc needs core: link in that order.
       target_link_libraries(ember_opencv INTERFACE "${EMBER_OPENCV_IMGCODECS_LIBRARY}"
                             "${EMBER_OPENCV_IMGPROC_LIBRARY}" "${EMBER_OPENCV_CORE_LIBRARY}")
