@@ -6,15 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 #include <sstream>
 
+#include "cuda_test.h"
 #include "ember/amp/grad_scaler.h"
 #include "ember/core/error.h"
 #include "prune/models.h"
-#include "cuda_test.h"
 
 namespace ember::prune {
 namespace {

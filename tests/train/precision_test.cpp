@@ -9,8 +9,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
-#include "train/test_task.h"
 #include "cuda_test.h"
+#include "train/test_task.h"
 
 using namespace ember;
 using test_util::BlobTask;
@@ -143,7 +143,9 @@ TEST(Precision, Fp16MixedWithTheScalerOffTrainsWithoutScaling) {
   struct ScaleSeen : train::Callback {
     int64_t defined = 0;
     std::string name() const override { return "scale_seen"; }
-    void on_step_end(train::Trainer&, const train::StepInfo& i) override { defined += i.loss_scale.defined(); }
+    void on_step_end(train::Trainer&, const train::StepInfo& i) override {
+      defined += i.loss_scale.defined();
+    }
   };
   auto seen = std::make_shared<ScaleSeen>();
   trainer.add_callback(seen);
