@@ -418,11 +418,14 @@ def first_failure(out):
     return short(lines[-1] if lines else "no output")
 
 
-def recipe_row(c: Check, name, recipe, args, log, want=None, detail=None, data=True):
+def recipe_row(c: Check, name, recipe, args, log, want=None, detail=None, needs="fashion"):
     """Runs a recipe as one row: ok when it exits 0 and want(values) holds (values: the numbers of
-    its result line); detail(values) says what it got. Returns the values, or None when it failed."""
-    if data and not c.data:
-        c.report(name, "skip", "no Fashion-MNIST (tools/ember device-pack packs a subset)")
+    its result line); detail(values) says what it got. `needs`: the packed data it reads ("fashion",
+    "text" or None); skipped without it. Returns the values, or None when it failed."""
+    missing = {"fashion": None if c.data else "no Fashion-MNIST (tools/ember device-pack packs a subset)",
+               "text": None if c.text else "no text corpus (tools/ember device-pack packs the fortunes)"}.get(needs)
+    if missing:
+        c.report(name, "skip", missing)
         return None
     t0 = time.monotonic()
     rc, v, out = c.recipe(recipe, log, args)
@@ -621,26 +624,25 @@ for _p in PRECISIONS:
 
 @step("profiler trace, 3 steps (cuda)", 1, 15)
 def profiler(c: Check):
-    name = "profiler trace, 3 steps (cuda)"
-    if not c.data:
-        c.report(name, "skip", "no Fashion-MNIST")
-        return
-    t0 = time.monotonic()
     run = c.runs_dir("profile")
-    rc, _, out = c.recipe("fashion_mnist", "profile.log",
-                          [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=1", "data.train_subset=2000",
-                           "data.test_subset=500", "data.val_size=200", "trainer.profile_steps=3", f"run.dir={run}"])
     trace = run / "trace.json"
-    if rc != 0 or not trace.exists():
-        c.report(name, "FAIL", f"exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
-        return
-    events = json.loads(trace.read_text()).get("traceEvents", [])
-    kernels = sum(1 for e in events if e.get("cat") == "kernel")
-    ranges = sum(1 for e in events if e.get("name") == "ember::forward")
-    shutil.copy(trace, c.logs / "profile_trace.json") if trace.stat().st_size < MAX_LOG_BYTES else None
-    c.report(name, "ok" if kernels > 0 and ranges >= 3 else "FAIL",
-             f"{kernels} CUDA kernel events, {ranges} ember::forward ranges", numbers={"kernels": kernels},
-             seconds=time.monotonic() - t0)
+
+    def counts(_):
+        events = json.loads(trace.read_text()).get("traceEvents", []) if trace.exists() else []
+        return (sum(1 for e in events if e.get("cat") == "kernel"),
+                sum(1 for e in events if e.get("name") == "ember::forward"))
+
+    def want(v):
+        kernels, ranges = counts(v)
+        return kernels > 0 and ranges >= 3, "want CUDA kernel events and 3 ember::forward ranges"
+
+    recipe_row(c, "profiler trace, 3 steps (cuda)", "fashion_mnist",
+               [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=1", "data.train_subset=2000",
+                "data.test_subset=500", "data.val_size=200", "trainer.profile_steps=3", f"run.dir={run}"],
+               "profile.log", want=want,
+               detail=lambda v: "{} CUDA kernel events, {} ember::forward ranges in trace.json".format(*counts(v)))
+    if trace.exists() and trace.stat().st_size < MAX_LOG_BYTES:
+        shutil.copy(trace, c.logs / "profile_trace.json")
 
 
 @step("DDP on NCCL, 1 rank (cuda)", 1, 15)
@@ -752,15 +754,12 @@ def prune_numbers(out):
 
 @step("char_gpt gpu.toml, 150 steps (cuda)", 2, 90)
 def char_gpt(c: Check):
-    name = "char_gpt gpu.toml, 150 steps (cuda)"
-    if not c.text:
-        c.report(name, "skip", "no text corpus (tools/ember device-pack packs the fortunes)")
-        return
-    recipe_row(c, name, "char_gpt", ["--config", ROOT / "recipes" / "char_gpt" / "gpu.toml", f"data.path={c.text}",
-                                     "trainer.max_steps=150", f"run.dir={c.runs_dir('char_gpt')}"], "char_gpt.log",
+    recipe_row(c, "char_gpt gpu.toml, 150 steps (cuda)", "char_gpt",
+               ["--config", ROOT / "recipes" / "char_gpt" / "gpu.toml", f"data.path={c.text}", "trainer.max_steps=150",
+                f"run.dir={c.runs_dir('char_gpt')}"], "char_gpt.log",
                want=lambda v: ("tokens_per_second" in v, "no tokens_per_second in its result line"),
                detail=lambda v: f"{v.get('tokens_per_second', 0):.0f} tokens/s, MFU {v.get('mfu', 0):.3f}, "
-                                f"val_bpb {v.get('val_bpb', 0):.3f}", data=False)
+                                f"val_bpb {v.get('val_bpb', 0):.3f}", needs="text")
 
 
 # ---- tier 3: accuracies -------------------------------------------------------------
@@ -798,7 +797,7 @@ def cifar(c: Check):
                                          "trainer.epochs=5", "augment.brightness=0.2", "augment.erase=0.25",
                                          f"run.dir={c.runs_dir('cifar')}"], "cifar.log",
                want=lambda v: ("test_accuracy" in v, "no test_accuracy in its result line"), detail=accuracy_detail,
-               data=False)
+               needs=None)
 
 
 @step("prune_finetune 3 + 2 epochs (cuda)", 3, 60)

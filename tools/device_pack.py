@@ -28,14 +28,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from device_check import BENCHES, RECIPES, TESTS  # what the check runs, so what the pack carries
+
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 TRAVEL_LIMIT = 64 * MIB      # the device tool's limit on what travels
 SPARE = 8 * MIB              # kept free of it
-RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
-BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
-           "ember_bench_ddp")
-TESTS = ("ember_tests", "ember_ddp_worker")
 SYSTEM_LIBS = {  # on every glibc machine
     "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2",
     "libstdc++.so.6", "libgcc_s.so.1", "libz.so.1"}
@@ -130,7 +128,8 @@ def report_foreign(bad, root):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", help="the pack's build tree")
-    ap.add_argument("--venv-python", required=True)
+    ap.add_argument("--venv-python")
+    ap.add_argument("--targets", action="store_true", help="print the CMake targets the pack needs, and stop")
     ap.add_argument("--out", default=str(ROOT / ".device"))
     ap.add_argument("--fashion", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--fortunes", default="/usr/share/games/fortunes")
@@ -139,6 +138,11 @@ def main():
     ap.add_argument("--allow", action="append", default=[], metavar="PREFIX",
                     help="with --check-needed: also allow libraries whose names start so (e.g. libopencv_)")
     a = ap.parse_args()
+    if a.targets:
+        print(" ".join(("ember",) + RECIPES + BENCHES + TESTS))
+        return 0
+    if not a.venv_python:
+        ap.error("--venv-python is required")
     info = torch_info(a.venv_python)
     wheel_libs = {f for d in info["libs"] for f in os.listdir(d)}
     allowed = SYSTEM_LIBS | wheel_libs | {"libember.so.0"}
