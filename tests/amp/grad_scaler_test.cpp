@@ -71,7 +71,8 @@ TEST(GradScaler, InfOrNanSkipsTheStepAndBacksOff) {
 }
 
 TEST(GradScaler, GrowsAfterGrowthIntervalCleanSteps) {
-  GradScaler s(GradScalerOptions().init_scale(8.0).growth_interval(3).growth_factor(4.0).backoff_factor(0.25));
+  GradScaler s(
+      GradScalerOptions().init_scale(8.0).growth_interval(3).growth_factor(4.0).backoff_factor(0.25));
   Fixture f;
   std::vector<double> scales;
   const std::vector<float> pattern = {1, 1, 1, 1, INFINITY, 1, 1, 1};
@@ -125,9 +126,10 @@ TEST(GradScaler, RejectsHalfGradients) {
 TEST(GradScaler, SeveralParamGroupsAreUnscaledOnce) {
   GradScaler s(GradScalerOptions().init_scale(4.0));
   torch::Tensor a = torch::zeros({2}, torch::requires_grad()), b = torch::zeros({2}, torch::requires_grad());
-  torch::optim::SGD opt(std::vector<torch::optim::OptimizerParamGroup>{
-                            torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})},
-                        torch::optim::SGDOptions(1.0));
+  torch::optim::SGD opt(
+      std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup({a}),
+                                                     torch::optim::OptimizerParamGroup({b})},
+      torch::optim::SGDOptions(1.0));
   s.scale((a * 3.0).sum() + (b * 5.0).sum()).backward();
   s.unscale_(opt);
   EXPECT_TRUE(torch::equal(a.grad(), torch::full({2}, 3.0f)));
@@ -189,8 +191,8 @@ TEST(GradScaler, SavedStateHasPyTorchsFiveKeys) {
   GradScaler s;
   auto keys = round_trip(s).keys();
   std::sort(keys.begin(), keys.end());
-  EXPECT_EQ(keys, (std::vector<std::string>{"_growth_tracker", "backoff_factor", "growth_factor", "growth_interval",
-                                             "scale"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"_growth_tracker", "backoff_factor", "growth_factor",
+                                            "growth_interval", "scale"}));
 }
 
 TEST(GradScaler, LoadingADisabledScalersStateRaises) {
@@ -243,7 +245,8 @@ TEST(ClipGradNorm, MatchesLibTorchWithoutSync) {
   std::vector<torch::Tensor> p1, p2;
   for (auto shape : {std::vector<int64_t>{5, 3}, {7}, {2, 2, 2}}) {
     torch::Tensor g = torch::randn(shape) * 3.0;
-    torch::Tensor a = torch::zeros(shape, torch::requires_grad()), b = torch::zeros(shape, torch::requires_grad());
+    torch::Tensor a = torch::zeros(shape, torch::requires_grad()),
+                  b = torch::zeros(shape, torch::requires_grad());
     a.mutable_grad() = g.clone();
     b.mutable_grad() = g.clone();
     p1.push_back(a);

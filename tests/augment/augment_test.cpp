@@ -2,10 +2,10 @@
 // independent of batch split, replay, statistics and errors.
 #include <ember/augment/augment.h>
 
-#include "augment/pixel.h"  // the per-pixel code of the kernel (lib/src)
 #include <ember/core/error.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include "augment/pixel.h"  // the per-pixel code of the kernel (lib/src)
 
 #if EMBER_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -22,9 +22,13 @@ torch::Tensor images(int64_t n, int64_t h, int64_t w, int64_t c, uint64_t seed =
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return torch::randint(0, 256, {n, h, w, c}, gen, torch::kUInt8);
 }
-torch::Tensor indices(int64_t n, int64_t first = 0) { return torch::arange(first, first + n, torch::kInt64); }
+torch::Tensor indices(int64_t n, int64_t first = 0) {
+  return torch::arange(first, first + n, torch::kInt64);
+}
 // uint8 NHWC -> float NCHW in [0, 1]: what the identity pipeline must return.
-torch::Tensor as_float(const torch::Tensor& x) { return x.permute({0, 3, 1, 2}).to(torch::kFloat32) / 255.0; }
+torch::Tensor as_float(const torch::Tensor& x) {
+  return x.permute({0, 3, 1, 2}).to(torch::kFloat32) / 255.0;
+}
 
 }  // namespace
 
@@ -61,7 +65,8 @@ TEST(Augment, PaddedCropCopiesPixelsExactly) {
   const torch::Tensor x = images(64, 8, 8, 3, 1);
   const auto o = AugmentOptions().crop(CropMode::kPad).padding(2);
   const AugmentResult r = augment(x, indices(64), o, 7, 0);
-  const torch::Tensor padded = torch::constant_pad_nd(augment(x, indices(64), AugmentOptions(), 0, 0).images, {2, 2, 2, 2});
+  const torch::Tensor padded =
+      torch::constant_pad_nd(augment(x, indices(64), AugmentOptions(), 0, 0).images, {2, 2, 2, 2});
   std::set<std::pair<int, int>> offsets;
   for (int64_t i = 0; i < 64; ++i) {
     const int64_t x0 = static_cast<int64_t>(r.params[i][kX0].item<float>());
@@ -80,12 +85,16 @@ TEST(Augment, ResizedCropMatchesInterpolateOfTheBox) {
   const AugmentResult r = augment(x, indices(16), o, 3, 1);
   for (int64_t i = 0; i < 16; ++i) {
     const auto p = r.params[i];
-    const int64_t x0 = static_cast<int64_t>(p[kX0].item<float>()), y0 = static_cast<int64_t>(p[kY0].item<float>());
-    const int64_t w = static_cast<int64_t>(p[kW].item<float>()), h = static_cast<int64_t>(p[kH].item<float>());
+    const int64_t x0 = static_cast<int64_t>(p[kX0].item<float>()),
+                  y0 = static_cast<int64_t>(p[kY0].item<float>());
+    const int64_t w = static_cast<int64_t>(p[kW].item<float>()),
+                  h = static_cast<int64_t>(p[kH].item<float>());
     const torch::Tensor box = as_float(x).narrow(0, i, 1).narrow(2, y0, h).narrow(3, x0, w);
-    const torch::Tensor want = torch::nn::functional::interpolate(
-        box, torch::nn::functional::InterpolateFuncOptions().size(std::vector<int64_t>{12, 16}).mode(torch::kBilinear)
-                 .align_corners(false));
+    const torch::Tensor want =
+        torch::nn::functional::interpolate(box, torch::nn::functional::InterpolateFuncOptions()
+                                                    .size(std::vector<int64_t>{12, 16})
+                                                    .mode(torch::kBilinear)
+                                                    .align_corners(false));
     EXPECT_TRUE(torch::allclose(r.images.narrow(0, i, 1), want, 1e-5, 1e-5)) << "sample " << i;
   }
 }
@@ -132,7 +141,8 @@ TEST(Augment, SingleChannelLayouts) {
   const torch::Tensor x = images(2, 6, 6, 1, 4);
   const torch::Tensor a = augment(x, indices(2), AugmentOptions().hflip(1), 0, 0).images;
   const torch::Tensor b = augment(x.squeeze(3), indices(2), AugmentOptions().hflip(1), 0, 0).images;
-  const torch::Tensor c = augment(x.permute({0, 3, 1, 2}), indices(2), AugmentOptions().hflip(1), 0, 0).images;
+  const torch::Tensor c =
+      augment(x.permute({0, 3, 1, 2}), indices(2), AugmentOptions().hflip(1), 0, 0).images;
   EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, 1, 6, 6}));
   EXPECT_TRUE(torch::equal(a, b));
   EXPECT_TRUE(torch::equal(a, c));
@@ -145,8 +155,9 @@ TEST(Augment, BadInputIsAClearError) {
   EXPECT_THROW(augment(x, indices(3), {}, 0, 0), ember::Error);
   EXPECT_THROW(augment(x, indices(2), AugmentOptions().hflip(1.5), 0, 0), ember::Error);
   EXPECT_THROW(augment(x, indices(2), AugmentOptions().mean({0.5}).std({0.5}), 0, 0), ember::Error);
-  EXPECT_THROW(augment(x, indices(2), AugmentOptions().crop(CropMode::kRandomResized).scale({0.5, 0.1}), 0, 0),
-               ember::Error);
+  EXPECT_THROW(
+      augment(x, indices(2), AugmentOptions().crop(CropMode::kRandomResized).scale({0.5, 0.1}), 0, 0),
+      ember::Error);
   EXPECT_THROW(augment(x, indices(2), AugmentOptions().dtype(torch::kInt32), 0, 0), ember::Error);
   EXPECT_THROW(augment(x, indices(2), AugmentOptions().crop(CropMode::kPad).padding(0).size({8, 8}), 0, 0),
                ember::Error);
@@ -174,9 +185,12 @@ torch::Tensor gray_of(const torch::Tensor& v) {
 }
 torch::Tensor hue_rotate(const torch::Tensor& v, double turns) {
   const auto f64 = torch::kFloat64;
-  const torch::Tensor t = torch::tensor({0.299, 0.587, 0.114, 0.596, -0.274, -0.322, 0.211, -0.523, 0.312}, f64).view({3, 3});
+  const torch::Tensor t =
+      torch::tensor({0.299, 0.587, 0.114, 0.596, -0.274, -0.322, 0.211, -0.523, 0.312}, f64).view({3, 3});
   const double a = 2 * M_PI * turns;
-  const torch::Tensor r = torch::tensor({1.0, 0.0, 0.0, 0.0, std::cos(a), -std::sin(a), 0.0, std::sin(a), std::cos(a)}, f64).view({3, 3});
+  const torch::Tensor r =
+      torch::tensor({1.0, 0.0, 0.0, 0.0, std::cos(a), -std::sin(a), 0.0, std::sin(a), std::cos(a)}, f64)
+          .view({3, 3});
   const torch::Tensor m = torch::linalg_inv(t).mm(r).mm(t);
   return torch::einsum("ij,njhw->nihw", {m, v});
 }
@@ -201,7 +215,8 @@ TEST(AugmentColor, EachOpMatchesItsFormula) {
   EXPECT_TRUE(torch::allclose(run(kHue, 0.2f), clamp01(hue_rotate(v, 0.2)), 0, 2e-6));
   EXPECT_TRUE(torch::allclose(run(kHue, -0.45f), clamp01(hue_rotate(v, -0.45)), 0, 2e-6));
   // A hue rotation keeps gray pixels gray and keeps the luma of in-range pixels.
-  const torch::Tensor grays = torch::arange(0, 250, 10, torch::kUInt8).view({1, 1, 25, 1}).expand({1, 2, 25, 3}).contiguous();
+  const torch::Tensor grays =
+      torch::arange(0, 250, 10, torch::kUInt8).view({1, 1, 25, 1}).expand({1, 2, 25, 3}).contiguous();
   torch::Tensor pg = identity_params(1, 2, 25);
   pg.select(1, kHue).fill_(0.3f);
   EXPECT_TRUE(torch::allclose(apply(grays, pg, o), as_float(grays), 0, 1e-6));
@@ -221,7 +236,8 @@ TEST(AugmentColor, ComposedInTheDocumentedOrderWithOneClamp) {
   want = 0.5 * want + 0.5 * gray_of(want);
   want = hue_rotate(want, 0.1).clamp(0, 1);
   const std::vector<double> mean = {0.4, 0.5, 0.6}, stdv = {0.2, 0.3, 0.25};
-  want = (want - torch::tensor(mean, torch::kFloat64).view({1, 3, 1, 1})) / torch::tensor(stdv, torch::kFloat64).view({1, 3, 1, 1});
+  want = (want - torch::tensor(mean, torch::kFloat64).view({1, 3, 1, 1})) /
+         torch::tensor(stdv, torch::kFloat64).view({1, 3, 1, 1});
   const torch::Tensor got = apply(x, p, AugmentOptions().mean(mean).std(stdv)).to(torch::kFloat64);
   EXPECT_TRUE(torch::allclose(got, want, 0, 1e-5)) << (got - want).abs().max().item<double>();
   // Gray after the jitter: every channel equals the luma of the jittered colour.
@@ -229,7 +245,8 @@ TEST(AugmentColor, ComposedInTheDocumentedOrderWithOneClamp) {
   const torch::Tensor g = apply(x, p, AugmentOptions()).to(torch::kFloat64);
   torch::Tensor jittered = 1.2 * v;
   jittered = 0.5 * (0.7 * jittered + 0.15) + 0.5 * gray_of(0.7 * jittered + 0.15);
-  EXPECT_TRUE(torch::allclose(g, gray_of(hue_rotate(jittered, 0.1)).clamp(0, 1).expand({n, 3, h, w}), 0, 1e-5));
+  EXPECT_TRUE(
+      torch::allclose(g, gray_of(hue_rotate(jittered, 0.1)).clamp(0, 1).expand({n, 3, h, w}), 0, 1e-5));
 }
 
 TEST(AugmentColor, SingleChannelTakesBrightnessAndContrastOnly) {
@@ -241,12 +258,14 @@ TEST(AugmentColor, SingleChannelTakesBrightnessAndContrastOnly) {
   p.select(1, kSaturation).fill_(0.0f);  // ignored: no colour
   p.select(1, kHue).fill_(0.25f);        // ignored
   p.select(1, kGray).fill_(1.0f);        // ignored
-  EXPECT_TRUE(torch::allclose(apply(x, p, AugmentOptions()).to(torch::kFloat64), (1.5 * (0.8 * v) - 0.5 * 0.5).clamp(0, 1), 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(apply(x, p, AugmentOptions()).to(torch::kFloat64),
+                              (1.5 * (0.8 * v) - 0.5 * 0.5).clamp(0, 1), 0, 1e-6));
 }
 
 TEST(AugmentColor, JitterDrawsLikeColorJitter) {
   const int64_t n = 20000;
-  const auto o = AugmentOptions().brightness(0.4).contrast(0.3).saturation(1.5).hue(0.1).color_p(0.8).grayscale(0.2);
+  const auto o =
+      AugmentOptions().brightness(0.4).contrast(0.3).saturation(1.5).hue(0.1).color_p(0.8).grayscale(0.2);
   const torch::Tensor p = sample_params(o, indices(n), 8, 8, 5, 2);
   const torch::Tensor applied = p.select(1, kBrightness) != 1;
   const double rate = applied.to(torch::kFloat64).mean().item<double>();
@@ -302,15 +321,23 @@ TEST(AugmentErase, DrawsLikeRandomErasing) {
 TEST(AugmentErase, BadOptionsAreClearErrors) {
   const torch::Tensor x = images(2, 6, 6, 3);
   EXPECT_THROW(augment(x, indices(2), AugmentOptions().erase(1.2), 0, 0), ember::Error);
-  EXPECT_THROW(augment(x, indices(2), AugmentOptions().erase(0.5).erase_scale({0.1, 1.0}), 0, 0), ember::Error);
+  EXPECT_THROW(augment(x, indices(2), AugmentOptions().erase(0.5).erase_scale({0.1, 1.0}), 0, 0),
+               ember::Error);
   EXPECT_THROW(augment(x, indices(2), AugmentOptions().hue(0.7), 0, 0), ember::Error);
   EXPECT_THROW(augment(x, indices(2), AugmentOptions().brightness(-0.1), 0, 0), ember::Error);
   EXPECT_THROW(augment(x, indices(2), AugmentOptions().grayscale(2), 0, 0), ember::Error);
 }
 
 TEST(Augment, EvalOptionsDrawNothing) {
-  const auto train = AugmentOptions().crop(CropMode::kRandomResized).size({8, 8}).hflip(0.5).brightness(0.4).erase(0.5)
-                         .grayscale(0.5).mean({0.5, 0.5, 0.5}).std({0.2, 0.2, 0.2});
+  const auto train = AugmentOptions()
+                         .crop(CropMode::kRandomResized)
+                         .size({8, 8})
+                         .hflip(0.5)
+                         .brightness(0.4)
+                         .erase(0.5)
+                         .grayscale(0.5)
+                         .mean({0.5, 0.5, 0.5})
+                         .std({0.2, 0.2, 0.2});
   const torch::Tensor x = images(6, 12, 12, 3, 13);
   const AugmentResult a = augment(x, indices(6), eval_options(train), 1, 0);
   const AugmentResult b = augment(x, indices(6, 50), eval_options(train), 2, 7);
@@ -325,8 +352,18 @@ TEST(Augment, CpuRowsEqualThePerPixelCodeOfTheKernel) {
   const torch::Tensor gray = images(5, 17, 19, 1, 17);
   const std::vector<AugmentOptions> cases = {
       AugmentOptions().crop(CropMode::kPad).padding(5).size({20, 28}).hflip(0.5).vflip(0.5),
-      AugmentOptions().crop(CropMode::kRandomResized).size({16, 40}).hflip(0.5).brightness(0.4).contrast(0.4)
-          .saturation(0.4).hue(0.2).grayscale(0.3).erase(0.7).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3}),
+      AugmentOptions()
+          .crop(CropMode::kRandomResized)
+          .size({16, 40})
+          .hflip(0.5)
+          .brightness(0.4)
+          .contrast(0.4)
+          .saturation(0.4)
+          .hue(0.2)
+          .grayscale(0.3)
+          .erase(0.7)
+          .mean({0.5, 0.4, 0.3})
+          .std({0.2, 0.25, 0.3}),
   };
   for (const auto& o : cases) {
     for (const torch::Tensor& src : {x, gray}) {
@@ -335,7 +372,8 @@ TEST(Augment, CpuRowsEqualThePerPixelCodeOfTheKernel) {
       const AugmentResult r = augment(src, indices(n), AugmentOptions(oc).layout(Layout::kNHWC), 8, 1);
       ember::augment::detail::BatchGeometry g{};
       g.n = static_cast<int>(n), g.h = static_cast<int>(src.size(1)), g.w = static_cast<int>(src.size(2));
-      g.c = static_cast<int>(c), g.oh = static_cast<int>(r.images.size(1)), g.ow = static_cast<int>(r.images.size(2));
+      g.c = static_cast<int>(c), g.oh = static_cast<int>(r.images.size(1)),
+      g.ow = static_cast<int>(r.images.size(2));
       for (int k = 0; k < g.c; ++k) {
         g.mean[k] = oc.mean().empty() ? 0.0f : static_cast<float>(oc.mean()[k]);
         g.inv_std[k] = oc.std().empty() ? 1.0f : static_cast<float>(1.0 / oc.std()[k]);
@@ -353,8 +391,8 @@ TEST(Augment, CpuRowsEqualThePerPixelCodeOfTheKernel) {
             for (int k = 0; k < g.c; ++k) want[i][oy][ox][k] = v[k];
           }
       }
-      EXPECT_TRUE(torch::equal(r.images, want)) << "channels " << c << " max diff "
-                                               << (r.images - want).abs().max().item<float>();
+      EXPECT_TRUE(torch::equal(r.images, want))
+          << "channels " << c << " max diff " << (r.images - want).abs().max().item<float>();
     }
   }
 }
@@ -373,8 +411,17 @@ TEST(AugmentCuda, KernelEqualsTheCpuReferenceBitForBit) {
       AugmentOptions().crop(CropMode::kRandomResized).size({64, 48}),  // upscaling
       AugmentOptions().brightness(0.4).contrast(0.4).saturation(0.4).hue(0.1).grayscale(0.2),
       AugmentOptions().erase(0.9).erase_value(0.25).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3}),
-      AugmentOptions().crop(CropMode::kRandomResized).size({17, 13}).hflip(0.5).brightness(0.3).contrast(0.3)
-          .saturation(0.3).hue(0.05).erase(0.5).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3}),
+      AugmentOptions()
+          .crop(CropMode::kRandomResized)
+          .size({17, 13})
+          .hflip(0.5)
+          .brightness(0.3)
+          .contrast(0.3)
+          .saturation(0.3)
+          .hue(0.05)
+          .erase(0.5)
+          .mean({0.5, 0.4, 0.3})
+          .std({0.2, 0.25, 0.3}),
   };
   for (size_t k = 0; k < cases.size(); ++k) {
     for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16}) {
@@ -384,7 +431,8 @@ TEST(AugmentCuda, KernelEqualsTheCpuReferenceBitForBit) {
         const AugmentResult gpu = augment(x.cuda(), indices(37, 1000), o, 21, 3);
         ASSERT_TRUE(gpu.images.is_cuda());
         EXPECT_TRUE(torch::equal(gpu.params, cpu.params));
-        EXPECT_TRUE(torch::equal(gpu.images.cpu(), cpu.images)) << "case " << k << " " << c10::toString(dtype);
+        EXPECT_TRUE(torch::equal(gpu.images.cpu(), cpu.images))
+            << "case " << k << " " << c10::toString(dtype);
         if (k == 5 || k == 7) {
           const AugmentOptions og = AugmentOptions(o).mean({}).std({});
           EXPECT_TRUE(torch::equal(augment(gray.cuda(), indices(9), og, 4, 0).images.cpu(),

@@ -13,7 +13,9 @@ torch::Tensor batch(int64_t n, int64_t c, int64_t h, int64_t w, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return torch::rand({n, c, h, w}, gen);
 }
-torch::Tensor indices(int64_t n, int64_t first = 0) { return torch::arange(first, first + n, torch::kInt64); }
+torch::Tensor indices(int64_t n, int64_t first = 0) {
+  return torch::arange(first, first + n, torch::kInt64);
+}
 }  // namespace
 
 TEST(Mix, MixupBlendsImagesAndLabelsWithThePartner) {
@@ -46,14 +48,17 @@ TEST(Mix, CutMixPastesTheBoxAndWeighsLabelsByItsArea) {
   for (int64_t i = 0; i < n; ++i) {
     const auto p = r.params[i];
     ASSERT_EQ(p[kMixCut].item<float>(), 1.0f);
-    const auto x0 = static_cast<int64_t>(p[kCutX0].item<float>()), y0 = static_cast<int64_t>(p[kCutY0].item<float>());
-    const auto bw = static_cast<int64_t>(p[kCutW].item<float>()), bh = static_cast<int64_t>(p[kCutH].item<float>());
+    const auto x0 = static_cast<int64_t>(p[kCutX0].item<float>()),
+               y0 = static_cast<int64_t>(p[kCutY0].item<float>());
+    const auto bw = static_cast<int64_t>(p[kCutW].item<float>()),
+               bh = static_cast<int64_t>(p[kCutH].item<float>());
     ASSERT_TRUE(x0 >= 0 && y0 >= 0 && x0 + bw <= w && y0 + bh <= h);
     boxes += bw * bh > 0;
     torch::Tensor want = x[i].clone();
     want.narrow(1, y0, bh).narrow(2, x0, bw).copy_(x[n - 1 - i].narrow(1, y0, bh).narrow(2, x0, bw));
     EXPECT_TRUE(torch::equal(r.images[i], want)) << i;
-    EXPECT_FLOAT_EQ(p[kMixLambda].item<float>(), 1.0f - static_cast<float>(bw * bh) / static_cast<float>(h * w));
+    EXPECT_FLOAT_EQ(p[kMixLambda].item<float>(),
+                    1.0f - static_cast<float>(bw * bh) / static_cast<float>(h * w));
   }
   EXPECT_GT(boxes, n / 2);
   // NHWC gives the same pixels.
@@ -76,8 +81,8 @@ TEST(Mix, LambdaFollowsTheBetaDistribution) {
     EXPECT_LE(lam.max().item<double>(), 1.0);
   }
   // Both on: CutMix at switch_p; p leaves samples unmixed (lambda 1).
-  const torch::Tensor p =
-      sample_mix_params(MixOptions().mixup_alpha(0.2).cutmix_alpha(1.0).switch_p(0.3).p(0.6), indices(n), 8, 8, 1, 0);
+  const torch::Tensor p = sample_mix_params(
+      MixOptions().mixup_alpha(0.2).cutmix_alpha(1.0).switch_p(0.3).p(0.6), indices(n), 8, 8, 1, 0);
   const torch::Tensor mixed = (p.select(1, kMixLambda) < 1) | (p.select(1, kMixCut) > 0);
   EXPECT_NEAR(mixed.to(torch::kFloat64).mean().item<double>(), 0.6, 0.02);
   const double cut = (p.select(1, kMixCut) > 0).to(torch::kFloat64).sum().item<double>() /
@@ -99,7 +104,9 @@ TEST(Mix, DrawsDependOnTheSampleNotTheBatch) {
   // Low precision images keep their dtype; the mix is computed in fp32 and rounded once.
   const MixResult b = mix(x.to(torch::kBFloat16), y, 10, indices(10, 7), o, 3, 2);
   EXPECT_EQ(b.images.scalar_type(), torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(b.images, apply_mix(x.to(torch::kBFloat16).to(torch::kFloat32), y, 10, r.params, o).images.to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(
+      b.images,
+      apply_mix(x.to(torch::kBFloat16).to(torch::kFloat32), y, 10, r.params, o).images.to(torch::kBFloat16)));
 }
 
 TEST(Mix, BadInputIsAClearError) {

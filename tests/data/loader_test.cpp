@@ -39,17 +39,20 @@ std::vector<int64_t> drain(data::Loader& loader, int64_t epoch, int64_t skip = 0
 }  // namespace
 
 TEST(TensorLoader, EachEpochIsAPermutationFixedBySeedAndEpoch) {
-  data::TensorLoader a(numbered(103), data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(2));
-  data::TensorLoader b(numbered(103), data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(0));
-  EXPECT_EQ(data::TensorLoader(numbered(8), data::TensorLoaderOptions()).options().prefetch, 0);  // auto on CPU
+  data::TensorLoader a(numbered(103),
+                       data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(2));
+  data::TensorLoader b(numbered(103),
+                       data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(0));
+  EXPECT_EQ(data::TensorLoader(numbered(8), data::TensorLoaderOptions()).options().prefetch,
+            0);  // auto on CPU
   EXPECT_EQ(a.num_batches(), 11);
   const auto e0 = drain(a, 0), e1 = drain(a, 1);
   EXPECT_EQ(std::set<int64_t>(e0.begin(), e0.end()).size(), 103u);
-  EXPECT_NE(e0, e1);                 // reshuffled per epoch
-  EXPECT_EQ(e0, drain(b, 0));        // prefetching changes nothing
-  EXPECT_EQ(e1, drain(a, 1));        // replayable
+  EXPECT_NE(e0, e1);           // reshuffled per epoch
+  EXPECT_EQ(e0, drain(b, 0));  // prefetching changes nothing
+  EXPECT_EQ(e1, drain(a, 1));  // replayable
   data::TensorLoader c(numbered(103), data::TensorLoaderOptions().set_batch_size(10).set_seed(6));
-  EXPECT_NE(e0, drain(c, 0));        // the seed matters
+  EXPECT_NE(e0, drain(c, 0));  // the seed matters
 }
 
 TEST(TensorLoader, SkippingBatchesResumesTheSameOrder) {
@@ -61,7 +64,8 @@ TEST(TensorLoader, SkippingBatchesResumesTheSameOrder) {
 }
 
 TEST(TensorLoader, DropLastAndNoShuffle) {
-  data::TensorLoader a(numbered(25), data::TensorLoaderOptions().set_batch_size(10).set_shuffle(false).set_drop_last(true));
+  data::TensorLoader a(numbered(25),
+                       data::TensorLoaderOptions().set_batch_size(10).set_shuffle(false).set_drop_last(true));
   EXPECT_EQ(a.num_batches(), 2);
   EXPECT_EQ(a.num_samples(), 20);
   const auto order = drain(a, 4);
@@ -82,9 +86,10 @@ TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
   EXPECT_EQ(batch->input.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::equal(batch->input.select(1, 0), batch->target.to(torch::kFloat32) * 2));
 
-  data::TensorLoader bad(numbered(8), data::TensorLoaderOptions().set_batch_size(4).set_prefetch(2).set_transform([](data::Batch) -> data::Batch {
-    throw std::runtime_error("decode failed for sample 3");
-  }));
+  data::TensorLoader bad(
+      numbered(8),
+      data::TensorLoaderOptions().set_batch_size(4).set_prefetch(2).set_transform(
+          [](data::Batch) -> data::Batch { throw std::runtime_error("decode failed for sample 3"); }));
   bad.start_epoch(0, 0);
   EXPECT_THROW(
       {
@@ -100,8 +105,12 @@ TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
 
 TEST(TensorLoader, RejectsBadOptions) {
   EXPECT_THROW(data::TensorLoader(numbered(8), data::TensorLoaderOptions().set_batch_size(0)), Error);
-  EXPECT_THROW(data::TensorLoader(numbered(8), data::TensorLoaderOptions().set_batch_size(9).set_drop_last(true)), Error);
-  EXPECT_THROW(data::TensorLoader(data::TensorDataset{torch::zeros({4, 2}), torch::zeros({3})}, data::TensorLoaderOptions()), Error);
+  EXPECT_THROW(
+      data::TensorLoader(numbered(8), data::TensorLoaderOptions().set_batch_size(9).set_drop_last(true)),
+      Error);
+  EXPECT_THROW(data::TensorLoader(data::TensorDataset{torch::zeros({4, 2}), torch::zeros({3})},
+                                  data::TensorLoaderOptions()),
+               Error);
 }
 
 namespace {

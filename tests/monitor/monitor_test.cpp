@@ -28,7 +28,9 @@ BlobTask::Options blob_options(int64_t samples, int64_t batch_size) {
   return o;
 }
 
-void sleep_ms(double ms) { std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(ms * 1000))); }
+void sleep_ms(double ms) {
+  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
+}
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> out;
@@ -77,8 +79,7 @@ class SlowLoader : public data::Loader {
 class SlowTask : public train::Task {
  public:
   SlowTask(double data_ms, double forward_ms)
-      : inner_(blob_options(256, 32)), loader_(inner_.train_loader(), data_ms),
-        forward_ms_(forward_ms) {}
+      : inner_(blob_options(256, 32)), loader_(inner_.train_loader(), data_ms), forward_ms_(forward_ms) {}
   std::shared_ptr<torch::nn::Module> model() override { return inner_.model(); }
   train::StepOutput training_step(const data::Batch& b) override {
     sleep_ms(forward_ms_);
@@ -225,7 +226,8 @@ TEST(Monitor, StepBreakdownAddsUpToTheMeasuredStepTime) {
   ASSERT_EQ(steps.size(), 5u);  // 8 batches per epoch, a record every 3 steps (one spans the epoch end)
   for (const auto& r : steps) {
     double parts = 0;
-    for (const char* k : {"data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms"}) parts += r.get(k);
+    for (const char* k : {"data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms"})
+      parts += r.get(k);
     EXPECT_NEAR(parts, r.get("step_ms"), 1e-6 * r.get("step_ms"));
     EXPECT_GE(r.get("data_ms"), 6.0) << "the loader sleeps 6 ms per batch";
     EXPECT_GE(r.get("forward_ms"), 3.0) << "the forward sleeps 3 ms";
@@ -256,7 +258,11 @@ TEST(Monitor, PhasesFollowTheLoopWithAccumulation) {
   train::Trainer trainer(to);
   trainer.add_callback(log);
   trainer.fit(task);
-  EXPECT_EQ(log->text, "DFBDFBDFBOC" "DFBDFBDFBOC" "DFBOC" "|");
+  EXPECT_EQ(log->text,
+            "DFBDFBDFBOC"
+            "DFBDFBDFBOC"
+            "DFBOC"
+            "|");
 }
 
 TEST(Monitor, AFailingWriterIsDroppedAndTrainingGoesOn) {
@@ -350,7 +356,8 @@ TEST(Monitor, CountsFlopsOfTheModelWithoutChangingTraining) {
   EXPECT_EQ(flops, 3.0 * 2.0 * 384.0);
   ASSERT_EQ(plain.size(), monitored.size());
   for (size_t i = 0; i < plain.size(); ++i)
-    EXPECT_TRUE(torch::equal(plain[i], monitored[i])) << "monitoring changed tensor " << i << " (dropout RNG?)";
+    EXPECT_TRUE(torch::equal(plain[i], monitored[i]))
+        << "monitoring changed tensor " << i << " (dropout RNG?)";
 }
 
 TEST(Monitor, WritesJsonlAndCsvWithTheDocumentedSchema) {
@@ -384,7 +391,8 @@ TEST(Monitor, WritesJsonlAndCsvWithTheDocumentedSchema) {
     for (const char* k : {"time", "loss", "lr", "samples_per_second", "step_ms", "data_ms", "forward_ms",
                           "backward_ms", "optimizer_ms", "other_ms", "cpu_percent", "rss_mib"})
       EXPECT_TRUE(j.at(k).is_number()) << k << " in " << j.dump();
-    for (const char* k : {"tokens_per_second", "mfu", "loss_scale", "gpu_mem_allocated_mib", "gpu_util", "gpu_power_w"})
+    for (const char* k :
+         {"tokens_per_second", "mfu", "loss_scale", "gpu_mem_allocated_mib", "gpu_util", "gpu_power_w"})
       EXPECT_TRUE(j.at(k).is_null()) << k << " in " << j.dump();
     EXPECT_TRUE(j.at("step").is_number_integer());
   }
@@ -419,7 +427,8 @@ TEST(Monitor, WritesJsonlAndCsvWithTheDocumentedSchema) {
 TEST(MonitorWriters, CsvWithOtherColumnsIsAnError) {
   const std::string dir = test_util::temp_dir("monitor_csv");
   test_util::write_bytes(dir + "/m.csv", "kind,epoch,step,time,foo\n");
-  const std::string err = test_util::error_of([&] { monitor::CsvWriter(dir + "/m.csv", {"step"}, {"loss"}, 0.0); });
+  const std::string err =
+      test_util::error_of([&] { monitor::CsvWriter(dir + "/m.csv", {"step"}, {"loss"}, 0.0); });
   EXPECT_NE(err.find("m.csv has other columns"), std::string::npos) << err;
 }
 
@@ -435,7 +444,9 @@ TEST(MonitorWriters, JsonlValuesIntegersNullsAndRounding) {
     r.add("samples", 2048).add("loss", 0.1234567891234).add("gone", NAN).add("big", 3.0e12);
     w.write(r);
   }
-  EXPECT_EQ(read_lines(dir + "/m.jsonl").at(0), R"({"kind":"step","epoch":1,"step":7,"time":1.25,"samples":2048,"loss":0.1234568,"gone":null,"big":3000000000000})");
+  EXPECT_EQ(
+      read_lines(dir + "/m.jsonl").at(0),
+      R"({"kind":"step","epoch":1,"step":7,"time":1.25,"samples":2048,"loss":0.1234568,"gone":null,"big":3000000000000})");
 }
 
 TEST(MonitorWriters, AppendingAfterACrashStartsANewLine) {

@@ -25,7 +25,9 @@ ForwardFn forward_of(ResidualNet& model, const torch::Tensor& x) {
   return [&model, x] { return std::vector<torch::Tensor>{model->forward(x)}; };
 }
 
-PrunerOptions quiet() { return PrunerOptions().print_warnings(false); }
+PrunerOptions quiet() {
+  return PrunerOptions().print_warnings(false);
+}
 
 std::string temp_path(const std::string& name) {
   const char* base = std::getenv("TMPDIR");
@@ -143,7 +145,8 @@ TEST(Pruner, GlobalRankingRemovesTheTargetShareInTotal) {
   const int64_t total = model->stem->options.out_channels() + model->a1->options.out_channels() +
                         model->b1->options.out_channels() + model->b2->options.out_channels();
   EXPECT_EQ(total, (8 + 8 + 16 + 16) / 2);
-  for (const auto* conv : {&model->stem, &model->a1, &model->b1, &model->b2}) EXPECT_GE((*conv)->options.out_channels(), 1);
+  for (const auto* conv : {&model->stem, &model->a1, &model->b1, &model->b2})
+    EXPECT_GE((*conv)->options.out_channels(), 1);
 }
 
 TEST(Pruner, MacsTargetIsReached) {
@@ -192,7 +195,8 @@ TEST(Pruner, SgdMomentumIsSlicedAndTrainingContinues) {
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   train_steps(model, opt, 3);
   const auto momentum = [&](const torch::Tensor& p) {
-    return static_cast<torch::optim::SGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl())).momentum_buffer();
+    return static_cast<torch::optim::SGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl()))
+        .momentum_buffer();
   };
   const torch::Tensor a1_before = momentum(model->a1->weight).clone();
   const torch::Tensor x = torch::randn({2, 3, 8, 8});
@@ -216,7 +220,8 @@ TEST(Pruner, AdamMomentsAreSliced) {
   const auto& st = [&](const torch::Tensor& p) -> torch::optim::AdamWParamState& {
     return static_cast<torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
   };
-  const torch::Tensor m = st(model->b1_bn->weight).exp_avg().clone(), v = st(model->b1_bn->weight).exp_avg_sq().clone();
+  const torch::Tensor m = st(model->b1_bn->weight).exp_avg().clone(),
+                      v = st(model->b1_bn->weight).exp_avg_sq().clone();
   Pruner pruner(*model, forward_of(model, torch::randn({2, 3, 8, 8})), quiet());
   pruner.step(0.5, &opt);
   torch::Tensor keep;
@@ -289,10 +294,11 @@ TEST(Pruner, PrunedSequentialPrintsAndClones) {
   torch::manual_seed(11);
   torch::nn::Sequential model(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)),
                               torch::nn::BatchNorm2d(16), torch::nn::ReLU(),
-                              torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 8, 3).padding(1)), torch::nn::ReLU(),
-                              torch::nn::Flatten(), torch::nn::Linear(8 * 4 * 4, 10));
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 8, 3).padding(1)),
+                              torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(8 * 4 * 4, 10));
   const torch::Tensor x = torch::randn({2, 3, 4, 4});
-  Pruner pruner(*model, [&] { return std::vector<torch::Tensor>{model->forward(x)}; }, quiet());
+  Pruner pruner(
+      *model, [&] { return std::vector<torch::Tensor>{model->forward(x)}; }, quiet());
   pruner.step(0.5);
   std::ostringstream printed;
   printed << *model;
@@ -339,7 +345,8 @@ TEST(PrunerCuda, PruningOnTheGpuMatchesTheCpu) {
   cpu->eval();
   gpu->eval();
   EXPECT_TRUE(torch::allclose(cpu->forward(x), gpu->forward(x.cuda()).cpu(), 1e-4, 1e-5));
-  const auto& st = static_cast<torch::optim::SGDParamState&>(*opt.state().at(gpu->a1->weight.unsafeGetTensorImpl()));
+  const auto& st =
+      static_cast<torch::optim::SGDParamState&>(*opt.state().at(gpu->a1->weight.unsafeGetTensorImpl()));
   EXPECT_EQ(st.momentum_buffer().sizes(), gpu->a1->weight.sizes());
   EXPECT_TRUE(st.momentum_buffer().is_cuda());
 }

@@ -169,7 +169,8 @@ TEST(Precision, Bf16MixedTrainsUnderAutocast) {
   EXPECT_EQ(r.skipped_steps, 0);
   EXPECT_EQ(trainer.grad_scaler(), nullptr);
   EXPECT_GT(r.last_val.accuracy, 0.9);
-  for (auto& p : task.model()->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat32) << "fp32 master weights";
+  for (auto& p : task.model()->parameters())
+    EXPECT_EQ(p.scalar_type(), torch::kFloat32) << "fp32 master weights";
 }
 
 TEST(Precision, Fp16MixedResumeIsExact) {

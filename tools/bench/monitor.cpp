@@ -5,7 +5,8 @@
 // its throughput relative to "off" in the same round, which cancels drift.
 // The peer is the same Trainer without callbacks. Goal: under 2% overhead.
 //
-//   ember_bench_monitor [--device cpu|cuda] [--steps N] [--rounds R] [--batch-size B] [--threads T] [--precision P]
+//   ember_bench_monitor [--device cpu|cuda] [--steps N] [--rounds R] [--batch-size B] [--threads T]
+//   [--precision P]
 //
 // Settings:
 //   off        no callbacks (twice: the second row shows the noise floor)
@@ -37,12 +38,18 @@ class Timed : public train::Callback {
   explicit Timed(std::shared_ptr<train::Callback> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name(); }
   void on_fit_start(train::Trainer& t) override { inner_->on_fit_start(t); }  // before the trainer's clock
-  void on_epoch_start(train::Trainer& t, int64_t e) override { time([&] { inner_->on_epoch_start(t, e); }); }
-  void on_step_phase(train::Trainer& t, train::StepPhase p) override { time([&] { inner_->on_step_phase(t, p); }); }
+  void on_epoch_start(train::Trainer& t, int64_t e) override {
+    time([&] { inner_->on_epoch_start(t, e); });
+  }
+  void on_step_phase(train::Trainer& t, train::StepPhase p) override {
+    time([&] { inner_->on_step_phase(t, p); });
+  }
   void on_before_optimizer_step(train::Trainer& t, torch::optim::Optimizer& o) override {
     time([&] { inner_->on_before_optimizer_step(t, o); });
   }
-  void on_step_end(train::Trainer& t, const train::StepInfo& i) override { time([&] { inner_->on_step_end(t, i); }); }
+  void on_step_end(train::Trainer& t, const train::StepInfo& i) override {
+    time([&] { inner_->on_step_end(t, i); });
+  }
   void on_epoch_end(train::Trainer& t, int64_t e, const train::EvalResult& r) override {
     time([&] { inner_->on_epoch_end(t, e, r); });
   }
@@ -61,7 +68,7 @@ class Timed : public train::Callback {
 
 struct Setting {
   const char* name;
-  int64_t log_every;    // 0 = no monitoring at all
+  int64_t log_every;  // 0 = no monitoring at all
   int64_t histograms;
 };
 
@@ -77,12 +84,18 @@ int main(int argc, char** argv) {
   int64_t steps = 40, rounds = 10, batch_size = 128, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--device") device_name = v;
-    else if (k == "--steps") steps = std::stoll(v);
-    else if (k == "--rounds") rounds = std::stoll(v);
-    else if (k == "--batch-size") batch_size = std::stoll(v);
-    else if (k == "--threads") threads = std::stoll(v);
-    else if (k == "--precision") precision = v;
+    if (k == "--device")
+      device_name = v;
+    else if (k == "--steps")
+      steps = std::stoll(v);
+    else if (k == "--rounds")
+      rounds = std::stoll(v);
+    else if (k == "--batch-size")
+      batch_size = std::stoll(v);
+    else if (k == "--threads")
+      threads = std::stoll(v);
+    else if (k == "--precision")
+      precision = v;
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -137,13 +150,15 @@ int main(int argc, char** argv) {
       }
     }
     std::fclose(devnull);
-    std::printf("own time = host time inside the monitoring callbacks' hooks / training time (no noise from\n"
-                "other rounds; on a GPU it includes waiting at the one sync per logging interval)\n");
-    std::printf("monitoring overhead: FashionNet, batch %lld, %lld steps per fit, %s, %s, median of %lld rounds\n",
-                static_cast<long long>(batch_size), static_cast<long long>(steps), core::describe_device(device).c_str(),
-                precision.c_str(), static_cast<long long>(rounds));
-    std::printf("%-36s %12s %10s %10s %18s %14s\n", "setting", "samples/s", "vs off", "overhead", "rounds' range",
-                "own time");
+    std::printf(
+        "own time = host time inside the monitoring callbacks' hooks / training time (no noise from\n"
+        "other rounds; on a GPU it includes waiting at the one sync per logging interval)\n");
+    std::printf(
+        "monitoring overhead: FashionNet, batch %lld, %lld steps per fit, %s, %s, median of %lld rounds\n",
+        static_cast<long long>(batch_size), static_cast<long long>(steps),
+        core::describe_device(device).c_str(), precision.c_str(), static_cast<long long>(rounds));
+    std::printf("%-36s %12s %10s %10s %18s %14s\n", "setting", "samples/s", "vs off", "overhead",
+                "rounds' range", "own time");
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<double> ratio;
       for (size_t r = 0; r < rate[s].size(); ++r) ratio.push_back(rate[s][r] / rate[0][r]);

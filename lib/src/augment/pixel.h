@@ -30,20 +30,20 @@ struct BatchGeometry {
 
 /// One sample's parameters in the form the pixel loop uses.
 struct SamplePlan {
-  int x0, y0, bw, bh;       // crop box in source pixels
-  float sx, sy;             // box / output size per axis (interpolate's scale)
+  int x0, y0, bw, bh;  // crop box in source pixels
+  float sx, sy;        // box / output size per axis (interpolate's scale)
   bool hflip, vflip;
-  bool exact;               // box size == output size: each output pixel copies one source pixel
-  bool color;               // apply m and clamp to [0, 1]
-  float m[12];              // v' = M v + t: m[4 r + k] (k < 3) = M[r][k], m[4 r + 3] = t[r]
-  int ex0, ey0, ex1, ey1;   // erase rectangle [ex0, ex1) x [ey0, ey1) of output pixels
+  bool exact;              // box size == output size: each output pixel copies one source pixel
+  bool color;              // apply m and clamp to [0, 1]
+  float m[12];             // v' = M v + t: m[4 r + k] (k < 3) = M[r][k], m[4 r + 3] = t[r]
+  int ex0, ey0, ex1, ey1;  // erase rectangle [ex0, ex1) x [ey0, ey1) of output pixels
 };
 
 /// Bilinear tap along one axis, as interpolate(align_corners=False) samples
 /// a box of `box` pixels starting at `start` into `out_size` outputs.
 struct Tap {
-  int i0, i1;   // source indices (may be outside the image: reads as 0)
-  float frac;   // weight of i1
+  int i0, i1;  // source indices (may be outside the image: reads as 0)
+  float frac;  // weight of i1
 };
 
 // The functions have internal linkage: every translation unit (the CPU
@@ -65,10 +65,14 @@ EMBER_HOST_DEVICE void sincos_turns(float t, float* s_out, float* c_out) {
   const float q = t * 1.57079632679f;  // (2 pi t) / 4
   const float q2 = q * q;
   // Horner forms of the Taylor series, with reciprocals (multiplications only).
-  float s = q * (1.0f - q2 * (1.0f / 6.0f) * (1.0f - q2 * (1.0f / 20.0f) * (1.0f - q2 * (1.0f / 42.0f) *
-                                                                             (1.0f - q2 * (1.0f / 72.0f)))));
-  float c = 1.0f - q2 * 0.5f * (1.0f - q2 * (1.0f / 12.0f) * (1.0f - q2 * (1.0f / 30.0f) *
-                                                              (1.0f - q2 * (1.0f / 56.0f) * (1.0f - q2 * (1.0f / 90.0f)))));
+  float s =
+      q *
+      (1.0f - q2 * (1.0f / 6.0f) *
+                  (1.0f - q2 * (1.0f / 20.0f) * (1.0f - q2 * (1.0f / 42.0f) * (1.0f - q2 * (1.0f / 72.0f)))));
+  float c = 1.0f - q2 * 0.5f *
+                       (1.0f - q2 * (1.0f / 12.0f) *
+                                   (1.0f - q2 * (1.0f / 30.0f) *
+                                               (1.0f - q2 * (1.0f / 56.0f) * (1.0f - q2 * (1.0f / 90.0f)))));
   for (int i = 0; i < 2; ++i) {
     const float s2 = 2.0f * s * c;
     const float c2 = c * c - s * s;
@@ -126,13 +130,14 @@ EMBER_HOST_DEVICE void color_matrix(const float* p, int channels, float center, 
     // Rotation by 2 pi h about the gray axis in YIQ space: T^-1 diag(1, R) T
     // = 1 w^T + cos (I - 1 w^T) + sin S, with S = T^-1[:, 1:] [[0, -1], [1, 0]] T[1:, :]
     // for the NTSC YIQ matrix T (rows I = 0.596 -0.274 -0.322, Q = 0.211 -0.523 0.312).
-    constexpr float kS[9] = {1.686217949e-01f, 3.298047453e-01f,  -4.984265402e-01f,
-                             -3.279633942e-01f, 3.461068792e-02f, 2.933527062e-01f,
+    constexpr float kS[9] = {1.686217949e-01f,  3.298047453e-01f,  -4.984265402e-01f,
+                             -3.279633942e-01f, 3.461068792e-02f,  2.933527062e-01f,
                              1.246461366e+00f,  -1.043228883e+00f, -2.032324828e-01f};
     float sn, cs;
     sincos_turns(h, &sn, &cs);
     for (int i = 0; i < 3; ++i) {
-      for (int j = 0; j < 3; ++j) a[4 * i + j] = w[j] + cs * ((i == j ? 1.0f : 0.0f) - w[j]) + sn * kS[3 * i + j];
+      for (int j = 0; j < 3; ++j)
+        a[4 * i + j] = w[j] + cs * ((i == j ? 1.0f : 0.0f) - w[j]) + sn * kS[3 * i + j];
       a[4 * i + 3] = 0.0f;
     }
     compose(a, m);
@@ -161,8 +166,8 @@ EMBER_HOST_DEVICE SamplePlan make_plan(const float* p, const BatchGeometry& g) {
   s.sx = static_cast<float>(s.bw) / static_cast<float>(g.ow);
   s.sy = static_cast<float>(s.bh) / static_cast<float>(g.oh);
   const bool gray = p[kGray] > 0.5f && g.c == 3;
-  s.color = p[kBrightness] != 1.0f || p[kContrast] != 1.0f || (g.c == 3 && (p[kSaturation] != 1.0f || p[kHue] != 0.0f)) ||
-            gray;
+  s.color = p[kBrightness] != 1.0f || p[kContrast] != 1.0f ||
+            (g.c == 3 && (p[kSaturation] != 1.0f || p[kHue] != 0.0f)) || gray;
   if (s.color) {
     color_matrix(p, g.c, g.contrast_center, s.m);
   } else {
@@ -192,8 +197,8 @@ EMBER_HOST_DEVICE float texel(const uint8_t* img, const BatchGeometry& g, int y,
 
 /// The output values (fp32, all channels) of output pixel (oy, ox) of one
 /// sample. `img` points at the sample's uint8 [h, w, c] image.
-EMBER_HOST_DEVICE void augment_pixel(const uint8_t* img, const BatchGeometry& g, const SamplePlan& s, int oy, int ox,
-                                     float out[kMaxChannels]) {
+EMBER_HOST_DEVICE void augment_pixel(const uint8_t* img, const BatchGeometry& g, const SamplePlan& s, int oy,
+                                     int ox, float out[kMaxChannels]) {
   if (ox >= s.ex0 && ox < s.ex1 && oy >= s.ey0 && oy < s.ey1) {
     for (int ch = 0; ch < g.c; ++ch) out[ch] = g.erase_value;
     return;
@@ -207,15 +212,18 @@ EMBER_HOST_DEVICE void augment_pixel(const uint8_t* img, const BatchGeometry& g,
     const Tap ty = make_tap(sy, s.sy, s.y0, s.bh);
     const Tap tx = make_tap(sx, s.sx, s.x0, s.bw);
     for (int ch = 0; ch < g.c; ++ch) {
-      const float top = (1.0f - tx.frac) * texel(img, g, ty.i0, tx.i0, ch) + tx.frac * texel(img, g, ty.i0, tx.i1, ch);
-      const float bot = (1.0f - tx.frac) * texel(img, g, ty.i1, tx.i0, ch) + tx.frac * texel(img, g, ty.i1, tx.i1, ch);
+      const float top =
+          (1.0f - tx.frac) * texel(img, g, ty.i0, tx.i0, ch) + tx.frac * texel(img, g, ty.i0, tx.i1, ch);
+      const float bot =
+          (1.0f - tx.frac) * texel(img, g, ty.i1, tx.i0, ch) + tx.frac * texel(img, g, ty.i1, tx.i1, ch);
       v[ch] = ((1.0f - ty.frac) * top + ty.frac * bot) * (1.0f / 255.0f);
     }
   }
   if (s.color) {
     float r[kMaxChannels];
     if (g.c == 3) {
-      for (int i = 0; i < 3; ++i) r[i] = s.m[4 * i] * v[0] + s.m[4 * i + 1] * v[1] + s.m[4 * i + 2] * v[2] + s.m[4 * i + 3];
+      for (int i = 0; i < 3; ++i)
+        r[i] = s.m[4 * i] * v[0] + s.m[4 * i + 1] * v[1] + s.m[4 * i + 2] * v[2] + s.m[4 * i + 3];
     } else {
       r[0] = s.m[0] * v[0] + s.m[3];
     }

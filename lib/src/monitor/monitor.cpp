@@ -23,8 +23,12 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-double mib(int64_t bytes) { return bytes >= 0 ? static_cast<double>(bytes) / kMiB : NAN; }
-double or_nan(double v) { return v >= 0 ? v : NAN; }
+double mib(int64_t bytes) {
+  return bytes >= 0 ? static_cast<double>(bytes) / kMiB : NAN;
+}
+double or_nan(double v) {
+  return v >= 0 ? v : NAN;
+}
 
 torch::Device device_of(torch::nn::Module& model) {
   for (const auto& p : model.parameters()) return p.device();
@@ -34,12 +38,29 @@ torch::Device device_of(torch::nn::Module& model) {
 
 // The numbers of the step record, in the order of the file's columns.
 const std::vector<std::string>& step_columns() {
-  static const std::vector<std::string> columns{
-      "loss",        "lr",          "samples_per_second", "tokens_per_second", "step_ms",
-      "data_ms",     "forward_ms",  "backward_ms",        "optimizer_ms",      "other_ms",
-      "mfu",         "loss_scale",  "skipped_steps",      "gpu_mem_allocated_mib", "gpu_mem_reserved_mib",
-      "gpu_mem_peak_mib", "gpu_util", "gpu_mem_used_mib", "gpu_temp_c", "gpu_power_w",
-      "gpu_sm_clock_mhz", "cpu_percent", "rss_mib"};
+  static const std::vector<std::string> columns{"loss",
+                                                "lr",
+                                                "samples_per_second",
+                                                "tokens_per_second",
+                                                "step_ms",
+                                                "data_ms",
+                                                "forward_ms",
+                                                "backward_ms",
+                                                "optimizer_ms",
+                                                "other_ms",
+                                                "mfu",
+                                                "loss_scale",
+                                                "skipped_steps",
+                                                "gpu_mem_allocated_mib",
+                                                "gpu_mem_reserved_mib",
+                                                "gpu_mem_peak_mib",
+                                                "gpu_util",
+                                                "gpu_mem_used_mib",
+                                                "gpu_temp_c",
+                                                "gpu_power_w",
+                                                "gpu_sm_clock_mhz",
+                                                "cpu_percent",
+                                                "rss_mib"};
   return columns;
 }
 
@@ -51,13 +72,16 @@ class RngRestore {
     cpu_ = at::detail::getDefaultCPUGenerator().get_state();
     if (torch::cuda::is_available())
       for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i)
-        cuda_.push_back(at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))).get_state());
+        cuda_.push_back(at::globalContext()
+                            .defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)))
+                            .get_state());
   }
   ~RngRestore() {
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
     cpu.set_state(cpu_);
     for (size_t i = 0; i < cuda_.size(); ++i) {
-      at::Generator gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      at::Generator gen =
+          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
       gen.set_state(cuda_[i]);
     }
   }
@@ -89,10 +113,10 @@ std::map<std::string, double> MonitorSummary::as_map() const {
 }
 
 Monitor::Monitor(MonitorOptions options) : options_(std::move(options)) {
-  EMBER_CHECK(options_.log_every >= 0, "[monitor::Monitor] log_every (trainer.log_every) must be >= 0, got {}",
-              options_.log_every);
-  EMBER_CHECK(options_.histogram_every >= 0, "[monitor::Monitor] monitor.histogram_every must be >= 0, got {}",
-              options_.histogram_every);
+  EMBER_CHECK(options_.log_every >= 0,
+              "[monitor::Monitor] log_every (trainer.log_every) must be >= 0, got {}", options_.log_every);
+  EMBER_CHECK(options_.histogram_every >= 0,
+              "[monitor::Monitor] monitor.histogram_every must be >= 0, got {}", options_.histogram_every);
   EMBER_CHECK(options_.data_wait_warning >= 0 && options_.data_wait_warning <= 1,
               "[monitor::Monitor] monitor.data_wait_warning must be in [0, 1] (0 = off), got {}",
               options_.data_wait_warning);
@@ -109,7 +133,8 @@ Monitor& Monitor::add_writer(std::shared_ptr<MetricsWriter> writer) {
 void Monitor::count_flops(train::Trainer& trainer) {
   train::Task& task = *trainer.task();
   counted_parameters_ = train::count_parameters(*task.model());
-  flops_per_sample_ = options_.flops_per_sample > 0 ? options_.flops_per_sample : task.train_flops_per_sample();
+  flops_per_sample_ =
+      options_.flops_per_sample > 0 ? options_.flops_per_sample : task.train_flops_per_sample();
   if (flops_per_sample_ <= 0 && options_.peak_flops >= 0) {
     // A forward pass on two samples of held-out data (no augmentation), else
     // of the training data, under the trainer's RNG state (restored after:
@@ -122,7 +147,9 @@ void Monitor::count_flops(train::Trainer& trainer) {
     std::optional<data::Batch> batch = loader->next();
     if (batch && batch->size() > 0) {
       const int64_t n = std::min<int64_t>(batch->size(), 2);
-      const auto head = [n](const torch::Tensor& t) { return t.defined() && t.dim() > 0 ? t.narrow(0, 0, n) : t; };
+      const auto head = [n](const torch::Tensor& t) {
+        return t.defined() && t.dim() > 0 ? t.narrow(0, 0, n) : t;
+      };
       batch->input = head(batch->input);
       batch->target = head(batch->target);
       batch->index = head(batch->index);
@@ -134,14 +161,16 @@ void Monitor::count_flops(train::Trainer& trainer) {
         // Backward costs twice the forward (gradients of inputs and of weights).
         flops_per_sample_ = 3.0 * static_cast<double>(cost.flops()) / static_cast<double>(n);
       } catch (const std::exception& e) {  // training itself will say what is wrong, if anything is
-        std::fprintf(options_.stream, "monitor: no MFU: counting the model's FLOPs failed (set mfu.flops_per_sample): %s\n",
+        std::fprintf(options_.stream,
+                     "monitor: no MFU: counting the model's FLOPs failed (set mfu.flops_per_sample): %s\n",
                      e.what());
       }
       reset_peak_memory(device_);  // the counting graph is not the run's peak
     }
     if (flops_per_sample_ <= 0)
-      std::fprintf(options_.stream, "monitor: note: no MFU: the model's forward pass has no matrix products to count "
-                                    "(set mfu.flops_per_sample)\n");
+      std::fprintf(options_.stream,
+                   "monitor: note: no MFU: the model's forward pass has no matrix products to count "
+                   "(set mfu.flops_per_sample)\n");
   }
   peak_flops_ = options_.peak_flops;
   if (peak_flops_ == 0 && flops_per_sample_ > 0) {
@@ -158,7 +187,8 @@ void Monitor::count_flops(train::Trainer& trainer) {
 
 double Monitor::interval_seconds() const {
   double s = interval_seconds_;
-  if (interval_since_) s += std::chrono::duration<double>(std::chrono::steady_clock::now() - *interval_since_).count();
+  if (interval_since_)
+    s += std::chrono::duration<double>(std::chrono::steady_clock::now() - *interval_since_).count();
   return s;
 }
 
@@ -181,10 +211,12 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
   writers_.clear();
   tensorboard_.reset();
   if (!options_.run_dir.empty()) {
-    if (options_.jsonl) writers_.push_back(std::make_shared<JsonlWriter>(options_.run_dir + "/metrics.jsonl", fit_start_));
+    if (options_.jsonl)
+      writers_.push_back(std::make_shared<JsonlWriter>(options_.run_dir + "/metrics.jsonl", fit_start_));
     if (options_.csv) {
-      writers_.push_back(
-          std::make_shared<CsvWriter>(options_.run_dir + "/metrics_steps.csv", std::set<std::string>{"step"}, step_columns(), fit_start_));
+      writers_.push_back(std::make_shared<CsvWriter>(options_.run_dir + "/metrics_steps.csv",
+                                                     std::set<std::string>{"step"}, step_columns(),
+                                                     fit_start_));
       writers_.push_back(std::make_shared<CsvWriter>(
           options_.run_dir + "/metrics_epochs.csv", std::set<std::string>{"train_epoch", "val"},
           std::vector<std::string>{"loss", "accuracy", "seconds", "samples", "skipped_steps"}, fit_start_));
@@ -201,7 +233,8 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
   if (options_.nvml && device_.is_cuda()) {
     std::string why;
     nvml_ = Nvml::open("", &why);
-    if (!nvml_) std::fprintf(options_.stream, "monitor: note: no GPU utilisation, power or clocks: %s\n", why.c_str());
+    if (!nvml_)
+      std::fprintf(options_.stream, "monitor: note: no GPU utilisation, power or clocks: %s\n", why.c_str());
   }
   gpu_uuid_ = cuda_device_uuid(device_);
   host_.sample();
@@ -282,11 +315,12 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   if (timed && options_.data_wait_warning > 0 && t.share(StepPhase::kData) > options_.data_wait_warning &&
       warned_epoch_ != info.epoch) {
     warned_epoch_ = info.epoch;  // at most once per epoch
-    std::fprintf(options_.stream,
-                 "\nmonitor: warning: waiting for data took %.0f%% of the step time over the last %lld steps "
-                 "(monitor.data_wait_warning=%.2f): the input pipeline is the bottleneck; give the loader more "
-                 "workers or prefetch, keep batches in pinned memory, or move augmentation to the GPU\n",
-                 100.0 * t.share(StepPhase::kData), static_cast<long long>(t.steps), options_.data_wait_warning);
+    std::fprintf(
+        options_.stream,
+        "\nmonitor: warning: waiting for data took %.0f%% of the step time over the last %lld steps "
+        "(monitor.data_wait_warning=%.2f): the input pipeline is the bottleneck; give the loader more "
+        "workers or prefetch, keep batches in pinned memory, or move augmentation to the GPU\n",
+        100.0 * t.share(StepPhase::kData), static_cast<long long>(t.steps), options_.data_wait_warning);
   }
   loss_sum_ = torch::Tensor();
   interval_steps_ = interval_samples_ = 0;
@@ -301,9 +335,12 @@ void Monitor::write_histograms(train::Trainer& trainer, int64_t step, const char
       if (t.defined()) tensorboard_->add_histogram(std::string(what) + "/" + item.key(), t, step);
     }
   } catch (const std::exception& e) {
-    std::fprintf(options_.stream, "\nmonitor: warning: %s; TensorBoard is off for the rest of the run\n", e.what());
+    std::fprintf(options_.stream, "\nmonitor: warning: %s; TensorBoard is off for the rest of the run\n",
+                 e.what());
     writers_.erase(std::remove_if(writers_.begin(), writers_.end(),
-                                  [](const auto& w) { return std::dynamic_pointer_cast<TensorBoardScalars>(w) != nullptr; }),
+                                  [](const auto& w) {
+                                    return std::dynamic_pointer_cast<TensorBoardScalars>(w) != nullptr;
+                                  }),
                    writers_.end());
     tensorboard_.reset();
   }
@@ -325,7 +362,8 @@ Record Monitor::epoch_record(const char* kind, int64_t epoch, const train::EvalR
   rec.wall_time = unix_now();
   rec.add("loss", r.loss).add("accuracy", r.accuracy >= 0 ? r.accuracy : NAN).add("seconds", r.seconds);
   rec.add("samples", static_cast<double>(r.samples));
-  if (std::string(kind) == "train_epoch") rec.add("skipped_steps", static_cast<double>(trainer.skipped_steps()));
+  if (std::string(kind) == "train_epoch")
+    rec.add("skipped_steps", static_cast<double>(trainer.skipped_steps()));
   return rec;
 }
 
@@ -348,7 +386,8 @@ void Monitor::on_fit_end(train::Trainer&) {
   interval_since_.reset();
   if (logged_seconds_ > 0 && logged_samples_ > 0) {
     summary_.samples_per_second = static_cast<double>(logged_samples_) / logged_seconds_;
-    if (flops_per_sample_ > 0 && peak_flops_ > 0) summary_.mfu = flops_per_sample_ * summary_.samples_per_second / peak_flops_;
+    if (flops_per_sample_ > 0 && peak_flops_ > 0)
+      summary_.mfu = flops_per_sample_ * summary_.samples_per_second / peak_flops_;
   }
   if (summary_.times.steps > 0) summary_.data_share = summary_.times.share(StepPhase::kData);
   const DeviceMemory mem = device_memory(device_);
@@ -366,7 +405,8 @@ void Monitor::emit(const Record& record) {
       (*it)->write(record);
       ++it;
     } catch (const std::exception& e) {
-      std::fprintf(options_.stream, "\nmonitor: warning: %s; that writer is off for the rest of the run\n", e.what());
+      std::fprintf(options_.stream, "\nmonitor: warning: %s; that writer is off for the rest of the run\n",
+                   e.what());
       if (tensorboard_ && std::dynamic_pointer_cast<TensorBoardScalars>(*it)) tensorboard_.reset();
       it = writers_.erase(it);
     }

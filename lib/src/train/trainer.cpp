@@ -112,10 +112,13 @@ Trainer::Trainer(TrainerOptions options)
     : options_(std::move(options)), precision_(amp::parse_precision(options_.precision)) {
   EMBER_CHECK(options_.epochs >= 0, "[train::Trainer] trainer.epochs must be >= 0, got {}", options_.epochs);
   EMBER_CHECK(options_.accumulate_grad_batches >= 1,
-              "[train::Trainer] trainer.accumulate_grad_batches must be >= 1, got {}", options_.accumulate_grad_batches);
-  EMBER_CHECK(options_.clip_grad_norm >= 0, "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}",
+              "[train::Trainer] trainer.accumulate_grad_batches must be >= 1, got {}",
+              options_.accumulate_grad_batches);
+  EMBER_CHECK(options_.clip_grad_norm >= 0,
+              "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}",
               options_.clip_grad_norm);
-  if (amp::needs_grad_scaler(precision_)) amp::GradScaler check(options_.grad_scaler);  // validates the options
+  if (amp::needs_grad_scaler(precision_))
+    amp::GradScaler check(options_.grad_scaler);  // validates the options
   EMBER_CHECK(options_.resume.empty() || options_.resume != "auto" || !options_.run_dir.empty(),
               "[train::Trainer] trainer.resume=auto needs a run folder (run.dir)");
 }
@@ -162,8 +165,10 @@ std::string Trainer::resolve_resume_path() const {
     return f.good() ? p : "";
   }
   std::ifstream f(options_.resume);
-  EMBER_CHECK(f.good(), "[train::Trainer] trainer.resume={}: no such checkpoint (use auto to resume "
-              "from the run folder when one exists)", options_.resume);
+  EMBER_CHECK(f.good(),
+              "[train::Trainer] trainer.resume={}: no such checkpoint (use auto to resume "
+              "from the run folder when one exists)",
+              options_.resume);
   return options_.resume;
 }
 
@@ -186,7 +191,8 @@ void Trainer::save_checkpoint(const std::string& path) {
   state.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
   if (torch::cuda::is_available()) {
     for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
-      at::Generator gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      at::Generator gen =
+          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
       state.write("rng_cuda_" + std::to_string(i), gen.get_state());
     }
   }
@@ -215,9 +221,10 @@ void Trainer::load_checkpoint(const std::string& path) {
   try {
     root.load_from(path);
   } catch (const std::exception& e) {
-    detail::fail("[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
-                 "checkpoint ({}); remove it or point trainer.resume at another one",
-                 path, std::string(e.what()).substr(0, 200));
+    detail::fail(
+        "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
+        "checkpoint ({}); remove it or point trainer.resume at another one",
+        path, std::string(e.what()).substr(0, 200));
   }
   torch::serialize::InputArchive model_archive, optim_archive, state, callbacks;
   try {
@@ -226,9 +233,10 @@ void Trainer::load_checkpoint(const std::string& path) {
     root.read("trainer", state);
     root.read("callbacks", callbacks);
   } catch (const std::exception& e) {
-    detail::fail("[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
-                 "trainer.resume at another one",
-                 path, std::string(e.what()).substr(0, 200));
+    detail::fail(
+        "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
+        "trainer.resume at another one",
+        path, std::string(e.what()).substr(0, 200));
   }
   // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
   std::set<std::string> registered;
@@ -241,21 +249,24 @@ void Trainer::load_checkpoint(const std::string& path) {
     torch::serialize::InputArchive unread;
     if (registered.count(key) || !callbacks.try_read(key, unread) || unread.keys().empty()) continue;
     // A pruned model's weights would load into the full-size layers (the archive resizes tensors), silently.
-    EMBER_CHECK(key != "pruning",
-                "[train::Trainer] checkpoint {} is of a pruned model, but no pruning callback is registered to "
-                "replay its plan: add prune::PruningCallback (recipes: keep the prune.* keys as they were)",
-                path);
-    std::cerr << fmt::format("[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
-                             "not have; it is ignored\n",
-                             path, key);
+    EMBER_CHECK(
+        key != "pruning",
+        "[train::Trainer] checkpoint {} is of a pruned model, but no pruning callback is registered to "
+        "replay its plan: add prune::PruningCallback (recipes: keep the prune.* keys as they were)",
+        path);
+    std::cerr << fmt::format(
+        "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
+        "not have; it is ignored\n",
+        path, key);
   }
   try {
     task_->model()->load(model_archive);
     optimizer_->load(optim_archive);
   } catch (const std::exception& e) {
-    detail::fail("[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
-                 "written by a different recipe or config?",
-                 path, std::string(e.what()).substr(0, 300));
+    detail::fail(
+        "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
+        "written by a different recipe or config?",
+        path, std::string(e.what()).substr(0, 300));
   }
   torch::IValue v;
   state.read("epoch", v);
@@ -274,10 +285,13 @@ void Trainer::load_checkpoint(const std::string& path) {
           want.backoff_factor() != grad_scaler_->get_backoff_factor() ||
           want.growth_interval() != grad_scaler_->get_growth_interval())
         std::cerr << fmt::format(
-            "[train::Trainer] note: the checkpoint's loss-scaling settings (growth_factor {}, backoff_factor {}, "
-            "growth_interval {}) replace the configured ones ({}, {}, {}), as PyTorch's GradScaler does on load\n",
+            "[train::Trainer] note: the checkpoint's loss-scaling settings (growth_factor {}, backoff_factor "
+            "{}, "
+            "growth_interval {}) replace the configured ones ({}, {}, {}), as PyTorch's GradScaler does on "
+            "load\n",
             grad_scaler_->get_growth_factor(), grad_scaler_->get_backoff_factor(),
-            grad_scaler_->get_growth_interval(), want.growth_factor(), want.backoff_factor(), want.growth_interval());
+            grad_scaler_->get_growth_interval(), want.growth_factor(), want.backoff_factor(),
+            want.growth_interval());
     }
   }
   state.read("epoch_samples", v);
@@ -297,7 +311,8 @@ void Trainer::load_checkpoint(const std::string& path) {
   base_lrs_.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
   const auto params = task_->model()->parameters();
   const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
-  for (auto [key, sum] : {std::pair{"epoch_loss_sum", &epoch_sums_.loss_sum}, std::pair{"epoch_correct", &epoch_sums_.correct}}) {
+  for (auto [key, sum] : {std::pair{"epoch_loss_sum", &epoch_sums_.loss_sum},
+                          std::pair{"epoch_correct", &epoch_sums_.correct}}) {
     const torch::Tensor t = try_read_tensor(key);
     if (t.defined()) *sum = t.to(device);
   }
@@ -307,7 +322,8 @@ void Trainer::load_checkpoint(const std::string& path) {
     for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
       const torch::Tensor rng = try_read_tensor("rng_cuda_" + std::to_string(i));
       if (rng.defined()) {
-        at::Generator gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+        at::Generator gen = at::globalContext().defaultGenerator(
+            torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
         gen.set_state(rng);
       }
     }
@@ -329,7 +345,8 @@ FitResult Trainer::fit(Task& task) {
   const c10::DeviceType device_type = device_type_of(*model);
   amp::check_precision_supported(precision, device_type);
   const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
-  grad_scaler_ = amp::needs_grad_scaler(precision) ? std::make_unique<amp::GradScaler>(options_.grad_scaler) : nullptr;
+  grad_scaler_ =
+      amp::needs_grad_scaler(precision) ? std::make_unique<amp::GradScaler>(options_.grad_scaler) : nullptr;
   epoch_sums_ = {};
   stop_requested_ = false;
   stop_reason_.clear();
@@ -371,18 +388,22 @@ FitResult Trainer::fit(Task& task) {
       const int64_t window = std::min(k, num_batches - window_start);
       phase(StepPhase::kData);
       std::optional<data::Batch> batch = loader.next();
-      EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", batch_, num_batches);
+      EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", batch_,
+                  num_batches);
 
       phase(StepPhase::kForward);
       const MicroBatch micro{batch_ - window_start, window};
       for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
-      StepOutput out = forward_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
+      StepOutput out =
+          forward_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
       check_loss(out, "training_step");
       phase(StepPhase::kBackward);
       for (auto& cb : callbacks_) cb->on_before_backward(*this, out, micro);
       const auto backward = [&](const torch::Tensor& loss) {
-        if (grad_scaler_) grad_scaler_->scale(loss).backward();
-        else loss.backward();
+        if (grad_scaler_)
+          grad_scaler_->scale(loss).backward();
+        else
+          loss.backward();
       };
       if (window == 1) {  // no accumulation: skip the extra autograd node and division
         backward(out.loss);
@@ -415,8 +436,7 @@ FitResult Trainer::fit(Task& task) {
         ++global_step_;
         if (!stepped) ++skipped_steps_;
         apply_schedule();
-        StepInfo info{epoch_,    global_step_, batch_,         step_samples,
-                      lr,        step_loss,    !stepped,       skipped_steps_,
+        StepInfo info{epoch_, global_step_, batch_, step_samples, lr, step_loss, !stepped, skipped_steps_,
                       // A snapshot (update() works in place); none when the scaler is off.
                       grad_scaler_ && grad_scaler_->is_enabled() ? grad_scaler_->scale_tensor().clone()
                                                                  : torch::Tensor()};
@@ -458,7 +478,8 @@ FitResult Trainer::fit(Task& task) {
       // stopping) stops every rank, so none is left waiting in a collective.
       const auto ps = model->parameters();
       const torch::Device dev = ps.empty() ? torch::Device(torch::kCPU) : ps.front().device();
-      torch::Tensor flag = torch::full({1}, stop_requested_ ? 1.0 : 0.0, torch::TensorOptions().dtype(torch::kFloat64).device(dev));
+      torch::Tensor flag = torch::full({1}, stop_requested_ ? 1.0 : 0.0,
+                                       torch::TensorOptions().dtype(torch::kFloat64).device(dev));
       options_.all_reduce_sum(flag);
       if (flag.item<double>() > 0 && !stop_requested_) request_stop("stopped by another rank");
     }
@@ -490,7 +511,8 @@ EvalResult Trainer::evaluate(Task& task, data::Loader& loader) {
   const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
   loader.start_epoch(0, 0);
   while (auto batch = loader.next()) {
-    StepOutput out = forward_with_precision(precision, device_type, [&] { return task.evaluation_step(*batch); });
+    StepOutput out =
+        forward_with_precision(precision, device_type, [&] { return task.evaluation_step(*batch); });
     check_loss(out, "evaluation_step");
     sums.add(out, batch->size());
   }

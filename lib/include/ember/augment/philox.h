@@ -37,15 +37,17 @@ EMBER_HOST_DEVICE Philox4x32 philox4x32_10(Philox4x32 counter, uint32_t key0, ui
 }
 
 /// A uint32 to a float in [0, 1): the top 24 bits, so every value is exact in fp32.
-EMBER_HOST_DEVICE float uniform01(uint32_t x) { return static_cast<float>(x >> 8) * (1.0f / 16777216.0f); }
+EMBER_HOST_DEVICE float uniform01(uint32_t x) {
+  return static_cast<float>(x >> 8) * (1.0f / 16777216.0f);
+}
 
 /// Four uniforms in [0, 1) for draw block `block` of sample `sample` in `epoch`
 /// under `seed`. Distinct (sample, epoch, block) give independent streams.
 EMBER_HOST_DEVICE void sample_uniforms(uint64_t seed, uint64_t sample, uint32_t epoch, uint32_t block,
                                        float out[4]) {
-  const Philox4x32 r =
-      philox4x32_10(Philox4x32{{static_cast<uint32_t>(sample), static_cast<uint32_t>(sample >> 32), epoch, block}},
-                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const Philox4x32 r = philox4x32_10(
+      Philox4x32{{static_cast<uint32_t>(sample), static_cast<uint32_t>(sample >> 32), epoch, block}},
+      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   for (int i = 0; i < 4; ++i) out[i] = uniform01(r.v[i]);
 }
 
