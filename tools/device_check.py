@@ -61,7 +61,7 @@ MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
 BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
            "ember_bench_ddp")
-TESTS = ("ember_tests", "ember_ddp_worker")
+TESTS = ("ember_tests", "ember_ddp_worker", "ember_parity_grad_scaler")
 # The GPU test cases that compute-sanitizer runs: the two custom kernels.
 SANITIZED = "AugmentCuda.*:CountCorrectCuda.*"
 
@@ -659,6 +659,20 @@ def nccl(c: Check):
     ok = rc == 0 and got.get("backend") == "nccl" and got.get("steps", 0) > 0
     c.report(name, "ok" if ok else "FAIL", json.dumps(got) if ok else f"exit {rc}: {first_failure(out)}",
              numbers=got, seconds=time.monotonic() - t0)
+
+
+@step("GradScaler parity with torch.amp.GradScaler (cuda)", 1, 40)
+def grad_scaler_parity(c: Check):
+    name = "GradScaler parity with torch.amp.GradScaler (cuda)"
+    t0 = time.monotonic()
+    rc, out = c.run([c.python, ROOT / "tests" / "parity" / "grad_scaler_parity.py", c.exe("ember_parity_grad_scaler"),
+                     c.work / "grad_scaler_parity", "--device", "cuda"], "grad_scaler_parity.log")
+    scenarios = re.findall(r"^(OK|FAIL) (\w+):", out, re.M)
+    ok = rc == 0 and scenarios and all(s == "OK" for s, _ in scenarios)
+    c.report(name, "ok" if ok else "FAIL",
+             f"{len(scenarios)} scenarios: the same scale trajectory, skips and weights on the GPU" if ok else
+             f"exit {rc}; {', '.join(f'{n} {s}' for s, n in scenarios) or 'no scenario ran'}: {first_failure(out)}",
+             seconds=time.monotonic() - t0)
 
 
 # ---- tier 2: speed ----------------------------------------------------------------

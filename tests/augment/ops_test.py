@@ -1,12 +1,14 @@
 """Ember's augmentation kernels as PyTorch operators, from Python.
 
-Usage: python ops_test.py /path/to/libember.so
+Usage: python ops_test.py /path/to/libember.so [--cpu | --cuda]
 
 Loads the library with torch.ops.load_library and checks, against formulas
 written here in PyTorch: flips and normalisation, the random resized crop
 (interpolate of the drawn box), brightness and grayscale, erasing,
-determinism across batch splits, argument errors, and (when a GPU is
-present) that the dispatcher's CUDA kernel equals the CPU result.
+determinism across batch splits, argument errors (--cpu: these only), and
+that the dispatcher's CUDA kernel equals the CPU result (--cuda: this only;
+exit 77, skipped, without a CUDA device). Without either flag, both; the
+CUDA case is then skipped without a device.
 """
 import math
 import sys
@@ -15,6 +17,9 @@ import unittest
 import torch
 import torch.nn.functional as F
 
+MODE = next((m for m in ("--cpu", "--cuda") if m in sys.argv), None)
+if MODE:
+    sys.argv.remove(MODE)
 LIB = sys.argv.pop(1) if len(sys.argv) > 1 else None
 
 X0, Y0, W, H, HFLIP, VFLIP, BRIGHT, CONTRAST, SAT, HUE, GRAY, EX0, EY0, EW, EH = range(15)
@@ -36,13 +41,15 @@ def as_float(x):  # uint8 NHWC -> float NCHW in [0, 1]
     return x.permute(0, 3, 1, 2).float() / 255.0
 
 
-class AugmentOps(unittest.TestCase):
+class WithLibrary(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         torch.ops.load_library(LIB)
         g = torch.Generator().manual_seed(0)
         cls.x = torch.randint(0, 256, (8, 20, 24, 3), dtype=torch.uint8, generator=g)
 
+
+class AugmentOps(WithLibrary):
     def test_schema_is_registered(self):
         self.assertTrue(hasattr(torch.ops.ember, "augment_apply"))
         self.assertIn("augment_apply", str(torch.ops.ember.augment_apply.default._schema))
@@ -107,6 +114,8 @@ class AugmentOps(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "crop must be none, pad or resized"):
             sample(torch.arange(8), 20, 24, crop="bogus")
 
+
+class AugmentOpsCuda(WithLibrary):
     @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device")
     def test_cuda_dispatch_equals_cpu(self):
         p = sample(torch.arange(8), 20, 24, size=(16, 16), crop="resized", hflip=0.5, color=(0.4, 0.4, 0.4, 0.1),
@@ -120,5 +129,9 @@ class AugmentOps(unittest.TestCase):
 
 if __name__ == "__main__":
     if not LIB:
-        sys.exit("usage: ops_test.py /path/to/libember.so")
-    unittest.main(verbosity=2)
+        sys.exit("usage: ops_test.py /path/to/libember.so [--cpu | --cuda]")
+    if MODE == "--cuda" and not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        sys.exit(77)
+    tests = {"--cpu": ["AugmentOps"], "--cuda": ["AugmentOpsCuda"]}.get(MODE, ["AugmentOps", "AugmentOpsCuda"])
+    unittest.main(defaultTest=tests, verbosity=2)

@@ -54,3 +54,23 @@ TEST(Philox, StreamsDependOnEveryKeyPart) {
   EXPECT_TRUE(differs(1, 2, 4, 4));
   EXPECT_TRUE(differs(1, 2, 3, 5));
 }
+
+TEST(Philox, SampleUniformsMapTheirArgumentsAsDocumented) {
+  // (seed, sample, epoch, block) are the key (seed low, seed high) and the
+  // counter (sample low, sample high, epoch, block); a uniform is the top 24
+  // bits over 2^24. Chosen so that key and counter are Random123's vectors
+  // above: the expected floats come from its published outputs, not from
+  // philox4x32_10, so a counter off by one, swapped words or another scaling fail.
+  const auto expect_uniforms = [](uint64_t seed, uint64_t sample, uint32_t epoch, uint32_t block,
+                                  Philox4x32 published) {
+    float got[4];
+    ember::augment::sample_uniforms(seed, sample, epoch, block, got);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(got[i], static_cast<float>(published.v[i] >> 8) / 16777216.0f) << "uniform " << i;
+  };
+  expect_uniforms(0, 0, 0, 0, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}});
+  expect_uniforms(~0ull, ~0ull, 0xffffffffu, 0xffffffffu,
+                  {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}});
+  expect_uniforms(0x299f31d0a4093822ull, 0x85a308d3243f6a88ull, 0x13198a2eu, 0x03707344u,
+                  {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}});
+}

@@ -79,6 +79,8 @@ class Saboteur : public train::Callback {
   std::string name() const override { return "saboteur"; }
   void on_step_end(train::Trainer&, const train::StepInfo& info) override {
     if (info.step == die_) {
+      // Some time into the step, as a crash would be: the heartbeat has published it (within ~10 ms).
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
       std::fprintf(stderr, "worker: dying at step %lld\n", static_cast<long long>(info.step));
       std::_Exit(9);
     }

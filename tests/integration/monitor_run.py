@@ -19,6 +19,11 @@ import sys
 from pathlib import Path
 
 
+def check(ok, what):
+    """An assert that PYTHONOPTIMIZE cannot remove: AssertionError(what) unless ok."""
+    if not ok:
+        raise AssertionError(what)
+
 
 def tag_of(kind, name):
     if kind == "train_epoch":
@@ -49,37 +54,39 @@ def main():
            "data.val_size=500", "data.test_subset=500", "trainer.log_every=5", "trainer.progress=false", "trainer.device=cpu",
            "trainer.threads=1", "monitor.histogram_every=10", "trainer.profile_steps=3", "trainer.profile_wait=2"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
+    check(done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
     if "without TensorBoard support" in done.stderr:
         print("SKIP: this build has no TensorBoard support")
         sys.exit(77)
 
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
-    assert len(steps) == 2 * (2000 // 128 + 1) // 5, len(steps)  # 16 steps per epoch, a record every 5 steps
+    check(len(steps) == 2 * (2000 // 128 + 1) // 5, len(steps))  # 16 steps per epoch, a record every 5 steps
     summary = json.loads((run / "summary.json").read_text())
     mon = summary["monitor"]
-    assert mon["flops_per_sample"] > 0 and mon["peak_flops"] > 0 and 0 < mon["mfu"] < 1, mon
+    check(mon["flops_per_sample"] > 0 and mon["peak_flops"] > 0 and 0 < mon["mfu"] < 1, mon)
     for r in steps:
         parts = sum(r[k] for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms"))
-        assert math.isclose(parts, r["step_ms"], rel_tol=1e-5), r
+        check(math.isclose(parts, r["step_ms"], rel_tol=1e-5), r)
         mfu = mon["flops_per_sample"] * r["samples_per_second"] / mon["peak_flops"]
-        assert math.isclose(r["mfu"], mfu, rel_tol=1e-5), (r["mfu"], mfu)
-    assert math.isclose(sum(mon[k + "_share"] for k in ("data", "forward", "backward", "optimizer", "other")), 1.0,
-                        rel_tol=1e-9), mon
+        check(math.isclose(r["mfu"], mfu, rel_tol=1e-5), (r["mfu"], mfu))
+    check(math.isclose(sum(mon[k + "_share"] for k in ("data", "forward", "backward", "optimizer", "other")), 1.0,
+                       rel_tol=1e-9), mon)
 
     # CSV: the same step rows.
     with open(run / "metrics_steps.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(steps), (len(rows), len(steps))
+    check(len(rows) == len(steps), (len(rows), len(steps)))
     for row, r in zip(rows, steps):
-        assert int(row["step"]) == r["step"] and math.isclose(float(row["loss"]), r["loss"], rel_tol=1e-6), (row, r)
-        assert row["gpu_util"] == "" and r["gpu_util"] is None
+        check(int(row["step"]) == r["step"] and math.isclose(float(row["loss"]), r["loss"], rel_tol=1e-6),
+              (row, r))
+        check(row["gpu_util"] == "" and r["gpu_util"] is None,
+              f"a CPU run has no gpu_util: {row['gpu_util']!r}, {r['gpu_util']!r}")
 
     # TensorBoard's own reader.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     files = list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(files) == 1, files
+    check(len(files) == 1, files)
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
     tags = acc.Tags()
@@ -89,27 +96,28 @@ def main():
             if name in ("kind", "epoch", "step", "time") or value is None:
                 continue
             events = {e.step: e.value for e in acc.Scalars(tag_of(r["kind"], name))}
-            assert r["step"] in events, (r["kind"], name, r["step"])
+            check(r["step"] in events, (r["kind"], name, r["step"]))
             # metrics.jsonl keeps 7 significant digits, TensorBoard a float32.
-            assert math.isclose(events[r["step"]], value, rel_tol=1e-6, abs_tol=1e-30), (name, events[r["step"]], value)
+            check(math.isclose(events[r["step"]], value, rel_tol=1e-6, abs_tol=1e-30),
+                  (name, events[r["step"]], value))
             checked += 1
     expected_tags = {tag_of(r["kind"], k) for r in records for k, v in r.items()
                      if k not in ("kind", "epoch", "step", "time") and v is not None}
-    assert set(tags["scalars"]) == expected_tags, set(tags["scalars"]) ^ expected_tags
+    check(set(tags["scalars"]) == expected_tags, set(tags["scalars"]) ^ expected_tags)
     hist = tags["histograms"]
     params = [t[len("weights/"):] for t in hist if t.startswith("weights/")]
-    assert params and all("gradients/" + n in hist for n in params), hist
+    check(params and all("gradients/" + n in hist for n in params), hist)
     for t in hist:
         hs = acc.Histograms(t)
-        assert [h.step for h in hs] == [10, 20, 30], (t, [h.step for h in hs])
-        assert all(h.histogram_value.num > 0 for h in hs)
+        check([h.step for h in hs] == [10, 20, 30], (t, [h.step for h in hs]))
+        check(all(h.histogram_value.num > 0 for h in hs), (t, [h.histogram_value.num for h in hs]))
 
     # The profiler's trace.
     trace = json.loads((run / "trace.json").read_text())["traceEvents"]
     names = [e.get("name") for e in trace if e.get("ph") == "X"]
     for phase in ("ember::data", "ember::forward", "ember::backward", "ember::optimizer"):
-        assert names.count(phase) == 3, (phase, names.count(phase))
-    assert any(n and n.startswith("aten::conv") for n in names), "no convolution in the trace"
+        check(names.count(phase) == 3, (phase, names.count(phase)))
+    check(any(n and n.startswith("aten::conv") for n in names), "no convolution in the trace")
     print(f"monitor_run: OK ({len(steps)} step records, {checked} TensorBoard scalars checked, "
           f"{len(hist)} histogram tags, {len(trace)} trace events)")
 

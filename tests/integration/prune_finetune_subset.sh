@@ -7,48 +7,62 @@
 # step), and that a bad prune.* value fails before any training.
 set -euo pipefail
 bin="$1"; root="$2"; out="$3"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/checks.sh"
 rm -rf "$out"; mkdir -p "$out"
+[[ -f "$root/train-images-idx3-ubyte.gz" ]] || skip "no Fashion-MNIST at $root"
 args=(data.root="$root" data.train_subset=2000 data.test_subset=500 trainer.epochs=1 prune.timing_steps=2
       trainer.threads=1 trainer.progress=false run.dir="$out/run")
 
 "$bin" "${args[@]}" finetune.epochs=1 >"$out/stdout" 2>"$out/stderr"
 cat "$out/stdout"
-grep -q '^pruning step 1 of 1 at epoch 0' "$out/stdout"
-grep -q '^prune_finetune: dense test accuracy .* -> pruned and fine-tuned' "$out/stdout"
+expect_in "$out/stdout" '^pruning step 1 of 1 at epoch 0'
+expect_in "$out/stdout" '^prune_finetune: dense test accuracy .* -> pruned and fine-tuned'
 python3 - "$out/run" 1 <<'PY'
 import json, sys, pathlib
+def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
+    if not ok:
+        raise AssertionError(what)
 run = pathlib.Path(sys.argv[1]); finetune_epochs = int(sys.argv[2])
 s = json.loads((run / "summary.json").read_text())
-assert s["recipe"] == "prune_finetune", s
-assert s["macs_ratio"] >= 2.0, s["macs_ratio"]
-assert 0.0 <= s["dense_test_accuracy"] <= 1.0 and 0.0 <= s["test_accuracy"] <= 1.0, s
-assert s["train_step_speedup"] > 0 and s["inference_speedup"] > 0, s
-assert s["epochs"] == 1 + finetune_epochs, s["epochs"]
+check(s["recipe"] == "prune_finetune", s)
+check(s["macs_ratio"] >= 2.0, s["macs_ratio"])
+check(0.0 <= s["dense_test_accuracy"] <= 1.0 and 0.0 <= s["test_accuracy"] <= 1.0, s)
+check(s["train_step_speedup"] > 0 and s["inference_speedup"] > 0, s)
+check(s["epochs"] == 1 + finetune_epochs, s["epochs"])
 plan = json.loads((run / "finetune" / "pruning_plan.json").read_text())
-assert plan["format"] == "ember.pruning_plan" and plan["entries"], plan
+check(plan["format"] == "ember.pruning_plan" and plan["entries"], plan)
 stem = [e for e in plan["entries"] if e["name"] == "stem.0.weight" and e["dim"] == 0][0]
-assert stem["size"] == 16 and len(stem["keep"]) == 8, stem
+check(stem["size"] == 16 and len(stem["keep"]) == 8, stem)
 steps = [json.loads(l) for l in (run / "finetune" / "pruning.jsonl").read_text().splitlines()]
-assert len(steps) == 1 and steps[0]["macs_after"] < steps[0]["macs_before"], steps
+check(len(steps) == 1 and steps[0]["macs_after"] < steps[0]["macs_before"], steps)
 print("summary and plan ok")
 PY
 
-# One more fine-tuning epoch: resumes the pruned checkpoint (plan replayed first).
+# One more fine-tuning epoch: both phases resume (the dense one is complete and
+# trains nothing; the fine-tuning replays the plan, then trains epoch 2 only).
+steps=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$out/run/summary.json")
 "$bin" "${args[@]}" finetune.epochs=2 trainer.resume=auto >"$out/stdout2" 2>"$out/stderr2"
 cat "$out/stdout2"
-if grep -q '^pruning step' "$out/stdout2"; then echo "pruned again on resume" >&2; exit 1; fi
-python3 - "$out/run" 2 <<'PY'
+if grep -q '^pruning step' "$out/stdout2"; then fail "pruned again on resume"; fi
+expect_in "$out/stderr2" "resuming from $out/run/checkpoints/last.pt: epoch 1, batch 0, step $steps\$"
+expect_in "$out/stderr2" "resuming from $out/run/finetune/checkpoints/last.pt: epoch 1, batch 0, step $steps\$"
+python3 - "$out/run" 2 "$steps" <<'PY'
 import json, sys, pathlib
+def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
+    if not ok:
+        raise AssertionError(what)
 s = json.loads((pathlib.Path(sys.argv[1]) / "summary.json").read_text())
-assert s["epochs"] == 1 + int(sys.argv[2]), s["epochs"]
-assert s["parameters"] < 100000, s["parameters"]
+check(s["epochs"] == 1 + int(sys.argv[2]), s["epochs"])
+check(s["parameters"] < 100000, s["parameters"])
+check(s.get("resumed_at_step") == int(sys.argv[3]), f"resumed after {sys.argv[3]} steps: {s}")
 print("resume ok")
 PY
 
 # Bad input fails fast with a clear message.
 if "$bin" "${args[@]}" run.dir="$out/bad" prune.importance=l3 >"$out/bad.out" 2>"$out/bad.err"; then
-  echo "prune.importance=l3 was accepted" >&2; exit 1
+  fail "prune.importance=l3 was accepted"
 fi
-grep -q "unknown importance 'l3'" "$out/bad.err"
-[[ ! -f "$out/bad/checkpoints/last.pt" ]]
+expect_in "$out/bad.err" "unknown importance 'l3'"
+[[ ! -f "$out/bad/checkpoints/last.pt" ]] || fail "prune.importance=l3 trained before failing"
 echo "prune_finetune subset ok"

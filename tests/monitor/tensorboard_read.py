@@ -43,6 +43,12 @@ from pathlib import Path
 import numpy as np
 
 
+def check(ok, what):
+    """An assert that PYTHONOPTIMIZE cannot remove: AssertionError(what) unless ok."""
+    if not ok:
+        raise AssertionError(what)
+
+
 def framing(data):
     """(offset, length, payload) of every record; asserts the file is whole."""
     records, at = [], 0
@@ -50,7 +56,7 @@ def framing(data):
         (length,) = struct.unpack_from("<Q", data, at)
         records.append((at, length, data[at + 12 : at + 12 + length]))
         at += 12 + length + 4
-    assert at == len(data), f"trailing bytes: {at} != {len(data)}"
+    check(at == len(data), f"trailing bytes: {at} != {len(data)}")
     return records
 
 
@@ -61,18 +67,18 @@ def main():
     t0 = time.time()
     run = subprocess.run([driver, str(out)])
     t1 = time.time()
-    assert run.returncode == 0, f"driver failed with exit code {run.returncode}"
+    check(run.returncode == 0, f"driver failed with exit code {run.returncode}")
     expected = json.loads((out / "expected.json").read_text())
 
     # 1. File name.
     files = sorted((out / "run").iterdir())
-    assert len(files) == 1, files
+    check(len(files) == 1, files)
     path = files[0]
     m = re.fullmatch(r"events\.out\.tfevents\.(\d{10})\.(.+)\.(\d+)\.0\.driver", path.name)
-    assert m, path.name
-    assert int(t0) - 1 <= int(m[1]) <= t1 + 1, (m[1], t0, t1)
-    assert m[2] == socket.gethostname(), (m[2], socket.gethostname())
-    assert int(m[3]) == expected["pid"], (m[3], expected["pid"])
+    check(m, path.name)
+    check(int(t0) - 1 <= int(m[1]) <= t1 + 1, (m[1], t0, t1))
+    check(m[2] == socket.gethostname(), (m[2], socket.gethostname()))
+    check(int(m[3]) == expected["pid"], (m[3], expected["pid"]))
 
     # TensorBoard without TensorFlow reads with its stub record reader (item 5).
     has_tf = importlib.util.find_spec("tensorflow") is not None
@@ -86,24 +92,24 @@ def main():
     kinds = (ea.SCALARS, ea.HISTOGRAMS, ea.COMPRESSED_HISTOGRAMS, ea.IMAGES, ea.AUDIO, ea.TENSORS)
     acc = ea.EventAccumulator(str(out / "run"), size_guidance={k: 0 for k in kinds})
     acc.Reload()
-    assert acc.file_version == 2.0, acc.file_version
+    check(acc.file_version == 2.0, acc.file_version)
     tags = acc.Tags()
     scalar_tags = sorted({s["tag"] for s in expected["scalars"]})
     histogram_tags = sorted({h["tag"] for h in expected["histograms"]})
-    assert sorted(tags[ea.SCALARS]) == scalar_tags, tags
-    assert sorted(tags[ea.HISTOGRAMS]) == histogram_tags, tags
+    check(sorted(tags[ea.SCALARS]) == scalar_tags, tags)
+    check(sorted(tags[ea.HISTOGRAMS]) == histogram_tags, tags)
     n_scalars = 0
     for tag in scalar_tags:
         want = [s for s in expected["scalars"] if s["tag"] == tag]
         got = acc.Scalars(tag)
-        assert len(got) == len(want), (tag, len(got), len(want))
+        check(len(got) == len(want), (tag, len(got), len(want)))
         for g, w in zip(got, want):
-            assert g.step == w["step"], (tag, g, w)
-            assert g.value == float(np.float32(w["value"])), (tag, g, w)
+            check(g.step == w["step"], (tag, g, w))
+            check(g.value == float(np.float32(w["value"])), (tag, g, w))
             if w["wall_time"] is None:
-                assert t0 - 1 <= g.wall_time <= t1 + 1, (tag, g, t0, t1)
+                check(t0 - 1 <= g.wall_time <= t1 + 1, (tag, g, t0, t1))
             else:
-                assert g.wall_time == w["wall_time"], (tag, g, w)
+                check(g.wall_time == w["wall_time"], (tag, g, w))
             n_scalars += 1
     print(f"scalars: {n_scalars} values of {len(scalar_tags)} tags match")
 
@@ -118,22 +124,22 @@ def main():
     for tag in histogram_tags:
         want = [h for h in expected["histograms"] if h["tag"] == tag]
         got = acc.Histograms(tag)
-        assert len(got) == len(want), (tag, len(got), len(want))
+        check(len(got) == len(want), (tag, len(got), len(want)))
         for g, w in zip(got, want):
-            assert g.step == w["step"], (tag, g.step, w)
+            check(g.step == w["step"], (tag, g.step, w))
             h = g.histogram_value
             values = np.fromfile(out / w["file"], dtype=np.float64)
             finite = values[np.isfinite(values)]
             if finite.size == 0:
-                assert h.num == 0 and not h.bucket and not h.bucket_limit, (tag, h)
+                check(h.num == 0 and not h.bucket and not h.bucket_limit, (tag, h))
                 print(f"histogram {tag} step {g.step}: no finite value, empty")
                 continue
             ref = make_histogram(finite, bins)
-            assert (h.min, h.max, h.num) == (ref.min, ref.max, ref.num), (tag, h, ref)
-            assert math.isclose(h.sum, ref.sum, rel_tol=1e-12, abs_tol=1e-12), (tag, h.sum, ref.sum)
-            assert math.isclose(h.sum_squares, ref.sum_squares, rel_tol=1e-12), (tag, h.sum_squares, ref.sum_squares)
-            assert list(h.bucket_limit) == list(ref.bucket_limit), (tag, h.bucket_limit, ref.bucket_limit)
-            assert list(h.bucket) == list(ref.bucket), (tag, h.bucket, ref.bucket)
+            check((h.min, h.max, h.num) == (ref.min, ref.max, ref.num), (tag, h, ref))
+            check(math.isclose(h.sum, ref.sum, rel_tol=1e-12, abs_tol=1e-12), (tag, h.sum, ref.sum))
+            check(math.isclose(h.sum_squares, ref.sum_squares, rel_tol=1e-12), (tag, h.sum_squares, ref.sum_squares))
+            check(list(h.bucket_limit) == list(ref.bucket_limit), (tag, h.bucket_limit, ref.bucket_limit))
+            check(list(h.bucket) == list(ref.bucket), (tag, h.bucket, ref.bucket))
             in_buckets = sum(h.bucket)
             print(
                 f"histogram {tag} step {g.step}: {len(h.bucket)} buckets, {int(in_buckets)} of {int(h.num)} "
@@ -146,12 +152,12 @@ def main():
     for at, length, payload in records:
         (crc_len,) = struct.unpack_from("<I", data, at + 8)
         (crc_data,) = struct.unpack_from("<I", data, at + 12 + length)
-        assert crc_len == pywrap_tensorflow.masked_crc32c(data[at : at + 8]), at
-        assert crc_data == pywrap_tensorflow.masked_crc32c(payload), at
+        check(crc_len == pywrap_tensorflow.masked_crc32c(data[at : at + 8]), at)
+        check(crc_data == pywrap_tensorflow.masked_crc32c(payload), at)
     n_events = 1 + len(expected["scalars"]) + len(expected["histograms"])
-    assert len(records) == n_events, (len(records), n_events)
+    check(len(records) == n_events, (len(records), n_events))
     events = list(event_file_loader.EventFileLoader(str(path)).Load())
-    assert len(events) == n_events and events[0].file_version == "brain.Event:2", (len(events), events[0])
+    check(len(events) == n_events and events[0].file_version == "brain.Event:2", (len(events), events[0]))
     print(f"records: {len(records)}, every length and masked CRC-32C verified")
 
     # 5. A corrupted byte is caught by TensorBoard's reader.
@@ -174,10 +180,10 @@ def main():
             reader.GetNext()
             raise AssertionError(f"flipped byte at {offset} not detected")
         except errors.DataLossError as e:
-            assert message in str(e), e
+            check(message in str(e), e)
             print(f"flipped byte at {offset} (record {bad_record}): DataLossError '{message}'")
         loaded = list(event_file_loader.EventFileLoader(str(p)).Load())
-        assert len(loaded) == bad_record, len(loaded)
+        check(len(loaded) == bad_record, len(loaded))
         os.remove(p)
     print(f"EventFileLoader stops silently at the corrupted record (yields the {bad_record} before it)")
     print("OK")

@@ -2,7 +2,7 @@
 // grad_scaler_parity.py and prints the trajectory as JSON, which the script
 // compares with torch.amp.GradScaler run over the same sequence.
 //
-//   grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP
+//   grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP [DEVICE]
 //
 // SEQ.bin: float32, the 26 initial weights, then STEPS x MICRO x 26 gradients
 // (inf/NaN allowed). Parameters (fixed, mirrored in the script):
@@ -10,6 +10,7 @@
 //   optimizer B = Adam(lr 0.01): {w2 [6]}
 // Each micro-batch: loss = sum_p (p * G_p).sum(); scaler.scale(loss).backward().
 // Each step: unscale_(A); clip A's gradients if CLIP > 0; step(A); step(B); update().
+// DEVICE: cpu (default) or cuda; weights, gradients and the scale live there.
 #include <ember/amp/grad_scaler.h>
 #include <ember/train/clip_grad.h>
 #include <fmt/format.h>
@@ -20,9 +21,15 @@
 #include <iostream>
 
 int main(int argc, char** argv) {
-  if (argc != 9) {
-    std::cerr << "usage: grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP\n";
+  if (argc != 9 && argc != 10) {
+    std::cerr
+        << "usage: grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP [DEVICE]\n";
     return 2;
+  }
+  const torch::Device device(argc == 10 ? argv[9] : "cpu");
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    std::cerr << "grad_scaler_driver: no CUDA device\n";
+    return 1;
   }
   const int64_t steps = std::stoll(argv[2]), micro = std::stoll(argv[3]);
   const auto options = ember::amp::GradScalerOptions()
@@ -47,7 +54,8 @@ int main(int argc, char** argv) {
     int64_t offset = index * total;
     for (const auto& s : shapes) {
       const int64_t n = c10::multiply_integers(s);
-      out.push_back(torch::from_blob(data.data() + offset, s, torch::kFloat32).clone());
+      out.push_back(
+          torch::from_blob(data.data() + offset, s, torch::kFloat32).to(device, false, /*copy=*/true));
       offset += n;
     }
     return out;
@@ -70,7 +78,7 @@ int main(int argc, char** argv) {
   for (int64_t t = 0; t < steps; ++t) {
     for (int64_t m = 0; m < micro; ++m) {
       const std::vector<torch::Tensor> g = block(1 + t * micro + m);
-      torch::Tensor loss = torch::zeros({});
+      torch::Tensor loss = torch::zeros({}, device);
       for (size_t i = 0; i < params.size(); ++i) loss = loss + (params[i] * g[i]).sum();
       scaler.scale(loss).backward();
     }
@@ -86,7 +94,7 @@ int main(int argc, char** argv) {
   }
   std::vector<double> weights;
   for (const auto& p : params) {
-    const torch::Tensor flat = p.detach().reshape(-1);
+    const torch::Tensor flat = p.detach().cpu().reshape(-1);
     for (int64_t i = 0; i < flat.numel(); ++i) weights.push_back(static_cast<double>(flat[i].item<float>()));
   }
   // {} prints the shortest text that reads back as the same double.

@@ -7,7 +7,12 @@ must give the same scale trajectory, growth tracker and skip decisions exactly,
 and the same final weights (SGD bitwise; Adam within 1e-6 relative, because
 LibTorch's C++ Adam and Python's differ in one op: mul_+add_ vs lerp_).
 
-    python grad_scaler_parity.py DRIVER_EXECUTABLE [WORK_DIR]
+    python grad_scaler_parity.py DRIVER_EXECUTABLE [WORK_DIR] [--device cuda]
+
+With --device cuda both sides keep weights, gradients and the scale on the
+GPU (ATen's CUDA _amp_* kernels); Python's optimizers then take their
+per-tensor path (foreach=False), the one LibTorch's C++ optimizers have. Exit
+77 (a skip) when there is no CUDA device.
 """
 import json
 import math
@@ -40,21 +45,21 @@ def make_sequence(seed, steps, micro, inject, overflow_rate):
     return init, grads
 
 
-def run_torch(init, grads, init_scale, growth, backoff, interval, clip):
+def run_torch(init, grads, init_scale, growth, backoff, interval, clip, device):
     steps, micro, _ = grads.shape
-    flat = torch.from_numpy(init.copy())
+    flat = torch.from_numpy(init.copy()).to(device)
     params, offset = [], 0
     for s in SHAPES:
         n = math.prod(s)
         params.append(flat[offset:offset + n].reshape(s).clone().requires_grad_(True))
         offset += n
     opt_a = torch.optim.SGD([{"params": [params[0], params[1]]}, {"params": [params[2]], "lr": 0.02}],
-                            lr=0.05, momentum=0.9)
-    opt_b = torch.optim.Adam([params[3]], lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth, backoff_factor=backoff,
+                            lr=0.05, momentum=0.9, foreach=False)
+    opt_b = torch.optim.Adam([params[3]], lr=0.01, foreach=False)
+    scaler = torch.amp.GradScaler(device, init_scale=init_scale, growth_factor=growth, backoff_factor=backoff,
                                   growth_interval=interval)
     out = {"scale": [], "tracker": [], "stepped_a": [], "stepped_b": []}
-    g_all = torch.from_numpy(grads)
+    g_all = torch.from_numpy(grads).to(device)
     for t in range(steps):
         for m in range(micro):
             g, offset = [], 0
@@ -77,7 +82,7 @@ def run_torch(init, grads, init_scale, growth, backoff, interval, clip):
         out["tracker"].append(scaler._get_growth_tracker())
         opt_a.zero_grad(set_to_none=True)
         opt_b.zero_grad(set_to_none=True)
-    out["weights"] = [float(x) for p in params for x in p.detach().reshape(-1).tolist()]
+    out["weights"] = [float(x) for p in params for x in p.detach().cpu().reshape(-1).tolist()]
     return out
 
 
@@ -92,19 +97,30 @@ SCENARIOS = [
 
 
 def main():
-    driver = sys.argv[1]
-    work = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(tempfile.mkdtemp())
+    args = sys.argv[1:]
+    device = "cpu"
+    if "--device" in args:
+        i = args.index("--device")
+        device = args[i + 1]
+        del args[i:i + 2]
+    if device == "cuda" and not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        sys.exit(77)
+    driver = args[0]
+    work = Path(args[1]) if len(args) > 1 else Path(tempfile.mkdtemp())
+    work = work / device
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
+    print(f"device: {device}")
     failures = 0
     for name, seed, steps, micro, inject, overflow, init_scale, growth, backoff, interval, clip in SCENARIOS:
         init, grads = make_sequence(seed, steps, micro, inject, overflow)
         seq = work / f"{name}.bin"
         np.concatenate([init, grads.reshape(-1)]).astype("<f4").tofile(seq)
         args = [driver, str(seq), str(steps), str(micro), repr(init_scale), repr(growth), repr(backoff),
-                str(interval), repr(clip)]
+                str(interval), repr(clip), device]
         ember = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
-        ref = run_torch(init, grads, init_scale, growth, backoff, interval, clip)
+        ref = run_torch(init, grads, init_scale, growth, backoff, interval, clip, device)
 
         problems = []
         for key in ("scale", "tracker", "stepped_a", "stepped_b"):

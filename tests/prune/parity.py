@@ -1,12 +1,13 @@
 """Parity: Ember's structured pruner (C++) vs Torch-Pruning (DepGraph, Python).
 
-The driver prunes each model with Ember (L1 group importance, local ranking,
-step(0.5), round_to 1) and writes its dense weights, its pruned weights (with
+The driver prunes each model with Ember (group importance L1 or L2, local
+ranking, step(ratio), round_to 1) and writes its dense weights, its pruned weights (with
 the plan in the metadata) and an input/output pair of the pruned model. Here
 each model is built again in PyTorch with the same parameter names, loaded
 with the dense weights and pruned by Torch-Pruning's MetaPruner with
-GroupMagnitudeImportance(p=1), pruning_ratio 0.5, the classifier ignored.
-Checked, per model:
+GroupMagnitudeImportance(p), pruning_ratio, the classifier ignored, for every
+setting in SETTINGS (L1 at 0.5, L2 at 0.5, L1 at 0.25, L2 at 0.75). Checked,
+per model and setting:
 
   1. Torch-Pruning's pruned state_dict equals Ember's pruned file exactly (keys,
      shapes, values: the same channels kept, in the same order), both with the
@@ -20,13 +21,17 @@ Checked, per model:
 
     python parity.py DRIVER OUT_DIR [MODEL...]
 
+What is not compared, and so not claimed: global ranking, round_to > 1,
+max_ratio, iterative steps, the norm-scale, Taylor and random criteria.
+
 Torch-Pruning scores in float32, Ember in float64: with these seeds the
 smallest gap between the last removed and the first kept unit's score is 1.7e-4
 of the score, far above float32 rounding, so the comparison cannot flip on a tie.
 
-MODEL defaults to the parity set; the names in KNOWN_DIFFERENCES run the
-models where the two tools define pruning differently and are expected to
-fail, with the reason printed.
+MODEL defaults to the parity set, and then the KNOWN_DIFFERENCES models (where
+the two tools define pruning differently) run too, at L1 0.5, and must still
+differ: a difference that disappears fails the test, so the list (and the
+README) is updated. Naming models runs only those, in every setting.
 """
 import copy
 import json
@@ -42,6 +47,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 PARITY_SET = ["residual", "mixed_plain", "dense_concat"]
+# (importance, p of GroupMagnitudeImportance, pruning ratio). The ratios keep
+# n (1 - ratio) exactly representable, so both tools keep the same count.
+SETTINGS = [("l1", 1, 0.5), ("l2", 2, 0.5), ("l1", 1, 0.25), ("l2", 2, 0.75)]
 
 
 # Models, mirroring tests/prune/models.h and parity_models.h. WIDTHS: the output
@@ -265,7 +273,7 @@ def compare(what, got, want, dense):
         raise Mismatch(f"{what} differs from Ember's pruned weights:\n    " + "\n    ".join(problems))
 
 
-def check(name, out_dir):
+def check(name, out_dir, p=1, ratio=0.5):
     cls, classifier = MODELS[name]
     dense = load_file(out_dir / f"{name}_dense.safetensors")
     pruned_path = out_dir / f"{name}_pruned.safetensors"
@@ -280,9 +288,9 @@ def check(name, out_dir):
     tp_model = None
     for reduction, normalizer in [("sum", None), ("mean", "mean")]:
         m = copy.deepcopy(model)
-        importance = tp.importance.GroupMagnitudeImportance(p=1, group_reduction=reduction, normalizer=normalizer)
+        importance = tp.importance.GroupMagnitudeImportance(p=p, group_reduction=reduction, normalizer=normalizer)
         try:
-            pruner = tp.pruner.MetaPruner(m, io["input"], importance=importance, pruning_ratio=0.5,
+            pruner = tp.pruner.MetaPruner(m, io["input"], importance=importance, pruning_ratio=ratio,
                                           global_pruning=False, round_to=None,
                                           ignored_layers=[getattr(m, classifier)])
             pruner.step()
@@ -324,28 +332,49 @@ def check(name, out_dir):
             f"output max |diff| {diff:.3g}")
 
 
+def run_driver(driver, out_dir, names, importance, ratio):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = [driver, str(out_dir), "--importance", importance, "--ratio", repr(ratio), *names]
+    if subprocess.run(args, stdout=subprocess.DEVNULL).returncode != 0:
+        sys.exit(f"parity.py: {' '.join(args)} failed (its message is above)")
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(f"usage: {sys.argv[0]} DRIVER OUT_DIR [MODEL...]")
-    driver, out_dir, names = sys.argv[1], Path(sys.argv[2]), sys.argv[3:] or PARITY_SET
-    unknown = [n for n in names if n not in MODELS]
+    driver, out_dir, chosen = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    unknown = [n for n in chosen if n not in MODELS]
     if unknown:
         sys.exit(f"parity.py: unknown model(s) {unknown}; known: {sorted(MODELS)}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if subprocess.run([driver, str(out_dir), *names], stdout=subprocess.DEVNULL).returncode != 0:
-        sys.exit(f"parity.py: {driver} failed (its message is above)")
 
     failed = []
-    for name in names:
-        try:
-            print(f"{name}: Ember and Torch-Pruning keep the same channels; {check(name, out_dir)}")
-        except Mismatch as e:
-            failed.append(name)
-            print(f"{name}: MISMATCH: {e}")
-            if name in KNOWN_DIFFERENCES:
-                print(f"  (known difference: {KNOWN_DIFFERENCES[name]})")
+    for importance, p, ratio in SETTINGS:
+        setting_dir = out_dir / f"{importance}_{ratio}"
+        names = chosen or PARITY_SET
+        run_driver(driver, setting_dir, names, importance, ratio)
+        for name in names:
+            what = f"{name} ({importance}, ratio {ratio})"
+            try:
+                print(f"{what}: Ember and Torch-Pruning keep the same channels; {check(name, setting_dir, p, ratio)}")
+            except Mismatch as e:
+                failed.append(what)
+                print(f"{what}: MISMATCH: {e}")
+                if name in KNOWN_DIFFERENCES:
+                    print(f"  (known difference: {KNOWN_DIFFERENCES[name]})")
+    if not chosen:
+        # The known differences must still be differences.
+        known_dir = out_dir / "known_differences"
+        run_driver(driver, known_dir, list(KNOWN_DIFFERENCES), "l1", 0.5)
+        for name in KNOWN_DIFFERENCES:
+            try:
+                check(name, known_dir)
+            except Mismatch as e:
+                print(f"{name}: still differs, as documented: {str(e).splitlines()[0][:160]}")
+                continue
+            failed.append(f"{name} (now matches Torch-Pruning: move it to PARITY_SET and update the README)")
+            print(f"{name}: MATCHES Torch-Pruning, but KNOWN_DIFFERENCES says it differs")
     if failed:
-        sys.exit(f"parity.py: {len(failed)} of {len(names)} models differ: {failed}")
+        sys.exit(f"parity.py: {len(failed)} checks failed: {failed}")
 
 
 if __name__ == "__main__":

@@ -21,12 +21,13 @@ namespace {
 // (keyed by the trainer's step counter, so it survives a resume).
 class PoisonTask : public BlobTask {
  public:
-  PoisonTask(std::set<int64_t> poison, const train::Trainer* trainer)
-      : BlobTask(opts()), poison_(std::move(poison)), trainer_(trainer) {}
-  static Options opts() {
+  PoisonTask(std::set<int64_t> poison, const train::Trainer* trainer, uint64_t init_seed = 1234)
+      : BlobTask(opts(init_seed)), poison_(std::move(poison)), trainer_(trainer) {}
+  static Options opts(uint64_t init_seed) {
     Options o;
     o.dropout = false;
     o.prefetch = 0;
+    o.init_seed = init_seed;
     return o;
   }
   train::StepOutput training_step(const data::Batch& b) override {
@@ -180,7 +181,8 @@ TEST(Precision, Fp16MixedResumeIsExact) {
     o.run_dir = dir;
     o.resume = resume ? "auto" : "";
     train::Trainer trainer(o);
-    PoisonTask task({1, 5}, &trainer);
+    // The resumed arm starts from other weights: only the checkpoint can make it match.
+    PoisonTask task({1, 5}, &trainer, resume ? 99 : 1234);
     struct Stop : train::Callback {
       int64_t at;
       explicit Stop(int64_t s) : at(s) {}
@@ -197,6 +199,9 @@ TEST(Precision, Fp16MixedResumeIsExact) {
   const std::string dir = test_util::temp_dir("fp16_resume");
   run(dir, 4, false);  // stops mid-epoch 2, after the first skipped step
   const auto [resumed, w_resumed] = run(dir, -1, true);
+  EXPECT_EQ(resumed.resumed_from, dir + "/checkpoints/last.pt");
+  EXPECT_EQ(resumed.resumed_at_step, 4);
+  EXPECT_EQ(resumed.samples, 32 * 13) << "only the 13 batches after step 4 (8 + 3 batches in) are trained";
   EXPECT_EQ(straight.skipped_steps, 2);
   EXPECT_EQ(resumed.skipped_steps, 2);
   EXPECT_EQ(resumed.steps, straight.steps);

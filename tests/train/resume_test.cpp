@@ -2,13 +2,25 @@
 // an uninterrupted one (CPU, same thread count). The task has dropout, Nesterov
 // momentum, per-epoch shuffling, accumulation and a one-cycle schedule, so
 // every piece of saved state (RNG, optimizer buffers, counters, data order)
-// is needed.
+// is needed. The resumed arm builds its model from another seed, and each
+// resume asserts the checkpoint it loaded and the samples it trained, so a
+// resume that silently started afresh cannot pass.
 #include <gtest/gtest.h>
 
 #include "train/test_task.h"
 
 using namespace ember;
 using test_util::BlobTask;
+
+namespace {
+/// A task whose initial weights differ from the straight run's.
+BlobTask::Options other_init() {
+  BlobTask::Options o;
+  o.init_seed = 4321;
+  return o;
+}
+constexpr int64_t kSamplesPerStep = 64;  // batch 32, accumulate 2
+}  // namespace
 
 namespace {
 train::TrainerOptions options(const std::string& dir) {
@@ -52,10 +64,13 @@ std::vector<torch::Tensor> run_stopped(const std::string& name, int64_t stop_ste
     *steps_before = r.steps;
     EXPECT_TRUE(r.stopped_early);
   }
-  BlobTask task({});  // a fresh process would build the model from scratch too
+  BlobTask task(other_init());  // a fresh process builds the model from scratch too
   train::TrainerOptions o = options(dir);
   o.resume = "auto";
   const auto r = train::Trainer(o).fit(task);
+  EXPECT_EQ(r.resumed_from, dir + "/checkpoints/last.pt");
+  EXPECT_EQ(r.resumed_at_step, *steps_before);
+  EXPECT_EQ(r.samples, (16 - *steps_before) * kSamplesPerStep) << "only the remaining steps are trained";
   EXPECT_EQ(r.epochs_completed, 4);
   EXPECT_EQ(r.steps, 16);
   return test_util::snapshot(*task.model());
@@ -101,7 +116,8 @@ TEST(ExactResume, WithoutTheRngStateItWouldDiffer) {
   BlobTask task({});
   train::TrainerOptions o = options(dir);
   o.resume = "auto";
-  train::Trainer(o).add_callback(std::make_shared<ReseedAfterLoad>()).fit(task);
+  const auto r = train::Trainer(o).add_callback(std::make_shared<ReseedAfterLoad>()).fit(task);
+  ASSERT_EQ(r.resumed_at_step, 8) << "the guard needs a real resume";
   const auto other = test_util::snapshot(*task.model());
   bool all_equal = true;
   for (size_t i = 0; i < other.size(); ++i) all_equal = all_equal && torch::equal(other[i], straight[i]);
@@ -119,8 +135,37 @@ TEST(ExactResume, CallbackStateRoundTrips) {
   }
   auto es2 = std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{"val_accuracy", 5, 0.0, true});
   o.resume = "auto";
-  BlobTask task({});
-  train::Trainer(o).add_callback(es2).fit(task);  // already complete: loads state, trains nothing
+  BlobTask task(other_init());
+  const auto r =
+      train::Trainer(o).add_callback(es2).fit(task);  // already complete: loads state, trains nothing
+  EXPECT_EQ(r.resumed_at_step, 8);
+  EXPECT_EQ(r.samples, 0);
   EXPECT_DOUBLE_EQ(es2->best(), es->best());
   EXPECT_GT(es2->best(), 0.0);
+}
+
+TEST(ExactResume, AutoWithoutACheckpointSaysSoAndStartsFresh) {
+  const std::string dir = test_util::temp_dir("resume_none");
+  train::TrainerOptions o = options(dir);
+  o.epochs = 1;
+  o.resume = "auto";
+  BlobTask task({});
+  testing::internal::CaptureStderr();
+  const auto r = train::Trainer(o).fit(task);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("trainer.resume=auto: no checkpoint at " + dir +
+                      "/checkpoints/last.pt; starting a fresh run"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(r.resumed_from, "");
+  EXPECT_EQ(r.resumed_at_step, -1);
+  EXPECT_EQ(r.samples, 256);
+}
+
+TEST(ExactResume, AnExplicitCheckpointThatIsMissingIsAnError) {
+  train::TrainerOptions o = options(test_util::temp_dir("resume_missing"));
+  o.resume = o.run_dir + "/nowhere.pt";
+  BlobTask task({});
+  const std::string error = test_util::error_of([&] { train::Trainer(o).fit(task); });
+  EXPECT_NE(error.find("nowhere.pt: no such checkpoint"), std::string::npos) << error;
 }

@@ -40,9 +40,12 @@ class BlobTask : public train::Task {
     torch::Device device = torch::kCPU;
     bool shuffle = true;
     bool dropout = true;
+    /// Seeds the initial weights (and the global RNG). A resumed run built with
+    /// another seed matches the straight run only if the checkpoint really loaded.
+    uint64_t init_seed = 1234;
   };
   explicit BlobTask(Options o) : options_(o) {
-    torch::manual_seed(1234);
+    torch::manual_seed(o.init_seed);
     net_ = BlobNet();
     net_->to(o.device);
     if (!o.dropout) net_->drop->options.p(0.0);

@@ -359,6 +359,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     summary.stop_reason = fit.stop_reason;
     summary.monitor = mon->summary().as_map();
     if (options.precision == "fp16-mixed") summary.extra["skipped_steps"] = static_cast<double>(fit.skipped_steps);
+    if (fit.resumed_at_step >= 0) summary.extra["resumed_at_step"] = static_cast<double>(fit.resumed_at_step);
     if (fit.last_val.samples > 0) {
       summary.extra["val_loss"] = fit.last_val.loss;
       if (fit.last_val.accuracy >= 0) summary.extra["val_accuracy"] = fit.last_val.accuracy;

@@ -161,8 +161,10 @@ std::string Trainer::resolve_resume_path() const {
   if (options_.resume.empty()) return "";
   if (options_.resume == "auto") {
     const std::string p = options_.run_dir + "/checkpoints/last.pt";
-    std::ifstream f(p);
-    return f.good() ? p : "";
+    if (std::ifstream(p).good()) return p;
+    std::cerr << fmt::format(
+        "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", p);
+    return "";
   }
   std::ifstream f(options_.resume);
   EMBER_CHECK(f.good(),
@@ -352,7 +354,13 @@ FitResult Trainer::fit(Task& task) {
   stop_reason_.clear();
 
   const std::string resume_path = resolve_resume_path();
-  if (!resume_path.empty()) load_checkpoint(resume_path);
+  if (!resume_path.empty()) {
+    load_checkpoint(resume_path);
+    result.resumed_from = resume_path;
+    result.resumed_at_step = global_step_;
+    std::cerr << fmt::format("[train::Trainer] resuming from {}: epoch {}, batch {}, step {}\n", resume_path,
+                             epoch_, batch_, global_step_);
+  }
   apply_schedule();  // the rate of the next step (global_step_)
   const std::string ckpt_path =
       options_.run_dir.empty() || !options_.save_checkpoints ? "" : options_.run_dir + "/checkpoints/last.pt";

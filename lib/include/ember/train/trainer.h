@@ -36,7 +36,9 @@ struct TrainerOptions {
   amp::GradScalerOptions grad_scaler;
   /// Run folder (metrics.jsonl, checkpoints/, config); "" = write nothing.
   std::string run_dir;
-  /// "" = start fresh, "auto" = <run_dir>/checkpoints/last.pt if present, else a checkpoint path.
+  /// "" = start fresh; "auto" = <run_dir>/checkpoints/last.pt if present (a note on stderr when it is
+  /// not: the run starts fresh); else a checkpoint path, which must exist. FitResult::resumed_from and
+  /// resumed_at_step say what was loaded.
   std::string resume;
   /// Validate every N epochs (0 = never).
   int64_t val_every = 1;
@@ -79,6 +81,8 @@ struct FitResult {
   int64_t steps = 0;             ///< optimizer steps done, skipped ones included (also before a resume)
   int64_t skipped_steps = 0;     ///< steps skipped by fp16-mixed on inf/NaN gradients (also before a resume)
   int64_t samples = 0;           ///< training samples processed in this process
+  std::string resumed_from;      ///< the checkpoint this fit resumed from ("" = a fresh run)
+  int64_t resumed_at_step = -1;  ///< the optimizer step that checkpoint was at (-1 = a fresh run)
   double train_seconds = 0.0;    ///< wall time in the training loop of this process (no validation)
   bool stopped_early = false;    ///< a stop was requested (early stopping, signal, max_steps)
   bool interrupted = false;      ///< stopped by SIGINT/SIGTERM (a checkpoint was saved)

@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""Mutation check: the test suite must catch deliberate breakages (`tools/ember test --mutants`).
+
+    mutants.py [--list] [--timeout S] [--jobs N] [NAME ...]
+
+Each mutant is a small, compiling bug a developer could make: one exact
+`old` text in one file and its `new` replacement, the targets to rebuild and
+the ctest regex of the tests that must catch it. The check runs in a copy of
+the tree laid out as this clone is (build-mutants/: the tracked and
+untracked-not-ignored files at the top, the build in build-mutants/build,
+CCACHE_BASEDIR at the copy), so ccache serves every unchanged object from the
+main build's cache. Steps:
+
+  1. refresh the copy from the working tree (only files whose content changed
+     are rewritten, so the rest stays built); configure it once as tools/ember
+     configures build/;
+  2. check every selected mutant's `old` text occurs exactly once (a stale
+     mutant is an error, never a silent pass);
+  3. build the selected mutants' targets and run their tests unmutated: they
+     must all pass, else the verdicts would mean nothing;
+  4. per mutant: apply it, rebuild its targets only, run `ctest -R REGEX`,
+     restore the file. Verdicts:
+       CAUGHT      a selected test failed
+       MISSED      every selected test passed
+       BUILD-FAIL  the mutant does not compile (an error in the mutant)
+       NO-TESTS    the regex selects no test that runs (an error in the mutant)
+
+The table goes to stdout and build-mutants/mutants.txt; logs to
+build-mutants/build/mutants/. Exit 0 when every mutant is CAUGHT, 1 when one
+is not, 2 on an error before the verdicts (stale mutant, failing baseline).
+Not part of CI: it rebuilds libember once per mutant.
+"""
+import argparse
+import datetime
+import fcntl
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MIRROR = ROOT / "build-mutants"
+BUILD = MIRROR / "build"
+LOGS = BUILD / "mutants"
+TABLE = MIRROR / "mutants.txt"
+KEEP = {"build", "mutants.txt", "configure.log", ".lock"}  # the copy's own files, kept by the refresh
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # relative to the repository root
+    old: str  # must occur exactly once in `file`
+    new: str
+    targets: tuple  # CMake targets to rebuild
+    tests: str  # ctest -R regex of the tests that must catch it
+    bug: str  # what the mutant breaks, in one line
+
+
+MUTANTS = (
+    Mutant("resume_ignored", "lib/src/train/trainer.cpp",
+           "    if (std::ifstream(p).good()) return p;\n",
+           "    if (std::ifstream(p).good()) return \"\";\n",
+           ("ember_tests", "fashion_mnist", "prune_finetune"),
+           r"ExactResume|Precision.*Resume|integration\.torchrun|integration\.fashion_mnist_signal_resume"
+           r"|integration\.prune_finetune",
+           "trainer.resume=auto never finds the checkpoint: every resume silently starts afresh"),
+    Mutant("recipe_crash_after_message", "lib/src/recipe/recipe.cpp",
+           "  } catch (const Error& e) {\n"
+           "    std::cerr << \"error: \" << e.what() << \"\\n\";\n"
+           "    const int status",
+           "  } catch (const Error& e) {\n"
+           "    std::cerr << \"error: \" << e.what() << \"\\n\";\n"
+           "    std::abort();\n"
+           "    const int status",
+           ("char_gpt", "cifar_resnet", "fashion_mnist", "image_folder"),
+           r"integration\.(char_gpt|cifar_resnet|fashion_mnist|image_folder)_subset",
+           "a recipe prints its error message, then aborts (SIGABRT) instead of exiting 1"),
+    Mutant("scaler_never_backs_off", "lib/src/amp/grad_scaler.cpp",
+           "combined, options_.growth_factor(), options_.backoff_factor(),",
+           "combined, options_.growth_factor(), /*backoff_factor=*/1.0,",
+           ("ember_tests", "ember_parity_grad_scaler"),
+           r"GradScaler|parity\.grad_scaler",
+           "GradScaler::update keeps the scale on inf/NaN gradients (backoff factor 1)"),
+    Mutant("pruner_keeps_wrong_channels", "lib/src/prune/pruner.cpp",
+           "/*descending=*/false)",
+           "/*descending=*/true)",
+           ("ember_tests", "ember_prune_parity_driver"),
+           r"Pruner|PruningCallback|parity\.prune",
+           "the pruner removes the highest-importance units of each group, keeping the lowest"),
+    Mutant("loader_drops_last_batch", "lib/src/data/loader.cpp",
+           "return options_.drop_last ? n / b : (n + b - 1) / b;",
+           "return options_.drop_last ? n / b : n / b;",
+           ("ember_tests",),
+           r"Loader|Sampler",
+           "TensorLoader::num_batches floors without drop_last: the last partial batch is never served"),
+    Mutant("philox_off_by_one", "lib/include/ember/augment/philox.h",
+           "Philox4x32{{static_cast<uint32_t>(sample), static_cast<uint32_t>(sample >> 32), epoch, block}}",
+           "Philox4x32{{static_cast<uint32_t>(sample + 1), static_cast<uint32_t>((sample + 1) >> 32), epoch, block}}",
+           ("ember_tests",),
+           r"Philox|Augment",
+           "sample_uniforms counts from sample + 1: every sample draws its neighbour's random stream"),
+    Mutant("heartbeat_without_step", "lib/src/dist/process_group.cpp",
+           "  if (heartbeat_) heartbeat_->set_step(step);",
+           "  (void)step;",
+           ("ember_ddp_worker",),
+           r"dist\.ddp",
+           "set_progress publishes nothing: a dead rank is reported as last in step 0 whatever step it died in"),
+)
+
+
+def log(msg):
+    print(f"[mutants {datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
+
+
+def fail(msg):
+    log(f"error: {msg}")
+    sys.exit(2)
+
+
+def tree_files():
+    """The tracked and untracked-not-ignored files of the clone (what tools/ember device-pack copies)."""
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         capture_output=True, check=True).stdout
+    return sorted({f.decode() for f in out.split(b"\0") if f and (ROOT / f.decode()).is_file()})
+
+
+def refresh_copy():
+    """Makes MIRROR's sources equal the working tree's. Only files whose bytes differ are
+    written (so they get a new time and rebuild, and the rest stays built): a file left
+    mutated by an interrupted run is rewritten too."""
+    files = tree_files()
+    written = 0
+    for rel in files:
+        src, dst = ROOT / rel, MIRROR / rel
+        data = src.read_bytes()
+        if dst.is_file() and not dst.is_symlink() and dst.read_bytes() == data:
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_dir() and not dst.is_symlink():
+            shutil.rmtree(dst)
+        elif dst.is_symlink():
+            dst.unlink()
+        dst.write_bytes(data)
+        shutil.copymode(src, dst)
+        written += 1
+    wanted = set(files)
+    removed = 0
+    for dirpath, dirnames, filenames in os.walk(MIRROR, topdown=False):
+        here = Path(dirpath)
+        rel_dir = here.relative_to(MIRROR)
+        if rel_dir.parts and rel_dir.parts[0] in KEEP:
+            continue
+        for f in filenames:
+            rel = (rel_dir / f).as_posix()
+            if rel not in wanted and rel not in KEEP:
+                (here / f).unlink()
+                removed += 1
+        if here != MIRROR and not any(here.iterdir()):
+            here.rmdir()
+    log(f"copy refreshed: {len(files)} files, {written} written, {removed} removed ({MIRROR.relative_to(ROOT)}/)")
+
+
+def venv_python():
+    venv = Path(os.environ["EMBER_VENV"]) if os.environ.get("EMBER_VENV") else (ROOT / ".venv").resolve()
+    py = venv / "bin" / "python"
+    if not py.exists():
+        fail(f"no virtual environment at {venv}: run tools/ember setup (or use tools/ember test --mutants)")
+    return py
+
+
+def build_env():
+    """tools/ember's ccache settings, with the copy as CCACHE_BASEDIR (paths relative to it hash as the clone's)."""
+    env = dict(os.environ)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    env.setdefault("CCACHE_DIR", str(cache / "ember" / "ccache"))
+    env.setdefault("CCACHE_SLOPPINESS", "pch_defines,time_macros,include_file_mtime,include_file_ctime")
+    env.setdefault("CCACHE_MAXSIZE", "5G")
+    env["CCACHE_BASEDIR"] = str(MIRROR)
+    env["CCACHE_STATSLOG"] = str(LOGS / "ccache-stats.log")  # this build's hits and misses, per file
+    return env
+
+
+def configure(env):
+    if (BUILD / "build.ninja").is_file():
+        return
+    log(f"configuring {BUILD.relative_to(ROOT)} (as tools/ember configures build/)")
+    launcher = []
+    if shutil.which("ccache"):
+        launcher = ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+    cmd = (["cmake", "-S", str(MIRROR), "-B", str(BUILD), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+            f"-DEMBER_PYTHON={venv_python()}"] + launcher + shlex.split(os.environ.get("EMBER_CMAKE_ARGS", "")))
+    with open(MIRROR / "configure.log", "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        sys.stderr.write((MIRROR / "configure.log").read_text())
+        fail(f"cmake configure failed (log above, {MIRROR / 'configure.log'})")
+
+
+def ccache_summary(stats_log):
+    """'N compiled (H from ccache)' and the files ccache missed, from CCACHE_STATSLOG."""
+    hits, misses, source = 0, [], None
+    if stats_log.is_file():
+        for line in stats_log.read_text(errors="replace").splitlines():
+            if line.startswith("#"):
+                source = line[1:].strip()
+            elif line in ("direct_cache_hit", "preprocessed_cache_hit"):
+                hits += 1
+            elif line == "cache_miss":
+                misses.append(Path(source).name if source else "?")
+    return hits, misses
+
+
+def build(targets, env, tag):
+    """Builds only `targets` in the copy. Returns (ok, seconds)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    stats = Path(env["CCACHE_STATSLOG"])
+    stats.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    log_path = LOGS / f"{tag}.build.log"
+    with open(log_path, "w") as f:
+        rc = subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 2), "--target", *targets],
+                            stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    secs = time.monotonic() - t0
+    hits, misses = ccache_summary(stats)
+    cc = f"{hits + len(misses)} compiled: {hits} from ccache"
+    if misses:
+        shown = ", ".join(misses[:6]) + (f" +{len(misses) - 6} more" if len(misses) > 6 else "")
+        cc += f", {len(misses)} missed ({shown})"
+    if rc != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-40:]
+        sys.stdout.write("".join(f"    | {l}\n" for l in tail))
+        log(f"  build FAILED after {secs:.0f} s ({cc}; log {log_path.relative_to(ROOT)})")
+        return False, secs
+    log(f"  built {' '.join(targets)} in {secs:.0f} s ({cc})")
+    return True, secs
+
+
+def run_tests(regex, tag, jobs, timeout):
+    """ctest -R regex in the copy. Returns (ran, failed, seconds): names of the tests that ran
+    (passed or failed; skipped ones are not counted) and of those that failed."""
+    junit = LOGS / f"{tag}.junit.xml"
+    junit.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    log_path = LOGS / f"{tag}.ctest.log"
+    with open(log_path, "w") as f:
+        subprocess.run(["ctest", "--test-dir", str(BUILD), "-R", regex, "-j", str(jobs), "--timeout", str(timeout),
+                        "--output-on-failure", "--output-junit", str(junit)],
+                       stdout=f, stderr=subprocess.STDOUT)
+    secs = time.monotonic() - t0
+    ran, failed = [], []
+    if junit.is_file():
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            status = case.get("status", "")
+            if status == "fail" or case.find("failure") is not None or case.find("error") is not None:
+                failed.append(case.get("name"))
+                ran.append(case.get("name"))
+            elif status == "run":
+                ran.append(case.get("name"))
+    return ran, failed, secs
+
+
+def count_tests(regex):
+    out = subprocess.run(["ctest", "--test-dir", str(BUILD), "-N", "-R", regex], capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if line.strip().startswith("Test") and "#" in line)
+
+
+def apply(m):
+    """Writes the mutant into the copy; returns the original text."""
+    path = MIRROR / m.file
+    text = path.read_text()
+    path.write_text(text.replace(m.old, m.new, 1))
+    return text
+
+
+def stale(m):
+    path = MIRROR / m.file
+    if not path.is_file():
+        return f"{m.file} does not exist"
+    n = path.read_text().count(m.old)
+    return None if n == 1 else f"its old text occurs {n} times in {m.file} (must be exactly once): {m.old!r}"
+
+
+def short_list(names, width=90):
+    """As many names as fit in `width` characters, then '(+N more)'."""
+    out = ""
+    for i, name in enumerate(names):
+        more = f" (+{len(names) - i} more)"
+        item = name if not out else f"{out}, {name}"
+        if len(item) + (len(more) if i + 1 < len(names) else 0) > width and out:
+            return out + more
+        out = item
+    return out or "-"
+
+
+def table(rows):
+    """The verdicts, one line per mutant; then, for the file, every failing test."""
+    head = ("mutant", "verdict", "failed", "failing tests", "seconds (build+test)")
+    body = [(r["name"], r["verdict"], f"{len(r['failed'])}/{r['ran']}", short_list(r["failed"]),
+             f"{r['build_s'] + r['test_s']:.0f} ({r['build_s']:.0f}+{r['test_s']:.0f})") for r in rows]
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head] + body]
+    return "\n".join([lines[0], "-" * len(lines[0])] + lines[1:]) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", metavar="NAME", help="mutants to run (default: all; --list names them)")
+    ap.add_argument("--list", action="store_true", help="list the mutants and stop")
+    ap.add_argument("--jobs", type=int, default=2, help="ctest -j (default 2)")
+    ap.add_argument("--timeout", type=int, default=300,
+                    help="ctest --timeout: seconds per test without its own TIMEOUT (default 300)")
+    a = ap.parse_args()
+    if a.list:
+        for m in MUTANTS:
+            print(f"{m.name:28} {m.file}\n{'':28} {m.bug}\n{'':28} targets: {' '.join(m.targets)}; tests: {m.tests}")
+        return 0
+    by_name = {m.name: m for m in MUTANTS}
+    unknown = [n for n in a.names if n not in by_name]
+    if unknown:
+        fail(f"unknown mutant(s) {', '.join(unknown)} (--list names them)")
+    chosen = [by_name[n] for n in a.names] if a.names else list(MUTANTS)
+
+    MIRROR.mkdir(exist_ok=True)
+    lock = open(MIRROR / ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fail(f"another mutation check is running in {MIRROR}")
+    t_start = time.monotonic()
+    log(f"{len(chosen)} mutant(s): {', '.join(m.name for m in chosen)}")
+    refresh_copy()
+    bad = [f"{m.name}: {why}" for m in chosen if (why := stale(m))]
+    if bad:
+        fail("stale mutant(s); update them in tests/mutants.py to the current code:\n  " + "\n  ".join(bad))
+    env = build_env()
+    LOGS.mkdir(parents=True, exist_ok=True)
+    configure(env)
+
+    # The baseline: every selected test passes on the unmutated copy.
+    targets = sorted({t for m in chosen for t in m.targets})
+    log(f"baseline: building {' '.join(targets)}")
+    ok, _ = build(targets, env, "baseline")
+    if not ok:
+        fail("the unmutated copy does not build (log above): fix the working tree first")
+    empty = [m.name for m in chosen if count_tests(m.tests) == 0]
+    union = "|".join(f"({m.tests})" for m in chosen if m.name not in empty)
+    if union:
+        log(f"baseline: running the {count_tests(union)} selected tests unmutated (ctest -j{a.jobs})")
+        ran, failed, secs = run_tests(union, "baseline", a.jobs, a.timeout)
+        if failed:
+            fail(f"{len(failed)} selected test(s) fail without any mutant, so no verdict would mean anything: "
+                 f"{', '.join(failed)} (log {(LOGS / 'baseline.ctest.log').relative_to(ROOT)})")
+        log(f"baseline: {len(ran)} tests passed in {secs:.0f} s")
+
+    rows = []
+    for i, m in enumerate(chosen, 1):
+        log(f"[{i}/{len(chosen)}] {m.name}: {m.bug} ({m.file})")
+        row = {"name": m.name, "verdict": "", "failed": [], "ran": 0, "build_s": 0.0, "test_s": 0.0}
+        if m.name in empty:
+            row["verdict"] = "NO-TESTS"
+            log(f"  NO-TESTS: ctest -R '{m.tests}' selects nothing")
+            rows.append(row)
+            continue
+        original = apply(m)
+        try:
+            ok, row["build_s"] = build(list(m.targets), env, m.name)
+            if not ok:
+                row["verdict"] = "BUILD-FAIL"
+            else:
+                ran, failed, row["test_s"] = run_tests(m.tests, m.name, a.jobs, a.timeout)
+                row["failed"], row["ran"] = failed, len(ran)
+                row["verdict"] = "CAUGHT" if failed else ("MISSED" if ran else "NO-TESTS")
+                log(f"  {row['verdict']}: {len(failed)} of {len(ran)} tests failed in {row['test_s']:.0f} s"
+                    + (f" ({short_list(failed, 200)})" if failed else ""))
+        finally:
+            # A new write time: the next build recompiles the original (from ccache).
+            (MIRROR / m.file).write_text(original)
+        rows.append(row)
+
+    caught = sum(r["verdict"] == "CAUGHT" for r in rows)
+    summary = f"{caught} of {len(rows)} mutants caught in {time.monotonic() - t_start:.0f} s"
+    print()
+    sys.stdout.write(table(rows))
+    print(summary)
+    every = "".join(f"{r['name']}:\n" + "".join(f"  {t}\n" for t in r["failed"]) for r in rows if r["failed"])
+    TABLE.write_text(f"# tests/mutants.py, {datetime.datetime.now():%Y-%m-%d %H:%M}\n" + table(rows) + summary
+                     + "\n\nFailing tests per mutant:\n" + every)
+    log(f"table written to {TABLE.relative_to(ROOT)}")
+    return 0 if caught == len(rows) else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupted (the copy is restored at the next start)")
+        sys.exit(130)
