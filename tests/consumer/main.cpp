@@ -36,7 +36,6 @@ int main() {
   torch::manual_seed(0);
   XTask task;
   ember::train::TrainerOptions options = ember::recipe::trainer_options_from_config(config, 8);
-  options.progress = false;
   ember::train::Trainer trainer(options);
   trainer.fit(task);
   const double acc = trainer.test(task).accuracy;

@@ -128,7 +128,6 @@ int main(int argc, char** argv) {
     o.epochs = a.epochs;
     o.accumulate_grad_batches = a.accumulate;
     o.precision = a.precision;
-    o.handle_signals = false;
     o.optimizer.name = "sgd";
     o.optimizer.lr = 0.1;
     o.optimizer.momentum = 0.9;

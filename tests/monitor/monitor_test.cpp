@@ -219,8 +219,6 @@ TEST(Monitor, StepBreakdownAddsUpToTheMeasuredStepTime) {
   auto clock = std::make_shared<StepClock>();
   train::TrainerOptions to;
   to.epochs = 2;
-  to.progress = false;
-  to.handle_signals = false;
   to.optimizer.lr = 0.05;
   train::Trainer trainer(to);
   trainer.add_callback(clock).add_callback(mon);
@@ -254,7 +252,6 @@ TEST(Monitor, PhasesFollowTheLoopWithAccumulation) {
   train::TrainerOptions to;
   to.epochs = 1;
   to.accumulate_grad_batches = 3;
-  to.handle_signals = false;
   train::Trainer trainer(to);
   trainer.add_callback(log);
   trainer.fit(task);
@@ -281,7 +278,6 @@ TEST(Monitor, AFailingWriterIsDroppedAndTrainingGoesOn) {
   mon->add_writer(failing).add_writer(capture);
   train::TrainerOptions to;
   to.epochs = 1;
-  to.handle_signals = false;
   train::Trainer trainer(to);
   trainer.add_callback(mon);
   EXPECT_EQ(trainer.fit(task).steps, 8);
@@ -301,7 +297,6 @@ TEST(Monitor, MfuIsFlopsTimesThroughputOverPeak) {
   mon->add_writer(capture);
   train::TrainerOptions to;
   to.epochs = 1;
-  to.handle_signals = false;
   train::Trainer trainer(to);
   trainer.add_callback(mon);
   trainer.fit(task);
@@ -345,7 +340,6 @@ TEST(Monitor, CountsFlopsOfTheModelWithoutChangingTraining) {
     RandomEvalTask task;
     train::TrainerOptions to;
     to.epochs = 2;
-    to.handle_signals = false;
     to.clip_grad_norm = 0.5;  // the gradient histograms read what clipping left
     train::Trainer trainer(to);
     auto o = quiet_options();
@@ -390,7 +384,6 @@ TEST(Monitor, WritesJsonlAndCsvWithTheDocumentedSchema) {
   auto mon = std::make_shared<monitor::Monitor>(o);
   train::TrainerOptions to;
   to.epochs = 2;
-  to.handle_signals = false;
   train::Trainer trainer(to);
   trainer.add_callback(mon);
   trainer.fit(task);
@@ -503,7 +496,6 @@ TEST(Progress, PlainLinesWithoutControlCharactersWhenNotATerminal) {
   BlobTask task(blob_options(128, 32));
   train::TrainerOptions to;
   to.epochs = 2;
-  to.handle_signals = false;
   train::Trainer trainer(to);
   trainer.add_callback(std::make_shared<monitor::ProgressLogger>(po));
   trainer.fit(task);
@@ -535,7 +527,6 @@ TEST(Profiler, WritesAChromeTraceOfTheChosenSteps) {
   auto profiler = std::make_shared<monitor::Profiler>(po);
   train::TrainerOptions to;
   to.epochs = 1;
-  to.handle_signals = false;
   train::Trainer trainer(to);
   trainer.add_callback(profiler);
   trainer.fit(task);

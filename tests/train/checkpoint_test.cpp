@@ -57,8 +57,6 @@ TEST(Checkpoint, DamagedCheckpointIsAClearErrorOnResume) {
   train::TrainerOptions o;
   o.epochs = 1;
   o.run_dir = dir;
-  o.progress = false;
-  o.handle_signals = false;
   train::Trainer(o).fit(task);
   const std::string ckpt = dir + "/checkpoints/last.pt";
   const std::string bytes = train::read_file(ckpt);

@@ -48,8 +48,6 @@ class PoisonTask : public BlobTask {
 train::TrainerOptions opts(const std::string& precision) {
   train::TrainerOptions o;
   o.epochs = 2;
-  o.progress = false;
-  o.handle_signals = false;
   o.precision = precision;
   o.accumulate_grad_batches = 3;  // 8 batches per epoch -> windows of 3, 3, 2
   o.clip_grad_norm = 0.5;

@@ -26,8 +26,6 @@ namespace {
 train::TrainerOptions options(const std::string& dir) {
   train::TrainerOptions o;
   o.epochs = 4;
-  o.progress = false;
-  o.handle_signals = false;
   o.run_dir = dir;
   o.accumulate_grad_batches = 2;  // 4 optimizer steps per epoch
   o.optimizer.lr = 0.05;
@@ -168,4 +166,50 @@ TEST(ExactResume, AnExplicitCheckpointThatIsMissingIsAnError) {
   BlobTask task({});
   const std::string error = test_util::error_of([&] { train::Trainer(o).fit(task); });
   EXPECT_NE(error.find("nowhere.pt: no such checkpoint"), std::string::npos) << error;
+}
+
+namespace {
+/// A callback with checkpoint state; `required` is what it declares.
+struct Stateful : train::Callback {
+  explicit Stateful(bool required) : required_(required) {}
+  std::string name() const override { return "stateful"; }
+  void on_checkpoint_save(train::Trainer&, torch::serialize::OutputArchive& a) override {
+    a.write("count", torch::IValue(int64_t{7}));
+  }
+  bool checkpoint_state_required() const override { return required_; }
+  bool required_;
+};
+
+std::string resume_without_the_callback(bool required, int64_t* steps) {
+  const std::string dir = test_util::temp_dir(required ? "cb_required" : "cb_optional");
+  train::TrainerOptions o = options(dir);
+  o.epochs = 1;
+  {
+    BlobTask task({});
+    train::Trainer(o).add_callback(std::make_shared<Stateful>(required)).fit(task);
+  }
+  o.epochs = 2;
+  o.resume = "auto";
+  BlobTask task({});
+  testing::internal::CaptureStderr();
+  const std::string error = test_util::error_of([&] { *steps = train::Trainer(o).fit(task).steps; });
+  const std::string said = testing::internal::GetCapturedStderr();
+  return error.empty() ? said : "error: " + error;
+}
+}  // namespace
+
+TEST(ExactResume, ACallbackDeclaresWhetherItsStateIsNeededToResume) {
+  int64_t steps = 0;
+  const std::string optional = resume_without_the_callback(false, &steps);
+  EXPECT_NE(optional.find("has state of callback 'stateful', which this run does not have; it is ignored"),
+            std::string::npos)
+      << optional;
+  EXPECT_EQ(steps, 8) << "the optional state is skipped and training goes on";
+  steps = 0;
+  const std::string required = resume_without_the_callback(true, &steps);
+  EXPECT_NE(required.find("error: [train::Trainer] checkpoint "), std::string::npos) << required;
+  EXPECT_NE(required.find("holds the state of callback 'stateful', which this run does not register"),
+            std::string::npos)
+      << required;
+  EXPECT_EQ(steps, 0);
 }

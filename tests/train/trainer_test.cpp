@@ -9,8 +9,6 @@ namespace {
 train::TrainerOptions quiet(int64_t epochs) {
   train::TrainerOptions o;
   o.epochs = epochs;
-  o.progress = false;
-  o.handle_signals = false;
   o.optimizer.lr = 0.05;
   return o;
 }
@@ -161,4 +159,70 @@ TEST(Trainer, RejectsBadOptionsAndBadLosses) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("scalar loss"), std::string::npos);
   }
+}
+
+namespace {
+/// One Linear registered under two names (a module shared by two parents):
+/// LibTorch's parameters() lists its weight and bias twice.
+struct SharedNetImpl : torch::nn::Module {
+  SharedNetImpl() {
+    shared = torch::nn::Linear(8, 4);
+    register_module("first", shared);
+    register_module("second", shared);
+    frozen = register_parameter("frozen", torch::ones({3}), /*requires_grad=*/false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return shared->forward(x) + frozen.sum(); }
+  torch::nn::Linear shared{nullptr};
+  torch::Tensor frozen;
+};
+TORCH_MODULE(SharedNet);
+
+class SharedTask : public BlobTask {
+ public:
+  SharedTask() : BlobTask(Options{}) {
+    torch::manual_seed(5);
+    net_ = SharedNet();
+  }
+  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
+  train::StepOutput training_step(const data::Batch& b) override {
+    auto logits = net_->forward(b.input);
+    return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
+  }
+  SharedNet net_{nullptr};
+};
+}  // namespace
+
+TEST(Trainer, ATensorRegisteredTwiceIsTrainedAndClippedOnce) {
+  SharedTask task;
+  ASSERT_EQ(task.model()->parameters().size(), 5u) << "the premise: LibTorch lists the shared tensors twice";
+  const auto trainable = train::trainable_named_parameters(*task.model());
+  ASSERT_EQ(trainable.size(), 2u);
+  EXPECT_EQ(trainable[0].first, "first.weight");
+  EXPECT_EQ(trainable[1].first, "first.bias");
+  EXPECT_EQ(train::count_parameters(*task.model()), 8 * 4 + 4 + 3);
+
+  // One step of plain SGD with clipping, by hand on a copy, on the first batch.
+  const torch::Tensor w0 = task.net_->shared->weight.detach().clone(),
+                      b0 = task.net_->shared->bias.detach().clone();
+  task.train_loader().start_epoch(0, 0);
+  const data::Batch batch = *task.train_loader().next();
+  torch::Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+  torch::nn::functional::cross_entropy(torch::nn::functional::linear(batch.input, w, b) + 3.0, batch.target)
+      .backward();
+  const double max_norm = 1e-3;  // small enough to clip
+  const torch::Tensor norm = torch::sqrt(w.grad().pow(2).sum() + b.grad().pow(2).sum());
+  ASSERT_GT(norm.item<double>(), max_norm);
+  const torch::Tensor coef = ((norm + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
+  const torch::Tensor w_want = w0 - 0.05 * coef * w.grad(), b_want = b0 - 0.05 * coef * b.grad();
+
+  train::TrainerOptions o = quiet(1);
+  o.max_steps = 1;
+  o.clip_grad_norm = max_norm;
+  o.optimizer.momentum = 0;
+  o.optimizer.nesterov = false;
+  o.optimizer.weight_decay = 0;
+  train::Trainer(o).fit(task);
+  EXPECT_TRUE(torch::allclose(task.net_->shared->weight, w_want, 1e-6, 1e-9)) << "stepped once, clipped once";
+  EXPECT_TRUE(torch::allclose(task.net_->shared->bias, b_want, 1e-6, 1e-9));
+  EXPECT_TRUE(torch::equal(task.net_->frozen, torch::ones({3})));
 }

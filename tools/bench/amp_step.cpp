@@ -180,8 +180,6 @@ int main(int argc, char** argv) {
     train::TrainerOptions o;
     o.epochs = 1;
     o.max_steps = a.steps + a.warmup;
-    o.progress = false;
-    o.handle_signals = false;
     o.precision = a.precision;
     o.grad_scaler.enabled(a.scaler == "on");
     o.val_every = 0;

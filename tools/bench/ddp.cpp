@@ -350,8 +350,6 @@ int main(int argc, char** argv) {
     const int64_t rounds = a.warmup_rounds + a.rounds, steps = rounds * kTrainerSettings;
     train::TrainerOptions o;
     o.epochs = rounds;  // an epoch is a round
-    o.progress = false;
-    o.handle_signals = false;
     o.save_checkpoints = false;
     o.optimizer.name = "sgd";
     o.optimizer.lr = 1e-4;

@@ -58,8 +58,6 @@ int main(int argc, char** argv) {
                                  data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_prefetch(prefetch));
     train::TrainerOptions o;
     o.epochs = epochs;
-    o.progress = false;
-    o.handle_signals = false;
     o.optimizer.name = "sgd";
     o.optimizer.lr = 0.05;
     train::Trainer trainer(o);

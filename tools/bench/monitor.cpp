@@ -123,7 +123,6 @@ int main(int argc, char** argv) {
         const size_t s = (k + static_cast<size_t>(r + 1)) % settings.size();  // rotate the order
         train::TrainerOptions o;
         o.epochs = 1;
-        o.handle_signals = false;
         o.precision = precision;
         o.optimizer.lr = 0.01;
         train::Trainer trainer(o);

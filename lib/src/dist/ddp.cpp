@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "ember/amp/grad_scaler.h"
+#include "ember/train/optim.h"
 #include "ember/train/trainer.h"
 
 namespace ember::dist {
@@ -19,20 +20,6 @@ namespace {
 
 constexpr int64_t kMiB = 1024 * 1024;
 constexpr int64_t kBroadcastBucketBytes = 250 * kMiB;  // PyTorch DDP's broadcast bucket
-
-// Trainable parameters, each once (tied weights appear once), in module order.
-std::vector<std::pair<std::string, torch::Tensor>> trainable_named(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  std::vector<const c10::TensorImpl*> seen;
-  for (const auto& item : model.named_parameters()) {
-    const torch::Tensor& p = item.value();
-    if (!p.requires_grad()) continue;
-    if (std::find(seen.begin(), seen.end(), p.unsafeGetTensorImpl()) != seen.end()) continue;
-    seen.push_back(p.unsafeGetTensorImpl());
-    out.emplace_back(item.key(), p);
-  }
-  return out;
-}
 
 // Same tensors (identity) in the same order?
 struct SameTensors {
@@ -86,7 +73,7 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
   params_.clear();
   param_names_.clear();
   std::unordered_map<size_t, std::string> names;
-  for (const auto& [name, p] : trainable_named(model)) {
+  for (const auto& [name, p] : train::trainable_named_parameters(model)) {
     names[params_.size()] = name;
     param_names_.push_back(name);
     params_.push_back(p);
@@ -131,7 +118,8 @@ void DistributedDataParallel::on_fit_start(train::Trainer& trainer) {
 void DistributedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
   // Pruning (registered earlier) may have resized parameters in place: the
   // reducer's buckets no longer fit them.
-  if (SameTensors{params_} != tensors_of(trainable_named(*trainer.task()->model())) || shapes_of(params_) != shapes_)
+  if (SameTensors{params_} != tensors_of(train::trainable_named_parameters(*trainer.task()->model())) ||
+      shapes_of(params_) != shapes_)
     build(trainer);
 }
 

@@ -134,7 +134,6 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
   o.val_every = c.get_int("trainer.val_every");
   o.checkpoint_every = c.get_int("trainer.checkpoint_every");
   o.log_every = c.get_int("trainer.log_every");
-  o.progress = c.get_bool("trainer.progress");
 
   o.optimizer.name = c.get_string("optim.name");
   o.optimizer.lr = c.get_float("optim.lr");
@@ -292,11 +291,12 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     const int64_t k = config.get_int("trainer.accumulate_grad_batches");
     const int64_t steps_per_epoch = (task->train_loader().num_batches() + std::max<int64_t>(k, 1) - 1) / std::max<int64_t>(k, 1);
     TrainerOptions options = trainer_options_from_config(config, steps_per_epoch);
+    options.handle_signals = true;  // Ctrl-C saves a checkpoint (one process; see below for data-parallel)
     if (group) {
       options.save_checkpoints = rank0;
       options.all_reduce_sum = [group](torch::Tensor& t) { group->all_reduce_sum_(t); };
-      options.handle_signals = false;  // a stop must be agreed by every rank; torchrun ends the group on a signal
-      if (!rank0) options.progress = false;
+      // A stop must be agreed by every rank; torchrun ends the group on a signal.
+      options.handle_signals = false;
     }
     Trainer trainer(options);
     // Only rank 0 reports and writes; the other ranks train silently.

@@ -52,13 +52,6 @@ class ScopedStopSignals {
   void (*old_term_)(int) = SIG_DFL;
 };
 
-std::vector<torch::Tensor> trainable_parameters(torch::nn::Module& model) {
-  std::vector<torch::Tensor> out;
-  for (auto& p : model.parameters())
-    if (p.requires_grad()) out.push_back(p);
-  return out;
-}
-
 c10::DeviceType device_type_of(torch::nn::Module& model) {
   const auto params = model.parameters();
   return params.empty() ? c10::kCPU : params.front().device().type();
@@ -104,7 +97,9 @@ EvalResult PassSums::result(double seconds) const {
 
 int64_t count_parameters(const torch::nn::Module& module) {
   int64_t n = 0;
-  for (const auto& p : module.parameters()) n += p.numel();
+  std::set<const c10::TensorImpl*> seen;  // a tensor registered under two names counts once
+  for (const auto& p : module.parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
   return n;
 }
 
@@ -174,6 +169,11 @@ std::string Trainer::resolve_resume_path() const {
   return options_.resume;
 }
 
+namespace {
+// In a callback's checkpoint archive: Callback::checkpoint_state_required() at save time.
+constexpr const char* kRequiredKey = "ember.required";
+}  // namespace
+
 void Trainer::save_checkpoint(const std::string& path) {
   EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
   torch::serialize::OutputArchive root;
@@ -201,6 +201,7 @@ void Trainer::save_checkpoint(const std::string& path) {
   for (auto& cb : callbacks_) {
     torch::serialize::OutputArchive a;
     cb->on_checkpoint_save(*this, a);
+    if (cb->checkpoint_state_required()) a.write(kRequiredKey, torch::IValue(true));
     callbacks.write(cb->name(), a);
   }
   root.write("model", model_archive);
@@ -250,12 +251,14 @@ void Trainer::load_checkpoint(const std::string& path) {
   for (const std::string& key : callbacks.keys()) {
     torch::serialize::InputArchive unread;
     if (registered.count(key) || !callbacks.try_read(key, unread) || unread.keys().empty()) continue;
-    // A pruned model's weights would load into the full-size layers (the archive resizes tensors), silently.
-    EMBER_CHECK(
-        key != "pruning",
-        "[train::Trainer] checkpoint {} is of a pruned model, but no pruning callback is registered to "
-        "replay its plan: add prune::PruningCallback (recipes: keep the prune.* keys as they were)",
-        path);
+    // E.g. a pruned model's weights would load into the full-size layers (the archive resizes tensors),
+    // silently.
+    torch::IValue required;
+    EMBER_CHECK(!unread.try_read(kRequiredKey, required) || !required.toBool(),
+                "[train::Trainer] checkpoint {} holds the state of callback '{}', which this run does not "
+                "register, and the checkpoint cannot load without it (the state changes the model: a pruning "
+                "plan, say): register it again (recipes: keep its keys, e.g. prune.*, as they were)",
+                path, key);
     std::cerr << fmt::format(
         "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
         "not have; it is ignored\n",

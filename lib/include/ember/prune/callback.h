@@ -81,6 +81,8 @@ class PruningCallback : public train::Callback {
   explicit PruningCallback(PruningCallbackOptions options);
 
   std::string name() const override { return "pruning"; }
+  /// The plan reshapes the model: a pruned checkpoint cannot load without it.
+  bool checkpoint_state_required() const override { return true; }
   void on_fit_start(train::Trainer& trainer) override;
   void on_epoch_start(train::Trainer& trainer, int64_t epoch) override;
   void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;

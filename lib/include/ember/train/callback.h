@@ -121,6 +121,13 @@ class Callback {
   /// loaded, so a callback can give the freshly built model the checkpoint's
   /// architecture (pruning does).
   virtual void on_checkpoint_load(Trainer& trainer, torch::serialize::InputArchive& archive) {}
+  /// Whether a checkpoint holding this callback's state can be resumed only
+  /// with the callback registered: true when the state changes the model (a
+  /// pruning plan reshapes it before the weights load). The checkpoint records
+  /// it, and a resume without the callback is then an error instead of weights
+  /// silently loaded into the wrong shapes. Default false: a run without the
+  /// callback ignores its state, with a note.
+  virtual bool checkpoint_state_required() const { return false; }
 };
 
 }  // namespace ember::train

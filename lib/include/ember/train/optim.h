@@ -6,6 +6,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ember::train {
 
@@ -27,7 +29,17 @@ struct OptimizerSpec {
   double eps = 1e-8;
 };
 
-/// Builds the optimizer over all of `model`'s parameters. An unknown name is
+/// The parameters training updates, with their names: those that require
+/// gradients, each tensor once, in registration order. A tensor registered
+/// under two names (a module shared by two parents, tied weights) is listed
+/// at its first name: LibTorch's Module::parameters() lists it twice, and an
+/// optimizer given that list would step it twice. The optimizer, gradient
+/// clipping and data-parallel reduction all use this list.
+std::vector<std::pair<std::string, torch::Tensor>> trainable_named_parameters(const torch::nn::Module& model);
+/// trainable_named_parameters() without the names.
+std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& model);
+
+/// Builds the optimizer over trainable_parameters(model). An unknown name is
 /// an error listing the valid ones.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model, const OptimizerSpec& spec);
 

@@ -46,12 +46,11 @@ struct TrainerOptions {
   int64_t checkpoint_every = 1;
   /// Optimizer steps between metrics.jsonl step records.
   int64_t log_every = 50;
-  /// Show a progress line (throttled; plain periodic lines when not a terminal).
-  bool progress = true;
-  /// Seconds between progress refreshes on a terminal.
-  double progress_interval = 0.25;
-  /// Stop cleanly, after saving a checkpoint, on SIGINT/SIGTERM.
-  bool handle_signals = true;
+  /// Stop cleanly, after saving a checkpoint, on SIGINT/SIGTERM: fit() installs
+  /// handlers for its duration and restores the previous ones. Off by default,
+  /// as a library should leave a program's signals alone; the recipe runner
+  /// turns it on for one-process runs.
+  bool handle_signals = false;
   /// Used when the Task does not build its own optimizer.
   OptimizerSpec optimizer;
   /// Learning-rate schedule over optimizer steps; nullptr = constant.
@@ -156,7 +155,8 @@ class Trainer {
   std::string last_checkpoint_;
 };
 
-/// Number of parameters (elements) of a module.
+/// Number of parameters (elements) of a module, trainable or not; a tensor
+/// registered under two names counts once.
 int64_t count_parameters(const torch::nn::Module& module);
 
 }  // namespace ember::train
