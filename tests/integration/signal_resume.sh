@@ -15,7 +15,7 @@ args=(run.dir="$out/run" data.root="$root" data.train_subset=20000 data.test_sub
 pid=$!
 # Wait until training is under way (a few step records), then interrupt.
 for _ in $(seq 1 1200); do
-  [[ $(grep -c '"kind":"step"' "$out/run/metrics.jsonl" 2>/dev/null || true) -ge 5 ]] && break
+  if [[ $(grep -c '"kind":"step"' "$out/run/metrics.jsonl" 2>/dev/null || true) -ge 5 ]]; then break; fi
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.1
 done
