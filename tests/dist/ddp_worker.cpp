@@ -39,7 +39,8 @@ class ShardedBlobTask : public train::Task {
     torch::manual_seed(1234 + env.rank);  // different initial weights per rank: DDP must broadcast rank 0's
     net_ = test_util::BlobNet();
     net_->drop->options.p(0.0);
-    if (a.unused_param) net_->register_module("unused", torch::nn::Linear(8, 8));  // never in the forward pass
+    if (a.unused_param)
+      net_->register_module("unused", torch::nn::Linear(8, 8));  // never in the forward pass
     if (a.batchnorm) bn_ = net_->register_module("bn", torch::nn::BatchNorm1d(32));  // running stats per rank
     net_->to(torch::Device(a.device));
     auto lo = data::TensorLoaderOptions()
@@ -97,22 +98,38 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--out") a.out = v;
-    else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--epochs") a.epochs = std::stoll(v);
-    else if (k == "--accumulate") a.accumulate = std::stoll(v);
-    else if (k == "--precision") a.precision = v;
-    else if (k == "--inject-inf-step") a.inject_inf_step = std::stoll(v);
-    else if (k == "--die-at-step") a.die_at_step = std::stoll(v);
-    else if (k == "--hang-at-step") a.hang_at_step = std::stoll(v);
-    else if (k == "--timeout-s") a.timeout_s = std::stod(v);
-    else if (k == "--config-tag") a.config_tag = v;
-    else if (k == "--device") a.device = v;
-    else if (k == "--backend") a.backend = v;
-    else if (k == "--unused-param") a.unused_param = v == "1";
-    else if (k == "--find-unused") a.find_unused = v == "1";
-    else if (k == "--force-group") a.force_group = v == "1";
-    else if (k == "--batchnorm") a.batchnorm = v == "1";
+    if (k == "--out")
+      a.out = v;
+    else if (k == "--batch")
+      a.batch = std::stoll(v);
+    else if (k == "--epochs")
+      a.epochs = std::stoll(v);
+    else if (k == "--accumulate")
+      a.accumulate = std::stoll(v);
+    else if (k == "--precision")
+      a.precision = v;
+    else if (k == "--inject-inf-step")
+      a.inject_inf_step = std::stoll(v);
+    else if (k == "--die-at-step")
+      a.die_at_step = std::stoll(v);
+    else if (k == "--hang-at-step")
+      a.hang_at_step = std::stoll(v);
+    else if (k == "--timeout-s")
+      a.timeout_s = std::stod(v);
+    else if (k == "--config-tag")
+      a.config_tag = v;
+    else if (k == "--device")
+      a.device = v;
+    else if (k == "--backend")
+      a.backend = v;
+    else if (k == "--unused-param")
+      a.unused_param = v == "1";
+    else if (k == "--find-unused")
+      a.find_unused = v == "1";
+    else if (k == "--force-group")
+      a.force_group = v == "1";
+    else if (k == "--batchnorm")
+      a.batchnorm = v == "1";
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -133,7 +150,8 @@ int main(int argc, char** argv) {
     o.optimizer.momentum = 0.9;
     o.optimizer.weight_decay = 0.0;
     train::Trainer trainer(o);
-    if (env.distributed() || a.force_group) {  // force: a group of one (NCCL on one GPU initialises and trains)
+    if (env.distributed() ||
+        a.force_group) {  // force: a group of one (NCCL on one GPU initialises and trains)
       dist::ProcessGroupOptions po;
       po.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
       po.device = torch::Device(a.device);
@@ -148,9 +166,10 @@ int main(int argc, char** argv) {
     const train::FitResult fit = trainer.fit(task);
     core::save_safetensors(a.out + ".rank" + std::to_string(env.rank) + ".safetensors", *task.model());
     if (env.rank == 0) {
-      std::ofstream(a.out + ".rank0.json") << "{\"steps\": " << fit.steps << ", \"skipped_steps\": " << fit.skipped_steps
-                                           << ", \"train_loss\": " << fit.last_train.loss << ", \"backend\": \""
-                                           << (group ? group->backend() : "none") << "\"}\n";
+      std::ofstream(a.out + ".rank0.json")
+          << "{\"steps\": " << fit.steps << ", \"skipped_steps\": " << fit.skipped_steps
+          << ", \"train_loss\": " << fit.last_train.loss << ", \"backend\": \""
+          << (group ? group->backend() : "none") << "\"}\n";
     }
   } catch (const Error& e) {  // Ember's own errors say what is wrong already
     std::fprintf(stderr, "error: %s\n", e.what());

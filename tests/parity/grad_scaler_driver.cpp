@@ -98,9 +98,11 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < flat.numel(); ++i) weights.push_back(static_cast<double>(flat[i].item<float>()));
   }
   // {} prints the shortest text that reads back as the same double.
-  std::cout << fmt::format(R"({{"scale": [{}], "tracker": [{}], "stepped_a": [{}], "stepped_b": [{}], "weights": [{}]}})",
-                           fmt::join(scales, ", "), fmt::join(trackers, ", "), fmt::join(stepped_a, ", "),
-                           fmt::join(stepped_b, ", "), fmt::join(weights, ", "))
-            << "\n";
+  std::cout
+      << fmt::format(
+             R"({{"scale": [{}], "tracker": [{}], "stepped_a": [{}], "stepped_b": [{}], "weights": [{}]}})",
+             fmt::join(scales, ", "), fmt::join(trackers, ", "), fmt::join(stepped_a, ", "),
+             fmt::join(stepped_b, ", "), fmt::join(weights, ", "))
+      << "\n";
   return 0;
 }

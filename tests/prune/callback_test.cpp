@@ -15,9 +15,13 @@ namespace {
 
 using test_util::BlobTask;
 
-std::string fresh_dir(const std::string& name) { return test_util::temp_dir("prune_cb_" + name); }
+std::string fresh_dir(const std::string& name) {
+  return test_util::temp_dir("prune_cb_" + name);
+}
 
-void remove_dir(const std::string& dir) { ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0); }
+void remove_dir(const std::string& dir) {
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
 
 train::TrainerOptions trainer_options(int64_t epochs, const std::string& run_dir) {
   train::TrainerOptions o;
@@ -37,8 +41,12 @@ BlobTask::Options deterministic() {
 }
 
 PruningCallbackOptions options(std::vector<int64_t> epochs, double ratio) {
-  return PruningCallbackOptions().epochs(std::move(epochs)).ratio(ratio).timing_steps(3).verbose(false).pruner(
-      PrunerOptions().print_warnings(false));
+  return PruningCallbackOptions()
+      .epochs(std::move(epochs))
+      .ratio(ratio)
+      .timing_steps(3)
+      .verbose(false)
+      .pruner(PrunerOptions().print_warnings(false));
 }
 
 TEST(PruningCallback, IterativeStepsShrinkTheModelAndTrainingGoesOn) {

@@ -131,7 +131,8 @@ TEST(ExactResume, CallbackStateRoundTrips) {
     BlobTask task({});
     train::Trainer(o).add_callback(es).fit(task);
   }
-  auto es2 = std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{"val_accuracy", 5, 0.0, true});
+  auto es2 =
+      std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{"val_accuracy", 5, 0.0, true});
   o.resume = "auto";
   BlobTask task(other_init());
   const auto r =

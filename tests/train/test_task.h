@@ -15,7 +15,9 @@ struct BlobNetImpl : torch::nn::Module {
     drop = register_module("drop", torch::nn::Dropout(0.2));
     fc2 = register_module("fc2", torch::nn::Linear(32, 4));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(drop->forward(torch::relu(fc1->forward(x)))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2->forward(drop->forward(torch::relu(fc1->forward(x))));
+  }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::Dropout drop{nullptr};
 };
@@ -49,7 +51,12 @@ class BlobTask : public train::Task {
     net_ = BlobNet();
     net_->to(o.device);
     if (!o.dropout) net_->drop->options.p(0.0);
-    auto lo = data::TensorLoaderOptions().set_batch_size(o.batch_size).set_seed(7).set_prefetch(o.prefetch).set_shuffle(o.shuffle).set_device(o.device);
+    auto lo = data::TensorLoaderOptions()
+                  .set_batch_size(o.batch_size)
+                  .set_seed(7)
+                  .set_prefetch(o.prefetch)
+                  .set_shuffle(o.shuffle)
+                  .set_device(o.device);
     train_ = std::make_unique<data::TensorLoader>(make_blobs(o.samples, 1), lo);
     val_ = std::make_unique<data::TensorLoader>(make_blobs(128, 2), lo.set_shuffle(false));
   }
@@ -95,7 +102,8 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 /// A fresh empty folder under the test temp dir.
 inline std::string temp_dir(const std::string& name) {
   const char* base = std::getenv("TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/ember_test_" + name + "_" + std::to_string(::getpid());
+  std::string dir =
+      std::string(base ? base : "/tmp") + "/ember_test_" + name + "_" + std::to_string(::getpid());
   std::string cmd = "rm -rf '" + dir + "'";
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("cannot clean " + dir);
   train::make_dirs(dir);

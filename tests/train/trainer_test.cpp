@@ -25,18 +25,26 @@ struct Recorder : train::Callback {
   std::vector<double> lrs, norms;
   std::string name() const override { return "recorder"; }
   void on_fit_start(train::Trainer&) override { events.push_back("fit_start"); }
-  void on_epoch_start(train::Trainer&, int64_t e) override { events.push_back("epoch_start " + std::to_string(e)); }
+  void on_epoch_start(train::Trainer&, int64_t e) override {
+    events.push_back("epoch_start " + std::to_string(e));
+  }
   void on_before_optimizer_step(train::Trainer& t, torch::optim::Optimizer& opt) override {
     events.push_back("before_step");
     lrs.push_back(opt.param_groups().front().options().get_lr());
     norms.push_back(grad_norm(*t.task()->model()));
   }
-  void on_step_end(train::Trainer&, const train::StepInfo& i) override { events.push_back("step_end " + std::to_string(i.step)); }
-  void on_epoch_end(train::Trainer&, int64_t e, const train::EvalResult&) override { events.push_back("epoch_end " + std::to_string(e)); }
+  void on_step_end(train::Trainer&, const train::StepInfo& i) override {
+    events.push_back("step_end " + std::to_string(i.step));
+  }
+  void on_epoch_end(train::Trainer&, int64_t e, const train::EvalResult&) override {
+    events.push_back("epoch_end " + std::to_string(e));
+  }
   void on_validation_end(train::Trainer&, int64_t e, const train::EvalResult&) override {
     events.push_back("validation_end " + std::to_string(e));
   }
-  void on_checkpoint_save(train::Trainer&, torch::serialize::OutputArchive&) override { events.push_back("checkpoint"); }
+  void on_checkpoint_save(train::Trainer&, torch::serialize::OutputArchive&) override {
+    events.push_back("checkpoint");
+  }
   void on_fit_end(train::Trainer&) override { events.push_back("fit_end"); }
 };
 }  // namespace
@@ -110,9 +118,9 @@ TEST(Trainer, CallbacksRunInTheDocumentedOrder) {
   o.run_dir = test_util::temp_dir("callback_order");
   train::Trainer(o).add_callback(rec).fit(task);
   const std::vector<std::string> want = {
-      "fit_start",   "epoch_start 0", "before_step", "step_end 1", "before_step", "step_end 2", "epoch_end 0",
-      "validation_end 0", "checkpoint", "epoch_start 1", "before_step", "step_end 3", "before_step", "step_end 4",
-      "epoch_end 1", "validation_end 1", "checkpoint", "fit_end"};
+      "fit_start",   "epoch_start 0",    "before_step", "step_end 1",       "before_step", "step_end 2",
+      "epoch_end 0", "validation_end 0", "checkpoint",  "epoch_start 1",    "before_step", "step_end 3",
+      "before_step", "step_end 4",       "epoch_end 1", "validation_end 1", "checkpoint",  "fit_end"};
   EXPECT_EQ(rec->events, want);
 }
 

@@ -6,7 +6,8 @@
 //
 //   ember_bench_amp_step --model cnn|gpt --precision fp32|tf32|bf16-mixed|fp16-mixed
 //                        [--scaler on|off] [--steps N] [--warmup W] [--threads T]
-//                        [--batch B] [--device cpu|cuda] [--gpt-layers L --gpt-embd D --gpt-heads H --gpt-block T]
+//                        [--batch B] [--device cpu|cuda] [--gpt-layers L --gpt-embd D --gpt-heads H
+//                        --gpt-block T]
 // prints one JSON line: {"median_ms": m, "tokens_per_step": t, "flops_per_step": f, ...}
 #include <ember/ember.h>
 
@@ -45,18 +46,22 @@ class SyntheticTask : public train::Task {
                              .block_size(a.gpt_block));
       gpt_net_->to(device);
       flops_per_sample_ = static_cast<double>(gpt_net_->flops_per_token()) * static_cast<double>(a.gpt_block);
-      ds = {torch::randint(0, 256, {n, a.gpt_block + 1}, gen, torch::kUInt8), torch::zeros({n}, torch::kInt64)};
+      ds = {torch::randint(0, 256, {n, a.gpt_block + 1}, gen, torch::kUInt8),
+            torch::zeros({n}, torch::kInt64)};
       tokens_per_sample_ = a.gpt_block;
     } else {
       cnn_ = FashionNet(FashionNetOptions{});
       cnn_->to(device);
-      ds = {torch::randint(0, 256, {n, 28, 28}, gen, torch::kUInt8), torch::randint(0, 10, {n}, gen, torch::kInt64)};
+      ds = {torch::randint(0, 256, {n, 28, 28}, gen, torch::kUInt8),
+            torch::randint(0, 10, {n}, gen, torch::kInt64)};
     }
-    auto opts = data::TensorLoaderOptions().set_batch_size(batch).set_seed(0).set_prefetch(0).set_device(device);
-    if (!gpt_) opts.set_transform([](data::Batch b) {
-      b.input = normalize_fashion(b.input);
-      return b;
-    });
+    auto opts =
+        data::TensorLoaderOptions().set_batch_size(batch).set_seed(0).set_prefetch(0).set_device(device);
+    if (!gpt_)
+      opts.set_transform([](data::Batch b) {
+        b.input = normalize_fashion(b.input);
+        return b;
+      });
     loader_ = std::make_unique<data::TensorLoader>(std::move(ds), opts);
     batch_ = batch;
   }
@@ -112,12 +117,14 @@ class StepTimer : public train::Callback {
 };
 // The same step without the Trainer, with Ember's AutocastGuard and
 // GradScaler only: tells the loop's own cost apart from LibTorch's.
-int raw_loop(const Args& a, SyntheticTask& task, const torch::Device& device, const train::TrainerOptions& o) {
+int raw_loop(const Args& a, SyntheticTask& task, const torch::Device& device,
+             const train::TrainerOptions& o) {
   auto model = task.model();
   auto optimizer = train::make_optimizer(*model, o.optimizer);
   const amp::Precision precision = amp::parse_precision(a.precision);
   const amp::MatmulPrecisionGuard matmul(precision, device.type());
-  amp::GradScaler scaler(amp::GradScalerOptions().enabled(amp::needs_grad_scaler(precision) && a.scaler == "on"));
+  amp::GradScaler scaler(
+      amp::GradScalerOptions().enabled(amp::needs_grad_scaler(precision) && a.scaler == "on"));
   data::Loader& loader = task.train_loader();
   loader.start_epoch(0, 0);
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
@@ -153,19 +160,32 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") a.model = v;
-    else if (k == "--precision") a.precision = v;
-    else if (k == "--scaler") a.scaler = v;
-    else if (k == "--device") a.device = v;
-    else if (k == "--loop") a.loop = v;
-    else if (k == "--steps") a.steps = std::stoll(v);
-    else if (k == "--warmup") a.warmup = std::stoll(v);
-    else if (k == "--threads") a.threads = std::stoll(v);
-    else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--gpt-layers") a.gpt_layers = std::stoll(v);
-    else if (k == "--gpt-embd") a.gpt_embd = std::stoll(v);
-    else if (k == "--gpt-heads") a.gpt_heads = std::stoll(v);
-    else if (k == "--gpt-block") a.gpt_block = std::stoll(v);
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--precision")
+      a.precision = v;
+    else if (k == "--scaler")
+      a.scaler = v;
+    else if (k == "--device")
+      a.device = v;
+    else if (k == "--loop")
+      a.loop = v;
+    else if (k == "--steps")
+      a.steps = std::stoll(v);
+    else if (k == "--warmup")
+      a.warmup = std::stoll(v);
+    else if (k == "--threads")
+      a.threads = std::stoll(v);
+    else if (k == "--batch")
+      a.batch = std::stoll(v);
+    else if (k == "--gpt-layers")
+      a.gpt_layers = std::stoll(v);
+    else if (k == "--gpt-embd")
+      a.gpt_embd = std::stoll(v);
+    else if (k == "--gpt-heads")
+      a.gpt_heads = std::stoll(v);
+    else if (k == "--gpt-block")
+      a.gpt_block = std::stoll(v);
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -196,14 +216,16 @@ int main(int argc, char** argv) {
     train::Trainer trainer(o);
     trainer.add_callback(timer);
     const auto r = trainer.fit(task);
-    std::vector<double> t(timer->times_.begin() + std::min<int64_t>(a.warmup, timer->times_.size()), timer->times_.end());
+    std::vector<double> t(timer->times_.begin() + std::min<int64_t>(a.warmup, timer->times_.size()),
+                          timer->times_.end());
     std::sort(t.begin(), t.end());
     const double median = t.empty() ? 0.0 : t[t.size() / 2];
-    std::printf("{\"median_ms\": %.4f, \"steps\": %zu, \"batch\": %lld, \"tokens_per_step\": %lld, "
-                "\"flops_per_step\": %.6g, \"skipped_steps\": %lld}\n",
-                median, t.size(), static_cast<long long>(task.batch()),
-                static_cast<long long>(task.batch() * task.tokens_per_sample()),
-                task.flops_per_sample() * static_cast<double>(task.batch()), static_cast<long long>(r.skipped_steps));
+    std::printf(
+        "{\"median_ms\": %.4f, \"steps\": %zu, \"batch\": %lld, \"tokens_per_step\": %lld, "
+        "\"flops_per_step\": %.6g, \"skipped_steps\": %lld}\n",
+        median, t.size(), static_cast<long long>(task.batch()),
+        static_cast<long long>(task.batch() * task.tokens_per_sample()),
+        task.flops_per_sample() * static_cast<double>(task.batch()), static_cast<long long>(r.skipped_steps));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

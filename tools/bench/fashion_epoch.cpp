@@ -39,12 +39,18 @@ int main(int argc, char** argv) {
   int64_t epochs = 2, batch_size = 128, threads = 0, samples = -1, prefetch = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--root") root = v;
-    else if (k == "--epochs") epochs = std::stoll(v);
-    else if (k == "--batch-size") batch_size = std::stoll(v);
-    else if (k == "--threads") threads = std::stoll(v);
-    else if (k == "--samples") samples = std::stoll(v);
-    else if (k == "--prefetch") prefetch = std::stoll(v);
+    if (k == "--root")
+      root = v;
+    else if (k == "--epochs")
+      epochs = std::stoll(v);
+    else if (k == "--batch-size")
+      batch_size = std::stoll(v);
+    else if (k == "--threads")
+      threads = std::stoll(v);
+    else if (k == "--samples")
+      samples = std::stoll(v);
+    else if (k == "--prefetch")
+      prefetch = std::stoll(v);
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -54,8 +60,9 @@ int main(int argc, char** argv) {
     core::tune_host_malloc();  // as run_recipe does for every recipe
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     torch::manual_seed(0);
-    bench::FashionBenchTask task(data::load_mnist(root, data::Split::kTrain).head(samples),
-                                 data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_prefetch(prefetch));
+    bench::FashionBenchTask task(
+        data::load_mnist(root, data::Split::kTrain).head(samples),
+        data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_prefetch(prefetch));
     train::TrainerOptions o;
     o.epochs = epochs;
     o.optimizer.name = "sgd";

@@ -1,9 +1,9 @@
 #include "ember/dist/ddp.h"
 
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -48,7 +48,8 @@ std::vector<std::vector<int64_t>> shapes_of(const std::vector<torch::Tensor>& ts
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ProcessGroup> group, DdpOptions options)
     : group_(std::move(group)), options_(options) {
   EMBER_CHECK(group_ != nullptr, "[dist::DistributedDataParallel] no process group");
-  EMBER_CHECK(options_.bucket_cap_mb > 0, "[dist::DistributedDataParallel] dist.bucket_cap_mb must be > 0, got {}",
+  EMBER_CHECK(options_.bucket_cap_mb > 0,
+              "[dist::DistributedDataParallel] dist.bucket_cap_mb must be > 0, got {}",
               options_.bucket_cap_mb);
 }
 
@@ -94,11 +95,13 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
                          : std::vector<size_t>{static_cast<size_t>(cap)};
   auto [buckets, per_bucket_limits] = c10d::compute_bucket_assignment_by_size(params_, limits, dense);
   std::reverse(buckets.begin(), buckets.end());  // the last layers' gradients are ready first
-  reducer_ = std::make_shared<c10d::Reducer>(params_, buckets, group_->c10d(), dense, cap,
-                                             options_.find_unused_parameters, options_.gradient_as_bucket_view, names,
-                                             default_cap ? kMiB : cap, /*skip_all_reduce_unused_params=*/false,
-                                             /*use_python_reducer=*/false, std::vector<int64_t>{});
-  logger_ = std::make_shared<c10d::Logger>(reducer_);  // the reducer calls into it with find_unused_parameters
+  reducer_ = std::make_shared<c10d::Reducer>(
+      params_, buckets, group_->c10d(), dense, cap, options_.find_unused_parameters,
+      options_.gradient_as_bucket_view, names, default_cap ? kMiB : cap,
+      /*skip_all_reduce_unused_params=*/false,
+      /*use_python_reducer=*/false, std::vector<int64_t>{});
+  logger_ =
+      std::make_shared<c10d::Logger>(reducer_);  // the reducer calls into it with find_unused_parameters
   reducer_->set_logger(logger_);
   shapes_ = shapes_of(params_);
   buffers_need_sync_ = true;
@@ -124,7 +127,8 @@ void DistributedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
 }
 
 void DistributedDataParallel::on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) {
-  if (micro.index == 0) group_->set_progress(trainer.global_step() + 1);  // the step this rank is in (failure reports)
+  if (micro.index == 0)
+    group_->set_progress(trainer.global_step() + 1);  // the step this rank is in (failure reports)
   if (!torch::GradMode::is_enabled()) return;
   try {
     if (micro.completes_step()) reducer_->prepare_for_forward();
@@ -139,15 +143,19 @@ void DistributedDataParallel::on_before_forward(train::Trainer& trainer, const t
       for (int64_t i; in >> i;)
         if (i >= 0 && i < static_cast<int64_t>(param_names_.size())) names.push_back(param_names_[i]);
     }
-    throw Error(fmt::format("[dist::DistributedDataParallel] rank {}: parameters {} got no gradient in the last step, "
-                            "so DDP could not finish reducing it: make every parameter take part in the loss, or set "
-                            "dist.find_unused_parameters=true (DdpOptions::find_unused_parameters)",
-                            group_->rank(), names.empty() ? std::string("(see below)") : fmt::format("{}", fmt::join(names, ", "))) +
-                (names.empty() ? "\n" + what : std::string()));
+    throw Error(
+        fmt::format(
+            "[dist::DistributedDataParallel] rank {}: parameters {} got no gradient in the last step, "
+            "so DDP could not finish reducing it: make every parameter take part in the loss, or set "
+            "dist.find_unused_parameters=true (DdpOptions::find_unused_parameters)",
+            group_->rank(),
+            names.empty() ? std::string("(see below)") : fmt::format("{}", fmt::join(names, ", "))) +
+        (names.empty() ? "\n" + what : std::string()));
   }
   // Batch-norm statistics from rank 0, so the replicas normalise alike (not
   // inside an accumulation window, as PyTorch's require_forward_param_sync).
-  if (options_.broadcast_buffers && buffers_need_sync_) broadcast_state(*trainer.task()->model(), /*parameters=*/false);
+  if (options_.broadcast_buffers && buffers_need_sync_)
+    broadcast_state(*trainer.task()->model(), /*parameters=*/false);
 }
 
 void DistributedDataParallel::on_before_backward(train::Trainer& trainer, const train::StepOutput& out,
@@ -166,7 +174,8 @@ void DistributedDataParallel::on_before_backward(train::Trainer& trainer, const 
   (void)trainer;
 }
 
-void DistributedDataParallel::on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) {
+void DistributedDataParallel::on_before_optimizer_step(train::Trainer& trainer,
+                                                       torch::optim::Optimizer& optimizer) {
   // fp16-mixed: a rank that saw inf/NaN makes every rank skip the step. With
   // the reducer, an inf already spreads through the averaged gradients; the
   // flag reduction also covers gradients DDP does not reduce (parameters

@@ -1,9 +1,9 @@
 #include "ember/dist/process_group.h"
 
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // compiled against gloo_shim/ (see its README)
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/torch.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -25,19 +25,23 @@ namespace ember::dist {
 // differs fails here, at build time, instead of corrupting memory.
 #if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
 #define EMBER_GLOO_LAYOUT_VERIFIED 1
-static_assert(sizeof(c10d::ProcessGroupGloo) == 488, "c10d::ProcessGroupGloo layout changed: re-check lib/src/dist/gloo_shim");
-static_assert(sizeof(c10d::ProcessGroupGloo::Options) == 176, "ProcessGroupGloo::Options layout changed: re-check gloo_shim");
+static_assert(sizeof(c10d::ProcessGroupGloo) == 488,
+              "c10d::ProcessGroupGloo layout changed: re-check lib/src/dist/gloo_shim");
+static_assert(sizeof(c10d::ProcessGroupGloo::Options) == 176,
+              "ProcessGroupGloo::Options layout changed: re-check gloo_shim");
 static_assert(sizeof(c10d::ProcessGroup) == 312, "c10d::ProcessGroup layout changed");
 #if EMBER_WITH_NCCL
 static_assert(sizeof(c10d::ProcessGroupNCCL) == 1112 && sizeof(c10d::ProcessGroupNCCL::Options) == 248,
-              "ProcessGroupNCCL layout differs from libtorch_cuda's: build against the torch wheel's nvidia-nccl headers");
+              "ProcessGroupNCCL layout differs from libtorch_cuda's: build against the torch wheel's "
+              "nvidia-nccl headers");
 #endif
 #else
 // Another LibTorch: Ember still builds, but refuses to construct Gloo groups
 // until the layout pins above are checked for it (gloo_shim/README.md).
 #define EMBER_GLOO_LAYOUT_VERIFIED 0
 #endif
-static_assert(std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>, "ProcessGroupGloo must be a c10d::Backend");
+static_assert(std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>,
+              "ProcessGroupGloo must be a c10d::Backend");
 
 namespace {
 
@@ -58,19 +62,28 @@ int64_t env_int(const char* name, int64_t fallback) {
     if (used == v->size()) return x;
   } catch (const std::exception&) {
   }
-  throw Error(fmt::format("[dist::launch_env] {}='{}' is not an integer (set by the launcher: torchrun or "
-                          "tools/ember run --nproc)", name, *v));
+  throw Error(
+      fmt::format("[dist::launch_env] {}='{}' is not an integer (set by the launcher: torchrun or "
+                  "tools/ember run --nproc)",
+                  name, *v));
 }
 
 int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-std::string text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::string text(const std::vector<uint8_t>& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
+std::vector<uint8_t> bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
 
-std::string heartbeat_key(int64_t rank) { return "ember/heartbeat/" + std::to_string(rank); }
+std::string heartbeat_key(int64_t rank) {
+  return "ember/heartbeat/" + std::to_string(rank);
+}
 
 }  // namespace
 
@@ -85,17 +98,18 @@ LaunchEnv launch_env() {
   e.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
   EMBER_CHECK(e.world_size >= 1, "[dist::launch_env] WORLD_SIZE={} must be >= 1", e.world_size);
-  EMBER_CHECK(e.rank >= 0 && e.rank < e.world_size, "[dist::launch_env] RANK={} must be in [0, WORLD_SIZE={})",
-              e.rank, e.world_size);
+  EMBER_CHECK(e.rank >= 0 && e.rank < e.world_size,
+              "[dist::launch_env] RANK={} must be in [0, WORLD_SIZE={})", e.rank, e.world_size);
   EMBER_CHECK(e.local_rank >= 0 && e.local_rank < e.local_world_size,
               "[dist::launch_env] LOCAL_RANK={} must be in [0, LOCAL_WORLD_SIZE={})", e.local_rank,
               e.local_world_size);
-  EMBER_CHECK(e.master_port > 0 && e.master_port < 65536, "[dist::launch_env] MASTER_PORT={} is not a TCP port",
-              e.master_port);
+  EMBER_CHECK(e.master_port > 0 && e.master_port < 65536,
+              "[dist::launch_env] MASTER_PORT={} is not a TCP port", e.master_port);
   if (e.world_size > 1) {
     EMBER_CHECK(env("MASTER_ADDR").has_value() && env("MASTER_PORT").has_value(),
                 "[dist::launch_env] WORLD_SIZE={} but MASTER_ADDR/MASTER_PORT are not set: start the ranks "
-                "with torchrun (or tools/ember run RECIPE --nproc N)", e.world_size);
+                "with torchrun (or tools/ember run RECIPE --nproc N)",
+                e.world_size);
   }
   return e;
 }
@@ -161,34 +175,39 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
     // be read as this one's.
     store = c10::make_intrusive<c10d::PrefixStore>("ember/attempt_" + std::to_string(e.restart_count), store);
   } catch (const std::exception& ex) {
-    throw Error(fmt::format("[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
-                            "({}): is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on every rank?",
-                            e.rank, e.master_addr, e.master_port, options.timeout.count() / 1000.0, ex.what()));
+    throw Error(
+        fmt::format("[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
+                    "({}): is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on every rank?",
+                    e.rank, e.master_addr, e.master_port, options.timeout.count() / 1000.0, ex.what()));
   }
   return create(std::move(store), e.rank, e.world_size, std::move(options));
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t size,
-                                                   ProcessGroupOptions options) {
-  EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "[dist::ProcessGroup] rank {} of {} is not a valid rank", rank,
-              size);
+std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Store> store, int64_t rank,
+                                                   int64_t size, ProcessGroupOptions options) {
+  EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "[dist::ProcessGroup] rank {} of {} is not a valid rank",
+              rank, size);
   EMBER_CHECK(options.timeout.count() > 0, "[dist::ProcessGroup] dist.timeout_s must be > 0");
   std::string backend = options.backend;
   if (backend == "auto") backend = options.device.is_cuda() ? "nccl" : "gloo";
-  EMBER_CHECK(backend != "gloo" || !options.device.is_cuda(),
-              "[dist::ProcessGroup] dist.backend=gloo reduces CPU tensors only, but this rank trains on {}: use "
-              "dist.backend=nccl (or auto) on GPUs, or trainer.device=cpu",
-              options.device.str());
-  EMBER_CHECK(backend != "gloo" || EMBER_GLOO_LAYOUT_VERIFIED,
-              "[dist::ProcessGroup] Ember's Gloo route is verified for LibTorch 2.11 only (see "
-              "lib/src/dist/gloo_shim/gloo/README.md): check the layout pins in process_group.cpp for this version");
+  EMBER_CHECK(
+      backend != "gloo" || !options.device.is_cuda(),
+      "[dist::ProcessGroup] dist.backend=gloo reduces CPU tensors only, but this rank trains on {}: use "
+      "dist.backend=nccl (or auto) on GPUs, or trainer.device=cpu",
+      options.device.str());
+  EMBER_CHECK(
+      backend != "gloo" || EMBER_GLOO_LAYOUT_VERIFIED,
+      "[dist::ProcessGroup] Ember's Gloo route is verified for LibTorch 2.11 only (see "
+      "lib/src/dist/gloo_shim/gloo/README.md): check the layout pins in process_group.cpp for this version");
   if (options.device.is_cuda() && !options.device.has_index())
-    options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank % std::max<int64_t>(
-                                                     1, static_cast<int64_t>(torch::cuda::device_count()))));
-  EMBER_CHECK(backend == "gloo" || backend == "nccl", "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto",
-              options.backend);
+    options.device = torch::Device(
+        torch::kCUDA, static_cast<c10::DeviceIndex>(
+                          rank % std::max<int64_t>(1, static_cast<int64_t>(torch::cuda::device_count()))));
+  EMBER_CHECK(backend == "gloo" || backend == "nccl",
+              "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto", options.backend);
   EMBER_CHECK(backend == "gloo" || options.device.is_cuda(),
-              "[dist::ProcessGroup] dist.backend=nccl needs a CUDA device, this rank trains on {}", options.device.str());
+              "[dist::ProcessGroup] dist.backend=nccl needs a CUDA device, this rank trains on {}",
+              options.device.str());
 
   std::shared_ptr<ProcessGroup> group(new ProcessGroup());
   group->rank_ = rank;
@@ -207,7 +226,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
       // honours GLOO_SOCKET_IFNAME); the group is constructed by libtorch's
       // exported constructor and used only through its Backend base.
       auto opts = c10d::ProcessGroupGloo::Options::create_default(options.timeout);
-      be = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("cpu", prefix), r, n, opts);
+      be = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("cpu", prefix),
+                                                       r, n, opts);
       be->setSequenceNumberForGroup();
       group->pg_->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, be);
       group->pg_->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
@@ -217,27 +237,32 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = options.timeout;
       group->pg_->setBoundDeviceId(options.device);  // before setBackend, which copies it
-      be = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("cuda", prefix), r, n, opts);
+      be = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("cuda", prefix),
+                                                       r, n, opts);
       be->setSequenceNumberForGroup();
       group->pg_->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, be);
       group->pg_->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
 #else
-      throw Error("[dist::ProcessGroup] this Ember was built without NCCL (needs CUDA and nccl.h at configure "
-                  "time): use dist.backend=gloo");
+      throw Error(
+          "[dist::ProcessGroup] this Ember was built without NCCL (needs CUDA and nccl.h at configure "
+          "time): use dist.backend=gloo");
 #endif
     }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& ex) {
-    throw Error(fmt::format("[dist::ProcessGroup] rank {} of {} could not connect the {} group within {} s: {}", rank,
-                            size, backend, options.timeout.count() / 1000.0, ex.what()));
+    throw Error(
+        fmt::format("[dist::ProcessGroup] rank {} of {} could not connect the {} group within {} s: {}", rank,
+                    size, backend, options.timeout.count() / 1000.0, ex.what()));
   }
   group->pg_->setGroupName("0");
   group->start_heartbeat();
   return group;
 }
 
-ProcessGroup::~ProcessGroup() { stop_heartbeat(); }
+ProcessGroup::~ProcessGroup() {
+  stop_heartbeat();
+}
 
 void ProcessGroup::start_heartbeat() {
   heartbeat_ = std::make_unique<Heartbeat>();
@@ -290,18 +315,24 @@ std::string ProcessGroup::explain_failure(const std::string& error) {
       std::istringstream in(*second[r]);
       int64_t step = 0;
       in >> step;
-      if (first[r] == second[r]) silent.push_back(fmt::format("rank {} (silent, last in step {})", r, step));
-      else if (mine >= 0 && step < mine) behind.push_back(fmt::format("rank {} (alive, still in step {})", r, step));
-      else alive.push_back(fmt::format("rank {} in step {}", r, step));
+      if (first[r] == second[r])
+        silent.push_back(fmt::format("rank {} (silent, last in step {})", r, step));
+      else if (mine >= 0 && step < mine)
+        behind.push_back(fmt::format("rank {} (alive, still in step {})", r, step));
+      else
+        alive.push_back(fmt::format("rank {} in step {}", r, step));
     }
     if (!silent.empty())
       who = fmt::format("stopped answering: {}", fmt::join(silent, ", "));
     else if (!behind.empty())
-      who = fmt::format("this rank is in step {}, but {} never joined it: stuck, or slower than dist.timeout_s",
-                        mine, fmt::join(behind, ", "));
+      who =
+          fmt::format("this rank is in step {}, but {} never joined it: stuck, or slower than dist.timeout_s",
+                      mine, fmt::join(behind, ", "));
     else
-      who = fmt::format("every rank's process is alive ({}; this rank in step {}): one is stuck or slower than "
-                        "dist.timeout_s", fmt::join(alive, ", "), mine);
+      who = fmt::format(
+          "every rank's process is alive ({}; this rank in step {}): one is stuck or slower than "
+          "dist.timeout_s",
+          fmt::join(alive, ", "), mine);
   } catch (const std::exception&) {
     who = "the rendezvous store is gone, so the process hosting it (rank 0, or torchrun's agent) has died";
   }
@@ -309,9 +340,10 @@ std::string ProcessGroup::explain_failure(const std::string& error) {
     store_->setTimeout(options_.timeout);
   } catch (const std::exception&) {
   }
-  return fmt::format("[dist] rank {} of {}: a collective failed: {} ({}). The run cannot continue; restart it "
-                     "from its last checkpoint (trainer.resume=auto)",
-                     rank_, size_, who, error);
+  return fmt::format(
+      "[dist] rank {} of {}: a collective failed: {} ({}). The run cannot continue; restart it "
+      "from its last checkpoint (trainer.resume=auto)",
+      rank_, size_, who, error);
 }
 
 void ProcessGroup::all_reduce_sum_(torch::Tensor& tensor) {
@@ -333,7 +365,9 @@ void ProcessGroup::broadcast_(torch::Tensor& tensor, int64_t src) {
   pg_->broadcast(t, o)->wait();
 }
 
-void ProcessGroup::barrier() { pg_->barrier()->wait(); }
+void ProcessGroup::barrier() {
+  pg_->barrier()->wait();
+}
 
 void ProcessGroup::check_same_everywhere(const std::string& what, const std::string& value) {
   const std::string base = "ember/check/" + what + "/";
@@ -359,13 +393,15 @@ void ProcessGroup::check_same_everywhere(const std::string& what, const std::str
     try {
       store_->wait(read);
     } catch (const std::exception& ex) {
-      throw Error(explain_failure(fmt::format("waiting for every rank to compare its {}: {}", what, ex.what())));
+      throw Error(
+          explain_failure(fmt::format("waiting for every rank to compare its {}: {}", what, ex.what())));
     }
   }
-  EMBER_CHECK(differ.empty(),
-              "[dist] rank {}: ranks {} were started with a different {} than rank 0; every rank must get the same "
-              "command line and config files (compare their config.toml)",
-              rank_, fmt::join(differ, ", "), what);
+  EMBER_CHECK(
+      differ.empty(),
+      "[dist] rank {}: ranks {} were started with a different {} than rank 0; every rank must get the same "
+      "command line and config files (compare their config.toml)",
+      rank_, fmt::join(differ, ", "), what);
 }
 
 }  // namespace ember::dist

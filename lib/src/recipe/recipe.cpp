@@ -13,26 +13,26 @@
 #include "core/json_number.h"
 #include "ember/core/device.h"
 #include "ember/core/host_malloc.h"
-#include "ember/train/checkpoint.h"
-#include "ember/train/early_stopping.h"
 #include "ember/dist/ddp.h"
 #include "ember/dist/process_group.h"
 #include "ember/monitor/monitor.h"
 #include "ember/monitor/profiler.h"
 #include "ember/monitor/progress.h"
+#include "ember/train/checkpoint.h"
+#include "ember/train/early_stopping.h"
 
 namespace ember::recipe {
+using train::count_parameters;
 using train::EarlyStopping;
 using train::EarlyStoppingOptions;
 using train::EvalResult;
 using train::FitResult;
+using train::make_dirs;
+using train::make_schedule;
+using train::ScheduleSpec;
 using train::Task;
 using train::Trainer;
 using train::TrainerOptions;
-using train::count_parameters;
-using train::make_schedule;
-using train::ScheduleSpec;
-using train::make_dirs;
 using train::write_file_atomic;
 
 namespace {
@@ -48,7 +48,6 @@ std::string timestamp() {
   return buf;
 }
 
-
 std::string usage(const RecipeSpec& spec, const core::Config& config) {
   return fmt::format(
       "usage: {0} [--config FILE] [key=value ...]\n\n"
@@ -61,7 +60,8 @@ std::string usage(const RecipeSpec& spec, const core::Config& config) {
 
 void declare_trainer_keys(core::Config& c) {
   c.declare("run.dir", "", "run folder; empty = runs/<recipe>-<timestamp>");
-  c.declare("run.malloc_tuning", true, "keep freed host memory in glibc's heap (no page faults per step; see core/host_malloc.h)");
+  c.declare("run.malloc_tuning", true,
+            "keep freed host memory in glibc's heap (no page faults per step; see core/host_malloc.h)");
   c.declare("trainer.epochs", 10, "passes over the training data");
   c.declare("trainer.max_steps", -1, "stop after this many optimizer steps (-1 = no limit)");
   c.declare("trainer.accumulate_grad_batches", 1, "batches summed into one optimizer step");
@@ -73,18 +73,24 @@ void declare_trainer_keys(core::Config& c) {
   c.declare("trainer.resume", "", "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
   c.declare("trainer.val_every", 1, "validate every N epochs (0 = never)");
   c.declare("trainer.checkpoint_every", 1, "checkpoint every N epochs (0 = at the end and on stop only)");
-  c.declare("trainer.log_every", 50, "optimizer steps between step records (metrics.jsonl, CSV, TensorBoard)");
+  c.declare("trainer.log_every", 50,
+            "optimizer steps between step records (metrics.jsonl, CSV, TensorBoard)");
   c.declare("trainer.progress", true, "show the progress line");
-  c.declare("trainer.profile_steps", 0, "write a Chrome/Perfetto trace of N steps to <run.dir>/trace.json (0 = off)");
+  c.declare("trainer.profile_steps", 0,
+            "write a Chrome/Perfetto trace of N steps to <run.dir>/trace.json (0 = off)");
   c.declare("trainer.profile_wait", 5, "steps before the traced ones (warm-up)");
   c.declare("monitor.tensorboard", true, "TensorBoard event files in <run.dir>/tensorboard");
   c.declare("monitor.csv", true, "metrics_steps.csv and metrics_epochs.csv in the run folder");
-  c.declare("monitor.histogram_every", 0, "weight and gradient histograms to TensorBoard every N steps (0 = off)");
+  c.declare("monitor.histogram_every", 0,
+            "weight and gradient histograms to TensorBoard every N steps (0 = off)");
   c.declare("monitor.step_timing", true, "step-time breakdown: data, forward, backward, optimizer, other");
   c.declare("monitor.nvml", true, "GPU utilisation, power, temperature and clocks through NVML");
-  c.declare("monitor.data_wait_warning", 0.2, "warn when waiting for data takes more than this share of the step (0 = off)");
-  c.declare("mfu.peak_tflops", 0.0, "peak TFLOP/s for MFU (0 = auto: GPU datasheet table, or a CPU matmul; < 0 = no MFU)");
-  c.declare("mfu.flops_per_sample", 0.0, "training FLOPs per sample (0 = the task's count, else 3 x forward MACs x 2)");
+  c.declare("monitor.data_wait_warning", 0.2,
+            "warn when waiting for data takes more than this share of the step (0 = off)");
+  c.declare("mfu.peak_tflops", 0.0,
+            "peak TFLOP/s for MFU (0 = auto: GPU datasheet table, or a CPU matmul; < 0 = no MFU)");
+  c.declare("mfu.flops_per_sample", 0.0,
+            "training FLOPs per sample (0 = the task's count, else 3 x forward MACs x 2)");
   c.declare("amp.init_scale", 65536.0, "fp16-mixed: initial loss scale");
   c.declare("amp.growth_factor", 2.0, "fp16-mixed: scale x this after amp.growth_interval clean steps");
   c.declare("amp.backoff_factor", 0.5, "fp16-mixed: scale x this after a step with inf/NaN gradients");
@@ -106,15 +112,18 @@ void declare_trainer_keys(core::Config& c) {
   c.declare("sched.pct_start", 0.3, "onecycle: fraction of the cycle spent warming up");
   c.declare("sched.div_factor", 25.0, "onecycle: initial rate = lr / div_factor");
   c.declare("sched.final_div_factor", 1e4, "onecycle: final rate = initial / final_div_factor");
-  c.declare("early_stop.patience", 0, "stop after N epochs without improvement (0 = off; needs validation data)");
+  c.declare("early_stop.patience", 0,
+            "stop after N epochs without improvement (0 = off; needs validation data)");
   c.declare("early_stop.monitor", "val_loss", "val_loss or val_accuracy");
   c.declare("early_stop.min_delta", 0.0, "smallest change that counts as an improvement");
-  c.declare("dist.backend", "auto", "data-parallel (under torchrun): gloo, nccl, or auto (nccl on CUDA, gloo on CPU)");
+  c.declare("dist.backend", "auto",
+            "data-parallel (under torchrun): gloo, nccl, or auto (nccl on CUDA, gloo on CPU)");
   c.declare("dist.timeout_s", 300.0, "seconds before a silent or dead rank makes the others fail, naming it");
   c.declare("dist.bucket_cap_mb", 25.0, "gradient all-reduce bucket size in MiB (the first bucket is 1 MiB)");
   c.declare("dist.find_unused_parameters", false, "allow parameters that get no gradient in a step (slower)");
   c.declare("dist.broadcast_buffers", true, "batch-norm statistics from rank 0 before each synced forward");
-  c.declare("dist.world_size", 1, "set by the launcher (WORLD_SIZE): ranks the training data is split between");
+  c.declare("dist.world_size", 1,
+            "set by the launcher (WORLD_SIZE): ranks the training data is split between");
   c.declare("dist.rank", 0, "set by the launcher (RANK): this process's shard of the training data");
 }
 
@@ -144,7 +153,9 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
   o.optimizer.beta2 = c.get_float("optim.beta2");
   o.optimizer.eps = c.get_float("optim.eps");
 
-  const auto to_steps = [&](double epochs) { return static_cast<int64_t>(std::llround(epochs * steps_per_epoch)); };
+  const auto to_steps = [&](double epochs) {
+    return static_cast<int64_t>(std::llround(epochs * steps_per_epoch));
+  };
   ScheduleSpec s;
   s.name = c.get_string("sched.name");
   s.warmup_steps = to_steps(c.get_float("sched.warmup_epochs"));
@@ -162,7 +173,8 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
   return o;
 }
 
-std::shared_ptr<monitor::Monitor> add_monitoring(Trainer& trainer, const core::Config& c, const std::string& run_dir) {
+std::shared_ptr<monitor::Monitor> add_monitoring(Trainer& trainer, const core::Config& c,
+                                                 const std::string& run_dir) {
   if (c.get_bool("trainer.progress")) trainer.add_callback(std::make_shared<monitor::ProgressLogger>());
   monitor::MonitorOptions mo;
   mo.log_every = c.get_int("trainer.log_every");
@@ -194,7 +206,8 @@ std::shared_ptr<monitor::Monitor> add_monitoring(Trainer& trainer, const core::C
 
 void write_summary(const std::string& path, const RunSummary& s) {
   nlohmann::json j{{"recipe", s.recipe},
-                   {"test_accuracy", s.test_accuracy >= 0 ? ember::detail::json_number(s.test_accuracy) : nlohmann::json(nullptr)},
+                   {"test_accuracy", s.test_accuracy >= 0 ? ember::detail::json_number(s.test_accuracy)
+                                                          : nlohmann::json(nullptr)},
                    {"test_loss", ember::detail::json_number(s.test_loss)},
                    {"epochs", s.epochs},
                    {"steps", s.steps},
@@ -223,16 +236,22 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     bool help = false;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
-      if (arg == "--help" || arg == "-h") help = true;
+      if (arg == "--help" || arg == "-h")
+        help = true;
       else if (arg == "--config") {
         if (i + 1 >= argc) throw UsageError("--config needs a file name");
         config_file = argv[++i];
-      } else if (arg.rfind("--config=", 0) == 0) config_file = arg.substr(9);
-      else if (arg.rfind("--", 0) == 0) throw UsageError(fmt::format("unknown option {} (try --help)", arg));
-      else overrides.push_back(arg);
+      } else if (arg.rfind("--config=", 0) == 0)
+        config_file = arg.substr(9);
+      else if (arg.rfind("--", 0) == 0)
+        throw UsageError(fmt::format("unknown option {} (try --help)", arg));
+      else
+        overrides.push_back(arg);
     }
-    if (config_file.empty()) config.merge_toml(spec.default_config, spec.name + " default config");
-    else config.merge_toml_file(config_file);
+    if (config_file.empty())
+      config.merge_toml(spec.default_config, spec.name + " default config");
+    else
+      config.merge_toml_file(config_file);
     for (const auto& o : overrides) config.set_override(o);
     if (help) {
       std::cout << usage(spec, config);
@@ -247,11 +266,13 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
   try {
     const dist::LaunchEnv env = dist::launch_env();
     if (config.get_bool("run.malloc_tuning")) core::tune_host_malloc();
-    if (config.get_int("trainer.threads") > 0) at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
+    if (config.get_int("trainer.threads") > 0)
+      at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
     torch::Device device = core::resolve_device(config.get_string("trainer.device"));
     if (env.distributed()) {
       // One GPU per rank: cuda:LOCAL_RANK (trainer.device=cpu keeps every rank on the CPU).
-      if (device.is_cuda()) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+      if (device.is_cuda())
+        device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
       dist::ProcessGroupOptions po;
       po.backend = config.get_string("dist.backend");
       po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.get_float("dist.timeout_s") * 1000));
@@ -277,7 +298,8 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       // trains on all the data.
       config.set_override("dist.world_size=1");
       config.set_override("dist.rank=0");
-      if (config.get_string("run.dir").empty()) config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
+      if (config.get_string("run.dir").empty())
+        config.set_override("run.dir=runs/" + spec.name + "-" + timestamp());
     }
     const bool rank0 = env.rank == 0;
     const std::string run_dir = config.get_string("run.dir");
@@ -289,7 +311,8 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
 
     std::unique_ptr<Task> task = spec.make_task(config, device);
     const int64_t k = config.get_int("trainer.accumulate_grad_batches");
-    const int64_t steps_per_epoch = (task->train_loader().num_batches() + std::max<int64_t>(k, 1) - 1) / std::max<int64_t>(k, 1);
+    const int64_t steps_per_epoch =
+        (task->train_loader().num_batches() + std::max<int64_t>(k, 1) - 1) / std::max<int64_t>(k, 1);
     TrainerOptions options = trainer_options_from_config(config, steps_per_epoch);
     options.handle_signals = true;  // Ctrl-C saves a checkpoint (one process; see below for data-parallel)
     if (group) {
@@ -301,7 +324,8 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     Trainer trainer(options);
     // Only rank 0 reports and writes; the other ranks train silently.
     const std::shared_ptr<monitor::Monitor> mon =
-        rank0 ? add_monitoring(trainer, config, run_dir) : std::make_shared<monitor::Monitor>(monitor::MonitorOptions{});
+        rank0 ? add_monitoring(trainer, config, run_dir)
+              : std::make_shared<monitor::Monitor>(monitor::MonitorOptions{});
     if (config.get_int("early_stop.patience") > 0) {
       EarlyStoppingOptions es;
       es.patience = config.get_int("early_stop.patience");
@@ -320,9 +344,9 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
 
     const int64_t parameters = count_parameters(*task->model());
     if (rank0)
-      std::cerr << fmt::format("{}: {} parameters on {}{}, run folder {}\n", spec.name, parameters,
-                               core::describe_device(device),
-                               group ? fmt::format(" x {} ranks ({})", env.world_size, group->backend()) : "", run_dir);
+      std::cerr << fmt::format(
+          "{}: {} parameters on {}{}, run folder {}\n", spec.name, parameters, core::describe_device(device),
+          group ? fmt::format(" x {} ranks ({})", env.world_size, group->backend()) : "", run_dir);
     FitResult fit;
     try {
       fit = trainer.fit(*task);
@@ -333,14 +357,16 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       // errors (out of memory, shapes) are this rank's and say so themselves.
       const std::string what = e.what();
       const bool collective = dynamic_cast<const c10::DistError*>(&e) != nullptr ||
-                              what.find("gloo") != std::string::npos || what.find("NCCL") != std::string::npos;
+                              what.find("gloo") != std::string::npos ||
+                              what.find("NCCL") != std::string::npos;
       if (group && collective) throw Error(group->explain_failure(what));
       if (group) throw Error(fmt::format("[recipe] rank {}: {}", env.rank, what));
       throw;
     }
     if (fit.interrupted) {
-      std::cerr << fmt::format("{}: {}; checkpoint saved to {}\nresume with: run.dir={} trainer.resume=auto\n",
-                               spec.name, fit.stop_reason, trainer.last_checkpoint(), run_dir);
+      std::cerr << fmt::format(
+          "{}: {}; checkpoint saved to {}\nresume with: run.dir={} trainer.resume=auto\n", spec.name,
+          fit.stop_reason, trainer.last_checkpoint(), run_dir);
       return 130;
     }
     if (!fit.stop_reason.empty()) std::cerr << spec.name << ": " << fit.stop_reason << "\n";
@@ -351,14 +377,16 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     summary.steps = fit.steps;
     summary.train_seconds = fit.train_seconds;
     // All ranks together (each trained on an equal shard).
-    summary.samples_per_second = static_cast<double>(fit.samples * env.world_size) / std::max(fit.train_seconds, 1e-9);
+    summary.samples_per_second =
+        static_cast<double>(fit.samples * env.world_size) / std::max(fit.train_seconds, 1e-9);
     if (group) summary.extra["world_size"] = static_cast<double>(env.world_size);
     summary.device = device.str();
     summary.precision = options.precision;
     summary.parameters = count_parameters(*task->model());  // after training: pruning may have shrunk it
     summary.stop_reason = fit.stop_reason;
     summary.monitor = mon->summary().as_map();
-    if (options.precision == "fp16-mixed") summary.extra["skipped_steps"] = static_cast<double>(fit.skipped_steps);
+    if (options.precision == "fp16-mixed")
+      summary.extra["skipped_steps"] = static_cast<double>(fit.skipped_steps);
     if (fit.resumed_at_step >= 0) summary.extra["resumed_at_step"] = static_cast<double>(fit.resumed_at_step);
     if (fit.last_val.samples > 0) {
       summary.extra["val_loss"] = fit.last_val.loss;
@@ -377,15 +405,17 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     if (task->test_loader()) line += fmt::format("test_loss={:.4f} ", summary.test_loss);
     for (const auto& [key, value] : summary.extra) line += fmt::format("{}={:.6g} ", key, value);
     std::cout << line
-              << fmt::format("epochs={} train_seconds={:.1f} samples_per_second={:.0f} summary={}/summary.json\n",
-                             summary.epochs, summary.train_seconds, summary.samples_per_second, run_dir);
+              << fmt::format(
+                     "epochs={} train_seconds={:.1f} samples_per_second={:.0f} summary={}/summary.json\n",
+                     summary.epochs, summary.train_seconds, summary.samples_per_second, run_dir);
     return 0;
   } catch (const UsageError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
-    const int status = std::string(e.what()).rfind("[config]", 0) == 0 ? 2 : 1;  // config errors are usage errors
+    const int status =
+        std::string(e.what()).rfind("[config]", 0) == 0 ? 2 : 1;  // config errors are usage errors
     if (group) {
       std::cout.flush();
       std::cerr.flush();

@@ -15,8 +15,8 @@
 // builds c10d::ProcessGroupGloo against the wheel's libraries and what that
 // relies on.
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/types.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -63,8 +63,8 @@ class ProcessGroup {
   /// has joined (or the timeout passes: an error naming the missing ranks).
   static std::shared_ptr<ProcessGroup> create(const LaunchEnv& env, ProcessGroupOptions options);
   /// A group over an existing store (tests: several groups on one store).
-  static std::shared_ptr<ProcessGroup> create(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t size,
-                                              ProcessGroupOptions options);
+  static std::shared_ptr<ProcessGroup> create(c10::intrusive_ptr<c10d::Store> store, int64_t rank,
+                                              int64_t size, ProcessGroupOptions options);
   ~ProcessGroup();
 
   int64_t rank() const { return rank_; }

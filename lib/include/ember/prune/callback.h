@@ -71,7 +71,7 @@ struct PruningReport {
   PruneResult result;  ///< plan of this step, shapes, MACs and parameters
   double train_step_ms_before = 0, train_step_ms_after = 0;  ///< median; 0 = not timed
   double infer_ms_before = 0, infer_ms_after = 0;            ///< median; 0 = not timed
-  train::EvalResult eval_before, eval_after;  ///< samples == 0 when not evaluated
+  train::EvalResult eval_before, eval_after;                 ///< samples == 0 when not evaluated
   /// result.table() plus timing and accuracy lines (and a warning when the smaller model is not faster).
   std::string table() const;
 };

@@ -55,8 +55,8 @@ class Trainer;
 
 /// Metrics of one pass over a loader (training epoch, validation or test).
 struct EvalResult {
-  double loss = 0.0;        ///< mean loss per sample
-  double accuracy = -1.0;   ///< fraction correct; -1 when the task has no classification output
+  double loss = 0.0;       ///< mean loss per sample
+  double accuracy = -1.0;  ///< fraction correct; -1 when the task has no classification output
   int64_t samples = 0;
   double seconds = 0.0;
 };
@@ -90,7 +90,8 @@ struct StepInfo {
   torch::Tensor loss;         ///< mean loss of the step, on the device (reading it syncs)
   bool skipped = false;       ///< the optimizer did not step (fp16-mixed: inf/NaN gradients)
   int64_t skipped_steps = 0;  ///< steps skipped so far (also before a resume), this one included
-  torch::Tensor loss_scale;   ///< fp16-mixed: the loss scale after this step's update, on the device; else undefined
+  torch::Tensor
+      loss_scale;  ///< fp16-mixed: the loss scale after this step's update, on the device; else undefined
 };
 
 class Callback {
