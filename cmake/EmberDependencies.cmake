@@ -36,7 +36,7 @@ if(EMBER_BUILD_TESTS)
   if(EMBER_GTEST_SOURCE_DIR)
     set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
     set(BUILD_GMOCK OFF CACHE BOOL "" FORCE)
-    add_subdirectory("${EMBER_GTEST_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/_deps/googletest" EXCLUDE_FROM_ALL)
+    add_subdirectory("${EMBER_GTEST_SOURCE_DIR}" "${PROJECT_BINARY_DIR}/_deps/googletest" EXCLUDE_FROM_ALL)
     # googletest >= 1.11 defines these aliases itself.
     if(NOT TARGET GTest::gtest)
       add_library(GTest::gtest ALIAS gtest)

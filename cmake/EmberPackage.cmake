@@ -8,15 +8,15 @@ install(TARGETS ember EXPORT emberTargets
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY lib/include/ember DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
-install(FILES "${CMAKE_BINARY_DIR}/lib/include/ember/version.h"
+install(FILES "${PROJECT_BINARY_DIR}/lib/include/ember/version.h"
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ember)
 install(EXPORT emberTargets NAMESPACE ember::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ember)
 
 configure_package_config_file(cmake/emberConfig.cmake.in
-  "${CMAKE_BINARY_DIR}/emberConfig.cmake"
+  "${PROJECT_BINARY_DIR}/emberConfig.cmake"
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ember)
-write_basic_package_version_file("${CMAKE_BINARY_DIR}/emberConfigVersion.cmake"
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/emberConfigVersion.cmake"
   COMPATIBILITY SameMinorVersion)
-install(FILES "${CMAKE_BINARY_DIR}/emberConfig.cmake" "${CMAKE_BINARY_DIR}/emberConfigVersion.cmake"
+install(FILES "${PROJECT_BINARY_DIR}/emberConfig.cmake" "${PROJECT_BINARY_DIR}/emberConfigVersion.cmake"
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ember)

@@ -63,7 +63,7 @@ class Mutant:
 
 
 MUTANTS = (
-    Mutant("resume_ignored", "lib/src/train/trainer.cpp",
+    Mutant("resume_ignored", "lib/src/train/checkpoint.cpp",
            "    if (std::ifstream(p).good()) return p;\n",
            "    if (std::ifstream(p).good()) return \"\";\n",
            ("ember_tests", "fashion_mnist", "prune_finetune"),
@@ -71,13 +71,11 @@ MUTANTS = (
            r"|integration\.prune_finetune",
            "trainer.resume=auto never finds the checkpoint: every resume silently starts afresh"),
     Mutant("recipe_crash_after_message", "lib/src/recipe/recipe.cpp",
-           "  } catch (const Error& e) {\n"
            "    std::cerr << \"error: \" << e.what() << \"\\n\";\n"
-           "    const int status",
-           "  } catch (const Error& e) {\n"
+           "    return leave(exit_status(e));",
            "    std::cerr << \"error: \" << e.what() << \"\\n\";\n"
            "    std::abort();\n"
-           "    const int status",
+           "    return leave(exit_status(e));",
            ("char_gpt", "cifar_resnet", "fashion_mnist", "image_folder"),
            r"integration\.(char_gpt|cifar_resnet|fashion_mnist|image_folder)_subset",
            "a recipe prints its error message, then aborts (SIGABRT) instead of exiting 1"),
@@ -94,8 +92,8 @@ MUTANTS = (
            r"Pruner|PruningCallback|parity\.prune",
            "the pruner removes the highest-importance units of each group, keeping the lowest"),
     Mutant("loader_drops_last_batch", "lib/src/data/loader.cpp",
-           "return options_.drop_last ? n / b : (n + b - 1) / b;",
-           "return options_.drop_last ? n / b : n / b;",
+           "return options_.drop_last() ? n / b : (n + b - 1) / b;",
+           "return options_.drop_last() ? n / b : n / b;",
            ("ember_tests",),
            r"Loader|Sampler",
            "TensorLoader::num_batches floors without drop_last: the last partial batch is never served"),
@@ -179,7 +177,7 @@ def build_env():
     env = dict(os.environ)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     env.setdefault("CCACHE_DIR", str(cache / "ember" / "ccache"))
-    env.setdefault("CCACHE_SLOPPINESS", "pch_defines,time_macros,include_file_mtime,include_file_ctime")
+    env.setdefault("CCACHE_SLOPPINESS", "pch_defines,time_macros,include_file_mtime,include_file_ctime,pch_external_checksum")
     env.setdefault("CCACHE_MAXSIZE", "5G")
     env["CCACHE_BASEDIR"] = str(MIRROR)
     env["CCACHE_STATSLOG"] = str(LOGS / "ccache-stats.log")  # this build's hits and misses, per file

@@ -9,67 +9,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 
 #include "default_config.h"
-#include "model.h"
 
 namespace {
 
 using namespace ember;
-namespace fs = std::filesystem;
-
-/// The files a folder contributes: regular files (not symlinks) without an
-/// extension, sorted by name. In /usr/share/games/fortunes this skips the
-/// strfile indexes (*.dat) and the UTF-8 duplicates (*.u8).
-std::vector<fs::path> corpus_files(const fs::path& dir) {
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const fs::path& p = entry.path();
-    if (entry.is_symlink() || !entry.is_regular_file()) continue;
-    if (p.has_extension() || p.filename().string().rfind('.', 0) == 0) continue;
-    files.push_back(p);
-  }
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
-/// data.path (a text file, or a folder read by the rule above) -> uint8 [bytes].
-torch::Tensor read_corpus(const std::string& path) {
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status))
-    throw Error("[char_gpt] data.path=" + path +
-                ": no such file or folder; install Debian's fortunes package (apt install fortunes) "
-                "or pass data.path=<a text file or a folder of text files>");
-  std::vector<fs::path> files;
-  if (fs::is_directory(status)) {
-    files = corpus_files(path);
-    if (files.empty())
-      throw Error("[char_gpt] data.path=" + path +
-                  ": the folder has no regular files without an extension (the corpus rule: *.dat, *.u8, "
-                  "other extensions and symlinks are skipped); pass a text file instead");
-  } else {
-    files.push_back(path);
-  }
-  std::string text;
-  for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw Error("[char_gpt] cannot read " + f.string() + " (permissions?)");
-    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return torch::from_blob(text.data(), {static_cast<int64_t>(text.size())}, torch::kUInt8).clone();
-}
-
-/// uint8 [n] -> windows uint8 [N, T+1] (strided views, no copy) with N = (n - T - 1) / stride + 1;
-/// targets: int64 [N] byte offset of each window (the loss does not use them).
-data::TensorDataset windows(const torch::Tensor& bytes, int64_t offset, int64_t block, int64_t stride) {
-  const torch::Tensor w = bytes.unfold(0, block + 1, stride);
-  return {w, torch::arange(w.size(0), torch::kLong).mul_(stride).add_(offset)};
-}
+using models::CharGpt;
+using models::CharGptOptions;
+using models::SampleOptions;
 
 class CharGptTask : public train::Task {
  public:
@@ -78,13 +27,13 @@ class CharGptTask : public train::Task {
     int64_t stride = c.get_int("data.stride");
     if (stride == 0) stride = block_;
     const double val_fraction = c.get_float("data.val_fraction");
-    if (block_ < 1) throw Error("[char_gpt] data.block_size=" + std::to_string(block_) + " must be >= 1");
+    if (block_ < 1) throw Error(ErrorKind::kConfig, "[char_gpt] data.block_size=" + std::to_string(block_) + " must be >= 1");
     if (stride < 1)
-      throw Error("[char_gpt] data.stride=" + std::to_string(stride) + " must be >= 1 (0 = block_size)");
+      throw Error(ErrorKind::kConfig, "[char_gpt] data.stride=" + std::to_string(stride) + " must be >= 1 (0 = block_size)");
     if (!(val_fraction >= 0 && val_fraction < 1))
-      throw Error(fmt::format("[char_gpt] data.val_fraction={} must be in [0, 1)", val_fraction));
+      throw Error(ErrorKind::kConfig, fmt::format("[char_gpt] data.val_fraction={} must be in [0, 1)", val_fraction));
 
-    const torch::Tensor bytes = read_corpus(path);
+    const torch::Tensor bytes = data::read_text_corpus(path);
     const int64_t n = bytes.size(0);
     const int64_t n_val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n)));
     const int64_t n_train = n - n_val;
@@ -92,6 +41,7 @@ class CharGptTask : public train::Task {
     const int64_t min_train = block_ + 1 + 3 * stride;
     if (n_train < min_train || (val_fraction > 0 && n_val < block_ + 1))
       throw Error(
+          ErrorKind::kData,
           fmt::format("[char_gpt] data.path={}: {} bytes is too short for data.block_size={} "
                       "(stride {}, val_fraction {}): need {} bytes to train on{}; use a longer text "
                       "or a smaller block_size",
@@ -106,6 +56,7 @@ class CharGptTask : public train::Task {
         .dropout(c.get_float("model.dropout"));
     if (mo.n_layer() < 1 || mo.n_head() < 1 || mo.n_embd() % std::max<int64_t>(mo.n_head(), 1) != 0)
       throw Error(
+          ErrorKind::kConfig,
           fmt::format("[char_gpt] model.n_layer={} and model.n_head={} must be >= 1, and "
                       "model.n_embd={} a multiple of n_head",
                       mo.n_layer(), mo.n_head(), mo.n_embd()));
@@ -113,20 +64,20 @@ class CharGptTask : public train::Task {
     net_->to(device);
 
     auto opts = data::TensorLoaderOptions()
-                    .set_batch_size(c.get_int("data.batch_size"))
-                    .set_seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
-                    .set_prefetch(c.get_int("data.prefetch"))
-                    .set_device(device)
-                    .set_num_replicas(c.get_int("dist.world_size"))  // data-parallel: this rank's shard
-                    .set_rank(c.get_int("dist.rank"));
+                    .batch_size(c.get_int("data.batch_size"))
+                    .seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
+                    .prefetch(c.get_int("data.prefetch"))
+                    .device(device)
+                    .num_replicas(c.get_int("dist.world_size"))  // data-parallel: this rank's shard
+                    .rank(c.get_int("dist.rank"));
     auto eval_opts = opts;  // every rank validates on all windows
-    eval_opts.set_batch_size(c.get_int("data.eval_batch_size")).set_shuffle(false).set_num_replicas(1).set_rank(0);
+    eval_opts.batch_size(c.get_int("data.eval_batch_size")).shuffle(false).num_replicas(1).rank(0);
     train_ =
-        std::make_unique<data::TensorLoader>(windows(bytes.narrow(0, 0, n_train), 0, block_, stride), opts);
+        std::make_unique<data::TensorLoader>(data::text_windows(bytes.narrow(0, 0, n_train), 0, block_, stride), opts);
     // Validation windows do not overlap, so each held-out byte is predicted once.
     if (n_val > 0)
       val_ = std::make_unique<data::TensorLoader>(
-          windows(bytes.narrow(0, n_train, n_val), n_train, block_, block_), eval_opts);
+          data::text_windows(bytes.narrow(0, n_train, n_val), n_train, block_, block_), eval_opts);
     std::cerr << fmt::format("char_gpt: {} bytes from {} ({} train windows of {}+1 bytes, {} validation)\n",
                              n, path, train_->num_samples(), block_, val_ ? val_->num_samples() : 0);
   }
@@ -171,9 +122,9 @@ void finish(train::Task& task, const core::Config& c, const train::FitResult& fi
   const bool current =
       val.samples > 0 && !fit.stopped_early && val_every > 0 && fit.epochs_completed % val_every == 0;
   if (t.val_loader() && !current) {
-    train::TrainerOptions eo;
-    eo.precision = c.get_string("trainer.precision");  // evaluate as training did (autocast for *-mixed)
-    train::Trainer evaluator{eo};
+    // Evaluate as training did (autocast for *-mixed).
+    train::Trainer evaluator{
+        train::TrainerOptions().precision(amp::parse_precision(c.get_string("trainer.precision")))};
     val = evaluator.evaluate(task, *t.val_loader());
   }
   if (val.samples > 0) {
@@ -186,24 +137,18 @@ void finish(train::Task& task, const core::Config& c, const train::FitResult& fi
                                    std::max(fit.train_seconds, 1e-9);
   summary.extra["flops_per_token"] = flops_per_token;
   summary.extra["tokens_per_second"] = tokens_per_second;
-  double peak = c.get_float("mfu.peak_tflops") * 1e12;
-  std::string peak_source = "mfu.peak_tflops";
-  if (peak == 0) {  // < 0: no MFU
-    const std::string math = core::math_of_precision(c.get_string("trainer.precision"));
-    try {
-      peak = core::peak_flops(device, math);
-      peak_source = device.is_cpu() ? "measured " + math + " matmul" : "datasheet " + math;
-    } catch (const Error& e) {
-      std::cerr << "char_gpt: warning: mfu not reported: " << e.what() << "\n";
-      peak = 0;
-    }
-  }
-  if (peak > 0 && fit.samples > 0) {
-    summary.extra["mfu"] = flops_per_token * tokens_per_second / peak;
+  // The Monitor's peak (datasheet on a GPU, a measured matmul on the CPU, or mfu.peak_tflops).
+  const auto peak = summary.monitor.find("peak_flops");
+  if (peak != summary.monitor.end() && fit.samples > 0) {
+    const std::string math =
+        core::to_string(amp::math_type(amp::parse_precision(c.get_string("trainer.precision"))));
+    summary.extra["mfu"] = flops_per_token * tokens_per_second / peak->second;
     std::cerr << fmt::format(
-        "char_gpt: {:.3g} FLOPs/token x {:.0f} tokens/s = {:.3g} TFLOP/s of {:.3g} peak ({})\n",
-        flops_per_token, tokens_per_second, flops_per_token * tokens_per_second / 1e12, peak / 1e12,
-        peak_source);
+        "char_gpt: {:.3g} FLOPs/token x {:.0f} tokens/s = {:.3g} TFLOP/s of {:.3g} peak ({})\n", flops_per_token,
+        tokens_per_second, flops_per_token * tokens_per_second / 1e12, peak->second / 1e12,
+        c.get_float("mfu.peak_tflops") > 0 ? std::string("mfu.peak_tflops")
+        : device.is_cpu()                  ? "measured " + math + " matmul"
+                                           : "datasheet " + math);
   }
 
   SampleOptions so;

@@ -4,7 +4,6 @@
 #include <ember/core/error.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include "cuda_test.h"
 
 using namespace ember::augment;
 
@@ -120,24 +119,4 @@ TEST(Mix, BadInputIsAClearError) {
   EXPECT_THROW(apply_mix(x, y, 4, torch::zeros({4, 2}), MixOptions()), ember::Error);
 }
 
-TEST(MixCuda, DeviceMixEqualsCpu) {
-  EMBER_REQUIRE_CUDA();
-  const torch::Tensor x = batch(16, 3, 8, 8, 6);
-  const torch::Tensor y = torch::arange(16, torch::kInt64) % 10;
-  const MixOptions o = MixOptions().mixup_alpha(0.4).cutmix_alpha(1.0).label_smoothing(0.1);
-  const MixResult cpu = mix(x, y, 10, indices(16), o, 1, 0);
-  const MixResult gpu = mix(x.cuda(), y.cuda(), 10, indices(16), o, 1, 0);
-  EXPECT_TRUE(gpu.images.is_cuda());
-  // The same ATen ops on both devices (lerp: a fused multiply-add in both
-  // kernels; the targets: one op per kernel), so the same bits.
-  EXPECT_TRUE(torch::equal(gpu.images.cpu(), cpu.images));
-  EXPECT_TRUE(torch::equal(gpu.targets.cpu(), cpu.targets));
-  // bf16 NHWC on the device: the same rounding of the same fp32 mix.
-  const MixOptions on = MixOptions(o).layout(Layout::kNHWC);
-  const torch::Tensor xh = x.permute({0, 2, 3, 1}).contiguous().to(torch::kBFloat16);
-  const MixResult gb = mix(xh.cuda(), y.cuda(), 10, indices(16), on, 1, 0);
-  const MixResult cb = mix(xh, y, 10, indices(16), on, 1, 0);
-  EXPECT_EQ(gb.images.scalar_type(), torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(gb.images.cpu(), cb.images));
-  EXPECT_TRUE(gb.params.is_cpu());
-}
+// Device mix == CPU mix, fp32 NCHW and bf16 NHWC: tests/ops/backend_ops_test.cpp (OpsCuda.*).

@@ -16,7 +16,7 @@ struct XTask : ember::train::Task {
     torch::Tensor x = torch::randn({512, 2});
     torch::Tensor y = (x.select(1, 0) > 0).to(torch::kInt64);
     loader = std::make_unique<ember::data::TensorLoader>(
-        ember::data::TensorDataset{x, y}, ember::data::TensorLoaderOptions().set_batch_size(64));
+        ember::data::TensorDataset{x, y}, ember::data::TensorLoaderOptions().batch_size(64));
   }
   std::shared_ptr<torch::nn::Module> model() override { return net; }
   ember::train::StepOutput training_step(const ember::data::Batch& b) override {
@@ -31,11 +31,11 @@ struct XTask : ember::train::Task {
 
 int main() {
   ember::core::Config config;
-  ember::recipe::declare_trainer_keys(config);
+  ember::train::declare_trainer_keys(config);
   config.set_override("trainer.epochs=5");
   torch::manual_seed(0);
   XTask task;
-  ember::train::TrainerOptions options = ember::recipe::trainer_options_from_config(config, 8);
+  ember::train::TrainerOptions options = ember::train::trainer_options_from_config(config, 8);
   ember::train::Trainer trainer(options);
   trainer.fit(task);
   const double acc = trainer.test(task).accuracy;

@@ -94,12 +94,12 @@ TEST(Config, MissingFileIsAClearError) {
   EXPECT_NE(error_of([&] { c.merge_toml_file("/nonexistent/x.toml"); }).find("cannot open config file"), std::string::npos);
 }
 
-#include <ember/core/host_malloc.h>
+#include <ember/recipe/host_malloc.h>
 
 TEST(HostMalloc, TuningIsAcceptedByGlibc) {
 #if defined(__GLIBC__)
-  EXPECT_TRUE(ember::core::tune_host_malloc());
-  EXPECT_TRUE(ember::core::tune_host_malloc(std::size_t{1} << 40)) << "above glibc's maximum: clamped, not rejected";
+  EXPECT_TRUE(ember::recipe::tune_host_malloc());
+  EXPECT_TRUE(ember::recipe::tune_host_malloc(std::size_t{1} << 40)) << "above glibc's maximum: clamped, not rejected";
   std::vector<float> big(std::size_t{8} << 20);  // 32 MiB: still served and usable
   big.back() = 1.0f;
   EXPECT_EQ(big.back(), 1.0f);

@@ -59,7 +59,7 @@ TEST(Cifar, WriteReadRoundTripAndCifar100Labels) {
   EXPECT_TRUE(torch::equal(back10.inputs, d10.inputs));
   EXPECT_TRUE(torch::equal(back10.targets, d10.targets));
 
-  const CifarOptions fine{CifarVariant::kCifar100, CifarLabel::kFine};
+  const CifarOptions fine = CifarOptions().variant(CifarVariant::kCifar100).label(CifarLabel::kFine);
   const data::TensorDataset d100 = random_images(23, 100, 2);
   data::write_cifar_bin(dir + "/c100.bin", d100, fine);
   std::ifstream f(dir + "/c100.bin", std::ios::binary | std::ios::ate);
@@ -67,7 +67,7 @@ TEST(Cifar, WriteReadRoundTripAndCifar100Labels) {
   const auto back_fine = data::read_cifar_bin(dir + "/c100.bin", fine);
   EXPECT_TRUE(torch::equal(back_fine.inputs, d100.inputs));
   EXPECT_TRUE(torch::equal(back_fine.targets, d100.targets));
-  const auto back_coarse = data::read_cifar_bin(dir + "/c100.bin", {CifarVariant::kCifar100, CifarLabel::kCoarse});
+  const auto back_coarse = data::read_cifar_bin(dir + "/c100.bin", CifarOptions().variant(CifarVariant::kCifar100).label(CifarLabel::kCoarse));
   EXPECT_TRUE(torch::equal(back_coarse.targets, d100.targets.div(5, "floor")));
 }
 
@@ -104,7 +104,7 @@ TEST(Cifar, CorruptOrMissingFilesAreClearErrors) {
   EXPECT_NE(m.find("missing data_batch_2.bin, data_batch_3.bin"), std::string::npos) << m;
   EXPECT_NE(m.find("data/README.md"), std::string::npos) << m;
   // A CIFAR-10 file read as CIFAR-100 does not divide into 3074-byte records (here).
-  EXPECT_FALSE(error_of([&] { data::read_cifar_bin(dir + "/badlabel.bin", {CifarVariant::kCifar100}); }).empty());
+  EXPECT_FALSE(error_of([&] { data::read_cifar_bin(dir + "/badlabel.bin", CifarOptions().variant(CifarVariant::kCifar100)); }).empty());
   EXPECT_THROW(data::write_cifar_bin(dir + "/x.bin", {torch::zeros({2, 28, 28}, torch::kUInt8), torch::zeros({2})}),
                Error);
 }

@@ -40,10 +40,10 @@ std::vector<int64_t> drain(data::Loader& loader, int64_t epoch, int64_t skip = 0
 
 TEST(TensorLoader, EachEpochIsAPermutationFixedBySeedAndEpoch) {
   data::TensorLoader a(numbered(103),
-                       data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(2));
+                       data::TensorLoaderOptions().batch_size(10).seed(5).prefetch(2));
   data::TensorLoader b(numbered(103),
-                       data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(0));
-  EXPECT_EQ(data::TensorLoader(numbered(8), data::TensorLoaderOptions()).options().prefetch,
+                       data::TensorLoaderOptions().batch_size(10).seed(5).prefetch(0));
+  EXPECT_EQ(data::TensorLoader(numbered(8), data::TensorLoaderOptions()).options().prefetch(),
             0);  // auto on CPU
   EXPECT_EQ(a.num_batches(), 11);
   const auto e0 = drain(a, 0), e1 = drain(a, 1);
@@ -51,12 +51,12 @@ TEST(TensorLoader, EachEpochIsAPermutationFixedBySeedAndEpoch) {
   EXPECT_NE(e0, e1);           // reshuffled per epoch
   EXPECT_EQ(e0, drain(b, 0));  // prefetching changes nothing
   EXPECT_EQ(e1, drain(a, 1));  // replayable
-  data::TensorLoader c(numbered(103), data::TensorLoaderOptions().set_batch_size(10).set_seed(6));
+  data::TensorLoader c(numbered(103), data::TensorLoaderOptions().batch_size(10).seed(6));
   EXPECT_NE(e0, drain(c, 0));  // the seed matters
 }
 
 TEST(TensorLoader, SkippingBatchesResumesTheSameOrder) {
-  data::TensorLoader a(numbered(50), data::TensorLoaderOptions().set_batch_size(8).set_seed(1));
+  data::TensorLoader a(numbered(50), data::TensorLoaderOptions().batch_size(8).seed(1));
   const auto full = drain(a, 3);
   const auto tail = drain(a, 3, 2);
   ASSERT_EQ(tail.size(), full.size() - 16);
@@ -65,7 +65,7 @@ TEST(TensorLoader, SkippingBatchesResumesTheSameOrder) {
 
 TEST(TensorLoader, DropLastAndNoShuffle) {
   data::TensorLoader a(numbered(25),
-                       data::TensorLoaderOptions().set_batch_size(10).set_shuffle(false).set_drop_last(true));
+                       data::TensorLoaderOptions().batch_size(10).shuffle(false).drop_last(true));
   EXPECT_EQ(a.num_batches(), 2);
   EXPECT_EQ(a.num_samples(), 20);
   const auto order = drain(a, 4);
@@ -75,7 +75,7 @@ TEST(TensorLoader, DropLastAndNoShuffle) {
 }
 
 TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
-  auto opts = data::TensorLoaderOptions().set_batch_size(4).set_prefetch(2).set_transform([](data::Batch b) {
+  auto opts = data::TensorLoaderOptions().batch_size(4).prefetch(2).transform([](data::Batch b) {
     b.input = b.input.to(torch::kFloat32) * 2;
     return b;
   });
@@ -88,7 +88,7 @@ TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
 
   data::TensorLoader bad(
       numbered(8),
-      data::TensorLoaderOptions().set_batch_size(4).set_prefetch(2).set_transform(
+      data::TensorLoaderOptions().batch_size(4).prefetch(2).transform(
           [](data::Batch) -> data::Batch { throw std::runtime_error("decode failed for sample 3"); }));
   bad.start_epoch(0, 0);
   EXPECT_THROW(
@@ -104,9 +104,9 @@ TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
 }
 
 TEST(TensorLoader, RejectsBadOptions) {
-  EXPECT_THROW(data::TensorLoader(numbered(8), data::TensorLoaderOptions().set_batch_size(0)), Error);
+  EXPECT_THROW(data::TensorLoader(numbered(8), data::TensorLoaderOptions().batch_size(0)), Error);
   EXPECT_THROW(
-      data::TensorLoader(numbered(8), data::TensorLoaderOptions().set_batch_size(9).set_drop_last(true)),
+      data::TensorLoader(numbered(8), data::TensorLoaderOptions().batch_size(9).drop_last(true)),
       Error);
   EXPECT_THROW(data::TensorLoader(data::TensorDataset{torch::zeros({4, 2}), torch::zeros({3})},
                                   data::TensorLoaderOptions()),
@@ -117,7 +117,7 @@ namespace {
 // Every batch of `epoch` (from batch `skip` on) carries its slice of epoch_order(epoch) as
 // `index`, on the CPU, and `epoch`; numbered() targets equal their dataset index.
 void expect_index_and_epoch(data::TensorLoader& loader, int64_t epoch, int64_t skip) {
-  const int64_t bs = loader.options().batch_size;
+  const int64_t bs = loader.options().batch_size();
   const torch::Tensor order = loader.epoch_order(epoch);
   loader.start_epoch(epoch, skip);
   int64_t b = skip;
@@ -149,7 +149,7 @@ TEST(TensorLoader, BatchesCarryTheirIndexAndEpoch) {
   for (int64_t prefetch : {0, 2}) {
     SCOPED_TRACE("prefetch " + std::to_string(prefetch));
     data::TensorLoader a(numbered(103),
-                         data::TensorLoaderOptions().set_batch_size(10).set_seed(5).set_prefetch(prefetch));
+                         data::TensorLoaderOptions().batch_size(10).seed(5).prefetch(prefetch));
     expect_index_and_epoch(a, 0, 0);
     expect_index_and_epoch(a, 1, 0);
     expect_index_and_epoch(a, 7, 4);   // resumed at batch 4 of epoch 7
@@ -157,7 +157,7 @@ TEST(TensorLoader, BatchesCarryTheirIndexAndEpoch) {
     expect_index_and_epoch(a, 7, 11);  // nothing left
     data::TensorLoader plain(
         numbered(25),
-        data::TensorLoaderOptions().set_batch_size(10).set_shuffle(false).set_drop_last(true).set_prefetch(
+        data::TensorLoaderOptions().batch_size(10).shuffle(false).drop_last(true).prefetch(
             prefetch));
     expect_index_and_epoch(plain, 3, 1);
   }
@@ -170,10 +170,10 @@ TEST(TensorLoader, TransformsSeeIndexAndEpochInTheDocumentedOrder) {
     std::vector<int64_t> host_first, device_first;  // first index of each batch each transform saw
     std::set<std::thread::id> host_threads, device_threads;
     auto opts = data::TensorLoaderOptions()
-                    .set_batch_size(10)
-                    .set_seed(3)
-                    .set_prefetch(prefetch)
-                    .set_transform([&](data::Batch b) {
+                    .batch_size(10)
+                    .seed(3)
+                    .prefetch(prefetch)
+                    .transform([&](data::Batch b) {
                       EXPECT_EQ(b.input.scalar_type(), torch::kInt64);  // straight from the gather
                       EXPECT_TRUE(torch::equal(b.index, b.target));
                       EXPECT_EQ(b.epoch, 2);
@@ -183,7 +183,7 @@ TEST(TensorLoader, TransformsSeeIndexAndEpochInTheDocumentedOrder) {
                       b.input = b.input.to(torch::kFloat32) * 2;
                       return b;
                     })
-                    .set_device_transform([&](data::Batch b) {
+                    .device_transform([&](data::Batch b) {
                       EXPECT_EQ(b.input.scalar_type(), torch::kFloat32);  // after the host transform
                       EXPECT_TRUE(torch::equal(b.index, b.target));
                       EXPECT_EQ(b.epoch, 2);
@@ -218,7 +218,7 @@ TEST(TensorLoader, TransformsSeeIndexAndEpochInTheDocumentedOrder) {
 
 TEST(TensorLoader, TransformMustKeepTheIndex) {
   data::TensorLoader a(numbered(8),
-                       data::TensorLoaderOptions().set_batch_size(4).set_transform([](data::Batch b) {
+                       data::TensorLoaderOptions().batch_size(4).transform([](data::Batch b) {
                          data::Batch fresh;  // a new batch without the index
                          fresh.input = b.input;
                          fresh.target = b.target;
@@ -229,11 +229,11 @@ TEST(TensorLoader, TransformMustKeepTheIndex) {
 }
 
 TEST(TensorLoader, ResidentOnTheCpuIsTheSameAsNotResident) {
-  const auto opts = data::TensorLoaderOptions().set_batch_size(16).set_seed(9);
+  const auto opts = data::TensorLoaderOptions().batch_size(16).seed(9);
   data::TensorLoader streamed(images(100), opts);
   data::TensorLoader resident(images(100),
-                              data::TensorLoaderOptions(opts).set_resident(true).set_prefetch(2));
-  EXPECT_EQ(resident.options().prefetch, 0);  // resident takes no thread
+                              data::TensorLoaderOptions(opts).resident(true).prefetch(2));
+  EXPECT_EQ(resident.options().prefetch(), 0);  // resident takes no thread
   for (int64_t epoch : {0, 1}) expect_same_batches(collect(streamed, epoch), collect(resident, epoch));
   expect_same_batches(collect(streamed, 5, 3), collect(resident, 5, 3));
   const auto batches = collect(resident, 1);
@@ -243,7 +243,7 @@ TEST(TensorLoader, ResidentOnTheCpuIsTheSameAsNotResident) {
 
 TEST(TensorLoader, ResidentRejectsAHostTransform) {
   const auto opts =
-      data::TensorLoaderOptions().set_resident(true).set_transform([](data::Batch b) { return b; });
+      data::TensorLoaderOptions().resident(true).transform([](data::Batch b) { return b; });
   try {
     data::TensorLoader a(numbered(8), opts);
     FAIL() << "expected an error";
@@ -252,7 +252,7 @@ TEST(TensorLoader, ResidentRejectsAHostTransform) {
   }
   // device_transform is the way to transform resident batches.
   data::TensorLoader ok(numbered(8),
-                        data::TensorLoaderOptions().set_batch_size(4).set_resident(true).set_device_transform(
+                        data::TensorLoaderOptions().batch_size(4).resident(true).device_transform(
                             [](data::Batch b) {
                               b.input = b.input * 3;
                               return b;
@@ -265,12 +265,12 @@ TEST(TensorLoader, ResidentRejectsAHostTransform) {
 
 TEST(TensorLoaderCuda, ResidentMatchesTheCpuLoader) {
   EMBER_REQUIRE_CUDA();
-  const auto opts = data::TensorLoaderOptions().set_batch_size(32).set_seed(4);
+  const auto opts = data::TensorLoaderOptions().batch_size(32).seed(4);
   data::TensorLoader cpu(images(1000), opts);
   data::TensorLoader gpu(images(1000), data::TensorLoaderOptions(opts)
-                                           .set_device(torch::kCUDA)
-                                           .set_resident(true)
-                                           .set_device_transform([](data::Batch b) {
+                                           .device(torch::kCUDA)
+                                           .resident(true)
+                                           .device_transform([](data::Batch b) {
                                              EXPECT_TRUE(b.input.is_cuda());
                                              EXPECT_EQ(b.input.scalar_type(),
                                                        torch::kUInt8);  // stays uint8 on the device
@@ -278,19 +278,19 @@ TEST(TensorLoaderCuda, ResidentMatchesTheCpuLoader) {
                                              EXPECT_TRUE(b.index.is_cpu());
                                              return b;
                                            }));
-  EXPECT_EQ(gpu.options().device, torch::Device(torch::kCUDA, 0));  // "cuda" resolved to the current device
-  EXPECT_EQ(gpu.options().prefetch, 0);
+  EXPECT_EQ(gpu.options().device(), torch::Device(torch::kCUDA, 0));  // "cuda" resolved to the current device
+  EXPECT_EQ(gpu.options().prefetch(), 0);
   for (int64_t epoch : {0, 1, 2}) expect_same_batches(collect(cpu, epoch), collect(gpu, epoch));
   expect_same_batches(collect(cpu, 6, 17), collect(gpu, 6, 17));
 }
 
 TEST(TensorLoaderCuda, PrefetchDeliversCorrectBatches) {
   EMBER_REQUIRE_CUDA();
-  const auto opts = data::TensorLoaderOptions().set_batch_size(256).set_seed(11);
+  const auto opts = data::TensorLoaderOptions().batch_size(256).seed(11);
   data::TensorLoader cpu(images(2000, 32), opts);
   data::TensorLoader gpu(images(2000, 32),
-                         data::TensorLoaderOptions(opts).set_device(torch::kCUDA).set_prefetch(2));
-  EXPECT_EQ(gpu.options().prefetch, 2);
+                         data::TensorLoaderOptions(opts).device(torch::kCUDA).prefetch(2));
+  EXPECT_EQ(gpu.options().prefetch(), 2);
   const auto busy = torch::randn({2048, 2048}, torch::kCUDA);
   for (int64_t epoch : {0, 1, 2}) {
     const auto expected = collect(cpu, epoch);
@@ -320,10 +320,10 @@ TEST(TensorLoaderCuda, PrefetchDeliversCorrectBatches) {
 
 TEST(TensorLoaderCuda, PrefetchOrdersCopiesAgainstANonDefaultStream) {
   EMBER_REQUIRE_CUDA();
-  const auto opts = data::TensorLoaderOptions().set_batch_size(100).set_seed(2);
+  const auto opts = data::TensorLoaderOptions().batch_size(100).seed(2);
   data::TensorLoader cpu(images(1500), opts);
   data::TensorLoader gpu(images(1500),
-                         data::TensorLoaderOptions(opts).set_device(torch::kCUDA).set_prefetch(3));
+                         data::TensorLoaderOptions(opts).device(torch::kCUDA).prefetch(3));
   const c10::impl::VirtualGuardImpl impl(torch::kCUDA);
   const c10::StreamGuard on_stream(impl.getStreamFromGlobalPool(torch::Device(torch::kCUDA, 0)));
   expect_same_batches(collect(cpu, 1), collect(gpu, 1));
@@ -338,16 +338,16 @@ TEST(TensorLoaderCuda, DeviceTransformRunsOnTheGpu) {
   };
   data::TensorLoader cpu(
       images(300),
-      data::TensorLoaderOptions().set_batch_size(50).set_seed(1).set_device_transform(normalize));
+      data::TensorLoaderOptions().batch_size(50).seed(1).device_transform(normalize));
   for (bool resident : {false, true}) {
     SCOPED_TRACE(resident ? "resident" : "streamed");
     int64_t calls = 0;
     data::TensorLoader gpu(images(300), data::TensorLoaderOptions()
-                                            .set_batch_size(50)
-                                            .set_seed(1)
-                                            .set_device(torch::kCUDA)
-                                            .set_resident(resident)
-                                            .set_device_transform([&](data::Batch b) {
+                                            .batch_size(50)
+                                            .seed(1)
+                                            .device(torch::kCUDA)
+                                            .resident(resident)
+                                            .device_transform([&](data::Batch b) {
                                               EXPECT_TRUE(b.input.is_cuda());
                                               EXPECT_TRUE(b.target.is_cuda());
                                               EXPECT_EQ(b.input.scalar_type(), torch::kUInt8);

@@ -28,7 +28,7 @@ data::TensorDataset numbered(int64_t n) {
 }
 
 data::TensorLoaderOptions sharded(int64_t replicas, int64_t rank) {
-  return data::TensorLoaderOptions().set_seed(5).set_prefetch(0).set_num_replicas(replicas).set_rank(rank);
+  return data::TensorLoaderOptions().seed(5).prefetch(0).num_replicas(replicas).rank(rank);
 }
 
 std::vector<int64_t> to_vector(const torch::Tensor& t) {
@@ -95,7 +95,7 @@ TEST(DistributedSampler, EverySampleOnceAcrossRanksWhenTheyDivideTheDataset) {
   for (int64_t epoch : {0, 1}) {
     std::vector<int64_t> all;
     for (int64_t rank = 0; rank < replicas; ++rank) {
-      data::TensorLoader loader(numbered(n), sharded(replicas, rank).set_batch_size(3));
+      data::TensorLoader loader(numbered(n), sharded(replicas, rank).batch_size(3));
       EXPECT_EQ(loader.shard_size(), 4);
       EXPECT_EQ(loader.num_samples(), 4);
       EXPECT_EQ(loader.num_batches(), 2);  // 3 + 1
@@ -117,7 +117,7 @@ TEST(DistributedSampler, PadsWithTheFirstSamplesOfTheEpochOrder) {
   std::map<int64_t, int> count;
   std::vector<int64_t> order;
   for (int64_t rank = 0; rank < replicas; ++rank) {
-    data::TensorLoader loader(numbered(n), sharded(replicas, rank).set_batch_size(2));
+    data::TensorLoader loader(numbered(n), sharded(replicas, rank).batch_size(2));
     EXPECT_EQ(loader.num_samples(), 3);
     EXPECT_EQ(loader.num_batches(), 2);
     order = to_vector(loader.epoch_order(epoch));
@@ -148,7 +148,7 @@ TEST(DistributedSampler, DropUnevenCutsTheTailOfTheEpochOrder) {
   std::vector<int64_t> order;
   size_t total = 0;
   for (int64_t rank = 0; rank < replicas; ++rank) {
-    data::TensorLoader loader(numbered(n), sharded(replicas, rank).set_batch_size(2).set_drop_uneven(true));
+    data::TensorLoader loader(numbered(n), sharded(replicas, rank).batch_size(2).drop_uneven(true));
     EXPECT_EQ(loader.num_samples(), 2);
     EXPECT_EQ(loader.num_batches(), 1);
     order = to_vector(loader.epoch_order(epoch));
@@ -184,8 +184,8 @@ TEST(DistributedSampler, MatchesPyTorchDistributedSampler) {
     for (int64_t rank = 0; rank < c.replicas; ++rank) {
       SCOPED_TRACE("n " + std::to_string(c.n) + " replicas " + std::to_string(c.replicas) + " rank " +
                    std::to_string(rank) + (c.drop ? " drop" : " pad"));
-      const auto opts = sharded(c.replicas, rank).set_batch_size(2).set_drop_uneven(c.drop);
-      data::TensorLoader plain(numbered(c.n), data::TensorLoaderOptions(opts).set_shuffle(false));
+      const auto opts = sharded(c.replicas, rank).batch_size(2).drop_uneven(c.drop);
+      data::TensorLoader plain(numbered(c.n), data::TensorLoaderOptions(opts).shuffle(false));
       EXPECT_EQ(drain(plain, 0), c.shards[rank]);
       EXPECT_EQ(plain.num_samples(), static_cast<int64_t>(c.shards[rank].size()));
       data::TensorLoader shuffled(numbered(c.n), opts);
@@ -202,7 +202,7 @@ TEST(DistributedSampler, MatchesPyTorchDistributedSampler) {
         if (drop && n < replicas) continue;  // an error here (RejectsBadOptions); empty shards in PyTorch
         for (int64_t rank = 0; rank < replicas; ++rank) {
           data::TensorLoader loader(numbered(n),
-                                    sharded(replicas, rank).set_batch_size(1).set_drop_uneven(drop));
+                                    sharded(replicas, rank).batch_size(1).drop_uneven(drop));
           const auto expected = reference_shard(to_vector(loader.epoch_order(2)), replicas, rank, drop);
           EXPECT_EQ(to_vector(loader.shard_order(2)), expected)
               << "n " << n << " replicas " << replicas << " rank " << rank << (drop ? " drop" : " pad");
@@ -218,7 +218,7 @@ TEST(DistributedSampler, OrderIsReshuffledPerEpochAndSharedByAllRanks) {
   std::vector<std::unique_ptr<data::TensorLoader>> ranks;
   for (int64_t rank = 0; rank < replicas; ++rank) {
     ranks.push_back(
-        std::make_unique<data::TensorLoader>(numbered(n), sharded(replicas, rank).set_batch_size(4)));
+        std::make_unique<data::TensorLoader>(numbered(n), sharded(replicas, rank).batch_size(4)));
   }
   for (int64_t epoch : {0, 1, 2}) {
     const torch::Tensor order = ranks[0]->epoch_order(epoch);
@@ -228,7 +228,7 @@ TEST(DistributedSampler, OrderIsReshuffledPerEpochAndSharedByAllRanks) {
       EXPECT_TRUE(torch::equal(loader.epoch_order(epoch), order));  // every rank computes the same order
       const auto served = drain(loader, epoch);
       EXPECT_EQ(served, drain(loader, epoch));  // the same on every call
-      data::TensorLoader again(numbered(n), sharded(replicas, rank).set_batch_size(4));
+      data::TensorLoader again(numbered(n), sharded(replicas, rank).batch_size(4));
       EXPECT_EQ(served, drain(again, epoch));  // and in a fresh loader with the same seed
       for (int64_t i : served) EXPECT_TRUE(seen.insert(i).second) << "sample " << i << " on two ranks";
     }
@@ -237,7 +237,7 @@ TEST(DistributedSampler, OrderIsReshuffledPerEpochAndSharedByAllRanks) {
   for (int64_t rank = 0; rank < replicas; ++rank) {
     EXPECT_NE(to_vector(ranks[rank]->shard_order(0)), to_vector(ranks[rank]->shard_order(1)));  // reshuffled
   }
-  data::TensorLoader other_seed(numbered(n), sharded(replicas, 0).set_batch_size(4).set_seed(6));
+  data::TensorLoader other_seed(numbered(n), sharded(replicas, 0).batch_size(4).seed(6));
   EXPECT_NE(drain(other_seed, 0), drain(*ranks[0], 0));
 }
 
@@ -249,7 +249,7 @@ TEST(DistributedSampler, ResumeServesTheRemainingBatchesOfTheShard) {
         SCOPED_TRACE(std::string(drop_last ? "drop_last" : "keep last") + " prefetch " +
                      std::to_string(prefetch) + " rank " + std::to_string(rank));
         data::TensorLoader loader(
-            numbered(50), sharded(3, rank).set_batch_size(4).set_drop_last(drop_last).set_prefetch(prefetch));
+            numbered(50), sharded(3, rank).batch_size(4).drop_last(drop_last).prefetch(prefetch));
         EXPECT_EQ(loader.num_batches(), drop_last ? 4 : 5);
         EXPECT_EQ(loader.num_samples(), drop_last ? 16 : 17);
         const auto full = collect(loader, 6);
@@ -271,11 +271,11 @@ TEST(DistributedSampler, PrefetchAndResidentChangeNoBatch) {
   for (bool drop : {false, true}) {
     for (int64_t rank = 0; rank < 4; ++rank) {
       SCOPED_TRACE(std::string(drop ? "drop" : "pad") + " rank " + std::to_string(rank));
-      const auto opts = sharded(4, rank).set_batch_size(5).set_drop_uneven(drop);
-      data::TensorLoader off(numbered(37), data::TensorLoaderOptions(opts).set_transform(transform));
+      const auto opts = sharded(4, rank).batch_size(5).drop_uneven(drop);
+      data::TensorLoader off(numbered(37), data::TensorLoaderOptions(opts).transform(transform));
       data::TensorLoader on(numbered(37),
-                            data::TensorLoaderOptions(opts).set_transform(transform).set_prefetch(3));
-      data::TensorLoader resident(numbered(37), data::TensorLoaderOptions(opts).set_resident(true));
+                            data::TensorLoaderOptions(opts).transform(transform).prefetch(3));
+      data::TensorLoader resident(numbered(37), data::TensorLoaderOptions(opts).resident(true));
       for (int64_t epoch : {0, 1}) {
         const auto a = collect(off, epoch);
         EXPECT_EQ(static_cast<int64_t>(a.size()), off.num_batches());
@@ -299,13 +299,13 @@ TEST(DistributedSampler, BatchIndexIsTheDatasetIndexWhateverTheSharding) {
   const int64_t n = 29, epoch = 2;
   std::map<int64_t, torch::Tensor> unsharded;
   data::TensorLoader whole(numbered(n),
-                           data::TensorLoaderOptions().set_batch_size(4).set_seed(5).set_transform(keyed));
+                           data::TensorLoaderOptions().batch_size(4).seed(5).transform(keyed));
   for (const data::Batch& b : collect(whole, epoch)) {
     for (int64_t i = 0; i < b.size(); ++i) unsharded[b.index[i].item<int64_t>()] = b.input[i];
   }
   ASSERT_EQ(unsharded.size(), static_cast<size_t>(n));
   for (int64_t rank = 0; rank < 3; ++rank) {
-    data::TensorLoader loader(numbered(n), sharded(3, rank).set_batch_size(4).set_transform(keyed));
+    data::TensorLoader loader(numbered(n), sharded(3, rank).batch_size(4).transform(keyed));
     const auto shard = to_vector(loader.shard_order(epoch));
     size_t served = 0;
     for (const data::Batch& b : collect(loader, epoch)) {
@@ -322,32 +322,32 @@ TEST(DistributedSampler, BatchIndexIsTheDatasetIndexWhateverTheSharding) {
 
 TEST(DistributedSampler, RejectsBadOptions) {
   const auto ds = numbered(10);
-  expect_error(ds, data::TensorLoaderOptions().set_num_replicas(0), "num_replicas must be >= 1");
-  expect_error(ds, data::TensorLoaderOptions().set_num_replicas(-2), "num_replicas must be >= 1");
-  expect_error(ds, data::TensorLoaderOptions().set_num_replicas(4).set_rank(4), "rank 4 is outside [0, 4)");
-  expect_error(ds, data::TensorLoaderOptions().set_num_replicas(4).set_rank(-1), "rank -1 is outside [0, 4)");
-  expect_error(ds, data::TensorLoaderOptions().set_rank(1),
+  expect_error(ds, data::TensorLoaderOptions().num_replicas(0), "num_replicas must be >= 1");
+  expect_error(ds, data::TensorLoaderOptions().num_replicas(-2), "num_replicas must be >= 1");
+  expect_error(ds, data::TensorLoaderOptions().num_replicas(4).rank(4), "rank 4 is outside [0, 4)");
+  expect_error(ds, data::TensorLoaderOptions().num_replicas(4).rank(-1), "rank -1 is outside [0, 4)");
+  expect_error(ds, data::TensorLoaderOptions().rank(1),
                "rank 1 is outside [0, 1)");  // rank without replicas
-  expect_error(numbered(3), data::TensorLoaderOptions().set_num_replicas(4).set_drop_uneven(true),
+  expect_error(numbered(3), data::TensorLoaderOptions().num_replicas(4).drop_uneven(true),
                "drop_uneven: 3 samples cannot give each of 4 replicas one");
   // 10 over 4 replicas: shards of 3, no full batch of 4.
-  expect_error(ds, data::TensorLoaderOptions().set_num_replicas(4).set_batch_size(4).set_drop_last(true),
+  expect_error(ds, data::TensorLoaderOptions().num_replicas(4).batch_size(4).drop_last(true),
                "rank 0's shard of 3 samples (10 over 4 replicas) makes no batch of 4");
   // Padding covers fewer samples than replicas: each of 4 ranks gets one of the 3.
   data::TensorLoader tiny(numbered(3),
-                          data::TensorLoaderOptions().set_num_replicas(4).set_rank(3).set_shuffle(false));
+                          data::TensorLoaderOptions().num_replicas(4).rank(3).shuffle(false));
   EXPECT_EQ(drain(tiny, 0), std::vector<int64_t>{0});
 }
 
 TEST(DistributedSamplerCuda, ResidentServesTheShard) {
   EMBER_REQUIRE_CUDA();
   for (int64_t rank = 0; rank < 3; ++rank) {
-    const auto opts = sharded(3, rank).set_batch_size(8);
+    const auto opts = sharded(3, rank).batch_size(8);
     data::TensorLoader host(numbered(100), opts);
     data::TensorLoader gpu(numbered(100),
-                           data::TensorLoaderOptions(opts).set_device(torch::kCUDA).set_resident(true));
+                           data::TensorLoaderOptions(opts).device(torch::kCUDA).resident(true));
     data::TensorLoader streamed(numbered(100),
-                                data::TensorLoaderOptions(opts).set_device(torch::kCUDA).set_prefetch(2));
+                                data::TensorLoaderOptions(opts).device(torch::kCUDA).prefetch(2));
     for (int64_t skip : {0, 2}) {
       const auto expected = collect(host, 1, skip);
       expect_same_batches(collect(gpu, 1, skip), expected);

@@ -44,12 +44,12 @@ class ShardedBlobTask : public train::Task {
     if (a.batchnorm) bn_ = net_->register_module("bn", torch::nn::BatchNorm1d(32));  // running stats per rank
     net_->to(torch::Device(a.device));
     auto lo = data::TensorLoaderOptions()
-                  .set_batch_size(a.batch)
-                  .set_seed(7)
-                  .set_prefetch(0)
-                  .set_num_replicas(env.world_size)
-                  .set_rank(env.rank)
-                  .set_device(torch::Device(a.device));
+                  .batch_size(a.batch)
+                  .seed(7)
+                  .prefetch(0)
+                  .num_replicas(env.world_size)
+                  .rank(env.rank)
+                  .device(torch::Device(a.device));
     train_ = std::make_unique<data::TensorLoader>(test_util::make_blobs(256, 1), lo);
   }
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
@@ -142,29 +142,26 @@ int main(int argc, char** argv) {
     ShardedBlobTask task(a, env);
     task.rank_inject_ = env.rank == env.world_size - 1;  // the last rank sees inf
     train::TrainerOptions o;
-    o.epochs = a.epochs;
-    o.accumulate_grad_batches = a.accumulate;
-    o.precision = a.precision;
-    o.optimizer.name = "sgd";
-    o.optimizer.lr = 0.1;
-    o.optimizer.momentum = 0.9;
-    o.optimizer.weight_decay = 0.0;
-    train::Trainer trainer(o);
+    o.epochs(a.epochs).accumulate_grad_batches(a.accumulate).precision(amp::parse_precision(a.precision));
+    o.optimizer().kind(train::OptimizerKind::kSgd).lr(0.1).momentum(0.9).weight_decay(0.0);
     if (env.distributed() ||
         a.force_group) {  // force: a group of one (NCCL on one GPU initialises and trains)
       dist::ProcessGroupOptions po;
-      po.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
-      po.device = torch::Device(a.device);
-      po.backend = a.backend;
+      po.timeout(std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
+      po.device(torch::Device(a.device));
+      po.backend(a.backend);
       group = dist::ProcessGroup::create(env, po);
       group->check_same_everywhere("config", a.config_tag);
+      o.distribution(dist::make_distribution(group));
+    }
+    train::Trainer trainer(o);
+    if (group) {
       trainer.add_callback(std::make_shared<Saboteur>(a.die_at_step, a.hang_at_step));
-      dist::DdpOptions ddp;
-      ddp.find_unused_parameters = a.find_unused;
-      trainer.add_callback(std::make_shared<dist::DistributedDataParallel>(group, ddp));
+      trainer.add_callback(std::make_shared<dist::DistributedDataParallel>(
+          group, dist::DdpOptions().find_unused_parameters(a.find_unused)));
     }
     const train::FitResult fit = trainer.fit(task);
-    core::save_safetensors(a.out + ".rank" + std::to_string(env.rank) + ".safetensors", *task.model());
+    train::save_safetensors(a.out + ".rank" + std::to_string(env.rank) + ".safetensors", *task.model());
     if (env.rank == 0) {
       std::ofstream(a.out + ".rank0.json")
           << "{\"steps\": " << fit.steps << ", \"skipped_steps\": " << fit.skipped_steps

@@ -38,7 +38,8 @@ s = json.load(open(sys.argv[1]))
 if not math.isfinite(s['test_loss']):
     sys.exit(f'FAILED: test_loss is not finite: {s}')" "$out/mix/summary.json"
 
-# A bad augmentation key value, then a truncated file: exit 1, the message says what and where.
+# A bad augmentation key value (a config error: exit 2, as README.md promises), then a truncated
+# file (exit 1); each message says what and where.
 set +e
 "$bin" "${common[@]}" run.dir="$out/bad2" augment.crop=rotate 2>"$out/err2"; rc2=$?
 head -c 5000 "$out/data/cifar-10-batches-bin/test_batch.bin" >"$out/t.bin" && mv "$out/t.bin" "$out/data/cifar-10-batches-bin/test_batch.bin"
@@ -47,6 +48,6 @@ set -e
 cat "$out/err"
 expect_rc 1 "$rc" "a truncated test_batch.bin"
 expect_in "$out/err" "test_batch.bin"
-expect_rc 1 "$rc2" "augment.crop=rotate"
+expect_rc 2 "$rc2" "augment.crop=rotate"
 expect_in "$out/err2" "augment.crop must be none, pad or resized"
 echo "cifar_resnet_subset: OK"

@@ -122,9 +122,9 @@ struct PhaseLog : train::Callback {
 
 monitor::MonitorOptions quiet_options() {
   monitor::MonitorOptions o;
-  o.run_dir = "";
-  o.peak_flops = -1;  // no CPU peak measurement in most tests
-  o.stream = std::tmpfile();
+  o.run_dir("");
+  o.peak_flops(-1);  // no CPU peak measurement in most tests
+  o.stream(std::tmpfile());
   return o;
 }
 
@@ -211,15 +211,15 @@ TEST(StepTimerCuda, EventsAreReadWithoutBlockingTheHost) {
 TEST(Monitor, StepBreakdownAddsUpToTheMeasuredStepTime) {
   SlowTask task(/*data_ms=*/6, /*forward_ms=*/3);
   auto o = quiet_options();
-  o.log_every = 3;
-  o.data_wait_warning = 0.3;
+  o.log_every(3);
+  o.data_wait_warning(0.3);
   auto capture = std::make_shared<Capture>();
   auto mon = std::make_shared<monitor::Monitor>(o);
   mon->add_writer(capture);
   auto clock = std::make_shared<StepClock>();
   train::TrainerOptions to;
-  to.epochs = 2;
-  to.optimizer.lr = 0.05;
+  to.epochs(2);
+  to.optimizer().lr(0.05);
   train::Trainer trainer(to);
   trainer.add_callback(clock).add_callback(mon);
   trainer.fit(task);
@@ -240,7 +240,7 @@ TEST(Monitor, StepBreakdownAddsUpToTheMeasuredStepTime) {
   EXPECT_NEAR(all.total_ms(), clock->span_ms, 0.05 * clock->span_ms + 2 * 5.0)
       << "phases " << all.total_ms() << " ms, wall " << clock->span_ms << " ms";
   // Data waits are ~2/3 of the step: the warning names the setting.
-  const std::string said = read_stream(o.stream);
+  const std::string said = read_stream(o.stream());
   EXPECT_NE(said.find("waiting for data took"), std::string::npos) << said;
   EXPECT_NE(said.find("monitor.data_wait_warning=0.30"), std::string::npos) << said;
   EXPECT_GT(mon->summary().data_share, 0.3);
@@ -250,8 +250,8 @@ TEST(Monitor, PhasesFollowTheLoopWithAccumulation) {
   BlobTask task(blob_options(224, 32));  // 7 batches: windows of 3, 3, 1
   auto log = std::make_shared<PhaseLog>();
   train::TrainerOptions to;
-  to.epochs = 1;
-  to.accumulate_grad_batches = 3;
+  to.epochs(1);
+  to.accumulate_grad_batches(3);
   train::Trainer trainer(to);
   trainer.add_callback(log);
   trainer.fit(task);
@@ -271,32 +271,32 @@ TEST(Monitor, AFailingWriterIsDroppedAndTrainingGoesOn) {
   };
   BlobTask task(blob_options(256, 32));
   auto o = quiet_options();
-  o.log_every = 2;
+  o.log_every(2);
   auto failing = std::make_shared<Failing>();
   auto capture = std::make_shared<Capture>();
   auto mon = std::make_shared<monitor::Monitor>(o);
   mon->add_writer(failing).add_writer(capture);
   train::TrainerOptions to;
-  to.epochs = 1;
+  to.epochs(1);
   train::Trainer trainer(to);
   trainer.add_callback(mon);
   EXPECT_EQ(trainer.fit(task).steps, 8);
   EXPECT_EQ(failing->calls, 2);
   EXPECT_EQ(capture->of("step").size(), 4u);
-  EXPECT_NE(read_stream(o.stream).find("[test] disk full; that writer is off"), std::string::npos);
+  EXPECT_NE(read_stream(o.stream()).find("[test] disk full; that writer is off"), std::string::npos);
 }
 
 TEST(Monitor, MfuIsFlopsTimesThroughputOverPeak) {
   BlobTask task(blob_options(256, 32));
   auto o = quiet_options();
-  o.log_every = 4;
-  o.flops_per_sample = 1.5e6;
-  o.peak_flops = 2.0e9;
+  o.log_every(4);
+  o.flops_per_sample(1.5e6);
+  o.peak_flops(2.0e9);
   auto capture = std::make_shared<Capture>();
   auto mon = std::make_shared<monitor::Monitor>(o);
   mon->add_writer(capture);
   train::TrainerOptions to;
-  to.epochs = 1;
+  to.epochs(1);
   train::Trainer trainer(to);
   trainer.add_callback(mon);
   trainer.fit(task);
@@ -339,20 +339,20 @@ TEST(Monitor, CountsFlopsOfTheModelWithoutChangingTraining) {
   const auto train_once = [](Arm arm) {
     RandomEvalTask task;
     train::TrainerOptions to;
-    to.epochs = 2;
-    to.clip_grad_norm = 0.5;  // the gradient histograms read what clipping left
+    to.epochs(2);
+    to.clip_grad_norm(0.5);  // the gradient histograms read what clipping left
     train::Trainer trainer(to);
     auto o = quiet_options();
-    o.log_every = 1;
-    o.peak_flops = 1e12;  // MFU on: FLOPs are counted
+    o.log_every(1);
+    o.peak_flops(1e12);  // MFU on: FLOPs are counted
     if (arm == Arm::kEverything) {
-      o.run_dir = test_util::temp_dir("monitor_unchanged");
-      o.histogram_every = 1;
+      o.run_dir(test_util::temp_dir("monitor_unchanged"));
+      o.histogram_every(1);
     }
     auto mon = std::make_shared<monitor::Monitor>(o);
     if (arm != Arm::kPlain) trainer.add_callback(mon);
     trainer.fit(task);
-    return std::make_tuple(test_util::snapshot(*task.model()), mon->summary().flops_per_sample, o.run_dir);
+    return std::make_tuple(test_util::snapshot(*task.model()), mon->summary().flops_per_sample, o.run_dir());
   };
   const auto [plain, no_flops, no_dir] = train_once(Arm::kPlain);
   for (const Arm arm : {Arm::kNoFiles, Arm::kEverything}) {
@@ -378,12 +378,12 @@ TEST(Monitor, WritesJsonlAndCsvWithTheDocumentedSchema) {
   const std::string dir = test_util::temp_dir("monitor_files");
   BlobTask task(blob_options(256, 32));
   auto o = quiet_options();
-  o.run_dir = dir;
-  o.log_every = 3;
-  o.tensorboard = false;
+  o.run_dir(dir);
+  o.log_every(3);
+  o.tensorboard(false);
   auto mon = std::make_shared<monitor::Monitor>(o);
   train::TrainerOptions to;
-  to.epochs = 2;
+  to.epochs(2);
   train::Trainer trainer(to);
   trainer.add_callback(mon);
   trainer.fit(task);
@@ -491,11 +491,11 @@ TEST(MonitorWriters, TensorBoardTags) {
 TEST(Progress, PlainLinesWithoutControlCharactersWhenNotATerminal) {
   std::FILE* out = std::tmpfile();
   monitor::ProgressOptions po;
-  po.stream = out;
-  po.plain_interval = 0;  // a line every step
+  po.stream(out);
+  po.plain_interval(0);  // a line every step
   BlobTask task(blob_options(128, 32));
   train::TrainerOptions to;
-  to.epochs = 2;
+  to.epochs(2);
   train::Trainer trainer(to);
   trainer.add_callback(std::make_shared<monitor::ProgressLogger>(po));
   trainer.fit(task);
@@ -520,18 +520,18 @@ TEST(Profiler, WritesAChromeTraceOfTheChosenSteps) {
   const std::string dir = test_util::temp_dir("profiler");
   BlobTask task(blob_options(256, 32));
   monitor::ProfilerOptions po;
-  po.steps = 2;
-  po.wait = 3;
-  po.path = dir + "/trace.json";
-  po.stream = std::tmpfile();
+  po.steps(2);
+  po.wait(3);
+  po.path(dir + "/trace.json");
+  po.stream(std::tmpfile());
   auto profiler = std::make_shared<monitor::Profiler>(po);
   train::TrainerOptions to;
-  to.epochs = 1;
+  to.epochs(1);
   train::Trainer trainer(to);
   trainer.add_callback(profiler);
   trainer.fit(task);
   ASSERT_TRUE(profiler->written());
-  std::ifstream in(po.path);
+  std::ifstream in(po.path());
   ASSERT_TRUE(in.good());
   const nlohmann::json trace = nlohmann::json::parse(in);
   std::map<std::string, int> count;
@@ -541,7 +541,7 @@ TEST(Profiler, WritesAChromeTraceOfTheChosenSteps) {
   for (const char* range : {"ember::data", "ember::forward", "ember::backward", "ember::optimizer"})
     EXPECT_EQ(count[range], 2) << range;
   EXPECT_GE(count["aten::addmm"], 4) << "two Linear layers per forward";
-  EXPECT_NE(read_stream(po.stream).find("trace of 2 steps written to"), std::string::npos);
+  EXPECT_NE(read_stream(po.stream()).find("trace of 2 steps written to"), std::string::npos);
 }
 
 }  // namespace

@@ -25,11 +25,11 @@ void remove_dir(const std::string& dir) {
 
 train::TrainerOptions trainer_options(int64_t epochs, const std::string& run_dir) {
   train::TrainerOptions o;
-  o.epochs = epochs;
-  o.run_dir = run_dir;
-  o.optimizer.name = "sgd";
-  o.optimizer.lr = 0.05;
-  o.optimizer.momentum = 0.9;
+  o.epochs(epochs);
+  o.run_dir(run_dir);
+  o.optimizer().kind(train::OptimizerKind::kSgd);
+  o.optimizer().lr(0.05);
+  o.optimizer().momentum(0.9);
   return o;
 }
 
@@ -95,7 +95,7 @@ TEST(PruningCallback, ResumeAfterPruningReplaysThePlanExactly) {
   BlobTask resumed(deterministic());
   EXPECT_EQ(resumed.net()->fc1->options.out_features(), 32);  // built at full size
   train::TrainerOptions o = trainer_options(4, dir_b);
-  o.resume = "auto";
+  o.resume("auto");
   train::Trainer t(o);
   auto cb = std::make_shared<PruningCallback>(options({1}, 0.5));
   t.add_callback(cb);
@@ -116,7 +116,7 @@ class NormBlobTask : public train::Task {
     torch::manual_seed(5);
     net_ = torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::BatchNorm1d(32), torch::nn::ReLU(),
                                  torch::nn::Linear(32, 4));
-    auto lo = data::TensorLoaderOptions().set_batch_size(32).set_seed(7).set_prefetch(0);
+    auto lo = data::TensorLoaderOptions().batch_size(32).seed(7).prefetch(0);
     train_ = std::make_unique<data::TensorLoader>(test_util::make_blobs(256, 1), lo);
   }
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
@@ -155,7 +155,7 @@ TEST(PruningCallback, ResumingAPrunedRunWithoutTheCallbackIsAnError) {
   }
   BlobTask task(deterministic());
   train::TrainerOptions o = trainer_options(3, dir);
-  o.resume = "auto";
+  o.resume("auto");
   const std::string err = test_util::error_of([&] { train::Trainer(o).fit(task); });
   EXPECT_NE(err.find("holds the state of callback 'pruning', which this run does not register"),
             std::string::npos)

@@ -4,6 +4,7 @@
 
 #include "ember/prune/graph.h"
 
+#include <ember/models/char_gpt.h>
 #include <gtest/gtest.h>
 
 #include <set>
@@ -12,7 +13,6 @@
 
 #include "ember/prune/plan.h"
 #include "ember/prune/pruner.h"
-#include "char_gpt/model.h"
 #include "prune/models.h"
 
 namespace ember::prune {
@@ -26,7 +26,7 @@ using test::SeparableNet;
 
 template <typename M>
 DependencyGraph trace(M& model, const torch::Tensor& x, GraphOptions options = {}) {
-  options.print_warnings = false;
+  options.print_warnings(false);
   return DependencyGraph::build(*model, [&] { return std::vector<torch::Tensor>{model->forward(x)}; }, options);
 }
 
@@ -247,7 +247,7 @@ TEST(PruneGraph, LayerNormResidualStreamPrunesConsistently) {
 
 TEST(PruneGraph, CharGptMlpHiddenSizesAndTheResidualStream) {
   torch::manual_seed(10);
-  CharGpt model(CharGptOptions().n_layer(2).n_head(2).n_embd(16).block_size(8));
+  ember::models::CharGpt model(ember::models::CharGptOptions().n_layer(2).n_head(2).n_embd(16).block_size(8));
   const torch::Tensor idx = torch::randint(256, {1, 8});
   {
     const DependencyGraph g = trace(model, idx);
@@ -266,7 +266,7 @@ TEST(PruneGraph, CharGptMlpHiddenSizesAndTheResidualStream) {
   }
   // As the recipe does: ignoring the token embedding keeps the residual width; only the MLPs shrink.
   GraphOptions o;
-  o.ignored_layers = {"wte"};
+  o.ignored_layers({"wte"});
   const DependencyGraph g = trace(model, idx, o);
   ASSERT_EQ(g.groups().size(), 2u) << g.summary();
   for (const Group& group : g.groups()) {
@@ -276,8 +276,8 @@ TEST(PruneGraph, CharGptMlpHiddenSizesAndTheResidualStream) {
   std::vector<std::vector<int64_t>> remove(2);
   for (int64_t u = 0; u < 48; ++u) remove[0].push_back(u), remove[1].push_back(u + 16);
   prune::apply_plan(*model, make_plan(g, remove));
-  EXPECT_EQ(model->blocks[0]->as<Block>()->fc->options.out_features(), 16);
-  EXPECT_EQ(model->blocks[1]->as<Block>()->proj->options.in_features(), 16);
+  EXPECT_EQ(model->blocks[0]->as<ember::models::Block>()->fc->options.out_features(), 16);
+  EXPECT_EQ(model->blocks[1]->as<ember::models::Block>()->proj->options.in_features(), 16);
   EXPECT_EQ(model->forward(idx).sizes(), (std::vector<int64_t>{1, 8, 256}));
   EXPECT_EQ(model->forward_flops_per_token(), 2 * 2 * (16 * 48 + 16 * 16 + 16 * 16 + 16 * 16) + 2 * 16 * 256 + 2 * 2 * 2 * 8 * 16);
 }
@@ -389,7 +389,7 @@ TEST(PruneGraph, LayersEmberCannotResizeKeepTheirSizes) {
 TEST(PruneGraph, UnknownIgnoredLayerIsAnError) {
   ResidualNet model;
   GraphOptions o;
-  o.ignored_layers = {"stemm"};
+  o.ignored_layers({"stemm"});
   EXPECT_THROW(trace(model, torch::randn({1, 3, 8, 8}), o), Error);
 }
 
@@ -398,7 +398,7 @@ TEST(PruneGraph, IgnoredLayersKeepTheirShapes) {
   ResidualNet model;
   const torch::Tensor x = torch::randn({2, 3, 8, 8});
   GraphOptions options;
-  options.ignored_layers = {"a1", "b2_bn"};
+  options.ignored_layers({"a1", "b2_bn"});
   const DependencyGraph g = trace(model, x, options);
   for (const Group& group : g.groups())
     for (const auto& m : group.members) {

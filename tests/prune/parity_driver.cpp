@@ -12,7 +12,7 @@
 //                                       with the plan's JSON as metadata "ember.pruning_plan"
 //   OUT_DIR/<model>_io.safetensors      "input" and the pruned model's eval-mode "output" on it
 // Prints one line per model: name, parameters before -> after.
-#include <ember/core/safetensors.h>
+#include <ember/train/safetensors.h>
 #include <ember/prune/pruner.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -31,7 +31,7 @@
 namespace {
 
 namespace prune = ember::prune;
-using ember::core::save_safetensors;
+using ember::train::save_safetensors;
 
 /// The models both tools prune with the same semantics; parity.py checks these.
 const std::vector<std::string> kParitySet = {"residual", "mixed_plain", "dense_concat"};

@@ -1,7 +1,6 @@
 #include <ember/train/accuracy.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-#include "cuda_test.h"
 
 using ember::train::count_correct;
 using ember::train::count_correct_reference;
@@ -20,20 +19,4 @@ TEST(CountCorrect, RejectsBadShapes) {
   EXPECT_THROW(count_correct(torch::zeros({4, 3}), torch::zeros({4})), std::exception);
 }
 
-TEST(CountCorrectCuda, KernelEqualsCpuReference) {
-  EMBER_REQUIRE_CUDA();
-  torch::manual_seed(0);
-  for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16}) {
-    for (int64_t cols : {1, 3, 10, 31, 32, 33, 1000}) {
-      for (int64_t rows : {1, 7, 257, 5000}) {
-        // Small integers make ties common, to exercise the lowest-index rule.
-        torch::Tensor logits = torch::randint(0, 4, {rows, cols}).to(dtype);
-        if (rows > 3) logits[3][cols / 2] = NAN;
-        torch::Tensor targets = torch::randint(0, cols, {rows}, torch::kInt64);
-        const int64_t want = count_correct_reference(logits.to(torch::kFloat64), targets).item<int64_t>();
-        const int64_t got = count_correct(logits.cuda(), targets.cuda()).item<int64_t>();
-        EXPECT_EQ(got, want) << c10::toString(dtype) << " rows=" << rows << " cols=" << cols;
-      }
-    }
-  }
-}
+// The kernel == the CPU reference over dtypes, ties, NaN and shapes: tests/ops/backend_ops_test.cpp (OpsCuda.*).

@@ -55,15 +55,15 @@ TEST(Checkpoint, DamagedCheckpointIsAClearErrorOnResume) {
   const std::string dir = test_util::temp_dir("damaged");
   test_util::BlobTask task({});
   train::TrainerOptions o;
-  o.epochs = 1;
-  o.run_dir = dir;
+  o.epochs(1);
+  o.run_dir(dir);
   train::Trainer(o).fit(task);
   const std::string ckpt = dir + "/checkpoints/last.pt";
   const std::string bytes = train::read_file(ckpt);
   ASSERT_GT(bytes.size(), 100u);
   train::write_file_atomic(ckpt, bytes.substr(0, bytes.size() / 2));
-  o.resume = "auto";
-  o.epochs = 2;
+  o.resume("auto");
+  o.epochs(2);
   try {
     test_util::BlobTask again({});
     train::Trainer(o).fit(again);

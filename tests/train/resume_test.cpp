@@ -25,11 +25,11 @@ constexpr int64_t kSamplesPerStep = 64;  // batch 32, accumulate 2
 namespace {
 train::TrainerOptions options(const std::string& dir) {
   train::TrainerOptions o;
-  o.epochs = 4;
-  o.run_dir = dir;
-  o.accumulate_grad_batches = 2;  // 4 optimizer steps per epoch
-  o.optimizer.lr = 0.05;
-  o.schedule = std::make_shared<train::OneCycleSchedule>(train::OneCycleOptions{16, 0.3, 25.0, 1e4});
+  o.epochs(4);
+  o.run_dir(dir);
+  o.accumulate_grad_batches(2);  // 4 optimizer steps per epoch
+  o.optimizer().lr(0.05);
+  o.schedule(std::make_shared<train::OneCycleSchedule>(train::OneCycleOptions(16)));
   return o;
 }
 
@@ -64,7 +64,7 @@ std::vector<torch::Tensor> run_stopped(const std::string& name, int64_t stop_ste
   }
   BlobTask task(other_init());  // a fresh process builds the model from scratch too
   train::TrainerOptions o = options(dir);
-  o.resume = "auto";
+  o.resume("auto");
   const auto r = train::Trainer(o).fit(task);
   EXPECT_EQ(r.resumed_from, dir + "/checkpoints/last.pt");
   EXPECT_EQ(r.resumed_at_step, *steps_before);
@@ -113,7 +113,7 @@ TEST(ExactResume, WithoutTheRngStateItWouldDiffer) {
   };
   BlobTask task({});
   train::TrainerOptions o = options(dir);
-  o.resume = "auto";
+  o.resume("auto");
   const auto r = train::Trainer(o).add_callback(std::make_shared<ReseedAfterLoad>()).fit(task);
   ASSERT_EQ(r.resumed_at_step, 8) << "the guard needs a real resume";
   const auto other = test_util::snapshot(*task.model());
@@ -125,15 +125,15 @@ TEST(ExactResume, WithoutTheRngStateItWouldDiffer) {
 TEST(ExactResume, CallbackStateRoundTrips) {
   const std::string dir = test_util::temp_dir("resume_cb");
   train::TrainerOptions o = options(dir);
-  o.epochs = 2;
-  auto es = std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{"val_accuracy", 5, 0.0, true});
+  o.epochs(2);
+  auto es = std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions(5).monitor(train::EarlyStoppingMetric::kValAccuracy));
   {
     BlobTask task({});
     train::Trainer(o).add_callback(es).fit(task);
   }
   auto es2 =
-      std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{"val_accuracy", 5, 0.0, true});
-  o.resume = "auto";
+      std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions(5).monitor(train::EarlyStoppingMetric::kValAccuracy));
+  o.resume("auto");
   BlobTask task(other_init());
   const auto r =
       train::Trainer(o).add_callback(es2).fit(task);  // already complete: loads state, trains nothing
@@ -146,8 +146,8 @@ TEST(ExactResume, CallbackStateRoundTrips) {
 TEST(ExactResume, AutoWithoutACheckpointSaysSoAndStartsFresh) {
   const std::string dir = test_util::temp_dir("resume_none");
   train::TrainerOptions o = options(dir);
-  o.epochs = 1;
-  o.resume = "auto";
+  o.epochs(1);
+  o.resume("auto");
   BlobTask task({});
   testing::internal::CaptureStderr();
   const auto r = train::Trainer(o).fit(task);
@@ -163,7 +163,7 @@ TEST(ExactResume, AutoWithoutACheckpointSaysSoAndStartsFresh) {
 
 TEST(ExactResume, AnExplicitCheckpointThatIsMissingIsAnError) {
   train::TrainerOptions o = options(test_util::temp_dir("resume_missing"));
-  o.resume = o.run_dir + "/nowhere.pt";
+  o.resume(o.run_dir() + "/nowhere.pt");
   BlobTask task({});
   const std::string error = test_util::error_of([&] { train::Trainer(o).fit(task); });
   EXPECT_NE(error.find("nowhere.pt: no such checkpoint"), std::string::npos) << error;
@@ -184,13 +184,13 @@ struct Stateful : train::Callback {
 std::string resume_without_the_callback(bool required, int64_t* steps) {
   const std::string dir = test_util::temp_dir(required ? "cb_required" : "cb_optional");
   train::TrainerOptions o = options(dir);
-  o.epochs = 1;
+  o.epochs(1);
   {
     BlobTask task({});
     train::Trainer(o).add_callback(std::make_shared<Stateful>(required)).fit(task);
   }
-  o.epochs = 2;
-  o.resume = "auto";
+  o.epochs(2);
+  o.resume("auto");
   BlobTask task({});
   testing::internal::CaptureStderr();
   const std::string error = test_util::error_of([&] { *steps = train::Trainer(o).fit(task).steps; });

@@ -1,9 +1,12 @@
+#include <ember/core/error.h>
 #include <ember/train/scheduler.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 using namespace ember::train;
+using ember::Error;
+using ember::ErrorKind;
 
 namespace {
 constexpr double kPi = 3.14159265358979323846;
@@ -29,7 +32,7 @@ TEST(Schedule, CosineEndpointsAndMidpoint) {
 TEST(Schedule, OneCycleMatchesPyTorchClosedForm) {
   // torch.optim.lr_scheduler.OneCycleLR(max_lr=1, total_steps=100, pct_start=0.3,
   // div_factor=25, final_div_factor=1e4), anneal_strategy='cos'.
-  OneCycleSchedule s(OneCycleOptions{100, 0.3, 25.0, 1e4});
+  OneCycleSchedule s(OneCycleOptions(100));
   const double initial = 1.0 / 25, final_lr = initial / 1e4, up = 0.3 * 100 - 1, down = 99;
   const auto anneal = [](double a, double b, double pct) { return b + (a - b) / 2 * (std::cos(kPi * pct) + 1); };
   for (int64_t t = 0; t < 100; ++t) {
@@ -50,19 +53,15 @@ TEST(Schedule, WarmupRampsThenHandsOver) {
 }
 
 TEST(Schedule, MakeScheduleByNameAndErrors) {
-  ScheduleSpec spec;
-  spec.name = "cosine";
-  spec.total_steps = 10;
-  spec.warmup_steps = 5;
-  auto s = make_schedule(spec);
+  auto s = make_schedule(ScheduleOptions().kind(parse_schedule_kind("cosine")).total_steps(10).warmup_steps(5));
   EXPECT_EQ(s->name(), "warmup+cosine");
-  spec.name = "cosnie";
   try {
-    make_schedule(spec);
+    parse_schedule_kind("cosnie");
     FAIL();
-  } catch (const std::exception& e) {
+  } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("choose constant, step, cosine or onecycle"), std::string::npos);
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
   }
   EXPECT_THROW(StepSchedule(0, 0.1), std::exception);
-  EXPECT_THROW(OneCycleSchedule(OneCycleOptions{100, 1.5, 25, 1e4}), std::exception);
+  EXPECT_THROW(OneCycleSchedule(OneCycleOptions(100).pct_start(1.5)), std::exception);
 }

@@ -52,13 +52,13 @@ class BlobTask : public train::Task {
     net_->to(o.device);
     if (!o.dropout) net_->drop->options.p(0.0);
     auto lo = data::TensorLoaderOptions()
-                  .set_batch_size(o.batch_size)
-                  .set_seed(7)
-                  .set_prefetch(o.prefetch)
-                  .set_shuffle(o.shuffle)
-                  .set_device(o.device);
+                  .batch_size(o.batch_size)
+                  .seed(7)
+                  .prefetch(o.prefetch)
+                  .shuffle(o.shuffle)
+                  .device(o.device);
     train_ = std::make_unique<data::TensorLoader>(make_blobs(o.samples, 1), lo);
-    val_ = std::make_unique<data::TensorLoader>(make_blobs(128, 2), lo.set_shuffle(false));
+    val_ = std::make_unique<data::TensorLoader>(make_blobs(128, 2), lo.shuffle(false));
   }
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
   train::StepOutput training_step(const data::Batch& b) override {

@@ -18,8 +18,6 @@
 #include <cstdio>
 #include <string>
 
-#include "char_gpt/model.h"
-#include "fashion_mnist/model.h"
 
 namespace {
 using namespace ember;
@@ -39,7 +37,7 @@ class SyntheticTask : public train::Task {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
     data::TensorDataset ds;
     if (gpt_) {
-      gpt_net_ = CharGpt(CharGptOptions()
+      gpt_net_ = models::CharGpt(models::CharGptOptions()
                              .n_layer(a.gpt_layers)
                              .n_embd(a.gpt_embd)
                              .n_head(a.gpt_heads)
@@ -50,16 +48,16 @@ class SyntheticTask : public train::Task {
             torch::zeros({n}, torch::kInt64)};
       tokens_per_sample_ = a.gpt_block;
     } else {
-      cnn_ = FashionNet(FashionNetOptions{});
+      cnn_ = models::FashionNet(models::FashionNetOptions());
       cnn_->to(device);
       ds = {torch::randint(0, 256, {n, 28, 28}, gen, torch::kUInt8),
             torch::randint(0, 10, {n}, gen, torch::kInt64)};
     }
     auto opts =
-        data::TensorLoaderOptions().set_batch_size(batch).set_seed(0).set_prefetch(0).set_device(device);
+        data::TensorLoaderOptions().batch_size(batch).seed(0).prefetch(0).device(device);
     if (!gpt_)
-      opts.set_transform([](data::Batch b) {
-        b.input = normalize_fashion(b.input);
+      opts.transform([](data::Batch b) {
+        b.input = models::normalize_fashion(b.input);
         return b;
       });
     loader_ = std::make_unique<data::TensorLoader>(std::move(ds), opts);
@@ -88,8 +86,8 @@ class SyntheticTask : public train::Task {
 
  private:
   bool gpt_;
-  CharGpt gpt_net_{nullptr};
-  FashionNet cnn_{nullptr};
+  models::CharGpt gpt_net_{nullptr};
+  models::FashionNet cnn_{nullptr};
   std::unique_ptr<data::TensorLoader> loader_;
   int64_t batch_ = 0, tokens_per_sample_ = 0;
   double flops_per_sample_ = 0;
@@ -120,7 +118,7 @@ class StepTimer : public train::Callback {
 int raw_loop(const Args& a, SyntheticTask& task, const torch::Device& device,
              const train::TrainerOptions& o) {
   auto model = task.model();
-  auto optimizer = train::make_optimizer(*model, o.optimizer);
+  auto optimizer = train::make_optimizer(*model, o.optimizer());
   const amp::Precision precision = amp::parse_precision(a.precision);
   const amp::MatmulPrecisionGuard matmul(precision, device.type());
   amp::GradScaler scaler(
@@ -192,24 +190,25 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    core::tune_host_malloc();  // as run_recipe does for every recipe
+    recipe::tune_host_malloc();  // as run_recipe does for every recipe
     if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
     torch::manual_seed(0);
     const torch::Device device = core::resolve_device(a.device);
     SyntheticTask task(a, device);
     train::TrainerOptions o;
-    o.epochs = 1;
-    o.max_steps = a.steps + a.warmup;
-    o.precision = a.precision;
-    o.grad_scaler.enabled(a.scaler == "on");
-    o.val_every = 0;
-    o.checkpoint_every = 0;
+    o.epochs(1);
+    o.max_steps(a.steps + a.warmup);
+    o.precision(amp::parse_precision(a.precision));
+    o.grad_scaler().enabled(a.scaler == "on");
+    o.val_every(0);
+    o.checkpoint_every(0);
     if (a.model == "gpt") {
-      o.optimizer.name = "adamw";
-      o.optimizer.lr = 1e-3;
-      o.optimizer.weight_decay = 0.1;
+      o.optimizer().kind(train::OptimizerKind::kAdamW);
+      o.optimizer().lr(1e-3);
+      o.optimizer().weight_decay(0.1);
+      o.optimizer().decay_all_parameters(true);  // as the PyTorch peer: AdamW(model.parameters(), ...)
     } else {
-      o.optimizer.lr = 0.05;
+      o.optimizer().lr(0.05).decay_all_parameters(true);  // as the PyTorch peer
     }
     if (a.loop == "raw") return raw_loop(a, task, device, o);
     auto timer = std::make_shared<StepTimer>(device.is_cuda());

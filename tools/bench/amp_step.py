@@ -35,7 +35,7 @@ from fashion_epoch import FashionNet, MEAN, STD  # noqa: E402
 
 
 class Block(nn.Module):
-    """Twin of recipes/char_gpt/model.h's Block (pre-norm, SDPA causal attention, 4x GELU MLP)."""
+    """Twin of lib/include/ember/models/char_gpt.h's Block (pre-norm, SDPA causal attention, 4x GELU MLP)."""
 
     def __init__(self, d, heads):
         super().__init__()

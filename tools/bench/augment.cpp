@@ -819,7 +819,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    ember::core::tune_host_malloc();  // as run_recipe does for every recipe
+    ember::recipe::tune_host_malloc();  // as run_recipe does for every recipe
     if (a.device == "cpu") return run_cpu(a);
     if (a.device == "cuda" || a.device.rfind("cuda:", 0) == 0) return run_cuda(a);
     std::fprintf(stderr, "[bench augment] --device must be cpu or cuda, got %s\n", a.device.c_str());

@@ -20,7 +20,7 @@
 //   local           no DDP hooks: every rank computes alone, all ranks at once
 //                   (so they share the cores as under DDP); twice per round,
 //                   the second an A/A row that shows the noise floor
-//   DDP bucketed    bucket_cap_mb C (default 25, PyTorch's), first bucket 1 MiB
+//   DDP bucketed    bucket_cap_mb C (default 0: PyTorch's, 25 MiB after a first bucket of 1 MiB)
 //   DDP per-param   bucket_cap_mb X (default 1e-6: a 1-byte cap, so every
 //                   gradient gets its own bucket; the count is printed)
 // and between steps (in on_step_end, outside the timed phases):
@@ -65,7 +65,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string device = "cpu", backend = "auto";
   int64_t width = 1024, layers = 6, batch = 384, rounds = 40, warmup_rounds = 3, threads = 1;
-  double bucket_cap_mb = 25.0, per_param_cap_mb = 1e-6;
+  double bucket_cap_mb = 0.0, per_param_cap_mb = 1e-6;  // 0: PyTorch's default buckets
 };
 
 // Trainer settings (one step each per round) and between-step settings.
@@ -119,7 +119,7 @@ class MlpTask : public train::Task {
     const int64_t n = a.batch * kTrainerSettings;
     data::TensorDataset ds{torch::randn({n, a.width}), torch::randint(0, 10, {n})};
     loader_ = std::make_unique<data::TensorLoader>(
-        std::move(ds), data::TensorLoaderOptions().set_batch_size(a.batch).set_seed(rank).set_device(device));
+        std::move(ds), data::TensorLoaderOptions().batch_size(a.batch).seed(rank).device(device));
   }
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
   train::StepOutput training_step(const data::Batch& b) override {
@@ -327,7 +327,7 @@ int main(int argc, char** argv) {
       throw Error(
           "[bench ddp] need --layers >= 2, --warmup-rounds >= 3 (the Reducers rebuild their buckets in "
           "round 1; the between-step settings warm up in round 2) and positive --width, --batch, --rounds");
-    core::tune_host_malloc();
+    recipe::tune_host_malloc();
     if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
     const dist::LaunchEnv env = dist::launch_env();
     if (env.world_size < 2)
@@ -338,8 +338,8 @@ int main(int argc, char** argv) {
     torch::Device device = core::resolve_device(a.device);
     if (device.is_cuda()) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
     dist::ProcessGroupOptions po;
-    po.backend = a.backend;
-    po.device = device;
+    po.backend(a.backend);
+    po.device(device);
     group = dist::ProcessGroup::create(env, po);
     group->check_same_everywhere(
         "bench arguments",
@@ -349,20 +349,18 @@ int main(int argc, char** argv) {
     MlpTask task(a, device, env.rank);
     const int64_t rounds = a.warmup_rounds + a.rounds, steps = rounds * kTrainerSettings;
     train::TrainerOptions o;
-    o.epochs = rounds;  // an epoch is a round
-    o.save_checkpoints = false;
-    o.optimizer.name = "sgd";
-    o.optimizer.lr = 1e-4;
-    o.optimizer.momentum = 0.0;
-    o.optimizer.nesterov = false;
-    o.optimizer.weight_decay = 0.0;
+    o.epochs(rounds).distribution(dist::make_distribution(group));  // an epoch is a round
+    o.optimizer().kind(train::OptimizerKind::kSgd).lr(1e-4).momentum(0.0).nesterov(false).weight_decay(0.0);
     train::Trainer trainer(o);
+    // 0: PyTorch's default buckets (25 MiB after a first one of 1 MiB).
+    dist::DdpOptions bucketed_options;
+    if (a.bucket_cap_mb > 0) bucketed_options.bucket_cap_mb(a.bucket_cap_mb);
     auto bench = std::make_shared<Bench>(device, group, steps);
     auto bucketed = std::make_shared<Gate>(
-        std::make_shared<dist::DistributedDataParallel>(group, dist::DdpOptions{a.bucket_cap_mb}),
+        std::make_shared<dist::DistributedDataParallel>(group, bucketed_options),
         kDdpBucketed);
     auto per_param = std::make_shared<Gate>(
-        std::make_shared<dist::DistributedDataParallel>(group, dist::DdpOptions{a.per_param_cap_mb}),
+        std::make_shared<dist::DistributedDataParallel>(group, dist::DdpOptions().bucket_cap_mb(a.per_param_cap_mb)),
         kDdpPerParam);
     bench->bucketed = &bucketed->ddp();
     trainer.add_callback(bench).add_callback(bucketed).add_callback(per_param);

@@ -57,16 +57,16 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    core::tune_host_malloc();  // as run_recipe does for every recipe
+    recipe::tune_host_malloc();  // as run_recipe does for every recipe
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     torch::manual_seed(0);
     bench::FashionBenchTask task(
         data::load_mnist(root, data::Split::kTrain).head(samples),
-        data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_prefetch(prefetch));
+        data::TensorLoaderOptions().batch_size(batch_size).seed(0).prefetch(prefetch));
     train::TrainerOptions o;
-    o.epochs = epochs;
-    o.optimizer.name = "sgd";
-    o.optimizer.lr = 0.05;
+    o.epochs(epochs);
+    o.optimizer().kind(train::OptimizerKind::kSgd);
+    o.optimizer().lr(0.05).decay_all_parameters(true);  // as the PyTorch peer: SGD(model.parameters(), ...)
     train::Trainer trainer(o);
     trainer.add_callback(std::make_shared<EpochTimer>());
     trainer.fit(task);

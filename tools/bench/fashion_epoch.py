@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fashion-MNIST training epoch: Ember (C++) vs PyTorch (Python), side by side.
 
-Both sides train the same network (recipes/fashion_mnist/model.h, mirrored
+Both sides train the same network (lib/include/ember/models/fashion_net.h, mirrored
 below), same batch size, same thread count, data held in memory as uint8 and
 normalised per batch, SGD with momentum, shuffled each epoch. Runs alternate
 (Ember, Python, Ember, Python, ...) so drift hits both; the first epoch of
@@ -42,7 +42,7 @@ def read_idx(path):
 
 
 class FashionNet(nn.Module):
-    """Line-for-line twin of recipes/fashion_mnist/model.h (width 16, hidden 128)."""
+    """Line-for-line twin of lib/include/ember/models/fashion_net.h (width 16, hidden 128)."""
 
     def __init__(self, w=16, hidden=128, dropout=0.25):
         super().__init__()

@@ -1,12 +1,10 @@
 #pragma once
-// The task the throughput benchmarks time: FashionNet (recipes/fashion_mnist)
+// The task the throughput benchmarks time: models::FashionNet (the fashion_mnist recipe's)
 // with cross-entropy, trained from a dataset held in memory; uint8 images
 // are normalised on the host before the copy to the loader's device.
 #include <ember/ember.h>
 
 #include <memory>
-
-#include "fashion_mnist/model.h"
 
 namespace ember::bench {
 
@@ -15,10 +13,10 @@ class FashionBenchTask : public train::Task {
   /// `loader` gets the normalising transform; its device is the model's.
   FashionBenchTask(data::TensorDataset train, data::TensorLoaderOptions loader) {
     torch::manual_seed(0);
-    net_ = FashionNet(FashionNetOptions{});
-    net_->to(loader.device);
-    loader.set_transform([](data::Batch b) {
-      b.input = normalize_fashion(b.input);
+    net_ = models::FashionNet(models::FashionNetOptions());
+    net_->to(loader.device());
+    loader.transform([](data::Batch b) {
+      b.input = models::normalize_fashion(b.input);
       return b;
     });
     loader_ = std::make_unique<data::TensorLoader>(std::move(train), loader);
@@ -31,7 +29,7 @@ class FashionBenchTask : public train::Task {
   data::Loader& train_loader() override { return *loader_; }
 
  private:
-  FashionNet net_{nullptr};
+  models::FashionNet net_{nullptr};
   std::unique_ptr<data::TensorLoader> loader_;
 };
 

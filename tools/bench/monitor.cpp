@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    core::tune_host_malloc();
+    recipe::tune_host_malloc();
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     const torch::Device device = core::resolve_device(device_name);
     const std::string run_root = "/tmp/ember_bench_monitor_" + std::to_string(::getpid());
@@ -116,26 +116,26 @@ int main(int argc, char** argv) {
     torch::manual_seed(0);
     bench::FashionBenchTask task(
         data::TensorDataset{torch::randint(0, 256, {n, 28, 28}, torch::kUInt8), torch::randint(0, 10, {n})},
-        data::TensorLoaderOptions().set_batch_size(batch_size).set_seed(0).set_device(device));
+        data::TensorLoaderOptions().batch_size(batch_size).seed(0).device(device));
     std::FILE* devnull = std::fopen("/dev/null", "w");
     for (int64_t r = -1; r < rounds; ++r) {  // round -1 warms up (allocator, caches, CPU peak measurement)
       for (size_t k = 0; k < settings.size(); ++k) {
         const size_t s = (k + static_cast<size_t>(r + 1)) % settings.size();  // rotate the order
         train::TrainerOptions o;
-        o.epochs = 1;
-        o.precision = precision;
-        o.optimizer.lr = 0.01;
+        o.epochs(1);
+        o.precision(amp::parse_precision(precision));
+        o.optimizer().lr(0.01);
         train::Trainer trainer(o);
         std::vector<std::shared_ptr<Timed>> timed;
         if (settings[s].log_every > 0) {
           monitor::ProgressOptions po;
-          po.stream = devnull;
+          po.stream(devnull);
           timed.push_back(std::make_shared<Timed>(std::make_shared<monitor::ProgressLogger>(po)));
           monitor::MonitorOptions mo;
-          mo.log_every = settings[s].log_every;
-          mo.histogram_every = settings[s].histograms;
-          mo.run_dir = run_root + "/" + std::to_string(s);
-          mo.stream = devnull;
+          mo.log_every(settings[s].log_every);
+          mo.histogram_every(settings[s].histograms);
+          mo.run_dir(run_root + "/" + std::to_string(s));
+          mo.stream(devnull);
           timed.push_back(std::make_shared<Timed>(std::make_shared<monitor::Monitor>(mo)));
         }
         for (auto& t : timed) trainer.add_callback(t);

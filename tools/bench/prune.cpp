@@ -24,7 +24,6 @@
 #include <sstream>
 #include <string>
 
-#include "cifar_resnet/model.h"
 
 namespace {
 using namespace ember;
@@ -77,7 +76,7 @@ Args parse(int argc, char** argv) {
 
 struct Entry {
   double ratio = 0;
-  CifarResNet model{nullptr};
+  models::CifarResNet model{nullptr};
   std::unique_ptr<torch::optim::SGD> opt;
   core::ModelCost cost;
   std::vector<double> train_ms, infer_ms;
@@ -115,13 +114,10 @@ int main(int argc, char** argv) {
     Entry e;
     e.ratio = r;
     torch::manual_seed(1);
-    CifarResNetOptions o;
-    o.width = a.width;
-    o.blocks = a.blocks;
-    o.in_channels = a.channels;
-    e.model = CifarResNet(o);
+    e.model = models::CifarResNet(
+        models::CifarResNetOptions().width(a.width).blocks(a.blocks).in_channels(a.channels));
     e.model->to(device);
-    CifarResNet m = e.model;
+    models::CifarResNet m = e.model;
     const prune::ForwardFn forward = [m, one]() mutable { return std::vector<torch::Tensor>{m->forward(one)}; };
     if (r > 0) {
       prune::Pruner pruner(*m, forward, prune::PrunerOptions().round_to(a.round_to).print_warnings(false));

@@ -12,7 +12,7 @@ Precision parse_precision(const std::string& name) {
   if (name == "tf32") return Precision::kTf32;
   if (name == "bf16-mixed") return Precision::kBf16Mixed;
   if (name == "fp16-mixed") return Precision::kFp16Mixed;
-  detail::fail("[amp::Precision] unknown precision '{}'; use fp32, tf32 (CUDA), bf16-mixed or fp16-mixed", name);
+  detail::fail(ErrorKind::kConfig, "[amp::Precision] unknown precision '{}'; use fp32, tf32 (CUDA), bf16-mixed or fp16-mixed", name);
 }
 
 std::string to_string(Precision precision) {
@@ -23,6 +23,16 @@ std::string to_string(Precision precision) {
     case Precision::kFp16Mixed: return "fp16-mixed";
   }
   return "?";
+}
+
+core::MathType math_type(Precision precision) {
+  switch (precision) {
+    case Precision::kTf32: return core::MathType::kTf32;
+    case Precision::kBf16Mixed: return core::MathType::kBf16;
+    case Precision::kFp16Mixed: return core::MathType::kFp16;
+    case Precision::kFp32: break;
+  }
+  return core::MathType::kFp32;
 }
 
 std::optional<c10::ScalarType> autocast_dtype(Precision precision) {

@@ -74,7 +74,7 @@ std::string trim(std::string s) {
 ConfigValue parse_text(const std::string& key, const std::string& raw, const ConfigValue& like) {
   const std::string text = trim(raw);
   const auto bad = [&](const char* expected) {
-    return Error(fmt::format("[config] {}={}: expected {}, e.g. {}={}", key, raw, expected, key,
+    return Error(ErrorKind::kConfig, fmt::format("[config] {}={}: expected {}, e.g. {}={}", key, raw, expected, key,
                              format_value(like)));
   };
   switch (like.index()) {
@@ -127,7 +127,7 @@ std::string toml_type(const toml::node& n) {
 ConfigValue from_toml(const std::string& key, const toml::node& node, const ConfigValue& like,
                       const std::string& source) {
   const auto bad = [&]() {
-    return Error(fmt::format("[config] {}: {} must be of type {} (e.g. {} = {}), got a TOML {}", source, key,
+    return Error(ErrorKind::kConfig, fmt::format("[config] {}: {} must be of type {} (e.g. {} = {}), got a TOML {}", source, key,
                              type_name(like), key.substr(key.rfind('.') + 1), format_value(like),
                              toml_type(node)));
   };
@@ -141,7 +141,7 @@ ConfigValue from_toml(const std::string& key, const toml::node& node, const Conf
     case 2:
       if (node.is_integer()) return static_cast<double>(*node.value<int64_t>());
       if (auto v = node.value_exact<double>()) {
-        if (!std::isfinite(*v)) detail::fail("[config] {}: {} must be finite", source, key);
+        if (!std::isfinite(*v)) detail::fail(ErrorKind::kConfig, "[config] {}: {} must be finite", source, key);
         return *v;
       }
       throw bad();
@@ -181,9 +181,9 @@ std::string unknown_key_message(const Config& cfg, const std::string& key, const
 }  // namespace
 
 Config& Config::declare_value(const std::string& key, ConfigValue value, std::string doc) {
-  EMBER_CHECK(!key.empty() && key.front() != '.' && key.back() != '.',
+  EMBER_CHECK_KIND(kConfig, !key.empty() && key.front() != '.' && key.back() != '.',
               "[config] invalid key name '{}'", key);
-  EMBER_CHECK(!entries_.count(key), "[config] key '{}' declared twice", key);
+  EMBER_CHECK_KIND(kConfig, !entries_.count(key), "[config] key '{}' declared twice", key);
   entries_.emplace(key, ConfigEntry{value, value, std::move(doc), "default"});
   return *this;
 }
@@ -197,13 +197,13 @@ Config& Config::declare(const std::string& key, std::vector<double> v, std::stri
 
 ConfigEntry& Config::entry_for_update(const std::string& key, const std::string& source) {
   auto it = entries_.find(key);
-  if (it == entries_.end()) throw Error(unknown_key_message(*this, key, source));
+  if (it == entries_.end()) throw Error(ErrorKind::kConfig, unknown_key_message(*this, key, source));
   return it->second;
 }
 
 const ConfigEntry& Config::entry(const std::string& key) const {
   auto it = entries_.find(key);
-  if (it == entries_.end()) throw Error(unknown_key_message(*this, key, "lookup"));
+  if (it == entries_.end()) throw Error(ErrorKind::kConfig, unknown_key_message(*this, key, "lookup"));
   return it->second;
 }
 
@@ -213,7 +213,7 @@ void Config::merge_toml(std::string_view text, const std::string& source) {
     table = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
     const auto& where = e.source().begin;
-    detail::fail("[config] {}:{}:{}: {} (fix the TOML syntax there)", source, where.line,
+    detail::fail(ErrorKind::kConfig, "[config] {}:{}:{}: {} (fix the TOML syntax there)", source, where.line,
                  where.column, e.description());
   }
   std::vector<std::pair<std::string, const toml::node*>> items;
@@ -227,7 +227,7 @@ void Config::merge_toml(std::string_view text, const std::string& source) {
 
 void Config::merge_toml_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  EMBER_CHECK(in.good(), "[config] cannot open config file '{}' (check the path given to --config)", path);
+  EMBER_CHECK_KIND(kConfig, in.good(), "[config] cannot open config file '{}' (check the path given to --config)", path);
   std::stringstream ss;
   ss << in.rdbuf();
   merge_toml(ss.str(), path);
@@ -235,7 +235,7 @@ void Config::merge_toml_file(const std::string& path) {
 
 void Config::set_override(const std::string& assignment) {
   const auto eq = assignment.find('=');
-  EMBER_CHECK(eq != std::string::npos && eq > 0,
+  EMBER_CHECK_KIND(kConfig, eq != std::string::npos && eq > 0,
               "[config] '{}': overrides are key=value, e.g. trainer.epochs=3", assignment);
   const std::string key = trim(assignment.substr(0, eq));
   ConfigEntry& e = entry_for_update(key, "command line");
@@ -245,28 +245,28 @@ void Config::set_override(const std::string& assignment) {
 
 bool Config::get_bool(const std::string& key) const {
   const auto& v = entry(key).value;
-  EMBER_CHECK(v.index() == 0, "[config] {} is a {}, not a bool", key, type_name(v));
+  EMBER_CHECK_KIND(kConfig, v.index() == 0, "[config] {} is a {}, not a bool", key, type_name(v));
   return std::get<bool>(v);
 }
 int64_t Config::get_int(const std::string& key) const {
   const auto& v = entry(key).value;
-  EMBER_CHECK(v.index() == 1, "[config] {} is a {}, not an int", key, type_name(v));
+  EMBER_CHECK_KIND(kConfig, v.index() == 1, "[config] {} is a {}, not an int", key, type_name(v));
   return std::get<int64_t>(v);
 }
 double Config::get_float(const std::string& key) const {
   const auto& v = entry(key).value;
   if (v.index() == 1) return static_cast<double>(std::get<int64_t>(v));
-  EMBER_CHECK(v.index() == 2, "[config] {} is a {}, not a float", key, type_name(v));
+  EMBER_CHECK_KIND(kConfig, v.index() == 2, "[config] {} is a {}, not a float", key, type_name(v));
   return std::get<double>(v);
 }
 std::string Config::get_string(const std::string& key) const {
   const auto& v = entry(key).value;
-  EMBER_CHECK(v.index() == 3, "[config] {} is a {}, not a string", key, type_name(v));
+  EMBER_CHECK_KIND(kConfig, v.index() == 3, "[config] {} is a {}, not a string", key, type_name(v));
   return std::get<std::string>(v);
 }
 std::vector<double> Config::get_float_list(const std::string& key) const {
   const auto& v = entry(key).value;
-  EMBER_CHECK(v.index() == 4, "[config] {} is a {}, not a float list", key, type_name(v));
+  EMBER_CHECK_KIND(kConfig, v.index() == 4, "[config] {} is a {}, not a float list", key, type_name(v));
   return std::get<std::vector<double>>(v);
 }
 

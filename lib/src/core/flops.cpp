@@ -23,10 +23,6 @@ namespace {
 
 constexpr const char* kPeakKey = "mfu.peak_tflops";
 
-void check_math(const std::string& math) {
-  EMBER_CHECK(math == "fp32" || math == "tf32" || math == "bf16" || math == "fp16",
-              "[core::peak_flops] math '{}': expected fp32, tf32, bf16 or fp16", math);
-}
 
 #if EMBER_WITH_CUDA
 /// Dense datasheet peaks in FLOP/s; 0 = the GPU has no tensor-core path for that type.
@@ -78,7 +74,7 @@ std::vector<std::string> name_words(const std::string& name) {
   return words;
 }
 
-double cuda_peak(const torch::Device& device, const std::string& math) {
+double cuda_peak(const torch::Device& device, MathType math) {
   const c10::DeviceIndex index = device.has_index() ? device.index() : at::cuda::current_device();
   const std::string name = at::cuda::getDeviceProperties(index)->name;
   const std::vector<std::string> words = name_words(name);
@@ -87,16 +83,19 @@ double cuda_peak(const torch::Device& device, const std::string& math) {
   };
   for (const GpuPeak& p : kGpuPeaks) {
     if (!has(p.model) || (*p.variant != '\0' && !has(p.variant))) continue;
-    const double peak = math == "bf16" ? p.bf16 : math == "fp16" ? p.fp16 : math == "tf32" ? p.tf32 : p.fp32;
+    const double peak = math == MathType::kBf16   ? p.bf16
+                        : math == MathType::kFp16 ? p.fp16
+                        : math == MathType::kTf32 ? p.tf32
+                                                  : p.fp32;
     EMBER_CHECK(peak > 0,
                 "[core::peak_flops] {} ({}) has no {} matrix math; use trainer.precision=fp16-mixed or fp32",
-                name, device.str(), math);
+                name, device.str(), to_string(math));
     return peak;
   }
   detail::fail(
       "[core::peak_flops] no peak FLOP/s known for GPU '{}' ({}); known: B200, H200, GH200, "
       "H100 SXM/PCIe/NVL, A100, L40S, L4, V100, T4. Set the dense {} peak by hand with {}=<TFLOP/s>",
-      name, device.str(), math, kPeakKey);
+      name, device.str(), to_string(math), kPeakKey);
 }
 #endif
 
@@ -126,11 +125,11 @@ double measure_cpu_peak(torch::ScalarType dtype) {
   return 2.0 * static_cast<double>(n) * n * n * static_cast<double>(reps) / seconds;
 }
 
-double cpu_peak(const std::string& math) {
+double cpu_peak(MathType math) {
   // tf32 is a CUDA tensor-core mode; on the CPU it is plain fp32.
-  const torch::ScalarType dtype = math == "bf16"   ? torch::kBFloat16
-                                  : math == "fp16" ? torch::kHalf
-                                                   : torch::kFloat32;
+  const torch::ScalarType dtype = math == MathType::kBf16   ? torch::kBFloat16
+                                  : math == MathType::kFp16 ? torch::kHalf
+                                                            : torch::kFloat32;
   // Keyed by thread count too, since the peak scales with it (trainer.threads).
   static std::mutex mutex;
   static std::map<std::pair<torch::ScalarType, int>, double> cache;
@@ -145,8 +144,17 @@ double cpu_peak(const std::string& math) {
 
 }  // namespace
 
-double peak_flops(const torch::Device& device, const std::string& math) {
-  check_math(math);
+const char* to_string(MathType math) {
+  switch (math) {
+    case MathType::kTf32: return "tf32";
+    case MathType::kBf16: return "bf16";
+    case MathType::kFp16: return "fp16";
+    case MathType::kFp32: break;
+  }
+  return "fp32";
+}
+
+double peak_flops(const torch::Device& device, MathType math) {
   if (device.is_cpu()) return cpu_peak(math);
   if (device.is_cuda()) {
 #if EMBER_WITH_CUDA
@@ -160,15 +168,6 @@ double peak_flops(const torch::Device& device, const std::string& math) {
   }
   detail::fail("[core::peak_flops] no peak FLOP/s known for device {}; set it by hand with {}=<TFLOP/s>",
                device.str(), kPeakKey);
-}
-
-std::string math_of_precision(const std::string& precision) {
-  if (precision == "fp32") return "fp32";
-  if (precision == "tf32") return "tf32";
-  if (precision == "bf16-mixed") return "bf16";
-  if (precision == "fp16-mixed") return "fp16";
-  detail::fail("[core::math_of_precision] precision '{}': expected fp32, tf32, bf16-mixed or fp16-mixed",
-               precision);
 }
 
 }  // namespace ember::core

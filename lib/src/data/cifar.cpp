@@ -22,8 +22,8 @@ struct Format {
 };
 
 Format format_of(const CifarOptions& o) {
-  if (o.variant == CifarVariant::kCifar10) return {1, 10, "CIFAR-10"};
-  return {2, o.label == CifarLabel::kFine ? 100 : 20, "CIFAR-100"};
+  if (o.variant() == CifarVariant::kCifar10) return {1, 10, "CIFAR-10"};
+  return {2, o.label() == CifarLabel::kFine ? 100 : 20, "CIFAR-100"};
 }
 
 bool is_file(const std::string& path) {
@@ -32,7 +32,7 @@ bool is_file(const std::string& path) {
 }
 
 std::vector<std::string> split_files(const CifarOptions& o, Split split) {
-  if (o.variant == CifarVariant::kCifar100) return {split == Split::kTrain ? "train.bin" : "test.bin"};
+  if (o.variant() == CifarVariant::kCifar100) return {split == Split::kTrain ? "train.bin" : "test.bin"};
   if (split == Split::kTest) return {"test_batch.bin"};
   std::vector<std::string> files;
   for (int i = 1; i <= 5; ++i) files.push_back("data_batch_" + std::to_string(i) + ".bin");
@@ -59,14 +59,14 @@ TensorDataset read_cifar_bin(const std::string& path, const CifarOptions& option
               static_cast<int64_t>(in.gcount()), size);
 
   // CIFAR-100 stores <coarse, fine>: the fine label is byte 1.
-  const int64_t label_col = options.variant == CifarVariant::kCifar100 && options.label == CifarLabel::kFine ? 1 : 0;
+  const int64_t label_col = options.variant() == CifarVariant::kCifar100 && options.label() == CifarLabel::kFine ? 1 : 0;
   torch::Tensor labels = raw.select(1, label_col).to(torch::kInt64);
   const int64_t max_label = labels.max().item<int64_t>();
   if (max_label >= layout.classes) {
     const int64_t at = (labels >= layout.classes).nonzero().flatten()[0].item<int64_t>();
     detail::fail("[data::read_cifar_bin] {}: record {} has label {}, but {} has {} classes; is this a {} file?",
                  path, at, labels[at].item<int64_t>(), layout.name, layout.classes,
-                 options.variant == CifarVariant::kCifar10 ? "CIFAR-100" : "CIFAR-10");
+                 options.variant() == CifarVariant::kCifar10 ? "CIFAR-100" : "CIFAR-10");
   }
   // [N, 3, 32, 32] planes -> [N, 32, 32, 3] (one copy).
   torch::Tensor images = raw.narrow(1, layout.label_bytes, kImageBytes)
@@ -78,7 +78,7 @@ TensorDataset read_cifar_bin(const std::string& path, const CifarOptions& option
 
 TensorDataset load_cifar(const std::string& root, Split split, const CifarOptions& options) {
   const std::vector<std::string> names = split_files(options, split);
-  const char* sub = options.variant == CifarVariant::kCifar10 ? "cifar-10-batches-bin" : "cifar-100-binary";
+  const char* sub = options.variant() == CifarVariant::kCifar10 ? "cifar-10-batches-bin" : "cifar-100-binary";
   std::string dir = root;
   if (!is_file(dir + "/" + names.front()) && is_file(dir + "/" + sub + "/" + names.front())) dir += std::string("/") + sub;
   std::vector<std::string> missing;
@@ -109,11 +109,11 @@ void write_cifar_bin(const std::string& path, const TensorDataset& dataset, cons
   const int64_t n = images.size(0);
   torch::Tensor labels = dataset.targets.to(torch::kInt64).cpu();
   EMBER_CHECK(labels.dim() == 1 && labels.size(0) == n, "[data::write_cifar_bin] targets must be [{}]", n);
-  const int64_t classes = options.variant == CifarVariant::kCifar10 ? 10 : 100;
+  const int64_t classes = options.variant() == CifarVariant::kCifar10 ? 10 : 100;
   EMBER_CHECK(n == 0 || (labels.min().item<int64_t>() >= 0 && labels.max().item<int64_t>() < classes),
               "[data::write_cifar_bin] targets must be in [0, {})", classes);
   torch::Tensor raw = torch::empty({n, layout.label_bytes + kImageBytes}, torch::kUInt8);
-  if (options.variant == CifarVariant::kCifar10) {
+  if (options.variant() == CifarVariant::kCifar10) {
     raw.select(1, 0).copy_(labels);
   } else {
     raw.select(1, 0).copy_(labels.div(5, "floor"));

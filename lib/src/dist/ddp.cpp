@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -48,9 +47,9 @@ std::vector<std::vector<int64_t>> shapes_of(const std::vector<torch::Tensor>& ts
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ProcessGroup> group, DdpOptions options)
     : group_(std::move(group)), options_(options) {
   EMBER_CHECK(group_ != nullptr, "[dist::DistributedDataParallel] no process group");
-  EMBER_CHECK(options_.bucket_cap_mb > 0,
-              "[dist::DistributedDataParallel] dist.bucket_cap_mb must be > 0, got {}",
-              options_.bucket_cap_mb);
+  EMBER_CHECK_KIND(kConfig, !options_.bucket_cap_mb() || *options_.bucket_cap_mb() > 0,
+                   "[dist::DistributedDataParallel] dist.bucket_cap_mb must be > 0, got {}",
+                   options_.bucket_cap_mb().value_or(0.0));
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -85,19 +84,20 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
   broadcast_state(model, /*parameters=*/true);
 
   const std::vector<bool> dense(params_.size(), false);
-  const bool default_cap = options_.bucket_cap_mb == 25.0;
-  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * kMiB);
+  // PyTorch's default: 25 MiB buckets after a first one of 1 MiB; a set size for all.
+  const bool default_cap = !options_.bucket_cap_mb().has_value();
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb().value_or(25.0) * kMiB);
   // As PyTorch: one bucket per dtype/device until the first backward shows the
   // gradient-ready order; with find_unused_parameters, size-capped from the start.
   std::vector<size_t> limits{SIZE_MAX};
-  if (options_.find_unused_parameters)
+  if (options_.find_unused_parameters())
     limits = default_cap ? std::vector<size_t>{static_cast<size_t>(kMiB), static_cast<size_t>(cap)}
                          : std::vector<size_t>{static_cast<size_t>(cap)};
   auto [buckets, per_bucket_limits] = c10d::compute_bucket_assignment_by_size(params_, limits, dense);
   std::reverse(buckets.begin(), buckets.end());  // the last layers' gradients are ready first
   reducer_ = std::make_shared<c10d::Reducer>(
-      params_, buckets, group_->c10d(), dense, cap, options_.find_unused_parameters,
-      options_.gradient_as_bucket_view, names, default_cap ? kMiB : cap,
+      params_, buckets, group_->c10d(), dense, cap, options_.find_unused_parameters(),
+      options_.gradient_as_bucket_view(), names, default_cap ? kMiB : cap,
       /*skip_all_reduce_unused_params=*/false,
       /*use_python_reducer=*/false, std::vector<int64_t>{});
   logger_ =
@@ -108,13 +108,14 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
 }
 
 void DistributedDataParallel::on_fit_start(train::Trainer& trainer) {
-  // Every rank must resume from the same point (a rank that found another
-  // checkpoint, or none, would drift silently behind the weight broadcast)
-  // and have as many batches per epoch (else the epoch-end reduction hangs).
-  group_->check_same_everywhere(
-      "resume position (epoch, step, skipped steps, batches per epoch)",
-      fmt::format("{} {} {} {}", trainer.epoch(), trainer.global_step(), trainer.skipped_steps(),
-                  trainer.task()->train_loader().num_batches()));
+  // The Trainer agreed on the resume position through its Distribution; it
+  // must be this group's.
+  const train::Distribution& d = *trainer.options().distribution();
+  EMBER_CHECK(d.world_size() == group_->size() && d.rank() == group_->rank(),
+              "[dist::DistributedDataParallel] the Trainer's distribution is {} process(es), rank {}, but the "
+              "group has {}, rank {}: give the Trainer TrainerOptions().distribution(dist::make_distribution(group))",
+              d.world_size(), d.rank(), group_->size(), group_->rank());
+  without_grad_.clear();
   build(trainer);
 }
 
@@ -134,27 +135,19 @@ void DistributedDataParallel::on_before_forward(train::Trainer& trainer, const t
     if (micro.completes_step()) reducer_->prepare_for_forward();
     reducer_->rebuild_buckets();  // a collective once, after the first synced backward; else a no-op
   } catch (const c10::Error& e) {
-    // The reducer's own check: the last step left parameters without gradients.
-    const std::string what = e.what_without_backtrace();
-    const auto at = what.find("Parameter indices which did not receive grad");
-    std::vector<std::string> names;
-    if (at != std::string::npos) {
-      std::istringstream in(what.substr(what.find(':', at) + 1));
-      for (int64_t i; in >> i;)
-        if (i >= 0 && i < static_cast<int64_t>(param_names_.size())) names.push_back(param_names_[i]);
-    }
-    throw Error(
-        fmt::format(
-            "[dist::DistributedDataParallel] rank {}: parameters {} got no gradient in the last step, "
-            "so DDP could not finish reducing it: make every parameter take part in the loss, or set "
-            "dist.find_unused_parameters=true (DdpOptions::find_unused_parameters)",
-            group_->rank(),
-            names.empty() ? std::string("(see below)") : fmt::format("{}", fmt::join(names, ", "))) +
-        (names.empty() ? "\n" + what : std::string()));
+    // The reducer's own check failed: the last step did not finish reducing.
+    // Without find_unused_parameters that is a parameter without a gradient,
+    // recorded at the optimizer step (see on_before_optimizer_step).
+    if (without_grad_.empty()) throw;
+    throw Error(fmt::format(
+        "[dist::DistributedDataParallel] rank {}: parameters {} got no gradient in the last step, "
+        "so DDP could not finish reducing it: make every parameter take part in the loss, or set "
+        "dist.find_unused_parameters=true (DdpOptions::find_unused_parameters)",
+        group_->rank(), fmt::join(without_grad_, ", ")));
   }
   // Batch-norm statistics from rank 0, so the replicas normalise alike (not
   // inside an accumulation window, as PyTorch's require_forward_param_sync).
-  if (options_.broadcast_buffers && buffers_need_sync_)
+  if (options_.broadcast_buffers() && buffers_need_sync_)
     broadcast_state(*trainer.task()->model(), /*parameters=*/false);
 }
 
@@ -162,7 +155,7 @@ void DistributedDataParallel::on_before_backward(train::Trainer& trainer, const 
                                                  const train::MicroBatch& micro) {
   if (micro.completes_step()) {
     std::vector<at::Tensor> outputs;
-    if (options_.find_unused_parameters) {
+    if (options_.find_unused_parameters()) {
       if (out.output.defined()) outputs.push_back(out.output);
       outputs.push_back(out.loss);
     }
@@ -176,6 +169,12 @@ void DistributedDataParallel::on_before_backward(train::Trainer& trainer, const 
 
 void DistributedDataParallel::on_before_optimizer_step(train::Trainer& trainer,
                                                        torch::optim::Optimizer& optimizer) {
+  // The Trainer zeroes gradients to None after each step, so a parameter
+  // without one here took no part in this step's loss (host-side check, no sync).
+  without_grad_.clear();
+  if (!options_.find_unused_parameters())
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!params_[i].grad().defined()) without_grad_.push_back(param_names_[i]);
   // fp16-mixed: a rank that saw inf/NaN makes every rank skip the step. With
   // the reducer, an inf already spreads through the averaged gradients; the
   // flag reduction also covers gradients DDP does not reduce (parameters
@@ -192,7 +191,7 @@ void DistributedDataParallel::on_epoch_end(train::Trainer& trainer, int64_t, con
   // Each rank's last forward updated its running statistics from its own
   // shard: give every rank rank 0's before validation, so all ranks validate
   // (and early-stop) alike and checkpoints hold what every replica uses.
-  if (options_.broadcast_buffers) broadcast_state(*trainer.task()->model(), /*parameters=*/false);
+  if (options_.broadcast_buffers()) broadcast_state(*trainer.task()->model(), /*parameters=*/false);
 }
 
 void DistributedDataParallel::on_fit_end(train::Trainer&) {}

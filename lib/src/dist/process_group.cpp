@@ -163,10 +163,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
   so.isServer = !e.agent_store && e.rank == 0;
   so.numWorkers = static_cast<size_t>(e.world_size);
   so.waitWorkers = !e.agent_store;
-  so.timeout = options.timeout;
+  so.timeout = options.timeout();
   so.multiTenant = !e.agent_store;
-  if (options.device.is_cuda() && !options.device.has_index())
-    options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(e.local_rank));
+  if (options.device().is_cuda() && !options.device().has_index())
+    options.device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(e.local_rank)));
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
@@ -178,7 +178,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
     throw Error(
         fmt::format("[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
                     "({}): is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on every rank?",
-                    e.rank, e.master_addr, e.master_port, options.timeout.count() / 1000.0, ex.what()));
+                    e.rank, e.master_addr, e.master_port, options.timeout().count() / 1000.0, ex.what()));
   }
   return create(std::move(store), e.rank, e.world_size, std::move(options));
 }
@@ -187,34 +187,34 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
                                                    int64_t size, ProcessGroupOptions options) {
   EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "[dist::ProcessGroup] rank {} of {} is not a valid rank",
               rank, size);
-  EMBER_CHECK(options.timeout.count() > 0, "[dist::ProcessGroup] dist.timeout_s must be > 0");
-  std::string backend = options.backend;
-  if (backend == "auto") backend = options.device.is_cuda() ? "nccl" : "gloo";
+  EMBER_CHECK(options.timeout().count() > 0, "[dist::ProcessGroup] dist.timeout_s must be > 0");
+  std::string backend = options.backend();
+  if (backend == "auto") backend = options.device().is_cuda() ? "nccl" : "gloo";
   EMBER_CHECK(
-      backend != "gloo" || !options.device.is_cuda(),
+      backend != "gloo" || !options.device().is_cuda(),
       "[dist::ProcessGroup] dist.backend=gloo reduces CPU tensors only, but this rank trains on {}: use "
       "dist.backend=nccl (or auto) on GPUs, or trainer.device=cpu",
-      options.device.str());
+      options.device().str());
   EMBER_CHECK(
       backend != "gloo" || EMBER_GLOO_LAYOUT_VERIFIED,
       "[dist::ProcessGroup] Ember's Gloo route is verified for LibTorch 2.11 only (see "
       "lib/src/dist/gloo_shim/gloo/README.md): check the layout pins in process_group.cpp for this version");
-  if (options.device.is_cuda() && !options.device.has_index())
-    options.device = torch::Device(
+  if (options.device().is_cuda() && !options.device().has_index())
+    options.device(torch::Device(
         torch::kCUDA, static_cast<c10::DeviceIndex>(
-                          rank % std::max<int64_t>(1, static_cast<int64_t>(torch::cuda::device_count()))));
+                          rank % std::max<int64_t>(1, static_cast<int64_t>(torch::cuda::device_count())))));
   EMBER_CHECK(backend == "gloo" || backend == "nccl",
-              "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto", options.backend);
-  EMBER_CHECK(backend == "gloo" || options.device.is_cuda(),
+              "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto", options.backend());
+  EMBER_CHECK(backend == "gloo" || options.device().is_cuda(),
               "[dist::ProcessGroup] dist.backend=nccl needs a CUDA device, this rank trains on {}",
-              options.device.str());
+              options.device().str());
 
   std::shared_ptr<ProcessGroup> group(new ProcessGroup());
   group->rank_ = rank;
   group->size_ = size;
   group->backend_ = backend;
   group->options_ = options;
-  store->setTimeout(options.timeout);
+  store->setTimeout(options.timeout());
   group->store_ = store;
   const int r = static_cast<int>(rank), n = static_cast<int>(size);
   auto prefix = c10::make_intrusive<c10d::PrefixStore>("default_pg", store);
@@ -225,7 +225,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
       // Options and the transport device come from libtorch (create_default
       // honours GLOO_SOCKET_IFNAME); the group is constructed by libtorch's
       // exported constructor and used only through its Backend base.
-      auto opts = c10d::ProcessGroupGloo::Options::create_default(options.timeout);
+      auto opts = c10d::ProcessGroupGloo::Options::create_default(options.timeout());
       be = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("cpu", prefix),
                                                        r, n, opts);
       be->setSequenceNumberForGroup();
@@ -233,10 +233,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
       group->pg_->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     } else {
 #if EMBER_WITH_NCCL
-      c10::cuda::set_device(options.device.index());
+      c10::cuda::set_device(options.device().index());
       auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = options.timeout;
-      group->pg_->setBoundDeviceId(options.device);  // before setBackend, which copies it
+      opts->timeout = options.timeout();
+      group->pg_->setBoundDeviceId(options.device());  // before setBackend, which copies it
       be = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("cuda", prefix),
                                                        r, n, opts);
       be->setSequenceNumberForGroup();
@@ -253,7 +253,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
   } catch (const std::exception& ex) {
     throw Error(
         fmt::format("[dist::ProcessGroup] rank {} of {} could not connect the {} group within {} s: {}", rank,
-                    size, backend, options.timeout.count() / 1000.0, ex.what()));
+                    size, backend, options.timeout().count() / 1000.0, ex.what()));
   }
   group->pg_->setGroupName("0");
   group->start_heartbeat();
@@ -286,10 +286,17 @@ void ProcessGroup::set_progress(int64_t step) {
   if (heartbeat_) heartbeat_->set_step(step);
 }
 
-std::string ProcessGroup::explain_failure(const std::string& error) {
+std::string ProcessGroup::explain_failure(const std::string& error) { return *explain(error, false); }
+
+std::optional<std::string> ProcessGroup::explain_peer_failure(const std::string& error) {
+  return explain(error, true);
+}
+
+std::optional<std::string> ProcessGroup::explain(const std::string& error, bool none_if_peers_fine) {
   // Read every rank's heartbeat twice, 2 s apart: a live rank's changes
   // (it beats every 0.5 s), a dead or frozen process's does not.
   std::string who;
+  bool peers_fine = false;
   try {
     // The main thread's own connection, with a short timeout: a dead store
     // host must not make this report wait dist.timeout_s.
@@ -328,18 +335,21 @@ std::string ProcessGroup::explain_failure(const std::string& error) {
       who =
           fmt::format("this rank is in step {}, but {} never joined it: stuck, or slower than dist.timeout_s",
                       mine, fmt::join(behind, ", "));
-    else
+    else {
+      peers_fine = true;
       who = fmt::format(
           "every rank's process is alive ({}; this rank in step {}): one is stuck or slower than "
           "dist.timeout_s",
           fmt::join(alive, ", "), mine);
+    }
   } catch (const std::exception&) {
     who = "the rendezvous store is gone, so the process hosting it (rank 0, or torchrun's agent) has died";
   }
   try {
-    store_->setTimeout(options_.timeout);
+    store_->setTimeout(options_.timeout());
   } catch (const std::exception&) {
   }
+  if (none_if_peers_fine && peers_fine) return std::nullopt;
   return fmt::format(
       "[dist] rank {} of {}: a collective failed: {} ({}). The run cannot continue; restart it "
       "from its last checkpoint (trainer.resume=auto)",
@@ -348,25 +358,33 @@ std::string ProcessGroup::explain_failure(const std::string& error) {
 
 void ProcessGroup::all_reduce_sum_(torch::Tensor& tensor) {
   std::vector<torch::Tensor> t{tensor};
-  pg_->allreduce(t, c10d::AllreduceOptions{})->wait();
+  collective("all-reduce (sum)", [&] { pg_->allreduce(t, c10d::AllreduceOptions{})->wait(); });
 }
 
 void ProcessGroup::all_reduce_max_(torch::Tensor& tensor) {
   std::vector<torch::Tensor> t{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::MAX);
-  pg_->allreduce(t, o)->wait();
+  collective("all-reduce (max)", [&] { pg_->allreduce(t, o)->wait(); });
 }
 
 void ProcessGroup::broadcast_(torch::Tensor& tensor, int64_t src) {
   std::vector<torch::Tensor> t{tensor};
   c10d::BroadcastOptions o;
   o.rootRank = src;
-  pg_->broadcast(t, o)->wait();
+  collective("broadcast", [&] { pg_->broadcast(t, o)->wait(); });
 }
 
 void ProcessGroup::barrier() {
-  pg_->barrier()->wait();
+  collective("barrier", [&] { pg_->barrier()->wait(); });
+}
+
+void ProcessGroup::collective(const char* what, const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::kDistributed, explain_failure(fmt::format("{}: {}", what, e.what())));
+  }
 }
 
 void ProcessGroup::check_same_everywhere(const std::string& what, const std::string& value) {
@@ -377,7 +395,8 @@ void ProcessGroup::check_same_everywhere(const std::string& what, const std::str
   try {
     store_->wait(keys);
   } catch (const std::exception& ex) {
-    throw Error(explain_failure(fmt::format("waiting for every rank's {}: {}", what, ex.what())));
+    throw Error(ErrorKind::kDistributed,
+                explain_failure(fmt::format("waiting for every rank's {}: {}", what, ex.what())));
   }
   const std::string reference = text(store_->get(keys[0]));
   std::vector<int64_t> differ;
@@ -393,12 +412,12 @@ void ProcessGroup::check_same_everywhere(const std::string& what, const std::str
     try {
       store_->wait(read);
     } catch (const std::exception& ex) {
-      throw Error(
-          explain_failure(fmt::format("waiting for every rank to compare its {}: {}", what, ex.what())));
+      throw Error(ErrorKind::kDistributed,
+                  explain_failure(fmt::format("waiting for every rank to compare its {}: {}", what, ex.what())));
     }
   }
-  EMBER_CHECK(
-      differ.empty(),
+  EMBER_CHECK_KIND(
+      kConfig, differ.empty(),
       "[dist] rank {}: ranks {} were started with a different {} than rank 0; every rank must get the same "
       "command line and config files (compare their config.toml)",
       rank_, fmt::join(differ, ", "), what);

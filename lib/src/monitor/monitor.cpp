@@ -113,13 +113,13 @@ std::map<std::string, double> MonitorSummary::as_map() const {
 }
 
 Monitor::Monitor(MonitorOptions options) : options_(std::move(options)) {
-  EMBER_CHECK(options_.log_every >= 0,
-              "[monitor::Monitor] log_every (trainer.log_every) must be >= 0, got {}", options_.log_every);
-  EMBER_CHECK(options_.histogram_every >= 0,
-              "[monitor::Monitor] monitor.histogram_every must be >= 0, got {}", options_.histogram_every);
-  EMBER_CHECK(options_.data_wait_warning >= 0 && options_.data_wait_warning <= 1,
+  EMBER_CHECK(options_.log_every() >= 0,
+              "[monitor::Monitor] log_every (trainer.log_every) must be >= 0, got {}", options_.log_every());
+  EMBER_CHECK(options_.histogram_every() >= 0,
+              "[monitor::Monitor] monitor.histogram_every must be >= 0, got {}", options_.histogram_every());
+  EMBER_CHECK(options_.data_wait_warning() >= 0 && options_.data_wait_warning() <= 1,
               "[monitor::Monitor] monitor.data_wait_warning must be in [0, 1] (0 = off), got {}",
-              options_.data_wait_warning);
+              options_.data_wait_warning());
 }
 
 Monitor::~Monitor() = default;
@@ -134,8 +134,8 @@ void Monitor::count_flops(train::Trainer& trainer) {
   train::Task& task = *trainer.task();
   counted_parameters_ = train::count_parameters(*task.model());
   flops_per_sample_ =
-      options_.flops_per_sample > 0 ? options_.flops_per_sample : task.train_flops_per_sample();
-  if (flops_per_sample_ <= 0 && options_.peak_flops >= 0) {
+      options_.flops_per_sample() > 0 ? options_.flops_per_sample() : task.train_flops_per_sample();
+  if (flops_per_sample_ <= 0 && options_.peak_flops() >= 0) {
     // A forward pass on two samples of held-out data (no augmentation), else
     // of the training data, under the trainer's RNG state (restored after:
     // the run must draw the same numbers with and without monitoring). The
@@ -161,23 +161,23 @@ void Monitor::count_flops(train::Trainer& trainer) {
         // Backward costs twice the forward (gradients of inputs and of weights).
         flops_per_sample_ = 3.0 * static_cast<double>(cost.flops()) / static_cast<double>(n);
       } catch (const std::exception& e) {  // training itself will say what is wrong, if anything is
-        std::fprintf(options_.stream,
+        std::fprintf(options_.stream(),
                      "monitor: no MFU: counting the model's FLOPs failed (set mfu.flops_per_sample): %s\n",
                      e.what());
       }
       reset_peak_memory(device_);  // the counting graph is not the run's peak
     }
     if (flops_per_sample_ <= 0)
-      std::fprintf(options_.stream,
+      std::fprintf(options_.stream(),
                    "monitor: note: no MFU: the model's forward pass has no matrix products to count "
                    "(set mfu.flops_per_sample)\n");
   }
-  peak_flops_ = options_.peak_flops;
+  peak_flops_ = options_.peak_flops();
   if (peak_flops_ == 0 && flops_per_sample_ > 0) {
     try {
-      peak_flops_ = core::peak_flops(device_, core::math_of_precision(trainer.options().precision));
+      peak_flops_ = core::peak_flops(device_, amp::math_type(trainer.options().precision()));
     } catch (const Error& e) {
-      std::fprintf(options_.stream, "monitor: no MFU: %s\n", e.what());
+      std::fprintf(options_.stream(), "monitor: no MFU: %s\n", e.what());
       peak_flops_ = -1;
     }
   }
@@ -210,31 +210,31 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
 
   writers_.clear();
   tensorboard_.reset();
-  if (!options_.run_dir.empty()) {
-    if (options_.jsonl)
-      writers_.push_back(std::make_shared<JsonlWriter>(options_.run_dir + "/metrics.jsonl", fit_start_));
-    if (options_.csv) {
-      writers_.push_back(std::make_shared<CsvWriter>(options_.run_dir + "/metrics_steps.csv",
+  if (!options_.run_dir().empty()) {
+    if (options_.jsonl())
+      writers_.push_back(std::make_shared<JsonlWriter>(options_.run_dir() + "/metrics.jsonl", fit_start_));
+    if (options_.csv()) {
+      writers_.push_back(std::make_shared<CsvWriter>(options_.run_dir() + "/metrics_steps.csv",
                                                      std::set<std::string>{"step"}, step_columns(),
                                                      fit_start_));
       writers_.push_back(std::make_shared<CsvWriter>(
-          options_.run_dir + "/metrics_epochs.csv", std::set<std::string>{"train_epoch", "val"},
+          options_.run_dir() + "/metrics_epochs.csv", std::set<std::string>{"train_epoch", "val"},
           std::vector<std::string>{"loss", "accuracy", "seconds", "samples", "skipped_steps"}, fit_start_));
     }
-    if (options_.tensorboard) {
-      tensorboard_ = std::make_shared<TensorBoardWriter>(options_.run_dir + "/tensorboard");
+    if (options_.tensorboard()) {
+      tensorboard_ = std::make_shared<TensorBoardWriter>(options_.run_dir() + "/tensorboard");
       writers_.push_back(std::make_shared<TensorBoardScalars>(tensorboard_));
     }
   }
   for (auto& w : extra_writers_) writers_.push_back(w);
 
-  timer_ = options_.step_timing ? std::make_unique<StepTimer>(device_) : nullptr;
+  timer_ = options_.step_timing() ? std::make_unique<StepTimer>(device_) : nullptr;
   nvml_.reset();
-  if (options_.nvml && device_.is_cuda()) {
+  if (options_.nvml() && device_.is_cuda()) {
     std::string why;
     nvml_ = Nvml::open("", &why);
     if (!nvml_)
-      std::fprintf(options_.stream, "monitor: note: no GPU utilisation, power or clocks: %s\n", why.c_str());
+      std::fprintf(options_.stream(), "monitor: note: no GPU utilisation, power or clocks: %s\n", why.c_str());
   }
   gpu_uuid_ = cuda_device_uuid(device_);
   host_.sample();
@@ -260,9 +260,9 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   }
   ++interval_steps_;
   interval_samples_ += info.samples;
-  if (options_.histogram_every > 0 && tensorboard_ && info.step % options_.histogram_every == 0)
+  if (options_.histogram_every() > 0 && tensorboard_ && info.step % options_.histogram_every() == 0)
     write_histograms(trainer, info.step, "weights");
-  if (options_.log_every <= 0 || info.step % options_.log_every != 0) return;
+  if (options_.log_every() <= 0 || info.step % options_.log_every() != 0) return;
 
   // The one host sync of the interval: the loss; the timer's events are then
   // complete too (they were recorded before it on the same stream).
@@ -312,15 +312,15 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   logged_seconds_ += seconds;
   logged_samples_ += interval_samples_;
   if (mem.peak_allocated >= 0) summary_.gpu_mem_peak_mib = mib(mem.peak_allocated);
-  if (timed && options_.data_wait_warning > 0 && t.share(StepPhase::kData) > options_.data_wait_warning &&
+  if (timed && options_.data_wait_warning() > 0 && t.share(StepPhase::kData) > options_.data_wait_warning() &&
       warned_epoch_ != info.epoch) {
     warned_epoch_ = info.epoch;  // at most once per epoch
     std::fprintf(
-        options_.stream,
+        options_.stream(),
         "\nmonitor: warning: waiting for data took %.0f%% of the step time over the last %lld steps "
         "(monitor.data_wait_warning=%.2f): the input pipeline is the bottleneck; give the loader more "
         "workers or prefetch, keep batches in pinned memory, or move augmentation to the GPU\n",
-        100.0 * t.share(StepPhase::kData), static_cast<long long>(t.steps), options_.data_wait_warning);
+        100.0 * t.share(StepPhase::kData), static_cast<long long>(t.steps), options_.data_wait_warning());
   }
   loss_sum_ = torch::Tensor();
   interval_steps_ = interval_samples_ = 0;
@@ -335,7 +335,7 @@ void Monitor::write_histograms(train::Trainer& trainer, int64_t step, const char
       if (t.defined()) tensorboard_->add_histogram(std::string(what) + "/" + item.key(), t, step);
     }
   } catch (const std::exception& e) {
-    std::fprintf(options_.stream, "\nmonitor: warning: %s; TensorBoard is off for the rest of the run\n",
+    std::fprintf(options_.stream(), "\nmonitor: warning: %s; TensorBoard is off for the rest of the run\n",
                  e.what());
     writers_.erase(std::remove_if(writers_.begin(), writers_.end(),
                                   [](const auto& w) {
@@ -349,7 +349,7 @@ void Monitor::write_histograms(train::Trainer& trainer, int64_t step, const char
 void Monitor::on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer&) {
   // Gradients are final here (unscaled, clipped) and gone by on_step_end.
   const int64_t step = trainer.global_step() + 1;  // the step being taken
-  if (options_.histogram_every <= 0 || !tensorboard_ || step % options_.histogram_every != 0) return;
+  if (options_.histogram_every() <= 0 || !tensorboard_ || step % options_.histogram_every() != 0) return;
   write_histograms(trainer, step, "gradients");
 }
 
@@ -405,7 +405,7 @@ void Monitor::emit(const Record& record) {
       (*it)->write(record);
       ++it;
     } catch (const std::exception& e) {
-      std::fprintf(options_.stream, "\nmonitor: warning: %s; that writer is off for the rest of the run\n",
+      std::fprintf(options_.stream(), "\nmonitor: warning: %s; that writer is off for the rest of the run\n",
                    e.what());
       if (tensorboard_ && std::dynamic_pointer_cast<TensorBoardScalars>(*it)) tensorboard_.reset();
       it = writers_.erase(it);

@@ -33,11 +33,11 @@ std::string format_result(const char* what, const EvalResult& r) {
 }  // namespace
 
 ProgressLogger::ProgressLogger(ProgressOptions options) : options_(options) {
-  tty_ = ::isatty(::fileno(options_.stream)) != 0;
+  tty_ = ::isatty(::fileno(options_.stream())) != 0;
 }
 
 void ProgressLogger::end_line() {
-  if (line_open_) std::fputc('\n', options_.stream);
+  if (line_open_) std::fputc('\n', options_.stream());
   line_open_ = false;
 }
 
@@ -68,7 +68,7 @@ void ProgressLogger::on_epoch_start(Trainer&, int64_t) {
 
 void ProgressLogger::on_step_end(Trainer& trainer, const StepInfo& info) {
   epoch_samples_ += info.samples;
-  const double interval = tty_ ? options_.interval : options_.plain_interval;
+  const double interval = tty_ ? options_.interval() : options_.plain_interval();
   if (since(last_print_) < interval) return;
   last_print_ = Clock::now();
   Task* task = trainer.task();
@@ -76,47 +76,47 @@ void ProgressLogger::on_step_end(Trainer& trainer, const StepInfo& info) {
   const double elapsed = since(epoch_start_);
   const double rate = epoch_samples_ / std::max(elapsed, 1e-9);
   const double frac = total > 0 ? static_cast<double>(info.batch) / static_cast<double>(total) : 0.0;
-  const double epochs_left = static_cast<double>(trainer.options().epochs - info.epoch) - frac;
+  const double epochs_left = static_cast<double>(trainer.options().epochs() - info.epoch) - frac;
   const double eta = frac > 0 ? elapsed / frac * epochs_left : NAN;
   std::string line = fmt::format("epoch {}/{} {:3.0f}% step {} loss {:.4f} lr {:.3g} ", info.epoch + 1,
-                                 trainer.options().epochs, 100.0 * frac, info.step, info.loss.item<double>(), info.lr);
+                                 trainer.options().epochs(), 100.0 * frac, info.step, info.loss.item<double>(), info.lr);
   line += tokens_per_sample_ > 0 ? fmt::format("{:.0f} tokens/s", rate * static_cast<double>(tokens_per_sample_))
                                  : fmt::format("{:.0f} samples/s", rate);
   line += memory_text() + " ETA " + format_eta(eta);
   if (info.loss_scale.defined())
     line += fmt::format(" | scale {:g} skipped {}", info.loss_scale.item<double>(), info.skipped_steps);
   if (tty_) {
-    std::fprintf(options_.stream, "\r%-100s", line.c_str());
+    std::fprintf(options_.stream(), "\r%-100s", line.c_str());
     line_open_ = true;
   } else {
-    std::fprintf(options_.stream, "%s\n", line.c_str());
+    std::fprintf(options_.stream(), "%s\n", line.c_str());
   }
-  std::fflush(options_.stream);
+  std::fflush(options_.stream());
 }
 
 void ProgressLogger::on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& train) {
   end_line();
   pending_epoch_line_ = fmt::format("epoch {}/{}: {} | {:.1f} s, {:.0f} samples/s", epoch + 1,
-                                    trainer.options().epochs, format_result("train", train), train.seconds,
+                                    trainer.options().epochs(), format_result("train", train), train.seconds,
                                     train.samples / std::max(train.seconds, 1e-9));
-  const bool will_validate = trainer.options().val_every > 0 && trainer.task() && trainer.task()->val_loader() &&
-                             (epoch + 1) % trainer.options().val_every == 0;
+  const bool will_validate = trainer.options().val_every() > 0 && trainer.task() && trainer.task()->val_loader() &&
+                             (epoch + 1) % trainer.options().val_every() == 0;
   if (!will_validate) {
-    std::fprintf(options_.stream, "%s\n", pending_epoch_line_.c_str());
+    std::fprintf(options_.stream(), "%s\n", pending_epoch_line_.c_str());
     pending_epoch_line_.clear();
   }
-  std::fflush(options_.stream);
+  std::fflush(options_.stream());
 }
 
 void ProgressLogger::on_validation_end(Trainer&, int64_t, const EvalResult& val) {
-  std::fprintf(options_.stream, "%s | %s\n", pending_epoch_line_.c_str(), format_result("val", val).c_str());
+  std::fprintf(options_.stream(), "%s | %s\n", pending_epoch_line_.c_str(), format_result("val", val).c_str());
   pending_epoch_line_.clear();
-  std::fflush(options_.stream);
+  std::fflush(options_.stream());
 }
 
 void ProgressLogger::on_fit_end(Trainer& trainer) {
   end_line();
-  if (!pending_epoch_line_.empty()) std::fprintf(options_.stream, "%s\n", pending_epoch_line_.c_str());
+  if (!pending_epoch_line_.empty()) std::fprintf(options_.stream(), "%s\n", pending_epoch_line_.c_str());
   pending_epoch_line_.clear();
 }
 

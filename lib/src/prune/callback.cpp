@@ -80,10 +80,7 @@ torch::Device device_of(torch::nn::Module& model) {
 /// Runs `f` under the trainer's autocast, if its precision is mixed.
 template <typename F>
 train::StepOutput with_precision(const train::Trainer& trainer, c10::DeviceType device_type, F&& f) {
-  const auto dtype = amp::autocast_dtype(amp::parse_precision(trainer.options().precision));
-  if (!dtype) return f();
-  amp::AutocastGuard autocast(device_type, *dtype);
-  return f();
+  return amp::run_with_precision(trainer.options().precision(), device_type, std::forward<F>(f));
 }
 
 struct Timing {
@@ -238,7 +235,7 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   const Timing before = time_steps(trainer, task, example_, options_.timing_steps());
 
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
-  EMBER_CHECK(options_.pruner().importance() != Importance::kTaylor || !trainer.options().all_reduce_sum,
+  EMBER_CHECK(options_.pruner().importance() != Importance::kTaylor || trainer.options().distribution()->world_size() == 1,
               "[prune::PruningCallback] prune.importance=taylor takes gradients of this rank's shard, so the ranks of a "
               "data-parallel run would prune different channels: use l1, l2 or bn_scale there");
   if (options_.pruner().importance() == Importance::kTaylor) {
@@ -274,8 +271,8 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   ratio_ = pruner_->ratio();
   steps_done_ = step + 1;
 
-  const std::string& dir = trainer.options().run_dir;
-  const bool writer = trainer.options().save_checkpoints;  // data-parallel: rank 0 writes and reports
+  const std::string& dir = trainer.options().run_dir();
+  const bool writer = trainer.options().distribution()->is_writer();  // data-parallel: rank 0 writes and reports
   if (!dir.empty() && writer) {
     plan_.save(dir + "/pruning_plan.json");
     nlohmann::json shapes = nlohmann::json::array();

@@ -243,7 +243,7 @@ PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
   const auto shapes_before = parameter_shapes(model_);
   {
     const DependencyGraph graph = DependencyGraph::build(
-        model_, forward_, GraphOptions{options_.ignored_layers(), options_.print_warnings()});
+        model_, forward_, GraphOptions().ignored_layers(options_.ignored_layers()).print_warnings(options_.print_warnings()));
     result.warnings = graph.warnings();
     result.plan = select(graph, ratio);
   }

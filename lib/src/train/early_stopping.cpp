@@ -7,30 +7,40 @@
 
 namespace ember::train {
 
+EarlyStoppingMetric parse_early_stopping_metric(const std::string& name) {
+  if (name == "val_loss") return EarlyStoppingMetric::kValLoss;
+  if (name == "val_accuracy") return EarlyStoppingMetric::kValAccuracy;
+  detail::fail(ErrorKind::kConfig, "[train::EarlyStopping] monitor={}: choose val_loss or val_accuracy", name);
+}
+
+const char* to_string(EarlyStoppingMetric metric) {
+  return metric == EarlyStoppingMetric::kValAccuracy ? "val_accuracy" : "val_loss";
+}
+
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
-  EMBER_CHECK(options_.monitor == "val_loss" || options_.monitor == "val_accuracy",
-              "[train::EarlyStopping] monitor={}: choose val_loss or val_accuracy", options_.monitor);
-  EMBER_CHECK(options_.patience >= 1, "[train::EarlyStopping] patience must be >= 1, got {}", options_.patience);
-  EMBER_CHECK(options_.min_delta >= 0, "[train::EarlyStopping] min_delta must be >= 0, got {}", options_.min_delta);
-  maximize_ = options_.monitor == "val_accuracy";
+  EMBER_CHECK(options_.patience() >= 1, "[train::EarlyStopping] patience must be >= 1, got {}",
+              options_.patience());
+  EMBER_CHECK(options_.min_delta() >= 0, "[train::EarlyStopping] min_delta must be >= 0, got {}",
+              options_.min_delta());
+  maximize_ = options_.monitor() == EarlyStoppingMetric::kValAccuracy;
   best_ = maximize_ ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
 }
 
 void EarlyStopping::on_validation_end(Trainer& trainer, int64_t epoch, const EvalResult& val) {
   const double value = maximize_ ? val.accuracy : val.loss;
-  if (options_.check_finite && !std::isfinite(value)) {
-    trainer.request_stop(fmt::format("early stopping: {} is {} at epoch {}", options_.monitor, value, epoch + 1));
+  if (options_.check_finite() && !std::isfinite(value)) {
+    trainer.request_stop(fmt::format("early stopping: {} is {} at epoch {}", to_string(options_.monitor()), value, epoch + 1));
     return;
   }
-  const bool improved = maximize_ ? value > best_ + options_.min_delta : value < best_ - options_.min_delta;
+  const bool improved = maximize_ ? value > best_ + options_.min_delta() : value < best_ - options_.min_delta();
   if (improved) {
     best_ = value;
     bad_epochs_ = 0;
     return;
   }
-  if (++bad_epochs_ >= options_.patience)
+  if (++bad_epochs_ >= options_.patience())
     trainer.request_stop(fmt::format("early stopping: {} did not improve on {:.6g} for {} epochs",
-                                     options_.monitor, best_, bad_epochs_));
+                                     to_string(options_.monitor()), best_, bad_epochs_));
 }
 
 void EarlyStopping::on_checkpoint_save(Trainer&, torch::serialize::OutputArchive& archive) {

@@ -35,18 +35,20 @@ double CosineSchedule::lr_at(int64_t step, double base_lr) const {
 }
 
 OneCycleSchedule::OneCycleSchedule(OneCycleOptions options) : options_(options) {
-  EMBER_CHECK(options.total_steps > 1, "[train::OneCycleSchedule] total_steps must be > 1, got {}", options.total_steps);
-  EMBER_CHECK(options.pct_start > 0 && options.pct_start < 1, "[train::OneCycleSchedule] pct_start must be in (0, 1), got {}", options.pct_start);
-  EMBER_CHECK(options.div_factor > 0 && options.final_div_factor > 0,
+  EMBER_CHECK(options.total_steps() > 1, "[train::OneCycleSchedule] total_steps must be > 1, got {}",
+              options.total_steps());
+  EMBER_CHECK(options.pct_start() > 0 && options.pct_start() < 1,
+              "[train::OneCycleSchedule] pct_start must be in (0, 1), got {}", options.pct_start());
+  EMBER_CHECK(options.div_factor() > 0 && options.final_div_factor() > 0,
               "[train::OneCycleSchedule] div_factor and final_div_factor must be positive");
 }
 
 double OneCycleSchedule::lr_at(int64_t step, double base_lr) const {
-  const double initial = base_lr / options_.div_factor;
-  const double final_lr = initial / options_.final_div_factor;
-  const double end_up = options_.pct_start * static_cast<double>(options_.total_steps) - 1.0;
-  const double end_down = static_cast<double>(options_.total_steps) - 1.0;
-  const double t = static_cast<double>(std::min<int64_t>(step, options_.total_steps - 1));
+  const double initial = base_lr / options_.div_factor();
+  const double final_lr = initial / options_.final_div_factor();
+  const double end_up = options_.pct_start() * static_cast<double>(options_.total_steps()) - 1.0;
+  const double end_down = static_cast<double>(options_.total_steps()) - 1.0;
+  const double t = static_cast<double>(std::min<int64_t>(step, options_.total_steps() - 1));
   if (t <= end_up) return cos_anneal(initial, base_lr, end_up > 0 ? t / end_up : 1.0);
   return cos_anneal(base_lr, final_lr, (t - end_up) / (end_down - end_up));
 }
@@ -66,22 +68,39 @@ double WarmupSchedule::lr_at(int64_t step, double base_lr) const {
   return after_->lr_at(step - warmup_steps_, base_lr);
 }
 
-std::shared_ptr<Schedule> make_schedule(const ScheduleSpec& spec) {
-  std::shared_ptr<Schedule> s;
-  if (spec.name == "constant") s = std::make_shared<ConstantSchedule>();
-  else if (spec.name == "step") s = std::make_shared<StepSchedule>(spec.step_size, spec.gamma);
-  else if (spec.name == "cosine") s = std::make_shared<CosineSchedule>(spec.total_steps, spec.min_factor);
-  else if (spec.name == "onecycle") {
-    OneCycleOptions o;
-    o.total_steps = spec.total_steps;
-    o.pct_start = spec.pct_start;
-    o.div_factor = spec.div_factor;
-    o.final_div_factor = spec.final_div_factor;
-    s = std::make_shared<OneCycleSchedule>(o);
-  } else {
-    detail::fail("[train::make_schedule] unknown schedule '{}'; choose constant, step, cosine or onecycle", spec.name);
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  if (name == "constant") return ScheduleKind::kConstant;
+  if (name == "step") return ScheduleKind::kStep;
+  if (name == "cosine") return ScheduleKind::kCosine;
+  if (name == "onecycle") return ScheduleKind::kOneCycle;
+  detail::fail(ErrorKind::kConfig,
+               "[train::make_schedule] unknown schedule '{}'; choose constant, step, cosine or onecycle", name);
+}
+
+const char* to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kStep: return "step";
+    case ScheduleKind::kCosine: return "cosine";
+    case ScheduleKind::kOneCycle: return "onecycle";
+    case ScheduleKind::kConstant: break;
   }
-  if (spec.warmup_steps > 0) s = std::make_shared<WarmupSchedule>(spec.warmup_steps, spec.warmup_start_factor, s);
+  return "constant";
+}
+
+std::shared_ptr<Schedule> make_schedule(const ScheduleOptions& o) {
+  std::shared_ptr<Schedule> s;
+  switch (o.kind()) {
+    case ScheduleKind::kConstant: s = std::make_shared<ConstantSchedule>(); break;
+    case ScheduleKind::kStep: s = std::make_shared<StepSchedule>(o.step_size(), o.gamma()); break;
+    case ScheduleKind::kCosine: s = std::make_shared<CosineSchedule>(o.total_steps(), o.min_factor()); break;
+    case ScheduleKind::kOneCycle:
+      s = std::make_shared<OneCycleSchedule>(OneCycleOptions(o.total_steps())
+                                                 .pct_start(o.pct_start())
+                                                 .div_factor(o.div_factor())
+                                                 .final_div_factor(o.final_div_factor()));
+      break;
+  }
+  if (o.warmup_steps() > 0) s = std::make_shared<WarmupSchedule>(o.warmup_steps(), o.warmup_start_factor(), s);
   return s;
 }
 

@@ -4,16 +4,13 @@
 
 #include <chrono>
 #include <csignal>
-#include <fstream>
 #include <iostream>
 #include <set>
-#include <sstream>
 
 #include "core/check.h"
 #include "ember/amp/autocast.h"
 #include "ember/amp/precision.h"
 #include "ember/train/accuracy.h"
-#include "ember/train/checkpoint.h"
 #include "ember/train/clip_grad.h"
 
 namespace ember::train {
@@ -57,15 +54,6 @@ c10::DeviceType device_type_of(torch::nn::Module& model) {
   return params.empty() ? c10::kCPU : params.front().device().type();
 }
 
-// Runs `step` under autocast when `precision` is a mixed mode.
-template <typename F>
-StepOutput forward_with_precision(amp::Precision precision, c10::DeviceType device_type, F&& step) {
-  const auto dtype = amp::autocast_dtype(precision);
-  if (!dtype) return step();
-  amp::AutocastGuard autocast(device_type, *dtype);
-  return step();
-}
-
 void check_loss(const StepOutput& out, const char* where) {
   EMBER_CHECK(out.loss.defined() && out.loss.numel() == 1,
               "[train::Trainer] {} must return a scalar loss, got {}", where,
@@ -95,6 +83,11 @@ EvalResult PassSums::result(double seconds) const {
   return r;
 }
 
+std::shared_ptr<Distribution> single_process() {
+  static const auto one = std::make_shared<Distribution>();
+  return one;
+}
+
 int64_t count_parameters(const torch::nn::Module& module) {
   int64_t n = 0;
   std::set<const c10::TensorImpl*> seen;  // a tensor registered under two names counts once
@@ -103,19 +96,18 @@ int64_t count_parameters(const torch::nn::Module& module) {
   return n;
 }
 
-Trainer::Trainer(TrainerOptions options)
-    : options_(std::move(options)), precision_(amp::parse_precision(options_.precision)) {
-  EMBER_CHECK(options_.epochs >= 0, "[train::Trainer] trainer.epochs must be >= 0, got {}", options_.epochs);
-  EMBER_CHECK(options_.accumulate_grad_batches >= 1,
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+  EMBER_CHECK(options_.epochs() >= 0, "[train::Trainer] trainer.epochs must be >= 0, got {}", options_.epochs());
+  EMBER_CHECK(options_.accumulate_grad_batches() >= 1,
               "[train::Trainer] trainer.accumulate_grad_batches must be >= 1, got {}",
-              options_.accumulate_grad_batches);
-  EMBER_CHECK(options_.clip_grad_norm >= 0,
-              "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}",
-              options_.clip_grad_norm);
-  if (amp::needs_grad_scaler(precision_))
-    amp::GradScaler check(options_.grad_scaler);  // validates the options
-  EMBER_CHECK(options_.resume.empty() || options_.resume != "auto" || !options_.run_dir.empty(),
+              options_.accumulate_grad_batches());
+  EMBER_CHECK(options_.clip_grad_norm() >= 0,
+              "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}", options_.clip_grad_norm());
+  if (amp::needs_grad_scaler(options_.precision()))
+    amp::GradScaler check(options_.grad_scaler());  // validates the options
+  EMBER_CHECK(options_.resume() != "auto" || !options_.run_dir().empty(),
               "[train::Trainer] trainer.resume=auto needs a run folder (run.dir)");
+  if (!options_.distribution()) options_.distribution(single_process());
 }
 
 Trainer::~Trainer() = default;
@@ -138,7 +130,7 @@ void Trainer::reduce_across_processes(PassSums& sums) const {
   if (sums.loss_sum.defined()) packed[0] = sums.loss_sum;
   if (sums.correct.defined()) packed[1] = sums.correct.to(torch::kFloat64);
   packed[2] = static_cast<double>(sums.samples);
-  options_.all_reduce_sum(packed);
+  options_.distribution()->all_reduce_sum(packed);
   const torch::Tensor host = packed.cpu();
   if (sums.loss_sum.defined()) sums.loss_sum = packed[0].clone();
   if (sums.correct.defined()) sums.correct = packed[1].to(torch::kInt64);
@@ -146,194 +138,10 @@ void Trainer::reduce_across_processes(PassSums& sums) const {
 }
 
 void Trainer::apply_schedule() {
-  if (!options_.schedule) return;
+  if (!options_.schedule()) return;
   auto& groups = optimizer_->param_groups();
   for (size_t i = 0; i < groups.size(); ++i)
-    groups[i].options().set_lr(options_.schedule->lr_at(global_step_ - skipped_steps_, base_lrs_[i]));
-}
-
-std::string Trainer::resolve_resume_path() const {
-  if (options_.resume.empty()) return "";
-  if (options_.resume == "auto") {
-    const std::string p = options_.run_dir + "/checkpoints/last.pt";
-    if (std::ifstream(p).good()) return p;
-    std::cerr << fmt::format(
-        "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", p);
-    return "";
-  }
-  std::ifstream f(options_.resume);
-  EMBER_CHECK(f.good(),
-              "[train::Trainer] trainer.resume={}: no such checkpoint (use auto to resume "
-              "from the run folder when one exists)",
-              options_.resume);
-  return options_.resume;
-}
-
-namespace {
-// In a callback's checkpoint archive: Callback::checkpoint_state_required() at save time.
-constexpr const char* kRequiredKey = "ember.required";
-}  // namespace
-
-void Trainer::save_checkpoint(const std::string& path) {
-  EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
-  torch::serialize::OutputArchive root;
-  torch::serialize::OutputArchive model_archive, optim_archive, state, callbacks;
-  task_->model()->save(model_archive);
-  optimizer_->save(optim_archive);
-  state.write("format", torch::IValue(int64_t{1}));
-  state.write("epoch", torch::IValue(epoch_));
-  state.write("batch", torch::IValue(batch_));
-  state.write("global_step", torch::IValue(global_step_));
-  state.write("skipped_steps", torch::IValue(skipped_steps_));
-  state.write("epoch_samples", torch::IValue(epoch_sums_.samples));
-  state.write("base_lrs", torch::tensor(base_lrs_, torch::kFloat64));
-  if (epoch_sums_.loss_sum.defined()) state.write("epoch_loss_sum", epoch_sums_.loss_sum.cpu());
-  if (epoch_sums_.correct.defined()) state.write("epoch_correct", epoch_sums_.correct.cpu());
-  // RNG: the CPU generator and every CUDA generator that was initialised.
-  state.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
-  if (torch::cuda::is_available()) {
-    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
-      at::Generator gen =
-          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-      state.write("rng_cuda_" + std::to_string(i), gen.get_state());
-    }
-  }
-  for (auto& cb : callbacks_) {
-    torch::serialize::OutputArchive a;
-    cb->on_checkpoint_save(*this, a);
-    if (cb->checkpoint_state_required()) a.write(kRequiredKey, torch::IValue(true));
-    callbacks.write(cb->name(), a);
-  }
-  root.write("model", model_archive);
-  root.write("optimizer", optim_archive);
-  root.write("trainer", state);
-  root.write("callbacks", callbacks);
-  if (grad_scaler_) {
-    torch::serialize::OutputArchive scaler;
-    grad_scaler_->save(scaler);
-    root.write("grad_scaler", scaler);
-  }
-  std::ostringstream bytes;
-  root.save_to(bytes);
-  write_file_atomic(path, bytes.str());
-  last_checkpoint_ = path;
-}
-
-void Trainer::load_checkpoint(const std::string& path) {
-  torch::serialize::InputArchive root;
-  try {
-    root.load_from(path);
-  } catch (const std::exception& e) {
-    detail::fail(
-        "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
-        "checkpoint ({}); remove it or point trainer.resume at another one",
-        path, std::string(e.what()).substr(0, 200));
-  }
-  torch::serialize::InputArchive model_archive, optim_archive, state, callbacks;
-  try {
-    root.read("model", model_archive);
-    root.read("optimizer", optim_archive);
-    root.read("trainer", state);
-    root.read("callbacks", callbacks);
-  } catch (const std::exception& e) {
-    detail::fail(
-        "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
-        "trainer.resume at another one",
-        path, std::string(e.what()).substr(0, 200));
-  }
-  // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
-  std::set<std::string> registered;
-  for (auto& cb : callbacks_) {
-    registered.insert(cb->name());
-    torch::serialize::InputArchive a;
-    if (callbacks.try_read(cb->name(), a)) cb->on_checkpoint_load(*this, a);
-  }
-  for (const std::string& key : callbacks.keys()) {
-    torch::serialize::InputArchive unread;
-    if (registered.count(key) || !callbacks.try_read(key, unread) || unread.keys().empty()) continue;
-    // E.g. a pruned model's weights would load into the full-size layers (the archive resizes tensors),
-    // silently.
-    torch::IValue required;
-    EMBER_CHECK(!unread.try_read(kRequiredKey, required) || !required.toBool(),
-                "[train::Trainer] checkpoint {} holds the state of callback '{}', which this run does not "
-                "register, and the checkpoint cannot load without it (the state changes the model: a pruning "
-                "plan, say): register it again (recipes: keep its keys, e.g. prune.*, as they were)",
-                path, key);
-    std::cerr << fmt::format(
-        "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
-        "not have; it is ignored\n",
-        path, key);
-  }
-  try {
-    task_->model()->load(model_archive);
-    optimizer_->load(optim_archive);
-  } catch (const std::exception& e) {
-    detail::fail(
-        "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
-        "written by a different recipe or config?",
-        path, std::string(e.what()).substr(0, 300));
-  }
-  torch::IValue v;
-  state.read("epoch", v);
-  epoch_ = v.toInt();
-  state.read("batch", v);
-  batch_ = v.toInt();
-  state.read("global_step", v);
-  global_step_ = v.toInt();
-  skipped_steps_ = state.try_read("skipped_steps", v) ? v.toInt() : 0;
-  if (grad_scaler_) {
-    torch::serialize::InputArchive scaler;
-    if (root.try_read("grad_scaler", scaler)) {  // else: from an fp32/bf16 run, start fresh
-      grad_scaler_->load(scaler);
-      const amp::GradScalerOptions& want = options_.grad_scaler;
-      if (want.growth_factor() != grad_scaler_->get_growth_factor() ||
-          want.backoff_factor() != grad_scaler_->get_backoff_factor() ||
-          want.growth_interval() != grad_scaler_->get_growth_interval())
-        std::cerr << fmt::format(
-            "[train::Trainer] note: the checkpoint's loss-scaling settings (growth_factor {}, backoff_factor "
-            "{}, "
-            "growth_interval {}) replace the configured ones ({}, {}, {}), as PyTorch's GradScaler does on "
-            "load\n",
-            grad_scaler_->get_growth_factor(), grad_scaler_->get_backoff_factor(),
-            grad_scaler_->get_growth_interval(), want.growth_factor(), want.backoff_factor(),
-            want.growth_interval());
-    }
-  }
-  state.read("epoch_samples", v);
-  epoch_sums_ = {};
-  epoch_sums_.samples = v.toInt();
-  // A fresh tensor per read: InputArchive::read assigns into a defined tensor with set_().
-  const auto read_tensor = [&](const char* key) {
-    torch::Tensor t;
-    state.read(key, t);
-    return t;
-  };
-  const auto try_read_tensor = [&](const std::string& key) {
-    torch::Tensor t;
-    return state.try_read(key, t) ? t : torch::Tensor();
-  };
-  const torch::Tensor lrs = read_tensor("base_lrs");
-  base_lrs_.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
-  const auto params = task_->model()->parameters();
-  const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
-  for (auto [key, sum] : {std::pair{"epoch_loss_sum", &epoch_sums_.loss_sum},
-                          std::pair{"epoch_correct", &epoch_sums_.correct}}) {
-    const torch::Tensor t = try_read_tensor(key);
-    if (t.defined()) *sum = t.to(device);
-  }
-  at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
-  cpu_gen.set_state(read_tensor("rng_cpu"));
-  if (torch::cuda::is_available()) {
-    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
-      const torch::Tensor rng = try_read_tensor("rng_cuda_" + std::to_string(i));
-      if (rng.defined()) {
-        at::Generator gen = at::globalContext().defaultGenerator(
-            torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-        gen.set_state(rng);
-      }
-    }
-  }
-  last_checkpoint_ = path;
+    groups[i].options().set_lr(options_.schedule()->lr_at(global_step_ - skipped_steps_, base_lrs_[i]));
 }
 
 FitResult Trainer::fit(Task& task) {
@@ -342,16 +150,17 @@ FitResult Trainer::fit(Task& task) {
   auto model = task.model();
   EMBER_CHECK(model != nullptr, "[train::Trainer] the task returned no model");
   optimizer_ = task.make_optimizer();
-  if (!optimizer_) optimizer_ = make_optimizer(*model, options_.optimizer);
+  if (!optimizer_) optimizer_ = make_optimizer(*model, options_.optimizer());
   base_lrs_.clear();
   for (auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.options().get_lr());
   epoch_ = batch_ = global_step_ = skipped_steps_ = 0;
-  const amp::Precision precision = precision_;
+  const amp::Precision precision = options_.precision();
+  Distribution& dist = *options_.distribution();
   const c10::DeviceType device_type = device_type_of(*model);
   amp::check_precision_supported(precision, device_type);
   const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
   grad_scaler_ =
-      amp::needs_grad_scaler(precision) ? std::make_unique<amp::GradScaler>(options_.grad_scaler) : nullptr;
+      amp::needs_grad_scaler(precision) ? std::make_unique<amp::GradScaler>(options_.grad_scaler()) : nullptr;
   epoch_sums_ = {};
   stop_requested_ = false;
   stop_reason_.clear();
@@ -365,17 +174,23 @@ FitResult Trainer::fit(Task& task) {
                              epoch_, batch_, global_step_);
   }
   apply_schedule();  // the rate of the next step (global_step_)
+  // Every rank reads checkpoints to resume; one writes them.
   const std::string ckpt_path =
-      options_.run_dir.empty() || !options_.save_checkpoints ? "" : options_.run_dir + "/checkpoints/last.pt";
+      options_.run_dir().empty() || !dist.is_writer() ? "" : options_.run_dir() + "/checkpoints/last.pt";
   const auto checkpoint_now = [&] {
     if (!ckpt_path.empty()) save_checkpoint(ckpt_path);
   };
 
-  ScopedStopSignals signals(options_.handle_signals);
+  ScopedStopSignals signals(options_.handle_signals());
   data::Loader& loader = task.train_loader();
   const int64_t num_batches = loader.num_batches();
-  const int64_t k = options_.accumulate_grad_batches;
+  const int64_t k = options_.accumulate_grad_batches();
   auto params = trainable_parameters(*model);
+  // Every process must continue from the same point (a rank that found another
+  // checkpoint, or none, would drift silently) with as many batches per epoch
+  // (else the epoch-end sums would wait forever).
+  dist.check_same("resume position (epoch, step, skipped steps, batches per epoch)",
+                  fmt::format("{} {} {} {}", epoch_, global_step_, skipped_steps_, num_batches));
 
   for (auto& cb : callbacks_) cb->on_fit_start(*this);
   const auto phase = [this](StepPhase p) {
@@ -384,7 +199,7 @@ FitResult Trainer::fit(Task& task) {
   const auto fit_start = Clock::now();
   double val_seconds = 0.0;
 
-  while (epoch_ < options_.epochs && !stop_requested_) {
+  while (epoch_ < options_.epochs() && !stop_requested_) {
     if (batch_ == 0) epoch_sums_ = {};
     for (auto& cb : callbacks_) cb->on_epoch_start(*this, epoch_);
     const auto epoch_start = Clock::now();
@@ -406,7 +221,7 @@ FitResult Trainer::fit(Task& task) {
       const MicroBatch micro{batch_ - window_start, window};
       for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
       StepOutput out =
-          forward_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
+          amp::run_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
       check_loss(out, "training_step");
       phase(StepPhase::kBackward);
       for (auto& cb : callbacks_) cb->on_before_backward(*this, out, micro);
@@ -433,7 +248,7 @@ FitResult Trainer::fit(Task& task) {
         // Once per effective batch: unscale (inf/NaN check), clip, step or skip, update the scale.
         phase(StepPhase::kOptimizer);
         if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
-        if (options_.clip_grad_norm > 0) clip_grad_norm_(params, options_.clip_grad_norm);
+        if (options_.clip_grad_norm() > 0) clip_grad_norm_(params, options_.clip_grad_norm());
         for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
         const double lr = optimizer_->param_groups().front().options().get_lr();
         bool stepped = true;
@@ -456,7 +271,7 @@ FitResult Trainer::fit(Task& task) {
         step_samples = 0;
         phase(StepPhase::kCallbacks);
         for (auto& cb : callbacks_) cb->on_step_end(*this, info);
-        if (options_.max_steps >= 0 && global_step_ >= options_.max_steps) request_stop("max_steps reached");
+        if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) request_stop("max_steps reached");
         if (g_stop_signal != 0) {
           result.interrupted = true;
           request_stop(g_stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
@@ -469,7 +284,7 @@ FitResult Trainer::fit(Task& task) {
       checkpoint_now();
       break;
     }
-    if (options_.all_reduce_sum) reduce_across_processes(epoch_sums_);
+    if (dist.world_size() > 1) reduce_across_processes(epoch_sums_);
     const EvalResult train_result = epoch_sums_.result(seconds_since(epoch_start));
     result.last_train = train_result;
     for (auto& cb : callbacks_) cb->on_epoch_end(*this, epoch_, train_result);
@@ -478,24 +293,17 @@ FitResult Trainer::fit(Task& task) {
     ++epoch_;
     batch_ = 0;
     epoch_sums_ = {};
-    if (options_.val_every > 0 && task.val_loader() && (finished + 1) % options_.val_every == 0) {
+    if (options_.val_every() > 0 && task.val_loader() && (finished + 1) % options_.val_every() == 0) {
       const auto v0 = Clock::now();
       result.last_val = evaluate(task, *task.val_loader());
       val_seconds += seconds_since(v0);
       for (auto& cb : callbacks_) cb->on_validation_end(*this, finished, result.last_val);
     }
-    if (options_.all_reduce_sum) {
-      // Data-parallel: a stop requested on any rank at the epoch's end (early
-      // stopping) stops every rank, so none is left waiting in a collective.
-      const auto ps = model->parameters();
-      const torch::Device dev = ps.empty() ? torch::Device(torch::kCPU) : ps.front().device();
-      torch::Tensor flag = torch::full({1}, stop_requested_ ? 1.0 : 0.0,
-                                       torch::TensorOptions().dtype(torch::kFloat64).device(dev));
-      options_.all_reduce_sum(flag);
-      if (flag.item<double>() > 0 && !stop_requested_) request_stop("stopped by another rank");
-    }
-    const bool last = epoch_ >= options_.epochs || stop_requested_;
-    if ((options_.checkpoint_every > 0 && epoch_ % options_.checkpoint_every == 0) || last) checkpoint_now();
+    // Data-parallel: a stop requested on any rank at the epoch's end (early
+    // stopping) stops every rank, so none is left waiting in a collective.
+    if (dist.any(stop_requested_) && !stop_requested_) request_stop("stopped by another rank");
+    const bool last = epoch_ >= options_.epochs() || stop_requested_;
+    if ((options_.checkpoint_every() > 0 && epoch_ % options_.checkpoint_every() == 0) || last) checkpoint_now();
   }
 
   result.train_seconds = seconds_since(fit_start) - val_seconds;
@@ -517,13 +325,13 @@ EvalResult Trainer::evaluate(Task& task, data::Loader& loader) {
   torch::NoGradGuard no_grad;
   const auto start = Clock::now();
   PassSums sums;
-  const amp::Precision precision = precision_;
+  const amp::Precision precision = options_.precision();
   const c10::DeviceType device_type = device_type_of(*model);
   const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
   loader.start_epoch(0, 0);
   while (auto batch = loader.next()) {
     StepOutput out =
-        forward_with_precision(precision, device_type, [&] { return task.evaluation_step(*batch); });
+        amp::run_with_precision(precision, device_type, [&] { return task.evaluation_step(*batch); });
     check_loss(out, "evaluation_step");
     sums.add(out, batch->size());
   }

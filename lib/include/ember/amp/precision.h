@@ -12,9 +12,13 @@
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
-#include <optional>
 
+#include <optional>
 #include <string>
+#include <utility>
+
+#include "ember/amp/autocast.h"
+#include "ember/core/flops.h"
 
 namespace ember::amp {
 
@@ -29,6 +33,19 @@ std::string to_string(Precision precision);
 std::optional<c10::ScalarType> autocast_dtype(Precision precision);
 /// Whether the mode needs a GradScaler (fp16-mixed only).
 inline bool needs_grad_scaler(Precision precision) { return precision == Precision::kFp16Mixed; }
+/// The number format matrix products run in: fp32, tf32, bf16 or fp16 (the
+/// peak that model FLOPs utilisation divides by).
+core::MathType math_type(Precision precision);
+
+/// Runs `f()`, the forward pass and loss of a step, under autocast in the
+/// mode's dtype on `device_type` when `precision` is mixed, else as it is.
+template <typename F>
+decltype(auto) run_with_precision(Precision precision, c10::DeviceType device_type, F&& f) {
+  const std::optional<c10::ScalarType> dtype = autocast_dtype(precision);
+  if (!dtype) return std::forward<F>(f)();
+  AutocastGuard autocast(device_type, *dtype);
+  return std::forward<F>(f)();
+}
 
 /// Checks that `precision` can run on `device_type` (tf32 needs CUDA); throws
 /// ember::Error saying what to use instead.

@@ -9,6 +9,7 @@
 // Files: cifar-10-batches-bin/data_batch_{1..5}.bin and test_batch.bin
 // (10000 records each); cifar-100-binary/train.bin (50000) and test.bin (10000).
 
+#include <torch/arg.h>
 #include <string>
 
 #include "ember/data/dataset.h"
@@ -21,9 +22,9 @@ enum class CifarVariant { kCifar10, kCifar100 };
 enum class CifarLabel { kFine, kCoarse };
 
 struct CifarOptions {
-  CifarVariant variant = CifarVariant::kCifar10;
+  TORCH_ARG(CifarVariant, variant) = CifarVariant::kCifar10;
   /// CIFAR-100 only: fine (100 classes, default) or coarse (20 superclasses).
-  CifarLabel label = CifarLabel::kFine;
+  TORCH_ARG(CifarLabel, label) = CifarLabel::kFine;
 };
 
 /// Reads one binary file. Images uint8 [N, 32, 32, 3] (NHWC, the layout the

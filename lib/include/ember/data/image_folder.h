@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "ember/core/config.h"
 #include "ember/data/dataset.h"
 
 namespace ember::data {
@@ -98,5 +99,12 @@ struct ImageFolder {
 /// folders, a class folder without images, an unreadable image (with
 /// OnError::kFail), every image unreadable (with OnError::kSkip).
 ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions& options);
+
+/// Declares data.size, data.threads, data.on_error and data.cache_dir with the values of `defaults`.
+void declare_image_folder_keys(core::Config& config, const ImageFolderOptions& defaults);
+/// The options of split `split` from those keys (cache file
+/// <data.cache_dir>/<split>-<H>x<W>.cache when data.cache_dir is set; the
+/// folder is created when the cache is written). Bad values are config errors.
+ImageFolderOptions image_folder_options_from_config(const core::Config& config, const std::string& split);
 
 }  // namespace ember::data

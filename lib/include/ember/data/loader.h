@@ -15,6 +15,7 @@
 
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <torch/arg.h>
 #include <torch/types.h>
 
 #include <condition_variable>
@@ -22,6 +23,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -68,35 +70,35 @@ class Loader {
 /// With `resident`, 1 runs on the device in next() and 2-3 do not exist.
 struct TensorLoaderOptions {
   /// Samples per batch.
-  int64_t batch_size = 128;
+  TORCH_ARG(int64_t, batch_size) = 128;
   /// Shuffle each epoch (order from seed and epoch); off: dataset order.
-  bool shuffle = true;
+  TORCH_ARG(bool, shuffle) = true;
   /// Drop the last incomplete batch.
-  bool drop_last = false;
+  TORCH_ARG(bool, drop_last) = false;
   /// Seed of the shuffling order.
-  uint64_t seed = 0;
+  TORCH_ARG(uint64_t, seed) = 0;
   /// Batches prepared ahead by a background thread; 0 = prepared on demand in
   /// next(); -1 = 2 when `device` is CUDA, else 0. On the CPU the thread would
   /// compete with LibTorch's intra-op threads for the same cores (measured on
   /// 2 cores: an epoch 1.3x slower with it, see tools/bench/fashion_epoch.py).
   /// Ignored (reads 0) with `resident`: gathering there is a device op, queued
   /// on the stream in microseconds, so a thread would have nothing to hide.
-  int64_t prefetch = -1;
+  TORCH_ARG(int64_t, prefetch) = -1;
   /// Where batches are delivered; "cuda" without an index means the current
   /// device at construction. With CUDA, batches are staged in pinned host
   /// memory and copied with non_blocking=true; with prefetch > 0 the
   /// background thread issues the copies on a side stream from the pool, and
   /// next() makes the current stream wait on them (an event, no host sync),
   /// so the next batch's copy overlaps the current step.
-  torch::Device device = torch::kCPU;
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
   /// Runs on the host before the device copy (e.g. uint8 -> normalised
   /// float). Must not use the global RNG; must return the Batch it is given
   /// with `index` and `epoch` kept (one index per sample). Not with `resident`.
-  std::function<Batch(Batch)> transform;
+  TORCH_ARG(std::function<Batch(Batch)>, transform);
   /// Runs in next(), on the consumer thread, once the batch is on `device`
   /// (with CUDA: on the current stream, e.g. GPU augmentation kernels keyed on
   /// batch.index and batch.epoch). Runs without autograd.
-  std::function<Batch(Batch)> device_transform;
+  TORCH_ARG(std::function<Batch(Batch)>, device_transform);
   /// Copy the whole dataset to `device` once, in the constructor, in its own
   /// dtype (uint8 images stay uint8: CIFAR-10 is 150 MB), and gather batches
   /// there with index_select (the batch's index is copied to the device
@@ -104,13 +106,13 @@ struct TensorLoaderOptions {
   /// host work beyond slicing the order. Off by default. With the CPU as
   /// `device` it is the same as not resident. `transform` is an error with it:
   /// use `device_transform`.
-  bool resident = false;
+  TORCH_ARG(bool, resident) = false;
   /// Processes the epoch is split between (DDP: WORLD_SIZE); 1 = not sharded.
   /// Every replica must use the same dataset, seed and shuffle.
-  int64_t num_replicas = 1;
+  TORCH_ARG(int64_t, num_replicas) = 1;
   /// This process's shard, in [0, num_replicas) (DDP: RANK): it serves
   /// positions rank, rank + num_replicas, ... of the (padded) epoch order.
-  int64_t rank = 0;
+  TORCH_ARG(int64_t, rank) = 0;
   /// How shards are made equal when num_replicas does not divide the N
   /// samples, as DistributedSampler's drop_last: false (default) pads the
   /// order with its own first samples to ceil(N / num_replicas) per rank
@@ -118,24 +120,35 @@ struct TensorLoaderOptions {
   /// floor(N / num_replicas) per rank (a few samples skipped per epoch, a
   /// different few each shuffled epoch). Unrelated to drop_last, which then
   /// applies to the shard's batches.
-  bool drop_uneven = false;
-
-  TensorLoaderOptions& set_batch_size(int64_t v) { batch_size = v; return *this; }
-  TensorLoaderOptions& set_shuffle(bool v) { shuffle = v; return *this; }
-  TensorLoaderOptions& set_drop_last(bool v) { drop_last = v; return *this; }
-  TensorLoaderOptions& set_seed(uint64_t v) { seed = v; return *this; }
-  TensorLoaderOptions& set_prefetch(int64_t v) { prefetch = v; return *this; }
-  TensorLoaderOptions& set_device(torch::Device v) { device = v; return *this; }
-  TensorLoaderOptions& set_transform(std::function<Batch(Batch)> v) { transform = std::move(v); return *this; }
-  TensorLoaderOptions& set_device_transform(std::function<Batch(Batch)> v) {
-    device_transform = std::move(v);
-    return *this;
-  }
-  TensorLoaderOptions& set_resident(bool v) { resident = v; return *this; }
-  TensorLoaderOptions& set_num_replicas(int64_t v) { num_replicas = v; return *this; }
-  TensorLoaderOptions& set_rank(int64_t v) { rank = v; return *this; }
-  TensorLoaderOptions& set_drop_uneven(bool v) { drop_uneven = v; return *this; }
+  TORCH_ARG(bool, drop_uneven) = false;
 };
+
+/// `options` with `transform` set where it belongs: as the host `transform`
+/// (on the loader's thread, before the copy) when batches are delivered to
+/// the CPU from host memory, else as the `device_transform` (after the copy
+/// or the resident gather; e.g. a fused augmentation kernel on the GPU).
+TensorLoaderOptions with_batch_transform(TensorLoaderOptions options, std::function<Batch(Batch)> transform);
+
+class TensorLoader;
+
+/// The loaders of a labelled dataset with a held-out part.
+struct SplitLoaders {
+  std::unique_ptr<TensorLoader> train;  ///< the first train.size() - val_size training samples
+  std::unique_ptr<TensorLoader> val;    ///< the last val_size training samples; null when 0
+  std::unique_ptr<TensorLoader> test;
+};
+struct SplitLoaderOptions {
+  /// Training samples held out for validation (the last ones), in [0, train.size()).
+  TORCH_ARG(int64_t, val_size) = 0;
+  /// The training loader (shuffled and sharded as it says).
+  TORCH_ARG(TensorLoaderOptions, train);
+  /// The validation and test loaders, always unshuffled and unsharded (every
+  /// rank evaluates everything: exact metrics, no padding).
+  TORCH_ARG(TensorLoaderOptions, eval);
+};
+/// Splits `train` into training and validation samples and builds the three loaders.
+SplitLoaders make_split_loaders(const TensorDataset& train, const TensorDataset& test,
+                                const SplitLoaderOptions& options);
 
 class TensorLoader : public Loader {
  public:

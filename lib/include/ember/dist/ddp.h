@@ -5,7 +5,8 @@
 // Each rank holds a full replica and trains on its shard of every batch.
 // At the start, rank 0's parameters and buffers are broadcast. During
 // backward, per-parameter gradient-ready hooks fill buckets (about
-// bucket_cap_mb each, the first 1 MiB so that communication starts early,
+// bucket_cap_mb each (PyTorch's 25 MiB with a first bucket of 1 MiB so that
+// communication starts early, unless set),
 // rebuilt once in gradient-ready order after the first step: deterministic
 // and the same on every rank) and each full bucket is all-reduced while
 // backward goes on, so communication overlaps computation. Gradients come
@@ -27,9 +28,17 @@
 // before the optimizer step, so every rank skips the same steps.
 //
 // Use it as a Trainer callback, registered after callbacks that change the
-// model (pruning): the Reducer is rebuilt when parameter shapes change.
+// model (pruning): the Reducer is rebuilt when parameter shapes change. The
+// Trainer must know the group too, for the epoch sums, the writing rank and
+// the agreement on stops and the resume position:
+//
+//   TrainerOptions().distribution(dist::make_distribution(group))
+//   trainer.add_callback(std::make_shared<dist::DistributedDataParallel>(group));
+
+#include <torch/arg.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,16 +53,18 @@ class Logger;
 namespace ember::dist {
 
 struct DdpOptions {
-  /// Bucket size in MiB (PyTorch's bucket_cap_mb, 25); the first bucket is 1 MiB.
-  double bucket_cap_mb = 25.0;
+  /// Bucket size in MiB. Unset: PyTorch's default, 25 MiB buckets after a
+  /// first bucket of 1 MiB; set: every bucket this size (PyTorch's
+  /// bucket_cap_mb=X).
+  TORCH_ARG(std::optional<double>, bucket_cap_mb) = std::nullopt;
   /// Detect parameters that get no gradient in a step (costs a graph walk per
-  /// step); without it such a parameter makes backward wait until the timeout.
-  bool find_unused_parameters = false;
+  /// step); without it such a parameter makes the next step fail, naming it.
+  TORCH_ARG(bool, find_unused_parameters) = false;
   /// Broadcast buffers (batch-norm statistics) from rank 0 before each synced forward.
-  bool broadcast_buffers = true;
+  TORCH_ARG(bool, broadcast_buffers) = true;
   /// Gradients as views into the communication buckets (saves one copy and
   /// the memory of one set of gradients).
-  bool gradient_as_bucket_view = false;
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
 };
 
 class DistributedDataParallel : public train::Callback {
@@ -86,6 +97,7 @@ class DistributedDataParallel : public train::Callback {
   std::vector<torch::Tensor> params_;
   std::vector<std::string> param_names_;  // qualified names of params_
   std::vector<std::vector<int64_t>> shapes_;  // to notice pruning
+  std::vector<std::string> without_grad_;      // parameters the last step gave no gradient
   bool buffers_need_sync_ = true;              // PyTorch's require_forward_param_sync
 };
 

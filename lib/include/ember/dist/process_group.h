@@ -15,12 +15,15 @@
 // builds c10d::ProcessGroupGloo against the wheel's libraries and what that
 // relies on.
 
+#include <torch/arg.h>
 #include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace ember::dist {
@@ -49,12 +52,12 @@ LaunchEnv launch_env();
 
 struct ProcessGroupOptions {
   /// "gloo", "nccl", or "auto": NCCL when `device` is CUDA, else Gloo.
-  std::string backend = "auto";
+  TORCH_ARG(std::string, backend) = "auto";
   /// Limit for connecting and for every collective; a rank that does not
   /// answer within it makes the others fail with an error naming it.
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
   /// The device this rank trains on (NCCL: cuda:LOCAL_RANK).
-  torch::Device device = torch::kCPU;
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
 };
 
 class ProcessGroup {
@@ -71,7 +74,7 @@ class ProcessGroup {
   int64_t size() const { return size_; }
   /// "gloo" or "nccl".
   const std::string& backend() const { return backend_; }
-  const torch::Device& device() const { return options_.device; }
+  const torch::Device& device() const { return options_.device(); }
   const ProcessGroupOptions& options() const { return options_; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& c10d() const { return pg_; }
   c10d::Store& store() { return *store_; }
@@ -95,10 +98,17 @@ class ProcessGroup {
   void set_progress(int64_t step);
   /// Wraps an error from a collective: which ranks stopped answering (their
   /// heartbeat in the store did not change for 2 s, or the store is gone),
-  /// and what to do. Takes about 2 s.
+  /// and what to do. Takes about 2 s. The group's own collectives throw
+  /// ember::Error (ErrorKind::kDistributed) with this explanation.
   std::string explain_failure(const std::string& error);
+  /// explain_failure(error) when another rank is silent, dead or behind this
+  /// one; nullopt when every other rank is alive and in this rank's step (the
+  /// error is then this rank's own, e.g. out of memory).
+  std::optional<std::string> explain_peer_failure(const std::string& error);
 
  private:
+  std::optional<std::string> explain(const std::string& error, bool none_if_peers_fine);
+  void collective(const char* what, const std::function<void()>& run);
   ProcessGroup() = default;
   void start_heartbeat();
   void stop_heartbeat();

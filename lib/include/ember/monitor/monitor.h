@@ -18,10 +18,12 @@
 // loss read), a few /proc and NVML reads and one line per writer. No host sync
 // happens between logging steps.
 
+#include <torch/arg.h>
 #include <torch/types.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <map>
 #include <memory>
@@ -36,41 +38,44 @@
 
 namespace ember::monitor {
 
+/// Where a monitor prints (a C stream: stderr, a file); an alias so that TORCH_ARG reads it as one type.
+using FileStream = std::FILE*;
+
 class TensorBoardWriter;
 
 struct MonitorOptions {
   /// Optimizer steps between step records; 0 = epoch records only.
-  int64_t log_every = 50;
+  TORCH_ARG(int64_t, log_every) = 50;
   /// Run folder for metrics.jsonl, metrics_steps.csv, metrics_epochs.csv and
   /// tensorboard/; "" = no files (records go only to added writers).
-  std::string run_dir;
+  TORCH_ARG(std::string, run_dir);
   /// Write <run_dir>/metrics.jsonl.
-  bool jsonl = true;
+  TORCH_ARG(bool, jsonl) = true;
   /// Write <run_dir>/metrics_steps.csv and metrics_epochs.csv.
-  bool csv = true;
+  TORCH_ARG(bool, csv) = true;
   /// Write TensorBoard event files to <run_dir>/tensorboard (needs a build
   /// with TensorBoard support; without it a note is printed once).
-  bool tensorboard = true;
+  TORCH_ARG(bool, tensorboard) = true;
   /// Weight and gradient histograms to TensorBoard every N steps (0 = off):
   /// weights/<name> after the step, gradients/<name> (final: unscaled,
   /// clipped) before it. Costs a few reductions and a small copy per tensor.
-  int64_t histogram_every = 0;
+  TORCH_ARG(int64_t, histogram_every) = 0;
   /// Step-time breakdown (CUDA events on GPU, host clock on CPU).
-  bool step_timing = true;
+  TORCH_ARG(bool, step_timing) = true;
   /// GPU utilisation, power, temperature and clocks through NVML.
-  bool nvml = true;
+  TORCH_ARG(bool, nvml) = true;
   /// Warn when waiting for data takes more than this share of the step
   /// time over a logging interval (0 = never).
-  double data_wait_warning = 0.2;
+  TORCH_ARG(double, data_wait_warning) = 0.2;
   /// Training FLOPs per sample (forward + backward); 0 = the task's
   /// train_flops_per_sample(), else 3 x 2 x forward MACs counted on one
   /// batch with core::count_cost.
-  double flops_per_sample = 0;
+  TORCH_ARG(double, flops_per_sample) = 0;
   /// Peak FLOP/s that MFU divides by; 0 = core::peak_flops(device, math of
   /// the trainer's precision); negative = no MFU.
-  double peak_flops = 0;
+  TORCH_ARG(double, peak_flops) = 0;
   /// Where warnings and notes go.
-  std::FILE* stream = stderr;
+  TORCH_ARG(FileStream, stream) = stderr;
 };
 
 /// Numbers of a whole fit, for summary.json.

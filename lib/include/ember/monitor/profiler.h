@@ -5,6 +5,7 @@
 // ember::backward, ember::optimizer and ember::callbacks ranges around the
 // operators (and, on a GPU, the kernels) they ran.
 
+#include <torch/arg.h>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -19,19 +20,22 @@ struct RecordFunction;
 
 namespace ember::monitor {
 
+/// Where a monitor prints (a C stream: stderr, a file); an alias so that TORCH_ARG reads it as one type.
+using FileStream = std::FILE*;
+
 struct ProfilerOptions {
   /// Optimizer steps to trace (trainer.profile_steps).
-  int64_t steps = 0;
+  TORCH_ARG(int64_t, steps) = 0;
   /// Steps to run before tracing starts (warm-up: allocator, cuDNN autotuning).
-  int64_t wait = 5;
+  TORCH_ARG(int64_t, wait) = 5;
   /// Trace file (JSON); "" = <run.dir>/trace.json is set by the recipe runner.
-  std::string path;
+  TORCH_ARG(std::string, path);
   /// Record operator input shapes (larger trace).
-  bool record_shapes = false;
+  TORCH_ARG(bool, record_shapes) = false;
   /// Record tensor allocations and frees.
-  bool profile_memory = false;
+  TORCH_ARG(bool, profile_memory) = false;
   /// Where the "trace written" line goes.
-  std::FILE* stream = stderr;
+  TORCH_ARG(FileStream, stream) = stderr;
 };
 
 class Profiler : public train::Callback {

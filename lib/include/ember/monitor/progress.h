@@ -2,6 +2,7 @@
 // The console progress line: epoch, step, loss, learning rate, throughput,
 // memory and ETA, refreshed in place on a terminal.
 
+#include <torch/arg.h>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -11,13 +12,16 @@
 
 namespace ember::monitor {
 
+/// Where a monitor prints (a C stream: stderr, a file); an alias so that TORCH_ARG reads it as one type.
+using FileStream = std::FILE*;
+
 struct ProgressOptions {
   /// Seconds between refreshes when the stream is a terminal.
-  double interval = 0.25;
+  TORCH_ARG(double, interval) = 0.25;
   /// Seconds between plain lines when it is not (CI logs, files).
-  double plain_interval = 10.0;
+  TORCH_ARG(double, plain_interval) = 10.0;
   /// Where to print; stderr keeps stdout for results.
-  std::FILE* stream = stderr;
+  TORCH_ARG(FileStream, stream) = stderr;
 };
 
 /// One live line on a terminal ("\r"-refreshed, at most 1/interval per

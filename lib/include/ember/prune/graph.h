@@ -34,6 +34,7 @@
 // the channels came from. The model's outputs are never resized. The result is
 // conservative: it never produces a model that computes something else.
 
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
@@ -88,9 +89,9 @@ struct Group {
 struct GraphOptions {
   /// Modules whose parameters and buffers must keep their shapes: qualified
   /// names ("fc", "layer4.1.conv2"); a name also covers its submodules.
-  std::vector<std::string> ignored_layers;
+  TORCH_ARG(std::vector<std::string>, ignored_layers);
   /// Also print each warning once with TORCH_WARN (they are always kept in warnings()).
-  bool print_warnings = true;
+  TORCH_ARG(bool, print_warnings) = true;
 };
 
 class DependencyGraph {

@@ -13,9 +13,10 @@
 //
 // Command line: RECIPE [--config FILE] [--help] [key=value ...]. The recipe's
 // default config is applied unless --config replaces it; key=value overrides
-// come last. Exit status: 0 done, 2 bad command line or config, 1 error,
-// 130 stopped by SIGINT/SIGTERM (a checkpoint was saved; resume with
-// trainer.resume=auto run.dir=<same folder>).
+// come last. Exit status: 0 done, 2 bad command line or config (an
+// ember::Error of ErrorKind::kConfig), 1 any other error, 130 stopped by
+// SIGINT/SIGTERM (a checkpoint was saved; resume with trainer.resume=auto
+// run.dir=<same folder>).
 
 #include <cmath>
 #include <functional>
@@ -25,19 +26,17 @@
 #include <string_view>
 
 #include "ember/core/config.h"
-#include "ember/monitor/monitor.h"
 #include "ember/train/task.h"
 #include "ember/train/trainer.h"
 
 namespace ember::recipe {
 
-/// Declares the keys every recipe shares: run.*, trainer.*, optim.*, sched.*,
-/// early_stop.*, monitor.*, mfu.*.
-void declare_trainer_keys(core::Config& config);
-
-/// train::TrainerOptions from those keys. `steps_per_epoch` (optimizer steps) turns
-/// epoch-based schedule keys into steps.
-train::TrainerOptions trainer_options_from_config(const core::Config& config, int64_t steps_per_epoch);
+/// Declares the keys every recipe shares: the runner's own (run.dir,
+/// run.malloc_tuning, trainer.device, trainer.seed, trainer.threads) and each
+/// area's: train::declare_trainer_keys (trainer.*, amp.*, optim.*, sched.*,
+/// early_stop.*), monitor::declare_monitor_keys (monitor.*, mfu.*, progress,
+/// profiling) and dist::declare_dist_keys (dist.*).
+void declare_recipe_keys(core::Config& config);
 
 /// What a run leaves in summary.json.
 struct RunSummary {
@@ -58,13 +57,6 @@ struct RunSummary {
   /// memory; summary.json's "monitor" object.
   std::map<std::string, double> monitor;
 };
-
-/// Adds the standard run callbacks to `trainer` from the trainer.* and
-/// monitor.* keys: the progress line (trainer.progress), the Monitor
-/// (metrics.jsonl, CSV, TensorBoard in `run_dir`) and the Profiler
-/// (trainer.profile_steps). Returns the Monitor.
-std::shared_ptr<monitor::Monitor> add_monitoring(train::Trainer& trainer, const core::Config& config,
-                                                 const std::string& run_dir);
 
 /// Writes summary.json atomically.
 void write_summary(const std::string& path, const RunSummary& summary);

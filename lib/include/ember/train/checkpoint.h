@@ -1,6 +1,8 @@
 #pragma once
-// Atomic file writes for checkpoints and run files. The functions live in
-// ember/core/file.h; these names keep ember::train callers working.
+// Checkpoints. Trainer::save_checkpoint writes one (atomically: a temporary
+// file, fsync, rename) and TrainerOptions::resume loads one; both live in
+// lib/src/train/checkpoint.cpp, which documents what a checkpoint holds. The
+// atomic file helpers are ember/core/file.h's, here also under ember::train.
 
 #include "ember/core/file.h"
 

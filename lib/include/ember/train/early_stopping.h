@@ -1,6 +1,7 @@
 #pragma once
 // EarlyStopping: stops fit when a validation metric stops improving.
 
+#include <torch/arg.h>
 #include <limits>
 #include <string>
 
@@ -8,15 +9,22 @@
 
 namespace ember::train {
 
+/// What early stopping watches.
+enum class EarlyStoppingMetric { kValLoss, kValAccuracy };
+/// "val_loss" or "val_accuracy" -> EarlyStoppingMetric; anything else is a config error.
+EarlyStoppingMetric parse_early_stopping_metric(const std::string& name);
+const char* to_string(EarlyStoppingMetric metric);
+
 struct EarlyStoppingOptions {
-  /// val_loss or val_accuracy.
-  std::string monitor = "val_loss";
   /// Epochs without improvement before stopping.
-  int64_t patience = 3;
+  explicit EarlyStoppingOptions(int64_t patience = 3) : patience_(patience) {}
+  TORCH_ARG(int64_t, patience);
+  /// Validation loss (lower is better) or accuracy (higher is better).
+  TORCH_ARG(EarlyStoppingMetric, monitor) = EarlyStoppingMetric::kValLoss;
   /// Smallest change that counts as an improvement.
-  double min_delta = 0.0;
+  TORCH_ARG(double, min_delta) = 0.0;
   /// Stop when the monitored value is not finite (NaN/inf loss).
-  bool check_finite = true;
+  TORCH_ARG(bool, check_finite) = true;
 };
 
 class EarlyStopping : public Callback {

@@ -1,32 +1,66 @@
 #pragma once
-// Optimizers built from a small spec (used by recipes' optim.* config keys).
+// Optimizers from typed options, with parameter groups.
+//
+//   auto opt = ember::train::make_optimizer(*model, ember::train::OptimizerOptions(3e-4)
+//                                                       .kind(ember::train::OptimizerKind::kAdamW)
+//                                                       .weight_decay(0.1));
+//
+// By default weight decay applies only to weight matrices and convolution
+// kernels: not to biases, normalisation weights (any parameter with fewer than
+// 2 dimensions) or embedding tables, as GPT-style training and timm do; the
+// optimizer then has two groups, decayed first. OptimizerOptions::groups
+// gives chosen parameters (by name) their own learning rate or weight decay.
 
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace ember::train {
 
-struct OptimizerSpec {
-  /// sgd, adam or adamw.
-  std::string name = "sgd";
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+/// "sgd", "adam", "adamw" -> OptimizerKind; anything else is a config error listing them.
+OptimizerKind parse_optimizer_kind(const std::string& name);
+const char* to_string(OptimizerKind kind);
+
+/// Parameters that get their own learning rate or weight decay.
+struct ParamGroupOptions {
+  /// Selects the parameters by qualified name (e.g. "head.weight"); the first
+  /// group that selects a parameter takes it.
+  std::function<bool(const std::string& name)> select;
+  /// This group's base learning rate (schedules scale it); default: the optimizer's.
+  std::optional<double> lr;
+  /// This group's weight decay; default: the optimizer's, subject to decay_all_parameters.
+  std::optional<double> weight_decay;
+};
+
+struct OptimizerOptions {
+  explicit OptimizerOptions(double lr = 0.1) : lr_(lr) {}
+  TORCH_ARG(OptimizerKind, kind) = OptimizerKind::kSgd;
   /// Base learning rate (schedules scale it).
-  double lr = 0.1;
+  TORCH_ARG(double, lr);
   /// SGD momentum.
-  double momentum = 0.9;
+  TORCH_ARG(double, momentum) = 0.9;
   /// SGD: Nesterov momentum.
-  bool nesterov = true;
+  TORCH_ARG(bool, nesterov) = true;
   /// Weight decay (decoupled for adamw, L2 for sgd and adam).
-  double weight_decay = 5e-4;
+  TORCH_ARG(double, weight_decay) = 5e-4;
+  /// Also decay biases, normalisation weights and embeddings (false: only
+  /// parameters with 2 or more dimensions that are not embedding tables).
+  TORCH_ARG(bool, decay_all_parameters) = false;
   /// Adam beta1, beta2.
-  double beta1 = 0.9;
-  double beta2 = 0.999;
+  TORCH_ARG(double, beta1) = 0.9;
+  TORCH_ARG(double, beta2) = 0.999;
   /// Adam epsilon.
-  double eps = 1e-8;
+  TORCH_ARG(double, eps) = 1e-8;
+  /// Parameter groups with their own settings, tried in order before the defaults.
+  TORCH_ARG(std::vector<ParamGroupOptions>, groups);
 };
 
 /// The parameters training updates, with their names: those that require
@@ -39,8 +73,22 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable_named_parameters(co
 /// trainable_named_parameters() without the names.
 std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& model);
 
-/// Builds the optimizer over trainable_parameters(model). An unknown name is
-/// an error listing the valid ones.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model, const OptimizerSpec& spec);
+/// Whether weight decay, by default, skips this parameter of `model`: fewer
+/// than 2 dimensions (biases, normalisation weights) or an embedding table.
+bool is_no_decay_parameter(const torch::nn::Module& model, const std::string& name, const torch::Tensor& p);
+
+/// One group of the optimizer make_optimizer builds: its parameter names and settings.
+struct ParamGroupPlan {
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  double lr = 0.0;
+  double weight_decay = 0.0;
+};
+/// The groups make_optimizer builds from `options` over trainable_named_parameters(model),
+/// in order; empty groups are left out.
+std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model, const OptimizerOptions& options);
+
+/// Builds the optimizer over plan_param_groups(model, options). Bad values are config errors.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model, const OptimizerOptions& options);
 
 }  // namespace ember::train

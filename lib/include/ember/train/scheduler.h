@@ -16,6 +16,8 @@
 //              over `warmup_steps` (LinearLR then SequentialLR-like hand-off:
 //              the inner schedule sees step - warmup_steps afterwards)
 
+#include <torch/arg.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,14 +62,15 @@ class CosineSchedule : public Schedule {
 };
 
 struct OneCycleOptions {
+  explicit OneCycleOptions(int64_t total_steps = 1000) : total_steps_(total_steps) {}
   /// Total optimizer steps of the cycle.
-  int64_t total_steps = 1000;
+  TORCH_ARG(int64_t, total_steps);
   /// Fraction of the cycle spent increasing the rate.
-  double pct_start = 0.3;
+  TORCH_ARG(double, pct_start) = 0.3;
   /// Initial rate = base / div_factor.
-  double div_factor = 25.0;
+  TORCH_ARG(double, div_factor) = 25.0;
   /// Final rate = initial / final_div_factor.
-  double final_div_factor = 1e4;
+  TORCH_ARG(double, final_div_factor) = 1e4;
 };
 
 class OneCycleSchedule : public Schedule {
@@ -93,32 +96,36 @@ class WarmupSchedule : public Schedule {
   std::shared_ptr<Schedule> after_;
 };
 
-/// What the Trainer's config keys describe (sched.*). Lengths are in
-/// optimizer steps; the Trainer converts epochs to steps.
-struct ScheduleSpec {
-  /// constant, step, cosine or onecycle.
-  std::string name = "constant";
+enum class ScheduleKind { kConstant, kStep, kCosine, kOneCycle };
+/// "constant", "step", "cosine", "onecycle" -> ScheduleKind; anything else is a config error listing them.
+ScheduleKind parse_schedule_kind(const std::string& name);
+const char* to_string(ScheduleKind kind);
+
+/// A schedule and its settings (the sched.* config keys). Lengths are in
+/// optimizer steps; trainer_options_from_config converts epochs to steps.
+struct ScheduleOptions {
+  TORCH_ARG(ScheduleKind, kind) = ScheduleKind::kConstant;
   /// Linear warm-up steps before the schedule (0 = none).
-  int64_t warmup_steps = 0;
+  TORCH_ARG(int64_t, warmup_steps) = 0;
   /// Warm-up starts at this fraction of the rate.
-  double warmup_start_factor = 0.1;
+  TORCH_ARG(double, warmup_start_factor) = 0.1;
   /// step: steps between decays.
-  int64_t step_size = 1000;
+  TORCH_ARG(int64_t, step_size) = 1000;
   /// step: decay factor.
-  double gamma = 0.1;
+  TORCH_ARG(double, gamma) = 0.1;
   /// cosine: final rate as a fraction of the base rate.
-  double min_factor = 0.0;
+  TORCH_ARG(double, min_factor) = 0.0;
   /// cosine / onecycle: length of the schedule (excluding warm-up).
-  int64_t total_steps = 1000;
+  TORCH_ARG(int64_t, total_steps) = 1000;
   /// onecycle: fraction of the cycle spent warming up.
-  double pct_start = 0.3;
+  TORCH_ARG(double, pct_start) = 0.3;
   /// onecycle: initial rate = base / div_factor.
-  double div_factor = 25.0;
+  TORCH_ARG(double, div_factor) = 25.0;
   /// onecycle: final rate = initial / final_div_factor.
-  double final_div_factor = 1e4;
+  TORCH_ARG(double, final_div_factor) = 1e4;
 };
 
-/// Builds a schedule by name; an unknown name is an error listing the valid ones.
-std::shared_ptr<Schedule> make_schedule(const ScheduleSpec& spec);
+/// The schedule `options` describe.
+std::shared_ptr<Schedule> make_schedule(const ScheduleOptions& options);
 
 }  // namespace ember::train

@@ -2,10 +2,10 @@
 // Trainer: the one training loop every recipe and feature uses.
 // The call order of its hooks is documented in ember/train/callback.h.
 
+#include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +13,7 @@
 #include "ember/amp/grad_scaler.h"
 #include "ember/amp/precision.h"
 #include "ember/train/callback.h"
+#include "ember/train/distribution.h"
 #include "ember/train/optim.h"
 #include "ember/train/scheduler.h"
 #include "ember/train/task.h"
@@ -21,47 +22,42 @@ namespace ember::train {
 
 struct TrainerOptions {
   /// Passes over the training data.
-  int64_t epochs = 10;
+  TORCH_ARG(int64_t, epochs) = 10;
   /// Stop after this many optimizer steps, skipped ones (fp16-mixed) included;
   /// -1 = no limit. The LR schedule advances on real steps only, so after k
   /// skipped steps it ends k steps short of its last value.
-  int64_t max_steps = -1;
+  TORCH_ARG(int64_t, max_steps) = -1;
   /// Batches whose gradients are summed into one optimizer step.
-  int64_t accumulate_grad_batches = 1;
+  TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
   /// Clip the global gradient L2 norm to this value (after unscaling; no host sync); 0 = off.
-  double clip_grad_norm = 0.0;
+  TORCH_ARG(double, clip_grad_norm) = 0.0;
   /// fp32, tf32 (CUDA), bf16-mixed or fp16-mixed; see ember/amp/precision.h.
-  std::string precision = "fp32";
+  TORCH_ARG(amp::Precision, precision) = amp::Precision::kFp32;
   /// Dynamic loss scaling of fp16-mixed (PyTorch's GradScaler defaults).
-  amp::GradScalerOptions grad_scaler;
-  /// Run folder (metrics.jsonl, checkpoints/, config); "" = write nothing.
-  std::string run_dir;
+  TORCH_ARG(amp::GradScalerOptions, grad_scaler);
+  /// Run folder (checkpoints/); "" = write nothing.
+  TORCH_ARG(std::string, run_dir);
   /// "" = start fresh; "auto" = <run_dir>/checkpoints/last.pt if present (a note on stderr when it is
   /// not: the run starts fresh); else a checkpoint path, which must exist. FitResult::resumed_from and
   /// resumed_at_step say what was loaded.
-  std::string resume;
+  TORCH_ARG(std::string, resume);
   /// Validate every N epochs (0 = never).
-  int64_t val_every = 1;
-  /// Checkpoint every N epochs (0 = only when stopped by a signal or request).
-  int64_t checkpoint_every = 1;
-  /// Optimizer steps between metrics.jsonl step records.
-  int64_t log_every = 50;
+  TORCH_ARG(int64_t, val_every) = 1;
+  /// Checkpoint every N epochs (0 = only at the end and when stopped by a signal or request).
+  TORCH_ARG(int64_t, checkpoint_every) = 1;
   /// Stop cleanly, after saving a checkpoint, on SIGINT/SIGTERM: fit() installs
   /// handlers for its duration and restores the previous ones. Off by default,
   /// as a library should leave a program's signals alone; the recipe runner
   /// turns it on for one-process runs.
-  bool handle_signals = false;
+  TORCH_ARG(bool, handle_signals) = false;
   /// Used when the Task does not build its own optimizer.
-  OptimizerSpec optimizer;
+  TORCH_ARG(OptimizerOptions, optimizer);
   /// Learning-rate schedule over optimizer steps; nullptr = constant.
-  std::shared_ptr<Schedule> schedule;
-  /// Write checkpoints (data-parallel training: rank 0 only; every rank still
-  /// reads them to resume).
-  bool save_checkpoints = true;
-  /// Sums a tensor over processes in place (data-parallel training: each rank
-  /// trains on a shard, so the epoch's training loss and accuracy are summed
-  /// over ranks before they are reported); empty = one process.
-  std::function<void(torch::Tensor&)> all_reduce_sum;
+  TORCH_ARG(std::shared_ptr<Schedule>, schedule);
+  /// The other processes of a data-parallel run (sums of the epoch metrics,
+  /// the writing rank, agreement on stops and the resume position); the
+  /// default is one process.
+  TORCH_ARG(std::shared_ptr<Distribution>, distribution) = single_process();
 };
 
 /// Running sums of one pass over a loader, kept on the device so that no step
@@ -129,13 +125,13 @@ class Trainer {
   const std::string& last_checkpoint() const { return last_checkpoint_; }
 
  private:
+  // Checkpoint I/O (train/checkpoint.cpp).
   void load_checkpoint(const std::string& path);
   std::string resolve_resume_path() const;
   void apply_schedule();
   void reduce_across_processes(PassSums& sums) const;
 
   TrainerOptions options_;
-  amp::Precision precision_;  // options_.precision, parsed once
   std::vector<std::shared_ptr<Callback>> callbacks_;
   Task* task_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

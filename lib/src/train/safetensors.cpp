@@ -1,4 +1,4 @@
-#include "ember/core/safetensors.h"
+#include "ember/train/safetensors.h"
 
 #include <torch/torch.h>
 
@@ -18,7 +18,7 @@
 #error "ember's safetensors reader/writer copies tensor bytes as they are: it needs a little-endian host"
 #endif
 
-namespace ember::core {
+namespace ember::train {
 namespace {
 
 /// The Python/Rust reference refuses larger headers too (MAX_HEADER_SIZE).
@@ -60,7 +60,7 @@ uint64_t read_u64_le(const unsigned char* p) {
 }
 
 [[noreturn]] void bad_entry(const std::string& path, const std::string& name, const std::string& what) {
-  detail::fail("[core::load_safetensors] {}: tensor '{}': {}", path, name, what);
+  ember::detail::fail("[train::load_safetensors] {}: tensor '{}': {}", path, name, what);
 }
 
 }  // namespace
@@ -74,19 +74,19 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   for (const auto& [name, t] : tensors) {
     EMBER_CHECK(
         name != "__metadata__",
-        "[core::save_safetensors] {}: \"__metadata__\" is reserved for the metadata; rename the tensor",
+        "[train::save_safetensors] {}: \"__metadata__\" is reserved for the metadata; rename the tensor",
         path);
     EMBER_CHECK(names.insert(name).second,
-                "[core::save_safetensors] {}: tensor name '{}' appears twice; names must be unique", path,
+                "[train::save_safetensors] {}: tensor name '{}' appears twice; names must be unique", path,
                 name);
-    EMBER_CHECK(t.defined(), "[core::save_safetensors] {}: tensor '{}' is undefined", path, name);
+    EMBER_CHECK(t.defined(), "[train::save_safetensors] {}: tensor '{}' is undefined", path, name);
     EMBER_CHECK(t.layout() == torch::kStrided,
-                "[core::save_safetensors] {}: tensor '{}' has layout {}; only dense (strided) tensors can be "
+                "[train::save_safetensors] {}: tensor '{}' has layout {}; only dense (strided) tensors can be "
                 "saved (call .to_dense() first)",
                 path, name, c10::str(t.layout()));
     EMBER_CHECK(
         dtype_name(t.scalar_type()) != nullptr,
-        "[core::save_safetensors] {}: tensor '{}' has dtype {}; safetensors here takes {} (convert it "
+        "[train::save_safetensors] {}: tensor '{}' has dtype {}; safetensors here takes {} (convert it "
         "with .to())",
         path, name, c10::toString(t.scalar_type()), kDtypeList);
     cpu.push_back(t.detach().to(torch::kCPU).contiguous());
@@ -112,7 +112,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   try {
     json = header.dump();
   } catch (const nlohmann::json::exception& e) {
-    detail::fail("[core::save_safetensors] {}: a tensor name or metadata string is not valid UTF-8 ({})",
+    ember::detail::fail("[train::save_safetensors] {}: a tensor name or metadata string is not valid UTF-8 ({})",
                  path, e.what());
   }
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -122,7 +122,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   write_u64_le(file, json.size());
   file += json;
   for (const torch::Tensor& t : cpu) file.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  write_file_atomic(path, file);
+  core::write_file_atomic(path, file);
 }
 
 void save_safetensors(const std::string& path, const torch::nn::Module& module,
@@ -142,31 +142,31 @@ void save_safetensors(const std::string& path, const torch::nn::Module& module,
 
 NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
   std::ifstream in(path, std::ios::binary);
-  EMBER_CHECK(in.good(), "[core::load_safetensors] {}: cannot open: {}", path, std::strerror(errno));
+  EMBER_CHECK(in.good(), "[train::load_safetensors] {}: cannot open: {}", path, std::strerror(errno));
   in.seekg(0, std::ios::end);
   const auto file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
   EMBER_CHECK(
       file_size >= 8,
-      "[core::load_safetensors] {}: {} bytes, too short for the 8-byte header length (truncated, or not "
+      "[train::load_safetensors] {}: {} bytes, too short for the 8-byte header length (truncated, or not "
       "a safetensors file)",
       path, file_size);
   unsigned char size_bytes[8];
   in.read(reinterpret_cast<char*>(size_bytes), 8);
   const uint64_t header_size = read_u64_le(size_bytes);
   EMBER_CHECK(header_size > 0 && header_size <= kMaxHeaderBytes,
-              "[core::load_safetensors] {}: header length {} is not in 1..{} (not a safetensors file?)", path,
+              "[train::load_safetensors] {}: header length {} is not in 1..{} (not a safetensors file?)", path,
               header_size, kMaxHeaderBytes);
   EMBER_CHECK(
       header_size <= file_size - 8,
-      "[core::load_safetensors] {}: header length {} runs past the end of the {}-byte file (truncated?)",
+      "[train::load_safetensors] {}: header length {} runs past the end of the {}-byte file (truncated?)",
       path, header_size, file_size);
   std::string text(header_size, '\0');
   in.read(text.data(), static_cast<std::streamsize>(header_size));
-  EMBER_CHECK(in.good(), "[core::load_safetensors] {}: cannot read the header: {}", path,
+  EMBER_CHECK(in.good(), "[train::load_safetensors] {}: cannot read the header: {}", path,
               std::strerror(errno));
   EMBER_CHECK(text.front() == '{',
-              "[core::load_safetensors] {}: the header does not start with '{{' (not a safetensors file?)",
+              "[train::load_safetensors] {}: the header does not start with '{{' (not a safetensors file?)",
               path);
 
   // Keys at depth 1 are tensor names (and "__metadata__"); JSON parsers keep
@@ -183,10 +183,10 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
   try {
     header = nlohmann::json::parse(text, on_event);
   } catch (const nlohmann::json::exception& e) {
-    detail::fail("[core::load_safetensors] {}: the header is not valid JSON: {}", path, e.what());
+    ember::detail::fail("[train::load_safetensors] {}: the header is not valid JSON: {}", path, e.what());
   }
-  EMBER_CHECK(header.is_object(), "[core::load_safetensors] {}: the header is JSON but not an object", path);
-  EMBER_CHECK(duplicate.empty(), "[core::load_safetensors] {}: the header names '{}' twice", path, duplicate);
+  EMBER_CHECK(header.is_object(), "[train::load_safetensors] {}: the header is JSON but not an object", path);
+  EMBER_CHECK(duplicate.empty(), "[train::load_safetensors] {}: the header names '{}' twice", path, duplicate);
 
   if (metadata != nullptr) metadata->clear();
   struct Entry {
@@ -198,10 +198,10 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
   std::vector<Entry> entries;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
-      EMBER_CHECK(info.is_object(), "[core::load_safetensors] {}: \"__metadata__\" is not an object", path);
+      EMBER_CHECK(info.is_object(), "[train::load_safetensors] {}: \"__metadata__\" is not an object", path);
       for (const auto& [key, value] : info.items()) {
         EMBER_CHECK(value.is_string(),
-                    "[core::load_safetensors] {}: metadata '{}' is {}, expected a string (the format allows "
+                    "[train::load_safetensors] {}: metadata '{}' is {}, expected a string (the format allows "
                     "only string values)",
                     path, key, value.type_name());
         if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
@@ -252,19 +252,19 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
   for (const Entry& e : entries) {
     EMBER_CHECK(
         e.end <= data_size,
-        "[core::load_safetensors] {}: tensor '{}': data_offsets [{}, {}] run past the {}-byte data part "
+        "[train::load_safetensors] {}: tensor '{}': data_offsets [{}, {}] run past the {}-byte data part "
         "(truncated file?)",
         path, e.name, e.begin, e.end, data_size);
     EMBER_CHECK(
         e.begin == expected,
-        "[core::load_safetensors] {}: tensor '{}': data_offsets [{}, {}] {} the previous tensor, which "
+        "[train::load_safetensors] {}: tensor '{}': data_offsets [{}, {}] {} the previous tensor, which "
         "ends at {} (tensors must be laid out back to back)",
         path, e.name, e.begin, e.end, e.begin < expected ? "overlap" : "leave a gap after", expected);
     expected = e.end;
   }
   EMBER_CHECK(
       expected == data_size,
-      "[core::load_safetensors] {}: the tensors cover {} bytes but the data part has {} (trailing bytes "
+      "[train::load_safetensors] {}: the tensors cover {} bytes but the data part has {} (trailing bytes "
       "or a missing entry)",
       path, expected, data_size);
 
@@ -278,17 +278,17 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
     }
     in.seekg(static_cast<std::streamoff>(8 + header_size + e.begin));
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    EMBER_CHECK(in.good(), "[core::load_safetensors] {}: tensor '{}': cannot read its {} bytes: {}", path,
+    EMBER_CHECK(in.good(), "[train::load_safetensors] {}: tensor '{}': cannot read its {} bytes: {}", path,
                 e.name, e.end - e.begin, std::strerror(errno));
     if (e.dtype == c10::kBool) {
       const auto* p = static_cast<const uint8_t*>(t.data_ptr());
       const uint64_t n = e.end - e.begin;
       EMBER_CHECK(std::all_of(p, p + n, [](uint8_t b) { return b <= 1; }),
-                  "[core::load_safetensors] {}: tensor '{}': BOOL bytes must be 0 or 1", path, e.name);
+                  "[train::load_safetensors] {}: tensor '{}': BOOL bytes must be 0 or 1", path, e.name);
     }
     tensors.emplace_back(e.name, std::move(t));
   }
   return tensors;
 }
 
-}  // namespace ember::core
+}  // namespace ember::train

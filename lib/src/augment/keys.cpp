@@ -1,4 +1,5 @@
-#include "ember/augment/pipeline.h"
+// Augmentation's config keys (augment.*, augment.mix.*).
+#include "ember/augment/keys.h"
 
 #include <torch/torch.h>
 
@@ -21,7 +22,7 @@ c10::ScalarType parse_dtype(const std::string& s) {
   if (s == "float32") return torch::kFloat32;
   if (s == "float16") return torch::kFloat16;
   if (s == "bfloat16") return torch::kBFloat16;
-  throw Error("[augment] augment.dtype must be float32, float16 or bfloat16, got \"" + s + "\"");
+  throw Error(ErrorKind::kConfig, "[augment] augment.dtype must be float32, float16 or bfloat16, got \"" + s + "\"");
 }
 
 const char* dtype_name(c10::ScalarType t) {
@@ -63,10 +64,10 @@ AugmentOptions augment_options_from_config(const core::Config& c) {
   if (crop == "none") o.crop(CropMode::kNone);
   else if (crop == "pad") o.crop(CropMode::kPad);
   else if (crop == "resized") o.crop(CropMode::kRandomResized);
-  else throw Error("[augment] augment.crop must be none, pad or resized, got \"" + crop + "\"");
+  else throw Error(ErrorKind::kConfig, "[augment] augment.crop must be none, pad or resized, got \"" + crop + "\"");
   std::vector<int64_t> size;
   for (double v : c.get_float_list("augment.size")) {
-    EMBER_CHECK(v >= 1 && v == std::floor(v), "[augment] augment.size must be whole pixels [H, W], got {}", v);
+    EMBER_CHECK_KIND(kConfig, v >= 1 && v == std::floor(v), "[augment] augment.size must be whole pixels [H, W], got {}", v);
     size.push_back(static_cast<int64_t>(v));
   }
   o.size(size).padding(c.get_int("augment.padding")).scale(c.get_float_list("augment.scale"));
@@ -78,11 +79,15 @@ AugmentOptions augment_options_from_config(const core::Config& c) {
   o.mean(c.get_float_list("augment.mean")).std(c.get_float_list("augment.std"));
   o.dtype(parse_dtype(c.get_string("augment.dtype")));
   const std::string layout = c.get_string("augment.layout");
-  EMBER_CHECK(layout == "nchw" || layout == "nhwc", "[augment] augment.layout must be nchw or nhwc, got \"{}\"", layout);
+  EMBER_CHECK_KIND(kConfig, layout == "nchw" || layout == "nhwc", "[augment] augment.layout must be nchw or nhwc, got \"{}\"", layout);
   o.layout(layout == "nhwc" ? Layout::kNHWC : Layout::kNCHW);
   // Validate now (a bad value is a config error before training starts).
   const int64_t probe_h = size.empty() ? 8 : size[0], probe_w = size.empty() ? 8 : size[1];
-  sample_params(o, torch::zeros({0}, torch::kInt64), probe_h, probe_w, 0, 0);
+  try {
+    sample_params(o, torch::zeros({0}, torch::kInt64), probe_h, probe_w, 0, 0);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kConfig, e.what());
+  }
   return o;
 }
 
@@ -91,55 +96,12 @@ MixOptions mix_options_from_config(const core::Config& c) {
   m.mixup_alpha(c.get_float("augment.mix.mixup_alpha")).cutmix_alpha(c.get_float("augment.mix.cutmix_alpha"));
   m.switch_p(c.get_float("augment.mix.switch_p")).p(c.get_float("augment.mix.p"));
   m.label_smoothing(c.get_float("augment.mix.label_smoothing"));
-  sample_mix_params(m, torch::zeros({0}, torch::kInt64), 1, 1, 0, 0);  // validates
+  try {
+    sample_mix_params(m, torch::zeros({0}, torch::kInt64), 1, 1, 0, 0);  // validates
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kConfig, e.what());
+  }
   return m;
-}
-
-std::function<data::Batch(data::Batch)> batch_transform(AugmentOptions options, uint64_t seed) {
-  return [options = std::move(options), seed](data::Batch b) {
-    EMBER_CHECK(b.index.defined() && b.index.size(0) == b.size(),
-                "[augment::batch_transform] the batch has no sample indices (batch.index); use a loader that "
-                "fills them (data::TensorLoader does)");
-    b.input = augment(b.input, b.index, options, seed, b.epoch).images;
-    return b;
-  };
-}
-
-MixResult mix_batch(const data::Batch& batch, int64_t num_classes, const MixOptions& mix, uint64_t seed) {
-  EMBER_CHECK(batch.index.defined() && batch.index.size(0) == batch.size(),
-              "[augment::mix_batch] the batch has no sample indices (batch.index)");
-  if (mixing(mix)) return augment::mix(batch.input, batch.target, num_classes, batch.index, mix, seed, batch.epoch);
-  // No mixing: the images as they are, the labels as (smoothed) one-hot rows.
-  torch::Tensor params = torch::zeros({batch.size(), kNumMixParams}, torch::kFloat32);
-  params.select(1, kMixLambda).fill_(1.0f);
-  return {batch.input, one_hot_targets(batch.target, num_classes, mix.label_smoothing(), batch.input.device()),
-          params};
-}
-
-data::TensorLoaderOptions with_augment(data::TensorLoaderOptions loader, AugmentOptions options, uint64_t seed) {
-  auto t = batch_transform(std::move(options), seed);
-  if (loader.device.is_cpu() && !loader.resident) return loader.set_transform(std::move(t));
-  return loader.set_device_transform(std::move(t));
-}
-
-Loaders make_loaders(const data::TensorDataset& train, const data::TensorDataset& test, int64_t val_size,
-                     const data::TensorLoaderOptions& base, const AugmentOptions& train_aug, int64_t eval_batch_size) {
-  EMBER_CHECK(val_size >= 0 && val_size < train.size(),
-              "[augment::make_loaders] data.val_size={} must be in [0, {}) (the training set's size)", val_size,
-              train.size());
-  auto eval = with_augment(base, eval_options(train_aug), base.seed);
-  // Every rank evaluates the whole held-out set (exact metrics, no padding);
-  // only training is sharded.
-  eval.set_batch_size(eval_batch_size).set_shuffle(false).set_num_replicas(1).set_rank(0);
-  const int64_t n_train = train.size() - val_size;
-  const auto part = [&](int64_t begin, int64_t n) {
-    return data::TensorDataset{train.inputs.narrow(0, begin, n), train.targets.narrow(0, begin, n)};
-  };
-  Loaders l;
-  l.train = std::make_unique<data::TensorLoader>(part(0, n_train), with_augment(base, train_aug, base.seed));
-  if (val_size > 0) l.val = std::make_unique<data::TensorLoader>(part(n_train, val_size), eval);
-  l.test = std::make_unique<data::TensorLoader>(test, eval);
-  return l;
 }
 
 }  // namespace ember::augment

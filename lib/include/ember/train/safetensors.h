@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-namespace ember::core {
+namespace ember::train {
 
 /// Tensors under their names, in a chosen order (the file keeps it).
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -50,4 +50,4 @@ void save_safetensors(const std::string& path, const torch::nn::Module& module,
 NamedTensors load_safetensors(const std::string& path,
                               std::map<std::string, std::string>* metadata = nullptr);
 
-}  // namespace ember::core
+}  // namespace ember::train

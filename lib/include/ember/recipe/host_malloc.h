@@ -12,7 +12,7 @@
 
 #include <cstddef>
 
-namespace ember::core {
+namespace ember::recipe {
 
 /// Fixes glibc's mmap threshold at `mmap_threshold` bytes (blocks below it are
 /// reused from the heap) and stops trimming the heap. Process-wide: recipes
@@ -21,4 +21,4 @@ namespace ember::core {
 /// `mmap_threshold` is clamped to glibc's maximum, 32 MiB.
 bool tune_host_malloc(std::size_t mmap_threshold = std::size_t{32} << 20);
 
-}  // namespace ember::core
+}  // namespace ember::recipe

@@ -1,4 +1,4 @@
-#include "ember/core/host_malloc.h"
+#include "ember/recipe/host_malloc.h"
 
 #include <climits>
 
@@ -6,7 +6,7 @@
 #include <malloc.h>
 #endif
 
-namespace ember::core {
+namespace ember::recipe {
 
 bool tune_host_malloc(std::size_t mmap_threshold) {
 #if defined(__GLIBC__)
@@ -24,4 +24,4 @@ bool tune_host_malloc(std::size_t mmap_threshold) {
 #endif
 }
 
-}  // namespace ember::core
+}  // namespace ember::recipe

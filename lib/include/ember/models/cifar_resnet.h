@@ -4,15 +4,21 @@
 // width, 2 width and 4 width channels (the last two start with stride 2 and a
 // 1x1 projection shortcut), global average pooling, one linear layer.
 // width 16, blocks 3 is ResNet-20 (0.27 M parameters, 41 MFLOPs per image).
+// Any input size works (global average pooling): the image_folder and
+// prune_finetune recipes use it on 64x64 and 28x28 images.
 #include <torch/torch.h>
 
 #include <cstdint>
 
+namespace ember::models {
+
 struct CifarResNetOptions {
-  int64_t width = 16;        ///< channels of the first stage
-  int64_t blocks = 3;        ///< basic blocks per stage (depth 6 blocks + 2)
-  int64_t num_classes = 10;
-  int64_t in_channels = 3;
+  /// Channels of the first stage (the others have 2x and 4x).
+  TORCH_ARG(int64_t, width) = 16;
+  /// Basic blocks per stage (depth 6 blocks + 2).
+  TORCH_ARG(int64_t, blocks) = 3;
+  TORCH_ARG(int64_t, num_classes) = 10;
+  TORCH_ARG(int64_t, in_channels) = 3;
 };
 
 class BasicBlockImpl : public torch::nn::Module {
@@ -46,18 +52,18 @@ class CifarResNetImpl : public torch::nn::Module {
  public:
   explicit CifarResNetImpl(const CifarResNetOptions& o) {
     namespace nn = torch::nn;
-    stem_ = register_module("stem", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(o.in_channels, o.width, 3).padding(1).bias(false)),
-                                                   nn::BatchNorm2d(o.width), nn::ReLU()));
+    stem_ = register_module("stem", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(o.in_channels(), o.width(), 3).padding(1).bias(false)),
+                                                   nn::BatchNorm2d(o.width()), nn::ReLU()));
     stages_ = register_module("stages", nn::Sequential());
-    int64_t in = o.width;
+    int64_t in = o.width();
     for (int64_t stage = 0; stage < 3; ++stage) {
-      const int64_t out = o.width << stage;
-      for (int64_t b = 0; b < o.blocks; ++b) {
+      const int64_t out = o.width() << stage;
+      for (int64_t b = 0; b < o.blocks(); ++b) {
         stages_->push_back(BasicBlock(in, out, (stage > 0 && b == 0) ? 2 : 1));
         in = out;
       }
     }
-    fc_ = register_module("fc", nn::Linear(in, o.num_classes));
+    fc_ = register_module("fc", nn::Linear(in, o.num_classes()));
     for (auto& m : modules(/*include_self=*/false)) {
       if (auto* conv = m->as<nn::Conv2d>()) nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
     }
@@ -73,3 +79,5 @@ class CifarResNetImpl : public torch::nn::Module {
   torch::nn::Linear fc_{nullptr};
 };
 TORCH_MODULE(CifarResNet);
+
+}  // namespace ember::models

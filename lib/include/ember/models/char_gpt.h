@@ -1,5 +1,5 @@
 #pragma once
-// The char_gpt recipe's network: a small GPT-2-style decoder over bytes.
+// CharGpt: a small GPT-2-style decoder over bytes (the char_gpt recipe's network).
 //   idx [B,T] int64 in [0,256) -> wte(idx) + wpe(0..T-1) -> dropout   [B,T,d]
 //     -> n_layer x Block:  x = x + dropout(proj(attn(ln_1(x))))        causal, n_head heads
 //                          x = x + dropout(proj(gelu(fc(ln_2(x)))))    fc: d -> 4d, proj: 4d -> d
@@ -16,6 +16,8 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+namespace ember::models {
 
 struct CharGptOptions {
   /// Tokens: 256 byte values.
@@ -205,3 +207,5 @@ struct CharGptImpl : torch::nn::Module {
   }
 };
 TORCH_MODULE(CharGpt);
+
+}  // namespace ember::models

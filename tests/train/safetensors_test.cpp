@@ -1,6 +1,6 @@
 #include <ember/core/error.h>
 #include <ember/core/file.h>
-#include <ember/core/safetensors.h>
+#include <ember/train/safetensors.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -11,9 +11,9 @@
 #include <initializer_list>
 
 using namespace ember;
-using core::load_safetensors;
-using core::NamedTensors;
-using core::save_safetensors;
+using train::load_safetensors;
+using train::NamedTensors;
+using train::save_safetensors;
 
 namespace {
 
@@ -45,7 +45,7 @@ void expect_load_error(const std::string& path, std::initializer_list<const char
     ADD_FAILURE() << "no error loading " << path;
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("[core::load_safetensors] " + path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[train::load_safetensors] " + path), std::string::npos) << msg;
     for (const char* part : parts)
       EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' in: " << msg;
   }
@@ -176,7 +176,7 @@ TEST(Safetensors, SaveRejectsBadInput) {
       ADD_FAILURE() << "no error for " << part;
     } catch (const Error& e) {
       const std::string msg = e.what();
-      EXPECT_NE(msg.find("[core::save_safetensors] " + path), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[train::save_safetensors] " + path), std::string::npos) << msg;
       EXPECT_NE(msg.find(part), std::string::npos) << msg;
     }
   };

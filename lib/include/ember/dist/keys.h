@@ -1,0 +1,18 @@
+#pragma once
+// Data-parallel config keys: dist.*, with defaults from DdpOptions and
+// ProcessGroupOptions. dist.world_size and dist.rank are set by the recipe
+// runner from the launcher's environment, never by hand.
+
+#include "ember/core/config.h"
+#include "ember/dist/ddp.h"
+#include "ember/dist/process_group.h"
+
+namespace ember::dist {
+
+void declare_dist_keys(core::Config& config, const DdpOptions& ddp = {}, const ProcessGroupOptions& group = {});
+
+DdpOptions ddp_options_from_config(const core::Config& config);
+/// The group's options for a rank training on `device`.
+ProcessGroupOptions process_group_options_from_config(const core::Config& config, const torch::Device& device);
+
+}  // namespace ember::dist

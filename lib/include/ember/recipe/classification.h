@@ -1,0 +1,129 @@
+#pragma once
+// ClassificationTask: image classification on any labelled dataset with any
+// model, the data.* and augment.* keys, and soft targets for Mixup/CutMix.
+// The image recipes (fashion_mnist, cifar_resnet, image_folder,
+// prune_finetune) are a dataset and a model handed to it:
+//
+//   spec.declare = [](ember::core::Config& c) {
+//     c.declare("data.root", "/usr/share/datasets/fashion-mnist", "...");
+//     ember::recipe::declare_classification_keys(c, ember::recipe::ClassificationOptions().batch_size(128));
+//   };
+//   spec.make_task = [](const ember::core::Config& c, torch::Device device) {
+//     ember::models::FashionNet net;
+//     const std::string root = c.get_string("data.root");
+//     return ember::recipe::ClassificationTask::from_config(
+//         c, device, torch::nn::AnyModule(net),
+//         {ember::data::load_mnist(root, ember::data::Split::kTrain),
+//          ember::data::load_mnist(root, ember::data::Split::kTest), 10});
+//   };
+//
+// Batches: uint8 images are augmented (training) or only normalised and cast
+// (validation, test) by augment::augment, on the loader's thread before the
+// copy on the CPU, by the fused kernel after it on a GPU; training batches
+// are then mixed (augment.mix.*) into soft targets when the keys ask for it.
+// Accuracy is always measured against each sample's own label.
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "ember/augment/augment.h"
+#include "ember/augment/keys.h"
+#include "ember/augment/mix.h"
+#include "ember/core/config.h"
+#include "ember/data/loader.h"
+#include "ember/train/task.h"
+
+namespace ember::recipe {
+
+/// A loader transform: batch.input (uint8 [B, H, W, C], [B, H, W] or
+/// [B, 1, H, W]) -> augmented images, random per sample from (seed,
+/// batch.index, batch.epoch), so a resumed run sees the same augmentations.
+/// Runs on the batch's device.
+std::function<data::Batch(data::Batch)> augment_transform(augment::AugmentOptions options, uint64_t seed);
+
+/// The images and soft targets a classification step trains on: Mixup/CutMix
+/// of `batch` (keyed on batch.index and batch.epoch) when `mix` asks for it,
+/// else the batch's images with its labels as (smoothed) one-hot rows. Train
+/// with cross_entropy(model(r.images), r.targets) in both cases; measure
+/// accuracy against batch.target.
+augment::MixResult mix_batch(const data::Batch& batch, int64_t num_classes, const augment::MixOptions& mix,
+                             uint64_t seed);
+
+/// The data side of a classification recipe (the data.* and augment.* keys).
+struct ClassificationOptions {
+  /// Training batch size.
+  TORCH_ARG(int64_t, batch_size) = 128;
+  /// Validation and test batch size.
+  TORCH_ARG(int64_t, eval_batch_size) = 1000;
+  /// Train on the first N training samples / test on the first N test samples (0 = all).
+  TORCH_ARG(int64_t, train_subset) = 0;
+  TORCH_ARG(int64_t, test_subset) = 0;
+  /// Hold out the last N training samples for validation (0 = none).
+  TORCH_ARG(int64_t, val_size) = 0;
+  /// Batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU).
+  TORCH_ARG(int64_t, prefetch) = -1;
+  /// On a GPU, keep the uint8 dataset in device memory (data::TensorLoaderOptions::resident).
+  TORCH_ARG(bool, resident) = false;
+  /// Training augmentation; validation and test apply augment::eval_options of it.
+  TORCH_ARG(augment::AugmentOptions, augment);
+  /// Mixup/CutMix and label smoothing of the training targets.
+  TORCH_ARG(augment::MixOptions, mix);
+  /// Where batches go (the model is moved there too).
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// Seed of shuffling, augmentation and mixing (trainer.seed).
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Training is sharded over `world_size` processes, this one being `rank`
+  /// (dist.world_size, dist.rank); validation and test are not.
+  TORCH_ARG(int64_t, world_size) = 1;
+  TORCH_ARG(int64_t, rank) = 0;
+};
+
+/// Declares data.{batch_size, eval_batch_size, train_subset, test_subset,
+/// val_size, prefetch, resident} and the augment.* keys with `defaults`.
+void declare_classification_keys(core::Config& config, const ClassificationOptions& defaults);
+/// ClassificationOptions from those keys, trainer.seed, dist.world_size and
+/// dist.rank, for `device` (bad values are config errors).
+ClassificationOptions classification_options_from_config(const core::Config& config, const torch::Device& device);
+
+/// A labelled dataset: uint8 images, int64 labels in [0, num_classes).
+struct ClassificationData {
+  data::TensorDataset train;
+  data::TensorDataset test;
+  int64_t num_classes = 0;
+};
+
+class ClassificationTask : public train::Task {
+ public:
+  /// `model` maps float images [B, C, H, W] to logits [B, num_classes]; it is
+  /// moved to options.device().
+  ClassificationTask(torch::nn::AnyModule model, ClassificationData data, const ClassificationOptions& options);
+
+  /// With classification_options_from_config(config, device).
+  static std::unique_ptr<ClassificationTask> from_config(const core::Config& config, torch::Device device,
+                                                         torch::nn::AnyModule model, ClassificationData data);
+
+  std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
+  /// Cross-entropy on mixed soft targets (or the labels when nothing is mixed
+  /// or smoothed); accuracy against the labels.
+  train::StepOutput training_step(const data::Batch& batch) override;
+  /// Cross-entropy and accuracy against the labels.
+  train::StepOutput evaluation_step(const data::Batch& batch) override;
+  data::Loader& train_loader() override { return *train_; }
+  data::Loader* val_loader() override { return val_.get(); }
+  data::Loader* test_loader() override { return test_.get(); }
+
+  int64_t num_classes() const { return num_classes_; }
+
+ private:
+  torch::nn::AnyModule model_;
+  int64_t num_classes_;
+  augment::MixOptions mix_;
+  uint64_t seed_;
+  std::unique_ptr<data::TensorLoader> train_, val_, test_;
+};
+
+}  // namespace ember::recipe

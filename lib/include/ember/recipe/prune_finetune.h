@@ -1,0 +1,36 @@
+#pragma once
+// Prune, then fine-tune: a second phase any recipe can run after its dense
+// training (RecipeSpec::finish). A second fit with the pruning callback
+// removes prune.ratio of the channels at its first epoch (reporting per-layer
+// shapes, MACs, parameters and step times before and after) and fine-tunes for
+// finetune.epochs with a fresh optimizer and a cosine schedule, in its own run
+// folder <run.dir>/finetune. The summary then holds the pruned model's test
+// accuracy, dense_test_accuracy, macs_ratio, params_ratio and the measured
+// speedups; one line on stdout compares the two accuracies.
+//
+//   spec.declare = [](core::Config& c) { ...; recipe::declare_prune_finetune_keys(c); };
+//   spec.make_task = [](const core::Config& c, torch::Device d) { recipe::check_prune_finetune_config(c); ... };
+//   spec.finish = recipe::prune_and_finetune;
+
+#include "ember/core/config.h"
+#include "ember/prune/callback.h"
+#include "ember/recipe/recipe.h"
+#include "ember/train/task.h"
+#include "ember/train/trainer.h"
+
+namespace ember::recipe {
+
+/// The prune.* keys (defaults from `pruning`) and finetune.epochs, finetune.lr.
+void declare_prune_finetune_keys(core::Config& config,
+                                 const prune::PruningCallbackOptions& pruning = prune::PruningCallbackOptions());
+
+/// Fails (before the dense training) on bad prune.* values or a
+/// data-parallel launch: the fine-tuning fit runs in one process.
+void check_prune_finetune_config(const core::Config& config);
+
+/// The second phase, after the dense model was trained and tested (`summary`
+/// holds its test accuracy).
+void prune_and_finetune(train::Task& task, const core::Config& config, const train::FitResult& dense,
+                        RunSummary& summary);
+
+}  // namespace ember::recipe

@@ -1,0 +1,118 @@
+// ClassificationTask and the batch glue between data/ and augment/.
+#include "ember/recipe/classification.h"
+
+#include <torch/torch.h>
+
+#include "core/check.h"
+
+namespace ember::recipe {
+
+std::function<data::Batch(data::Batch)> augment_transform(augment::AugmentOptions options, uint64_t seed) {
+  return [options = std::move(options), seed](data::Batch b) {
+    EMBER_CHECK(b.index.defined() && b.index.size(0) == b.size(),
+                "[recipe::augment_transform] the batch has no sample indices (batch.index); use a loader that "
+                "fills them (data::TensorLoader does)");
+    b.input = augment::augment(b.input, b.index, options, seed, b.epoch).images;
+    return b;
+  };
+}
+
+augment::MixResult mix_batch(const data::Batch& batch, int64_t num_classes, const augment::MixOptions& mix,
+                             uint64_t seed) {
+  EMBER_CHECK(batch.index.defined() && batch.index.size(0) == batch.size(),
+              "[recipe::mix_batch] the batch has no sample indices (batch.index)");
+  if (augment::mixing(mix))
+    return augment::mix(batch.input, batch.target, num_classes, batch.index, mix, seed, batch.epoch);
+  // No mixing: the images as they are, the labels as (smoothed) one-hot rows.
+  torch::Tensor params = torch::zeros({batch.size(), augment::kNumMixParams}, torch::kFloat32);
+  params.select(1, augment::kMixLambda).fill_(1.0f);
+  return {batch.input,
+          augment::one_hot_targets(batch.target, num_classes, mix.label_smoothing(), batch.input.device()), params};
+}
+
+void declare_classification_keys(core::Config& c, const ClassificationOptions& d) {
+  c.declare("data.batch_size", d.batch_size(), "training batch size");
+  c.declare("data.eval_batch_size", d.eval_batch_size(), "validation/test batch size");
+  c.declare("data.train_subset", d.train_subset(), "use the first N training images (0 = all)");
+  c.declare("data.test_subset", d.test_subset(), "use the first N test images (0 = all)");
+  c.declare("data.val_size", d.val_size(), "hold out the last N training images for validation");
+  c.declare("data.prefetch", d.prefetch(), "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)");
+  c.declare("data.resident", d.resident(), "on a GPU, keep the uint8 dataset in device memory");
+  augment::declare_augment_keys(c, d.augment(), d.mix());
+}
+
+ClassificationOptions classification_options_from_config(const core::Config& c, const torch::Device& device) {
+  ClassificationOptions o;
+  o.device(device)
+      .seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
+      .world_size(c.get_int("dist.world_size"))
+      .rank(c.get_int("dist.rank"));
+  o.batch_size(c.get_int("data.batch_size"))
+      .eval_batch_size(c.get_int("data.eval_batch_size"))
+      .train_subset(c.get_int("data.train_subset"))
+      .test_subset(c.get_int("data.test_subset"))
+      .val_size(c.get_int("data.val_size"))
+      .prefetch(c.get_int("data.prefetch"))
+      .resident(c.get_bool("data.resident"));
+  EMBER_CHECK_KIND(kConfig, o.batch_size() >= 1 && o.eval_batch_size() >= 1,
+                   "[recipe] data.batch_size={} and data.eval_batch_size={} must be >= 1", o.batch_size(),
+                   o.eval_batch_size());
+  EMBER_CHECK_KIND(kConfig, o.train_subset() >= 0 && o.test_subset() >= 0,
+                   "[recipe] data.train_subset={} and data.test_subset={} must be >= 0 (0 = all)", o.train_subset(),
+                   o.test_subset());
+  return o.augment(augment::augment_options_from_config(c)).mix(augment::mix_options_from_config(c));
+}
+
+namespace {
+// 0 (the config's "all") -> -1 (TensorDataset::head's "all").
+int64_t all_if_zero(int64_t n) { return n > 0 ? n : -1; }
+}  // namespace
+
+ClassificationTask::ClassificationTask(torch::nn::AnyModule model, ClassificationData d,
+                                       const ClassificationOptions& o)
+    : model_(std::move(model)), num_classes_(d.num_classes), mix_(o.mix()), seed_(o.seed()) {
+  const torch::Device device = o.device();
+  const uint64_t seed = o.seed();
+  EMBER_CHECK(!model_.is_empty(), "[recipe::ClassificationTask] no model");
+  EMBER_CHECK(d.num_classes >= 1, "[recipe::ClassificationTask] num_classes must be >= 1, got {}", d.num_classes);
+  model_.ptr()->to(device);
+  const auto train_options = data::TensorLoaderOptions()
+                                 .batch_size(o.batch_size())
+                                 .seed(seed)
+                                 .prefetch(o.prefetch())
+                                 .device(device)
+                                 .num_replicas(o.world_size())  // data-parallel: this rank's shard
+                                 .rank(o.rank())
+                                 .resident(o.resident() && device.is_cuda());
+  data::TensorLoaderOptions eval_options = train_options;
+  eval_options.batch_size(o.eval_batch_size());
+  data::SplitLoaders l = data::make_split_loaders(
+      d.train.head(all_if_zero(o.train_subset())), d.test.head(all_if_zero(o.test_subset())),
+      data::SplitLoaderOptions()
+          .val_size(o.val_size())
+          .train(data::with_batch_transform(train_options, augment_transform(o.augment(), seed)))
+          .eval(data::with_batch_transform(eval_options, augment_transform(augment::eval_options(o.augment()), seed))));
+  train_ = std::move(l.train), val_ = std::move(l.val), test_ = std::move(l.test);
+}
+
+std::unique_ptr<ClassificationTask> ClassificationTask::from_config(const core::Config& c, torch::Device device,
+                                                                    torch::nn::AnyModule model,
+                                                                    ClassificationData data) {
+  return std::make_unique<ClassificationTask>(std::move(model), std::move(data),
+                                              classification_options_from_config(c, device));
+}
+
+train::StepOutput ClassificationTask::training_step(const data::Batch& b) {
+  if (!augment::mixing(mix_) && mix_.label_smoothing() == 0) return evaluation_step(b);
+  // Mixup/CutMix or label smoothing: soft targets for the loss; accuracy against the sample's own label.
+  const augment::MixResult m = mix_batch(b, num_classes_, mix_, seed_);
+  torch::Tensor logits = model_.forward(m.images);
+  return {torch::nn::functional::cross_entropy(logits, m.targets), logits, b.target};
+}
+
+train::StepOutput ClassificationTask::evaluation_step(const data::Batch& b) {
+  torch::Tensor logits = model_.forward(b.input);
+  return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
+}
+
+}  // namespace ember::recipe

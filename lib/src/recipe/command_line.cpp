@@ -1,0 +1,45 @@
+// The recipe runner's command line: RECIPE [--config FILE] [--help] [key=value ...].
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "recipe/runner.h"
+
+namespace ember::recipe::detail {
+
+CommandLine parse_command_line(int argc, char** argv) {
+  CommandLine cl;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      cl.help = true;
+    } else if (arg == "--config") {
+      EMBER_CHECK_KIND(kConfig, i + 1 < argc, "--config needs a file name");
+      cl.config_file = argv[++i];
+    } else if (arg.rfind("--config=", 0) == 0) {
+      cl.config_file = arg.substr(9);
+    } else if (arg.rfind("--", 0) == 0) {
+      ember::detail::fail(ErrorKind::kConfig, "unknown option {} (try --help)", arg);
+    } else {
+      cl.overrides.push_back(arg);
+    }
+  }
+  return cl;
+}
+
+void apply_command_line(core::Config& config, const RecipeSpec& spec, const CommandLine& cl) {
+  if (cl.config_file.empty())
+    config.merge_toml(spec.default_config, spec.name + " default config");
+  else
+    config.merge_toml_file(cl.config_file);
+  for (const auto& o : cl.overrides) config.set_override(o);
+}
+
+std::string usage(const RecipeSpec& spec, const core::Config& config) {
+  return fmt::format(
+      "usage: {0} [--config FILE] [key=value ...]\n\n"
+      "Trains the {0} recipe. --config FILE replaces the recipe's default config;\n"
+      "key=value arguments override single keys. Keys and their defaults:\n\n{1}",
+      spec.name, config.help());
+}
+
+}  // namespace ember::recipe::detail

@@ -1,0 +1,80 @@
+// Prune, then fine-tune: the second phase of the prune_finetune recipe.
+#include "ember/recipe/prune_finetune.h"
+
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "core/check.h"
+#include "ember/monitor/keys.h"
+#include "ember/train/keys.h"
+
+namespace ember::recipe {
+
+void declare_prune_finetune_keys(core::Config& c, const prune::PruningCallbackOptions& pruning) {
+  prune::declare_pruning_keys(c, pruning);
+  c.declare("finetune.epochs", 3, "fine-tuning epochs after pruning");
+  c.declare("finetune.lr", 0.02, "fine-tuning learning rate (cosine to 0, fresh optimizer)");
+}
+
+void check_prune_finetune_config(const core::Config& c) {
+  EMBER_CHECK_KIND(kConfig, c.get_int("dist.world_size") == 1,
+                   "[prune_finetune] runs in one process: its fine-tuning fit is not data-parallel yet "
+                   "(start it without torchrun / --nproc)");
+  prune::pruning_options_from_config(c);
+}
+
+void prune_and_finetune(train::Task& task, const core::Config& c, const train::FitResult& dense,
+                        RunSummary& summary) {
+  const int64_t steps_per_epoch = task.train_loader().num_batches();
+  train::TrainerOptions o = train::trainer_options_from_config(c, steps_per_epoch);
+  // One process (check_prune_finetune_config): Ctrl-C saves a checkpoint, as in the dense phase.
+  o.epochs(c.get_int("finetune.epochs")).run_dir(c.get_string("run.dir") + "/finetune").handle_signals(true);
+  o.optimizer().lr(c.get_float("finetune.lr"));
+  o.schedule(train::make_schedule(train::ScheduleOptions()
+                                      .kind(train::ScheduleKind::kCosine)
+                                      .total_steps(std::max<int64_t>(1, o.epochs() * steps_per_epoch))));
+  prune::PruningCallbackOptions po = prune::pruning_options_from_config(c);
+  po.epochs({0});
+  auto pruning = std::make_shared<prune::PruningCallback>(po);
+  train::Trainer trainer(o);
+  monitor::add_monitoring(trainer, c, o.run_dir());
+  trainer.add_callback(pruning);
+  const train::FitResult fit = trainer.fit(task);
+  if (fit.interrupted) {
+    summary.stop_reason = "fine-tuning " + fit.stop_reason + "; resume with trainer.resume=auto";
+    return;
+  }
+  const train::EvalResult test = trainer.test(task);
+  const double dense_acc = summary.test_accuracy;
+  summary.extra["dense_test_accuracy"] = dense_acc;
+  summary.test_accuracy = test.accuracy;
+  summary.test_loss = test.loss;
+  summary.epochs = dense.epochs_completed + fit.epochs_completed;
+  summary.parameters = train::count_parameters(*task.model());
+  const core::ModelCost& before = pruning->original_cost();
+  const core::ModelCost after = pruning->reports().empty() ? before : pruning->reports().back().result.after;
+  const double mac_ratio = static_cast<double>(before.macs) / static_cast<double>(after.macs);
+  summary.extra["macs_ratio"] = mac_ratio;
+  summary.extra["params_ratio"] = static_cast<double>(before.params) / static_cast<double>(after.params);
+  std::string speed;
+  if (!pruning->reports().empty()) {
+    // Timed on the first step's model before pruning and the last step's after.
+    const prune::PruningReport& first = pruning->reports().front();
+    const prune::PruningReport& last = pruning->reports().back();
+    if (first.train_step_ms_before > 0 && last.train_step_ms_after > 0) {
+      summary.extra["train_step_speedup"] = first.train_step_ms_before / last.train_step_ms_after;
+      summary.extra["inference_speedup"] = first.infer_ms_before / last.infer_ms_after;
+      speed = fmt::format(", train step {:.2f}x, inference {:.2f}x faster", summary.extra["train_step_speedup"],
+                          summary.extra["inference_speedup"]);
+    }
+    if (first.eval_after.samples > 0) summary.extra["pruned_test_accuracy_before_finetune"] = first.eval_after.accuracy;
+  }
+  std::cout << fmt::format(
+      "prune_finetune: dense test accuracy {:.4f} -> pruned and fine-tuned {:.4f} ({:+.2f} points); MACs per image "
+      "{:.2f}M -> {:.2f}M ({:.2f}x fewer), parameters {} -> {}{}\n",
+      dense_acc, test.accuracy, 100.0 * (test.accuracy - dense_acc), static_cast<double>(before.macs) / 1e6,
+      static_cast<double>(after.macs) / 1e6, mac_ratio, before.params, after.params, speed);
+}
+
+}  // namespace ember::recipe

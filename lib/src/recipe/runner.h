@@ -1,0 +1,52 @@
+#pragma once
+// The recipe runner's steps (private to lib/src/recipe): the command line,
+// the processes and run folder, the summary. run_recipe (recipe.cpp) calls
+// them in order.
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/core/config.h"
+#include "ember/dist/process_group.h"
+#include "ember/recipe/recipe.h"
+#include "ember/train/trainer.h"
+
+namespace ember::recipe::detail {
+
+/// RECIPE [--config FILE] [--help] [key=value ...]; a bad command line is a config error.
+struct CommandLine {
+  std::string config_file;  ///< "" = the recipe's default config
+  std::vector<std::string> overrides;
+  bool help = false;
+};
+CommandLine parse_command_line(int argc, char** argv);
+/// Merges the recipe's default config (or --config FILE), then the overrides.
+void apply_command_line(core::Config& config, const RecipeSpec& spec, const CommandLine& command_line);
+/// The --help text: usage and every key with its default.
+std::string usage(const RecipeSpec& spec, const core::Config& config);
+
+/// This process's place in the run: its device, its process group
+/// (data-parallel runs launched by torchrun; null for one process), the run
+/// folder every rank shares.
+struct Processes {
+  dist::LaunchEnv env;
+  torch::Device device = torch::kCPU;
+  std::shared_ptr<dist::ProcessGroup> group;
+  std::string run_dir;
+  bool writer() const { return env.rank == 0; }
+};
+/// Host settings (malloc, threads), the device, the process group, the run
+/// folder (named by rank 0, shared through the store) and the dist.* keys;
+/// seeds LibTorch and, on the writer, writes <run_dir>/config.toml.
+Processes start_processes(core::Config& config, const std::string& recipe_name);
+
+/// summary.json's content from a finished fit (before testing).
+RunSummary summarize(const std::string& recipe, const Processes& processes, const train::TrainerOptions& options,
+                     const train::FitResult& fit, torch::nn::Module& model);
+/// The last line on stdout: test accuracy and loss, the extra numbers, epochs, speed, the summary's path.
+std::string result_line(const RunSummary& summary, bool has_test, const std::string& run_dir);
+
+}  // namespace ember::recipe::detail

@@ -1,0 +1,205 @@
+// Trainer checkpoints: what a checkpoint holds, writing it atomically, finding
+// and loading it to resume.
+//
+// A checkpoint is one LibTorch archive: "model", "optimizer", "trainer" (loop
+// position, counters, base learning rates, the epoch's running sums, the CPU
+// and CUDA RNG states), "callbacks" (one archive per callback, by name) and,
+// for fp16-mixed, "grad_scaler".
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "core/check.h"
+#include "ember/train/checkpoint.h"
+#include "ember/train/trainer.h"
+
+namespace ember::train {
+
+std::string Trainer::resolve_resume_path() const {
+  if (options_.resume().empty()) return "";
+  if (options_.resume() == "auto") {
+    const std::string p = options_.run_dir() + "/checkpoints/last.pt";
+    if (std::ifstream(p).good()) return p;
+    std::cerr << fmt::format(
+        "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", p);
+    return "";
+  }
+  std::ifstream f(options_.resume());
+  EMBER_CHECK_KIND(kCheckpoint, f.good(),
+              "[train::Trainer] trainer.resume={}: no such checkpoint (use auto to resume "
+              "from the run folder when one exists)",
+              options_.resume());
+  return options_.resume();
+}
+
+namespace {
+// In a callback's checkpoint archive: Callback::checkpoint_state_required() at save time.
+constexpr const char* kRequiredKey = "ember.required";
+}  // namespace
+
+void Trainer::save_checkpoint(const std::string& path) {
+  EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
+  torch::serialize::OutputArchive root;
+  torch::serialize::OutputArchive model_archive, optim_archive, state, callbacks;
+  task_->model()->save(model_archive);
+  optimizer_->save(optim_archive);
+  state.write("format", torch::IValue(int64_t{1}));
+  state.write("epoch", torch::IValue(epoch_));
+  state.write("batch", torch::IValue(batch_));
+  state.write("global_step", torch::IValue(global_step_));
+  state.write("skipped_steps", torch::IValue(skipped_steps_));
+  state.write("epoch_samples", torch::IValue(epoch_sums_.samples));
+  state.write("base_lrs", torch::tensor(base_lrs_, torch::kFloat64));
+  if (epoch_sums_.loss_sum.defined()) state.write("epoch_loss_sum", epoch_sums_.loss_sum.cpu());
+  if (epoch_sums_.correct.defined()) state.write("epoch_correct", epoch_sums_.correct.cpu());
+  // RNG: the CPU generator and every CUDA generator that was initialised.
+  state.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
+  if (torch::cuda::is_available()) {
+    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
+      at::Generator gen =
+          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      state.write("rng_cuda_" + std::to_string(i), gen.get_state());
+    }
+  }
+  for (auto& cb : callbacks_) {
+    torch::serialize::OutputArchive a;
+    cb->on_checkpoint_save(*this, a);
+    if (cb->checkpoint_state_required()) a.write(kRequiredKey, torch::IValue(true));
+    callbacks.write(cb->name(), a);
+  }
+  root.write("model", model_archive);
+  root.write("optimizer", optim_archive);
+  root.write("trainer", state);
+  root.write("callbacks", callbacks);
+  if (grad_scaler_) {
+    torch::serialize::OutputArchive scaler;
+    grad_scaler_->save(scaler);
+    root.write("grad_scaler", scaler);
+  }
+  std::ostringstream bytes;
+  root.save_to(bytes);
+  write_file_atomic(path, bytes.str());
+  last_checkpoint_ = path;
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  torch::serialize::InputArchive root;
+  try {
+    root.load_from(path);
+  } catch (const std::exception& e) {
+    detail::fail(ErrorKind::kCheckpoint,
+        "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
+        "checkpoint ({}); remove it or point trainer.resume at another one",
+        path, std::string(e.what()).substr(0, 200));
+  }
+  torch::serialize::InputArchive model_archive, optim_archive, state, callbacks;
+  try {
+    root.read("model", model_archive);
+    root.read("optimizer", optim_archive);
+    root.read("trainer", state);
+    root.read("callbacks", callbacks);
+  } catch (const std::exception& e) {
+    detail::fail(ErrorKind::kCheckpoint,
+        "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
+        "trainer.resume at another one",
+        path, std::string(e.what()).substr(0, 200));
+  }
+  // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
+  std::set<std::string> registered;
+  for (auto& cb : callbacks_) {
+    registered.insert(cb->name());
+    torch::serialize::InputArchive a;
+    if (callbacks.try_read(cb->name(), a)) cb->on_checkpoint_load(*this, a);
+  }
+  for (const std::string& key : callbacks.keys()) {
+    torch::serialize::InputArchive unread;
+    if (registered.count(key) || !callbacks.try_read(key, unread) || unread.keys().empty()) continue;
+    // E.g. a pruned model's weights would load into the full-size layers (the archive resizes tensors),
+    // silently.
+    torch::IValue required;
+    EMBER_CHECK_KIND(kCheckpoint, !unread.try_read(kRequiredKey, required) || !required.toBool(),
+                "[train::Trainer] checkpoint {} holds the state of callback '{}', which this run does not "
+                "register, and the checkpoint cannot load without it (the state changes the model: a pruning "
+                "plan, say): register it again (recipes: keep its keys, e.g. prune.*, as they were)",
+                path, key);
+    std::cerr << fmt::format(
+        "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
+        "not have; it is ignored\n",
+        path, key);
+  }
+  try {
+    task_->model()->load(model_archive);
+    optimizer_->load(optim_archive);
+  } catch (const std::exception& e) {
+    detail::fail(ErrorKind::kCheckpoint,
+        "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
+        "written by a different recipe or config?",
+        path, std::string(e.what()).substr(0, 300));
+  }
+  torch::IValue v;
+  state.read("epoch", v);
+  epoch_ = v.toInt();
+  state.read("batch", v);
+  batch_ = v.toInt();
+  state.read("global_step", v);
+  global_step_ = v.toInt();
+  skipped_steps_ = state.try_read("skipped_steps", v) ? v.toInt() : 0;
+  if (grad_scaler_) {
+    torch::serialize::InputArchive scaler;
+    if (root.try_read("grad_scaler", scaler)) {  // else: from an fp32/bf16 run, start fresh
+      grad_scaler_->load(scaler);
+      const amp::GradScalerOptions& want = options_.grad_scaler();
+      if (want.growth_factor() != grad_scaler_->get_growth_factor() ||
+          want.backoff_factor() != grad_scaler_->get_backoff_factor() ||
+          want.growth_interval() != grad_scaler_->get_growth_interval())
+        std::cerr << fmt::format(
+            "[train::Trainer] note: the checkpoint's loss-scaling settings (growth_factor {}, backoff_factor "
+            "{}, "
+            "growth_interval {}) replace the configured ones ({}, {}, {}), as PyTorch's GradScaler does on "
+            "load\n",
+            grad_scaler_->get_growth_factor(), grad_scaler_->get_backoff_factor(),
+            grad_scaler_->get_growth_interval(), want.growth_factor(), want.backoff_factor(),
+            want.growth_interval());
+    }
+  }
+  state.read("epoch_samples", v);
+  epoch_sums_ = {};
+  epoch_sums_.samples = v.toInt();
+  // A fresh tensor per read: InputArchive::read assigns into a defined tensor with set_().
+  const auto read_tensor = [&](const char* key) {
+    torch::Tensor t;
+    state.read(key, t);
+    return t;
+  };
+  const auto try_read_tensor = [&](const std::string& key) {
+    torch::Tensor t;
+    return state.try_read(key, t) ? t : torch::Tensor();
+  };
+  const torch::Tensor lrs = read_tensor("base_lrs");
+  base_lrs_.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
+  const auto params = task_->model()->parameters();
+  const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+  for (auto [key, sum] : {std::pair{"epoch_loss_sum", &epoch_sums_.loss_sum},
+                          std::pair{"epoch_correct", &epoch_sums_.correct}}) {
+    const torch::Tensor t = try_read_tensor(key);
+    if (t.defined()) *sum = t.to(device);
+  }
+  at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
+  cpu_gen.set_state(read_tensor("rng_cpu"));
+  if (torch::cuda::is_available()) {
+    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
+      const torch::Tensor rng = try_read_tensor("rng_cuda_" + std::to_string(i));
+      if (rng.defined()) {
+        at::Generator gen = at::globalContext().defaultGenerator(
+            torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+        gen.set_state(rng);
+      }
+    }
+  }
+  last_checkpoint_ = path;
+}
+
+}  // namespace ember::train

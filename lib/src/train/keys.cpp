@@ -1,0 +1,111 @@
+// The training loop's config keys (trainer.*, amp.*, optim.*, sched.*, early_stop.*).
+#include "ember/train/keys.h"
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace ember::train {
+
+void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
+                          const std::optional<EarlyStoppingOptions>& es) {
+  c.declare("trainer.epochs", d.epochs(), "passes over the training data");
+  c.declare("trainer.max_steps", d.max_steps(), "stop after this many optimizer steps (-1 = no limit)");
+  c.declare("trainer.accumulate_grad_batches", d.accumulate_grad_batches(), "batches summed into one optimizer step");
+  c.declare("trainer.clip_grad_norm", d.clip_grad_norm(), "clip the global gradient L2 norm (0 = off)");
+  c.declare("trainer.precision", amp::to_string(d.precision()),
+            "fp32, tf32 (CUDA), bf16-mixed or fp16-mixed (with loss scaling)");
+  c.declare("trainer.resume", d.resume(), "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
+  c.declare("trainer.val_every", d.val_every(), "validate every N epochs (0 = never)");
+  c.declare("trainer.checkpoint_every", d.checkpoint_every(),
+            "checkpoint every N epochs (0 = at the end and on stop only)");
+
+  const amp::GradScalerOptions& g = d.grad_scaler();
+  c.declare("amp.init_scale", g.init_scale(), "fp16-mixed: initial loss scale");
+  c.declare("amp.growth_factor", g.growth_factor(), "fp16-mixed: scale x this after amp.growth_interval clean steps");
+  c.declare("amp.backoff_factor", g.backoff_factor(), "fp16-mixed: scale x this after a step with inf/NaN gradients");
+  c.declare("amp.growth_interval", g.growth_interval(), "fp16-mixed: clean steps before the scale grows");
+
+  const OptimizerOptions& o = d.optimizer();
+  c.declare("optim.name", to_string(o.kind()), "sgd, adam or adamw");
+  c.declare("optim.lr", o.lr(), "base learning rate");
+  c.declare("optim.momentum", o.momentum(), "SGD momentum");
+  c.declare("optim.nesterov", o.nesterov(), "SGD Nesterov momentum");
+  c.declare("optim.weight_decay", o.weight_decay(), "weight decay (decoupled for adamw)");
+  c.declare("optim.decay_all_parameters", o.decay_all_parameters(),
+            "weight decay also on biases, norm weights and embeddings (false: weight matrices and kernels only)");
+  c.declare("optim.beta1", o.beta1(), "Adam beta1");
+  c.declare("optim.beta2", o.beta2(), "Adam beta2");
+  c.declare("optim.eps", o.eps(), "Adam epsilon");
+
+  // Lengths in epochs here (the options count steps): see trainer_options_from_config.
+  const ScheduleOptions s;
+  c.declare("sched.name", to_string(s.kind()), "constant, step, cosine or onecycle");
+  c.declare("sched.warmup_epochs", 0.0, "linear warm-up length in epochs (fractions allowed)");
+  c.declare("sched.warmup_start_factor", s.warmup_start_factor(), "warm-up starts at this fraction of the rate");
+  c.declare("sched.step_epochs", 1.0, "step: epochs between decays");
+  c.declare("sched.gamma", s.gamma(), "step: decay factor");
+  c.declare("sched.min_factor", s.min_factor(), "cosine: final rate as a fraction of the base rate");
+  c.declare("sched.pct_start", s.pct_start(), "onecycle: fraction of the cycle spent warming up");
+  c.declare("sched.div_factor", s.div_factor(), "onecycle: initial rate = lr / div_factor");
+  c.declare("sched.final_div_factor", s.final_div_factor(), "onecycle: final rate = initial / final_div_factor");
+
+  const EarlyStoppingOptions e = es.value_or(EarlyStoppingOptions());
+  c.declare("early_stop.patience", es ? e.patience() : int64_t{0},
+            "stop after N epochs without improvement (0 = off; needs validation data)");
+  c.declare("early_stop.monitor", to_string(e.monitor()), "val_loss or val_accuracy");
+  c.declare("early_stop.min_delta", e.min_delta(), "smallest change that counts as an improvement");
+}
+
+TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_per_epoch) {
+  TrainerOptions o;
+  o.epochs(c.get_int("trainer.epochs"))
+      .max_steps(c.get_int("trainer.max_steps"))
+      .accumulate_grad_batches(c.get_int("trainer.accumulate_grad_batches"))
+      .clip_grad_norm(c.get_float("trainer.clip_grad_norm"))
+      .precision(amp::parse_precision(c.get_string("trainer.precision")))
+      .resume(c.get_string("trainer.resume"))
+      .val_every(c.get_int("trainer.val_every"))
+      .checkpoint_every(c.get_int("trainer.checkpoint_every"));
+  o.grad_scaler(amp::GradScalerOptions()
+                    .init_scale(c.get_float("amp.init_scale"))
+                    .growth_factor(c.get_float("amp.growth_factor"))
+                    .backoff_factor(c.get_float("amp.backoff_factor"))
+                    .growth_interval(c.get_int("amp.growth_interval")));
+  o.optimizer(OptimizerOptions(c.get_float("optim.lr"))
+                  .kind(parse_optimizer_kind(c.get_string("optim.name")))
+                  .momentum(c.get_float("optim.momentum"))
+                  .nesterov(c.get_bool("optim.nesterov"))
+                  .weight_decay(c.get_float("optim.weight_decay"))
+                  .decay_all_parameters(c.get_bool("optim.decay_all_parameters"))
+                  .beta1(c.get_float("optim.beta1"))
+                  .beta2(c.get_float("optim.beta2"))
+                  .eps(c.get_float("optim.eps")));
+
+  const auto to_steps = [&](double epochs) { return static_cast<int64_t>(std::llround(epochs * steps_per_epoch)); };
+  ScheduleOptions s;
+  s.kind(parse_schedule_kind(c.get_string("sched.name")))
+      .warmup_steps(to_steps(c.get_float("sched.warmup_epochs")))
+      .warmup_start_factor(c.get_float("sched.warmup_start_factor"))
+      .step_size(std::max<int64_t>(1, to_steps(c.get_float("sched.step_epochs"))))
+      .gamma(c.get_float("sched.gamma"))
+      .min_factor(c.get_float("sched.min_factor"))
+      .pct_start(c.get_float("sched.pct_start"))
+      .div_factor(c.get_float("sched.div_factor"))
+      .final_div_factor(c.get_float("sched.final_div_factor"));
+  int64_t total = o.epochs() * steps_per_epoch;
+  if (o.max_steps() > 0) total = std::min(total, o.max_steps());
+  s.total_steps(std::max<int64_t>(2, total - s.warmup_steps()));
+  o.schedule(make_schedule(s));
+  return o;
+}
+
+std::optional<EarlyStoppingOptions> early_stopping_options_from_config(const core::Config& c) {
+  const int64_t patience = c.get_int("early_stop.patience");
+  if (patience == 0) return std::nullopt;
+  return EarlyStoppingOptions(patience)
+      .monitor(parse_early_stopping_metric(c.get_string("early_stop.monitor")))
+      .min_delta(c.get_float("early_stop.min_delta"));
+}
+
+}  // namespace ember::train

@@ -1,0 +1,169 @@
+// ClassificationTask and its pieces: the augment.* keys, the loader
+// transform keyed by batch.index/epoch, soft targets, the data split.
+#include <ember/augment/keys.h>
+#include <ember/core/error.h>
+#include <ember/recipe/classification.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+using namespace ember;
+using namespace ember::augment;
+using recipe::augment_transform;
+using recipe::mix_batch;
+
+TEST(Classification, ConfigKeysRoundTripAndReject) {
+  core::Config c;
+  declare_augment_keys(c, AugmentOptions().crop(CropMode::kPad).padding(2).hflip(0.5), MixOptions().cutmix_alpha(1.0));
+  AugmentOptions o = augment_options_from_config(c);
+  EXPECT_EQ(o.crop(), CropMode::kPad);
+  EXPECT_EQ(o.padding(), 2);
+  EXPECT_EQ(o.hflip(), 0.5);
+  EXPECT_EQ(mix_options_from_config(c).cutmix_alpha(), 1.0);
+  c.set_override("augment.crop=resized");
+  c.set_override("augment.size=[24, 32]");
+  c.set_override("augment.dtype=bfloat16");
+  c.set_override("augment.layout=nhwc");
+  c.set_override("augment.brightness=0.3");
+  o = augment_options_from_config(c);
+  EXPECT_EQ(o.crop(), CropMode::kRandomResized);
+  EXPECT_EQ(o.size(), (std::vector<int64_t>{24, 32}));
+  EXPECT_EQ(o.dtype(), torch::kBFloat16);
+  EXPECT_EQ(o.layout(), Layout::kNHWC);
+  EXPECT_EQ(o.brightness(), 0.3);
+  for (const char* bad : {"augment.crop=random", "augment.size=[2.5, 3]", "augment.dtype=int8", "augment.hflip=2",
+                          "augment.hue=0.9", "augment.layout=chw"}) {
+    core::Config b;
+    declare_augment_keys(b);
+    b.set_override(bad);
+    try {
+      augment_options_from_config(b);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kConfig) << bad << ": " << e.what();
+    }
+  }
+  core::Config m;
+  declare_augment_keys(m);
+  m.set_override("augment.mix.label_smoothing=1.5");
+  EXPECT_THROW(mix_options_from_config(m), Error);
+}
+
+TEST(Classification, LoaderTransformIsKeyedByIndexAndEpochAndSurvivesResume) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  data::TensorDataset ds{torch::randint(0, 256, {40, 12, 12, 3}, gen, torch::kUInt8), torch::arange(40, torch::kInt64)};
+  const AugmentOptions o = AugmentOptions().crop(CropMode::kRandomResized).size({8, 8}).hflip(0.5).brightness(0.3);
+  data::TensorLoader loader(ds, data::TensorLoaderOptions().batch_size(16).seed(9).transform(augment_transform(o, 77)));
+  loader.start_epoch(2, 0);
+  std::vector<torch::Tensor> first;
+  while (auto b = loader.next()) {
+    ASSERT_EQ(b->input.sizes(), (std::vector<int64_t>{b->size(), 3, 8, 8}));
+    const torch::Tensor want = augment::augment(ds.inputs.index_select(0, b->index), b->index, o, 77, 2).images;
+    EXPECT_TRUE(torch::equal(b->input, want));
+    EXPECT_TRUE(torch::equal(b->target, b->index));
+    first.push_back(b->input);
+  }
+  loader.start_epoch(2, 1);  // resume after the first batch: the same augmentations
+  for (size_t k = 1; k < first.size(); ++k) EXPECT_TRUE(torch::equal(loader.next()->input, first[k]));
+  loader.start_epoch(3, 0);
+  EXPECT_FALSE(torch::equal(loader.next()->input, first[0]));
+  // A batch without indices is a clear error.
+  data::Batch bare;
+  bare.input = ds.inputs.narrow(0, 0, 2);
+  bare.target = ds.targets.narrow(0, 0, 2);
+  EXPECT_THROW(augment_transform(o, 1)(bare), Error);
+}
+
+TEST(Classification, MixBatchGivesSoftTargetsWithOrWithoutMixing) {
+  data::Batch b;
+  b.input = torch::rand({6, 3, 4, 4});
+  b.target = torch::tensor({0, 2, 1, 2, 0, 1}, torch::kInt64);
+  b.index = torch::arange(10, 16, torch::kInt64);
+  b.epoch = 3;
+  const MixResult plain = mix_batch(b, 3, MixOptions().label_smoothing(0.3), 5);
+  EXPECT_TRUE(torch::equal(plain.images, b.input));
+  const torch::Tensor want = torch::full({6, 3}, 0.1f).scatter_(1, b.target.view({6, 1}), 0.8f);
+  EXPECT_TRUE(torch::allclose(plain.targets, want));
+  const MixOptions mo = MixOptions().mixup_alpha(0.4);
+  const MixResult mixed = mix_batch(b, 3, mo, 5);
+  EXPECT_TRUE(torch::equal(mixed.images, mix(b.input, b.target, 3, b.index, mo, 5, 3).images));
+  EXPECT_FALSE(torch::equal(mixed.images, b.input));
+  EXPECT_THROW(mix_batch(b, 2, MixOptions(), 5), Error) << "label 2 out of range for 2 classes";
+}
+
+namespace {
+
+// Linear logits over the mean of each channel: any image size, deterministic.
+struct TinyNetImpl : torch::nn::Module {
+  TinyNetImpl() { fc = register_module("fc", torch::nn::Linear(3, 4)); }
+  torch::Tensor forward(const torch::Tensor& x) { return fc->forward(x.mean({2, 3})); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(TinyNet);
+
+recipe::ClassificationData images(int64_t n_train, int64_t n_test) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto make = [&](int64_t n) {
+    return data::TensorDataset{torch::randint(0, 256, {n, 8, 8, 3}, gen, torch::kUInt8),
+                               torch::randint(0, 4, {n}, gen, torch::kInt64)};
+  };
+  return {make(n_train), make(n_test), 4};
+}
+
+}  // namespace
+
+TEST(Classification, TaskSplitsShardsAndNormalisesEvaluationData) {
+  core::Config c;
+  recipe::declare_classification_keys(
+      c, recipe::ClassificationOptions().batch_size(10).eval_batch_size(7).augment(
+             AugmentOptions().hflip(0.5).mean({0.5, 0.5, 0.5}).std({0.25, 0.25, 0.25})));
+  c.declare("trainer.seed", 3, "");
+  c.declare("dist.world_size", 1, "");
+  c.declare("dist.rank", 0, "");
+  c.set_override("data.val_size=12");
+  c.set_override("data.train_subset=52");
+  torch::manual_seed(0);
+  auto task = recipe::ClassificationTask::from_config(c, torch::kCPU, torch::nn::AnyModule(TinyNet()), images(60, 9));
+  EXPECT_EQ(task->train_loader().num_samples(), 40) << "52 kept, the last 12 held out";
+  ASSERT_NE(task->val_loader(), nullptr);
+  EXPECT_EQ(task->val_loader()->num_samples(), 12);
+  EXPECT_EQ(task->test_loader()->num_samples(), 9);
+  EXPECT_EQ(task->val_loader()->num_batches(), 2) << "eval batches of 7";
+  // Validation: normalised, never flipped (eval_options), the same every epoch.
+  task->val_loader()->start_epoch(0, 0);
+  const data::Batch v0 = *task->val_loader()->next();
+  task->val_loader()->start_epoch(5, 0);
+  const data::Batch v5 = *task->val_loader()->next();
+  EXPECT_TRUE(torch::equal(v0.input, v5.input));
+  EXPECT_EQ(v0.input.sizes(), (std::vector<int64_t>{7, 3, 8, 8}));
+  const auto ds = images(60, 9).train;
+  const torch::Tensor want =
+      (ds.inputs.narrow(0, 40, 7).permute({0, 3, 1, 2}).to(torch::kFloat32) / 255.0 - 0.5) / 0.25;
+  EXPECT_TRUE(torch::allclose(v0.input, want, 1e-5, 1e-5));
+  // Without mixing or smoothing a training step is the plain labelled loss.
+  task->train_loader().start_epoch(0, 0);
+  const data::Batch b = *task->train_loader().next();
+  const train::StepOutput a = task->training_step(b), e = task->evaluation_step(b);
+  EXPECT_TRUE(torch::equal(a.loss, e.loss));
+  EXPECT_TRUE(torch::equal(a.target, b.target));
+}
+
+TEST(Classification, LabelSmoothingTrainsOnSoftTargetsAndEvaluatesOnLabels) {
+  core::Config c;
+  recipe::declare_classification_keys(c, recipe::ClassificationOptions().batch_size(8));
+  c.declare("trainer.seed", 0, "");
+  c.declare("dist.world_size", 2, "");
+  c.declare("dist.rank", 1, "");
+  c.set_override("augment.mix.label_smoothing=0.2");
+  torch::manual_seed(0);
+  auto task = recipe::ClassificationTask::from_config(c, torch::kCPU, torch::nn::AnyModule(TinyNet()), images(32, 8));
+  EXPECT_EQ(task->train_loader().num_samples(), 16) << "rank 1 of 2 trains on half";
+  EXPECT_EQ(task->test_loader()->num_samples(), 8) << "every rank tests on all";
+  task->train_loader().start_epoch(0, 0);
+  const data::Batch b = *task->train_loader().next();
+  const train::StepOutput smoothed = task->training_step(b), plain = task->evaluation_step(b);
+  const torch::Tensor soft = torch::nn::functional::cross_entropy(
+      plain.output, torch::full({b.size(), 4}, 0.05f).scatter_(1, b.target.view({-1, 1}), 0.85f));
+  EXPECT_TRUE(torch::allclose(smoothed.loss, soft, 1e-6, 1e-6));
+  EXPECT_FALSE(torch::allclose(smoothed.loss, plain.loss));
+  EXPECT_TRUE(torch::equal(smoothed.target, b.target)) << "accuracy against the labels";
+}
