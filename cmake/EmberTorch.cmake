@@ -42,9 +42,23 @@ if(CMAKE_CUDA_COMPILER)
   set(CUDAToolkit_ROOT "${_ember_cuda_root}" CACHE PATH "CUDA toolkit root")
 endif()
 
+get_directory_property(_ember_imported_before IMPORTED_TARGETS)
 find_package(Torch REQUIRED)
 # LibTorch's config sets CMAKE_CUDA_ARCHITECTURES to OFF; Ember's kernel
 # targets set their own CUDA_ARCHITECTURES property instead.
+if(NOT PROJECT_IS_TOP_LEVEL)
+  # As a subproject (add_subdirectory, FetchContent): the imported targets
+  # LibTorch's config just made (torch, torch_cuda, c10, CUDA::...) are local
+  # to this directory, yet ember::ember's users link them through it. Make
+  # them visible to the parent project, which then needs no find_package(Torch)
+  # of its own (one made before is fine too: nothing new is imported then).
+  get_directory_property(_ember_imported_after IMPORTED_TARGETS)
+  foreach(_t IN LISTS _ember_imported_after)
+    if(NOT _t IN_LIST _ember_imported_before)
+      set_property(TARGET ${_t} PROPERTY IMPORTED_GLOBAL TRUE)
+    endif()
+  endforeach()
+endif()
 
 set(EMBER_WITH_CUDA OFF)
 if(EMBER_CUDA AND CMAKE_CUDA_COMPILER AND TARGET torch_cuda)

@@ -27,11 +27,15 @@ class CharGptTask : public train::Task {
     int64_t stride = c.get_int("data.stride");
     if (stride == 0) stride = block_;
     const double val_fraction = c.get_float("data.val_fraction");
-    if (block_ < 1) throw Error(ErrorKind::kConfig, "[char_gpt] data.block_size=" + std::to_string(block_) + " must be >= 1");
+    if (block_ < 1)
+      throw Error(ErrorKind::kConfig,
+                  "[char_gpt] data.block_size=" + std::to_string(block_) + " must be >= 1");
     if (stride < 1)
-      throw Error(ErrorKind::kConfig, "[char_gpt] data.stride=" + std::to_string(stride) + " must be >= 1 (0 = block_size)");
+      throw Error(ErrorKind::kConfig,
+                  "[char_gpt] data.stride=" + std::to_string(stride) + " must be >= 1 (0 = block_size)");
     if (!(val_fraction >= 0 && val_fraction < 1))
-      throw Error(ErrorKind::kConfig, fmt::format("[char_gpt] data.val_fraction={} must be in [0, 1)", val_fraction));
+      throw Error(ErrorKind::kConfig,
+                  fmt::format("[char_gpt] data.val_fraction={} must be in [0, 1)", val_fraction));
 
     const torch::Tensor bytes = data::read_text_corpus(path);
     const int64_t n = bytes.size(0);
@@ -40,13 +44,12 @@ class CharGptTask : public train::Task {
     // At least 4 training windows and, with validation, one validation window.
     const int64_t min_train = block_ + 1 + 3 * stride;
     if (n_train < min_train || (val_fraction > 0 && n_val < block_ + 1))
-      throw Error(
-          ErrorKind::kData,
-          fmt::format("[char_gpt] data.path={}: {} bytes is too short for data.block_size={} "
-                      "(stride {}, val_fraction {}): need {} bytes to train on{}; use a longer text "
-                      "or a smaller block_size",
-                      path, n, block_, stride, val_fraction, min_train,
-                      val_fraction > 0 ? fmt::format(" and {} to validate on", block_ + 1) : ""));
+      throw Error(ErrorKind::kData,
+                  fmt::format("[char_gpt] data.path={}: {} bytes is too short for data.block_size={} "
+                              "(stride {}, val_fraction {}): need {} bytes to train on{}; use a longer text "
+                              "or a smaller block_size",
+                              path, n, block_, stride, val_fraction, min_train,
+                              val_fraction > 0 ? fmt::format(" and {} to validate on", block_ + 1) : ""));
 
     CharGptOptions mo;
     mo.block_size(block_)
@@ -55,11 +58,10 @@ class CharGptTask : public train::Task {
         .n_embd(c.get_int("model.n_embd"))
         .dropout(c.get_float("model.dropout"));
     if (mo.n_layer() < 1 || mo.n_head() < 1 || mo.n_embd() % std::max<int64_t>(mo.n_head(), 1) != 0)
-      throw Error(
-          ErrorKind::kConfig,
-          fmt::format("[char_gpt] model.n_layer={} and model.n_head={} must be >= 1, and "
-                      "model.n_embd={} a multiple of n_head",
-                      mo.n_layer(), mo.n_head(), mo.n_embd()));
+      throw Error(ErrorKind::kConfig,
+                  fmt::format("[char_gpt] model.n_layer={} and model.n_head={} must be >= 1, and "
+                              "model.n_embd={} a multiple of n_head",
+                              mo.n_layer(), mo.n_head(), mo.n_embd()));
     net_ = CharGpt(mo);
     net_->to(device);
 
@@ -72,8 +74,8 @@ class CharGptTask : public train::Task {
                     .rank(c.get_int("dist.rank"));
     auto eval_opts = opts;  // every rank validates on all windows
     eval_opts.batch_size(c.get_int("data.eval_batch_size")).shuffle(false).num_replicas(1).rank(0);
-    train_ =
-        std::make_unique<data::TensorLoader>(data::text_windows(bytes.narrow(0, 0, n_train), 0, block_, stride), opts);
+    train_ = std::make_unique<data::TensorLoader>(
+        data::text_windows(bytes.narrow(0, 0, n_train), 0, block_, stride), opts);
     // Validation windows do not overlap, so each held-out byte is predicted once.
     if (n_val > 0)
       val_ = std::make_unique<data::TensorLoader>(
@@ -144,8 +146,8 @@ void finish(train::Task& task, const core::Config& c, const train::FitResult& fi
         core::to_string(amp::math_type(amp::parse_precision(c.get_string("trainer.precision"))));
     summary.extra["mfu"] = flops_per_token * tokens_per_second / peak->second;
     std::cerr << fmt::format(
-        "char_gpt: {:.3g} FLOPs/token x {:.0f} tokens/s = {:.3g} TFLOP/s of {:.3g} peak ({})\n", flops_per_token,
-        tokens_per_second, flops_per_token * tokens_per_second / 1e12, peak->second / 1e12,
+        "char_gpt: {:.3g} FLOPs/token x {:.0f} tokens/s = {:.3g} TFLOP/s of {:.3g} peak ({})\n",
+        flops_per_token, tokens_per_second, flops_per_token * tokens_per_second / 1e12, peak->second / 1e12,
         c.get_float("mfu.peak_tflops") > 0 ? std::string("mfu.peak_tflops")
         : device.is_cpu()                  ? "measured " + math + " matmul"
                                            : "datasheet " + math);

@@ -17,15 +17,14 @@ int main(int argc, char** argv) {
     c.declare("data.root", "data/cifar-10-batches-bin",
               "folder with the CIFAR binary files (or its parent); see recipes/cifar_resnet/README.md");
     c.declare("data.variant", "cifar10", "cifar10 | cifar100 (fine labels)");
-    recipe::declare_classification_keys(c, recipe::ClassificationOptions()
-                                               .batch_size(256)
-                                               .resident(true)
-                                               .augment(augment::AugmentOptions()
-                                                            .crop(augment::CropMode::kPad)
-                                                            .padding(4)
-                                                            .hflip(0.5)
-                                                            .mean({0.4914, 0.4822, 0.4465})
-                                                            .std({0.2470, 0.2435, 0.2616})));
+    recipe::declare_classification_keys(
+        c, recipe::ClassificationOptions().batch_size(256).resident(true).augment(
+               augment::AugmentOptions()
+                   .crop(augment::CropMode::kPad)
+                   .padding(4)
+                   .hflip(0.5)
+                   .mean({0.4914, 0.4822, 0.4465})
+                   .std({0.2470, 0.2435, 0.2616})));
     c.declare("model.width", 16, "channels of the first stage (the others have 2x and 4x)");
     c.declare("model.blocks", 3, "basic blocks per stage (3 = ResNet-20, 5 = ResNet-32, 9 = ResNet-56)");
   };
@@ -42,9 +41,9 @@ int main(int argc, char** argv) {
                                 .blocks(c.get_int("model.blocks"))
                                 .num_classes(classes));
     const std::string root = c.get_string("data.root");
-    return recipe::ClassificationTask::from_config(
-        c, device, torch::nn::AnyModule(net),
-        {data::load_cifar(root, data::Split::kTrain, co), data::load_cifar(root, data::Split::kTest, co), classes});
+    return recipe::ClassificationTask::from_config(c, device, torch::nn::AnyModule(net),
+                                                   {data::load_cifar(root, data::Split::kTrain, co),
+                                                    data::load_cifar(root, data::Split::kTest, co), classes});
   };
   return recipe::run_recipe(argc, argv, spec);
 }

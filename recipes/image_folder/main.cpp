@@ -19,20 +19,20 @@ int main(int argc, char** argv) {
   spec.name = "image_folder";
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
-    c.declare("data.root", "data/images", "folder holding the split folders, each root/<split>/<class>/<images>");
+    c.declare("data.root", "data/images",
+              "folder holding the split folders, each root/<split>/<class>/<images>");
     c.declare("data.train_split", "train", "sub-folder of data.root to train on");
     c.declare("data.test_split", "val", "sub-folder of data.root to test on");
     data::declare_image_folder_keys(c, data::ImageFolderOptions({72, 72}));
-    recipe::declare_classification_keys(c, recipe::ClassificationOptions()
-                                               .eval_batch_size(256)
-                                               .resident(true)
-                                               .augment(augment::AugmentOptions()
-                                                            .crop(augment::CropMode::kRandomResized)
-                                                            .size({64, 64})
-                                                            .scale({0.25, 1.0})
-                                                            .hflip(0.5)
-                                                            .mean({0.485, 0.456, 0.406})
-                                                            .std({0.229, 0.224, 0.225})));
+    recipe::declare_classification_keys(
+        c, recipe::ClassificationOptions().eval_batch_size(256).resident(true).augment(
+               augment::AugmentOptions()
+                   .crop(augment::CropMode::kRandomResized)
+                   .size({64, 64})
+                   .scale({0.25, 1.0})
+                   .hflip(0.5)
+                   .mean({0.485, 0.456, 0.406})
+                   .std({0.229, 0.224, 0.225})));
     c.declare("model.width", 32, "channels of the first stage (the others have 2x and 4x)");
     c.declare("model.blocks", 2, "basic blocks per stage");
   };
@@ -40,20 +40,25 @@ int main(int argc, char** argv) {
     const auto load = [&](const std::string& split) {
       const std::string dir = c.get_string("data.root") + "/" + split;
       data::ImageFolder f = data::load_image_folder(dir, data::image_folder_options_from_config(c, split));
-      std::cerr << fmt::format("[image_folder] {}: {} images in {} classes{}\n", dir, f.data.size(), f.classes.size(),
+      std::cerr << fmt::format("[image_folder] {}: {} images in {} classes{}\n", dir, f.data.size(),
+                               f.classes.size(),
                                f.cache_status == data::CacheStatus::kLoaded ? " (from the cache)" : "");
       for (const auto& s : f.skipped) std::cerr << "[image_folder] skipped " << s << "\n";
       return f;
     };
-    data::ImageFolder train = load(c.get_string("data.train_split")), test = load(c.get_string("data.test_split"));
+    data::ImageFolder train = load(c.get_string("data.train_split")),
+                      test = load(c.get_string("data.test_split"));
     if (train.classes != test.classes)
-      throw Error(ErrorKind::kData, fmt::format("[image_folder] the {} and {} splits have different class folders "
-                                                "({} vs {}); they must match, as the labels are class indices",
-                                                c.get_string("data.train_split"), c.get_string("data.test_split"),
-                                                train.classes.size(), test.classes.size()));
+      throw Error(ErrorKind::kData,
+                  fmt::format("[image_folder] the {} and {} splits have different class folders "
+                              "({} vs {}); they must match, as the labels are class indices",
+                              c.get_string("data.train_split"), c.get_string("data.test_split"),
+                              train.classes.size(), test.classes.size()));
     const auto classes = static_cast<int64_t>(train.classes.size());
-    models::CifarResNet net(
-        models::CifarResNetOptions().width(c.get_int("model.width")).blocks(c.get_int("model.blocks")).num_classes(classes));
+    models::CifarResNet net(models::CifarResNetOptions()
+                                .width(c.get_int("model.width"))
+                                .blocks(c.get_int("model.blocks"))
+                                .num_classes(classes));
     return recipe::ClassificationTask::from_config(c, device, torch::nn::AnyModule(net),
                                                    {std::move(train.data), std::move(test.data), classes});
   };

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   spec.name = "prune_finetune";
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
-    c.declare("data.root", "/usr/share/datasets/fashion-mnist", "folder with the four IDX files (.gz or plain)");
+    c.declare("data.root", "/usr/share/datasets/fashion-mnist",
+              "folder with the four IDX files (.gz or plain)");
     recipe::declare_classification_keys(c, recipe::ClassificationOptions());
     c.declare("model.width", 16, "channels of the first stage (then 2x, 4x)");
     c.declare("model.blocks", 2, "basic blocks per stage");
@@ -24,8 +25,10 @@ int main(int argc, char** argv) {
   };
   spec.make_task = [](const core::Config& c, torch::Device device) {
     recipe::check_prune_finetune_config(c);  // bad prune.* values fail now, not after the dense training
-    models::CifarResNet net(
-        models::CifarResNetOptions().width(c.get_int("model.width")).blocks(c.get_int("model.blocks")).in_channels(1));
+    models::CifarResNet net(models::CifarResNetOptions()
+                                .width(c.get_int("model.width"))
+                                .blocks(c.get_int("model.blocks"))
+                                .in_channels(1));
     const std::string root = c.get_string("data.root");
     return recipe::ClassificationTask::from_config(
         c, device, torch::nn::AnyModule(net),

@@ -1,7 +1,7 @@
+#include <ATen/autocast_mode.h>
 #include <ember/amp/autocast.h>
 #include <ember/core/error.h>
 #include <gtest/gtest.h>
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace {
@@ -16,8 +16,8 @@ TEST(AutocastGuard, EnablesForTheScopeAndRestores) {
   {
     AutocastGuard guard(torch::kCPU, torch::kBFloat16);
     EXPECT_TRUE(ember::amp::is_autocast_enabled(torch::kCPU));
-    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);              // lower-precision list
-    EXPECT_EQ(torch::log_softmax(a, 1).scalar_type(), torch::kFloat32);      // fp32 list
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);          // lower-precision list
+    EXPECT_EQ(torch::log_softmax(a, 1).scalar_type(), torch::kFloat32);  // fp32 list
   }
   EXPECT_FALSE(ember::amp::is_autocast_enabled(torch::kCPU));
   EXPECT_EQ(ember::amp::autocast_dtype(torch::kCPU), dtype_before);

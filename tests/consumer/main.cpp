@@ -15,8 +15,8 @@ struct XTask : ember::train::Task {
   XTask() : net(std::make_shared<Net>()) {
     torch::Tensor x = torch::randn({512, 2});
     torch::Tensor y = (x.select(1, 0) > 0).to(torch::kInt64);
-    loader = std::make_unique<ember::data::TensorLoader>(
-        ember::data::TensorDataset{x, y}, ember::data::TensorLoaderOptions().batch_size(64));
+    loader = std::make_unique<ember::data::TensorLoader>(ember::data::TensorDataset{x, y},
+                                                         ember::data::TensorLoaderOptions().batch_size(64));
   }
   std::shared_ptr<torch::nn::Module> model() override { return net; }
   ember::train::StepOutput training_step(const ember::data::Batch& b) override {

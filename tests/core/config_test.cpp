@@ -28,7 +28,8 @@ std::string error_of(const std::function<void()>& f) {
 TEST(Config, DefaultsFileAndOverridesInPrecedenceOrder) {
   Config c = make();
   EXPECT_EQ(c.get_int("trainer.epochs"), 10);
-  c.merge_toml("[trainer]\nepochs = 3\n[optim]\nlr = 1   # an int where a float is declared is fine\n", "file.toml");
+  c.merge_toml("[trainer]\nepochs = 3\n[optim]\nlr = 1   # an int where a float is declared is fine\n",
+               "file.toml");
   EXPECT_EQ(c.get_int("trainer.epochs"), 3);
   EXPECT_DOUBLE_EQ(c.get_float("optim.lr"), 1.0);
   c.set_override("trainer.epochs=7");
@@ -57,12 +58,20 @@ TEST(Config, UnknownKeySuggestsNearest) {
 
 TEST(Config, BadValuesNameTheKey) {
   Config c = make();
-  EXPECT_NE(error_of([&] { c.set_override("trainer.epochs=3.5"); }).find("trainer.epochs=3.5: expected an integer"), std::string::npos);
-  EXPECT_NE(error_of([&] { c.set_override("optim.lr=fast"); }).find("optim.lr=fast: expected a finite number"), std::string::npos);
+  EXPECT_NE(
+      error_of([&] { c.set_override("trainer.epochs=3.5"); }).find("trainer.epochs=3.5: expected an integer"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of([&] { c.set_override("optim.lr=fast"); }).find("optim.lr=fast: expected a finite number"),
+      std::string::npos);
   EXPECT_NE(error_of([&] { c.set_override("optim.lr=nan"); }).find("finite"), std::string::npos);
-  EXPECT_NE(error_of([&] { c.set_override("trainer.progress=maybe"); }).find("true or false"), std::string::npos);
+  EXPECT_NE(error_of([&] { c.set_override("trainer.progress=maybe"); }).find("true or false"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { c.set_override("noequals"); }).find("key=value"), std::string::npos);
-  EXPECT_NE(error_of([&] { c.merge_toml("[trainer]\nepochs = \"ten\"\n", "f.toml"); }).find("trainer.epochs must be of type int"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              c.merge_toml("[trainer]\nepochs = \"ten\"\n", "f.toml");
+            }).find("trainer.epochs must be of type int"),
+            std::string::npos);
   const std::string syntax = error_of([&] { c.merge_toml("[trainer\nepochs = 3\n", "broken.toml"); });
   EXPECT_NE(syntax.find("broken.toml:1:"), std::string::npos) << syntax;
   // A failed override leaves the old value.
@@ -91,7 +100,8 @@ TEST(Config, HelpListsEveryKeyWithDefault) {
 
 TEST(Config, MissingFileIsAClearError) {
   Config c = make();
-  EXPECT_NE(error_of([&] { c.merge_toml_file("/nonexistent/x.toml"); }).find("cannot open config file"), std::string::npos);
+  EXPECT_NE(error_of([&] { c.merge_toml_file("/nonexistent/x.toml"); }).find("cannot open config file"),
+            std::string::npos);
 }
 
 #include <ember/recipe/host_malloc.h>
@@ -99,7 +109,8 @@ TEST(Config, MissingFileIsAClearError) {
 TEST(HostMalloc, TuningIsAcceptedByGlibc) {
 #if defined(__GLIBC__)
   EXPECT_TRUE(ember::recipe::tune_host_malloc());
-  EXPECT_TRUE(ember::recipe::tune_host_malloc(std::size_t{1} << 40)) << "above glibc's maximum: clamped, not rejected";
+  EXPECT_TRUE(ember::recipe::tune_host_malloc(std::size_t{1} << 40))
+      << "above glibc's maximum: clamped, not rejected";
   std::vector<float> big(std::size_t{8} << 20);  // 32 MiB: still served and usable
   big.back() = 1.0f;
   EXPECT_EQ(big.back(), 1.0f);

@@ -10,11 +10,11 @@
 #include "train/test_task.h"  // temp_dir
 
 using namespace ember;
-using test_util::error_of;
-using test_util::write_bytes;
 using data::CifarLabel;
 using data::CifarOptions;
 using data::CifarVariant;
+using test_util::error_of;
+using test_util::write_bytes;
 
 namespace {
 
@@ -26,12 +26,11 @@ std::string record10(uint8_t label, uint8_t r, uint8_t g, uint8_t b) {
   return rec;
 }
 
-
 data::TensorDataset random_images(int64_t n, int64_t classes, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return {torch::randint(0, 256, {n, 32, 32, 3}, gen, torch::kUInt8), torch::randint(0, classes, {n}, gen, torch::kInt64)};
+  return {torch::randint(0, 256, {n, 32, 32, 3}, gen, torch::kUInt8),
+          torch::randint(0, classes, {n}, gen, torch::kInt64)};
 }
-
 
 }  // namespace
 
@@ -67,7 +66,8 @@ TEST(Cifar, WriteReadRoundTripAndCifar100Labels) {
   const auto back_fine = data::read_cifar_bin(dir + "/c100.bin", fine);
   EXPECT_TRUE(torch::equal(back_fine.inputs, d100.inputs));
   EXPECT_TRUE(torch::equal(back_fine.targets, d100.targets));
-  const auto back_coarse = data::read_cifar_bin(dir + "/c100.bin", CifarOptions().variant(CifarVariant::kCifar100).label(CifarLabel::kCoarse));
+  const auto back_coarse = data::read_cifar_bin(
+      dir + "/c100.bin", CifarOptions().variant(CifarVariant::kCifar100).label(CifarLabel::kCoarse));
   EXPECT_TRUE(torch::equal(back_coarse.targets, d100.targets.div(5, "floor")));
 }
 
@@ -93,18 +93,23 @@ TEST(Cifar, LoadsTheSplitsFromTheFolderOrItsParent) {
 TEST(Cifar, CorruptOrMissingFilesAreClearErrors) {
   const std::string dir = test_util::temp_dir("cifar_bad");
   write_bytes(dir + "/truncated.bin", record10(1, 0, 0, 0) + record10(2, 0, 0, 0).substr(0, 1000));
-  EXPECT_NE(error_of([&] { data::read_cifar_bin(dir + "/truncated.bin"); }).find("not a whole number of 3073-byte"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { data::read_cifar_bin(dir + "/truncated.bin"); }).find("not a whole number of 3073-byte"),
+      std::string::npos);
   write_bytes(dir + "/badlabel.bin", record10(3, 0, 0, 0) + record10(42, 0, 0, 0));
   const std::string e = error_of([&] { data::read_cifar_bin(dir + "/badlabel.bin"); });
   EXPECT_NE(e.find("record 1 has label 42"), std::string::npos) << e;
-  EXPECT_NE(error_of([&] { data::read_cifar_bin(dir + "/nothere.bin"); }).find("cannot open"), std::string::npos);
+  EXPECT_NE(error_of([&] { data::read_cifar_bin(dir + "/nothere.bin"); }).find("cannot open"),
+            std::string::npos);
   write_bytes(dir + "/data_batch_1.bin", record10(1, 0, 0, 0));
   const std::string m = error_of([&] { data::load_cifar(dir, data::Split::kTrain); });
   EXPECT_NE(m.find("missing data_batch_2.bin, data_batch_3.bin"), std::string::npos) << m;
   EXPECT_NE(m.find("data/README.md"), std::string::npos) << m;
   // A CIFAR-10 file read as CIFAR-100 does not divide into 3074-byte records (here).
-  EXPECT_FALSE(error_of([&] { data::read_cifar_bin(dir + "/badlabel.bin", CifarOptions().variant(CifarVariant::kCifar100)); }).empty());
-  EXPECT_THROW(data::write_cifar_bin(dir + "/x.bin", {torch::zeros({2, 28, 28}, torch::kUInt8), torch::zeros({2})}),
-               Error);
+  EXPECT_FALSE(error_of([&] {
+                 data::read_cifar_bin(dir + "/badlabel.bin", CifarOptions().variant(CifarVariant::kCifar100));
+               }).empty());
+  EXPECT_THROW(
+      data::write_cifar_bin(dir + "/x.bin", {torch::zeros({2, 28, 28}, torch::kUInt8), torch::zeros({2})}),
+      Error);
 }

@@ -12,10 +12,12 @@ using test_util::write_bytes;
 
 TEST(Idx, RoundTripsEveryTypePlainAndGzip) {
   const std::string dir = test_util::temp_dir("idx_roundtrip");
-  const std::vector<torch::Tensor> tensors = {
-      torch::randint(0, 256, {5, 7, 3}).to(torch::kUInt8), torch::randint(-128, 128, {4}).to(torch::kInt8),
-      torch::randint(-30000, 30000, {3, 2}).to(torch::kInt16), torch::randint(-100000, 100000, {6}).to(torch::kInt32),
-      torch::randn({2, 3}), torch::randn({3}, torch::kFloat64)};
+  const std::vector<torch::Tensor> tensors = {torch::randint(0, 256, {5, 7, 3}).to(torch::kUInt8),
+                                              torch::randint(-128, 128, {4}).to(torch::kInt8),
+                                              torch::randint(-30000, 30000, {3, 2}).to(torch::kInt16),
+                                              torch::randint(-100000, 100000, {6}).to(torch::kInt32),
+                                              torch::randn({2, 3}),
+                                              torch::randn({3}, torch::kFloat64)};
   for (size_t i = 0; i < tensors.size(); ++i) {
     for (const char* ext : {"", ".gz"}) {
       const std::string p = dir + "/t" + std::to_string(i) + ".idx" + ext;
@@ -55,7 +57,8 @@ TEST(Idx, WrongMagicTruncatedAndTrailingDataAreClearErrors) {
   EXPECT_NE(e.find("10x4x4"), std::string::npos) << e;
 
   write_bytes(dir + "/long.idx", bytes + "xyz");
-  EXPECT_NE(error_of([&] { data::read_idx(dir + "/long.idx"); }).find("3 unexpected bytes"), std::string::npos);
+  EXPECT_NE(error_of([&] { data::read_idx(dir + "/long.idx"); }).find("3 unexpected bytes"),
+            std::string::npos);
 
   write_bytes(dir + "/tiny.idx", std::string("\x00\x00", 2));
   EXPECT_NE(error_of([&] { data::read_idx(dir + "/tiny.idx"); }).find("too short"), std::string::npos);
@@ -82,7 +85,8 @@ TEST(Idx, TruncatedOrCorruptGzipIsAClearError) {
 
 TEST(Idx, LoadMnistChecksCountsAndFindsGzOrPlain) {
   const std::string dir = test_util::temp_dir("idx_mnist");
-  data::write_idx(dir + "/train-images-idx3-ubyte.gz", torch::randint(0, 256, {12, 28, 28}).to(torch::kUInt8));
+  data::write_idx(dir + "/train-images-idx3-ubyte.gz",
+                  torch::randint(0, 256, {12, 28, 28}).to(torch::kUInt8));
   data::write_idx(dir + "/train-labels-idx1-ubyte", torch::randint(0, 10, {12}).to(torch::kUInt8));
   const data::TensorDataset ds = data::load_mnist(dir, data::Split::kTrain);
   EXPECT_EQ(ds.size(), 12);
@@ -94,12 +98,14 @@ TEST(Idx, LoadMnistChecksCountsAndFindsGzOrPlain) {
   EXPECT_NE(e.find("5 images but"), std::string::npos) << e;
   EXPECT_NE(e.find("4 labels"), std::string::npos) << e;
 
-  EXPECT_NE(error_of([&] { data::load_mnist(dir + "/nope", data::Split::kTrain); }).find("data.root"), std::string::npos);
+  EXPECT_NE(error_of([&] { data::load_mnist(dir + "/nope", data::Split::kTrain); }).find("data.root"),
+            std::string::npos);
 }
 
 TEST(Idx, RealFashionMnistWhenInstalled) {
   const std::string root = "/usr/share/datasets/fashion-mnist";
-  if (!std::ifstream(root + "/t10k-labels-idx1-ubyte.gz").good()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  if (!std::ifstream(root + "/t10k-labels-idx1-ubyte.gz").good())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const data::TensorDataset test = data::load_mnist(root, data::Split::kTest);
   EXPECT_EQ(test.inputs.sizes(), (std::vector<int64_t>{10000, 28, 28}));
   // Fashion-MNIST's test set is balanced: 1000 of each class.

@@ -39,10 +39,8 @@ std::vector<int64_t> drain(data::Loader& loader, int64_t epoch, int64_t skip = 0
 }  // namespace
 
 TEST(TensorLoader, EachEpochIsAPermutationFixedBySeedAndEpoch) {
-  data::TensorLoader a(numbered(103),
-                       data::TensorLoaderOptions().batch_size(10).seed(5).prefetch(2));
-  data::TensorLoader b(numbered(103),
-                       data::TensorLoaderOptions().batch_size(10).seed(5).prefetch(0));
+  data::TensorLoader a(numbered(103), data::TensorLoaderOptions().batch_size(10).seed(5).prefetch(2));
+  data::TensorLoader b(numbered(103), data::TensorLoaderOptions().batch_size(10).seed(5).prefetch(0));
   EXPECT_EQ(data::TensorLoader(numbered(8), data::TensorLoaderOptions()).options().prefetch(),
             0);  // auto on CPU
   EXPECT_EQ(a.num_batches(), 11);
@@ -86,10 +84,10 @@ TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
   EXPECT_EQ(batch->input.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::equal(batch->input.select(1, 0), batch->target.to(torch::kFloat32) * 2));
 
-  data::TensorLoader bad(
-      numbered(8),
-      data::TensorLoaderOptions().batch_size(4).prefetch(2).transform(
-          [](data::Batch) -> data::Batch { throw std::runtime_error("decode failed for sample 3"); }));
+  data::TensorLoader bad(numbered(8), data::TensorLoaderOptions().batch_size(4).prefetch(2).transform(
+                                          [](data::Batch) -> data::Batch {
+                                            throw std::runtime_error("decode failed for sample 3");
+                                          }));
   bad.start_epoch(0, 0);
   EXPECT_THROW(
       {
@@ -105,9 +103,8 @@ TEST(TensorLoader, TransformRunsAndErrorsReachTheCaller) {
 
 TEST(TensorLoader, RejectsBadOptions) {
   EXPECT_THROW(data::TensorLoader(numbered(8), data::TensorLoaderOptions().batch_size(0)), Error);
-  EXPECT_THROW(
-      data::TensorLoader(numbered(8), data::TensorLoaderOptions().batch_size(9).drop_last(true)),
-      Error);
+  EXPECT_THROW(data::TensorLoader(numbered(8), data::TensorLoaderOptions().batch_size(9).drop_last(true)),
+               Error);
   EXPECT_THROW(data::TensorLoader(data::TensorDataset{torch::zeros({4, 2}), torch::zeros({3})},
                                   data::TensorLoaderOptions()),
                Error);
@@ -157,8 +154,7 @@ TEST(TensorLoader, BatchesCarryTheirIndexAndEpoch) {
     expect_index_and_epoch(a, 7, 11);  // nothing left
     data::TensorLoader plain(
         numbered(25),
-        data::TensorLoaderOptions().batch_size(10).shuffle(false).drop_last(true).prefetch(
-            prefetch));
+        data::TensorLoaderOptions().batch_size(10).shuffle(false).drop_last(true).prefetch(prefetch));
     expect_index_and_epoch(plain, 3, 1);
   }
 }
@@ -217,13 +213,12 @@ TEST(TensorLoader, TransformsSeeIndexAndEpochInTheDocumentedOrder) {
 }
 
 TEST(TensorLoader, TransformMustKeepTheIndex) {
-  data::TensorLoader a(numbered(8),
-                       data::TensorLoaderOptions().batch_size(4).transform([](data::Batch b) {
-                         data::Batch fresh;  // a new batch without the index
-                         fresh.input = b.input;
-                         fresh.target = b.target;
-                         return fresh;
-                       }));
+  data::TensorLoader a(numbered(8), data::TensorLoaderOptions().batch_size(4).transform([](data::Batch b) {
+    data::Batch fresh;  // a new batch without the index
+    fresh.input = b.input;
+    fresh.target = b.target;
+    return fresh;
+  }));
   a.start_epoch(0, 0);
   EXPECT_THROW(a.next(), Error);
 }
@@ -231,8 +226,7 @@ TEST(TensorLoader, TransformMustKeepTheIndex) {
 TEST(TensorLoader, ResidentOnTheCpuIsTheSameAsNotResident) {
   const auto opts = data::TensorLoaderOptions().batch_size(16).seed(9);
   data::TensorLoader streamed(images(100), opts);
-  data::TensorLoader resident(images(100),
-                              data::TensorLoaderOptions(opts).resident(true).prefetch(2));
+  data::TensorLoader resident(images(100), data::TensorLoaderOptions(opts).resident(true).prefetch(2));
   EXPECT_EQ(resident.options().prefetch(), 0);  // resident takes no thread
   for (int64_t epoch : {0, 1}) expect_same_batches(collect(streamed, epoch), collect(resident, epoch));
   expect_same_batches(collect(streamed, 5, 3), collect(resident, 5, 3));
@@ -242,8 +236,7 @@ TEST(TensorLoader, ResidentOnTheCpuIsTheSameAsNotResident) {
 }
 
 TEST(TensorLoader, ResidentRejectsAHostTransform) {
-  const auto opts =
-      data::TensorLoaderOptions().resident(true).transform([](data::Batch b) { return b; });
+  const auto opts = data::TensorLoaderOptions().resident(true).transform([](data::Batch b) { return b; });
   try {
     data::TensorLoader a(numbered(8), opts);
     FAIL() << "expected an error";
@@ -251,12 +244,12 @@ TEST(TensorLoader, ResidentRejectsAHostTransform) {
     EXPECT_NE(std::string(e.what()).find("device_transform"), std::string::npos) << e.what();
   }
   // device_transform is the way to transform resident batches.
-  data::TensorLoader ok(numbered(8),
-                        data::TensorLoaderOptions().batch_size(4).resident(true).device_transform(
-                            [](data::Batch b) {
-                              b.input = b.input * 3;
-                              return b;
-                            }));
+  data::TensorLoader ok(
+      numbered(8),
+      data::TensorLoaderOptions().batch_size(4).resident(true).device_transform([](data::Batch b) {
+        b.input = b.input * 3;
+        return b;
+      }));
   ok.start_epoch(0, 0);
   auto batch = ok.next();
   ASSERT_TRUE(batch.has_value());
@@ -267,17 +260,16 @@ TEST(TensorLoaderCuda, ResidentMatchesTheCpuLoader) {
   EMBER_REQUIRE_CUDA();
   const auto opts = data::TensorLoaderOptions().batch_size(32).seed(4);
   data::TensorLoader cpu(images(1000), opts);
-  data::TensorLoader gpu(images(1000), data::TensorLoaderOptions(opts)
-                                           .device(torch::kCUDA)
-                                           .resident(true)
-                                           .device_transform([](data::Batch b) {
-                                             EXPECT_TRUE(b.input.is_cuda());
-                                             EXPECT_EQ(b.input.scalar_type(),
-                                                       torch::kUInt8);  // stays uint8 on the device
-                                             EXPECT_TRUE(b.target.is_cuda());
-                                             EXPECT_TRUE(b.index.is_cpu());
-                                             return b;
-                                           }));
+  data::TensorLoader gpu(
+      images(1000),
+      data::TensorLoaderOptions(opts).device(torch::kCUDA).resident(true).device_transform([](data::Batch b) {
+        EXPECT_TRUE(b.input.is_cuda());
+        EXPECT_EQ(b.input.scalar_type(),
+                  torch::kUInt8);  // stays uint8 on the device
+        EXPECT_TRUE(b.target.is_cuda());
+        EXPECT_TRUE(b.index.is_cpu());
+        return b;
+      }));
   EXPECT_EQ(gpu.options().device(), torch::Device(torch::kCUDA, 0));  // "cuda" resolved to the current device
   EXPECT_EQ(gpu.options().prefetch(), 0);
   for (int64_t epoch : {0, 1, 2}) expect_same_batches(collect(cpu, epoch), collect(gpu, epoch));
@@ -288,8 +280,7 @@ TEST(TensorLoaderCuda, PrefetchDeliversCorrectBatches) {
   EMBER_REQUIRE_CUDA();
   const auto opts = data::TensorLoaderOptions().batch_size(256).seed(11);
   data::TensorLoader cpu(images(2000, 32), opts);
-  data::TensorLoader gpu(images(2000, 32),
-                         data::TensorLoaderOptions(opts).device(torch::kCUDA).prefetch(2));
+  data::TensorLoader gpu(images(2000, 32), data::TensorLoaderOptions(opts).device(torch::kCUDA).prefetch(2));
   EXPECT_EQ(gpu.options().prefetch(), 2);
   const auto busy = torch::randn({2048, 2048}, torch::kCUDA);
   for (int64_t epoch : {0, 1, 2}) {
@@ -322,8 +313,7 @@ TEST(TensorLoaderCuda, PrefetchOrdersCopiesAgainstANonDefaultStream) {
   EMBER_REQUIRE_CUDA();
   const auto opts = data::TensorLoaderOptions().batch_size(100).seed(2);
   data::TensorLoader cpu(images(1500), opts);
-  data::TensorLoader gpu(images(1500),
-                         data::TensorLoaderOptions(opts).device(torch::kCUDA).prefetch(3));
+  data::TensorLoader gpu(images(1500), data::TensorLoaderOptions(opts).device(torch::kCUDA).prefetch(3));
   const c10::impl::VirtualGuardImpl impl(torch::kCUDA);
   const c10::StreamGuard on_stream(impl.getStreamFromGlobalPool(torch::Device(torch::kCUDA, 0)));
   expect_same_batches(collect(cpu, 1), collect(gpu, 1));
@@ -336,9 +326,8 @@ TEST(TensorLoaderCuda, DeviceTransformRunsOnTheGpu) {
     b.input = b.input.to(torch::kFloat32).mul(0.5).permute({0, 3, 1, 2}).contiguous();
     return b;
   };
-  data::TensorLoader cpu(
-      images(300),
-      data::TensorLoaderOptions().batch_size(50).seed(1).device_transform(normalize));
+  data::TensorLoader cpu(images(300),
+                         data::TensorLoaderOptions().batch_size(50).seed(1).device_transform(normalize));
   for (bool resident : {false, true}) {
     SCOPED_TRACE(resident ? "resident" : "streamed");
     int64_t calls = 0;

@@ -201,8 +201,7 @@ TEST(DistributedSampler, MatchesPyTorchDistributedSampler) {
       for (bool drop : {false, true}) {
         if (drop && n < replicas) continue;  // an error here (RejectsBadOptions); empty shards in PyTorch
         for (int64_t rank = 0; rank < replicas; ++rank) {
-          data::TensorLoader loader(numbered(n),
-                                    sharded(replicas, rank).batch_size(1).drop_uneven(drop));
+          data::TensorLoader loader(numbered(n), sharded(replicas, rank).batch_size(1).drop_uneven(drop));
           const auto expected = reference_shard(to_vector(loader.epoch_order(2)), replicas, rank, drop);
           EXPECT_EQ(to_vector(loader.shard_order(2)), expected)
               << "n " << n << " replicas " << replicas << " rank " << rank << (drop ? " drop" : " pad");
@@ -217,8 +216,7 @@ TEST(DistributedSampler, OrderIsReshuffledPerEpochAndSharedByAllRanks) {
   const int64_t n = 40, replicas = 4;
   std::vector<std::unique_ptr<data::TensorLoader>> ranks;
   for (int64_t rank = 0; rank < replicas; ++rank) {
-    ranks.push_back(
-        std::make_unique<data::TensorLoader>(numbered(n), sharded(replicas, rank).batch_size(4)));
+    ranks.push_back(std::make_unique<data::TensorLoader>(numbered(n), sharded(replicas, rank).batch_size(4)));
   }
   for (int64_t epoch : {0, 1, 2}) {
     const torch::Tensor order = ranks[0]->epoch_order(epoch);
@@ -248,8 +246,8 @@ TEST(DistributedSampler, ResumeServesTheRemainingBatchesOfTheShard) {
       for (int64_t rank = 0; rank < 3; ++rank) {
         SCOPED_TRACE(std::string(drop_last ? "drop_last" : "keep last") + " prefetch " +
                      std::to_string(prefetch) + " rank " + std::to_string(rank));
-        data::TensorLoader loader(
-            numbered(50), sharded(3, rank).batch_size(4).drop_last(drop_last).prefetch(prefetch));
+        data::TensorLoader loader(numbered(50),
+                                  sharded(3, rank).batch_size(4).drop_last(drop_last).prefetch(prefetch));
         EXPECT_EQ(loader.num_batches(), drop_last ? 4 : 5);
         EXPECT_EQ(loader.num_samples(), drop_last ? 16 : 17);
         const auto full = collect(loader, 6);
@@ -273,8 +271,7 @@ TEST(DistributedSampler, PrefetchAndResidentChangeNoBatch) {
       SCOPED_TRACE(std::string(drop ? "drop" : "pad") + " rank " + std::to_string(rank));
       const auto opts = sharded(4, rank).batch_size(5).drop_uneven(drop);
       data::TensorLoader off(numbered(37), data::TensorLoaderOptions(opts).transform(transform));
-      data::TensorLoader on(numbered(37),
-                            data::TensorLoaderOptions(opts).transform(transform).prefetch(3));
+      data::TensorLoader on(numbered(37), data::TensorLoaderOptions(opts).transform(transform).prefetch(3));
       data::TensorLoader resident(numbered(37), data::TensorLoaderOptions(opts).resident(true));
       for (int64_t epoch : {0, 1}) {
         const auto a = collect(off, epoch);
@@ -298,8 +295,7 @@ TEST(DistributedSampler, BatchIndexIsTheDatasetIndexWhateverTheSharding) {
   };
   const int64_t n = 29, epoch = 2;
   std::map<int64_t, torch::Tensor> unsharded;
-  data::TensorLoader whole(numbered(n),
-                           data::TensorLoaderOptions().batch_size(4).seed(5).transform(keyed));
+  data::TensorLoader whole(numbered(n), data::TensorLoaderOptions().batch_size(4).seed(5).transform(keyed));
   for (const data::Batch& b : collect(whole, epoch)) {
     for (int64_t i = 0; i < b.size(); ++i) unsharded[b.index[i].item<int64_t>()] = b.input[i];
   }
@@ -334,8 +330,7 @@ TEST(DistributedSampler, RejectsBadOptions) {
   expect_error(ds, data::TensorLoaderOptions().num_replicas(4).batch_size(4).drop_last(true),
                "rank 0's shard of 3 samples (10 over 4 replicas) makes no batch of 4");
   // Padding covers fewer samples than replicas: each of 4 ranks gets one of the 3.
-  data::TensorLoader tiny(numbered(3),
-                          data::TensorLoaderOptions().num_replicas(4).rank(3).shuffle(false));
+  data::TensorLoader tiny(numbered(3), data::TensorLoaderOptions().num_replicas(4).rank(3).shuffle(false));
   EXPECT_EQ(drain(tiny, 0), std::vector<int64_t>{0});
 }
 

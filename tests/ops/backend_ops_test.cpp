@@ -40,7 +40,9 @@ torch::Tensor images(int64_t n, int64_t h, int64_t w, int64_t c, uint64_t seed) 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return torch::randint(0, 256, {n, h, w, c}, gen, torch::kUInt8);
 }
-torch::Tensor indices(int64_t n, int64_t first = 0) { return torch::arange(first, first + n, torch::kInt64); }
+torch::Tensor indices(int64_t n, int64_t first = 0) {
+  return torch::arange(first, first + n, torch::kInt64);
+}
 
 void add_augment_cases(std::vector<OpCase>& cases) {
   using augment::AugmentOptions;
@@ -53,7 +55,8 @@ void add_augment_cases(std::vector<OpCase>& cases) {
       {"resized_crop", AugmentOptions().crop(CropMode::kRandomResized).size({16, 20}).hflip(0.5)},
       {"resized_up", AugmentOptions().crop(CropMode::kRandomResized).size({64, 48})},
       {"color", AugmentOptions().brightness(0.4).contrast(0.4).saturation(0.4).hue(0.1).grayscale(0.2)},
-      {"erase_norm", AugmentOptions().erase(0.9).erase_value(0.25).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3})},
+      {"erase_norm",
+       AugmentOptions().erase(0.9).erase_value(0.25).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3})},
       {"everything", AugmentOptions()
                          .crop(CropMode::kRandomResized)
                          .size({17, 13})
@@ -71,7 +74,8 @@ void add_augment_cases(std::vector<OpCase>& cases) {
       for (auto layout : {Layout::kNCHW, Layout::kNHWC}) {
         const AugmentOptions o = AugmentOptions(base).dtype(dtype).layout(layout);
         OpCase c;
-        c.name = "augment_" + name + "_" + c10::toString(dtype) + (layout == Layout::kNHWC ? "_nhwc" : "_nchw");
+        c.name =
+            "augment_" + name + "_" + c10::toString(dtype) + (layout == Layout::kNHWC ? "_nhwc" : "_nchw");
         c.inputs = [] { return Tensors{images(37, 29, 41, 3, 14)}; };
         c.run = [o](const Tensors& in) {
           const augment::AugmentResult r = augment::augment(in[0], indices(37, 1000), o, 21, 3);
@@ -86,7 +90,8 @@ void add_augment_cases(std::vector<OpCase>& cases) {
   gray.name = "augment_gray_color_crop";
   gray.inputs = [] { return Tensors{images(9, 20, 20, 1, 15)}; };
   gray.run = [](const Tensors& in) {
-    const auto o = AugmentOptions().crop(CropMode::kRandomResized).size({12, 12}).brightness(0.3).contrast(0.3);
+    const auto o =
+        AugmentOptions().crop(CropMode::kRandomResized).size({12, 12}).brightness(0.3).contrast(0.3);
     return Tensors{augment::augment(in[0], indices(9), o, 4, 0).images};
   };
   cases.push_back(gray);
@@ -165,13 +170,15 @@ void check_case(const OpCase& op, const torch::Device& device) {
   const Tensors want = op.reference ? op.reference(cpu_inputs) : op.run(cpu_inputs);
   ASSERT_EQ(got.size(), want.size()) << op.name;
   for (size_t k = 0; k < got.size(); ++k) {
-    if (k == 0) EXPECT_EQ(got[k].device().type(), device.type()) << op.name << ": the output stays on the device";
+    if (k == 0)
+      EXPECT_EQ(got[k].device().type(), device.type()) << op.name << ": the output stays on the device";
     const torch::Tensor g = got[k].cpu(), w = want[k].cpu();
     ASSERT_EQ(g.sizes(), w.sizes()) << op.name << " output " << k;
     ASSERT_EQ(g.scalar_type(), w.scalar_type()) << op.name << " output " << k;
     if (op.tolerance == 0) {
-      EXPECT_TRUE(torch::equal(g, w)) << op.name << " output " << k << ": max error "
-                                      << (g.to(torch::kFloat64) - w.to(torch::kFloat64)).abs().max().item<double>();
+      EXPECT_TRUE(torch::equal(g, w))
+          << op.name << " output " << k << ": max error "
+          << (g.to(torch::kFloat64) - w.to(torch::kFloat64)).abs().max().item<double>();
     } else {
       const double err = (g.to(torch::kFloat64) - w.to(torch::kFloat64)).abs().max().item<double>();
       EXPECT_LE(err, op.tolerance) << op.name << " output " << k;
@@ -179,12 +186,16 @@ void check_case(const OpCase& op, const torch::Device& device) {
   }
 }
 
-std::string case_name(const testing::TestParamInfo<size_t>& info) { return cases()[info.param].name; }
+std::string case_name(const testing::TestParamInfo<size_t>& info) {
+  return cases()[info.param].name;
+}
 
 class Ops : public testing::TestWithParam<size_t> {};
 class OpsCuda : public testing::TestWithParam<size_t> {};
 
-TEST_P(Ops, CpuPathMatchesTheReference) { check_case(cases()[GetParam()], torch::kCPU); }
+TEST_P(Ops, CpuPathMatchesTheReference) {
+  check_case(cases()[GetParam()], torch::kCPU);
+}
 
 TEST_P(OpsCuda, CudaPathMatchesTheCpuReference) {
   EMBER_REQUIRE_CUDA();

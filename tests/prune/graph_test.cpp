@@ -27,7 +27,8 @@ using test::SeparableNet;
 template <typename M>
 DependencyGraph trace(M& model, const torch::Tensor& x, GraphOptions options = {}) {
   options.print_warnings(false);
-  return DependencyGraph::build(*model, [&] { return std::vector<torch::Tensor>{model->forward(x)}; }, options);
+  return DependencyGraph::build(
+      *model, [&] { return std::vector<torch::Tensor>{model->forward(x)}; }, options);
 }
 
 /// The group that has `member` ("name[dim]") among its dimensions.
@@ -40,7 +41,8 @@ const Group* find_group(const DependencyGraph& g, const std::string& member) {
 
 std::set<std::string> members(const DependencyGraph& g, const Group& group) {
   std::set<std::string> s;
-  for (const auto& m : group.members) s.insert(g.dims()[m.dim].name + "[" + std::to_string(g.dims()[m.dim].dim) + "]");
+  for (const auto& m : group.members)
+    s.insert(g.dims()[m.dim].name + "[" + std::to_string(g.dims()[m.dim].dim) + "]");
   return s;
 }
 
@@ -69,7 +71,8 @@ int64_t train_params(const torch::nn::Module& m) {
 /// Removes every other unit of every group (skipping groups that a filter
 /// excludes), zeroing them first; returns max |y_pruned - y_original|.
 template <typename M>
-double prune_zeroed_units(M& model, const torch::Tensor& x, const std::function<bool(const Group&)>& skip = {},
+double prune_zeroed_units(M& model, const torch::Tensor& x,
+                          const std::function<bool(const Group&)>& skip = {},
                           int64_t* params_removed = nullptr) {
   model->eval();
   const DependencyGraph g = trace(model, x);
@@ -78,7 +81,8 @@ double prune_zeroed_units(M& model, const torch::Tensor& x, const std::function<
   for (size_t gi = 0; gi < g.groups().size(); ++gi) {
     const Group& group = g.groups()[gi];
     if (skip && skip(group)) continue;
-    for (int64_t u = 0; u < group.num_units && static_cast<int64_t>(remove[gi].size()) < group.num_units - 1; u += 2)
+    for (int64_t u = 0; u < group.num_units && static_cast<int64_t>(remove[gi].size()) < group.num_units - 1;
+         u += 2)
       remove[gi].push_back(u);
   }
   zero_units(g, remove);
@@ -102,10 +106,10 @@ TEST(PruneGraph, ResidualBlocksAreOneGroup) {
   ASSERT_NE(stage1, nullptr) << g.summary();
   EXPECT_EQ(stage1->num_units, 8);
   EXPECT_EQ(members(g, *stage1),
-            (std::set<std::string>{"stem.weight[0]", "stem_bn.weight[0]", "stem_bn.bias[0]", "stem_bn.running_mean[0]",
-                                   "stem_bn.running_var[0]", "a1.weight[1]", "a2.weight[0]", "a2_bn.weight[0]",
-                                   "a2_bn.bias[0]", "a2_bn.running_mean[0]", "a2_bn.running_var[0]", "b1.weight[1]",
-                                   "short_conv.weight[1]"}));
+            (std::set<std::string>{
+                "stem.weight[0]", "stem_bn.weight[0]", "stem_bn.bias[0]", "stem_bn.running_mean[0]",
+                "stem_bn.running_var[0]", "a1.weight[1]", "a2.weight[0]", "a2_bn.weight[0]", "a2_bn.bias[0]",
+                "a2_bn.running_mean[0]", "a2_bn.running_var[0]", "b1.weight[1]", "short_conv.weight[1]"}));
   const Group* stage2 = find_group(g, "b2.weight[0]");
   ASSERT_NE(stage2, nullptr) << g.summary();
   EXPECT_TRUE(members(g, *stage2).count("short_conv.weight[0]"));
@@ -114,7 +118,8 @@ TEST(PruneGraph, ResidualBlocksAreOneGroup) {
   EXPECT_NE(find_group(g, "b1.weight[0]"), nullptr);
   EXPECT_EQ(g.groups().size(), 4u) << g.summary();
   for (const Group& group : g.groups())  // the classifier's outputs stay
-    for (const auto& m : group.members) EXPECT_FALSE(g.dims()[m.dim].name == "fc.weight" && g.dims()[m.dim].dim == 0);
+    for (const auto& m : group.members)
+      EXPECT_FALSE(g.dims()[m.dim].name == "fc.weight" && g.dims()[m.dim].dim == 0);
   EXPECT_TRUE(g.warnings().empty()) << g.warnings().front();
 }
 
@@ -141,7 +146,7 @@ TEST(PruneGraph, ConcatAndChunkExact) {
     const DependencyGraph g = trace(model, x);
     const Group* mix = find_group(g, "mix.weight[0]");
     ASSERT_NE(mix, nullptr) << g.summary();
-    EXPECT_EQ(mix->num_units, 6);    // chunk(2): channel j and j + 6 go together
+    EXPECT_EQ(mix->num_units, 6);  // chunk(2): channel j and j + 6 go together
     EXPECT_EQ(mix->unit_width, 2);
     const Group* left = find_group(g, "left.weight[0]");
     const Group* right = find_group(g, "right.weight[0]");
@@ -199,8 +204,8 @@ TEST(PruneGraph, MlpHiddenExactAndResidualStreamCoupled) {
     const Group* stream = find_group(g, "emb.weight[1]");
     ASSERT_NE(stream, nullptr) << g.summary();
     EXPECT_EQ(members(g, *stream),
-              (std::set<std::string>{"emb.weight[1]", "ln.weight[0]", "ln.bias[0]", "fc1.weight[1]", "fc2.weight[0]",
-                                     "fc2.bias[0]", "head.weight[1]"}));
+              (std::set<std::string>{"emb.weight[1]", "ln.weight[0]", "ln.bias[0]", "fc1.weight[1]",
+                                     "fc2.weight[0]", "fc2.bias[0]", "head.weight[1]"}));
     const Group* hidden = find_group(g, "fc1.weight[0]");
     ASSERT_NE(hidden, nullptr) << g.summary();
     EXPECT_EQ(members(g, *hidden), (std::set<std::string>{"fc1.weight[0]", "fc1.bias[0]", "fc2.weight[1]"}));
@@ -221,7 +226,8 @@ TEST(PruneGraph, MixedModelExact) {
     EXPECT_EQ(g.groups().size(), 4u) << g.summary();
     const Group* stem = find_group(g, "stem.weight[0]");
     ASSERT_NE(stem, nullptr) << g.summary();
-    for (const char* m : {"res.weight[0]", "res.weight[1]", "dw.weight[0]", "side.weight[1]", "down.weight[1]"})
+    for (const char* m :
+         {"res.weight[0]", "res.weight[1]", "dw.weight[0]", "side.weight[1]", "down.weight[1]"})
       EXPECT_TRUE(members(g, *stem).count(m)) << m;
   }
   EXPECT_LT(prune_zeroed_units(model, x), 1e-5);
@@ -261,7 +267,8 @@ TEST(PruneGraph, CharGptMlpHiddenSizesAndTheResidualStream) {
     EXPECT_EQ(find_group(g, "blocks.0.attn.qkv.weight[0]"), nullptr);
     EXPECT_EQ(find_group(g, "blocks.0.attn.proj.weight[1]"), nullptr);
     bool qkv_warned = false;
-    for (const auto& w : g.warnings()) qkv_warned = qkv_warned || w.find("blocks.0.attn.qkv") != std::string::npos;
+    for (const auto& w : g.warnings())
+      qkv_warned = qkv_warned || w.find("blocks.0.attn.qkv") != std::string::npos;
     EXPECT_TRUE(qkv_warned);
   }
   // As the recipe does: ignoring the token embedding keeps the residual width; only the MLPs shrink.
@@ -279,7 +286,8 @@ TEST(PruneGraph, CharGptMlpHiddenSizesAndTheResidualStream) {
   EXPECT_EQ(model->blocks[0]->as<ember::models::Block>()->fc->options.out_features(), 16);
   EXPECT_EQ(model->blocks[1]->as<ember::models::Block>()->proj->options.in_features(), 16);
   EXPECT_EQ(model->forward(idx).sizes(), (std::vector<int64_t>{1, 8, 256}));
-  EXPECT_EQ(model->forward_flops_per_token(), 2 * 2 * (16 * 48 + 16 * 16 + 16 * 16 + 16 * 16) + 2 * 16 * 256 + 2 * 2 * 2 * 8 * 16);
+  EXPECT_EQ(model->forward_flops_per_token(),
+            2 * 2 * (16 * 48 + 16 * 16 + 16 * 16 + 16 * 16) + 2 * 16 * 256 + 2 * 2 * 2 * 8 * 16);
 }
 
 struct UnsupportedImpl : torch::nn::Module {
@@ -291,7 +299,7 @@ struct UnsupportedImpl : torch::nn::Module {
     fc = register_module("fc", torch::nn::Linear(6 + 5, 2));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor h = torch::cumsum(torch::relu(a(x)), 1);  // mixes channels: a must stay
+    torch::Tensor h = torch::cumsum(torch::relu(a(x)), 1);       // mixes channels: a must stay
     auto parts = torch::relu(b(x)).split_with_sizes({3, 5}, 1);  // fixed sizes: b must stay
     h = c(h + torch::cat({parts[0], parts[1]}, 1));
     torch::Tensor y = d(torch::relu(h));
@@ -328,9 +336,9 @@ struct ConstantsImpl : torch::nn::Module {
     fc = register_module("fc", torch::nn::Linear(16, 2));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor h = a(x) + offset;                                     // a buffer with the channels' extent
-    torch::Tensor t = b(h.mean({2, 3}).unsqueeze(1));                    // [N, 1, 8]
-    t = torch::avg_pool1d(t, 3, 1, 1);                                   // pools over b's channels (last dim)
+    torch::Tensor h = a(x) + offset;                   // a buffer with the channels' extent
+    torch::Tensor t = b(h.mean({2, 3}).unsqueeze(1));  // [N, 1, 8]
+    t = torch::avg_pool1d(t, 3, 1, 1);                 // pools over b's channels (last dim)
     torch::Tensor y = c(x).mean({2, 3});
     return fc(torch::cat({t.squeeze(1), y}, 1));
   }

@@ -33,7 +33,8 @@ struct ResidualNetImpl : nn::Module {
     return fc(torch::adaptive_avg_pool2d(h, {1, 1}).flatten(1));
   }
   nn::Conv2d stem{nullptr}, a1{nullptr}, a2{nullptr}, b1{nullptr}, b2{nullptr}, short_conv{nullptr};
-  nn::BatchNorm2d stem_bn{nullptr}, a1_bn{nullptr}, a2_bn{nullptr}, b1_bn{nullptr}, b2_bn{nullptr}, short_bn{nullptr};
+  nn::BatchNorm2d stem_bn{nullptr}, a1_bn{nullptr}, a2_bn{nullptr}, b1_bn{nullptr}, b2_bn{nullptr},
+      short_bn{nullptr};
   nn::Linear fc{nullptr};
 };
 TORCH_MODULE(ResidualNet);

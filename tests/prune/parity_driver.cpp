@@ -12,8 +12,8 @@
 //                                       with the plan's JSON as metadata "ember.pruning_plan"
 //   OUT_DIR/<model>_io.safetensors      "input" and the pruned model's eval-mode "output" on it
 // Prints one line per model: name, parameters before -> after.
-#include <ember/train/safetensors.h>
 #include <ember/prune/pruner.h>
+#include <ember/train/safetensors.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>

@@ -13,7 +13,8 @@ using recipe::mix_batch;
 
 TEST(Classification, ConfigKeysRoundTripAndReject) {
   core::Config c;
-  declare_augment_keys(c, AugmentOptions().crop(CropMode::kPad).padding(2).hflip(0.5), MixOptions().cutmix_alpha(1.0));
+  declare_augment_keys(c, AugmentOptions().crop(CropMode::kPad).padding(2).hflip(0.5),
+                       MixOptions().cutmix_alpha(1.0));
   AugmentOptions o = augment_options_from_config(c);
   EXPECT_EQ(o.crop(), CropMode::kPad);
   EXPECT_EQ(o.padding(), 2);
@@ -30,8 +31,8 @@ TEST(Classification, ConfigKeysRoundTripAndReject) {
   EXPECT_EQ(o.dtype(), torch::kBFloat16);
   EXPECT_EQ(o.layout(), Layout::kNHWC);
   EXPECT_EQ(o.brightness(), 0.3);
-  for (const char* bad : {"augment.crop=random", "augment.size=[2.5, 3]", "augment.dtype=int8", "augment.hflip=2",
-                          "augment.hue=0.9", "augment.layout=chw"}) {
+  for (const char* bad : {"augment.crop=random", "augment.size=[2.5, 3]", "augment.dtype=int8",
+                          "augment.hflip=2", "augment.hue=0.9", "augment.layout=chw"}) {
     core::Config b;
     declare_augment_keys(b);
     b.set_override(bad);
@@ -50,14 +51,18 @@ TEST(Classification, ConfigKeysRoundTripAndReject) {
 
 TEST(Classification, LoaderTransformIsKeyedByIndexAndEpochAndSurvivesResume) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  data::TensorDataset ds{torch::randint(0, 256, {40, 12, 12, 3}, gen, torch::kUInt8), torch::arange(40, torch::kInt64)};
-  const AugmentOptions o = AugmentOptions().crop(CropMode::kRandomResized).size({8, 8}).hflip(0.5).brightness(0.3);
-  data::TensorLoader loader(ds, data::TensorLoaderOptions().batch_size(16).seed(9).transform(augment_transform(o, 77)));
+  data::TensorDataset ds{torch::randint(0, 256, {40, 12, 12, 3}, gen, torch::kUInt8),
+                         torch::arange(40, torch::kInt64)};
+  const AugmentOptions o =
+      AugmentOptions().crop(CropMode::kRandomResized).size({8, 8}).hflip(0.5).brightness(0.3);
+  data::TensorLoader loader(
+      ds, data::TensorLoaderOptions().batch_size(16).seed(9).transform(augment_transform(o, 77)));
   loader.start_epoch(2, 0);
   std::vector<torch::Tensor> first;
   while (auto b = loader.next()) {
     ASSERT_EQ(b->input.sizes(), (std::vector<int64_t>{b->size(), 3, 8, 8}));
-    const torch::Tensor want = augment::augment(ds.inputs.index_select(0, b->index), b->index, o, 77, 2).images;
+    const torch::Tensor want =
+        augment::augment(ds.inputs.index_select(0, b->index), b->index, o, 77, 2).images;
     EXPECT_TRUE(torch::equal(b->input, want));
     EXPECT_TRUE(torch::equal(b->target, b->index));
     first.push_back(b->input);
@@ -122,7 +127,8 @@ TEST(Classification, TaskSplitsShardsAndNormalisesEvaluationData) {
   c.set_override("data.val_size=12");
   c.set_override("data.train_subset=52");
   torch::manual_seed(0);
-  auto task = recipe::ClassificationTask::from_config(c, torch::kCPU, torch::nn::AnyModule(TinyNet()), images(60, 9));
+  auto task =
+      recipe::ClassificationTask::from_config(c, torch::kCPU, torch::nn::AnyModule(TinyNet()), images(60, 9));
   EXPECT_EQ(task->train_loader().num_samples(), 40) << "52 kept, the last 12 held out";
   ASSERT_NE(task->val_loader(), nullptr);
   EXPECT_EQ(task->val_loader()->num_samples(), 12);
@@ -155,7 +161,8 @@ TEST(Classification, LabelSmoothingTrainsOnSoftTargetsAndEvaluatesOnLabels) {
   c.declare("dist.rank", 1, "");
   c.set_override("augment.mix.label_smoothing=0.2");
   torch::manual_seed(0);
-  auto task = recipe::ClassificationTask::from_config(c, torch::kCPU, torch::nn::AnyModule(TinyNet()), images(32, 8));
+  auto task =
+      recipe::ClassificationTask::from_config(c, torch::kCPU, torch::nn::AnyModule(TinyNet()), images(32, 8));
   EXPECT_EQ(task->train_loader().num_samples(), 16) << "rank 1 of 2 trains on half";
   EXPECT_EQ(task->test_loader()->num_samples(), 8) << "every rank tests on all";
   task->train_loader().start_epoch(0, 0);

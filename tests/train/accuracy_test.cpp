@@ -19,4 +19,5 @@ TEST(CountCorrect, RejectsBadShapes) {
   EXPECT_THROW(count_correct(torch::zeros({4, 3}), torch::zeros({4})), std::exception);
 }
 
-// The kernel == the CPU reference over dtypes, ties, NaN and shapes: tests/ops/backend_ops_test.cpp (OpsCuda.*).
+// The kernel == the CPU reference over dtypes, ties, NaN and shapes: tests/ops/backend_ops_test.cpp
+// (OpsCuda.*).

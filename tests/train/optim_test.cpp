@@ -19,7 +19,9 @@ struct Mixed : torch::nn::Module {
   torch::nn::LayerNorm norm{nullptr};
 };
 
-std::vector<std::string> names_of(const train::ParamGroupPlan& g) { return g.names; }
+std::vector<std::string> names_of(const train::ParamGroupPlan& g) {
+  return g.names;
+}
 
 }  // namespace
 
@@ -33,17 +35,18 @@ TEST(Optimizer, NoWeightDecayOnBiasesNormsAndEmbeddingsByDefault) {
             (std::vector<std::string>{"emb.weight", "fc.bias", "norm.weight", "norm.bias", "head.bias"}));
   EXPECT_EQ(groups[1].weight_decay, 0.0);
 
-  const auto all = train::plan_param_groups(m, train::OptimizerOptions(0.1).weight_decay(0.01).decay_all_parameters(true));
+  const auto all =
+      train::plan_param_groups(m, train::OptimizerOptions(0.1).weight_decay(0.01).decay_all_parameters(true));
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0].params.size(), 7u);
 }
 
 TEST(Optimizer, GroupsTakeTheirOwnRateAndDecayAndTheScheduleScalesEach) {
   Mixed m;
-  train::ParamGroupOptions head;
-  head.select = [](const std::string& name) { return name.rfind("head.", 0) == 0; };
-  head.lr = 0.5;
-  head.weight_decay = 0.2;  // explicit: applies to the head's bias too
+  const auto head =
+      train::ParamGroupOptions([](const std::string& name) { return name.rfind("head.", 0) == 0; })
+          .lr(0.5)
+          .weight_decay(0.2);  // explicit: applies to the head's bias too
   auto opt = train::make_optimizer(
       m, train::OptimizerOptions(0.1).kind(train::OptimizerKind::kAdamW).weight_decay(0.01).groups({head}));
   auto& groups = opt->param_groups();
@@ -59,9 +62,8 @@ TEST(Optimizer, GroupsTakeTheirOwnRateAndDecayAndTheScheduleScalesEach) {
   struct TwoRates : test_util::BlobTask {
     using BlobTask::BlobTask;
     std::unique_ptr<torch::optim::Optimizer> make_optimizer() override {
-      train::ParamGroupOptions fc2;
-      fc2.select = [](const std::string& n) { return n.rfind("fc2.", 0) == 0; };
-      fc2.lr = 0.01;
+      const auto fc2 =
+          train::ParamGroupOptions([](const std::string& n) { return n.rfind("fc2.", 0) == 0; }).lr(0.01);
       return train::make_optimizer(*model(), train::OptimizerOptions(0.1).groups({fc2}));
     }
   } two(test_util::BlobTask::Options{});
@@ -88,11 +90,11 @@ TEST(Optimizer, GroupsTakeTheirOwnRateAndDecayAndTheScheduleScalesEach) {
 TEST(Optimizer, NamesAndBadValuesAreConfigErrors) {
   EXPECT_EQ(train::parse_optimizer_kind("adamw"), train::OptimizerKind::kAdamW);
   EXPECT_STREQ(train::to_string(train::OptimizerKind::kSgd), "sgd");
-  for (auto bad : {std::function<void()>([] { train::parse_optimizer_kind("lion"); }),
-                   std::function<void()>([] {
-                     Mixed m;
-                     train::make_optimizer(m, train::OptimizerOptions(-1.0));
-                   })}) {
+  for (auto bad :
+       {std::function<void()>([] { train::parse_optimizer_kind("lion"); }), std::function<void()>([] {
+          Mixed m;
+          train::make_optimizer(m, train::OptimizerOptions(-1.0));
+        })}) {
     try {
       bad();
       ADD_FAILURE() << "accepted";

@@ -126,13 +126,14 @@ TEST(ExactResume, CallbackStateRoundTrips) {
   const std::string dir = test_util::temp_dir("resume_cb");
   train::TrainerOptions o = options(dir);
   o.epochs(2);
-  auto es = std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions(5).monitor(train::EarlyStoppingMetric::kValAccuracy));
+  auto es = std::make_shared<train::EarlyStopping>(
+      train::EarlyStoppingOptions(5).monitor(train::EarlyStoppingMetric::kValAccuracy));
   {
     BlobTask task({});
     train::Trainer(o).add_callback(es).fit(task);
   }
-  auto es2 =
-      std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions(5).monitor(train::EarlyStoppingMetric::kValAccuracy));
+  auto es2 = std::make_shared<train::EarlyStopping>(
+      train::EarlyStoppingOptions(5).monitor(train::EarlyStoppingMetric::kValAccuracy));
   o.resume("auto");
   BlobTask task(other_init());
   const auto r =

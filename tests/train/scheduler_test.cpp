@@ -34,9 +34,12 @@ TEST(Schedule, OneCycleMatchesPyTorchClosedForm) {
   // div_factor=25, final_div_factor=1e4), anneal_strategy='cos'.
   OneCycleSchedule s(OneCycleOptions(100));
   const double initial = 1.0 / 25, final_lr = initial / 1e4, up = 0.3 * 100 - 1, down = 99;
-  const auto anneal = [](double a, double b, double pct) { return b + (a - b) / 2 * (std::cos(kPi * pct) + 1); };
+  const auto anneal = [](double a, double b, double pct) {
+    return b + (a - b) / 2 * (std::cos(kPi * pct) + 1);
+  };
   for (int64_t t = 0; t < 100; ++t) {
-    const double want = t <= up ? anneal(initial, 1.0, t / up) : anneal(1.0, final_lr, (t - up) / (down - up));
+    const double want =
+        t <= up ? anneal(initial, 1.0, t / up) : anneal(1.0, final_lr, (t - up) / (down - up));
     EXPECT_NEAR(s.lr_at(t, 1.0), want, 1e-12) << t;
   }
   EXPECT_NEAR(s.lr_at(0, 1.0), 0.04, 1e-12);
@@ -53,7 +56,8 @@ TEST(Schedule, WarmupRampsThenHandsOver) {
 }
 
 TEST(Schedule, MakeScheduleByNameAndErrors) {
-  auto s = make_schedule(ScheduleOptions().kind(parse_schedule_kind("cosine")).total_steps(10).warmup_steps(5));
+  auto s =
+      make_schedule(ScheduleOptions().kind(parse_schedule_kind("cosine")).total_steps(10).warmup_steps(5));
   EXPECT_EQ(s->name(), "warmup+cosine");
   try {
     parse_schedule_kind("cosnie");

@@ -103,10 +103,12 @@ TEST(Trainer, ScheduleSetsTheRateOfEveryStep) {
   BlobTask task({});
   auto rec = std::make_shared<Recorder>();
   train::TrainerOptions o = quiet(3);
-  o.schedule(std::make_shared<train::OneCycleSchedule>(train::OneCycleOptions(24).pct_start(0.25).div_factor(10.0).final_div_factor(100.0)));
+  o.schedule(std::make_shared<train::OneCycleSchedule>(
+      train::OneCycleOptions(24).pct_start(0.25).div_factor(10.0).final_div_factor(100.0)));
   train::Trainer(o).add_callback(rec).fit(task);
   ASSERT_EQ(rec->lrs.size(), 24u);
-  for (size_t s = 0; s < rec->lrs.size(); ++s) EXPECT_DOUBLE_EQ(rec->lrs[s], o.schedule()->lr_at(s, 0.05)) << s;
+  for (size_t s = 0; s < rec->lrs.size(); ++s)
+    EXPECT_DOUBLE_EQ(rec->lrs[s], o.schedule()->lr_at(s, 0.05)) << s;
 }
 
 TEST(Trainer, CallbacksRunInTheDocumentedOrder) {

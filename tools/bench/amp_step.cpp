@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <string>
 
-
 namespace {
 using namespace ember;
 using Clock = std::chrono::steady_clock;
@@ -38,10 +37,10 @@ class SyntheticTask : public train::Task {
     data::TensorDataset ds;
     if (gpt_) {
       gpt_net_ = models::CharGpt(models::CharGptOptions()
-                             .n_layer(a.gpt_layers)
-                             .n_embd(a.gpt_embd)
-                             .n_head(a.gpt_heads)
-                             .block_size(a.gpt_block));
+                                     .n_layer(a.gpt_layers)
+                                     .n_embd(a.gpt_embd)
+                                     .n_head(a.gpt_heads)
+                                     .block_size(a.gpt_block));
       gpt_net_->to(device);
       flops_per_sample_ = static_cast<double>(gpt_net_->flops_per_token()) * static_cast<double>(a.gpt_block);
       ds = {torch::randint(0, 256, {n, a.gpt_block + 1}, gen, torch::kUInt8),
@@ -53,8 +52,7 @@ class SyntheticTask : public train::Task {
       ds = {torch::randint(0, 256, {n, 28, 28}, gen, torch::kUInt8),
             torch::randint(0, 10, {n}, gen, torch::kInt64)};
     }
-    auto opts =
-        data::TensorLoaderOptions().batch_size(batch).seed(0).prefetch(0).device(device);
+    auto opts = data::TensorLoaderOptions().batch_size(batch).seed(0).prefetch(0).device(device);
     if (!gpt_)
       opts.transform([](data::Batch b) {
         b.input = models::normalize_fashion(b.input);

@@ -38,8 +38,8 @@
 // calls rotate through K sets of distinct images, params and outputs (all held
 // alive), K such that one rotation's bytes exceed 4 x L2, and every timed region
 // is queued behind 1 GiB copies. Minimum bytes per image = output bytes + the
-// input bytes the kernel must read at least once (see min_read_bytes); (ii) the host time of one augment() call (sample on the host,
-// pin, async copy, launch; no synchronisation), mean of 200 calls, goal < 50 us;
+// input bytes the kernel must read at least once (see min_read_bytes); (ii) the host time of one augment()
+// call (sample on the host, pin, async copy, launch; no synchronisation), mean of 200 calls, goal < 50 us;
 // (iii) augment() against the LibTorch-ops pipeline on the GPU, per batch,
 // synchronised: the speed-up.
 #include <ember/ember.h>
@@ -538,8 +538,8 @@ int64_t l2_cache_bytes() {
 /// inside, 2 OH). For a box of the output size (random crop with padding) that
 /// is the box's pixels inside the image; for a resized crop, the box's pixels
 /// unless it is over 2x the output along an axis.
-double min_read_bytes(const torch::Tensor& params, int64_t height, int64_t width, int64_t out_h, int64_t out_w,
-                      int64_t channels) {
+double min_read_bytes(const torch::Tensor& params, int64_t height, int64_t width, int64_t out_h,
+                      int64_t out_w, int64_t channels) {
   const auto col = [&](int64_t k) { return params.select(1, k).to(torch::kFloat64); };
   const torch::Tensor x0 = col(aug::kX0), y0 = col(aug::kY0), bw = col(aug::kW), bh = col(aug::kH);
   const torch::Tensor cols =
@@ -712,13 +712,15 @@ int run_cuda(const Args& a) {
   std::printf(
       "%s; LibTorch %s; L2 %.1f MB. D2D copy bandwidth (2 x %.3g GiB / time of dst.copy_(src), source + "
       "destination %.0f x L2, median of %lld): %.1f GB/s.\n\n",
-      ember::core::describe_device(device).c_str(), TORCH_VERSION, static_cast<double>(l2_bytes) / 1e6, copy_gib,
-      2.0 * static_cast<double>(copy_bytes) / static_cast<double>(l2_bytes), static_cast<long long>(a.repeats),
-      copy_gbs);
+      ember::core::describe_device(device).c_str(), TORCH_VERSION, static_cast<double>(l2_bytes) / 1e6,
+      copy_gib, 2.0 * static_cast<double>(copy_bytes) / static_cast<double>(l2_bytes),
+      static_cast<long long>(a.repeats), copy_gbs);
   for (const auto& note : notes) std::printf("%s\n", note.c_str());
   std::printf(
-      "\nMinimum bytes per image = write (output pixels x 3 x sizeof(out)) + read: the input bytes the kernel "
-      "must read at least once, 3 B x the crop box's pixels that lie inside the image (32px: the zero-padding "
+      "\nMinimum bytes per image = write (output pixels x 3 x sizeof(out)) + read: the input bytes the "
+      "kernel "
+      "must read at least once, 3 B x the crop box's pixels that lie inside the image (32px: the "
+      "zero-padding "
       "border is never read, so fewer than 32 x 32 when the box overhangs), capped along each axis at 2 "
       "bilinear taps per output column/row (min(box columns, 2 OW) x min(box rows, 2 OH); binds only for "
       "boxes over 2x the output), mean over the drawn params of the timed batches; the params themselves "
@@ -736,18 +738,19 @@ int run_cuda(const Args& a) {
   std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json_rows;
   for (const GpuRow& r : rows) {
-    std::printf("| %s | %s | %lld | %.0f (%.0f + %.0f) | %.1f%s | %.1f | %.2f | %.1f | %.0f | %.0f | %.2fx |\n",
-                r.pipeline.c_str(), r.output.c_str(), static_cast<long long>(r.batch), r.bytes_per_image,
-                r.read_bytes, r.write_bytes, r.kernel_us, r.launch_bound ? " (*)" : "", r.achieved_gbs,
-                r.achieved_gbs / copy_gbs, r.host_us, r.ember_ips, r.libtorch_ips, r.ember_ips / r.libtorch_ips);
+    std::printf(
+        "| %s | %s | %lld | %.0f (%.0f + %.0f) | %.1f%s | %.1f | %.2f | %.1f | %.0f | %.0f | %.2fx |\n",
+        r.pipeline.c_str(), r.output.c_str(), static_cast<long long>(r.batch), r.bytes_per_image,
+        r.read_bytes, r.write_bytes, r.kernel_us, r.launch_bound ? " (*)" : "", r.achieved_gbs,
+        r.achieved_gbs / copy_gbs, r.host_us, r.ember_ips, r.libtorch_ips, r.ember_ips / r.libtorch_ips);
     json_rows += fmt::format(
         "{}\n    {{\"pipeline\": \"{}\", \"output\": \"{}\", \"batch\": {}, \"bytes_per_image\": {:.6g}, "
         "\"read_bytes_per_image\": {:.6g}, \"write_bytes_per_image\": {:.6g}, \"rotation_sets\": {}, "
         "\"rotation_bytes\": {:.6g}, \"kernel_us\": {:.6g}, \"achieved_gbs\": {:.6g}, \"copy_gbs\": {:.6g}, "
         "\"host_us\": {:.6g}, \"ember_img_s\": {:.6g}, \"libtorch_img_s\": {:.6g}, \"launch_bound\": {}}}",
         json_rows.empty() ? "" : ",", r.pipeline, r.output, r.batch, r.bytes_per_image, r.read_bytes,
-        r.write_bytes, r.sets, r.rotation_bytes, r.kernel_us, r.achieved_gbs, copy_gbs, r.host_us, r.ember_ips,
-        r.libtorch_ips, r.launch_bound ? "true" : "false");
+        r.write_bytes, r.sets, r.rotation_bytes, r.kernel_us, r.achieved_gbs, copy_gbs, r.host_us,
+        r.ember_ips, r.libtorch_ips, r.launch_bound ? "true" : "false");
   }
   bool any_launch_bound = false;
   for (const GpuRow& r : rows) any_launch_bound = any_launch_bound || r.launch_bound;
@@ -756,9 +759,10 @@ int run_cuda(const Args& a) {
         "\n(*) the host took longer to queue the %d launches than the %d blocking copies (%.2f ms) kept the "
         "GPU busy: the kernel time may include idle gaps.\n",
         kLaunches, kBlockers, kBlockers * blocker_ms);
-  write_json(a.json, fmt::format("{{\n  \"device\": \"cuda\",\n  \"l2_bytes\": {},\n  \"copy_bytes\": {},\n"
-                                 "  \"copy_gbs\": {:.6g},\n  \"max_abs_diff\": {{{}}},\n  \"rows\": [{}\n  ]\n}}\n",
-                                 l2_bytes, copy_bytes, copy_gbs, json_diffs, json_rows));
+  write_json(a.json,
+             fmt::format("{{\n  \"device\": \"cuda\",\n  \"l2_bytes\": {},\n  \"copy_bytes\": {},\n"
+                         "  \"copy_gbs\": {:.6g},\n  \"max_abs_diff\": {{{}}},\n  \"rows\": [{}\n  ]\n}}\n",
+                         l2_bytes, copy_bytes, copy_gbs, json_diffs, json_rows));
   return 0;
 }
 

@@ -357,11 +357,10 @@ int main(int argc, char** argv) {
     if (a.bucket_cap_mb > 0) bucketed_options.bucket_cap_mb(a.bucket_cap_mb);
     auto bench = std::make_shared<Bench>(device, group, steps);
     auto bucketed = std::make_shared<Gate>(
-        std::make_shared<dist::DistributedDataParallel>(group, bucketed_options),
-        kDdpBucketed);
-    auto per_param = std::make_shared<Gate>(
-        std::make_shared<dist::DistributedDataParallel>(group, dist::DdpOptions().bucket_cap_mb(a.per_param_cap_mb)),
-        kDdpPerParam);
+        std::make_shared<dist::DistributedDataParallel>(group, bucketed_options), kDdpBucketed);
+    auto per_param = std::make_shared<Gate>(std::make_shared<dist::DistributedDataParallel>(
+                                                group, dist::DdpOptions().bucket_cap_mb(a.per_param_cap_mb)),
+                                            kDdpPerParam);
     bench->bucketed = &bucketed->ddp();
     trainer.add_callback(bench).add_callback(bucketed).add_callback(per_param);
     trainer.fit(task);

@@ -24,7 +24,6 @@
 #include <sstream>
 #include <string>
 
-
 namespace {
 using namespace ember;
 using Clock = std::chrono::steady_clock;
@@ -37,10 +36,12 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::cerr << "ember_bench_prune: " << why
-            << "\nusage: ember_bench_prune [--device cpu|cuda] [--batch N] [--ratios a,b,c] [--width W] [--blocks B]"
-               " [--channels C] [--size S] [--precision fp32|bf16-mixed|fp16-mixed] [--round-to R] [--steps N]"
-               " [--rounds R] [--threads T]\n";
+  std::cerr
+      << "ember_bench_prune: " << why
+      << "\nusage: ember_bench_prune [--device cpu|cuda] [--batch N] [--ratios a,b,c] [--width W] [--blocks "
+         "B]"
+         " [--channels C] [--size S] [--precision fp32|bf16-mixed|fp16-mixed] [--round-to R] [--steps N]"
+         " [--rounds R] [--threads T]\n";
   std::exit(2);
 }
 
@@ -51,22 +52,34 @@ Args parse(int argc, char** argv) {
     if (i + 1 >= argc) usage("missing value for " + k);
     const std::string v = argv[++i];
     try {
-      if (k == "--device") a.device = v;
-      else if (k == "--precision") a.precision = v;
-      else if (k == "--batch") a.batch = std::stoll(v);
-      else if (k == "--width") a.width = std::stoll(v);
-      else if (k == "--blocks") a.blocks = std::stoll(v);
-      else if (k == "--channels") a.channels = std::stoll(v);
-      else if (k == "--size") a.size = std::stoll(v);
-      else if (k == "--round-to") a.round_to = std::stoll(v);
-      else if (k == "--steps") a.steps = std::stoll(v);
-      else if (k == "--rounds") a.rounds = std::stoll(v);
-      else if (k == "--threads") a.threads = std::stoll(v);
+      if (k == "--device")
+        a.device = v;
+      else if (k == "--precision")
+        a.precision = v;
+      else if (k == "--batch")
+        a.batch = std::stoll(v);
+      else if (k == "--width")
+        a.width = std::stoll(v);
+      else if (k == "--blocks")
+        a.blocks = std::stoll(v);
+      else if (k == "--channels")
+        a.channels = std::stoll(v);
+      else if (k == "--size")
+        a.size = std::stoll(v);
+      else if (k == "--round-to")
+        a.round_to = std::stoll(v);
+      else if (k == "--steps")
+        a.steps = std::stoll(v);
+      else if (k == "--rounds")
+        a.rounds = std::stoll(v);
+      else if (k == "--threads")
+        a.threads = std::stoll(v);
       else if (k == "--ratios") {
         a.ratios.clear();
         std::stringstream ss(v);
         for (std::string item; std::getline(ss, item, ',');) a.ratios.push_back(std::stod(item));
-      } else usage("unknown option " + k);
+      } else
+        usage("unknown option " + k);
     } catch (const std::invalid_argument&) {
       usage("bad value for " + k + ": " + v);
     }
@@ -93,7 +106,8 @@ int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
   const torch::Device device(a.device);
-  if (device.is_cuda() && !torch::cuda::is_available()) usage("--device cuda but no CUDA device is available");
+  if (device.is_cuda() && !torch::cuda::is_available())
+    usage("--device cuda but no CUDA device is available");
   const amp::Precision precision = amp::parse_precision(a.precision);
   const auto autocast = amp::autocast_dtype(precision);
   amp::check_precision_supported(precision, device.type());
@@ -118,13 +132,16 @@ int main(int argc, char** argv) {
         models::CifarResNetOptions().width(a.width).blocks(a.blocks).in_channels(a.channels));
     e.model->to(device);
     models::CifarResNet m = e.model;
-    const prune::ForwardFn forward = [m, one]() mutable { return std::vector<torch::Tensor>{m->forward(one)}; };
+    const prune::ForwardFn forward = [m, one]() mutable {
+      return std::vector<torch::Tensor>{m->forward(one)};
+    };
     if (r > 0) {
       prune::Pruner pruner(*m, forward, prune::PrunerOptions().round_to(a.round_to).print_warnings(false));
       pruner.step(r);
     }
     e.cost = core::count_cost(*m, forward);
-    e.opt = std::make_unique<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    e.opt =
+        std::make_unique<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     entries.push_back(std::move(e));
   }
 
@@ -150,7 +167,8 @@ int main(int argc, char** argv) {
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < a.steps; ++i) f();
     sync();
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / static_cast<double>(a.steps);
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() /
+           static_cast<double>(a.steps);
   };
   for (Entry& e : entries) {  // warm-up: allocator, cuDNN/oneDNN algorithm choice
     e.model->train();
@@ -166,21 +184,23 @@ int main(int argc, char** argv) {
       e.infer_ms.push_back(time_ms([&] { infer(e); }));
     }
 
-  std::cout << fmt::format("ResNet-{} width {} on {}x{}x{}, batch {}, {} on {}, median of {} rounds x {} "
-                           "steps (L1 pruning, round_to {})\n",
-                           6 * a.blocks + 2, a.width, a.channels, a.size, a.size, a.batch, a.precision,
-                           core::describe_device(device), a.rounds, a.steps, a.round_to);
+  std::cout << fmt::format(
+      "ResNet-{} width {} on {}x{}x{}, batch {}, {} on {}, median of {} rounds x {} "
+      "steps (L1 pruning, round_to {})\n",
+      6 * a.blocks + 2, a.width, a.channels, a.size, a.size, a.batch, a.precision,
+      core::describe_device(device), a.rounds, a.steps, a.round_to);
   std::cout << fmt::format("{:>6} {:>12} {:>9} {:>10} {:>9} {:>12} {:>9} {:>12} {:>9}\n", "ratio", "MACs/img",
                            "MACs x", "params", "params x", "train ms", "train x", "infer ms", "infer x");
   const Entry& dense = entries.front();
   const double dense_train = median(dense.train_ms), dense_infer = median(dense.infer_ms);
   for (const Entry& e : entries) {
     const double t = median(e.train_ms), i = median(e.infer_ms);
-    std::cout << fmt::format("{:>6.2f} {:>11.2f}M {:>8.2f}x {:>10} {:>8.2f}x {:>12.2f} {:>8.2f}x {:>12.2f} {:>8.2f}x\n",
-                             e.ratio, static_cast<double>(e.cost.macs) / 1e6,
-                             static_cast<double>(dense.cost.macs) / static_cast<double>(e.cost.macs), e.cost.params,
-                             static_cast<double>(dense.cost.params) / static_cast<double>(e.cost.params), t,
-                             dense_train / t, i, dense_infer / i);
+    std::cout << fmt::format(
+        "{:>6.2f} {:>11.2f}M {:>8.2f}x {:>10} {:>8.2f}x {:>12.2f} {:>8.2f}x {:>12.2f} {:>8.2f}x\n", e.ratio,
+        static_cast<double>(e.cost.macs) / 1e6,
+        static_cast<double>(dense.cost.macs) / static_cast<double>(e.cost.macs), e.cost.params,
+        static_cast<double>(dense.cost.params) / static_cast<double>(e.cost.params), t, dense_train / t, i,
+        dense_infer / i);
   }
   return 0;
 }

@@ -17,10 +17,18 @@ namespace ember::amp {
 namespace {
 
 #if EMBER_AUTOCAST_DEVICE_API
-bool get_enabled(c10::DeviceType t) { return at::autocast::is_autocast_enabled(t); }
-void set_enabled(c10::DeviceType t, bool on) { at::autocast::set_autocast_enabled(t, on); }
-c10::ScalarType get_dtype(c10::DeviceType t) { return at::autocast::get_autocast_dtype(t); }
-void set_dtype(c10::DeviceType t, c10::ScalarType d) { at::autocast::set_autocast_dtype(t, d); }
+bool get_enabled(c10::DeviceType t) {
+  return at::autocast::is_autocast_enabled(t);
+}
+void set_enabled(c10::DeviceType t, bool on) {
+  at::autocast::set_autocast_enabled(t, on);
+}
+c10::ScalarType get_dtype(c10::DeviceType t) {
+  return at::autocast::get_autocast_dtype(t);
+}
+void set_dtype(c10::DeviceType t, c10::ScalarType d) {
+  at::autocast::set_autocast_dtype(t, d);
+}
 #else
 bool get_enabled(c10::DeviceType t) {
   return t == c10::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
@@ -38,7 +46,8 @@ void set_dtype(c10::DeviceType t, c10::ScalarType d) {
 
 void check_device_type(c10::DeviceType t) {
   EMBER_CHECK(t == c10::kCPU || t == c10::kCUDA,
-              "[amp::AutocastGuard] device type {} is not supported; use kCPU or kCUDA", c10::DeviceTypeName(t));
+              "[amp::AutocastGuard] device type {} is not supported; use kCPU or kCUDA",
+              c10::DeviceTypeName(t));
 }
 
 }  // namespace
@@ -49,9 +58,10 @@ AutocastGuard::AutocastGuard(c10::DeviceType device_type, c10::ScalarType dtype)
 AutocastGuard::AutocastGuard(const AutocastOptions& options) : device_type_(options.device_type()) {
   check_device_type(device_type_);
   const c10::ScalarType dtype = options.dtype().value_or(get_dtype(device_type_));
-  EMBER_CHECK(dtype == c10::kHalf || dtype == c10::kBFloat16,
-              "[amp::AutocastGuard] dtype {} is not a low-precision type; use kHalf (fp16) or kBFloat16 (bf16)",
-              c10::toString(dtype));
+  EMBER_CHECK(
+      dtype == c10::kHalf || dtype == c10::kBFloat16,
+      "[amp::AutocastGuard] dtype {} is not a low-precision type; use kHalf (fp16) or kBFloat16 (bf16)",
+      c10::toString(dtype));
   // Same order as Python's torch.autocast.__enter__.
   prev_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
   prev_enabled_ = get_enabled(device_type_);

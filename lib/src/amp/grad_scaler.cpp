@@ -38,7 +38,8 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(options), init_scal
               "[amp::GradScaler] The backoff factor must be in (0, 1), got {}", options_.backoff_factor());
   EMBER_CHECK(options_.growth_interval() >= 1, "[amp::GradScaler] growth_interval must be >= 1, got {}",
               options_.growth_interval());
-  EMBER_CHECK(options_.init_scale() > 0.0, "[amp::GradScaler] init_scale must be > 0, got {}", options_.init_scale());
+  EMBER_CHECK(options_.init_scale() > 0.0, "[amp::GradScaler] init_scale must be > 0, got {}",
+              options_.init_scale());
 }
 
 void GradScaler::lazy_init(const torch::Device& device) {
@@ -72,8 +73,9 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) return;
   check_initialized("unscale_");
   OptimizerState& state = per_optimizer_[&optimizer];
-  EMBER_CHECK(state.stage != Stage::kUnscaled,
-              "[amp::GradScaler] unscale_() has already been called on this optimizer since the last update().");
+  EMBER_CHECK(
+      state.stage != Stage::kUnscaled,
+      "[amp::GradScaler] unscale_() has already been called on this optimizer since the last update().");
   EMBER_CHECK(state.stage != Stage::kStepped, "[amp::GradScaler] unscale_() is being called after step().");
 
   torch::NoGradGuard no_grad;
@@ -102,9 +104,10 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   EMBER_CHECK(state.stage != Stage::kStepped,
               "[amp::GradScaler] step() has already been called since the last update().");
   if (state.stage == Stage::kReady) unscale_(optimizer);
-  EMBER_CHECK(!state.found_inf_per_device.empty(),
-              "[amp::GradScaler] No inf checks were recorded for this optimizer (none of its parameters has a "
-              "gradient: did backward() reach them?).");
+  EMBER_CHECK(
+      !state.found_inf_per_device.empty(),
+      "[amp::GradScaler] No inf checks were recorded for this optimizer (none of its parameters has a "
+      "gradient: did backward() reach them?).");
   // One host sync for all devices: add the flags on the scale's device first.
   torch::Tensor total;
   for (auto& [device, flag] : state.found_inf_per_device) {
@@ -130,8 +133,8 @@ void GradScaler::update() {
   EMBER_CHECK(combined.defined(),
               "[amp::GradScaler] No inf checks were recorded prior to update(): call step() (or unscale_()) "
               "for each optimizer first.");
-  at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor(), options_.backoff_factor(),
-                         options_.growth_interval());
+  at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor(),
+                         options_.backoff_factor(), options_.growth_interval());
   per_optimizer_.clear();
 }
 
@@ -177,8 +180,8 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   options_.backoff_factor(read("backoff_factor").toDouble());
   options_.growth_interval(read("growth_interval").toInt());
   init_growth_tracker_ = read("_growth_tracker").toInt();
-  EMBER_CHECK(options_.growth_factor() > 1.0 && options_.backoff_factor() > 0.0 && options_.backoff_factor() < 1.0 &&
-                  options_.growth_interval() >= 1 && init_scale_ > 0.0,
+  EMBER_CHECK(options_.growth_factor() > 1.0 && options_.backoff_factor() > 0.0 &&
+                  options_.backoff_factor() < 1.0 && options_.growth_interval() >= 1 && init_scale_ > 0.0,
               "[amp::GradScaler] saved state is invalid (scale {}, growth_factor {}, backoff_factor {}, "
               "growth_interval {})",
               init_scale_, options_.growth_factor(), options_.backoff_factor(), options_.growth_interval());
@@ -186,9 +189,11 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
 }
 
-std::map<std::string, torch::Tensor> GradScaler::found_inf_per_device(const torch::optim::Optimizer& optimizer) const {
+std::map<std::string, torch::Tensor> GradScaler::found_inf_per_device(
+    const torch::optim::Optimizer& optimizer) const {
   const auto it = per_optimizer_.find(&optimizer);
-  return it == per_optimizer_.end() ? std::map<std::string, torch::Tensor>{} : it->second.found_inf_per_device;
+  return it == per_optimizer_.end() ? std::map<std::string, torch::Tensor>{}
+                                    : it->second.found_inf_per_device;
 }
 
 }  // namespace ember::amp

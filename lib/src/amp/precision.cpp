@@ -12,34 +12,47 @@ Precision parse_precision(const std::string& name) {
   if (name == "tf32") return Precision::kTf32;
   if (name == "bf16-mixed") return Precision::kBf16Mixed;
   if (name == "fp16-mixed") return Precision::kFp16Mixed;
-  detail::fail(ErrorKind::kConfig, "[amp::Precision] unknown precision '{}'; use fp32, tf32 (CUDA), bf16-mixed or fp16-mixed", name);
+  detail::fail(ErrorKind::kConfig,
+               "[amp::Precision] unknown precision '{}'; use fp32, tf32 (CUDA), bf16-mixed or fp16-mixed",
+               name);
 }
 
 std::string to_string(Precision precision) {
   switch (precision) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
-    case Precision::kBf16Mixed: return "bf16-mixed";
-    case Precision::kFp16Mixed: return "fp16-mixed";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kBf16Mixed:
+      return "bf16-mixed";
+    case Precision::kFp16Mixed:
+      return "fp16-mixed";
   }
   return "?";
 }
 
 core::MathType math_type(Precision precision) {
   switch (precision) {
-    case Precision::kTf32: return core::MathType::kTf32;
-    case Precision::kBf16Mixed: return core::MathType::kBf16;
-    case Precision::kFp16Mixed: return core::MathType::kFp16;
-    case Precision::kFp32: break;
+    case Precision::kTf32:
+      return core::MathType::kTf32;
+    case Precision::kBf16Mixed:
+      return core::MathType::kBf16;
+    case Precision::kFp16Mixed:
+      return core::MathType::kFp16;
+    case Precision::kFp32:
+      break;
   }
   return core::MathType::kFp32;
 }
 
 std::optional<c10::ScalarType> autocast_dtype(Precision precision) {
   switch (precision) {
-    case Precision::kBf16Mixed: return c10::kBFloat16;
-    case Precision::kFp16Mixed: return c10::kHalf;
-    default: return std::nullopt;
+    case Precision::kBf16Mixed:
+      return c10::kBFloat16;
+    case Precision::kFp16Mixed:
+      return c10::kHalf;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -84,7 +97,8 @@ MatmulPrecisionGuard::~MatmulPrecisionGuard() {
   auto& ctx = at::globalContext();
 #if EMBER_FP32_PRECISION_API
   using at::Float32Backend, at::Float32Op, at::Float32Precision;
-  ctx.setFloat32Precision(Float32Backend::CUDA, Float32Op::MATMUL, static_cast<Float32Precision>(prev_matmul_));
+  ctx.setFloat32Precision(Float32Backend::CUDA, Float32Op::MATMUL,
+                          static_cast<Float32Precision>(prev_matmul_));
   ctx.setFloat32Precision(Float32Backend::CUDA, Float32Op::CONV, static_cast<Float32Precision>(prev_conv_));
 #else
   ctx.setAllowTF32CuBLAS(prev_matmul_ != 0);

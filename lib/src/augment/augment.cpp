@@ -8,14 +8,34 @@
 #include <array>
 #include <cmath>
 
-#include "core/check.h"
-#include "core/staging.h"
 #include "augment/apply_impl.h"
 #include "augment/pixel.h"
+#include "core/check.h"
+#include "core/staging.h"
 #include "ember/augment/philox.h"
 #include "ember/core/error.h"
 
 namespace ember::augment {
+
+CropMode parse_crop_mode(const std::string& name, const std::string& what) {
+  if (name == "none") return CropMode::kNone;
+  if (name == "pad") return CropMode::kPad;
+  if (name == "resized") return CropMode::kRandomResized;
+  ember::detail::fail(ErrorKind::kConfig, "{} must be none, pad or resized, got \"{}\"", what, name);
+}
+
+const char* to_string(CropMode mode) {
+  switch (mode) {
+    case CropMode::kPad:
+      return "pad";
+    case CropMode::kRandomResized:
+      return "resized";
+    case CropMode::kNone:
+      break;
+  }
+  return "none";
+}
+
 namespace {
 
 // Philox draw blocks of one sample (4 uniforms each).
@@ -33,16 +53,18 @@ struct Geometry {
 
 Geometry check_inputs(const torch::Tensor& images, const AugmentOptions& o) {
   EMBER_CHECK(images.defined() && images.scalar_type() == torch::kUInt8,
-              "[augment] images must be uint8, got {}", images.defined() ? c10::toString(images.scalar_type()) : "none");
+              "[augment] images must be uint8, got {}",
+              images.defined() ? c10::toString(images.scalar_type()) : "none");
   Geometry g{};
   if (images.dim() == 3) {
     g = {images.size(0), images.size(1), images.size(2), 1, 0, 0};
   } else if (images.dim() == 4 && images.size(1) == 1 && images.size(3) != 1 && images.size(3) != 3) {
     g = {images.size(0), images.size(2), images.size(3), 1, 0, 0};  // [N, 1, H, W]
   } else {
-    EMBER_CHECK(images.dim() == 4 && (images.size(3) == 1 || images.size(3) == 3),
-                "[augment] images must be [N, H, W, C] with C = 1 or 3 (NHWC), [N, H, W] or [N, 1, H, W]; got [{}]",
-                fmt::join(images.sizes(), ", "));
+    EMBER_CHECK(
+        images.dim() == 4 && (images.size(3) == 1 || images.size(3) == 3),
+        "[augment] images must be [N, H, W, C] with C = 1 or 3 (NHWC), [N, H, W] or [N, 1, H, W]; got [{}]",
+        fmt::join(images.sizes(), ", "));
     g = {images.size(0), images.size(1), images.size(2), images.size(3), 0, 0};
   }
   EMBER_CHECK(g.h > 0 && g.w > 0, "[augment] empty images [{}]", fmt::join(images.sizes(), ", "));
@@ -52,12 +74,14 @@ Geometry check_inputs(const torch::Tensor& images, const AugmentOptions& o) {
               fmt::join(size, ", "));
   g.oh = size.empty() ? g.h : size[0];
   g.ow = size.empty() ? g.w : size[1];
-  EMBER_CHECK(o.mean().size() == o.std().size() && (o.mean().empty() || static_cast<int64_t>(o.mean().size()) == g.c),
-              "[augment] mean and std need one value per channel ({}), got {} and {}", g.c, o.mean().size(),
-              o.std().size());
+  EMBER_CHECK(
+      o.mean().size() == o.std().size() && (o.mean().empty() || static_cast<int64_t>(o.mean().size()) == g.c),
+      "[augment] mean and std need one value per channel ({}), got {} and {}", g.c, o.mean().size(),
+      o.std().size());
   for (double s : o.std()) EMBER_CHECK(s > 0, "[augment] std values must be > 0, got {}", s);
   EMBER_CHECK(o.dtype() == torch::kFloat32 || o.dtype() == torch::kFloat16 || o.dtype() == torch::kBFloat16,
-              "[augment] output dtype must be float32, float16 or bfloat16, got {}", c10::toString(o.dtype()));
+              "[augment] output dtype must be float32, float16 or bfloat16, got {}",
+              c10::toString(o.dtype()));
   return g;
 }
 
@@ -66,38 +90,44 @@ void check_options(const AugmentOptions& o) {
               "[augment] flip probabilities must be in [0, 1], got hflip {} vflip {}", o.hflip(), o.vflip());
   EMBER_CHECK(o.padding() >= 0, "[augment] padding must be >= 0, got {}", o.padding());
   EMBER_CHECK(o.scale().size() == 2 && o.scale()[0] > 0 && o.scale()[0] <= o.scale()[1] && o.scale()[1] <= 1,
-              "[augment] scale must be {{min, max}} with 0 < min <= max <= 1, got [{}]", fmt::join(o.scale(), ", "));
+              "[augment] scale must be {{min, max}} with 0 < min <= max <= 1, got [{}]",
+              fmt::join(o.scale(), ", "));
   EMBER_CHECK(o.ratio().size() == 2 && o.ratio()[0] > 0 && o.ratio()[0] <= o.ratio()[1],
-              "[augment] ratio must be {{min, max}} with 0 < min <= max, got [{}]", fmt::join(o.ratio(), ", "));
+              "[augment] ratio must be {{min, max}} with 0 < min <= max, got [{}]",
+              fmt::join(o.ratio(), ", "));
   EMBER_CHECK(o.brightness() >= 0 && o.contrast() >= 0 && o.saturation() >= 0,
-              "[augment] brightness, contrast and saturation must be >= 0 (0 = off), got {} {} {}", o.brightness(),
-              o.contrast(), o.saturation());
+              "[augment] brightness, contrast and saturation must be >= 0 (0 = off), got {} {} {}",
+              o.brightness(), o.contrast(), o.saturation());
   EMBER_CHECK(o.hue() >= 0 && o.hue() <= 0.5, "[augment] hue must be in [0, 0.5] turns, got {}", o.hue());
   for (double prob : {o.color_p(), o.grayscale(), o.erase()})
-    EMBER_CHECK(prob >= 0 && prob <= 1, "[augment] color_p, grayscale and erase are probabilities in [0, 1], got {}",
-                prob);
+    EMBER_CHECK(prob >= 0 && prob <= 1,
+                "[augment] color_p, grayscale and erase are probabilities in [0, 1], got {}", prob);
   EMBER_CHECK(o.contrast_center() >= 0 && o.contrast_center() <= 1,
               "[augment] contrast_center must be in [0, 1], got {}", o.contrast_center());
-  EMBER_CHECK(o.erase_scale().size() == 2 && o.erase_scale()[0] > 0 && o.erase_scale()[0] <= o.erase_scale()[1] &&
-                  o.erase_scale()[1] < 1,
+  EMBER_CHECK(o.erase_scale().size() == 2 && o.erase_scale()[0] > 0 &&
+                  o.erase_scale()[0] <= o.erase_scale()[1] && o.erase_scale()[1] < 1,
               "[augment] erase_scale must be {{min, max}} with 0 < min <= max < 1, got [{}]",
               fmt::join(o.erase_scale(), ", "));
-  EMBER_CHECK(o.erase_ratio().size() == 2 && o.erase_ratio()[0] > 0 && o.erase_ratio()[0] <= o.erase_ratio()[1],
-              "[augment] erase_ratio must be {{min, max}} with 0 < min <= max, got [{}]",
-              fmt::join(o.erase_ratio(), ", "));
-  EMBER_CHECK(std::isfinite(o.erase_value()), "[augment] erase_value must be finite, got {}", o.erase_value());
+  EMBER_CHECK(
+      o.erase_ratio().size() == 2 && o.erase_ratio()[0] > 0 && o.erase_ratio()[0] <= o.erase_ratio()[1],
+      "[augment] erase_ratio must be {{min, max}} with 0 < min <= max, got [{}]",
+      fmt::join(o.erase_ratio(), ", "));
+  EMBER_CHECK(std::isfinite(o.erase_value()), "[augment] erase_value must be finite, got {}",
+              o.erase_value());
 }
 
 void check_params(const torch::Tensor& params, int64_t n) {
   EMBER_CHECK(params.defined() && params.dim() == 2 && params.size(0) == n && params.size(1) == kNumParams &&
                   params.scalar_type() == torch::kFloat32,
               "[augment::apply] params must be float32 [{}, {}] (from sample_params), got {} [{}]", n,
-              static_cast<int64_t>(kNumParams), params.defined() ? c10::toString(params.scalar_type()) : "none",
+              static_cast<int64_t>(kNumParams),
+              params.defined() ? c10::toString(params.scalar_type()) : "none",
               params.defined() ? fmt::format("{}", fmt::join(params.sizes(), ", ")) : "");
   if (params.is_cpu() && n > 0) {  // (on a GPU this check would cost a host sync)
-    EMBER_CHECK(params.isfinite().all().item<bool>() && params.abs().lt(16777216.0f).all().item<bool>(),
-                "[augment::apply] params must be finite and within +-2^24 (whole pixels, factors); got {} / {}",
-                params.min().item<float>(), params.max().item<float>());
+    EMBER_CHECK(
+        params.isfinite().all().item<bool>() && params.abs().lt(16777216.0f).all().item<bool>(),
+        "[augment::apply] params must be finite and within +-2^24 (whole pixels, factors); got {} / {}",
+        params.min().item<float>(), params.max().item<float>());
   }
 }
 
@@ -125,17 +155,18 @@ std::array<float, 4> resized_crop_box(const AugmentOptions& o, uint64_t seed, ui
   // Fallback, as torchvision: the central crop with the ratio clamped into range.
   const double in_ratio = static_cast<double>(W) / static_cast<double>(H);
   int64_t w = W, h = H;
-  if (in_ratio < o.ratio()[0]) h = std::lround(static_cast<double>(W) / o.ratio()[0]);
-  else if (in_ratio > o.ratio()[1]) w = std::lround(static_cast<double>(H) * o.ratio()[1]);
+  if (in_ratio < o.ratio()[0])
+    h = std::lround(static_cast<double>(W) / o.ratio()[0]);
+  else if (in_ratio > o.ratio()[1])
+    w = std::lround(static_cast<double>(H) * o.ratio()[1]);
   return {static_cast<float>((W - w) / 2), static_cast<float>((H - h) / 2), static_cast<float>(w),
           static_cast<float>(h)};
 }
 
-
 // torchvision's RandomErasing.get_params on an oh x ow output with Philox
 // draws; returns {x0, y0, w, h}, w = h = 0 when no attempt fits.
-std::array<float, 4> erase_box(const AugmentOptions& o, uint64_t seed, uint64_t sample, uint32_t epoch, int64_t oh,
-                               int64_t ow) {
+std::array<float, 4> erase_box(const AugmentOptions& o, uint64_t seed, uint64_t sample, uint32_t epoch,
+                               int64_t oh, int64_t ow) {
   const double area = static_cast<double>(oh * ow);
   const double log_r0 = std::log(o.erase_ratio()[0]), log_r1 = std::log(o.erase_ratio()[1]);
   float u[4];
@@ -160,10 +191,12 @@ float jitter_factor(double x, float u) {
   return static_cast<float>(lo + (hi - lo) * u);
 }
 
-detail::BatchGeometry batch_geometry(const Geometry& g, const std::vector<double>& mean, const std::vector<double>& stdv,
-                                     double contrast_center, double erase_value) {
+detail::BatchGeometry batch_geometry(const Geometry& g, const std::vector<double>& mean,
+                                     const std::vector<double>& stdv, double contrast_center,
+                                     double erase_value) {
   detail::BatchGeometry b{};
-  b.n = static_cast<int>(g.n), b.h = static_cast<int>(g.h), b.w = static_cast<int>(g.w), b.c = static_cast<int>(g.c);
+  b.n = static_cast<int>(g.n), b.h = static_cast<int>(g.h), b.w = static_cast<int>(g.w),
+  b.c = static_cast<int>(g.c);
   b.oh = static_cast<int>(g.oh), b.ow = static_cast<int>(g.ow);
   for (int64_t c = 0; c < g.c; ++c) {
     b.mean[c] = mean.empty() ? 0.0f : static_cast<float>(mean[c]);
@@ -188,7 +221,9 @@ void compute_row(const uint8_t* img, const detail::BatchGeometry& g, const detai
   const int c = g.c, ow = g.ow;
   float* v = scratch.v.data();
   const int sy = s.vflip ? g.oh - 1 - oy : oy;
-  const auto row_ptr = [&](int y) { return (y >= 0 && y < g.h) ? img + static_cast<int64_t>(y) * g.w * c : nullptr; };
+  const auto row_ptr = [&](int y) {
+    return (y >= 0 && y < g.h) ? img + static_cast<int64_t>(y) * g.w * c : nullptr;
+  };
   const auto texel = [&](const uint8_t* r, int x, int ch) {
     return (r != nullptr && x >= 0 && x < g.w) ? static_cast<float>(r[x * c + ch]) : 0.0f;
   };
@@ -212,20 +247,22 @@ void compute_row(const uint8_t* img, const detail::BatchGeometry& g, const detai
         const uint8_t* b0 = r1 + tx.i0 * c;
         const uint8_t* b1 = r1 + tx.i1 * c;
         for (int ch = 0; ch < c; ++ch) {
-          const float top = (1.0f - tx.frac) * static_cast<float>(a0[ch]) + tx.frac * static_cast<float>(a1[ch]);
-          const float bot = (1.0f - tx.frac) * static_cast<float>(b0[ch]) + tx.frac * static_cast<float>(b1[ch]);
+          const float top =
+              (1.0f - tx.frac) * static_cast<float>(a0[ch]) + tx.frac * static_cast<float>(a1[ch]);
+          const float bot =
+              (1.0f - tx.frac) * static_cast<float>(b0[ch]) + tx.frac * static_cast<float>(b1[ch]);
           v[ox * c + ch] = ((1.0f - ty.frac) * top + ty.frac * bot) * (1.0f / 255.0f);
         }
       }
     } else {
-    for (int ox = 0; ox < ow; ++ox) {
-      const detail::Tap& tx = scratch.tx[ox];
-      for (int ch = 0; ch < c; ++ch) {
-        const float top = (1.0f - tx.frac) * texel(r0, tx.i0, ch) + tx.frac * texel(r0, tx.i1, ch);
-        const float bot = (1.0f - tx.frac) * texel(r1, tx.i0, ch) + tx.frac * texel(r1, tx.i1, ch);
-        v[ox * c + ch] = ((1.0f - ty.frac) * top + ty.frac * bot) * (1.0f / 255.0f);
+      for (int ox = 0; ox < ow; ++ox) {
+        const detail::Tap& tx = scratch.tx[ox];
+        for (int ch = 0; ch < c; ++ch) {
+          const float top = (1.0f - tx.frac) * texel(r0, tx.i0, ch) + tx.frac * texel(r0, tx.i1, ch);
+          const float bot = (1.0f - tx.frac) * texel(r1, tx.i0, ch) + tx.frac * texel(r1, tx.i1, ch);
+          v[ox * c + ch] = ((1.0f - ty.frac) * top + ty.frac * bot) * (1.0f / 255.0f);
+        }
       }
-    }
     }
   }
   if (s.color) {
@@ -256,7 +293,8 @@ void compute_row(const uint8_t* img, const detail::BatchGeometry& g, const detai
 }
 
 template <typename T>
-void apply_cpu_typed(const uint8_t* src, const float* params, const detail::BatchGeometry& g, bool nhwc, T* dst) {
+void apply_cpu_typed(const uint8_t* src, const float* params, const detail::BatchGeometry& g, bool nhwc,
+                     T* dst) {
   const int64_t plane = static_cast<int64_t>(g.oh) * g.ow;
   at::parallel_for(0, static_cast<int64_t>(g.n) * g.oh, 16, [&](int64_t begin, int64_t end) {
     int64_t planned = -1;
@@ -291,18 +329,27 @@ void apply_cpu_typed(const uint8_t* src, const float* params, const detail::Batc
 
 AugmentOptions eval_options(const AugmentOptions& train) {
   AugmentOptions o = train;
-  o.crop(CropMode::kNone).hflip(0).vflip(0).brightness(0).contrast(0).saturation(0).hue(0).grayscale(0).erase(0);
+  o.crop(CropMode::kNone)
+      .hflip(0)
+      .vflip(0)
+      .brightness(0)
+      .contrast(0)
+      .saturation(0)
+      .hue(0)
+      .grayscale(0)
+      .erase(0);
   return o;
 }
 
-torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& sample_indices, int64_t height,
-                            int64_t width, uint64_t seed, int64_t epoch) {
+torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& sample_indices,
+                            int64_t height, int64_t width, uint64_t seed, int64_t epoch) {
   check_options(options);
   EMBER_CHECK(sample_indices.dim() == 1 && sample_indices.scalar_type() == torch::kInt64,
               "[augment::sample_params] sample_indices must be int64 [N], got {} [{}]",
               c10::toString(sample_indices.scalar_type()), fmt::join(sample_indices.sizes(), ", "));
   EMBER_CHECK(epoch >= 0 && epoch <= UINT32_MAX, "[augment::sample_params] epoch out of range: {}", epoch);
-  EMBER_CHECK(height > 0 && width > 0, "[augment::sample_params] image size {}x{} must be positive", height, width);
+  EMBER_CHECK(height > 0 && width > 0, "[augment::sample_params] image size {}x{} must be positive", height,
+              width);
   const int64_t oh = options.size().empty() ? height : options.size()[0];
   const int64_t ow = options.size().empty() ? width : options.size()[1];
   if (options.crop() == CropMode::kPad)
@@ -315,8 +362,8 @@ torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& 
   const int64_t* ip = idx.data_ptr<int64_t>();
   float* pp = params.data_ptr<float>();
   const auto ep = static_cast<uint32_t>(epoch);
-  const bool jitter = options.brightness() > 0 || options.contrast() > 0 || options.saturation() > 0 ||
-                      options.hue() > 0;
+  const bool jitter =
+      options.brightness() > 0 || options.contrast() > 0 || options.saturation() > 0 || options.hue() > 0;
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const auto sample = static_cast<uint64_t>(ip[i]);
@@ -373,8 +420,8 @@ ApplySetup setup_apply(const torch::Tensor& images, const torch::Tensor& params,
                                .dtype(dtype);
   const Geometry g = check_inputs(images, o);
   check_params(params, g.n);
-  EMBER_CHECK(contrast_center >= 0 && contrast_center <= 1, "[augment] contrast_center must be in [0, 1], got {}",
-              contrast_center);
+  EMBER_CHECK(contrast_center >= 0 && contrast_center <= 1,
+              "[augment] contrast_center must be in [0, 1], got {}", contrast_center);
   EMBER_CHECK(std::isfinite(erase_value), "[augment] erase_value must be finite, got {}", erase_value);
   EMBER_CHECK(g.n <= INT32_MAX && g.h * g.w * g.c <= INT32_MAX && g.oh * g.ow * g.c <= INT32_MAX &&
                   g.oh <= 65535 * 32,
@@ -386,9 +433,10 @@ ApplySetup setup_apply(const torch::Tensor& images, const torch::Tensor& params,
 }
 
 // The CPU implementation of ember::augment_apply (the reference).
-torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor& params, c10::IntArrayRef size,
-                                c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv, double contrast_center,
-                                double erase_value, c10::ScalarType dtype, bool channels_last) {
+torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor& params,
+                                c10::IntArrayRef size, c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv,
+                                double contrast_center, double erase_value, c10::ScalarType dtype,
+                                bool channels_last) {
   ApplySetup setup =
       setup_apply(images, params, size, mean, stdv, contrast_center, erase_value, dtype, channels_last);
   const BatchGeometry& bg = setup.geometry;
@@ -398,9 +446,15 @@ torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor
   const uint8_t* sp = src.data_ptr<uint8_t>();
   const float* pp = par.data_ptr<float>();
   switch (dtype) {
-    case torch::kFloat32: apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<float>()); break;
-    case torch::kFloat16: apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<c10::Half>()); break;
-    default: apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<c10::BFloat16>()); break;
+    case torch::kFloat32:
+      apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<float>());
+      break;
+    case torch::kFloat16:
+      apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<c10::Half>());
+      break;
+    default:
+      apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<c10::BFloat16>());
+      break;
   }
   return out;
 }
@@ -409,11 +463,12 @@ torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor
 
 torch::Tensor apply(const torch::Tensor& images, const torch::Tensor& params, const AugmentOptions& options) {
   const Geometry g = check_inputs(images, options);  // for the output size; the op checks the rest
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("ember::augment_apply", "")
-                             .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, c10::IntArrayRef,
-                                                  c10::ArrayRef<double>, c10::ArrayRef<double>, double, double,
-                                                  c10::ScalarType, bool)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("ember::augment_apply", "")
+          .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, c10::IntArrayRef,
+                               c10::ArrayRef<double>, c10::ArrayRef<double>, double, double, c10::ScalarType,
+                               bool)>();
   const std::vector<int64_t> size = {g.oh, g.ow};
   return op.call(images, params, size, options.mean(), options.std(), options.contrast_center(),
                  options.erase_value(), options.dtype(), options.layout() == Layout::kNHWC);
@@ -439,19 +494,18 @@ namespace {
 
 torch::Tensor sample_params_op(const torch::Tensor& sample_indices, int64_t height, int64_t width,
                                c10::IntArrayRef size, c10::string_view crop, int64_t padding,
-                               c10::ArrayRef<double> scale, c10::ArrayRef<double> ratio, double hflip, double vflip,
-                               c10::ArrayRef<double> color, double color_p, double grayscale, double erase,
-                               c10::ArrayRef<double> erase_scale, c10::ArrayRef<double> erase_ratio, int64_t seed,
-                               int64_t epoch) {
+                               c10::ArrayRef<double> scale, c10::ArrayRef<double> ratio, double hflip,
+                               double vflip, c10::ArrayRef<double> color, double color_p, double grayscale,
+                               double erase, c10::ArrayRef<double> erase_scale,
+                               c10::ArrayRef<double> erase_ratio, int64_t seed, int64_t epoch) {
   using namespace ember::augment;
   AugmentOptions o;
   o.size(size.vec()).padding(padding).scale(scale.vec()).ratio(ratio.vec()).hflip(hflip).vflip(vflip);
-  if (crop == "none") o.crop(CropMode::kNone);
-  else if (crop == "pad") o.crop(CropMode::kPad);
-  else if (crop == "resized") o.crop(CropMode::kRandomResized);
-  else throw ember::Error(fmt::format("[ember::augment_sample_params] crop must be none, pad or resized, got {}", crop));
-  EMBER_CHECK(color.size() == 4, "[ember::augment_sample_params] color must be [brightness, contrast, saturation, hue]");
-  o.brightness(color[0]).contrast(color[1]).saturation(color[2]).hue(color[3]).color_p(color_p).grayscale(grayscale);
+  o.crop(parse_crop_mode(std::string(crop), "[ember::augment_sample_params] crop"));
+  EMBER_CHECK(color.size() == 4,
+              "[ember::augment_sample_params] color must be [brightness, contrast, saturation, hue]");
+  o.brightness(color[0]).contrast(color[1]).saturation(color[2]).hue(color[3]).color_p(color_p).grayscale(
+      grayscale);
   o.erase(erase).erase_scale(erase_scale.vec()).erase_ratio(erase_ratio.vec());
   return sample_params(o, sample_indices, height, width, static_cast<uint64_t>(seed), epoch);
 }
@@ -460,14 +514,21 @@ torch::Tensor sample_params_op(const torch::Tensor& sample_indices, int64_t heig
 
 TORCH_LIBRARY_FRAGMENT(ember, m) {
   m.def(
-      "augment_apply(Tensor images, Tensor params, int[] size, float[] mean, float[] std, float contrast_center, "
+      "augment_apply(Tensor images, Tensor params, int[] size, float[] mean, float[] std, float "
+      "contrast_center, "
       "float erase_value, ScalarType dtype, bool channels_last) -> Tensor");
   m.def(
-      "augment_sample_params(Tensor sample_indices, int height, int width, int[] size, str crop, int padding, "
-      "float[] scale, float[] ratio, float hflip, float vflip, float[] color, float color_p, float grayscale, "
+      "augment_sample_params(Tensor sample_indices, int height, int width, int[] size, str crop, int "
+      "padding, "
+      "float[] scale, float[] ratio, float hflip, float vflip, float[] color, float color_p, float "
+      "grayscale, "
       "float erase, float[] erase_scale, float[] erase_ratio, int seed, int epoch) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("augment_apply", &ember::augment::detail::augment_apply_cpu); }
+TORCH_LIBRARY_IMPL(ember, CPU, m) {
+  m.impl("augment_apply", &ember::augment::detail::augment_apply_cpu);
+}
 
-TORCH_LIBRARY_IMPL(ember, CompositeExplicitAutograd, m) { m.impl("augment_sample_params", &sample_params_op); }
+TORCH_LIBRARY_IMPL(ember, CompositeExplicitAutograd, m) {
+  m.impl("augment_sample_params", &sample_params_op);
+}

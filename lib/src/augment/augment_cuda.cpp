@@ -14,9 +14,10 @@
 namespace ember::augment::detail {
 namespace {
 
-torch::Tensor augment_apply_cuda(const torch::Tensor& images, const torch::Tensor& params, c10::IntArrayRef size,
-                                 c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv, double contrast_center,
-                                 double erase_value, c10::ScalarType dtype, bool channels_last) {
+torch::Tensor augment_apply_cuda(const torch::Tensor& images, const torch::Tensor& params,
+                                 c10::IntArrayRef size, c10::ArrayRef<double> mean,
+                                 c10::ArrayRef<double> stdv, double contrast_center, double erase_value,
+                                 c10::ScalarType dtype, bool channels_last) {
   EMBER_CHECK(images.is_cuda(), "[augment::apply] images on {} but params on {}; put both on the same GPU",
               images.device().str(), params.device().str());
   const c10::cuda::CUDAGuard guard(images.device());
@@ -46,4 +47,6 @@ torch::Tensor augment_apply_cuda(const torch::Tensor& images, const torch::Tenso
 }  // namespace
 }  // namespace ember::augment::detail
 
-TORCH_LIBRARY_IMPL(ember, CUDA, m) { m.impl("augment_apply", &ember::augment::detail::augment_apply_cuda); }
+TORCH_LIBRARY_IMPL(ember, CUDA, m) {
+  m.impl("augment_apply", &ember::augment::detail::augment_apply_cuda);
+}

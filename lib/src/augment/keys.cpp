@@ -8,21 +8,16 @@
 namespace ember::augment {
 namespace {
 
-const char* crop_name(CropMode m) {
-  switch (m) {
-    case CropMode::kPad: return "pad";
-    case CropMode::kRandomResized: return "resized";
-    default: return "none";
-  }
+std::vector<double> as_doubles(const std::vector<int64_t>& v) {
+  return {v.begin(), v.end()};
 }
-
-std::vector<double> as_doubles(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
 c10::ScalarType parse_dtype(const std::string& s) {
   if (s == "float32") return torch::kFloat32;
   if (s == "float16") return torch::kFloat16;
   if (s == "bfloat16") return torch::kBFloat16;
-  throw Error(ErrorKind::kConfig, "[augment] augment.dtype must be float32, float16 or bfloat16, got \"" + s + "\"");
+  throw Error(ErrorKind::kConfig,
+              "[augment] augment.dtype must be float32, float16 or bfloat16, got \"" + s + "\"");
 }
 
 const char* dtype_name(c10::ScalarType t) {
@@ -32,7 +27,8 @@ const char* dtype_name(c10::ScalarType t) {
 }  // namespace
 
 void declare_augment_keys(core::Config& c, const AugmentOptions& d, const MixOptions& m) {
-  c.declare("augment.crop", crop_name(d.crop()), "none | pad (RandomCrop with padding) | resized (RandomResizedCrop)");
+  c.declare("augment.crop", to_string(d.crop()),
+            "none | pad (RandomCrop with padding) | resized (RandomResizedCrop)");
   c.declare("augment.size", as_doubles(d.size()), "output [H, W] ([] = the input size)");
   c.declare("augment.padding", d.padding(), "pad crop: zero padding on each side, pixels");
   c.declare("augment.scale", d.scale(), "resized crop: [min, max] area fraction");
@@ -61,17 +57,17 @@ void declare_augment_keys(core::Config& c, const AugmentOptions& d, const MixOpt
 AugmentOptions augment_options_from_config(const core::Config& c) {
   AugmentOptions o;
   const std::string crop = c.get_string("augment.crop");
-  if (crop == "none") o.crop(CropMode::kNone);
-  else if (crop == "pad") o.crop(CropMode::kPad);
-  else if (crop == "resized") o.crop(CropMode::kRandomResized);
-  else throw Error(ErrorKind::kConfig, "[augment] augment.crop must be none, pad or resized, got \"" + crop + "\"");
+  o.crop(parse_crop_mode(crop, "[augment] augment.crop"));
   std::vector<int64_t> size;
   for (double v : c.get_float_list("augment.size")) {
-    EMBER_CHECK_KIND(kConfig, v >= 1 && v == std::floor(v), "[augment] augment.size must be whole pixels [H, W], got {}", v);
+    EMBER_CHECK_KIND(kConfig, v >= 1 && v == std::floor(v),
+                     "[augment] augment.size must be whole pixels [H, W], got {}", v);
     size.push_back(static_cast<int64_t>(v));
   }
   o.size(size).padding(c.get_int("augment.padding")).scale(c.get_float_list("augment.scale"));
-  o.ratio(c.get_float_list("augment.ratio")).hflip(c.get_float("augment.hflip")).vflip(c.get_float("augment.vflip"));
+  o.ratio(c.get_float_list("augment.ratio"))
+      .hflip(c.get_float("augment.hflip"))
+      .vflip(c.get_float("augment.vflip"));
   o.brightness(c.get_float("augment.brightness")).contrast(c.get_float("augment.contrast"));
   o.saturation(c.get_float("augment.saturation")).hue(c.get_float("augment.hue"));
   o.color_p(c.get_float("augment.color_p")).grayscale(c.get_float("augment.grayscale"));
@@ -79,7 +75,8 @@ AugmentOptions augment_options_from_config(const core::Config& c) {
   o.mean(c.get_float_list("augment.mean")).std(c.get_float_list("augment.std"));
   o.dtype(parse_dtype(c.get_string("augment.dtype")));
   const std::string layout = c.get_string("augment.layout");
-  EMBER_CHECK_KIND(kConfig, layout == "nchw" || layout == "nhwc", "[augment] augment.layout must be nchw or nhwc, got \"{}\"", layout);
+  EMBER_CHECK_KIND(kConfig, layout == "nchw" || layout == "nhwc",
+                   "[augment] augment.layout must be nchw or nhwc, got \"{}\"", layout);
   o.layout(layout == "nhwc" ? Layout::kNHWC : Layout::kNCHW);
   // Validate now (a bad value is a config error before training starts).
   const int64_t probe_h = size.empty() ? 8 : size[0], probe_w = size.empty() ? 8 : size[1];

@@ -63,25 +63,27 @@ double beta(double a, UniformStream& s) {
 void check_mix_options(const MixOptions& o) {
   EMBER_CHECK(o.mixup_alpha() >= 0 && o.cutmix_alpha() >= 0 && std::isfinite(o.mixup_alpha()) &&
                   std::isfinite(o.cutmix_alpha()),
-              "[augment::mix] mixup_alpha and cutmix_alpha must be >= 0 (0 = off), got {} and {}", o.mixup_alpha(),
-              o.cutmix_alpha());
+              "[augment::mix] mixup_alpha and cutmix_alpha must be >= 0 (0 = off), got {} and {}",
+              o.mixup_alpha(), o.cutmix_alpha());
   EMBER_CHECK(o.switch_p() >= 0 && o.switch_p() <= 1 && o.p() >= 0 && o.p() <= 1,
-              "[augment::mix] switch_p and p are probabilities in [0, 1], got {} and {}", o.switch_p(), o.p());
+              "[augment::mix] switch_p and p are probabilities in [0, 1], got {} and {}", o.switch_p(),
+              o.p());
   EMBER_CHECK(o.label_smoothing() >= 0 && o.label_smoothing() < 1,
               "[augment::mix] label_smoothing must be in [0, 1), got {}", o.label_smoothing());
 }
 
 }  // namespace
 
-torch::Tensor sample_mix_params(const MixOptions& options, const torch::Tensor& sample_indices, int64_t height,
-                                int64_t width, uint64_t seed, int64_t epoch) {
+torch::Tensor sample_mix_params(const MixOptions& options, const torch::Tensor& sample_indices,
+                                int64_t height, int64_t width, uint64_t seed, int64_t epoch) {
   check_mix_options(options);
   EMBER_CHECK(sample_indices.dim() == 1 && sample_indices.scalar_type() == torch::kInt64,
               "[augment::sample_mix_params] sample_indices must be int64 [N], got {} [{}]",
               c10::toString(sample_indices.scalar_type()), fmt::join(sample_indices.sizes(), ", "));
-  EMBER_CHECK(epoch >= 0 && epoch <= UINT32_MAX, "[augment::sample_mix_params] epoch out of range: {}", epoch);
-  EMBER_CHECK(height > 0 && width > 0, "[augment::sample_mix_params] image size {}x{} must be positive", height,
-              width);
+  EMBER_CHECK(epoch >= 0 && epoch <= UINT32_MAX, "[augment::sample_mix_params] epoch out of range: {}",
+              epoch);
+  EMBER_CHECK(height > 0 && width > 0, "[augment::sample_mix_params] image size {}x{} must be positive",
+              height, width);
   const torch::Tensor idx = sample_indices.cpu().contiguous();
   const int64_t n = idx.size(0);
   torch::Tensor params = torch::zeros({n, kNumMixParams}, torch::kFloat32);
@@ -109,8 +111,10 @@ torch::Tensor sample_mix_params(const MixOptions& options, const torch::Tensor& 
     const auto cut_w = static_cast<int64_t>(static_cast<double>(width) * r);
     const int64_t cy = std::min<int64_t>(static_cast<int64_t>(u[2] * static_cast<float>(height)), height - 1);
     const int64_t cx = std::min<int64_t>(static_cast<int64_t>(u[3] * static_cast<float>(width)), width - 1);
-    const int64_t y0 = std::clamp<int64_t>(cy - cut_h / 2, 0, height), y1 = std::clamp<int64_t>(cy + cut_h / 2, 0, height);
-    const int64_t x0 = std::clamp<int64_t>(cx - cut_w / 2, 0, width), x1 = std::clamp<int64_t>(cx + cut_w / 2, 0, width);
+    const int64_t y0 = std::clamp<int64_t>(cy - cut_h / 2, 0, height),
+                  y1 = std::clamp<int64_t>(cy + cut_h / 2, 0, height);
+    const int64_t x0 = std::clamp<int64_t>(cx - cut_w / 2, 0, width),
+                  x1 = std::clamp<int64_t>(cx + cut_w / 2, 0, width);
     p[kMixCut] = 1.0f;
     p[kCutX0] = static_cast<float>(x0), p[kCutY0] = static_cast<float>(y0);
     p[kCutW] = static_cast<float>(x1 - x0), p[kCutH] = static_cast<float>(y1 - y0);
@@ -123,8 +127,8 @@ torch::Tensor sample_mix_params(const MixOptions& options, const torch::Tensor& 
 torch::Tensor one_hot_targets(const torch::Tensor& targets, int64_t num_classes, double label_smoothing,
                               torch::Device device) {
   EMBER_CHECK(num_classes > 0, "[augment::mix] num_classes must be positive, got {}", num_classes);
-  EMBER_CHECK(label_smoothing >= 0 && label_smoothing < 1, "[augment::mix] label_smoothing must be in [0, 1), got {}",
-              label_smoothing);
+  EMBER_CHECK(label_smoothing >= 0 && label_smoothing < 1,
+              "[augment::mix] label_smoothing must be in [0, 1), got {}", label_smoothing);
   EMBER_CHECK(targets.defined() && targets.dim() == 1 && !c10::isFloatingType(targets.scalar_type()),
               "[augment::mix] targets must be class indices [N] (integers)");
   const int64_t n = targets.size(0);
@@ -134,7 +138,8 @@ torch::Tensor one_hot_targets(const torch::Tensor& targets, int64_t num_classes,
                 targets.min().item<int64_t>(), targets.max().item<int64_t>());
   const double off = label_smoothing / static_cast<double>(num_classes), on = 1.0 - label_smoothing + off;
   const torch::Tensor t = targets.to(torch::kLong).to(device, /*non_blocking=*/true);
-  torch::Tensor onehot = torch::full({n, num_classes}, off, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  torch::Tensor onehot =
+      torch::full({n, num_classes}, off, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   return onehot.scatter_(1, t.view({n, 1}), on);
 }
 
@@ -151,8 +156,8 @@ MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, i
               "[augment::mix] targets must be class indices [{}] (integers), got [{}]", n,
               targets.defined() ? fmt::format("{}", fmt::join(targets.sizes(), ", ")) : "");
   EMBER_CHECK(num_classes > 0, "[augment::mix] num_classes must be positive, got {}", num_classes);
-  EMBER_CHECK(params.defined() && params.dim() == 2 && params.size(0) == n && params.size(1) == kNumMixParams &&
-                  params.scalar_type() == torch::kFloat32,
+  EMBER_CHECK(params.defined() && params.dim() == 2 && params.size(0) == n &&
+                  params.size(1) == kNumMixParams && params.scalar_type() == torch::kFloat32,
               "[augment::mix] params must be float32 [{}, {}] (from sample_mix_params)", n,
               static_cast<int64_t>(kNumMixParams));
   const bool nhwc = options.layout() == Layout::kNHWC;
@@ -167,8 +172,8 @@ MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, i
   const torch::Tensor lam_m = torch::where(is_cut, torch::ones_like(lam), lam);
   const std::vector<int64_t> bshape = {n, 1, 1, 1};
   // In fp32 (lambda is not representable in bf16); lerp is exact at weight 1.
-  torch::Tensor out =
-      torch::lerp(partner.to(torch::kFloat32), images.to(torch::kFloat32), lam_m.view(bshape)).to(images.scalar_type());
+  torch::Tensor out = torch::lerp(partner.to(torch::kFloat32), images.to(torch::kFloat32), lam_m.view(bshape))
+                          .to(images.scalar_type());
   // CutMix part: the box comes from the partner.
   const torch::Tensor ys = torch::arange(h, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
   const torch::Tensor xs = torch::arange(w, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
@@ -188,7 +193,8 @@ MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, i
 
 MixResult mix(const torch::Tensor& images, const torch::Tensor& targets, int64_t num_classes,
               const torch::Tensor& sample_indices, const MixOptions& options, uint64_t seed, int64_t epoch) {
-  EMBER_CHECK(images.defined() && images.dim() == 4, "[augment::mix] images must be [N, C, H, W] or [N, H, W, C]");
+  EMBER_CHECK(images.defined() && images.dim() == 4,
+              "[augment::mix] images must be [N, C, H, W] or [N, H, W, C]");
   EMBER_CHECK(sample_indices.dim() == 1 && sample_indices.size(0) == images.size(0),
               "[augment::mix] sample_indices must be [N] with N = {} images", images.size(0));
   const bool nhwc = options.layout() == Layout::kNHWC;

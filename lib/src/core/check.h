@@ -12,8 +12,8 @@
   } while (0)
 
 /// EMBER_CHECK with an ErrorKind: EMBER_CHECK_KIND(kData, n > 0, "...", ...).
-#define EMBER_CHECK_KIND(kind, cond, ...)                                                   \
-  do {                                                                                      \
+#define EMBER_CHECK_KIND(kind, cond, ...)                                                    \
+  do {                                                                                       \
     if (!(cond)) throw ::ember::Error(::ember::ErrorKind::kind, ::fmt::format(__VA_ARGS__)); \
   } while (0)
 

@@ -16,11 +16,16 @@ namespace {
 
 const char* type_name(const ConfigValue& v) {
   switch (v.index()) {
-    case 0: return "bool";
-    case 1: return "int";
-    case 2: return "float";
-    case 3: return "string";
-    default: return "float list";
+    case 0:
+      return "bool";
+    case 1:
+      return "int";
+    case 2:
+      return "float";
+    case 3:
+      return "string";
+    default:
+      return "float list";
   }
 }
 
@@ -46,9 +51,12 @@ std::string format_float(double v) {
 
 std::string format_value(const ConfigValue& v) {
   switch (v.index()) {
-    case 0: return std::get<bool>(v) ? "true" : "false";
-    case 1: return std::to_string(std::get<int64_t>(v));
-    case 2: return format_float(std::get<double>(v));
+    case 0:
+      return std::get<bool>(v) ? "true" : "false";
+    case 1:
+      return std::to_string(std::get<int64_t>(v));
+    case 2:
+      return format_float(std::get<double>(v));
     case 3: {
       std::ostringstream os;
       os << toml::value<std::string>(std::get<std::string>(v));
@@ -74,8 +82,8 @@ std::string trim(std::string s) {
 ConfigValue parse_text(const std::string& key, const std::string& raw, const ConfigValue& like) {
   const std::string text = trim(raw);
   const auto bad = [&](const char* expected) {
-    return Error(ErrorKind::kConfig, fmt::format("[config] {}={}: expected {}, e.g. {}={}", key, raw, expected, key,
-                             format_value(like)));
+    return Error(ErrorKind::kConfig, fmt::format("[config] {}={}: expected {}, e.g. {}={}", key, raw,
+                                                 expected, key, format_value(like)));
   };
   switch (like.index()) {
     case 0:
@@ -96,7 +104,8 @@ ConfigValue parse_text(const std::string& key, const std::string& raw, const Con
       if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) throw bad("a finite number");
       return v;
     }
-    case 3: return text;
+    case 3:
+      return text;
     default: {
       std::string body = text;
       if (!body.empty() && body.front() == '[') body.erase(0, 1);
@@ -127,9 +136,10 @@ std::string toml_type(const toml::node& n) {
 ConfigValue from_toml(const std::string& key, const toml::node& node, const ConfigValue& like,
                       const std::string& source) {
   const auto bad = [&]() {
-    return Error(ErrorKind::kConfig, fmt::format("[config] {}: {} must be of type {} (e.g. {} = {}), got a TOML {}", source, key,
-                             type_name(like), key.substr(key.rfind('.') + 1), format_value(like),
-                             toml_type(node)));
+    return Error(
+        ErrorKind::kConfig,
+        fmt::format("[config] {}: {} must be of type {} (e.g. {} = {}), got a TOML {}", source, key,
+                    type_name(like), key.substr(key.rfind('.') + 1), format_value(like), toml_type(node)));
   };
   switch (like.index()) {
     case 0:
@@ -141,7 +151,8 @@ ConfigValue from_toml(const std::string& key, const toml::node& node, const Conf
     case 2:
       if (node.is_integer()) return static_cast<double>(*node.value<int64_t>());
       if (auto v = node.value_exact<double>()) {
-        if (!std::isfinite(*v)) detail::fail(ErrorKind::kConfig, "[config] {}: {} must be finite", source, key);
+        if (!std::isfinite(*v))
+          detail::fail(ErrorKind::kConfig, "[config] {}: {} must be finite", source, key);
         return *v;
       }
       throw bad();
@@ -153,9 +164,12 @@ ConfigValue from_toml(const std::string& key, const toml::node& node, const Conf
       if (!arr) throw bad();
       std::vector<double> out;
       for (const auto& el : *arr) {
-        if (el.is_integer()) out.push_back(static_cast<double>(*el.value<int64_t>()));
-        else if (el.is_floating_point()) out.push_back(*el.value<double>());
-        else throw bad();
+        if (el.is_integer())
+          out.push_back(static_cast<double>(*el.value<int64_t>()));
+        else if (el.is_floating_point())
+          out.push_back(*el.value<double>());
+        else
+          throw bad();
       }
       return out;
     }
@@ -166,8 +180,10 @@ void flatten(const toml::table& table, const std::string& prefix,
              std::vector<std::pair<std::string, const toml::node*>>& out) {
   for (const auto& [k, node] : table) {
     const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
-    if (const auto* sub = node.as_table()) flatten(*sub, key, out);
-    else out.emplace_back(key, &node);
+    if (const auto* sub = node.as_table())
+      flatten(*sub, key, out);
+    else
+      out.emplace_back(key, &node);
   }
 }
 
@@ -182,18 +198,30 @@ std::string unknown_key_message(const Config& cfg, const std::string& key, const
 
 Config& Config::declare_value(const std::string& key, ConfigValue value, std::string doc) {
   EMBER_CHECK_KIND(kConfig, !key.empty() && key.front() != '.' && key.back() != '.',
-              "[config] invalid key name '{}'", key);
+                   "[config] invalid key name '{}'", key);
   EMBER_CHECK_KIND(kConfig, !entries_.count(key), "[config] key '{}' declared twice", key);
   entries_.emplace(key, ConfigEntry{value, value, std::move(doc), "default"});
   return *this;
 }
 
-Config& Config::declare(const std::string& key, bool v, std::string doc) { return declare_value(key, v, std::move(doc)); }
-Config& Config::declare(const std::string& key, int64_t v, std::string doc) { return declare_value(key, v, std::move(doc)); }
-Config& Config::declare(const std::string& key, double v, std::string doc) { return declare_value(key, v, std::move(doc)); }
-Config& Config::declare(const std::string& key, const char* v, std::string doc) { return declare_value(key, std::string(v), std::move(doc)); }
-Config& Config::declare(const std::string& key, std::string v, std::string doc) { return declare_value(key, std::move(v), std::move(doc)); }
-Config& Config::declare(const std::string& key, std::vector<double> v, std::string doc) { return declare_value(key, std::move(v), std::move(doc)); }
+Config& Config::declare(const std::string& key, bool v, std::string doc) {
+  return declare_value(key, v, std::move(doc));
+}
+Config& Config::declare(const std::string& key, int64_t v, std::string doc) {
+  return declare_value(key, v, std::move(doc));
+}
+Config& Config::declare(const std::string& key, double v, std::string doc) {
+  return declare_value(key, v, std::move(doc));
+}
+Config& Config::declare(const std::string& key, const char* v, std::string doc) {
+  return declare_value(key, std::string(v), std::move(doc));
+}
+Config& Config::declare(const std::string& key, std::string v, std::string doc) {
+  return declare_value(key, std::move(v), std::move(doc));
+}
+Config& Config::declare(const std::string& key, std::vector<double> v, std::string doc) {
+  return declare_value(key, std::move(v), std::move(doc));
+}
 
 ConfigEntry& Config::entry_for_update(const std::string& key, const std::string& source) {
   auto it = entries_.find(key);
@@ -227,7 +255,8 @@ void Config::merge_toml(std::string_view text, const std::string& source) {
 
 void Config::merge_toml_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  EMBER_CHECK_KIND(kConfig, in.good(), "[config] cannot open config file '{}' (check the path given to --config)", path);
+  EMBER_CHECK_KIND(kConfig, in.good(),
+                   "[config] cannot open config file '{}' (check the path given to --config)", path);
   std::stringstream ss;
   ss << in.rdbuf();
   merge_toml(ss.str(), path);
@@ -236,7 +265,7 @@ void Config::merge_toml_file(const std::string& path) {
 void Config::set_override(const std::string& assignment) {
   const auto eq = assignment.find('=');
   EMBER_CHECK_KIND(kConfig, eq != std::string::npos && eq > 0,
-              "[config] '{}': overrides are key=value, e.g. trainer.epochs=3", assignment);
+                   "[config] '{}': overrides are key=value, e.g. trainer.epochs=3", assignment);
   const std::string key = trim(assignment.substr(0, eq));
   ConfigEntry& e = entry_for_update(key, "command line");
   e.value = parse_text(key, assignment.substr(eq + 1), e.default_value);

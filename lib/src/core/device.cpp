@@ -1,14 +1,15 @@
 #include "ember/core/device.h"
 
-#include <torch/cuda.h>
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 
 #include "core/check.h"
 
 namespace ember::core {
 
 torch::Device resolve_device(const std::string& spec) {
-  if (spec == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (spec == "auto")
+    return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   if (spec == "cpu") return torch::Device(torch::kCPU);
   if (spec.rfind("cuda", 0) == 0) {
     EMBER_CHECK(torch::cuda::is_available(),

@@ -5,11 +5,16 @@ namespace ember {
 
 const char* to_string(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kConfig: return "config";
-    case ErrorKind::kData: return "data";
-    case ErrorKind::kCheckpoint: return "checkpoint";
-    case ErrorKind::kDistributed: return "distributed";
-    case ErrorKind::kGeneral: break;
+    case ErrorKind::kConfig:
+      return "config";
+    case ErrorKind::kData:
+      return "data";
+    case ErrorKind::kCheckpoint:
+      return "checkpoint";
+    case ErrorKind::kDistributed:
+      return "distributed";
+    case ErrorKind::kGeneral:
+      break;
   }
   return "general";
 }

@@ -23,7 +23,6 @@ namespace {
 
 constexpr const char* kPeakKey = "mfu.peak_tflops";
 
-
 #if EMBER_WITH_CUDA
 /// Dense datasheet peaks in FLOP/s; 0 = the GPU has no tensor-core path for that type.
 struct GpuPeak {
@@ -146,10 +145,14 @@ double cpu_peak(MathType math) {
 
 const char* to_string(MathType math) {
   switch (math) {
-    case MathType::kTf32: return "tf32";
-    case MathType::kBf16: return "bf16";
-    case MathType::kFp16: return "fp16";
-    case MathType::kFp32: break;
+    case MathType::kTf32:
+      return "tf32";
+    case MathType::kBf16:
+      return "bf16";
+    case MathType::kFp16:
+      return "fp16";
+    case MathType::kFp32:
+      break;
   }
   return "fp32";
 }

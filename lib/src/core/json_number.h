@@ -4,5 +4,7 @@
 #include <nlohmann/json.hpp>
 
 namespace ember::detail {
-inline nlohmann::json json_number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+inline nlohmann::json json_number(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
 }  // namespace ember::detail

@@ -59,14 +59,16 @@ TensorDataset read_cifar_bin(const std::string& path, const CifarOptions& option
               static_cast<int64_t>(in.gcount()), size);
 
   // CIFAR-100 stores <coarse, fine>: the fine label is byte 1.
-  const int64_t label_col = options.variant() == CifarVariant::kCifar100 && options.label() == CifarLabel::kFine ? 1 : 0;
+  const int64_t label_col =
+      options.variant() == CifarVariant::kCifar100 && options.label() == CifarLabel::kFine ? 1 : 0;
   torch::Tensor labels = raw.select(1, label_col).to(torch::kInt64);
   const int64_t max_label = labels.max().item<int64_t>();
   if (max_label >= layout.classes) {
     const int64_t at = (labels >= layout.classes).nonzero().flatten()[0].item<int64_t>();
-    detail::fail("[data::read_cifar_bin] {}: record {} has label {}, but {} has {} classes; is this a {} file?",
-                 path, at, labels[at].item<int64_t>(), layout.name, layout.classes,
-                 options.variant() == CifarVariant::kCifar10 ? "CIFAR-100" : "CIFAR-10");
+    detail::fail(
+        "[data::read_cifar_bin] {}: record {} has label {}, but {} has {} classes; is this a {} file?", path,
+        at, labels[at].item<int64_t>(), layout.name, layout.classes,
+        options.variant() == CifarVariant::kCifar10 ? "CIFAR-100" : "CIFAR-10");
   }
   // [N, 3, 32, 32] planes -> [N, 32, 32, 3] (one copy).
   torch::Tensor images = raw.narrow(1, layout.label_bytes, kImageBytes)
@@ -80,14 +82,16 @@ TensorDataset load_cifar(const std::string& root, Split split, const CifarOption
   const std::vector<std::string> names = split_files(options, split);
   const char* sub = options.variant() == CifarVariant::kCifar10 ? "cifar-10-batches-bin" : "cifar-100-binary";
   std::string dir = root;
-  if (!is_file(dir + "/" + names.front()) && is_file(dir + "/" + sub + "/" + names.front())) dir += std::string("/") + sub;
+  if (!is_file(dir + "/" + names.front()) && is_file(dir + "/" + sub + "/" + names.front()))
+    dir += std::string("/") + sub;
   std::vector<std::string> missing;
   for (const auto& name : names)
     if (!is_file(dir + "/" + name)) missing.push_back(name);
-  EMBER_CHECK(missing.empty(),
-              "[data::load_cifar] {}: missing {} (looked in {} and {}/{}); set data.root to the folder of the "
-              "{} binary version (data/README.md says how to obtain it)",
-              root, fmt::join(missing, ", "), root, root, sub, format_of(options).name);
+  EMBER_CHECK(
+      missing.empty(),
+      "[data::load_cifar] {}: missing {} (looked in {} and {}/{}); set data.root to the folder of the "
+      "{} binary version (data/README.md says how to obtain it)",
+      root, fmt::join(missing, ", "), root, root, sub, format_of(options).name);
   std::vector<torch::Tensor> images, labels;
   for (const auto& name : names) {
     TensorDataset part = read_cifar_bin(dir + "/" + name, options);
@@ -119,10 +123,13 @@ void write_cifar_bin(const std::string& path, const TensorDataset& dataset, cons
     raw.select(1, 0).copy_(labels.div(5, "floor"));
     raw.select(1, 1).copy_(labels);
   }
-  raw.narrow(1, layout.label_bytes, kImageBytes).view({n, 3, kSide, kSide}).copy_(images.cpu().permute({0, 3, 1, 2}));
+  raw.narrow(1, layout.label_bytes, kImageBytes)
+      .view({n, 3, kSide, kSide})
+      .copy_(images.cpu().permute({0, 3, 1, 2}));
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   EMBER_CHECK(out.good(), "[data::write_cifar_bin] {}: cannot create ({})", path, std::strerror(errno));
-  out.write(reinterpret_cast<const char*>(raw.data_ptr<uint8_t>()), static_cast<std::streamsize>(raw.numel()));
+  out.write(reinterpret_cast<const char*>(raw.data_ptr<uint8_t>()),
+            static_cast<std::streamsize>(raw.numel()));
   EMBER_CHECK(out.good(), "[data::write_cifar_bin] {}: write failed (disk full?)", path);
 }
 

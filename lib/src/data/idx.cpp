@@ -25,7 +25,9 @@ constexpr std::array<TypeInfo, 6> kTypes{{{0x08, torch::kUInt8, 1},
                                           {0x0D, torch::kFloat32, 4},
                                           {0x0E, torch::kFloat64, 8}}};
 
-std::string basename(const std::string& path) { return path.substr(path.find_last_of('/') + 1); }
+std::string basename(const std::string& path) {
+  return path.substr(path.find_last_of('/') + 1);
+}
 
 bool file_exists(const std::string& path) {
   struct stat st;
@@ -87,8 +89,8 @@ std::string find_split_file(const std::string& root, const std::string& stem) {
 torch::Tensor read_idx(const std::string& path) {
   const std::vector<uint8_t> bytes = read_all(path);
   const std::string name = basename(path);
-  EMBER_CHECK(bytes.size() >= 4, "[data::read_idx] {}: only {} bytes, too short for an IDX header",
-              name, bytes.size());
+  EMBER_CHECK(bytes.size() >= 4, "[data::read_idx] {}: only {} bytes, too short for an IDX header", name,
+              bytes.size());
   const uint32_t magic = read_be32(bytes.data());
   const TypeInfo* type = nullptr;
   for (const auto& t : kTypes)
@@ -97,13 +99,14 @@ torch::Tensor read_idx(const std::string& path) {
   if (bytes[0] != 0 || bytes[1] != 0 || type == nullptr || ndim == 0) {
     std::string hint = "is this an IDX file?";
     if (bytes[0] == 0x1f && bytes[1] == 0x8b) hint = "it is gzip inside gzip: decompress it once";
-    detail::fail("[data::read_idx] {}: bad magic 0x{:08x}: expected 0x0000TTDD with type TT in "
-                 "{{08,09,0B,0C,0D,0E}} and DD >= 1 dimensions ({})",
-                 name, magic, hint);
+    detail::fail(
+        "[data::read_idx] {}: bad magic 0x{:08x}: expected 0x0000TTDD with type TT in "
+        "{{08,09,0B,0C,0D,0E}} and DD >= 1 dimensions ({})",
+        name, magic, hint);
   }
   const size_t header = 4 + 4 * static_cast<size_t>(ndim);
-  EMBER_CHECK(bytes.size() >= header, "[data::read_idx] {}: truncated header ({} of {} bytes)",
-              name, bytes.size(), header);
+  EMBER_CHECK(bytes.size() >= header, "[data::read_idx] {}: truncated header ({} of {} bytes)", name,
+              bytes.size(), header);
   std::vector<int64_t> shape;
   size_t count = 1;
   for (int d = 0; d < ndim; ++d) {
@@ -128,7 +131,8 @@ torch::Tensor read_idx(const std::string& path) {
     std::memcpy(dst, src, data_bytes);
   } else {  // big-endian to host (little-endian) order
     for (size_t i = 0; i < count; ++i)
-      for (size_t b = 0; b < type->bytes; ++b) dst[i * type->bytes + b] = src[i * type->bytes + type->bytes - 1 - b];
+      for (size_t b = 0; b < type->bytes; ++b)
+        dst[i * type->bytes + b] = src[i * type->bytes + type->bytes - 1 - b];
   }
   return out;
 }
@@ -139,7 +143,8 @@ void write_idx(const std::string& path, const torch::Tensor& tensor) {
     if (tensor.scalar_type() == t.dtype) type = &t;
   EMBER_CHECK(type != nullptr, "[data::write_idx] {}: dtype {} has no IDX type code", path,
               c10::toString(tensor.scalar_type()));
-  EMBER_CHECK(tensor.dim() >= 1 && tensor.dim() <= 255, "[data::write_idx] {}: rank {} not supported", path, tensor.dim());
+  EMBER_CHECK(tensor.dim() >= 1 && tensor.dim() <= 255, "[data::write_idx] {}: rank {} not supported", path,
+              tensor.dim());
   const torch::Tensor t = tensor.contiguous().cpu();
   std::vector<uint8_t> out{0, 0, type->code, static_cast<uint8_t>(t.dim())};
   for (int64_t s : t.sizes()) write_be32(out, static_cast<uint32_t>(s));
@@ -153,7 +158,8 @@ void write_idx(const std::string& path, const torch::Tensor& tensor) {
   EMBER_CHECK(f != nullptr, "[data::write_idx] {}: cannot create ({})", path, std::strerror(errno));
   const int written = gzwrite(f, out.data(), static_cast<unsigned>(out.size()));
   const int rc = gzclose(f);
-  EMBER_CHECK(written == static_cast<int>(out.size()) && rc == Z_OK, "[data::write_idx] {}: write failed", path);
+  EMBER_CHECK(written == static_cast<int>(out.size()) && rc == Z_OK, "[data::write_idx] {}: write failed",
+              path);
 }
 
 TensorDataset load_mnist(const std::string& root, Split split) {
@@ -165,7 +171,8 @@ TensorDataset load_mnist(const std::string& root, Split split) {
   EMBER_CHECK(images.dim() == 3 && images.scalar_type() == torch::kUInt8,
               "[data::load_mnist] {}: expected uint8 images [N, H, W], got {} {}", images_path,
               c10::toString(images.scalar_type()), fmt::join(images.sizes(), "x"));
-  EMBER_CHECK(labels.dim() == 1, "[data::load_mnist] {}: expected labels [N], got {}", labels_path, fmt::join(labels.sizes(), "x"));
+  EMBER_CHECK(labels.dim() == 1, "[data::load_mnist] {}: expected labels [N], got {}", labels_path,
+              fmt::join(labels.sizes(), "x"));
   EMBER_CHECK(images.size(0) == labels.size(0),
               "[data::load_mnist] {} has {} images but {} has {} labels; the two files come from "
               "different splits or one is damaged",

@@ -30,7 +30,8 @@ ImageFolderOptions image_folder_options_from_config(const core::Config& c, const
                .threads(c.get_int("data.threads"))
                .on_error(on_error == "skip" ? OnError::kSkip : OnError::kFail);
   const std::string cache_dir = c.get_string("data.cache_dir");
-  if (!cache_dir.empty()) o.cache(fmt::format("{}/{}-{}x{}.cache", cache_dir, split, o.size()[0], o.size()[1]));
+  if (!cache_dir.empty())
+    o.cache(fmt::format("{}/{}-{}x{}.cache", cache_dir, split, o.size()[0], o.size()[1]));
   return o;
 }
 

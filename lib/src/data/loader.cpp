@@ -30,8 +30,8 @@ TensorLoader::TensorLoader(TensorDataset dataset, TensorLoaderOptions options)
               dataset_.targets.size(0));
   EMBER_CHECK(options_.batch_size() > 0, "[data::TensorLoader] batch_size must be positive, got {}",
               options_.batch_size());
-  EMBER_CHECK(options_.prefetch() >= -1, "[data::TensorLoader] prefetch must be >= 0, or -1 for automatic, got {}",
-              options_.prefetch());
+  EMBER_CHECK(options_.prefetch() >= -1,
+              "[data::TensorLoader] prefetch must be >= 0, or -1 for automatic, got {}", options_.prefetch());
   EMBER_CHECK(
       !(options_.resident() && options_.transform()),
       "[data::TensorLoader] a host `transform` cannot run with resident=true (batches are gathered on "
@@ -56,7 +56,8 @@ TensorLoader::TensorLoader(TensorDataset dataset, TensorLoaderOptions options)
     EMBER_CHECK(num_batches() > 0,
                 "[data::TensorLoader] rank {}'s shard of {} samples ({} over {} replicas) makes no batch "
                 "of {} with drop_last; lower the batch size",
-                options_.rank(), shard_size(), dataset_.size(), options_.num_replicas(), options_.batch_size());
+                options_.rank(), shard_size(), dataset_.size(), options_.num_replicas(),
+                options_.batch_size());
   }
   if (options_.device().is_cuda() && !options_.device().has_index()) {
     // Pin "cuda" to the device current now: the worker thread's current device is its own.
@@ -88,7 +89,9 @@ TensorLoader::TensorLoader(TensorDataset dataset, TensorLoaderOptions options)
   }
 }
 
-TensorLoader::~TensorLoader() { stop_worker(); }
+TensorLoader::~TensorLoader() {
+  stop_worker();
+}
 
 int64_t TensorLoader::shard_size() const {
   const int64_t n = dataset_.size(), r = options_.num_replicas();
@@ -107,7 +110,8 @@ int64_t TensorLoader::num_samples() const {
 torch::Tensor TensorLoader::epoch_order(int64_t epoch) const {
   const int64_t n = dataset_.size();
   if (!options_.shuffle()) return torch::arange(n, torch::kInt64);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(mix(options_.seed() ^ mix(static_cast<uint64_t>(epoch))));
+  auto gen =
+      at::make_generator<at::CPUGeneratorImpl>(mix(options_.seed() ^ mix(static_cast<uint64_t>(epoch))));
   return torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
 }
 

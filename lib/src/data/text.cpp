@@ -40,11 +40,12 @@ torch::Tensor read_text_corpus(const std::string& path) {
   std::vector<fs::path> files;
   if (fs::is_directory(status)) {
     files = corpus_files(path);
-    EMBER_CHECK_KIND(kData, !files.empty(),
-                     "[data::read_text_corpus] data.path={}: the folder has no regular files without an extension "
-                     "(the corpus rule: *.dat, *.u8, other extensions and symlinks are skipped); pass a text file "
-                     "instead",
-                     path);
+    EMBER_CHECK_KIND(
+        kData, !files.empty(),
+        "[data::read_text_corpus] data.path={}: the folder has no regular files without an extension "
+        "(the corpus rule: *.dat, *.u8, other extensions and symlinks are skipped); pass a text file "
+        "instead",
+        path);
   } else {
     files.push_back(path);
   }
@@ -58,11 +59,12 @@ torch::Tensor read_text_corpus(const std::string& path) {
 }
 
 TensorDataset text_windows(const torch::Tensor& bytes, int64_t offset, int64_t block, int64_t stride) {
-  EMBER_CHECK(bytes.dim() == 1 && bytes.scalar_type() == torch::kUInt8 && block >= 1 && stride >= 1 &&
-                  bytes.size(0) >= block + 1,
-              "[data::text_windows] need uint8 [n] bytes with n >= block + 1, block >= 1, stride >= 1; got {} "
-              "bytes, block {}, stride {}",
-              bytes.numel(), block, stride);
+  EMBER_CHECK(
+      bytes.dim() == 1 && bytes.scalar_type() == torch::kUInt8 && block >= 1 && stride >= 1 &&
+          bytes.size(0) >= block + 1,
+      "[data::text_windows] need uint8 [n] bytes with n >= block + 1, block >= 1, stride >= 1; got {} "
+      "bytes, block {}, stride {}",
+      bytes.numel(), block, stride);
   const torch::Tensor w = bytes.unfold(0, block + 1, stride);
   return {w, torch::arange(w.size(0), torch::kLong).mul_(stride).add_(offset)};
 }

@@ -111,10 +111,11 @@ void DistributedDataParallel::on_fit_start(train::Trainer& trainer) {
   // The Trainer agreed on the resume position through its Distribution; it
   // must be this group's.
   const train::Distribution& d = *trainer.options().distribution();
-  EMBER_CHECK(d.world_size() == group_->size() && d.rank() == group_->rank(),
-              "[dist::DistributedDataParallel] the Trainer's distribution is {} process(es), rank {}, but the "
-              "group has {}, rank {}: give the Trainer TrainerOptions().distribution(dist::make_distribution(group))",
-              d.world_size(), d.rank(), group_->size(), group_->rank());
+  EMBER_CHECK(
+      d.world_size() == group_->size() && d.rank() == group_->rank(),
+      "[dist::DistributedDataParallel] the Trainer's distribution is {} process(es), rank {}, but the "
+      "group has {}, rank {}: give the Trainer TrainerOptions().distribution(dist::make_distribution(group))",
+      d.world_size(), d.rank(), group_->size(), group_->rank());
   without_grad_.clear();
   build(trainer);
 }

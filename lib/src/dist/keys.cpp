@@ -6,15 +6,18 @@
 namespace ember::dist {
 
 void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupOptions& g) {
-  c.declare("dist.backend", g.backend(), "data-parallel (under torchrun): gloo, nccl, or auto (nccl on CUDA, gloo on CPU)");
+  c.declare("dist.backend", g.backend(),
+            "data-parallel (under torchrun): gloo, nccl, or auto (nccl on CUDA, gloo on CPU)");
   c.declare("dist.timeout_s", std::chrono::duration<double>(g.timeout()).count(),
             "seconds before a silent or dead rank makes the others fail, naming it");
   c.declare("dist.bucket_cap_mb", d.bucket_cap_mb().value_or(0.0),
             "gradient all-reduce bucket size in MiB (0 = PyTorch's: 25 MiB, the first bucket 1 MiB)");
   c.declare("dist.find_unused_parameters", d.find_unused_parameters(),
             "allow parameters that get no gradient in a step (slower)");
-  c.declare("dist.broadcast_buffers", d.broadcast_buffers(), "batch-norm statistics from rank 0 before each synced forward");
-  c.declare("dist.world_size", 1, "set by the launcher (WORLD_SIZE): ranks the training data is split between");
+  c.declare("dist.broadcast_buffers", d.broadcast_buffers(),
+            "batch-norm statistics from rank 0 before each synced forward");
+  c.declare("dist.world_size", 1,
+            "set by the launcher (WORLD_SIZE): ranks the training data is split between");
   c.declare("dist.rank", 0, "set by the launcher (RANK): this process's shard of the training data");
 }
 
@@ -29,7 +32,8 @@ DdpOptions ddp_options_from_config(const core::Config& c) {
 ProcessGroupOptions process_group_options_from_config(const core::Config& c, const torch::Device& device) {
   ProcessGroupOptions o;
   o.backend(c.get_string("dist.backend"));
-  o.timeout(std::chrono::milliseconds(static_cast<int64_t>(std::llround(c.get_float("dist.timeout_s") * 1000))));
+  o.timeout(
+      std::chrono::milliseconds(static_cast<int64_t>(std::llround(c.get_float("dist.timeout_s") * 1000))));
   o.device(device);
   return o;
 }

@@ -286,7 +286,9 @@ void ProcessGroup::set_progress(int64_t step) {
   if (heartbeat_) heartbeat_->set_step(step);
 }
 
-std::string ProcessGroup::explain_failure(const std::string& error) { return *explain(error, false); }
+std::string ProcessGroup::explain_failure(const std::string& error) {
+  return *explain(error, false);
+}
 
 std::optional<std::string> ProcessGroup::explain_peer_failure(const std::string& error) {
   return explain(error, true);
@@ -412,8 +414,9 @@ void ProcessGroup::check_same_everywhere(const std::string& what, const std::str
     try {
       store_->wait(read);
     } catch (const std::exception& ex) {
-      throw Error(ErrorKind::kDistributed,
-                  explain_failure(fmt::format("waiting for every rank to compare its {}: {}", what, ex.what())));
+      throw Error(
+          ErrorKind::kDistributed,
+          explain_failure(fmt::format("waiting for every rank to compare its {}: {}", what, ex.what())));
     }
   }
   EMBER_CHECK_KIND(

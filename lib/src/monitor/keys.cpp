@@ -7,14 +7,18 @@
 namespace ember::monitor {
 
 void declare_monitor_keys(core::Config& c, const MonitorOptions& d, const ProfilerOptions& p) {
-  c.declare("trainer.log_every", d.log_every(), "optimizer steps between step records (metrics.jsonl, CSV, TensorBoard)");
+  c.declare("trainer.log_every", d.log_every(),
+            "optimizer steps between step records (metrics.jsonl, CSV, TensorBoard)");
   c.declare("trainer.progress", true, "show the progress line");
-  c.declare("trainer.profile_steps", p.steps(), "write a Chrome/Perfetto trace of N steps to <run.dir>/trace.json (0 = off)");
+  c.declare("trainer.profile_steps", p.steps(),
+            "write a Chrome/Perfetto trace of N steps to <run.dir>/trace.json (0 = off)");
   c.declare("trainer.profile_wait", p.wait(), "steps before the traced ones (warm-up)");
   c.declare("monitor.tensorboard", d.tensorboard(), "TensorBoard event files in <run.dir>/tensorboard");
   c.declare("monitor.csv", d.csv(), "metrics_steps.csv and metrics_epochs.csv in the run folder");
-  c.declare("monitor.histogram_every", d.histogram_every(), "weight and gradient histograms to TensorBoard every N steps (0 = off)");
-  c.declare("monitor.step_timing", d.step_timing(), "step-time breakdown: data, forward, backward, optimizer, other");
+  c.declare("monitor.histogram_every", d.histogram_every(),
+            "weight and gradient histograms to TensorBoard every N steps (0 = off)");
+  c.declare("monitor.step_timing", d.step_timing(),
+            "step-time breakdown: data, forward, backward, optimizer, other");
   c.declare("monitor.nvml", d.nvml(), "GPU utilisation, power, temperature and clocks through NVML");
   c.declare("monitor.data_wait_warning", d.data_wait_warning(),
             "warn when waiting for data takes more than this share of the step (0 = off)");
@@ -39,7 +43,8 @@ MonitorOptions monitor_options_from_config(const core::Config& c, const std::str
   return mo;
 }
 
-std::shared_ptr<Monitor> add_monitoring(train::Trainer& trainer, const core::Config& c, const std::string& run_dir) {
+std::shared_ptr<Monitor> add_monitoring(train::Trainer& trainer, const core::Config& c,
+                                        const std::string& run_dir) {
   if (c.get_bool("trainer.progress")) trainer.add_callback(std::make_shared<ProgressLogger>());
   std::shared_ptr<Monitor> mon;
   try {  // the options are checked when the callbacks are built: bad values are config errors

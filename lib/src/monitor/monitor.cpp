@@ -234,7 +234,8 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
     std::string why;
     nvml_ = Nvml::open("", &why);
     if (!nvml_)
-      std::fprintf(options_.stream(), "monitor: note: no GPU utilisation, power or clocks: %s\n", why.c_str());
+      std::fprintf(options_.stream(), "monitor: note: no GPU utilisation, power or clocks: %s\n",
+                   why.c_str());
   }
   gpu_uuid_ = cuda_device_uuid(device_);
   host_.sample();

@@ -52,12 +52,13 @@ std::unique_ptr<Nvml> Nvml::open(const std::string& library, std::string* why) {
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(api->handle, symbol));
     return fn != nullptr;
   };
-  const bool ok = load(api->init, "nvmlInit_v2") && load(api->shutdown, "nvmlShutdown") &&
-                  load(api->count, "nvmlDeviceGetCount_v2") && load(api->by_index, "nvmlDeviceGetHandleByIndex_v2") &&
-                  load(api->name, "nvmlDeviceGetName") && load(api->utilization, "nvmlDeviceGetUtilizationRates") &&
-                  load(api->memory, "nvmlDeviceGetMemoryInfo") && load(api->temperature, "nvmlDeviceGetTemperature") &&
-                  load(api->power, "nvmlDeviceGetPowerUsage") && load(api->clock, "nvmlDeviceGetClockInfo") &&
-                  load(api->error, "nvmlErrorString");
+  const bool ok =
+      load(api->init, "nvmlInit_v2") && load(api->shutdown, "nvmlShutdown") &&
+      load(api->count, "nvmlDeviceGetCount_v2") && load(api->by_index, "nvmlDeviceGetHandleByIndex_v2") &&
+      load(api->name, "nvmlDeviceGetName") && load(api->utilization, "nvmlDeviceGetUtilizationRates") &&
+      load(api->memory, "nvmlDeviceGetMemoryInfo") && load(api->temperature, "nvmlDeviceGetTemperature") &&
+      load(api->power, "nvmlDeviceGetPowerUsage") && load(api->clock, "nvmlDeviceGetClockInfo") &&
+      load(api->error, "nvmlErrorString");
   if (!ok) {
     if (why) *why = fmt::format("{} lacks NVML functions ({}); too old a driver?", path, dlerror());
     return nullptr;

@@ -20,11 +20,16 @@ using torch::profiler::impl::ProfilerState;
 
 const char* range_name(train::StepPhase phase) {
   switch (phase) {
-    case train::StepPhase::kData: return "ember::data";
-    case train::StepPhase::kForward: return "ember::forward";
-    case train::StepPhase::kBackward: return "ember::backward";
-    case train::StepPhase::kOptimizer: return "ember::optimizer";
-    case train::StepPhase::kCallbacks: return "ember::callbacks";
+    case train::StepPhase::kData:
+      return "ember::data";
+    case train::StepPhase::kForward:
+      return "ember::forward";
+    case train::StepPhase::kBackward:
+      return "ember::backward";
+    case train::StepPhase::kOptimizer:
+      return "ember::optimizer";
+    case train::StepPhase::kCallbacks:
+      return "ember::callbacks";
   }
   return "ember::?";
 }
@@ -85,7 +90,8 @@ void Profiler::stop() {
   EMBER_CHECK(check.good(), "[monitor::Profiler] the trace was not written to {} (is the folder writable?)",
               options_.path());
   written_ = true;
-  std::fprintf(options_.stream(), "\nprofiler: trace of %lld steps written to %s (open in https://ui.perfetto.dev)\n",
+  std::fprintf(options_.stream(),
+               "\nprofiler: trace of %lld steps written to %s (open in https://ui.perfetto.dev)\n",
                static_cast<long long>(options_.steps()), options_.path().c_str());
 }
 
@@ -98,8 +104,10 @@ void Profiler::on_step_phase(train::Trainer&, train::StepPhase phase) {
 
 void Profiler::on_step_end(train::Trainer& trainer, const train::StepInfo& info) {
   if (start_step_ < 0) return;
-  if (!active_ && !written_ && info.step == start_step_) start(trainer);
-  else if (active_ && info.step >= start_step_ + options_.steps()) stop();
+  if (!active_ && !written_ && info.step == start_step_)
+    start(trainer);
+  else if (active_ && info.step >= start_step_ + options_.steps())
+    stop();
 }
 
 void Profiler::on_epoch_end(train::Trainer&, int64_t, const train::EvalResult&) {
@@ -110,8 +118,9 @@ void Profiler::on_fit_end(train::Trainer& trainer) {
   if (active_) {
     stop();  // fewer steps than asked for: write what was traced
   } else if (start_step_ >= 0 && !written_) {
-    std::fprintf(options_.stream(), "\nprofiler: no trace: the run ended at step %lld, before the traced steps "
-                                  "(trainer.profile_wait=%lld)\n",
+    std::fprintf(options_.stream(),
+                 "\nprofiler: no trace: the run ended at step %lld, before the traced steps "
+                 "(trainer.profile_wait=%lld)\n",
                  static_cast<long long>(trainer.global_step()), static_cast<long long>(options_.wait()));
   }
 }

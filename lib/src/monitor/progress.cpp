@@ -15,7 +15,9 @@ using train::Task;
 using train::Trainer;
 namespace {
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string format_eta(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -78,10 +80,12 @@ void ProgressLogger::on_step_end(Trainer& trainer, const StepInfo& info) {
   const double frac = total > 0 ? static_cast<double>(info.batch) / static_cast<double>(total) : 0.0;
   const double epochs_left = static_cast<double>(trainer.options().epochs() - info.epoch) - frac;
   const double eta = frac > 0 ? elapsed / frac * epochs_left : NAN;
-  std::string line = fmt::format("epoch {}/{} {:3.0f}% step {} loss {:.4f} lr {:.3g} ", info.epoch + 1,
-                                 trainer.options().epochs(), 100.0 * frac, info.step, info.loss.item<double>(), info.lr);
-  line += tokens_per_sample_ > 0 ? fmt::format("{:.0f} tokens/s", rate * static_cast<double>(tokens_per_sample_))
-                                 : fmt::format("{:.0f} samples/s", rate);
+  std::string line =
+      fmt::format("epoch {}/{} {:3.0f}% step {} loss {:.4f} lr {:.3g} ", info.epoch + 1,
+                  trainer.options().epochs(), 100.0 * frac, info.step, info.loss.item<double>(), info.lr);
+  line += tokens_per_sample_ > 0
+              ? fmt::format("{:.0f} tokens/s", rate * static_cast<double>(tokens_per_sample_))
+              : fmt::format("{:.0f} samples/s", rate);
   line += memory_text() + " ETA " + format_eta(eta);
   if (info.loss_scale.defined())
     line += fmt::format(" | scale {:g} skipped {}", info.loss_scale.item<double>(), info.skipped_steps);
@@ -99,8 +103,8 @@ void ProgressLogger::on_epoch_end(Trainer& trainer, int64_t epoch, const EvalRes
   pending_epoch_line_ = fmt::format("epoch {}/{}: {} | {:.1f} s, {:.0f} samples/s", epoch + 1,
                                     trainer.options().epochs(), format_result("train", train), train.seconds,
                                     train.samples / std::max(train.seconds, 1e-9));
-  const bool will_validate = trainer.options().val_every() > 0 && trainer.task() && trainer.task()->val_loader() &&
-                             (epoch + 1) % trainer.options().val_every() == 0;
+  const bool will_validate = trainer.options().val_every() > 0 && trainer.task() &&
+                             trainer.task()->val_loader() && (epoch + 1) % trainer.options().val_every() == 0;
   if (!will_validate) {
     std::fprintf(options_.stream(), "%s\n", pending_epoch_line_.c_str());
     pending_epoch_line_.clear();
@@ -109,7 +113,8 @@ void ProgressLogger::on_epoch_end(Trainer& trainer, int64_t epoch, const EvalRes
 }
 
 void ProgressLogger::on_validation_end(Trainer&, int64_t, const EvalResult& val) {
-  std::fprintf(options_.stream(), "%s | %s\n", pending_epoch_line_.c_str(), format_result("val", val).c_str());
+  std::fprintf(options_.stream(), "%s | %s\n", pending_epoch_line_.c_str(),
+               format_result("val", val).c_str());
   pending_epoch_line_.clear();
   std::fflush(options_.stream());
 }

@@ -17,11 +17,16 @@ constexpr size_t kMaxPendingMarks = 256;
 
 const char* phase_name(train::StepPhase phase) {
   switch (phase) {
-    case train::StepPhase::kData: return "data";
-    case train::StepPhase::kForward: return "forward";
-    case train::StepPhase::kBackward: return "backward";
-    case train::StepPhase::kOptimizer: return "optimizer";
-    case train::StepPhase::kCallbacks: return "other";
+    case train::StepPhase::kData:
+      return "data";
+    case train::StepPhase::kForward:
+      return "forward";
+    case train::StepPhase::kBackward:
+      return "backward";
+    case train::StepPhase::kOptimizer:
+      return "optimizer";
+    case train::StepPhase::kCallbacks:
+      return "other";
   }
   return "?";
 }
@@ -34,7 +39,9 @@ double StepTimes::total_ms() const {
 double StepTimes::mean_ms(train::StepPhase phase) const {
   return steps > 0 ? ms[static_cast<int>(phase)] / static_cast<double>(steps) : 0.0;
 }
-double StepTimes::mean_step_ms() const { return steps > 0 ? total_ms() / static_cast<double>(steps) : 0.0; }
+double StepTimes::mean_step_ms() const {
+  return steps > 0 ? total_ms() / static_cast<double>(steps) : 0.0;
+}
 double StepTimes::share(train::StepPhase phase) const {
   const double t = total_ms();
   return t > 0 ? ms[static_cast<int>(phase)] / t : 0.0;
@@ -61,7 +68,8 @@ void StepTimer::mark(train::StepPhase phase) {
   const int p = static_cast<int>(phase);
   if (!events_) {
     const auto now = Clock::now();
-    if (open_ != kPaused) pending_.ms[open_] += std::chrono::duration<double, std::milli>(now - open_since_).count();
+    if (open_ != kPaused)
+      pending_.ms[open_] += std::chrono::duration<double, std::milli>(now - open_since_).count();
     if (p == kCallbacks) ++pending_.steps;
     open_ = p;
     open_since_ = now;
@@ -116,8 +124,10 @@ void StepTimer::harvest(Wait wait) {
 }
 
 void StepTimer::fall_back_to_host_clock(const char* why) {
-  std::fprintf(stderr, "\nmonitor: note: step timing with CUDA events failed (%s); timing with the host clock from now on\n",
-               why);
+  std::fprintf(
+      stderr,
+      "\nmonitor: note: step timing with CUDA events failed (%s); timing with the host clock from now on\n",
+      why);
   events_ = false;
   marks_.clear();
   pool_.clear();
@@ -131,7 +141,11 @@ StepTimes StepTimer::take(Wait wait) {
   return out;
 }
 
-StepTimes StepTimer::take() { return take(Wait::kNo); }
-StepTimes StepTimer::take_all() { return take(Wait::kYes); }
+StepTimes StepTimer::take() {
+  return take(Wait::kNo);
+}
+StepTimes StepTimer::take_all() {
+  return take(Wait::kYes);
+}
 
 }  // namespace ember::monitor

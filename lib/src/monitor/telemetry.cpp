@@ -10,9 +10,9 @@
 #include "core/check.h"
 
 #if EMBER_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <ATen/cuda/CUDAContext.h>
 #endif
 
 namespace ember::monitor {
@@ -38,7 +38,8 @@ DeviceMemory device_memory(const torch::Device& device) {
 void reset_peak_memory(const torch::Device& device) {
 #if EMBER_WITH_CUDA
   if (device.is_cuda())
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::cuda::current_device());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index()
+                                                                       : c10::cuda::current_device());
 #else
   (void)device;
 #endif
@@ -51,15 +52,18 @@ std::string cuda_device_uuid(const torch::Device& device) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);  // cached by LibTorch
   if (prop == nullptr) return "";
   const auto* b = reinterpret_cast<const unsigned char*>(prop->uuid.bytes);
-  return fmt::format("GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-                     b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return fmt::format(
+      "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:"
+      "02x}",
+      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 #else
   (void)device;
   return "";
 #endif
 }
 
-std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device, const std::string& uuid) {
+std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device,
+                                        const std::string& uuid) {
   if (!device.is_cuda()) return std::nullopt;
   auto samples = nvml.sample();
   if (!uuid.empty()) {
@@ -77,7 +81,9 @@ std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& d
   return std::nullopt;
 }
 
-HostSampler::HostSampler() { sample(); }
+HostSampler::HostSampler() {
+  sample();
+}
 
 HostStats HostSampler::sample() {
   HostStats h;

@@ -16,7 +16,9 @@ void make_parent_dirs(const std::string& path) {
   if (slash != std::string::npos && slash > 0) core::make_dirs(path.substr(0, slash));
 }
 
-bool integral(double v) { return std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9e15; }
+bool integral(double v) {
+  return std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9e15;
+}
 
 // Integers as integers; other numbers to 7 significant digits (float32's
 // precision, more than any measurement here carries) so lines stay readable.
@@ -45,7 +47,8 @@ void end_partial_line(const std::string& path) {
 }
 
 void check_stream(const std::ofstream& out, const std::string& path, const char* who) {
-  EMBER_CHECK(out.good(), "[monitor::{}] writing {} failed (disk full, or the folder was removed?)", who, path);
+  EMBER_CHECK(out.good(), "[monitor::{}] writing {} failed (disk full, or the folder was removed?)", who,
+              path);
 }
 
 }  // namespace
@@ -61,7 +64,8 @@ double Record::get(const std::string& name) const {
   return std::numeric_limits<double>::quiet_NaN();
 }
 
-JsonlWriter::JsonlWriter(const std::string& path, double time_origin) : path_(path), time_origin_(time_origin) {
+JsonlWriter::JsonlWriter(const std::string& path, double time_origin)
+    : path_(path), time_origin_(time_origin) {
   make_parent_dirs(path);
   end_partial_line(path);
   out_.open(path, std::ios::app);
@@ -80,7 +84,9 @@ void JsonlWriter::write(const Record& r) {
   check_stream(out_, path_, "JsonlWriter");
 }
 
-void JsonlWriter::flush() { out_.flush(); }
+void JsonlWriter::flush() {
+  out_.flush();
+}
 
 CsvWriter::CsvWriter(const std::string& path, std::set<std::string> kinds, std::vector<std::string> columns,
                      double time_origin)
@@ -112,9 +118,12 @@ void CsvWriter::write(const Record& r) {
   check_stream(out_, path_, "CsvWriter");
 }
 
-void CsvWriter::flush() { out_.flush(); }
+void CsvWriter::flush() {
+  out_.flush();
+}
 
-TensorBoardScalars::TensorBoardScalars(std::shared_ptr<TensorBoardWriter> writer) : writer_(std::move(writer)) {
+TensorBoardScalars::TensorBoardScalars(std::shared_ptr<TensorBoardWriter> writer)
+    : writer_(std::move(writer)) {
   EMBER_CHECK(writer_ != nullptr, "[monitor::TensorBoardScalars] null writer");
 }
 
@@ -124,7 +133,8 @@ std::string TensorBoardScalars::tag_of(const std::string& kind, const std::strin
   if (kind != "step") return kind + "/" + name;
   const auto ends_with = [&](const char* s) {
     const std::string suffix = s;
-    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   if (name.rfind("gpu_", 0) == 0) return "gpu/" + name.substr(4);
   if (ends_with("_ms")) return "time/" + name;
@@ -137,6 +147,8 @@ void TensorBoardScalars::write(const Record& r) {
     if (std::isfinite(v)) writer_->add_scalar(tag_of(r.kind, k), v, r.step, r.wall_time);
 }
 
-void TensorBoardScalars::flush() { writer_->flush(); }
+void TensorBoardScalars::flush() {
+  writer_->flush();
+}
 
 }  // namespace ember::monitor

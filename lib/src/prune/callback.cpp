@@ -151,14 +151,16 @@ std::string PruningReport::table() const {
   if (train_step_ms_before > 0) {
     s += fmt::format("train step  {:9.2f} ms -> {:9.2f} ms  ({:.2f}x faster)\n", train_step_ms_before,
                      train_step_ms_after, speed(train_step_ms_before, train_step_ms_after));
-    s += fmt::format("inference   {:9.2f} ms -> {:9.2f} ms  ({:.2f}x faster)\n", infer_ms_before, infer_ms_after,
-                     speed(infer_ms_before, infer_ms_after));
+    s += fmt::format("inference   {:9.2f} ms -> {:9.2f} ms  ({:.2f}x faster)\n", infer_ms_before,
+                     infer_ms_after, speed(infer_ms_before, infer_ms_after));
     if (train_step_ms_after >= 0.97 * train_step_ms_before || infer_ms_after >= 0.97 * infer_ms_before)
-      s += "warning: the pruned model is not faster on this device: small layers are bound by kernel launches "
-           "and memory, not arithmetic. Try larger batches, prune.round_to=8 (tensor cores), or prune less.\n";
+      s +=
+          "warning: the pruned model is not faster on this device: small layers are bound by kernel launches "
+          "and memory, not arithmetic. Try larger batches, prune.round_to=8 (tensor cores), or prune less.\n";
   }
   if (eval_before.samples > 0 && eval_before.accuracy >= 0)
-    s += fmt::format("accuracy    {:.4f} -> {:.4f} (before fine-tuning)\n", eval_before.accuracy, eval_after.accuracy);
+    s += fmt::format("accuracy    {:.4f} -> {:.4f} (before fine-tuning)\n", eval_before.accuracy,
+                     eval_after.accuracy);
   return s;
 }
 
@@ -168,8 +170,8 @@ PruningCallback::PruningCallback(PruningCallbackOptions options) : options_(std:
   std::sort(e.begin(), e.end());
   EMBER_CHECK(std::adjacent_find(e.begin(), e.end()) == e.end() && (e.empty() || e.front() >= 0),
               "[prune::PruningCallback] prune.epochs must be distinct epochs >= 0");
-  EMBER_CHECK(options_.ratio() >= 0 && options_.ratio() < 1, "[prune::PruningCallback] prune.ratio {} must be in [0, 1)",
-              options_.ratio());
+  EMBER_CHECK(options_.ratio() >= 0 && options_.ratio() < 1,
+              "[prune::PruningCallback] prune.ratio {} must be in [0, 1)", options_.ratio());
   EMBER_CHECK(options_.target_macs() >= 0 && options_.target_macs() <= 1,
               "[prune::PruningCallback] prune.target_macs {} must be in [0, 1] (0 = use prune.ratio)",
               options_.target_macs());
@@ -190,7 +192,8 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
   // Traced and counted on one sample: the MACs in reports are per sample.
   sample_ = example_;
   sample_.input = example_.input.narrow(0, 0, 1);
-  if (example_.target.defined() && example_.target.dim() > 0) sample_.target = example_.target.narrow(0, 0, 1);
+  if (example_.target.defined() && example_.target.dim() > 0)
+    sample_.target = example_.target.narrow(0, 0, 1);
   if (example_.index.defined() && example_.index.dim() > 0) sample_.index = example_.index.narrow(0, 0, 1);
   train::Task* t = &task;
   const data::Batch* sample = &sample_;
@@ -201,14 +204,19 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
     return std::vector<torch::Tensor>{out.output.defined() ? out.output : out.loss};
   };
   pruner_ = std::make_unique<Pruner>(*model, std::move(forward), options_.pruner());
-  if (resumed_) pruner_->resume(plan_, ratio_, original_);
-  else original_ = pruner_->original_cost();
+  if (resumed_)
+    pruner_->resume(plan_, ratio_, original_);
+  else
+    original_ = pruner_->original_cost();
   norm_scales_.clear();
   for (const auto& m : model->modules()) {
     torch::Tensor w;
-    if (auto* b1 = m->as<torch::nn::BatchNorm1d>()) w = b1->weight;
-    else if (auto* b2 = m->as<torch::nn::BatchNorm2d>()) w = b2->weight;
-    else if (auto* b3 = m->as<torch::nn::BatchNorm3d>()) w = b3->weight;
+    if (auto* b1 = m->as<torch::nn::BatchNorm1d>())
+      w = b1->weight;
+    else if (auto* b2 = m->as<torch::nn::BatchNorm2d>())
+      w = b2->weight;
+    else if (auto* b3 = m->as<torch::nn::BatchNorm3d>())
+      w = b3->weight;
     if (w.defined()) norm_scales_.push_back(w);
   }
   if (options_.sparsity_l1() > 0 && norm_scales_.empty())
@@ -235,8 +243,10 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   const Timing before = time_steps(trainer, task, example_, options_.timing_steps());
 
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
-  EMBER_CHECK(options_.pruner().importance() != Importance::kTaylor || trainer.options().distribution()->world_size() == 1,
-              "[prune::PruningCallback] prune.importance=taylor takes gradients of this rank's shard, so the ranks of a "
+  EMBER_CHECK(options_.pruner().importance() != Importance::kTaylor ||
+                  trainer.options().distribution()->world_size() == 1,
+              "[prune::PruningCallback] prune.importance=taylor takes gradients of this rank's shard, so the "
+              "ranks of a "
               "data-parallel run would prune different channels: use l1, l2 or bn_scale there");
   if (options_.pruner().importance() == Importance::kTaylor) {
     // Gradients of a few training batches; batch-norm statistics and RNG are put back afterwards.
@@ -272,7 +282,8 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   steps_done_ = step + 1;
 
   const std::string& dir = trainer.options().run_dir();
-  const bool writer = trainer.options().distribution()->is_writer();  // data-parallel: rank 0 writes and reports
+  const bool writer =
+      trainer.options().distribution()->is_writer();  // data-parallel: rank 0 writes and reports
   if (!dir.empty() && writer) {
     plan_.save(dir + "/pruning_plan.json");
     nlohmann::json shapes = nlohmann::json::array();
@@ -296,8 +307,9 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
     std::ofstream(dir + "/pruning.jsonl", std::ios::app) << j.dump() << "\n";
   }
   if (options_.verbose() && writer)
-    std::cout << fmt::format("pruning step {} of {} at epoch {} (MACs per sample; times for a batch of {}):\n", step + 1,
-                             options_.epochs().size(), epoch, example_.size())
+    std::cout << fmt::format(
+                     "pruning step {} of {} at epoch {} (MACs per sample; times for a batch of {}):\n",
+                     step + 1, options_.epochs().size(), epoch, example_.size())
               << report.table() << std::flush;
   reports_.push_back(std::move(report));
 }
@@ -341,15 +353,20 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
   for (const auto& l : d.pruner().ignored_layers()) ignored += (ignored.empty() ? "" : ",") + l;
   c.declare("prune.epochs", epochs, "epochs (0-based) at whose start a pruning step runs ([] = no pruning)");
   c.declare("prune.ratio", d.ratio(), "channel fraction removed in total by the last step");
-  c.declare("prune.target_macs", d.target_macs(), "if > 0: prune to this fraction of the original MACs instead");
+  c.declare("prune.target_macs", d.target_macs(),
+            "if > 0: prune to this fraction of the original MACs instead");
   c.declare("prune.importance", to_string(d.pruner().importance()), "l1 | l2 | bn_scale | taylor | random");
-  c.declare("prune.global", d.pruner().global_ranking(), "rank channels across layers (else each group loses the ratio)");
-  c.declare("prune.max_ratio", d.pruner().max_ratio(), "no group loses more than this fraction of its channels");
+  c.declare("prune.global", d.pruner().global_ranking(),
+            "rank channels across layers (else each group loses the ratio)");
+  c.declare("prune.max_ratio", d.pruner().max_ratio(),
+            "no group loses more than this fraction of its channels");
   c.declare("prune.round_to", d.pruner().round_to(), "remaining channels rounded down to a multiple of this");
   c.declare("prune.ignored", ignored, "comma-separated layers whose shapes stay (e.g. \"stem,fc\")");
   c.declare("prune.taylor_batches", d.taylor_batches(), "batches whose gradients feed taylor importance");
-  c.declare("prune.sparsity_l1", d.sparsity_l1(), "L1 on batch-norm scales before pruning (network slimming; 0 = off)");
-  c.declare("prune.timing_steps", d.timing_steps(), "steps timed before/after each pruning step (0 = no timing)");
+  c.declare("prune.sparsity_l1", d.sparsity_l1(),
+            "L1 on batch-norm scales before pruning (network slimming; 0 = off)");
+  c.declare("prune.timing_steps", d.timing_steps(),
+            "steps timed before/after each pruning step (0 = no timing)");
   c.declare("prune.eval", d.eval(), "evaluate before/after each pruning step on: val | test | none");
   c.declare("prune.seed", static_cast<int64_t>(d.pruner().seed()), "seed of random importance");
 }

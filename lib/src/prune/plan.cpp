@@ -25,11 +25,12 @@ Plan::Plan(std::vector<PlanEntry> entries) : entries_(std::move(entries)) {
   std::set<std::pair<std::string, int64_t>> seen;
   for (const PlanEntry& e : entries_) {
     EMBER_CHECK(seen.emplace(e.name, e.dim).second, "[prune::Plan] {} dim {} appears twice", e.name, e.dim);
-    EMBER_CHECK(!e.keep.empty(), "[prune::Plan] {} dim {}: keeps no channel (a layer cannot be emptied)", e.name,
-                e.dim);
+    EMBER_CHECK(!e.keep.empty(), "[prune::Plan] {} dim {}: keeps no channel (a layer cannot be emptied)",
+                e.name, e.dim);
     for (size_t i = 0; i < e.keep.size(); ++i)
       EMBER_CHECK(e.keep[i] >= 0 && e.keep[i] < e.size && (i == 0 || e.keep[i] > e.keep[i - 1]),
-                  "[prune::Plan] {} dim {}: kept indices must be ascending in [0, {})", e.name, e.dim, e.size);
+                  "[prune::Plan] {} dim {}: kept indices must be ascending in [0, {})", e.name, e.dim,
+                  e.size);
   }
 }
 
@@ -46,8 +47,8 @@ Plan Plan::then(const Plan& next) const {
     } else {
       const PlanEntry& f = *it->second;
       EMBER_CHECK(static_cast<int64_t>(f.keep.size()) == n.size,
-                  "[prune::Plan::then] {} dim {}: the second plan expects size {}, the first leaves {}", n.name,
-                  n.dim, n.size, f.keep.size());
+                  "[prune::Plan::then] {} dim {}: the second plan expects size {}, the first leaves {}",
+                  n.name, n.dim, n.size, f.keep.size());
       PlanEntry c{n.name, n.dim, f.size, {}};
       for (int64_t k : n.keep) c.keep.push_back(f.keep[k]);
       out.push_back(std::move(c));
@@ -76,22 +77,26 @@ Plan Plan::from_json(const std::string& text) {
   } catch (const std::exception& e) {
     detail::fail("[prune::Plan::from_json] not valid JSON: {}", e.what());
   }
-  EMBER_CHECK(j.is_object() && j.value("format", "") == "ember.pruning_plan",
-              "[prune::Plan::from_json] not an Ember pruning plan (expected \"format\": \"ember.pruning_plan\")");
-  EMBER_CHECK(j.value("version", 0) == 1, "[prune::Plan::from_json] plan version {} is not supported (this build reads 1)",
+  EMBER_CHECK(
+      j.is_object() && j.value("format", "") == "ember.pruning_plan",
+      "[prune::Plan::from_json] not an Ember pruning plan (expected \"format\": \"ember.pruning_plan\")");
+  EMBER_CHECK(j.value("version", 0) == 1,
+              "[prune::Plan::from_json] plan version {} is not supported (this build reads 1)",
               j.value("version", 0));
   std::vector<PlanEntry> entries;
   try {
     for (const auto& e : j.at("entries"))
-      entries.push_back({e.at("name").get<std::string>(), e.at("dim").get<int64_t>(), e.at("size").get<int64_t>(),
-                         e.at("keep").get<std::vector<int64_t>>()});
+      entries.push_back({e.at("name").get<std::string>(), e.at("dim").get<int64_t>(),
+                         e.at("size").get<int64_t>(), e.at("keep").get<std::vector<int64_t>>()});
   } catch (const nlohmann::json::exception& e) {
     detail::fail("[prune::Plan::from_json] malformed entry: {}", e.what());
   }
   return Plan(std::move(entries));
 }
 
-void Plan::save(const std::string& path) const { core::write_file_atomic(path, to_json()); }
+void Plan::save(const std::string& path) const {
+  core::write_file_atomic(path, to_json());
+}
 
 Plan Plan::load(const std::string& path) {
   try {
@@ -104,17 +109,19 @@ Plan Plan::load(const std::string& path) {
 namespace {
 
 bool supported_state(torch::optim::OptimizerParamState& state) {
-  return dynamic_cast<torch::optim::SGDParamState*>(&state) || dynamic_cast<torch::optim::AdamParamState*>(&state) ||
+  return dynamic_cast<torch::optim::SGDParamState*>(&state) ||
+         dynamic_cast<torch::optim::AdamParamState*>(&state) ||
          dynamic_cast<torch::optim::AdamWParamState*>(&state) ||
          dynamic_cast<torch::optim::RMSpropParamState*>(&state) ||
          dynamic_cast<torch::optim::AdagradParamState*>(&state);
 }
 
 void check_state_type(torch::optim::OptimizerParamState& state, const std::string& name) {
-  EMBER_CHECK(supported_state(state),
-              "[prune::apply_plan] {}: cannot slice the state of this optimizer (SGD, Adam, AdamW, RMSprop and "
-              "Adagrad are supported); prune before creating it, or between runs",
-              name);
+  EMBER_CHECK(
+      supported_state(state),
+      "[prune::apply_plan] {}: cannot slice the state of this optimizer (SGD, Adam, AdamW, RMSprop and "
+      "Adagrad are supported); prune before creating it, or between runs",
+      name);
 }
 
 /// Checks, before anything changes, that a layer can take its tensor `name`'s new `shape`.
@@ -122,30 +129,37 @@ void check_layer(const torch::nn::Module& m, const std::string& name, const std:
   const auto conv_groups = [&](int64_t out_channels, int64_t groups) {
     if (groups == 1 || !(name.size() >= 7 && name.compare(name.size() - 7, 7, ".weight") == 0)) return;
     const int64_t per_group = out_channels / groups;
-    EMBER_CHECK(shape[0] % per_group == 0,
-                "[prune::apply_plan] {}: a conv with {} groups would keep {} output channels, not whole groups of {}",
-                name, groups, shape[0], per_group);
+    EMBER_CHECK(
+        shape[0] % per_group == 0,
+        "[prune::apply_plan] {}: a conv with {} groups would keep {} output channels, not whole groups of {}",
+        name, groups, shape[0], per_group);
   };
-  if (auto* c1 = dynamic_cast<const torch::nn::Conv1dImpl*>(&m)) conv_groups(c1->options.out_channels(), c1->options.groups());
-  if (auto* c2 = dynamic_cast<const torch::nn::Conv2dImpl*>(&m)) conv_groups(c2->options.out_channels(), c2->options.groups());
-  if (auto* c3 = dynamic_cast<const torch::nn::Conv3dImpl*>(&m)) conv_groups(c3->options.out_channels(), c3->options.groups());
+  if (auto* c1 = dynamic_cast<const torch::nn::Conv1dImpl*>(&m))
+    conv_groups(c1->options.out_channels(), c1->options.groups());
+  if (auto* c2 = dynamic_cast<const torch::nn::Conv2dImpl*>(&m))
+    conv_groups(c2->options.out_channels(), c2->options.groups());
+  if (auto* c3 = dynamic_cast<const torch::nn::Conv3dImpl*>(&m))
+    conv_groups(c3->options.out_channels(), c3->options.groups());
   if (auto* n = dynamic_cast<const torch::nn::LayerNormImpl*>(&m))
     EMBER_CHECK(n->options.normalized_shape().size() == 1 && n->weight.defined(),
-                "[prune::apply_plan] {}: only a LayerNorm over one dimension, with weights, can be resized", name);
+                "[prune::apply_plan] {}: only a LayerNorm over one dimension, with weights, can be resized",
+                name);
   if (auto* g = dynamic_cast<const torch::nn::GroupNormImpl*>(&m)) {
     const int64_t per = g->options.num_channels() / g->options.num_groups();
-    EMBER_CHECK(shape[0] % per == 0, "[prune::apply_plan] {}: GroupNorm would keep {} channels, not whole groups of {}",
-                name, shape[0], per);
+    EMBER_CHECK(shape[0] % per == 0,
+                "[prune::apply_plan] {}: GroupNorm would keep {} channels, not whole groups of {}", name,
+                shape[0], per);
   }
 }
 
 /// Slices the optimizer state of one parameter whose dim `dim` keeps `index`.
-void slice_state(torch::optim::OptimizerParamState& state, const std::string& name, const c10::IntArrayRef old_sizes,
-                 int64_t dim, const torch::Tensor& index) {
+void slice_state(torch::optim::OptimizerParamState& state, const std::string& name,
+                 const c10::IntArrayRef old_sizes, int64_t dim, const torch::Tensor& index) {
   const auto cut = [&](torch::Tensor& t) {
     if (!t.defined() || t.numel() == 0) return;
-    EMBER_CHECK(t.sizes() == old_sizes, "[prune::apply_plan] optimizer state of {} has shape {}, the parameter {}", name,
-                t.sizes(), old_sizes);
+    EMBER_CHECK(t.sizes() == old_sizes,
+                "[prune::apply_plan] optimizer state of {} has shape {}, the parameter {}", name, t.sizes(),
+                old_sizes);
     t = t.index_select(dim, index.to(t.device()));
   };
   if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
@@ -181,8 +195,8 @@ bool resize_conv(torch::nn::Module& m) {
     return true;
   }
   EMBER_CHECK(out % per_group_out == 0,
-              "[prune::apply_plan] conv with {} groups keeps {} output channels: not whole groups of {}", o.groups(), out,
-              per_group_out);
+              "[prune::apply_plan] conv with {} groups keeps {} output channels: not whole groups of {}",
+              o.groups(), out, per_group_out);
   const int64_t groups = out / per_group_out;
   o.groups(groups).out_channels(out).in_channels(groups * c->weight.size(1));
   return true;
@@ -192,8 +206,10 @@ template <typename Norm>
 bool resize_batch_norm(torch::nn::Module& m) {
   auto* b = dynamic_cast<Norm*>(&m);
   if (!b) return false;
-  if (b->weight.defined()) b->options.num_features(b->weight.size(0));
-  else if (b->running_mean.defined()) b->options.num_features(b->running_mean.size(0));
+  if (b->weight.defined())
+    b->options.num_features(b->weight.size(0));
+  else if (b->running_mean.defined())
+    b->options.num_features(b->running_mean.size(0));
   return true;
 }
 
@@ -214,7 +230,8 @@ void resize_layer(torch::nn::Module& m) {
     n->options.normalized_shape({n->weight.size(0)});
   } else if (auto* g = dynamic_cast<torch::nn::GroupNormImpl*>(&m)) {
     const int64_t c = g->weight.size(0), per = g->options.num_channels() / g->options.num_groups();
-    EMBER_CHECK(c % per == 0, "[prune::apply_plan] GroupNorm keeps {} channels: not whole groups of {}", c, per);
+    EMBER_CHECK(c % per == 0, "[prune::apply_plan] GroupNorm keeps {} channels: not whole groups of {}", c,
+                per);
     g->options.num_groups(c / per).num_channels(c);
   } else if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(&m)) {
     e->options.num_embeddings(e->weight.size(0)).embedding_dim(e->weight.size(1));
@@ -247,16 +264,18 @@ void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimi
   for (const PlanEntry& e : plan.entries()) {
     auto it = by_name.find(e.name);
     EMBER_CHECK(it != by_name.end(),
-                "[prune::apply_plan] the plan prunes {}, which this model does not have (was the plan made for another "
+                "[prune::apply_plan] the plan prunes {}, which this model does not have (was the plan made "
+                "for another "
                 "model or config?)",
                 e.name);
     const torch::Tensor& t = it->second.tensor;
-    EMBER_CHECK(e.dim >= 0 && e.dim < t.dim(), "[prune::apply_plan] {} has {} dims; the plan prunes dim {}", e.name,
-                t.dim(), e.dim);
-    EMBER_CHECK(t.size(e.dim) == e.size,
-                "[prune::apply_plan] {} dim {} has size {}, the plan was made for size {} (apply a plan to the model "
-                "as constructed, before loading pruned weights, and only once)",
-                e.name, e.dim, t.size(e.dim), e.size);
+    EMBER_CHECK(e.dim >= 0 && e.dim < t.dim(), "[prune::apply_plan] {} has {} dims; the plan prunes dim {}",
+                e.name, t.dim(), e.dim);
+    EMBER_CHECK(
+        t.size(e.dim) == e.size,
+        "[prune::apply_plan] {} dim {} has size {}, the plan was made for size {} (apply a plan to the model "
+        "as constructed, before loading pruned weights, and only once)",
+        e.name, e.dim, t.size(e.dim), e.size);
     per_tensor[e.name].push_back(&e);
   }
   for (const auto& [name, entries] : per_tensor) {

@@ -24,11 +24,16 @@ Importance importance_from_string(const std::string& name) {
 
 std::string to_string(Importance importance) {
   switch (importance) {
-    case Importance::kL1: return "l1";
-    case Importance::kL2: return "l2";
-    case Importance::kNormScale: return "bn_scale";
-    case Importance::kTaylor: return "taylor";
-    case Importance::kRandom: return "random";
+    case Importance::kL1:
+      return "l1";
+    case Importance::kL2:
+      return "l2";
+    case Importance::kNormScale:
+      return "bn_scale";
+    case Importance::kTaylor:
+      return "taylor";
+    case Importance::kRandom:
+      return "random";
   }
   return "?";
 }
@@ -52,19 +57,26 @@ std::vector<torch::Tensor> importance(const DependencyGraph& graph, Importance c
       torch::Tensor a;
       switch (criterion) {
         case Importance::kL1:
-        case Importance::kNormScale: a = w.abs(); break;
-        case Importance::kL2: a = w * w; break;
+        case Importance::kNormScale:
+          a = w.abs();
+          break;
+        case Importance::kL2:
+          a = w * w;
+          break;
         case Importance::kTaylor: {
           const torch::Tensor grad = td.tensor.grad();
-          if (!grad.defined() && !td.tensor.requires_grad()) continue;  // a frozen layer: no evidence either way
-          EMBER_CHECK(grad.defined(),
-                      "[prune::importance] taylor needs gradients, and {} has none: run forward and backward on a "
-                      "few batches first (the pruning callback does: prune.taylor_batches)",
-                      td.name);
+          if (!grad.defined() && !td.tensor.requires_grad())
+            continue;  // a frozen layer: no evidence either way
+          EMBER_CHECK(
+              grad.defined(),
+              "[prune::importance] taylor needs gradients, and {} has none: run forward and backward on a "
+              "few batches first (the pruning callback does: prune.taylor_batches)",
+              td.name);
           a = (w * grad.detach().to(torch::kCPU, torch::kDouble)).abs();
           break;
         }
-        case Importance::kRandom: break;
+        case Importance::kRandom:
+          break;
       }
       // One score per position of the dimension: sum over every other dimension.
       const torch::Tensor per_pos = a.dim() == 1 ? a : a.movedim(td.dim, 0).flatten(1).sum(1);
@@ -86,8 +98,11 @@ std::string PruneResult::table() const {
   for (const ShapeChange& c : changes)
     s += fmt::format("{:<{}}{:<22}{}\n", c.name, width, fmt::format("[{}]", fmt::join(c.before, ", ")),
                      fmt::format("[{}]", fmt::join(c.after, ", ")));
-  const auto ratio = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
-  s += fmt::format("MACs    {:>14} -> {:>14}  ({:.2f}x fewer)\n", before.macs, after.macs, ratio(before.macs, after.macs));
+  const auto ratio = [](int64_t a, int64_t b) {
+    return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0;
+  };
+  s += fmt::format("MACs    {:>14} -> {:>14}  ({:.2f}x fewer)\n", before.macs, after.macs,
+                   ratio(before.macs, after.macs));
   s += fmt::format("params  {:>14} -> {:>14}  ({:.2f}x fewer)\n", before.params, after.params,
                    ratio(before.params, after.params));
   for (const std::string& w : warnings) s += "note: " + w + "\n";
@@ -109,7 +124,8 @@ void Pruner::resume(Plan applied, double ratio, core::ModelCost original) {
 }
 
 Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
-  const auto scores = importance(graph, options_.importance(), options_.seed() + static_cast<uint64_t>(steps_));
+  const auto scores =
+      importance(graph, options_.importance(), options_.seed() + static_cast<uint64_t>(steps_));
   std::map<std::pair<std::string, int64_t>, int64_t> original_size;
   for (const PlanEntry& e : plan_.entries()) original_size[{e.name, e.dim}] = e.size;
 
@@ -126,7 +142,8 @@ Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
     auto it = original_size.find({ref.name, ref.dim});
     const int64_t original = it != original_size.end() && current == ref.size ? it->second : current;
     const auto min_keep = std::max<int64_t>(
-        g.unit_width, static_cast<int64_t>(std::ceil(static_cast<double>(original) * (1.0 - options_.max_ratio()) - 1e-9)));
+        g.unit_width,
+        static_cast<int64_t>(std::ceil(static_cast<double>(original) * (1.0 - options_.max_ratio()) - 1e-9)));
     cands.push_back({i, g.num_units, g.unit_width, original, min_keep});
   }
 
@@ -134,7 +151,8 @@ Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
   std::map<size_t, int64_t> keep_channels;
   if (!options_.global_ranking()) {
     for (const Candidate& c : cands)
-      keep_channels[c.group] = static_cast<int64_t>(std::floor(static_cast<double>(c.original) * (1.0 - ratio) + 1e-9));
+      keep_channels[c.group] =
+          static_cast<int64_t>(std::floor(static_cast<double>(c.original) * (1.0 - ratio) + 1e-9));
   } else {
     // Scores normalised by their group's mean; the lowest go first, each group within its bounds.
     struct Unit {
@@ -153,7 +171,8 @@ Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
       target_units += static_cast<int64_t>(
           std::floor(static_cast<double>(cands[ci].original / cands[ci].width) * (1.0 - ratio) + 1e-9));
     }
-    std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.score < b.score; });
+    std::stable_sort(units.begin(), units.end(),
+                     [](const Unit& a, const Unit& b) { return a.score < b.score; });
     std::vector<int64_t> left(cands.size());
     for (size_t ci = 0; ci < cands.size(); ++ci) left[ci] = cands[ci].units;
     int64_t to_remove = total_units - target_units;
@@ -171,7 +190,8 @@ Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
   std::vector<std::vector<int64_t>> remove(graph.groups().size());
   for (const Candidate& c : cands) {
     const int64_t r = options_.round_to();
-    const int64_t min_keep = r > 1 ? (c.min_keep + r - 1) / r * r : c.min_keep;  // rounding never breaks max_ratio
+    const int64_t min_keep =
+        r > 1 ? (c.min_keep + r - 1) / r * r : c.min_keep;  // rounding never breaks max_ratio
     int64_t keep = std::max(keep_channels[c.group], min_keep);
     if (r > 1) {
       keep -= keep % r;
@@ -198,7 +218,8 @@ Plan make_plan(const DependencyGraph& graph, const std::vector<std::vector<int64
                 "[prune::make_plan] group {} has {} units; asked to remove unit {}", g.name, g.num_units,
                 *gone.begin() < 0 ? *gone.begin() : *gone.rbegin());
     EMBER_CHECK(static_cast<int64_t>(gone.size()) < g.num_units,
-                "[prune::make_plan] group {}: removing all {} units would empty its layers", g.name, g.num_units);
+                "[prune::make_plan] group {}: removing all {} units would empty its layers", g.name,
+                g.num_units);
     for (const Group::Member& m : g.members)
       for (size_t p = 0; p < m.unit_of.size(); ++p)
         if (m.unit_of[p] >= 0 && gone.count(m.unit_of[p])) removed[m.dim].insert(static_cast<int64_t>(p));
@@ -211,8 +232,9 @@ Plan make_plan(const DependencyGraph& graph, const std::vector<std::vector<int64
       if (!gone.count(p)) e.keep.push_back(p);
     entries.push_back(std::move(e));
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const PlanEntry& a, const PlanEntry& b) { return std::tie(a.name, a.dim) < std::tie(b.name, b.dim); });
+  std::sort(entries.begin(), entries.end(), [](const PlanEntry& a, const PlanEntry& b) {
+    return std::tie(a.name, a.dim) < std::tie(b.name, b.dim);
+  });
   return Plan(std::move(entries));
 }
 
@@ -243,7 +265,8 @@ PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
   const auto shapes_before = parameter_shapes(model_);
   {
     const DependencyGraph graph = DependencyGraph::build(
-        model_, forward_, GraphOptions().ignored_layers(options_.ignored_layers()).print_warnings(options_.print_warnings()));
+        model_, forward_,
+        GraphOptions().ignored_layers(options_.ignored_layers()).print_warnings(options_.print_warnings()));
     result.warnings = graph.warnings();
     result.plan = select(graph, ratio);
   }
@@ -251,11 +274,12 @@ PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
   try {
     result.after = core::count_cost(model_, forward_);
   } catch (const std::exception& e) {
-    detail::fail("[prune::Pruner::step] the pruned model's forward pass fails ({}); the model is left pruned "
-                 "and inconsistent. Usual causes: a chunk/split of pruned channels with sizes fixed in code (the "
-                 "tracer assumes chunk(n), computed at run time), or a size kept in a custom module's own members. "
-                 "Add that layer to ignored_layers.",
-                 std::string(e.what()).substr(0, 300));
+    detail::fail(
+        "[prune::Pruner::step] the pruned model's forward pass fails ({}); the model is left pruned "
+        "and inconsistent. Usual causes: a chunk/split of pruned channels with sizes fixed in code (the "
+        "tracer assumes chunk(n), computed at run time), or a size kept in a custom module's own members. "
+        "Add that layer to ignored_layers.",
+        std::string(e.what()).substr(0, 300));
   }
   result.changes = diff(shapes_before, parameter_shapes(model_));
   plan_ = plan_.then(result.plan);
@@ -264,7 +288,8 @@ PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
   return result;
 }
 
-PruneResult Pruner::prune_to(Target target, double fraction, torch::optim::Optimizer* optimizer, double increment) {
+PruneResult Pruner::prune_to(Target target, double fraction, torch::optim::Optimizer* optimizer,
+                             double increment) {
   EMBER_CHECK(fraction > 0.0 && fraction <= 1.0, "[prune::Pruner::prune_to] fraction {} must be in (0, 1]",
               fraction);
   EMBER_CHECK(increment > 0.0 && increment < 1.0, "[prune::Pruner::prune_to] increment {} must be in (0, 1)",
@@ -285,11 +310,12 @@ PruneResult Pruner::prune_to(Target target, double fraction, torch::optim::Optim
       if (std::find(total.warnings.begin(), total.warnings.end(), w) == total.warnings.end())
         total.warnings.push_back(w);
     if (r >= 1.0 - 1e-6) {
-      total.warnings.push_back(fmt::format("[prune::Pruner::prune_to] stopped at {} of the original {}: nothing "
-                                           "more can be removed (max_ratio, ignored layers, unprunable channels)",
-                                           static_cast<double>(measure(total.after)) /
-                                               static_cast<double>(std::max<int64_t>(1, measure(original_))),
-                                           target == Target::kMacs ? "MACs" : "parameters"));
+      total.warnings.push_back(
+          fmt::format("[prune::Pruner::prune_to] stopped at {} of the original {}: nothing "
+                      "more can be removed (max_ratio, ignored layers, unprunable channels)",
+                      static_cast<double>(measure(total.after)) /
+                          static_cast<double>(std::max<int64_t>(1, measure(original_))),
+                      target == Target::kMacs ? "MACs" : "parameters"));
       break;
     }
   }

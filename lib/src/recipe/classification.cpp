@@ -9,9 +9,10 @@ namespace ember::recipe {
 
 std::function<data::Batch(data::Batch)> augment_transform(augment::AugmentOptions options, uint64_t seed) {
   return [options = std::move(options), seed](data::Batch b) {
-    EMBER_CHECK(b.index.defined() && b.index.size(0) == b.size(),
-                "[recipe::augment_transform] the batch has no sample indices (batch.index); use a loader that "
-                "fills them (data::TensorLoader does)");
+    EMBER_CHECK(
+        b.index.defined() && b.index.size(0) == b.size(),
+        "[recipe::augment_transform] the batch has no sample indices (batch.index); use a loader that "
+        "fills them (data::TensorLoader does)");
     b.input = augment::augment(b.input, b.index, options, seed, b.epoch).images;
     return b;
   };
@@ -27,7 +28,8 @@ augment::MixResult mix_batch(const data::Batch& batch, int64_t num_classes, cons
   torch::Tensor params = torch::zeros({batch.size(), augment::kNumMixParams}, torch::kFloat32);
   params.select(1, augment::kMixLambda).fill_(1.0f);
   return {batch.input,
-          augment::one_hot_targets(batch.target, num_classes, mix.label_smoothing(), batch.input.device()), params};
+          augment::one_hot_targets(batch.target, num_classes, mix.label_smoothing(), batch.input.device()),
+          params};
 }
 
 void declare_classification_keys(core::Config& c, const ClassificationOptions& d) {
@@ -36,7 +38,8 @@ void declare_classification_keys(core::Config& c, const ClassificationOptions& d
   c.declare("data.train_subset", d.train_subset(), "use the first N training images (0 = all)");
   c.declare("data.test_subset", d.test_subset(), "use the first N test images (0 = all)");
   c.declare("data.val_size", d.val_size(), "hold out the last N training images for validation");
-  c.declare("data.prefetch", d.prefetch(), "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)");
+  c.declare("data.prefetch", d.prefetch(),
+            "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)");
   c.declare("data.resident", d.resident(), "on a GPU, keep the uint8 dataset in device memory");
   augment::declare_augment_keys(c, d.augment(), d.mix());
 }
@@ -58,14 +61,16 @@ ClassificationOptions classification_options_from_config(const core::Config& c, 
                    "[recipe] data.batch_size={} and data.eval_batch_size={} must be >= 1", o.batch_size(),
                    o.eval_batch_size());
   EMBER_CHECK_KIND(kConfig, o.train_subset() >= 0 && o.test_subset() >= 0,
-                   "[recipe] data.train_subset={} and data.test_subset={} must be >= 0 (0 = all)", o.train_subset(),
-                   o.test_subset());
+                   "[recipe] data.train_subset={} and data.test_subset={} must be >= 0 (0 = all)",
+                   o.train_subset(), o.test_subset());
   return o.augment(augment::augment_options_from_config(c)).mix(augment::mix_options_from_config(c));
 }
 
 namespace {
 // 0 (the config's "all") -> -1 (TensorDataset::head's "all").
-int64_t all_if_zero(int64_t n) { return n > 0 ? n : -1; }
+int64_t all_if_zero(int64_t n) {
+  return n > 0 ? n : -1;
+}
 }  // namespace
 
 ClassificationTask::ClassificationTask(torch::nn::AnyModule model, ClassificationData d,
@@ -74,7 +79,8 @@ ClassificationTask::ClassificationTask(torch::nn::AnyModule model, Classificatio
   const torch::Device device = o.device();
   const uint64_t seed = o.seed();
   EMBER_CHECK(!model_.is_empty(), "[recipe::ClassificationTask] no model");
-  EMBER_CHECK(d.num_classes >= 1, "[recipe::ClassificationTask] num_classes must be >= 1, got {}", d.num_classes);
+  EMBER_CHECK(d.num_classes >= 1, "[recipe::ClassificationTask] num_classes must be >= 1, got {}",
+              d.num_classes);
   model_.ptr()->to(device);
   const auto train_options = data::TensorLoaderOptions()
                                  .batch_size(o.batch_size())
@@ -91,11 +97,13 @@ ClassificationTask::ClassificationTask(torch::nn::AnyModule model, Classificatio
       data::SplitLoaderOptions()
           .val_size(o.val_size())
           .train(data::with_batch_transform(train_options, augment_transform(o.augment(), seed)))
-          .eval(data::with_batch_transform(eval_options, augment_transform(augment::eval_options(o.augment()), seed))));
+          .eval(data::with_batch_transform(eval_options,
+                                           augment_transform(augment::eval_options(o.augment()), seed))));
   train_ = std::move(l.train), val_ = std::move(l.val), test_ = std::move(l.test);
 }
 
-std::unique_ptr<ClassificationTask> ClassificationTask::from_config(const core::Config& c, torch::Device device,
+std::unique_ptr<ClassificationTask> ClassificationTask::from_config(const core::Config& c,
+                                                                    torch::Device device,
                                                                     torch::nn::AnyModule model,
                                                                     ClassificationData data) {
   return std::make_unique<ClassificationTask>(std::move(model), std::move(data),

@@ -9,8 +9,8 @@
 #include "core/check.h"
 #include "ember/core/device.h"
 #include "ember/core/file.h"
-#include "ember/recipe/host_malloc.h"
 #include "ember/dist/keys.h"
+#include "ember/recipe/host_malloc.h"
 #include "recipe/runner.h"
 
 namespace ember::recipe::detail {
@@ -29,12 +29,14 @@ Processes start_processes(core::Config& config, const std::string& recipe_name) 
   Processes p;
   p.env = dist::launch_env();
   if (config.get_bool("run.malloc_tuning")) recipe::tune_host_malloc();
-  if (config.get_int("trainer.threads") > 0) at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
+  if (config.get_int("trainer.threads") > 0)
+    at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
   p.device = core::resolve_device(config.get_string("trainer.device"));
   const std::string fresh_dir = "run.dir=runs/" + recipe_name + "-" + timestamp();
   if (p.env.distributed()) {
     // One GPU per rank: cuda:LOCAL_RANK (trainer.device=cpu keeps every rank on the CPU).
-    if (p.device.is_cuda()) p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.env.local_rank));
+    if (p.device.is_cuda())
+      p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.env.local_rank));
     p.group = dist::ProcessGroup::create(p.env, dist::process_group_options_from_config(config, p.device));
     // Rank 0 names the run folder, so that every rank uses (and hashes) the same.
     if (config.get_string("run.dir").empty()) {

@@ -65,13 +65,15 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const train::F
     if (first.train_step_ms_before > 0 && last.train_step_ms_after > 0) {
       summary.extra["train_step_speedup"] = first.train_step_ms_before / last.train_step_ms_after;
       summary.extra["inference_speedup"] = first.infer_ms_before / last.infer_ms_after;
-      speed = fmt::format(", train step {:.2f}x, inference {:.2f}x faster", summary.extra["train_step_speedup"],
-                          summary.extra["inference_speedup"]);
+      speed = fmt::format(", train step {:.2f}x, inference {:.2f}x faster",
+                          summary.extra["train_step_speedup"], summary.extra["inference_speedup"]);
     }
-    if (first.eval_after.samples > 0) summary.extra["pruned_test_accuracy_before_finetune"] = first.eval_after.accuracy;
+    if (first.eval_after.samples > 0)
+      summary.extra["pruned_test_accuracy_before_finetune"] = first.eval_after.accuracy;
   }
   std::cout << fmt::format(
-      "prune_finetune: dense test accuracy {:.4f} -> pruned and fine-tuned {:.4f} ({:+.2f} points); MACs per image "
+      "prune_finetune: dense test accuracy {:.4f} -> pruned and fine-tuned {:.4f} ({:+.2f} points); MACs per "
+      "image "
       "{:.2f}M -> {:.2f}M ({:.2f}x fewer), parameters {} -> {}{}\n",
       dense_acc, test.accuracy, 100.0 * (test.accuracy - dense_acc), static_cast<double>(before.macs) / 1e6,
       static_cast<double>(after.macs) / 1e6, mac_ratio, before.params, after.params, speed);

@@ -50,9 +50,9 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
     options.handle_signals(true);
   train::Trainer trainer(options);
   // Only the writer (rank 0) reports and writes; the other ranks train silently.
-  const std::shared_ptr<monitor::Monitor> mon = p.writer()
-                                                    ? monitor::add_monitoring(trainer, config, p.run_dir)
-                                                    : std::make_shared<monitor::Monitor>(monitor::MonitorOptions{});
+  const std::shared_ptr<monitor::Monitor> mon =
+      p.writer() ? monitor::add_monitoring(trainer, config, p.run_dir)
+                 : std::make_shared<monitor::Monitor>(monitor::MonitorOptions{});
   if (auto es = train::early_stopping_options_from_config(config))
     trainer.add_callback(std::make_shared<train::EarlyStopping>(*es));
   if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config);
@@ -61,10 +61,10 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
         std::make_shared<dist::DistributedDataParallel>(p.group, dist::ddp_options_from_config(config)));
 
   if (p.writer())
-    std::cerr << fmt::format("{}: {} parameters on {}{}, run folder {}\n", spec.name,
-                             train::count_parameters(*task->model()), core::describe_device(p.device),
-                             p.group ? fmt::format(" x {} ranks ({})", p.env.world_size, p.group->backend()) : "",
-                             p.run_dir);
+    std::cerr << fmt::format(
+        "{}: {} parameters on {}{}, run folder {}\n", spec.name, train::count_parameters(*task->model()),
+        core::describe_device(p.device),
+        p.group ? fmt::format(" x {} ranks ({})", p.env.world_size, p.group->backend()) : "", p.run_dir);
   train::FitResult fit;
   try {
     fit = trainer.fit(*task);
@@ -101,7 +101,9 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
   return 0;
 }
 
-int exit_status(const Error& e) { return e.kind() == ErrorKind::kConfig ? 2 : 1; }
+int exit_status(const Error& e) {
+  return e.kind() == ErrorKind::kConfig ? 2 : 1;
+}
 
 }  // namespace
 

@@ -44,8 +44,9 @@ struct Processes {
 Processes start_processes(core::Config& config, const std::string& recipe_name);
 
 /// summary.json's content from a finished fit (before testing).
-RunSummary summarize(const std::string& recipe, const Processes& processes, const train::TrainerOptions& options,
-                     const train::FitResult& fit, torch::nn::Module& model);
+RunSummary summarize(const std::string& recipe, const Processes& processes,
+                     const train::TrainerOptions& options, const train::FitResult& fit,
+                     torch::nn::Module& model);
 /// The last line on stdout: test accuracy and loss, the extra numbers, epochs, speed, the summary's path.
 std::string result_line(const RunSummary& summary, bool has_test, const std::string& run_dir);
 

@@ -63,8 +63,9 @@ std::string result_line(const RunSummary& summary, bool has_test, const std::str
   if (summary.test_accuracy >= 0) line += fmt::format("test_accuracy={:.4f} ", summary.test_accuracy);
   if (has_test) line += fmt::format("test_loss={:.4f} ", summary.test_loss);
   for (const auto& [key, value] : summary.extra) line += fmt::format("{}={:.6g} ", key, value);
-  return line + fmt::format("epochs={} train_seconds={:.1f} samples_per_second={:.0f} summary={}/summary.json\n",
-                            summary.epochs, summary.train_seconds, summary.samples_per_second, run_dir);
+  return line +
+         fmt::format("epochs={} train_seconds={:.1f} samples_per_second={:.0f} summary={}/summary.json\n",
+                     summary.epochs, summary.train_seconds, summary.samples_per_second, run_dir);
 }
 
 }  // namespace detail

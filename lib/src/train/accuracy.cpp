@@ -15,8 +15,7 @@ namespace ember::train {
 namespace {
 
 void check_inputs(const torch::Tensor& logits, const torch::Tensor& targets) {
-  EMBER_CHECK(logits.dim() == 2, "[train::count_correct] logits must be [N, C], got {}D",
-              logits.dim());
+  EMBER_CHECK(logits.dim() == 2, "[train::count_correct] logits must be [N, C], got {}D", logits.dim());
   EMBER_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0),
               "[train::count_correct] targets must be [N] with N = {}, got [{}]", logits.size(0),
               fmt::join(targets.sizes(), ", "));
@@ -26,9 +25,8 @@ void check_inputs(const torch::Tensor& logits, const torch::Tensor& targets) {
   EMBER_CHECK(c10::isIntegralType(targets.scalar_type(), /*includeBool=*/false),
               "[train::count_correct] targets must be integer class indices, got {}",
               c10::toString(targets.scalar_type()));
-  EMBER_CHECK(logits.device() == targets.device(),
-              "[train::count_correct] logits on {} but targets on {}", logits.device().str(),
-              targets.device().str());
+  EMBER_CHECK(logits.device() == targets.device(), "[train::count_correct] logits on {} but targets on {}",
+              logits.device().str(), targets.device().str());
 }
 
 }  // namespace
@@ -50,20 +48,30 @@ torch::Tensor count_correct(const torch::Tensor& logits, const torch::Tensor& ta
   if (x.size(0) == 0 || x.size(1) == 0) return out;
   cuda::DType dtype;
   switch (x.scalar_type()) {
-    case torch::kFloat: dtype = cuda::DType::kFloat32; break;
-    case torch::kDouble: dtype = cuda::DType::kFloat64; break;
-    case torch::kHalf: dtype = cuda::DType::kFloat16; break;
-    case torch::kBFloat16: dtype = cuda::DType::kBFloat16; break;
-    default: return count_correct_reference(logits, targets);
+    case torch::kFloat:
+      dtype = cuda::DType::kFloat32;
+      break;
+    case torch::kDouble:
+      dtype = cuda::DType::kFloat64;
+      break;
+    case torch::kHalf:
+      dtype = cuda::DType::kFloat16;
+      break;
+    case torch::kBFloat16:
+      dtype = cuda::DType::kBFloat16;
+      break;
+    default:
+      return count_correct_reference(logits, targets);
   }
   cuda::launch_count_correct(x.data_ptr(), dtype, t.data_ptr<int64_t>(), x.size(0), x.size(1),
                              reinterpret_cast<unsigned long long*>(out.data_ptr<int64_t>()),
                              c10::cuda::getCurrentCUDAStream().stream());
   return out;
 #else
-  detail::fail("[train::count_correct] logits are on {}, but this Ember was built without CUDA "
-               "(EMBER_CUDA=OFF or no nvcc); rebuild with CUDA or move the tensors to the CPU",
-               logits.device().str());
+  detail::fail(
+      "[train::count_correct] logits are on {}, but this Ember was built without CUDA "
+      "(EMBER_CUDA=OFF or no nvcc); rebuild with CUDA or move the tensors to the CPU",
+      logits.device().str());
 #endif
 }
 

@@ -29,9 +29,9 @@ std::string Trainer::resolve_resume_path() const {
   }
   std::ifstream f(options_.resume());
   EMBER_CHECK_KIND(kCheckpoint, f.good(),
-              "[train::Trainer] trainer.resume={}: no such checkpoint (use auto to resume "
-              "from the run folder when one exists)",
-              options_.resume());
+                   "[train::Trainer] trainer.resume={}: no such checkpoint (use auto to resume "
+                   "from the run folder when one exists)",
+                   options_.resume());
   return options_.resume();
 }
 
@@ -91,9 +91,9 @@ void Trainer::load_checkpoint(const std::string& path) {
     root.load_from(path);
   } catch (const std::exception& e) {
     detail::fail(ErrorKind::kCheckpoint,
-        "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
-        "checkpoint ({}); remove it or point trainer.resume at another one",
-        path, std::string(e.what()).substr(0, 200));
+                 "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
+                 "checkpoint ({}); remove it or point trainer.resume at another one",
+                 path, std::string(e.what()).substr(0, 200));
   }
   torch::serialize::InputArchive model_archive, optim_archive, state, callbacks;
   try {
@@ -103,9 +103,9 @@ void Trainer::load_checkpoint(const std::string& path) {
     root.read("callbacks", callbacks);
   } catch (const std::exception& e) {
     detail::fail(ErrorKind::kCheckpoint,
-        "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
-        "trainer.resume at another one",
-        path, std::string(e.what()).substr(0, 200));
+                 "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
+                 "trainer.resume at another one",
+                 path, std::string(e.what()).substr(0, 200));
   }
   // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
   std::set<std::string> registered;
@@ -120,11 +120,12 @@ void Trainer::load_checkpoint(const std::string& path) {
     // E.g. a pruned model's weights would load into the full-size layers (the archive resizes tensors),
     // silently.
     torch::IValue required;
-    EMBER_CHECK_KIND(kCheckpoint, !unread.try_read(kRequiredKey, required) || !required.toBool(),
-                "[train::Trainer] checkpoint {} holds the state of callback '{}', which this run does not "
-                "register, and the checkpoint cannot load without it (the state changes the model: a pruning "
-                "plan, say): register it again (recipes: keep its keys, e.g. prune.*, as they were)",
-                path, key);
+    EMBER_CHECK_KIND(
+        kCheckpoint, !unread.try_read(kRequiredKey, required) || !required.toBool(),
+        "[train::Trainer] checkpoint {} holds the state of callback '{}', which this run does not "
+        "register, and the checkpoint cannot load without it (the state changes the model: a pruning "
+        "plan, say): register it again (recipes: keep its keys, e.g. prune.*, as they were)",
+        path, key);
     std::cerr << fmt::format(
         "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
         "not have; it is ignored\n",
@@ -135,9 +136,9 @@ void Trainer::load_checkpoint(const std::string& path) {
     optimizer_->load(optim_archive);
   } catch (const std::exception& e) {
     detail::fail(ErrorKind::kCheckpoint,
-        "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
-        "written by a different recipe or config?",
-        path, std::string(e.what()).substr(0, 300));
+                 "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
+                 "written by a different recipe or config?",
+                 path, std::string(e.what()).substr(0, 300));
   }
   torch::IValue v;
   state.read("epoch", v);

@@ -10,7 +10,8 @@ namespace ember::train {
 EarlyStoppingMetric parse_early_stopping_metric(const std::string& name) {
   if (name == "val_loss") return EarlyStoppingMetric::kValLoss;
   if (name == "val_accuracy") return EarlyStoppingMetric::kValAccuracy;
-  detail::fail(ErrorKind::kConfig, "[train::EarlyStopping] monitor={}: choose val_loss or val_accuracy", name);
+  detail::fail(ErrorKind::kConfig, "[train::EarlyStopping] monitor={}: choose val_loss or val_accuracy",
+               name);
 }
 
 const char* to_string(EarlyStoppingMetric metric) {
@@ -29,10 +30,12 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
 void EarlyStopping::on_validation_end(Trainer& trainer, int64_t epoch, const EvalResult& val) {
   const double value = maximize_ ? val.accuracy : val.loss;
   if (options_.check_finite() && !std::isfinite(value)) {
-    trainer.request_stop(fmt::format("early stopping: {} is {} at epoch {}", to_string(options_.monitor()), value, epoch + 1));
+    trainer.request_stop(
+        fmt::format("early stopping: {} is {} at epoch {}", to_string(options_.monitor()), value, epoch + 1));
     return;
   }
-  const bool improved = maximize_ ? value > best_ + options_.min_delta() : value < best_ - options_.min_delta();
+  const bool improved =
+      maximize_ ? value > best_ + options_.min_delta() : value < best_ - options_.min_delta();
   if (improved) {
     best_ = value;
     bad_epochs_ = 0;

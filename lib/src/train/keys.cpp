@@ -11,19 +11,23 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
                           const std::optional<EarlyStoppingOptions>& es) {
   c.declare("trainer.epochs", d.epochs(), "passes over the training data");
   c.declare("trainer.max_steps", d.max_steps(), "stop after this many optimizer steps (-1 = no limit)");
-  c.declare("trainer.accumulate_grad_batches", d.accumulate_grad_batches(), "batches summed into one optimizer step");
+  c.declare("trainer.accumulate_grad_batches", d.accumulate_grad_batches(),
+            "batches summed into one optimizer step");
   c.declare("trainer.clip_grad_norm", d.clip_grad_norm(), "clip the global gradient L2 norm (0 = off)");
   c.declare("trainer.precision", amp::to_string(d.precision()),
             "fp32, tf32 (CUDA), bf16-mixed or fp16-mixed (with loss scaling)");
-  c.declare("trainer.resume", d.resume(), "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
+  c.declare("trainer.resume", d.resume(),
+            "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
   c.declare("trainer.val_every", d.val_every(), "validate every N epochs (0 = never)");
   c.declare("trainer.checkpoint_every", d.checkpoint_every(),
             "checkpoint every N epochs (0 = at the end and on stop only)");
 
   const amp::GradScalerOptions& g = d.grad_scaler();
   c.declare("amp.init_scale", g.init_scale(), "fp16-mixed: initial loss scale");
-  c.declare("amp.growth_factor", g.growth_factor(), "fp16-mixed: scale x this after amp.growth_interval clean steps");
-  c.declare("amp.backoff_factor", g.backoff_factor(), "fp16-mixed: scale x this after a step with inf/NaN gradients");
+  c.declare("amp.growth_factor", g.growth_factor(),
+            "fp16-mixed: scale x this after amp.growth_interval clean steps");
+  c.declare("amp.backoff_factor", g.backoff_factor(),
+            "fp16-mixed: scale x this after a step with inf/NaN gradients");
   c.declare("amp.growth_interval", g.growth_interval(), "fp16-mixed: clean steps before the scale grows");
 
   const OptimizerOptions& o = d.optimizer();
@@ -32,8 +36,9 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
   c.declare("optim.momentum", o.momentum(), "SGD momentum");
   c.declare("optim.nesterov", o.nesterov(), "SGD Nesterov momentum");
   c.declare("optim.weight_decay", o.weight_decay(), "weight decay (decoupled for adamw)");
-  c.declare("optim.decay_all_parameters", o.decay_all_parameters(),
-            "weight decay also on biases, norm weights and embeddings (false: weight matrices and kernels only)");
+  c.declare(
+      "optim.decay_all_parameters", o.decay_all_parameters(),
+      "weight decay also on biases, norm weights and embeddings (false: weight matrices and kernels only)");
   c.declare("optim.beta1", o.beta1(), "Adam beta1");
   c.declare("optim.beta2", o.beta2(), "Adam beta2");
   c.declare("optim.eps", o.eps(), "Adam epsilon");
@@ -42,13 +47,15 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
   const ScheduleOptions s;
   c.declare("sched.name", to_string(s.kind()), "constant, step, cosine or onecycle");
   c.declare("sched.warmup_epochs", 0.0, "linear warm-up length in epochs (fractions allowed)");
-  c.declare("sched.warmup_start_factor", s.warmup_start_factor(), "warm-up starts at this fraction of the rate");
+  c.declare("sched.warmup_start_factor", s.warmup_start_factor(),
+            "warm-up starts at this fraction of the rate");
   c.declare("sched.step_epochs", 1.0, "step: epochs between decays");
   c.declare("sched.gamma", s.gamma(), "step: decay factor");
   c.declare("sched.min_factor", s.min_factor(), "cosine: final rate as a fraction of the base rate");
   c.declare("sched.pct_start", s.pct_start(), "onecycle: fraction of the cycle spent warming up");
   c.declare("sched.div_factor", s.div_factor(), "onecycle: initial rate = lr / div_factor");
-  c.declare("sched.final_div_factor", s.final_div_factor(), "onecycle: final rate = initial / final_div_factor");
+  c.declare("sched.final_div_factor", s.final_div_factor(),
+            "onecycle: final rate = initial / final_div_factor");
 
   const EarlyStoppingOptions e = es.value_or(EarlyStoppingOptions());
   c.declare("early_stop.patience", es ? e.patience() : int64_t{0},
@@ -82,7 +89,9 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
                   .beta2(c.get_float("optim.beta2"))
                   .eps(c.get_float("optim.eps")));
 
-  const auto to_steps = [&](double epochs) { return static_cast<int64_t>(std::llround(epochs * steps_per_epoch)); };
+  const auto to_steps = [&](double epochs) {
+    return static_cast<int64_t>(std::llround(epochs * steps_per_epoch));
+  };
   ScheduleOptions s;
   s.kind(parse_schedule_kind(c.get_string("sched.name")))
       .warmup_steps(to_steps(c.get_float("sched.warmup_epochs")))

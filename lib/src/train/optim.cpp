@@ -14,20 +14,24 @@ OptimizerKind parse_optimizer_kind(const std::string& name) {
   if (name == "sgd") return OptimizerKind::kSgd;
   if (name == "adam") return OptimizerKind::kAdam;
   if (name == "adamw") return OptimizerKind::kAdamW;
-  detail::fail(ErrorKind::kConfig, "[train::make_optimizer] unknown optimizer '{}'; choose sgd, adam or adamw",
-               name);
+  detail::fail(ErrorKind::kConfig,
+               "[train::make_optimizer] unknown optimizer '{}'; choose sgd, adam or adamw", name);
 }
 
 const char* to_string(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kAdamW: return "adamw";
-    case OptimizerKind::kSgd: break;
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+    case OptimizerKind::kSgd:
+      break;
   }
   return "sgd";
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> trainable_named_parameters(const torch::nn::Module& model) {
+std::vector<std::pair<std::string, torch::Tensor>> trainable_named_parameters(
+    const torch::nn::Module& model) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : model.named_parameters())
@@ -66,17 +70,18 @@ bool is_no_decay_parameter(const torch::nn::Module& model, const std::string&, c
 
 std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model, const OptimizerOptions& o) {
   EMBER_CHECK_KIND(kConfig, o.lr() > 0, "[train::make_optimizer] optim.lr must be positive, got {}", o.lr());
-  EMBER_CHECK_KIND(kConfig, o.weight_decay() >= 0, "[train::make_optimizer] optim.weight_decay must be >= 0, got {}",
-                   o.weight_decay());
+  EMBER_CHECK_KIND(kConfig, o.weight_decay() >= 0,
+                   "[train::make_optimizer] optim.weight_decay must be >= 0, got {}", o.weight_decay());
   // Groups: each of o.groups(), split into decayed and not; then the rest, likewise.
   const size_t n_custom = o.groups().size();
   std::vector<ParamGroupPlan> plans(2 * (n_custom + 1));
   for (size_t g = 0; g <= n_custom; ++g) {
     const ParamGroupOptions* custom = g < n_custom ? &o.groups()[g] : nullptr;
-    const double lr = custom && custom->lr ? *custom->lr : o.lr();
-    const double wd = custom && custom->weight_decay ? *custom->weight_decay : o.weight_decay();
-    EMBER_CHECK(lr > 0 && wd >= 0, "[train::make_optimizer] parameter group {}: lr {} must be > 0 and weight decay {} >= 0",
-                g, lr, wd);
+    const double lr = custom && custom->lr() ? *custom->lr() : o.lr();
+    const double wd = custom && custom->weight_decay() ? *custom->weight_decay() : o.weight_decay();
+    EMBER_CHECK(lr > 0 && wd >= 0,
+                "[train::make_optimizer] parameter group {}: lr {} must be > 0 and weight decay {} >= 0", g,
+                lr, wd);
     plans[2 * g].lr = plans[2 * g + 1].lr = lr;
     plans[2 * g].weight_decay = wd;
     plans[2 * g + 1].weight_decay = 0.0;
@@ -84,10 +89,10 @@ std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model, co
   const auto tables = embedding_tables(model);
   for (auto& [name, p] : trainable_named_parameters(model)) {
     size_t g = 0;
-    while (g < n_custom && !(o.groups()[g].select && o.groups()[g].select(name))) ++g;
-    const bool explicit_wd = g < n_custom && o.groups()[g].weight_decay.has_value();
-    const bool no_decay =
-        !o.decay_all_parameters() && !explicit_wd && (p.dim() < 2 || tables.count(p.unsafeGetTensorImpl()) != 0);
+    while (g < n_custom && !(o.groups()[g].select() && o.groups()[g].select()(name))) ++g;
+    const bool explicit_wd = g < n_custom && o.groups()[g].weight_decay().has_value();
+    const bool no_decay = !o.decay_all_parameters() && !explicit_wd &&
+                          (p.dim() < 2 || tables.count(p.unsafeGetTensorImpl()) != 0);
     ParamGroupPlan& plan = plans[2 * g + (no_decay ? 1 : 0)];
     plan.names.push_back(name);
     plan.params.push_back(p);
@@ -98,37 +103,48 @@ std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model, co
   return out;
 }
 
+namespace {
+
+// One LibTorch optimizer of type Opt over `plans`, each group with the
+// options `group_options(plan)` returns.
+template <typename Opt, typename GroupOptions, typename F>
+std::unique_ptr<torch::optim::Optimizer> build(const std::vector<ParamGroupPlan>& plans, double lr,
+                                               F&& group_options) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const auto& p : plans) groups.emplace_back(p.params, std::make_unique<GroupOptions>(group_options(p)));
+  return std::make_unique<Opt>(std::move(groups), GroupOptions(lr));
+}
+
+}  // namespace
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model, const OptimizerOptions& o) {
   std::vector<ParamGroupPlan> plans = plan_param_groups(model, o);
   if (plans.empty()) plans.push_back({});  // a model without trainable parameters: one empty group
-  std::vector<torch::optim::OptimizerParamGroup> groups;
+  namespace optim = torch::optim;
   switch (o.kind()) {
     case OptimizerKind::kSgd:
       EMBER_CHECK_KIND(kConfig, !o.nesterov() || o.momentum() > 0,
                        "[train::make_optimizer] Nesterov SGD needs optim.momentum > 0");
-      for (const auto& p : plans)
-        groups.emplace_back(p.params, std::make_unique<torch::optim::SGDOptions>(
-                                          torch::optim::SGDOptions(p.lr)
-                                              .momentum(o.momentum())
-                                              .nesterov(o.nesterov())
-                                              .weight_decay(p.weight_decay)));
-      return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(o.lr()));
+      return build<optim::SGD, optim::SGDOptions>(plans, o.lr(), [&](const ParamGroupPlan& p) {
+        return optim::SGDOptions(p.lr)
+            .momentum(o.momentum())
+            .nesterov(o.nesterov())
+            .weight_decay(p.weight_decay);
+      });
     case OptimizerKind::kAdam:
-      for (const auto& p : plans)
-        groups.emplace_back(p.params, std::make_unique<torch::optim::AdamOptions>(
-                                          torch::optim::AdamOptions(p.lr)
-                                              .betas({o.beta1(), o.beta2()})
-                                              .eps(o.eps())
-                                              .weight_decay(p.weight_decay)));
-      return std::make_unique<torch::optim::Adam>(std::move(groups), torch::optim::AdamOptions(o.lr()));
+      return build<optim::Adam, optim::AdamOptions>(plans, o.lr(), [&](const ParamGroupPlan& p) {
+        return optim::AdamOptions(p.lr)
+            .betas({o.beta1(), o.beta2()})
+            .eps(o.eps())
+            .weight_decay(p.weight_decay);
+      });
     case OptimizerKind::kAdamW:
-      for (const auto& p : plans)
-        groups.emplace_back(p.params, std::make_unique<torch::optim::AdamWOptions>(
-                                          torch::optim::AdamWOptions(p.lr)
-                                              .betas({o.beta1(), o.beta2()})
-                                              .eps(o.eps())
-                                              .weight_decay(p.weight_decay)));
-      return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(o.lr()));
+      return build<optim::AdamW, optim::AdamWOptions>(plans, o.lr(), [&](const ParamGroupPlan& p) {
+        return optim::AdamWOptions(p.lr)
+            .betas({o.beta1(), o.beta2()})
+            .eps(o.eps())
+            .weight_decay(p.weight_decay);
+      });
   }
   detail::fail("[train::make_optimizer] unknown optimizer kind {}", static_cast<int>(o.kind()));
 }

@@ -80,10 +80,11 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
                 "[train::save_safetensors] {}: tensor name '{}' appears twice; names must be unique", path,
                 name);
     EMBER_CHECK(t.defined(), "[train::save_safetensors] {}: tensor '{}' is undefined", path, name);
-    EMBER_CHECK(t.layout() == torch::kStrided,
-                "[train::save_safetensors] {}: tensor '{}' has layout {}; only dense (strided) tensors can be "
-                "saved (call .to_dense() first)",
-                path, name, c10::str(t.layout()));
+    EMBER_CHECK(
+        t.layout() == torch::kStrided,
+        "[train::save_safetensors] {}: tensor '{}' has layout {}; only dense (strided) tensors can be "
+        "saved (call .to_dense() first)",
+        path, name, c10::str(t.layout()));
     EMBER_CHECK(
         dtype_name(t.scalar_type()) != nullptr,
         "[train::save_safetensors] {}: tensor '{}' has dtype {}; safetensors here takes {} (convert it "
@@ -112,8 +113,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   try {
     json = header.dump();
   } catch (const nlohmann::json::exception& e) {
-    ember::detail::fail("[train::save_safetensors] {}: a tensor name or metadata string is not valid UTF-8 ({})",
-                 path, e.what());
+    ember::detail::fail(
+        "[train::save_safetensors] {}: a tensor name or metadata string is not valid UTF-8 ({})", path,
+        e.what());
   }
   json.append((8 - json.size() % 8) % 8, ' ');
 
@@ -155,8 +157,8 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
   in.read(reinterpret_cast<char*>(size_bytes), 8);
   const uint64_t header_size = read_u64_le(size_bytes);
   EMBER_CHECK(header_size > 0 && header_size <= kMaxHeaderBytes,
-              "[train::load_safetensors] {}: header length {} is not in 1..{} (not a safetensors file?)", path,
-              header_size, kMaxHeaderBytes);
+              "[train::load_safetensors] {}: header length {} is not in 1..{} (not a safetensors file?)",
+              path, header_size, kMaxHeaderBytes);
   EMBER_CHECK(
       header_size <= file_size - 8,
       "[train::load_safetensors] {}: header length {} runs past the end of the {}-byte file (truncated?)",
@@ -186,7 +188,8 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
     ember::detail::fail("[train::load_safetensors] {}: the header is not valid JSON: {}", path, e.what());
   }
   EMBER_CHECK(header.is_object(), "[train::load_safetensors] {}: the header is JSON but not an object", path);
-  EMBER_CHECK(duplicate.empty(), "[train::load_safetensors] {}: the header names '{}' twice", path, duplicate);
+  EMBER_CHECK(duplicate.empty(), "[train::load_safetensors] {}: the header names '{}' twice", path,
+              duplicate);
 
   if (metadata != nullptr) metadata->clear();
   struct Entry {

@@ -25,7 +25,8 @@ double StepSchedule::lr_at(int64_t step, double base_lr) const {
 CosineSchedule::CosineSchedule(int64_t total_steps, double min_factor)
     : total_steps_(total_steps), min_factor_(min_factor) {
   EMBER_CHECK(total_steps > 0, "[train::CosineSchedule] total_steps must be positive, got {}", total_steps);
-  EMBER_CHECK(min_factor >= 0 && min_factor <= 1, "[train::CosineSchedule] min_factor must be in [0, 1], got {}", min_factor);
+  EMBER_CHECK(min_factor >= 0 && min_factor <= 1,
+              "[train::CosineSchedule] min_factor must be in [0, 1], got {}", min_factor);
 }
 
 double CosineSchedule::lr_at(int64_t step, double base_lr) const {
@@ -56,13 +57,15 @@ double OneCycleSchedule::lr_at(int64_t step, double base_lr) const {
 WarmupSchedule::WarmupSchedule(int64_t warmup_steps, double start_factor, std::shared_ptr<Schedule> after)
     : warmup_steps_(warmup_steps), start_factor_(start_factor), after_(std::move(after)) {
   EMBER_CHECK(warmup_steps >= 0, "[train::WarmupSchedule] warmup_steps must be >= 0");
-  EMBER_CHECK(start_factor > 0 && start_factor <= 1, "[train::WarmupSchedule] start_factor must be in (0, 1], got {}", start_factor);
+  EMBER_CHECK(start_factor > 0 && start_factor <= 1,
+              "[train::WarmupSchedule] start_factor must be in (0, 1], got {}", start_factor);
   EMBER_CHECK(after_ != nullptr, "[train::WarmupSchedule] needs a schedule to hand over to");
 }
 
 double WarmupSchedule::lr_at(int64_t step, double base_lr) const {
   if (step < warmup_steps_) {
-    const double f = start_factor_ + (1.0 - start_factor_) * static_cast<double>(step) / static_cast<double>(warmup_steps_);
+    const double f = start_factor_ +
+                     (1.0 - start_factor_) * static_cast<double>(step) / static_cast<double>(warmup_steps_);
     return base_lr * f;
   }
   return after_->lr_at(step - warmup_steps_, base_lr);
@@ -74,15 +77,20 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "cosine") return ScheduleKind::kCosine;
   if (name == "onecycle") return ScheduleKind::kOneCycle;
   detail::fail(ErrorKind::kConfig,
-               "[train::make_schedule] unknown schedule '{}'; choose constant, step, cosine or onecycle", name);
+               "[train::make_schedule] unknown schedule '{}'; choose constant, step, cosine or onecycle",
+               name);
 }
 
 const char* to_string(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kStep: return "step";
-    case ScheduleKind::kCosine: return "cosine";
-    case ScheduleKind::kOneCycle: return "onecycle";
-    case ScheduleKind::kConstant: break;
+    case ScheduleKind::kStep:
+      return "step";
+    case ScheduleKind::kCosine:
+      return "cosine";
+    case ScheduleKind::kOneCycle:
+      return "onecycle";
+    case ScheduleKind::kConstant:
+      break;
   }
   return "constant";
 }
@@ -90,9 +98,15 @@ const char* to_string(ScheduleKind kind) {
 std::shared_ptr<Schedule> make_schedule(const ScheduleOptions& o) {
   std::shared_ptr<Schedule> s;
   switch (o.kind()) {
-    case ScheduleKind::kConstant: s = std::make_shared<ConstantSchedule>(); break;
-    case ScheduleKind::kStep: s = std::make_shared<StepSchedule>(o.step_size(), o.gamma()); break;
-    case ScheduleKind::kCosine: s = std::make_shared<CosineSchedule>(o.total_steps(), o.min_factor()); break;
+    case ScheduleKind::kConstant:
+      s = std::make_shared<ConstantSchedule>();
+      break;
+    case ScheduleKind::kStep:
+      s = std::make_shared<StepSchedule>(o.step_size(), o.gamma());
+      break;
+    case ScheduleKind::kCosine:
+      s = std::make_shared<CosineSchedule>(o.total_steps(), o.min_factor());
+      break;
     case ScheduleKind::kOneCycle:
       s = std::make_shared<OneCycleSchedule>(OneCycleOptions(o.total_steps())
                                                  .pct_start(o.pct_start())
@@ -100,7 +114,8 @@ std::shared_ptr<Schedule> make_schedule(const ScheduleOptions& o) {
                                                  .final_div_factor(o.final_div_factor()));
       break;
   }
-  if (o.warmup_steps() > 0) s = std::make_shared<WarmupSchedule>(o.warmup_steps(), o.warmup_start_factor(), s);
+  if (o.warmup_steps() > 0)
+    s = std::make_shared<WarmupSchedule>(o.warmup_steps(), o.warmup_start_factor(), s);
   return s;
 }
 

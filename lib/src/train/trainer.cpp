@@ -97,12 +97,14 @@ int64_t count_parameters(const torch::nn::Module& module) {
 }
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
-  EMBER_CHECK(options_.epochs() >= 0, "[train::Trainer] trainer.epochs must be >= 0, got {}", options_.epochs());
+  EMBER_CHECK(options_.epochs() >= 0, "[train::Trainer] trainer.epochs must be >= 0, got {}",
+              options_.epochs());
   EMBER_CHECK(options_.accumulate_grad_batches() >= 1,
               "[train::Trainer] trainer.accumulate_grad_batches must be >= 1, got {}",
               options_.accumulate_grad_batches());
   EMBER_CHECK(options_.clip_grad_norm() >= 0,
-              "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}", options_.clip_grad_norm());
+              "[train::Trainer] trainer.clip_grad_norm must be >= 0 (0 = off), got {}",
+              options_.clip_grad_norm());
   if (amp::needs_grad_scaler(options_.precision()))
     amp::GradScaler check(options_.grad_scaler());  // validates the options
   EMBER_CHECK(options_.resume() != "auto" || !options_.run_dir().empty(),
@@ -271,7 +273,8 @@ FitResult Trainer::fit(Task& task) {
         step_samples = 0;
         phase(StepPhase::kCallbacks);
         for (auto& cb : callbacks_) cb->on_step_end(*this, info);
-        if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) request_stop("max_steps reached");
+        if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps())
+          request_stop("max_steps reached");
         if (g_stop_signal != 0) {
           result.interrupted = true;
           request_stop(g_stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
@@ -303,7 +306,8 @@ FitResult Trainer::fit(Task& task) {
     // stopping) stops every rank, so none is left waiting in a collective.
     if (dist.any(stop_requested_) && !stop_requested_) request_stop("stopped by another rank");
     const bool last = epoch_ >= options_.epochs() || stop_requested_;
-    if ((options_.checkpoint_every() > 0 && epoch_ % options_.checkpoint_every() == 0) || last) checkpoint_now();
+    if ((options_.checkpoint_every() > 0 && epoch_ % options_.checkpoint_every() == 0) || last)
+      checkpoint_now();
   }
 
   result.train_seconds = seconds_since(fit_start) - val_seconds;

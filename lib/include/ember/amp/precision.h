@@ -32,7 +32,9 @@ std::string to_string(Precision precision);
 /// The autocast dtype of a mixed mode; nullopt for fp32 and tf32.
 std::optional<c10::ScalarType> autocast_dtype(Precision precision);
 /// Whether the mode needs a GradScaler (fp16-mixed only).
-inline bool needs_grad_scaler(Precision precision) { return precision == Precision::kFp16Mixed; }
+inline bool needs_grad_scaler(Precision precision) {
+  return precision == Precision::kFp16Mixed;
+}
 /// The number format matrix products run in: fp32, tf32, bf16 or fp16 (the
 /// peak that model FLOPs utilisation divides by).
 core::MathType math_type(Precision precision);

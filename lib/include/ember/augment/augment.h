@@ -66,6 +66,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ember/augment/param.h"
@@ -77,6 +78,12 @@ enum class CropMode {
   kPad,           ///< torchvision RandomCrop(size, padding): zero-pad, random offset
   kRandomResized  ///< torchvision RandomResizedCrop(size, scale, ratio)
 };
+/// "none", "pad", "resized" -> CropMode; anything else is a config error
+/// ("<what> must be none, pad or resized"), `what` naming the setting.
+CropMode parse_crop_mode(const std::string& name,
+                         const std::string& what = "[augment::parse_crop_mode] crop");
+/// "none", "pad" or "resized".
+const char* to_string(CropMode mode);
 
 enum class Layout { kNCHW, kNHWC };
 
@@ -136,8 +143,8 @@ AugmentOptions eval_options(const AugmentOptions& train);
 /// Draws each sample's parameters (CPU, float32 [N, kNumParams]) for images of
 /// `height` x `width`. `sample_indices`: int64 [N], the dataset index of each
 /// image (what keys its random stream).
-torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& sample_indices, int64_t height,
-                            int64_t width, uint64_t seed, int64_t epoch);
+torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& sample_indices,
+                            int64_t height, int64_t width, uint64_t seed, int64_t epoch);
 
 /// Applies `params` to `images`: uint8 [N, H, W, C] (C = 1 or 3), [N, H, W] or
 /// [N, 1, H, W], on the CPU (the reference, multithreaded over rows) or on a

@@ -2,7 +2,8 @@
 // Augmentation's config keys: augment.* and augment.mix.*, with defaults from
 // the AugmentOptions and MixOptions a recipe passes.
 //
-//   ember::augment::declare_augment_keys(config, AugmentOptions().crop(CropMode::kPad).padding(4).hflip(0.5));
+//   ember::augment::declare_augment_keys(config,
+//   AugmentOptions().crop(CropMode::kPad).padding(4).hflip(0.5));
 //   ...
 //   AugmentOptions train = ember::augment::augment_options_from_config(config);
 //   AugmentOptions eval = ember::augment::eval_options(train);
@@ -24,6 +25,8 @@ void declare_augment_keys(core::Config& config, const AugmentOptions& defaults =
 AugmentOptions augment_options_from_config(const core::Config& config);
 MixOptions mix_options_from_config(const core::Config& config);
 /// Whether the mix keys ask for Mixup or CutMix.
-inline bool mixing(const MixOptions& o) { return o.mixup_alpha() > 0 || o.cutmix_alpha() > 0; }
+inline bool mixing(const MixOptions& o) {
+  return o.mixup_alpha() > 0 || o.cutmix_alpha() > 0;
+}
 
 }  // namespace ember::augment

@@ -65,8 +65,8 @@ torch::Tensor one_hot_targets(const torch::Tensor& targets, int64_t num_classes,
                               torch::Device device);
 
 /// Draws each sample's mix parameters (CPU) for `height` x `width` images.
-torch::Tensor sample_mix_params(const MixOptions& options, const torch::Tensor& sample_indices, int64_t height,
-                                int64_t width, uint64_t seed, int64_t epoch);
+torch::Tensor sample_mix_params(const MixOptions& options, const torch::Tensor& sample_indices,
+                                int64_t height, int64_t width, uint64_t seed, int64_t epoch);
 
 /// Applies drawn mix parameters. `targets`: int64 class indices [N] on any device.
 MixResult apply_mix(const torch::Tensor& images, const torch::Tensor& targets, int64_t num_classes,

@@ -13,9 +13,21 @@
 namespace ember::augment {
 
 enum Param : int64_t {
-  kX0 = 0, kY0, kW, kH, kHFlip, kVFlip,
-  kBrightness, kContrast, kSaturation, kHue, kGray,
-  kEraseX0, kEraseY0, kEraseW, kEraseH,
+  kX0 = 0,
+  kY0,
+  kW,
+  kH,
+  kHFlip,
+  kVFlip,
+  kBrightness,
+  kContrast,
+  kSaturation,
+  kHue,
+  kGray,
+  kEraseX0,
+  kEraseY0,
+  kEraseW,
+  kEraseH,
   kNumParams
 };
 

@@ -21,10 +21,10 @@ using ConfigValue = std::variant<bool, int64_t, double, std::string, std::vector
 
 /// One declared key.
 struct ConfigEntry {
-  ConfigValue value;        ///< current value (starts as the default)
+  ConfigValue value;  ///< current value (starts as the default)
   ConfigValue default_value;
-  std::string doc;          ///< one line for --help
-  std::string source;       ///< where the current value came from ("default", a file, "command line")
+  std::string doc;     ///< one line for --help
+  std::string source;  ///< where the current value came from ("default", a file, "command line")
 };
 
 class Config {

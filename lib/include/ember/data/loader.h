@@ -186,10 +186,10 @@ class TensorLoader : public Loader {
   };
 
   torch::Tensor order_slice(int64_t batch_index) const;  // the batch's dataset indices
-  Batch gather(int64_t batch_index) const;           // steps 1-2, on the host
-  void copy_to_device(Batch& batch) const;           // step 3, current stream
-  Batch gather_resident(int64_t batch_index) const;  // step 1 on the device
-  std::optional<Batch> take();                       // steps 1-3 for next()
+  Batch gather(int64_t batch_index) const;               // steps 1-2, on the host
+  void copy_to_device(Batch& batch) const;               // step 3, current stream
+  Batch gather_resident(int64_t batch_index) const;      // step 1 on the device
+  std::optional<Batch> take();                           // steps 1-3 for next()
   void stop_worker();
   void worker_loop();
 
@@ -207,7 +207,7 @@ class TensorLoader : public Loader {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Staged> queue_;
-  int64_t produced_ = 0;     // batches the worker has produced this epoch
+  int64_t produced_ = 0;  // batches the worker has produced this epoch
   bool stop_ = false;
   std::exception_ptr error_;
 };

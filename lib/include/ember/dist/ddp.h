@@ -76,7 +76,8 @@ class DistributedDataParallel : public train::Callback {
   void on_fit_start(train::Trainer& trainer) override;
   void on_epoch_start(train::Trainer& trainer, int64_t epoch) override;
   void on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) override;
-  void on_before_backward(train::Trainer& trainer, const train::StepOutput& out, const train::MicroBatch& micro) override;
+  void on_before_backward(train::Trainer& trainer, const train::StepOutput& out,
+                          const train::MicroBatch& micro) override;
   void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;
   void on_epoch_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& train) override;
   void on_fit_end(train::Trainer& trainer) override;
@@ -95,10 +96,10 @@ class DistributedDataParallel : public train::Callback {
   std::shared_ptr<c10d::Reducer> reducer_;
   std::shared_ptr<c10d::Logger> logger_;
   std::vector<torch::Tensor> params_;
-  std::vector<std::string> param_names_;  // qualified names of params_
+  std::vector<std::string> param_names_;      // qualified names of params_
   std::vector<std::vector<int64_t>> shapes_;  // to notice pruning
-  std::vector<std::string> without_grad_;      // parameters the last step gave no gradient
-  bool buffers_need_sync_ = true;              // PyTorch's require_forward_param_sync
+  std::vector<std::string> without_grad_;     // parameters the last step gave no gradient
+  bool buffers_need_sync_ = true;             // PyTorch's require_forward_param_sync
 };
 
 }  // namespace ember::dist

@@ -5,7 +5,8 @@
 // rank at fault.
 //
 //   auto group = ember::dist::ProcessGroup::create(ember::dist::launch_env(), {});
-//   ember::train::Trainer trainer(ember::train::TrainerOptions().distribution(ember::dist::make_distribution(group)));
+//   ember::train::Trainer
+//   trainer(ember::train::TrainerOptions().distribution(ember::dist::make_distribution(group)));
 //   trainer.add_callback(std::make_shared<ember::dist::DistributedDataParallel>(group));
 
 #include <memory>

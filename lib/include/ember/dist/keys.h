@@ -9,10 +9,12 @@
 
 namespace ember::dist {
 
-void declare_dist_keys(core::Config& config, const DdpOptions& ddp = {}, const ProcessGroupOptions& group = {});
+void declare_dist_keys(core::Config& config, const DdpOptions& ddp = {},
+                       const ProcessGroupOptions& group = {});
 
 DdpOptions ddp_options_from_config(const core::Config& config);
 /// The group's options for a rank training on `device`.
-ProcessGroupOptions process_group_options_from_config(const core::Config& config, const torch::Device& device);
+ProcessGroupOptions process_group_options_from_config(const core::Config& config,
+                                                      const torch::Device& device);
 
 }  // namespace ember::dist

@@ -25,7 +25,8 @@ class BasicBlockImpl : public torch::nn::Module {
  public:
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
     namespace nn = torch::nn;
-    conv1_ = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+    conv1_ = register_module("conv1",
+                             nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
     bn1_ = register_module("bn1", nn::BatchNorm2d(out));
     conv2_ = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
     bn2_ = register_module("bn2", nn::BatchNorm2d(out));
@@ -52,8 +53,10 @@ class CifarResNetImpl : public torch::nn::Module {
  public:
   explicit CifarResNetImpl(const CifarResNetOptions& o) {
     namespace nn = torch::nn;
-    stem_ = register_module("stem", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(o.in_channels(), o.width(), 3).padding(1).bias(false)),
-                                                   nn::BatchNorm2d(o.width()), nn::ReLU()));
+    stem_ = register_module(
+        "stem",
+        nn::Sequential(nn::Conv2d(nn::Conv2dOptions(o.in_channels(), o.width(), 3).padding(1).bias(false)),
+                       nn::BatchNorm2d(o.width()), nn::ReLU()));
     stages_ = register_module("stages", nn::Sequential());
     int64_t in = o.width();
     for (int64_t stage = 0; stage < 3; ++stage) {
@@ -65,7 +68,8 @@ class CifarResNetImpl : public torch::nn::Module {
     }
     fc_ = register_module("fc", nn::Linear(in, o.num_classes()));
     for (auto& m : modules(/*include_self=*/false)) {
-      if (auto* conv = m->as<nn::Conv2d>()) nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
+      if (auto* conv = m->as<nn::Conv2d>())
+        nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
     }
   }
   /// x: float [N, C, 32, 32] -> logits [N, num_classes].

@@ -25,12 +25,11 @@ struct FashionNetImpl : torch::nn::Module {
   explicit FashionNetImpl(const FashionNetOptions& o) {
     const int64_t w = o.width();
     features = register_module(
-        "features",
-        torch::nn::Sequential(
-            conv(1, w), torch::nn::BatchNorm2d(w), torch::nn::ReLU(), conv(w, w), torch::nn::BatchNorm2d(w),
-            torch::nn::ReLU(), torch::nn::MaxPool2d(2), conv(w, 2 * w), torch::nn::BatchNorm2d(2 * w),
-            torch::nn::ReLU(), conv(2 * w, 2 * w), torch::nn::BatchNorm2d(2 * w), torch::nn::ReLU(),
-            torch::nn::MaxPool2d(2)));
+        "features", torch::nn::Sequential(
+                        conv(1, w), torch::nn::BatchNorm2d(w), torch::nn::ReLU(), conv(w, w),
+                        torch::nn::BatchNorm2d(w), torch::nn::ReLU(), torch::nn::MaxPool2d(2), conv(w, 2 * w),
+                        torch::nn::BatchNorm2d(2 * w), torch::nn::ReLU(), conv(2 * w, 2 * w),
+                        torch::nn::BatchNorm2d(2 * w), torch::nn::ReLU(), torch::nn::MaxPool2d(2)));
     classifier = register_module(
         "classifier",
         torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Dropout(o.dropout()),

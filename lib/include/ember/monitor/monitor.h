@@ -24,9 +24,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <optional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,7 +118,8 @@ class Monitor : public train::Callback {
   void emit(const Record& record);
   /// `what`: "weights" or "gradients" (the TensorBoard tag prefix).
   void write_histograms(train::Trainer& trainer, int64_t step, const char* what);
-  Record epoch_record(const char* kind, int64_t epoch, const train::EvalResult& r, const train::Trainer& trainer) const;
+  Record epoch_record(const char* kind, int64_t epoch, const train::EvalResult& r,
+                      const train::Trainer& trainer) const;
   void count_flops(train::Trainer& trainer);
   double interval_seconds() const;
 
@@ -138,9 +139,9 @@ class Monitor : public train::Callback {
   // and checkpoints are left out).
   torch::Tensor loss_sum_;  // on the device: no sync per step
   int64_t interval_steps_ = 0, interval_samples_ = 0;
-  double interval_seconds_ = 0;  // closed parts of the interval
+  double interval_seconds_ = 0;                                          // closed parts of the interval
   std::optional<std::chrono::steady_clock::time_point> interval_since_;  // the open part
-  double fit_start_ = 0;  // Unix seconds
+  double fit_start_ = 0;                                                 // Unix seconds
   int64_t warned_epoch_ = -1;
 
   // Whole fit.

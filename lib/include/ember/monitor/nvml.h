@@ -13,15 +13,15 @@ namespace ember::monitor {
 
 /// One reading of one GPU. Fields NVML does not report on a device stay -1.
 struct GpuSample {
-  int64_t index = 0;                 ///< NVML device index
-  std::string name;                  ///< e.g. "NVIDIA H200"
-  std::string uuid;                  ///< "GPU-xxxxxxxx-..." (matches CUDA's device UUID); "" if not reported
-  double utilization_pct = -1;       ///< share of the last sample period a kernel ran, %
+  int64_t index = 0;            ///< NVML device index
+  std::string name;             ///< e.g. "NVIDIA H200"
+  std::string uuid;             ///< "GPU-xxxxxxxx-..." (matches CUDA's device UUID); "" if not reported
+  double utilization_pct = -1;  ///< share of the last sample period a kernel ran, %
   double memory_utilization_pct = -1;  ///< share of it the memory was read or written, %
-  int64_t memory_used_bytes = -1;    ///< device memory in use (all processes)
+  int64_t memory_used_bytes = -1;      ///< device memory in use (all processes)
   int64_t memory_total_bytes = -1;
-  double temperature_c = -1;         ///< GPU die, degrees Celsius
-  double power_w = -1;               ///< board power draw, watts
+  double temperature_c = -1;  ///< GPU die, degrees Celsius
+  double power_w = -1;        ///< board power draw, watts
   double sm_clock_mhz = -1;
   double memory_clock_mhz = -1;
 };

@@ -52,6 +52,7 @@ class HostSampler {
 /// (cuda_device_uuid(device), looked up once by the caller), else by index
 /// when CUDA_VISIBLE_DEVICES is unset and CUDA_DEVICE_ORDER=PCI_BUS_ID (the
 /// only case where CUDA's and NVML's orders agree). nullopt when not found.
-std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device, const std::string& uuid);
+std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device,
+                                        const std::string& uuid);
 
 }  // namespace ember::monitor

@@ -62,7 +62,8 @@ class JsonlWriter : public MetricsWriter {
 /// appended to (resume), one with another header is an error.
 class CsvWriter : public MetricsWriter {
  public:
-  CsvWriter(const std::string& path, std::set<std::string> kinds, std::vector<std::string> columns, double time_origin);
+  CsvWriter(const std::string& path, std::set<std::string> kinds, std::vector<std::string> columns,
+            double time_origin);
   void write(const Record& record) override;
   void flush() override;
 

@@ -80,9 +80,9 @@ struct Group {
     int64_t dim = 0;               ///< index into DependencyGraph::dims()
     std::vector<int64_t> unit_of;  ///< per position of that dimension: its unit, or -1 (not in this group)
   };
-  std::string name;        ///< the reference dimension, e.g. "layer1.0.conv1.weight[0]"
-  int64_t num_units = 0;   ///< removable units
-  int64_t unit_width = 1;  ///< channels per unit in the reference dimension
+  std::string name;             ///< the reference dimension, e.g. "layer1.0.conv1.weight[0]"
+  int64_t num_units = 0;        ///< removable units
+  int64_t unit_width = 1;       ///< channels per unit in the reference dimension
   std::vector<Member> members;  ///< the reference dimension first (an output dimension when there is one)
 };
 

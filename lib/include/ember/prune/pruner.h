@@ -37,11 +37,11 @@ namespace ember::prune {
 /// tests/prune/parity.py); Torch-Pruning leaves depthwise convs, embeddings and
 /// group norms out of the score.
 enum class Importance {
-  kL1,              ///< sum of |w|
-  kL2,              ///< sum of w^2
-  kNormScale,       ///< |gamma| of the batch/group/layer norms in the group (network slimming)
-  kTaylor,          ///< |w * dL/dw| (first-order Taylor), same tensors; needs gradients
-  kRandom,          ///< uniform random: the baseline
+  kL1,         ///< sum of |w|
+  kL2,         ///< sum of w^2
+  kNormScale,  ///< |gamma| of the batch/group/layer norms in the group (network slimming)
+  kTaylor,     ///< |w * dL/dw| (first-order Taylor), same tensors; needs gradients
+  kRandom,     ///< uniform random: the baseline
 };
 /// "l1", "l2", "bn_scale", "taylor", "random".
 Importance importance_from_string(const std::string& name);
@@ -93,7 +93,7 @@ struct ShapeChange {
 struct PruneResult {
   Plan plan;  ///< what this call removed, relative to the model before it
   std::vector<ShapeChange> changes;
-  core::ModelCost before, after;  ///< MACs and parameters of the example forward pass
+  core::ModelCost before, after;      ///< MACs and parameters of the example forward pass
   std::vector<std::string> warnings;  ///< the tracer's (channels left alone and why)
   /// Per-layer shapes, then MACs and parameters before -> after with ratios.
   std::string table() const;

@@ -87,7 +87,8 @@ struct ClassificationOptions {
 void declare_classification_keys(core::Config& config, const ClassificationOptions& defaults);
 /// ClassificationOptions from those keys, trainer.seed, dist.world_size and
 /// dist.rank, for `device` (bad values are config errors).
-ClassificationOptions classification_options_from_config(const core::Config& config, const torch::Device& device);
+ClassificationOptions classification_options_from_config(const core::Config& config,
+                                                         const torch::Device& device);
 
 /// A labelled dataset: uint8 images, int64 labels in [0, num_classes).
 struct ClassificationData {
@@ -100,7 +101,8 @@ class ClassificationTask : public train::Task {
  public:
   /// `model` maps float images [B, C, H, W] to logits [B, num_classes]; it is
   /// moved to options.device().
-  ClassificationTask(torch::nn::AnyModule model, ClassificationData data, const ClassificationOptions& options);
+  ClassificationTask(torch::nn::AnyModule model, ClassificationData data,
+                     const ClassificationOptions& options);
 
   /// With classification_options_from_config(config, device).
   static std::unique_ptr<ClassificationTask> from_config(const core::Config& config, torch::Device device,

@@ -42,7 +42,7 @@ void declare_recipe_keys(core::Config& config);
 struct RunSummary {
   std::string recipe;
   double test_accuracy = -1.0;
-  double test_loss = NAN;     ///< NaN (null in summary.json) when the task has no test data
+  double test_loss = NAN;  ///< NaN (null in summary.json) when the task has no test data
   int64_t epochs = 0;
   int64_t steps = 0;
   double train_seconds = 0.0;

@@ -31,13 +31,16 @@ const char* to_string(OptimizerKind kind);
 
 /// Parameters that get their own learning rate or weight decay.
 struct ParamGroupOptions {
-  /// Selects the parameters by qualified name (e.g. "head.weight"); the first
-  /// group that selects a parameter takes it.
-  std::function<bool(const std::string& name)> select;
-  /// This group's base learning rate (schedules scale it); default: the optimizer's.
-  std::optional<double> lr;
-  /// This group's weight decay; default: the optimizer's, subject to decay_all_parameters.
-  std::optional<double> weight_decay;
+  /// `select` picks the parameters by qualified name (e.g. "head.weight"); the
+  /// first group that selects a parameter takes it.
+  explicit ParamGroupOptions(std::function<bool(const std::string& name)> select)
+      : select_(std::move(select)) {}
+  TORCH_ARG(std::function<bool(const std::string&)>, select);
+  /// This group's base learning rate (schedules scale it); unset: the optimizer's.
+  TORCH_ARG(std::optional<double>, lr) = std::nullopt;
+  /// This group's weight decay, on all its parameters; unset: the optimizer's,
+  /// subject to decay_all_parameters.
+  TORCH_ARG(std::optional<double>, weight_decay) = std::nullopt;
 };
 
 struct OptimizerOptions {
@@ -86,9 +89,11 @@ struct ParamGroupPlan {
 };
 /// The groups make_optimizer builds from `options` over trainable_named_parameters(model),
 /// in order; empty groups are left out.
-std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model, const OptimizerOptions& options);
+std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model,
+                                              const OptimizerOptions& options);
 
 /// Builds the optimizer over plan_param_groups(model, options). Bad values are config errors.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model, const OptimizerOptions& options);
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model,
+                                                        const OptimizerOptions& options);
 
 }  // namespace ember::train
