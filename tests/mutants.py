@@ -177,7 +177,8 @@ def build_env():
     env = dict(os.environ)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     env.setdefault("CCACHE_DIR", str(cache / "ember" / "ccache"))
-    env.setdefault("CCACHE_SLOPPINESS", "pch_defines,time_macros,include_file_mtime,include_file_ctime,pch_external_checksum")
+    env.setdefault("CCACHE_SLOPPINESS", "pch_defines,time_macros,include_file_mtime,include_file_ctime")
+    env.setdefault("CCACHE_PCH_EXTSUM", "1")  # objects keyed on the PCH's .gch.sum (lib/CMakeLists.txt)
     env.setdefault("CCACHE_MAXSIZE", "5G")
     env["CCACHE_BASEDIR"] = str(MIRROR)
     env["CCACHE_STATSLOG"] = str(LOGS / "ccache-stats.log")  # this build's hits and misses, per file
