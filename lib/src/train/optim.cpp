@@ -64,10 +64,6 @@ std::unordered_set<const c10::TensorImpl*> embedding_tables(const torch::nn::Mod
 
 }  // namespace
 
-bool is_no_decay_parameter(const torch::nn::Module& model, const std::string&, const torch::Tensor& p) {
-  return p.dim() < 2 || embedding_tables(model).count(p.unsafeGetTensorImpl()) != 0;
-}
-
 std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model, const OptimizerOptions& o) {
   EMBER_CHECK_KIND(kConfig, o.lr() > 0, "[train::make_optimizer] optim.lr must be positive, got {}", o.lr());
   EMBER_CHECK_KIND(kConfig, o.weight_decay() >= 0,

@@ -76,10 +76,6 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable_named_parameters(co
 /// trainable_named_parameters() without the names.
 std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& model);
 
-/// Whether weight decay, by default, skips this parameter of `model`: fewer
-/// than 2 dimensions (biases, normalisation weights) or an embedding table.
-bool is_no_decay_parameter(const torch::nn::Module& model, const std::string& name, const torch::Tensor& p);
-
 /// One group of the optimizer make_optimizer builds: its parameter names and settings.
 struct ParamGroupPlan {
   std::vector<std::string> names;
