@@ -64,12 +64,22 @@ class Mutant:
 
 MUTANTS = (
     Mutant("resume_ignored", "lib/src/train/checkpoint.cpp",
-           "    if (std::ifstream(p).good()) return p;\n",
-           "    if (std::ifstream(p).good()) return \"\";\n",
+           "    latest = options_.run_dir() + \"/checkpoints/last.pt\";\n",
+           "    latest = options_.run_dir() + \"/checkpoints/none.pt\";\n",
            ("ember_tests", "fashion_mnist", "prune_finetune"),
            r"ExactResume|Precision.*Resume|integration\.torchrun|integration\.fashion_mnist_signal_resume"
-           r"|integration\.prune_finetune",
+           r"|integration\.prune_finetune|integration\.kill_soak",
            "trainer.resume=auto never finds the checkpoint: every resume silently starts afresh"),
+    Mutant("checkpoint_crc_ignored", "lib/src/train/checkpoint.cpp",
+           "  if (got != want) return",
+           "  if (false && got != want) return",
+           ("ember_tests",), r"Checkpoint\.",
+           "a checkpoint's CRC is never compared: flipped bytes load as silently wrong weights"),
+    Mutant("config_bounds_ignored", "lib/src/core/config.cpp",
+           "  if (!std::isfinite(v)) return false;\n",
+           "  return true;\n",
+           ("ember_tests", "fashion_mnist"), r"Config\.|integration\.hostile_input",
+           "numeric keys accept any value: data.batch_size=0 or optim.lr=nan reach the training"),
     Mutant("recipe_crash_after_message", "lib/src/recipe/recipe.cpp",
            "    std::cerr << \"error: \" << e.what() << \"\\n\";\n"
            "    return leave(exit_status(e));",

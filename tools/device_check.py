@@ -662,6 +662,29 @@ def profiler(c: Check):
         shutil.copy(trace, c.logs / "profile_trace.json")
 
 
+@step("GPU out of memory: caught, explained, run folder intact (cuda)", 1, 15)
+def out_of_memory(c: Check):
+    name = "GPU out of memory: caught, explained, run folder intact (cuda)"
+    if not c.data:
+        c.report(name, "skip", "no Fashion-MNIST (tools/ember device-pack packs a subset)")
+        return
+    t0 = time.monotonic()
+    run = c.runs_dir("oom")
+    # One batch of every training image through 4096/8192-channel convolutions:
+    # hundreds of GiB of activations, far beyond an H200.
+    rc, _, out = c.recipe("fashion_mnist", "oom.log",
+                          [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=1", "model.width=4096",
+                           "data.batch_size=1000000", "data.val_size=0", f"run.dir={run}"])
+    lines = [l for l in out.splitlines() if l.startswith("error:")]
+    said = lines[-1] if lines else ""
+    ok = (rc == 1 and "out of memory:" in said and "data.batch_size" in said and "GiB" in said
+          and "Exception raised from" not in out and (run / "config.toml").exists()
+          and not (run / "summary.json").exists() and not (run / "run.lock").exists())
+    c.report(name, "ok" if ok else "FAIL",
+             f"exit {rc}: {said[:300]}" if ok else f"exit {rc}, want 1 and an explained error: {said[:300] or first_failure(out)}",
+             seconds=time.monotonic() - t0)
+
+
 @step("DDP on NCCL, 1 rank (cuda)", 1, 15)
 def nccl(c: Check):
     name = "DDP on NCCL, 1 rank (cuda)"

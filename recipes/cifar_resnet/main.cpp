@@ -25,8 +25,10 @@ int main(int argc, char** argv) {
                    .hflip(0.5)
                    .mean({0.4914, 0.4822, 0.4465})
                    .std({0.2470, 0.2435, 0.2616})));
-    c.declare("model.width", 16, "channels of the first stage (the others have 2x and 4x)");
-    c.declare("model.blocks", 3, "basic blocks per stage (3 = ResNet-20, 5 = ResNet-32, 9 = ResNet-56)");
+    c.declare("model.width", 16, "channels of the first stage (the others have 2x and 4x)",
+              core::Bounds::between(1, 1 << 12));
+    c.declare("model.blocks", 3, "basic blocks per stage (3 = ResNet-20, 5 = ResNet-32, 9 = ResNet-56)",
+              core::Bounds::between(1, 64));
   };
   spec.make_task = [](const core::Config& c, torch::Device device) {
     const std::string variant = c.get_string("data.variant");

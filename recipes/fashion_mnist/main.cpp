@@ -20,9 +20,12 @@ int main(int argc, char** argv) {
         c, recipe::ClassificationOptions().augment(
                augment::AugmentOptions().padding(2).mean({models::kFashionMean}).std({models::kFashionStd})));
     const models::FashionNetOptions m;
-    c.declare("model.width", m.width(), "channels of the first conv block (the second has 2x)");
-    c.declare("model.hidden", m.hidden(), "units of the hidden linear layer");
-    c.declare("model.dropout", m.dropout(), "dropout before each linear layer");
+    c.declare("model.width", m.width(), "channels of the first conv block (the second has 2x)",
+              core::Bounds::between(1, 1 << 12));
+    c.declare("model.hidden", m.hidden(), "units of the hidden linear layer",
+              core::Bounds::between(1, 1 << 16));
+    c.declare("model.dropout", m.dropout(), "dropout before each linear layer",
+              core::Bounds::from_below(0, 1));
   };
   spec.make_task = [](const core::Config& c, torch::Device device) {
     models::FashionNet net(models::FashionNetOptions()

@@ -33,8 +33,9 @@ int main(int argc, char** argv) {
                    .hflip(0.5)
                    .mean({0.485, 0.456, 0.406})
                    .std({0.229, 0.224, 0.225})));
-    c.declare("model.width", 32, "channels of the first stage (the others have 2x and 4x)");
-    c.declare("model.blocks", 2, "basic blocks per stage");
+    c.declare("model.width", 32, "channels of the first stage (the others have 2x and 4x)",
+              core::Bounds::between(1, 1 << 12));
+    c.declare("model.blocks", 2, "basic blocks per stage", core::Bounds::between(1, 64));
   };
   spec.make_task = [](const core::Config& c, torch::Device device) {
     const auto load = [&](const std::string& split) {

@@ -19,12 +19,12 @@ int main(int argc, char** argv) {
     c.declare("data.root", "/usr/share/datasets/fashion-mnist",
               "folder with the four IDX files (.gz or plain)");
     recipe::declare_classification_keys(c, recipe::ClassificationOptions());
-    c.declare("model.width", 16, "channels of the first stage (then 2x, 4x)");
-    c.declare("model.blocks", 2, "basic blocks per stage");
+    c.declare("model.width", 16, "channels of the first stage (then 2x, 4x)",
+              core::Bounds::between(1, 1 << 12));
+    c.declare("model.blocks", 2, "basic blocks per stage", core::Bounds::between(1, 64));
     recipe::declare_prune_finetune_keys(c, prune::PruningCallbackOptions().eval("test"));
   };
   spec.make_task = [](const core::Config& c, torch::Device device) {
-    recipe::check_prune_finetune_config(c);  // bad prune.* values fail now, not after the dense training
     models::CifarResNet net(models::CifarResNetOptions()
                                 .width(c.get_int("model.width"))
                                 .blocks(c.get_int("model.blocks"))

@@ -183,11 +183,13 @@ torch::Tensor identity_params(int64_t n, int64_t h, int64_t w) {
 torch::Tensor gray_of(const torch::Tensor& v) {
   return (0.299 * v.select(1, 0) + 0.587 * v.select(1, 1) + 0.114 * v.select(1, 2)).unsqueeze(1);
 }
+// Hue by `turns` in torchvision's direction (H grows in HSV): a rotation by
+// -2 pi turns in the (I, Q) plane of YIQ.
 torch::Tensor hue_rotate(const torch::Tensor& v, double turns) {
   const auto f64 = torch::kFloat64;
   const torch::Tensor t =
       torch::tensor({0.299, 0.587, 0.114, 0.596, -0.274, -0.322, 0.211, -0.523, 0.312}, f64).view({3, 3});
-  const double a = 2 * M_PI * turns;
+  const double a = -2 * M_PI * turns;
   const torch::Tensor r =
       torch::tensor({1.0, 0.0, 0.0, 0.0, std::cos(a), -std::sin(a), 0.0, std::sin(a), std::cos(a)}, f64)
           .view({3, 3});

@@ -83,6 +83,42 @@ class AugmentOps(WithLibrary):
         gray = (0.299 * v[:, 0] + 0.587 * v[:, 1] + 0.114 * v[:, 2]).clamp(0, 1)
         torch.testing.assert_close(out.double(), gray.unsqueeze(1).expand(8, 3, 20, 24), rtol=0, atol=1e-6)
 
+    def test_hue_turns_as_torchvision_adjust_hue(self):
+        # Ember's hue is DALI's YIQ rotation, torchvision's an HSV shift: the
+        # two agree on the direction and within a few degrees on the angle.
+        # A red pixel turned by +1/12 goes toward yellow (torchvision gives
+        # (200, 120, 40)), never toward magenta.
+        import colorsys
+        from torchvision.transforms.v2 import functional as TF
+        g = torch.Generator().manual_seed(3)
+        n = 64
+        x = torch.randint(0, 256, (n, 1, 1, 3), dtype=torch.uint8, generator=g)
+        x[0, 0, 0] = torch.tensor([200, 40, 40], dtype=torch.uint8)
+        shift = (torch.rand(n, generator=g) * 0.2 + 0.02) * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+        shift[0] = 1 / 12
+        p = sample(torch.arange(n), 1, 1)
+        p[:, HUE] = shift
+        ours = apply(x, p, (1, 1)).view(n, 3)
+        checked, errors = 0, []
+        for i in range(n):
+            v = as_float(x[i:i + 1]).view(3)
+            h0, s0, _ = colorsys.rgb_to_hsv(*v.tolist())
+            if s0 < 0.3:  # hue is ill-defined near the gray axis
+                continue
+            want = TF.adjust_hue(v.view(3, 1, 1), float(shift[i])).view(3)
+            h_want = colorsys.rgb_to_hsv(*want.tolist())[0]
+            h_ours = colorsys.rgb_to_hsv(*ours[i].tolist())[0]
+            turned = (h_ours - h0 + 0.5) % 1 - 0.5
+            self.assertEqual(turned > 0, float(shift[i]) > 0, f"pixel {v.tolist()} shift {float(shift[i])}")
+            error = abs((h_ours - h_want + 0.5) % 1 - 0.5)
+            self.assertLess(error, 0.1, f"pixel {v.tolist()}")
+            errors.append(error)
+            checked += 1
+        self.assertGreater(checked, 20)
+        self.assertLess(sum(errors) / len(errors), 0.03)  # a few degrees on average
+        red = ours[0] * 255
+        self.assertGreater(float(red[1]), float(red[2]) + 40)  # green up, blue down: toward yellow
+
     def test_erasing(self):
         p = sample(torch.arange(8), 20, 24, erase=1.0, seed=2)
         out = apply(self.x, p, (20, 24), erase_value=7.0)

@@ -104,6 +104,90 @@ TEST(Config, MissingFileIsAClearError) {
             std::string::npos);
 }
 
+TEST(Config, AFolderOrADeviceIsNotAConfigFile) {
+  Config c = make();
+  const std::string dir = ::testing::TempDir();  // a folder that exists
+  std::string e = error_of([&] { c.merge_toml_file(dir); });
+  EXPECT_NE(e.find("is a folder, not a config file"), std::string::npos) << e;
+  e = error_of([&] { c.merge_toml_file("/dev/zero"); });  // would never end
+  EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+  try {
+    c.merge_toml_file(dir);
+  } catch (const ember::Error& err) {
+    EXPECT_EQ(err.kind(), ember::ErrorKind::kConfig);
+  }
+  EXPECT_EQ(c.get_int("trainer.epochs"), 10) << "nothing merged";
+}
+
+TEST(Config, BoundsAreCheckedWhereAValueIsSet) {
+  using ember::core::Bounds;
+  Config c;
+  c.declare("trainer.epochs", 10, "epochs", Bounds::between(1, 1e6));
+  c.declare("optim.lr", 0.1, "rate", Bounds::positive());
+  c.declare("model.dropout", 0.1, "p", Bounds::from_below(0, 1));
+  c.declare("augment.std", std::vector<double>{0.5}, "std", Bounds::positive());
+  c.declare("misc.x", 1.0, "unbounded");
+  const auto refused = [&](const std::string& kv) {
+    try {
+      c.set_override(kv);
+    } catch (const ember::Error& e) {
+      EXPECT_EQ(e.kind(), ember::ErrorKind::kConfig) << kv;
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(
+      refused("trainer.epochs=-1"),
+      "[config] trainer.epochs=-1 (command line) is out of range: trainer.epochs must be in [1, 1000000]");
+  EXPECT_NE(refused("trainer.epochs=1000000000000000000").find("out of range"), std::string::npos);
+  EXPECT_NE(refused("optim.lr=0").find("optim.lr must be > 0"), std::string::npos);
+  EXPECT_NE(refused("optim.lr=nan").find("a finite number"), std::string::npos);  // by the parser
+  EXPECT_NE(refused("optim.lr=inf").find("a finite number"), std::string::npos);
+  try {  // TOML has nan and inf literals: refused with the file named
+    c.merge_toml("[optim]\nlr = nan\n", "nan.toml");
+    ADD_FAILURE() << "lr = nan accepted";
+  } catch (const ember::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nan.toml: optim.lr must be finite"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(refused("model.dropout=1").find("must be in [0, 1)"), std::string::npos);
+  EXPECT_NE(refused("augment.std=[0.5, 0]").find("augment.std=[0.5, 0.0]"), std::string::npos);
+  try {
+    c.merge_toml("[misc]\nx = inf\n", "inf.toml");
+    ADD_FAILURE() << "x = inf accepted";
+  } catch (const ember::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("inf.toml: misc.x must be finite"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(refused("model.dropout=0"), "");
+  EXPECT_EQ(refused("trainer.epochs=1000000"), "");
+  EXPECT_EQ(c.get_int("trainer.epochs"), 1000000) << "the last accepted value";
+  EXPECT_DOUBLE_EQ(c.get_float("optim.lr"), 0.1) << "a refused value changes nothing";
+  // Files too, naming the file.
+  try {
+    c.merge_toml("[optim]\nlr = -3.0\n", "mine.toml");
+    ADD_FAILURE() << "lr = -3 accepted";
+  } catch (const ember::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optim.lr=-3.0 (mine.toml)"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(c.help().find("(float, > 0)"), std::string::npos) << c.help();
+  EXPECT_THROW(c.declare("bad.default", 0, "", Bounds::at_least(1)), ember::Error);
+}
+
+TEST(Config, ChecksRunOnValidate) {
+  Config c = make();
+  int runs = 0;
+  c.add_check([&](const Config& k) {
+    ++runs;
+    if (k.get_string("optim.name") != "sgd" && k.get_string("optim.name") != "adam")
+      throw ember::Error(ember::ErrorKind::kConfig, "[optim] optim.name must be sgd or adam");
+  });
+  c.validate();
+  EXPECT_EQ(runs, 1);
+  c.set_override("optim.name=sgdd");  // names are checked by the area's check, not at set time
+  EXPECT_THROW(c.validate(), ember::Error);
+  EXPECT_EQ(c.get_text("optim.name"), "'sgdd'");
+  EXPECT_EQ(c.get_text("data.mean"), "[0.5, 0.25]");
+}
+
 #include <ember/recipe/host_malloc.h>
 
 TEST(HostMalloc, TuningIsAcceptedByGlibc) {

@@ -2,6 +2,8 @@
 #include <ember/train/checkpoint.h>
 #include <gtest/gtest.h>
 
+#include <zlib.h>
+
 #include <fstream>
 
 #include "train/test_task.h"
@@ -100,6 +102,56 @@ TEST(Idx, LoadMnistChecksCountsAndFindsGzOrPlain) {
 
   EXPECT_NE(error_of([&] { data::load_mnist(dir + "/nope", data::Split::kTrain); }).find("data.root"),
             std::string::npos);
+}
+
+TEST(Idx, ReadsAreBoundedByTheHeaderAndALimit) {
+  const std::string dir = test_util::temp_dir("idx_bounds");
+  // A header promising 2^96 bytes, and one promising 1e12: refused before any allocation.
+  write_bytes(dir + "/huge.idx",
+              std::string("\x00\x00\x08\x03\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 16));
+  std::string e = error_of([&] { data::read_idx(dir + "/huge.idx"); });
+  EXPECT_NE(e.find("over 2^64"), std::string::npos) << e;
+  write_bytes(dir + "/big.idx",
+              std::string("\x00\x00\x08\x03\x00\x01\x86\xa0\x00\x01\x86\xa0\x00\x00\x00\x64", 16));
+  e = error_of([&] { data::read_idx(dir + "/big.idx"); });
+  EXPECT_NE(e.find("100000x100000x100"), std::string::npos) << e;
+  EXPECT_NE(e.find("more than the limit"), std::string::npos) << e;
+  data::write_idx(dir + "/small.idx", torch::zeros({10, 4, 4}, torch::kUInt8));
+  EXPECT_EQ(data::read_idx(dir + "/small.idx", 160).numel(), 160);
+  EXPECT_NE(error_of([&] { data::read_idx(dir + "/small.idx", 159); }).find("more than the limit of 159"),
+            std::string::npos);
+  // A gzip bomb: 10 bytes of data promised, 20 MB of zeros after them; the
+  // reader inflates no more than 64 KiB past the promise.
+  gzFile f = gzopen((dir + "/bomb.idx.gz").c_str(), "wb9");
+  ASSERT_NE(f, nullptr);
+  const std::string head("\x00\x00\x08\x01\x00\x00\x00\x0a", 8);
+  gzwrite(f, head.data(), static_cast<unsigned>(head.size()));
+  const std::string zeros(1 << 20, '\0');
+  for (int i = 0; i < 20; ++i) gzwrite(f, zeros.data(), static_cast<unsigned>(zeros.size()));
+  gzclose(f);
+  e = error_of([&] { data::read_idx(dir + "/bomb.idx.gz"); });
+  EXPECT_NE(e.find("at least 65536 unexpected bytes"), std::string::npos) << e;
+}
+
+TEST(Idx, LoadMnistRejectsOutOfRangeLabelsNamingFileAndSample) {
+  const std::string dir = test_util::temp_dir("idx_mnist_labels");
+  data::write_idx(dir + "/train-images-idx3-ubyte", torch::zeros({6, 28, 28}, torch::kUInt8));
+  torch::Tensor labels = torch::tensor({1, 2, 3, 200, 4, 10}, torch::kUInt8);
+  data::write_idx(dir + "/train-labels-idx1-ubyte", labels);
+  try {
+    data::load_mnist(dir, data::Split::kTrain);
+    ADD_FAILURE() << "label 200 accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kData) << m;
+    EXPECT_NE(m.find("train-labels-idx1-ubyte"), std::string::npos) << m;
+    EXPECT_NE(m.find("sample 3 has label 200"), std::string::npos) << m;
+    EXPECT_NE(m.find("2 of 6 labels"), std::string::npos) << m;  // 200 and 10
+  }
+  // A dataset with more classes (EMNIST-style) takes them through `classes`.
+  EXPECT_EQ(data::load_mnist(dir, data::Split::kTrain, 201).size(), 6);
+  data::write_idx(dir + "/train-labels-idx1-ubyte", torch::tensor({0, 9, 1, 2, 3, 4}, torch::kUInt8));
+  EXPECT_EQ(data::load_mnist(dir, data::Split::kTrain).size(), 6);
 }
 
 TEST(Idx, RealFashionMnistWhenInstalled) {

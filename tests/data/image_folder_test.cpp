@@ -15,6 +15,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "data/image_folder_internal.h"
+
 #if EMBER_WITH_OPENCV
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
@@ -301,6 +303,44 @@ TEST(ImageFolder, CorruptAndTruncatedFilesFailOrAreSkipped) {
   write_bytes(none + "/b/y.jpg", jpeg.substr(0, 100));
   const std::string e = load_error(none, ImageFolderOptions({8, 8}).on_error(OnError::kSkip));
   EXPECT_TRUE(contains(e, "none of the 2 images could be read")) << e;
+}
+
+TEST(ImageFolder, ImagesDeclaringTooManyPixelsAreRefusedBeforeDecoding) {
+  SKIP_WITHOUT_OPENCV();
+  // The declared size, read from each format's header.
+  for (const char* ext : {".jpg", ".png", ".bmp"}) {
+    const std::string bytes = encode(random_image(30, 40, 3), ext);
+    int64_t w = 0, h = 0;
+    ASSERT_TRUE(
+        data::detail::image_size_of(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &w, &h))
+        << ext;
+    EXPECT_EQ(w, 40) << ext;
+    EXPECT_EQ(h, 30) << ext;
+    const std::string root = test_util::temp_dir("imgf_pixels");
+    train::make_dirs(root + "/a");
+    write_bytes(root + "/a/big" + ext, bytes);
+    write_image(root + "/b/small.png", solid(8, 8, 1, 2, 3));
+    const std::string e = load_error(root, ImageFolderOptions({8, 8}).max_pixels(1199));
+    EXPECT_TRUE(
+        contains(e, "big" + std::string(ext) + ": declares 40x30 pixels, more than data.max_pixels=1199"))
+        << e;
+    EXPECT_EQ(data::load_image_folder(root, ImageFolderOptions({8, 8}).max_pixels(1200)).data.size(), 2);
+  }
+  // A 60-byte PNG that declares 100000 x 100000 pixels (30 GB decoded).
+  const auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                       static_cast<char>(v)};
+  };
+  const std::string forged = std::string("\x89PNG\r\n\x1a\n", 8) + be32(13) + "IHDR" + be32(100000) +
+                             be32(100000) + std::string("\x08\x02\x00\x00\x00", 5) + "crc!" + be32(0) +
+                             "IEND" + "crc!";
+  const std::string root = test_util::temp_dir("imgf_forged");
+  train::make_dirs(root + "/a");
+  train::make_dirs(root + "/b");
+  write_bytes(root + "/a/forged.png", forged);
+  write_bytes(root + "/b/other.png", forged);
+  const std::string e = load_error(root, ImageFolderOptions({8, 8}));
+  EXPECT_TRUE(contains(e, "declares 100000x100000 pixels")) << e;
 }
 
 TEST(ImageFolder, FolderAndOptionErrorsNameThePath) {

@@ -41,9 +41,20 @@ PY
 
 # One more fine-tuning epoch: both phases resume (the dense one is complete and
 # trains nothing; the fine-tuning replays the plan, then trains epoch 2 only).
+# finetune.epochs changes the fine-tuning schedule: refused unless allowed.
 steps=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$out/run/summary.json")
-"$bin" "${args[@]}" finetune.epochs=2 trainer.resume=auto >"$out/stdout2" 2>"$out/stderr2"
+set +e
+"$bin" "${args[@]}" finetune.epochs=2 trainer.resume=auto >"$out/stdout_refused" 2>"$out/stderr_refused"
+rc=$?
+set -e
+expect_rc 2 "$rc" "a resume with a changed finetune.epochs"
+expect_in "$out/stderr_refused" "finetune.epochs: 1 -> 2"
+expect_in "$out/stderr_refused" "run.allow_changes=true"
+"$bin" "${args[@]}" finetune.epochs=2 trainer.resume=auto run.allow_changes=true >"$out/stdout2" 2>"$out/stderr2"
 cat "$out/stdout2"
+expect_in "$out/stderr2" "resuming with changed keys: finetune.epochs: 1 -> 2"
+ls "$out/run"/config.resume-*.toml >/dev/null || fail "the resumed run's keys were not kept beside config.toml"
+grep -q "^epochs = 1" <(sed -n '/^\[finetune\]/,/^\[/p' "$out/run/config.toml") || fail "config.toml was overwritten"
 if grep -q '^pruning step' "$out/stdout2"; then fail "pruned again on resume"; fi
 expect_in "$out/stderr2" "resuming from $out/run/checkpoints/last.pt: epoch 1, batch 0, step $steps\$"
 expect_in "$out/stderr2" "resuming from $out/run/finetune/checkpoints/last.pt: epoch 1, batch 0, step $steps\$"

@@ -35,8 +35,8 @@ TEST(Classification, ConfigKeysRoundTripAndReject) {
                           "augment.hflip=2", "augment.hue=0.9", "augment.layout=chw"}) {
     core::Config b;
     declare_augment_keys(b);
-    b.set_override(bad);
-    try {
+    try {  // refused where it is set (bounds) or where it is read (names, integers)
+      b.set_override(bad);
       augment_options_from_config(b);
       ADD_FAILURE() << bad << " accepted";
     } catch (const Error& e) {
@@ -45,8 +45,7 @@ TEST(Classification, ConfigKeysRoundTripAndReject) {
   }
   core::Config m;
   declare_augment_keys(m);
-  m.set_override("augment.mix.label_smoothing=1.5");
-  EXPECT_THROW(mix_options_from_config(m), Error);
+  EXPECT_THROW(m.set_override("augment.mix.label_smoothing=1.5"), Error);
 }
 
 TEST(Classification, LoaderTransformIsKeyedByIndexAndEpochAndSurvivesResume) {
@@ -173,4 +172,24 @@ TEST(Classification, LabelSmoothingTrainsOnSoftTargetsAndEvaluatesOnLabels) {
   EXPECT_TRUE(torch::allclose(smoothed.loss, soft, 1e-6, 1e-6));
   EXPECT_FALSE(torch::allclose(smoothed.loss, plain.loss));
   EXPECT_TRUE(torch::equal(smoothed.target, b.target)) << "accuracy against the labels";
+}
+
+TEST(Classification, TaskRejectsOutOfRangeLabelsBeforeTraining) {
+  const auto task_of = [](recipe::ClassificationData d) {
+    return recipe::ClassificationTask(torch::nn::AnyModule(TinyNet()), std::move(d),
+                                      recipe::ClassificationOptions().batch_size(4));
+  };
+  recipe::ClassificationData d = images(20, 6);
+  d.test.targets[4] = 4;  // 4 classes: labels 0..3
+  try {
+    task_of(d);
+    ADD_FAILURE() << "label 4 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kData);
+    EXPECT_NE(std::string(e.what()).find("test sample 4 has label 4"), std::string::npos) << e.what();
+  }
+  d = images(20, 6);
+  d.train.targets[7] = -1;
+  EXPECT_THROW(task_of(d), Error);
+  EXPECT_NO_THROW(task_of(images(20, 6)));
 }

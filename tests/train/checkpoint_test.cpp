@@ -69,6 +69,83 @@ TEST(Checkpoint, DamagedCheckpointIsAClearErrorOnResume) {
     train::Trainer(o).fit(again);
     FAIL() << "resume from a damaged checkpoint succeeded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot read checkpoint"), std::string::npos) << e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kCheckpoint);
+    EXPECT_NE(std::string(e.what()).find("last.pt cannot be used"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no usable checkpoint"), std::string::npos) << e.what();
   }
+}
+
+TEST(Checkpoint, SealedBytesDetectFlipsTruncationAndForeignFiles) {
+  std::string archive(5000, '\0');
+  for (size_t i = 0; i < archive.size(); ++i) archive[i] = static_cast<char>(i * 131 % 251);
+  const std::string sealed = train::seal_checkpoint(archive);
+  ASSERT_EQ(sealed.size(), archive.size() + 24);
+  EXPECT_EQ(train::unseal_checkpoint(sealed, "x"), archive);
+  for (size_t at : {size_t{0}, size_t{1234}, archive.size() - 1, archive.size() + 9, sealed.size() - 9}) {
+    std::string bad = sealed;
+    bad[at] = static_cast<char>(bad[at] ^ 0x10);
+    EXPECT_THROW(train::unseal_checkpoint(bad, "x"), Error) << "a flipped bit at " << at;
+  }
+  const std::string e =
+      test_util::error_of([&] { train::unseal_checkpoint(sealed.substr(0, 3000), "f.pt"); });
+  EXPECT_NE(e.find("f.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("not an Ember checkpoint"), std::string::npos) << e;
+  EXPECT_THROW(train::unseal_checkpoint(sealed + "tail", "x"), Error);
+  EXPECT_THROW(train::unseal_checkpoint("", "x"), Error);
+  EXPECT_EQ(train::previous_checkpoint_path("run/checkpoints/last.pt"), "run/checkpoints/prev.pt");
+  EXPECT_EQ(train::previous_checkpoint_path("weights.pt"), "weights.pt.prev");
+}
+
+TEST(Checkpoint, ADamagedLatestFallsBackToThePreviousOne) {
+  const std::string dir = test_util::temp_dir("fallback");
+  test_util::BlobTask task({});
+  train::TrainerOptions o;
+  o.epochs(2).run_dir(dir);
+  train::Trainer(o).fit(task);  // epoch 1 -> last.pt, epoch 2 -> last.pt, epoch 1's kept as prev.pt
+  const std::string last = dir + "/checkpoints/last.pt", prev = dir + "/checkpoints/prev.pt";
+  ASSERT_TRUE(core::is_file(prev));
+  std::string bytes = train::read_file(last);
+  bytes[bytes.size() / 3] = static_cast<char>(bytes[bytes.size() / 3] ^ 1);  // one flipped bit
+  train::write_file_atomic(last, bytes);
+  testing::internal::CaptureStderr();
+  test_util::BlobTask again({});
+  o.epochs(3).resume("auto");
+  const train::FitResult r = train::Trainer(o).fit(again);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.resumed_from, prev);
+  EXPECT_EQ(r.resumed_at_step, 8) << "epoch 1's checkpoint";
+  EXPECT_NE(err.find("CRC-32"), std::string::npos) << err;
+  EXPECT_NE(err.find("resuming from the one before it"), std::string::npos) << err;
+  EXPECT_EQ(r.epochs_completed, 3);
+}
+
+TEST(Checkpoint, ResumeAcceptsARunFolderAndRemovesKilledWritesTemporaries) {
+  const std::string dir = test_util::temp_dir("resume_folder");
+  test_util::BlobTask task({});
+  train::TrainerOptions o;
+  o.epochs(1).run_dir(dir);
+  train::Trainer(o).fit(task);
+  // What a writer killed between mkstemp and rename leaves.
+  test_util::write_bytes(dir + "/checkpoints/last.pt.tmp.Ab3xYz", "half a checkpoint");
+  test_util::write_bytes(dir + "/checkpoints/notes.tmp.txt", "not ours");
+  test_util::BlobTask again({});
+  o.epochs(2).resume(dir);  // the run folder itself
+  testing::internal::CaptureStderr();
+  const train::FitResult r = train::Trainer(o).fit(again);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.resumed_from, dir + "/checkpoints/last.pt");
+  EXPECT_FALSE(core::is_file(dir + "/checkpoints/last.pt.tmp.Ab3xYz"));
+  EXPECT_TRUE(core::is_file(dir + "/checkpoints/notes.tmp.txt"));
+  EXPECT_NE(err.find("removed 1 unfinished checkpoint file"), std::string::npos) << err;
+}
+
+TEST(Checkpoint, AtomicWriteCanKeepThePreviousFile) {
+  const std::string dir = test_util::temp_dir("keep_prev");
+  train::write_file_atomic(dir + "/a", "one", dir + "/a.old");  // nothing to keep yet
+  EXPECT_FALSE(core::is_file(dir + "/a.old"));
+  train::write_file_atomic(dir + "/a", "two", dir + "/a.old");
+  EXPECT_EQ(train::read_file(dir + "/a"), "two");
+  EXPECT_EQ(train::read_file(dir + "/a.old"), "one");
+  EXPECT_EQ(core::remove_temporaries(dir), 0);
+  EXPECT_EQ(core::list_dir(dir), (std::vector<std::string>{"a", "a.old"}));
 }

@@ -147,6 +147,18 @@ TEST(Trainer, MaxStepsStopsMidEpoch) {
   EXPECT_EQ(r.stop_reason, "max_steps reached");
 }
 
+TEST(Trainer, MaxStepsZeroTakesNoStep) {
+  BlobTask task({});
+  train::TrainerOptions o = quiet(3);
+  o.max_steps(0);
+  const torch::Tensor before = task.model()->parameters().front().clone();
+  const auto r = train::Trainer(o).fit(task);
+  EXPECT_EQ(r.steps, 0);
+  EXPECT_EQ(r.epochs_completed, 0);
+  EXPECT_EQ(r.stop_reason, "max_steps reached");
+  EXPECT_TRUE(torch::equal(before, task.model()->parameters().front()));
+}
+
 TEST(Trainer, RejectsBadOptionsAndBadLosses) {
   train::TrainerOptions o = quiet(1);
   o.accumulate_grad_batches(0);

@@ -6,6 +6,8 @@
 #include "core/check.h"
 
 namespace ember::augment {
+
+using core::Bounds;
 namespace {
 
 std::vector<double> as_doubles(const std::vector<int64_t>& v) {
@@ -29,29 +31,45 @@ const char* dtype_name(c10::ScalarType t) {
 void declare_augment_keys(core::Config& c, const AugmentOptions& d, const MixOptions& m) {
   c.declare("augment.crop", to_string(d.crop()),
             "none | pad (RandomCrop with padding) | resized (RandomResizedCrop)");
-  c.declare("augment.size", as_doubles(d.size()), "output [H, W] ([] = the input size)");
-  c.declare("augment.padding", d.padding(), "pad crop: zero padding on each side, pixels");
-  c.declare("augment.scale", d.scale(), "resized crop: [min, max] area fraction");
-  c.declare("augment.ratio", d.ratio(), "resized crop: [min, max] aspect ratio w/h");
-  c.declare("augment.hflip", d.hflip(), "probability of a horizontal flip");
-  c.declare("augment.vflip", d.vflip(), "probability of a vertical flip");
-  c.declare("augment.brightness", d.brightness(), "colour jitter: brightness factor range 1 +- x (0 = off)");
-  c.declare("augment.contrast", d.contrast(), "colour jitter: contrast factor range 1 +- x (0 = off)");
-  c.declare("augment.saturation", d.saturation(), "colour jitter: saturation factor range 1 +- x (0 = off)");
-  c.declare("augment.hue", d.hue(), "colour jitter: hue shift range +- x turns, x <= 0.5 (0 = off)");
-  c.declare("augment.color_p", d.color_p(), "probability that a sample gets colour jitter");
-  c.declare("augment.grayscale", d.grayscale(), "probability of converting a sample to gray");
-  c.declare("augment.erase", d.erase(), "probability of random erasing");
+  c.declare("augment.size", as_doubles(d.size()), "output [H, W] ([] = the input size)",
+            Bounds::between(1, 1 << 16));
+  c.declare("augment.padding", d.padding(), "pad crop: zero padding on each side, pixels",
+            Bounds::between(0, 1 << 12));
+  c.declare("augment.scale", d.scale(), "resized crop: [min, max] area fraction", Bounds{0.0, 1.0, true});
+  c.declare("augment.ratio", d.ratio(), "resized crop: [min, max] aspect ratio w/h", Bounds::positive());
+  c.declare("augment.hflip", d.hflip(), "probability of a horizontal flip", Bounds::between(0, 1));
+  c.declare("augment.vflip", d.vflip(), "probability of a vertical flip", Bounds::between(0, 1));
+  c.declare("augment.brightness", d.brightness(), "colour jitter: brightness factor range 1 +- x (0 = off)",
+            Bounds::at_least(0));
+  c.declare("augment.contrast", d.contrast(), "colour jitter: contrast factor range 1 +- x (0 = off)",
+            Bounds::at_least(0));
+  c.declare("augment.saturation", d.saturation(), "colour jitter: saturation factor range 1 +- x (0 = off)",
+            Bounds::at_least(0));
+  c.declare("augment.hue", d.hue(), "colour jitter: hue shift range +- x turns, x <= 0.5 (0 = off)",
+            Bounds::between(0, 0.5));
+  c.declare("augment.color_p", d.color_p(), "probability that a sample gets colour jitter",
+            Bounds::between(0, 1));
+  c.declare("augment.grayscale", d.grayscale(), "probability of converting a sample to gray",
+            Bounds::between(0, 1));
+  c.declare("augment.erase", d.erase(), "probability of random erasing", Bounds::between(0, 1));
   c.declare("augment.erase_value", d.erase_value(), "value of erased pixels, after normalisation");
   c.declare("augment.mean", d.mean(), "per-channel mean of pixel/255 ([] = no normalisation)");
-  c.declare("augment.std", d.std(), "per-channel std of pixel/255");
+  c.declare("augment.std", d.std(), "per-channel std of pixel/255", Bounds::positive());
   c.declare("augment.dtype", dtype_name(d.dtype()), "output dtype: float32 | float16 | bfloat16");
   c.declare("augment.layout", d.layout() == Layout::kNHWC ? "nhwc" : "nchw", "output layout: nchw | nhwc");
-  c.declare("augment.mix.mixup_alpha", m.mixup_alpha(), "Mixup Beta(alpha, alpha) (0 = off)");
-  c.declare("augment.mix.cutmix_alpha", m.cutmix_alpha(), "CutMix Beta(alpha, alpha) (0 = off)");
-  c.declare("augment.mix.switch_p", m.switch_p(), "with both: probability of CutMix for a sample");
-  c.declare("augment.mix.p", m.p(), "probability that a sample is mixed");
-  c.declare("augment.mix.label_smoothing", m.label_smoothing(), "label smoothing of the mixed targets");
+  c.declare("augment.mix.mixup_alpha", m.mixup_alpha(), "Mixup Beta(alpha, alpha) (0 = off)",
+            Bounds::at_least(0));
+  c.declare("augment.mix.cutmix_alpha", m.cutmix_alpha(), "CutMix Beta(alpha, alpha) (0 = off)",
+            Bounds::at_least(0));
+  c.declare("augment.mix.switch_p", m.switch_p(), "with both: probability of CutMix for a sample",
+            Bounds::between(0, 1));
+  c.declare("augment.mix.p", m.p(), "probability that a sample is mixed", Bounds::between(0, 1));
+  c.declare("augment.mix.label_smoothing", m.label_smoothing(), "label smoothing of the mixed targets",
+            Bounds::from_below(0, 1));
+  c.add_check([](const core::Config& config) {
+    augment_options_from_config(config);
+    mix_options_from_config(config);
+  });
 }
 
 AugmentOptions augment_options_from_config(const core::Config& c) {

@@ -127,9 +127,11 @@ EMBER_HOST_DEVICE void color_matrix(const float* p, int channels, float center, 
     compose(a, m);
   }
   if (h != 0.0f) {
-    // Rotation by 2 pi h about the gray axis in YIQ space: T^-1 diag(1, R) T
-    // = 1 w^T + cos (I - 1 w^T) + sin S, with S = T^-1[:, 1:] [[0, -1], [1, 0]] T[1:, :]
+    // Rotation by -2 pi h about the gray axis in YIQ space: T^-1 diag(1, R) T
+    // = 1 w^T + cos (I - 1 w^T) - sin S, with S = T^-1[:, 1:] [[0, -1], [1, 0]] T[1:, :]
     // for the NTSC YIQ matrix T (rows I = 0.596 -0.274 -0.322, Q = 0.211 -0.523 0.312).
+    // The minus sign makes h > 0 turn as torchvision's adjust_hue does (red
+    // toward yellow, as H grows in HSV); a positive YIQ angle turns the other way.
     constexpr float kS[9] = {1.686217949e-01f,  3.298047453e-01f,  -4.984265402e-01f,
                              -3.279633942e-01f, 3.461068792e-02f,  2.933527062e-01f,
                              1.246461366e+00f,  -1.043228883e+00f, -2.032324828e-01f};
@@ -137,7 +139,7 @@ EMBER_HOST_DEVICE void color_matrix(const float* p, int channels, float center, 
     sincos_turns(h, &sn, &cs);
     for (int i = 0; i < 3; ++i) {
       for (int j = 0; j < 3; ++j)
-        a[4 * i + j] = w[j] + cs * ((i == j ? 1.0f : 0.0f) - w[j]) + sn * kS[3 * i + j];
+        a[4 * i + j] = w[j] + cs * ((i == j ? 1.0f : 0.0f) - w[j]) - sn * kS[3 * i + j];
       a[4 * i + 3] = 0.0f;
     }
     compose(a, m);

@@ -1,11 +1,13 @@
 #include "ember/core/config.h"
 
+#include <sys/stat.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -196,22 +198,62 @@ std::string unknown_key_message(const Config& cfg, const std::string& key, const
 
 }  // namespace
 
-Config& Config::declare_value(const std::string& key, ConfigValue value, std::string doc) {
+bool Bounds::contains(double v) const {
+  if (!std::isfinite(v)) return false;
+  return (min_open ? v > min : v >= min) && (max_open ? v < max : v <= max);
+}
+
+std::string Bounds::describe() const {
+  const auto num = [](double x) {  // whole numbers as integers: [1, 1000000], not [1, 1e+06]
+    return x == std::floor(x) && std::fabs(x) < 1e15 ? std::to_string(static_cast<int64_t>(x))
+                                                     : fmt::format("{}", x);
+  };
+  const bool lo = std::isfinite(min), hi = std::isfinite(max);
+  if (lo && hi)
+    return fmt::format("in {}{}, {}{}", min_open ? '(' : '[', num(min), num(max), max_open ? ')' : ']');
+  if (lo) return fmt::format("{} {}", min_open ? ">" : ">=", num(min));
+  if (hi) return fmt::format("{} {}", max_open ? "<" : "<=", num(max));
+  return "";
+}
+
+namespace {
+// Throws unless every number in `v` lies within `b` (strings and bools pass).
+void check_bounds(const std::string& key, const ConfigValue& v, const Bounds& b, const std::string& source) {
+  const auto refuse = [&](double x) {
+    const std::string range = b.describe();
+    throw Error(
+        ErrorKind::kConfig,
+        fmt::format("[config] {}={} ({}) is out of range: {} must be {}", key, format_value(v), source, key,
+                    range.empty() ? "a finite number" : range + (std::isfinite(x) ? "" : " and finite")));
+  };
+  if (const auto* i = std::get_if<int64_t>(&v)) {
+    if (!b.contains(static_cast<double>(*i))) refuse(static_cast<double>(*i));
+  } else if (const auto* d = std::get_if<double>(&v)) {
+    if (!b.contains(*d)) refuse(*d);
+  } else if (const auto* l = std::get_if<std::vector<double>>(&v)) {
+    for (double x : *l)
+      if (!b.contains(x)) refuse(x);
+  }
+}
+}  // namespace
+
+Config& Config::declare_value(const std::string& key, ConfigValue value, std::string doc, Bounds bounds) {
   EMBER_CHECK_KIND(kConfig, !key.empty() && key.front() != '.' && key.back() != '.',
                    "[config] invalid key name '{}'", key);
   EMBER_CHECK_KIND(kConfig, !entries_.count(key), "[config] key '{}' declared twice", key);
-  entries_.emplace(key, ConfigEntry{value, value, std::move(doc), "default"});
+  check_bounds(key, value, bounds, "its declared default");
+  entries_.emplace(key, ConfigEntry{value, value, std::move(doc), "default", bounds});
   return *this;
 }
 
 Config& Config::declare(const std::string& key, bool v, std::string doc) {
   return declare_value(key, v, std::move(doc));
 }
-Config& Config::declare(const std::string& key, int64_t v, std::string doc) {
-  return declare_value(key, v, std::move(doc));
+Config& Config::declare(const std::string& key, int64_t v, std::string doc, Bounds bounds) {
+  return declare_value(key, v, std::move(doc), bounds);
 }
-Config& Config::declare(const std::string& key, double v, std::string doc) {
-  return declare_value(key, v, std::move(doc));
+Config& Config::declare(const std::string& key, double v, std::string doc, Bounds bounds) {
+  return declare_value(key, v, std::move(doc), bounds);
 }
 Config& Config::declare(const std::string& key, const char* v, std::string doc) {
   return declare_value(key, std::string(v), std::move(doc));
@@ -219,8 +261,8 @@ Config& Config::declare(const std::string& key, const char* v, std::string doc) 
 Config& Config::declare(const std::string& key, std::string v, std::string doc) {
   return declare_value(key, std::move(v), std::move(doc));
 }
-Config& Config::declare(const std::string& key, std::vector<double> v, std::string doc) {
-  return declare_value(key, std::move(v), std::move(doc));
+Config& Config::declare(const std::string& key, std::vector<double> v, std::string doc, Bounds bounds) {
+  return declare_value(key, std::move(v), std::move(doc), bounds);
 }
 
 ConfigEntry& Config::entry_for_update(const std::string& key, const std::string& source) {
@@ -248,17 +290,34 @@ void Config::merge_toml(std::string_view text, const std::string& source) {
   flatten(table, "", items);
   for (const auto& [key, node] : items) {
     ConfigEntry& e = entry_for_update(key, source);
-    e.value = from_toml(key, *node, e.default_value, source);
+    ConfigValue v = from_toml(key, *node, e.default_value, source);
+    check_bounds(key, v, e.bounds, source);
+    e.value = std::move(v);
     e.source = source;
   }
 }
 
 void Config::merge_toml_file(const std::string& path) {
+  // A regular file of sane size: a folder would read as an empty config (and
+  // silently drop the recipe's own), a FIFO or /dev/zero would never end.
+  struct stat st {};
+  EMBER_CHECK_KIND(kConfig, ::stat(path.c_str(), &st) == 0,
+                   "[config] cannot open config file '{}': {} (check the path given to --config)", path,
+                   std::strerror(errno));
+  EMBER_CHECK_KIND(kConfig, S_ISREG(st.st_mode),
+                   "[config] '{}' is {}, not a config file: --config takes a TOML file, e.g. "
+                   "recipes/fashion_mnist/wide.toml",
+                   path, S_ISDIR(st.st_mode) ? "a folder" : "not a regular file");
+  constexpr int64_t kMaxBytes = int64_t{16} << 20;
+  EMBER_CHECK_KIND(kConfig, st.st_size <= kMaxBytes,
+                   "[config] '{}' is {} bytes; a config file is at most {} MiB: is it the right file?", path,
+                   static_cast<int64_t>(st.st_size), kMaxBytes >> 20);
   std::ifstream in(path, std::ios::binary);
   EMBER_CHECK_KIND(kConfig, in.good(),
                    "[config] cannot open config file '{}' (check the path given to --config)", path);
   std::stringstream ss;
   ss << in.rdbuf();
+  EMBER_CHECK_KIND(kConfig, !in.bad(), "[config] cannot read config file '{}'", path);
   merge_toml(ss.str(), path);
 }
 
@@ -268,8 +327,23 @@ void Config::set_override(const std::string& assignment) {
                    "[config] '{}': overrides are key=value, e.g. trainer.epochs=3", assignment);
   const std::string key = trim(assignment.substr(0, eq));
   ConfigEntry& e = entry_for_update(key, "command line");
-  e.value = parse_text(key, assignment.substr(eq + 1), e.default_value);
+  ConfigValue v = parse_text(key, assignment.substr(eq + 1), e.default_value);
+  check_bounds(key, v, e.bounds, "command line");
+  e.value = std::move(v);
   e.source = "command line";
+}
+
+Config& Config::add_check(std::function<void(const Config&)> check) {
+  checks_.push_back(std::move(check));
+  return *this;
+}
+
+void Config::validate() const {
+  for (const auto& check : checks_) check(*this);
+}
+
+std::string Config::get_text(const std::string& key) const {
+  return format_value(entry(key).value);
 }
 
 bool Config::get_bool(const std::string& key) const {
@@ -328,7 +402,9 @@ std::string Config::help() const {
     width = std::max(width, kv.first.size() + format_value(kv.second.value).size() + 1);
   for (const auto& [key, e] : entries_) {
     const std::string kv = key + "=" + format_value(e.value);
-    out += fmt::format("  {:<{}}  {} ({})\n", kv, width, e.doc, type_name(e.value));
+    const std::string range = e.bounds.describe();
+    out += fmt::format("  {:<{}}  {} ({}{}{})\n", kv, width, e.doc, type_name(e.value),
+                       range.empty() ? "" : ", ", range);
   }
   return out;
 }

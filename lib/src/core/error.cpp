@@ -13,6 +13,8 @@ const char* to_string(ErrorKind kind) {
       return "checkpoint";
     case ErrorKind::kDistributed:
       return "distributed";
+    case ErrorKind::kDiverged:
+      return "diverged";
     case ErrorKind::kGeneral:
       break;
   }

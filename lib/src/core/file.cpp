@@ -1,9 +1,11 @@
 #include "ember/core/file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -34,7 +36,7 @@ void make_dirs(const std::string& path) {
   }
 }
 
-void write_file_atomic(const std::string& path, const std::string& bytes) {
+void write_file_atomic(const std::string& path, const std::string& bytes, const std::string& previous) {
   const std::string dir = parent_dir(path);
   make_dirs(dir);
   std::string tmp = path + ".tmp.XXXXXX";
@@ -63,6 +65,11 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     ::unlink(tmp.c_str());
     detail::fail("[core::write_file_atomic] closing {}: {}", path, std::strerror(errno));
   }
+  if (!previous.empty() && ::rename(path.c_str(), previous.c_str()) != 0 && errno != ENOENT) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    detail::fail("[core::write_file_atomic] keeping {} as {}: {}", path, previous, std::strerror(err));
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -73,6 +80,52 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+bool is_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool is_dir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void remove_file(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    detail::fail("[core::remove_file] cannot remove {}: {}", path, std::strerror(errno));
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    detail::fail("[core::rename_path] cannot move {} to {}: {}", from, to, std::strerror(errno));
+}
+
+int remove_temporaries(const std::string& dir) {
+  int removed = 0;
+  for (const std::string& name : list_dir(dir)) {
+    // write_file_atomic's "<name>.tmp.XXXXXX": mkstemp's 6 characters after the last ".tmp.".
+    const auto at = name.rfind(".tmp.");
+    if (at == std::string::npos || at == 0 || name.size() != at + 5 + 6) continue;
+    if (!is_file(dir + "/" + name)) continue;
+    remove_file(dir + "/" + name);
+    ++removed;
+  }
+  return removed;
 }
 
 std::string read_file(const std::string& path) {

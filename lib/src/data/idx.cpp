@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
@@ -34,36 +35,53 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// Reads the whole file, inflating gzip when the content is gzip (zlib's
-// gzread passes plain files through unchanged).
-std::vector<uint8_t> read_all(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  EMBER_CHECK(f != nullptr, "[data::read_idx] {}: cannot open ({})", path, std::strerror(errno));
-  std::unique_ptr<gzFile_s, int (*)(gzFile)> guard(f, gzclose);
-  gzbuffer(f, 1 << 20);
-  std::vector<uint8_t> out;
-  std::vector<uint8_t> chunk(1 << 20);
-  while (true) {
-    const int n = gzread(f, chunk.data(), static_cast<unsigned>(chunk.size()));
-    if (n < 0) {
-      int err = 0;
-      const char* msg = gzerror(f, &err);
-      detail::fail("[data::read_idx] {}: corrupt gzip stream ({}); re-copy or re-download the file",
-                   basename(path), msg ? msg : "unknown error");
-    }
-    if (n == 0) break;
-    out.insert(out.end(), chunk.begin(), chunk.begin() + n);
+// An IDX file opened through zlib, which inflates gzip and passes plain files
+// through unchanged; reads are bounded by what the caller asks for, so a
+// small compressed file cannot make it inflate gigabytes.
+class IdxStream {
+ public:
+  explicit IdxStream(const std::string& path) : path_(path), f_(gzopen(path.c_str(), "rb")) {
+    EMBER_CHECK(f_ != nullptr, "[data::read_idx] {}: cannot open ({})", path, std::strerror(errno));
+    gzbuffer(f_, 1 << 20);
   }
+  ~IdxStream() { gzclose(f_); }
+  IdxStream(const IdxStream&) = delete;
+  IdxStream& operator=(const IdxStream&) = delete;
+
+  // Reads up to `n` bytes into `dst`; returns how many (fewer at the end).
+  size_t read(void* dst, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const auto want = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
+      const int got = gzread(f_, static_cast<uint8_t*>(dst) + done, want);
+      if (got < 0) {
+        int err = 0;
+        const char* msg = gzerror(f_, &err);
+        detail::fail("[data::read_idx] {}: corrupt gzip stream ({}); re-copy or re-download the file",
+                     basename(path_), msg ? msg : "unknown error");
+      }
+      if (got == 0) break;
+      done += static_cast<size_t>(got);
+    }
+    if (done < n) check_clean_end();
+    return done;
+  }
+
+ private:
   // gzread stops silently at a gzip stream that was cut short.
-  int err = 0;
-  const char* msg = gzerror(f, &err);
-  EMBER_CHECK(err == Z_OK || err == Z_BUF_ERROR, "[data::read_idx] {}: corrupt gzip stream ({})",
-              basename(path), msg);
-  EMBER_CHECK(gzdirect(f) || err != Z_BUF_ERROR,
-              "[data::read_idx] {}: the gzip stream is truncated (the file was cut short); re-copy it",
-              basename(path));
-  return out;
-}
+  void check_clean_end() {
+    int err = 0;
+    const char* msg = gzerror(f_, &err);
+    EMBER_CHECK(err == Z_OK || err == Z_BUF_ERROR, "[data::read_idx] {}: corrupt gzip stream ({})",
+                basename(path_), msg);
+    EMBER_CHECK(gzdirect(f_) || err != Z_BUF_ERROR,
+                "[data::read_idx] {}: the gzip stream is truncated (the file was cut short); re-copy it",
+                basename(path_));
+  }
+
+  std::string path_;
+  gzFile f_;
+};
 
 uint32_t read_be32(const uint8_t* p) {
   return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
@@ -86,53 +104,62 @@ std::string find_split_file(const std::string& root, const std::string& stem) {
 
 }  // namespace
 
-torch::Tensor read_idx(const std::string& path) {
-  const std::vector<uint8_t> bytes = read_all(path);
+torch::Tensor read_idx(const std::string& path, int64_t max_bytes) {
+  IdxStream in(path);
   const std::string name = basename(path);
-  EMBER_CHECK(bytes.size() >= 4, "[data::read_idx] {}: only {} bytes, too short for an IDX header", name,
-              bytes.size());
-  const uint32_t magic = read_be32(bytes.data());
+  uint8_t head[4];
+  const size_t got_head = in.read(head, 4);
+  EMBER_CHECK(got_head == 4, "[data::read_idx] {}: only {} bytes, too short for an IDX header", name,
+              got_head);
+  const uint32_t magic = read_be32(head);
   const TypeInfo* type = nullptr;
   for (const auto& t : kTypes)
-    if (bytes[2] == t.code) type = &t;
-  const int ndim = bytes[3];
-  if (bytes[0] != 0 || bytes[1] != 0 || type == nullptr || ndim == 0) {
+    if (head[2] == t.code) type = &t;
+  const int ndim = head[3];
+  if (head[0] != 0 || head[1] != 0 || type == nullptr || ndim == 0) {
     std::string hint = "is this an IDX file?";
-    if (bytes[0] == 0x1f && bytes[1] == 0x8b) hint = "it is gzip inside gzip: decompress it once";
+    if (head[0] == 0x1f && head[1] == 0x8b) hint = "it is gzip inside gzip: decompress it once";
     detail::fail(
         "[data::read_idx] {}: bad magic 0x{:08x}: expected 0x0000TTDD with type TT in "
         "{{08,09,0B,0C,0D,0E}} and DD >= 1 dimensions ({})",
         name, magic, hint);
   }
-  const size_t header = 4 + 4 * static_cast<size_t>(ndim);
-  EMBER_CHECK(bytes.size() >= header, "[data::read_idx] {}: truncated header ({} of {} bytes)", name,
-              bytes.size(), header);
+  std::vector<uint8_t> dims(4 * static_cast<size_t>(ndim));
+  const size_t got_dims = in.read(dims.data(), dims.size());
+  EMBER_CHECK(got_dims == dims.size(), "[data::read_idx] {}: truncated header ({} of {} bytes)", name,
+              4 + got_dims, 4 + dims.size());
   std::vector<int64_t> shape;
-  size_t count = 1;
+  uint64_t data_bytes = type->bytes;
+  bool overflow = false;
   for (int d = 0; d < ndim; ++d) {
-    shape.push_back(read_be32(bytes.data() + 4 + 4 * d));
-    count *= static_cast<size_t>(shape.back());
+    shape.push_back(read_be32(dims.data() + 4 * d));
+    overflow =
+        overflow || __builtin_mul_overflow(data_bytes, static_cast<uint64_t>(shape.back()), &data_bytes);
   }
-  const size_t data_bytes = count * type->bytes;
-  const size_t have = bytes.size() - header;
-  EMBER_CHECK(have >= data_bytes,
-              "[data::read_idx] {}: truncated: the header promises {} bytes of data ({}), found {}; "
-              "the file was cut short, re-copy it",
-              name, data_bytes, fmt::join(shape, "x"), have);
-  EMBER_CHECK(have == data_bytes,
-              "[data::read_idx] {}: {} unexpected bytes after the data ({} promised by the header); "
-              "the file is corrupt or not IDX",
-              name, have - data_bytes, data_bytes);
+  // Bounded before anything is allocated or inflated.
+  EMBER_CHECK(
+      !overflow && data_bytes <= static_cast<uint64_t>(max_bytes),
+      "[data::read_idx] {}: the header promises {} {} values ({} bytes), more than the limit of {} bytes; "
+      "the file is damaged, or raise the limit (read_idx's max_bytes)",
+      name, fmt::join(shape, "x"), c10::toString(type->dtype),
+      overflow ? std::string("over 2^64") : std::to_string(data_bytes), max_bytes);
 
   torch::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(type->dtype));
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
-  const uint8_t* src = bytes.data() + header;
-  if (type->bytes == 1) {
-    std::memcpy(dst, src, data_bytes);
-  } else {  // big-endian to host (little-endian) order
-    for (size_t i = 0; i < count; ++i)
-      for (size_t b = 0; b < type->bytes; ++b)
-        dst[i * type->bytes + b] = src[i * type->bytes + type->bytes - 1 - b];
+  const size_t have = in.read(dst, data_bytes);
+  EMBER_CHECK(have == data_bytes,
+              "[data::read_idx] {}: truncated: the header promises {} bytes of data ({}), found {}; "
+              "the file was cut short, re-copy it",
+              name, data_bytes, fmt::join(shape, "x"), have);
+  std::vector<uint8_t> rest(64 << 10);  // count what follows, up to a bound
+  const size_t extra = in.read(rest.data(), rest.size());
+  EMBER_CHECK(extra == 0,
+              "[data::read_idx] {}: {}{} unexpected bytes after the data ({} promised by the header); "
+              "the file is corrupt or not IDX",
+              name, extra == rest.size() ? "at least " : "", extra, data_bytes);
+  if (type->bytes > 1) {  // big-endian to host (little-endian) order, in place
+    const size_t count = data_bytes / type->bytes;
+    for (size_t i = 0; i < count; ++i) std::reverse(dst + i * type->bytes, dst + (i + 1) * type->bytes);
   }
   return out;
 }
@@ -162,7 +189,8 @@ void write_idx(const std::string& path, const torch::Tensor& tensor) {
               path);
 }
 
-TensorDataset load_mnist(const std::string& root, Split split) {
+TensorDataset load_mnist(const std::string& root, Split split, int64_t classes) {
+  EMBER_CHECK(classes >= 1, "[data::load_mnist] classes must be >= 1, got {}", classes);
   const std::string prefix = split == Split::kTrain ? "train" : "t10k";
   const std::string images_path = find_split_file(root, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_split_file(root, prefix + "-labels-idx1-ubyte");
@@ -177,7 +205,18 @@ TensorDataset load_mnist(const std::string& root, Split split) {
               "[data::load_mnist] {} has {} images but {} has {} labels; the two files come from "
               "different splits or one is damaged",
               basename(images_path), images.size(0), basename(labels_path), labels.size(0));
-  return {images, labels.to(torch::kInt64)};
+  labels = labels.to(torch::kInt64);
+  const torch::Tensor bad = ((labels < 0) | (labels >= classes)).nonzero();
+  if (bad.numel() > 0) {
+    const int64_t at = bad.flatten()[0].item<int64_t>();
+    throw Error(
+        ErrorKind::kData,
+        fmt::format(
+            "[data::load_mnist] {}: sample {} has label {}, but the dataset has {} classes (labels 0..{}); "
+            "{} of {} labels are out of range: the file is damaged or not of this dataset",
+            labels_path, at, labels[at].item<int64_t>(), classes, classes - 1, bad.size(0), labels.size(0)));
+  }
+  return {images, labels};
 }
 
 }  // namespace ember::data

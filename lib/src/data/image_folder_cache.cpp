@@ -64,9 +64,9 @@ std::string cache_key(const std::string& root, const ImageFolderOptions& o, cons
   std::error_code ec;
   fs::path canonical = fs::weakly_canonical(root, ec);
   if (ec) canonical = fs::absolute(root);
-  std::string key =
-      fmt::format("{}\nroot {}\nsize {}x{}\nresize {}\nclasses {}\n", kCacheFormat, canonical.string(),
-                  o.size()[0], o.size()[1], mode_name(o.resize()), fmt::join(scan.classes, "/"));
+  std::string key = fmt::format("{}\nroot {}\nsize {}x{}\nresize {}\nmax_pixels {}\nclasses {}\n",
+                                kCacheFormat, canonical.string(), o.size()[0], o.size()[1],
+                                mode_name(o.resize()), o.max_pixels(), fmt::join(scan.classes, "/"));
   for (const Entry& e : scan.entries)
     key += fmt::format("file {} bytes {} mtime_ns {}\n", e.rel, e.bytes, e.mtime_ns);
   return key;

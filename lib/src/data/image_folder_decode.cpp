@@ -67,7 +67,8 @@ cv::Mat fit(const cv::Mat& img, int64_t H, int64_t W, ResizeMode mode) {
 
 /// Decodes `path` into `out` (H * W * 3 bytes, RGB). Returns "" or why the
 /// file could not be used.
-std::string decode_into(const std::string& path, int64_t H, int64_t W, ResizeMode mode, uint8_t* out) {
+std::string decode_into(const std::string& path, int64_t H, int64_t W, ResizeMode mode, int64_t max_pixels,
+                        uint8_t* out) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return fmt::format("cannot open ({})", std::error_code(errno, std::generic_category()).message());
   const std::streamoff size = in.tellg();
@@ -80,6 +81,13 @@ std::string decode_into(const std::string& path, int64_t H, int64_t W, ResizeMod
   if (!in) return fmt::format("read error after {} of {} bytes", static_cast<int64_t>(in.gcount()), size);
   const std::string truncated = truncation_of(bytes.data(), bytes.size());
   if (!truncated.empty()) return truncated;
+  // Refused before decoding: a small file can declare an image of gigabytes
+  // (OpenCV's own ceiling, 2^30 pixels, still means 3 GiB per thread).
+  int64_t width = 0, height = 0;
+  if (image_size_of(bytes.data(), bytes.size(), &width, &height) &&
+      (width > max_pixels || height > max_pixels || width * height > max_pixels))
+    return fmt::format("declares {}x{} pixels, more than data.max_pixels={}: refused before decoding", width,
+                       height, max_pixels);
   const cv::Mat encoded(1, static_cast<int>(bytes.size()), CV_8UC1, bytes.data());
   // IMREAD_COLOR: always 8-bit, 3-channel BGR (gray is replicated, alpha dropped).
   const cv::Mat bgr = cv::imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
@@ -109,7 +117,7 @@ torch::Tensor decode_all(const std::string& root, const Scan& scan, const ImageF
       std::string& error = errors[static_cast<size_t>(i)];
       try {
         error = decode_into(join_path(root, scan.entries[static_cast<size_t>(i)].rel), H, W, o.resize(),
-                            base + i * H * W * 3);
+                            o.max_pixels(), base + i * H * W * 3);
       } catch (const std::exception& e) {
         error = fmt::format("cannot decode: {}", first_line(e.what()));
       } catch (...) {

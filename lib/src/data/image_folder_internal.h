@@ -82,6 +82,10 @@ void write_cache(const std::string& path, const std::string& key, const ImageFol
 /// by the extension.
 std::string truncation_of(const uint8_t* p, size_t n);
 
+/// The width and height a JPEG (its frame header), PNG (IHDR) or BMP (its
+/// info header) declares; false for another format or a header too short.
+bool image_size_of(const uint8_t* p, size_t n, int64_t* width, int64_t* height);
+
 // ---- image_folder_decode.cpp
 
 /// Decodes every entry into one uint8 [N, H, W, 3] tensor on `threads`

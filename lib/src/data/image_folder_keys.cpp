@@ -10,11 +10,15 @@ namespace ember::data {
 
 void declare_image_folder_keys(core::Config& c, const ImageFolderOptions& d) {
   c.declare("data.size", std::vector<double>(d.size().begin(), d.size().end()),
-            "[H, W] images are decoded and stored at (shorter side + centre crop)");
-  c.declare("data.threads", d.threads(), "decoding threads (0 = all cores)");
+            "[H, W] images are decoded and stored at (shorter side + centre crop)",
+            core::Bounds::between(1, 1 << 14));
+  c.declare("data.threads", d.threads(), "decoding threads (0 = all cores)", core::Bounds::between(0, 1024));
   c.declare("data.on_error", d.on_error() == OnError::kSkip ? "skip" : "fail",
             "an unreadable image: fail (name it) or skip (list it and go on)");
   c.declare("data.cache_dir", "", "folder for the decoded-dataset cache files (\"\" = no cache)");
+  c.declare("data.max_pixels", d.max_pixels(), "images declaring more pixels are refused before decoding",
+            core::Bounds::between(1, int64_t{1} << 32));
+  c.add_check([](const core::Config& config) { image_folder_options_from_config(config, "train"); });
 }
 
 ImageFolderOptions image_folder_options_from_config(const core::Config& c, const std::string& split) {
@@ -28,7 +32,8 @@ ImageFolderOptions image_folder_options_from_config(const core::Config& c, const
                    "[image_folder] data.on_error must be fail or skip, got \"{}\"", on_error);
   auto o = ImageFolderOptions({static_cast<int64_t>(size[0]), static_cast<int64_t>(size[1])})
                .threads(c.get_int("data.threads"))
-               .on_error(on_error == "skip" ? OnError::kSkip : OnError::kFail);
+               .on_error(on_error == "skip" ? OnError::kSkip : OnError::kFail)
+               .max_pixels(c.get_int("data.max_pixels"));
   const std::string cache_dir = c.get_string("data.cache_dir");
   if (!cache_dir.empty())
     o.cache(fmt::format("{}/{}-{}x{}.cache", cache_dir, split, o.size()[0], o.size()[1]));

@@ -71,7 +71,47 @@ std::string png_truncation(const uint8_t* p, size_t n) {
   }
 }
 
+/// The frame size in a JPEG's first SOF segment (any SOFn: FF C0-CF but C4
+/// DHT, C8 JPG, CC DAC).
+bool jpeg_size(const uint8_t* p, size_t n, int64_t* width, int64_t* height) {
+  size_t i = 2;
+  while (i + 4 <= n) {
+    if (p[i] != 0xFF) return false;
+    while (i < n && p[i] == 0xFF) ++i;
+    if (i + 3 > n) return false;
+    const uint8_t marker = p[i++];
+    if (marker == 0xD8 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) continue;
+    if (marker == 0xD9 || marker == 0xDA) return false;  // no frame header before the scan
+    const size_t length = (size_t{p[i]} << 8) | p[i + 1];
+    if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC) {
+      if (i + 7 > n) return false;  // length, precision, height, width
+      *height = (int64_t{p[i + 3]} << 8) | p[i + 4];
+      *width = (int64_t{p[i + 5]} << 8) | p[i + 6];
+      return true;
+    }
+    if (length < 2) return false;
+    i += length;
+  }
+  return false;
+}
+
 }  // namespace
+
+bool image_size_of(const uint8_t* p, size_t n, int64_t* width, int64_t* height) {
+  if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) return jpeg_size(p, n, width, height);
+  if (n >= 24 && std::memcmp(p, "\x89PNG\r\n\x1a\n", 8) == 0 && std::memcmp(p + 12, "IHDR", 4) == 0) {
+    *width = be32(p + 16);
+    *height = be32(p + 20);
+    return true;
+  }
+  if (n >= 26 && p[0] == 'B' && p[1] == 'M') {
+    const auto w = static_cast<int32_t>(le32(p + 18)), h = static_cast<int32_t>(le32(p + 22));
+    *width = w < 0 ? -int64_t{w} : w;  // negative height: stored top-down
+    *height = h < 0 ? -int64_t{h} : h;
+    return true;
+  }
+  return false;
+}
 
 std::string truncation_of(const uint8_t* p, size_t n) {
   if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) return jpeg_truncation(p, n);

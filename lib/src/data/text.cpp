@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <vector>
 
 #include "core/check.h"
@@ -30,7 +29,7 @@ std::vector<fs::path> corpus_files(const fs::path& dir) {
 
 }  // namespace
 
-torch::Tensor read_text_corpus(const std::string& path) {
+torch::Tensor read_text_corpus(const std::string& path, int64_t max_bytes) {
   std::error_code ec;
   const auto status = fs::status(path, ec);
   EMBER_CHECK_KIND(kData, !ec && fs::exists(status),
@@ -47,13 +46,36 @@ torch::Tensor read_text_corpus(const std::string& path) {
         "instead",
         path);
   } else {
+    // A FIFO or a device (/dev/zero, /dev/stdin) may never end.
+    EMBER_CHECK_KIND(kData, fs::is_regular_file(status),
+                     "[data::read_text_corpus] data.path={} is not a regular file nor a folder", path);
     files.push_back(path);
   }
+  // Sizes first, so that an oversized corpus fails before it is read; the
+  // reads are bounded too (a file may grow meanwhile).
+  uintmax_t total = 0;
+  for (const auto& f : files) {
+    const uintmax_t n = fs::file_size(f, ec);
+    if (!ec) total += n;
+  }
+  const auto too_big = [&](uintmax_t n) {
+    detail::fail(ErrorKind::kData,
+                 "[data::read_text_corpus] data.path={} holds {} bytes, more than the limit of {} bytes "
+                 "(read_text_corpus's max_bytes)",
+                 path, n, max_bytes);
+  };
+  if (total > static_cast<uintmax_t>(max_bytes)) too_big(total);
   std::string text;
+  text.reserve(static_cast<size_t>(total));
+  std::vector<char> chunk(1 << 20);
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     EMBER_CHECK_KIND(kData, in.good(), "[data::read_text_corpus] cannot read {} (permissions?)", f.string());
-    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    while (in) {
+      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      text.append(chunk.data(), static_cast<size_t>(in.gcount()));
+      if (text.size() > static_cast<size_t>(max_bytes)) too_big(text.size());
+    }
   }
   return torch::from_blob(text.data(), {static_cast<int64_t>(text.size())}, torch::kUInt8).clone();
 }

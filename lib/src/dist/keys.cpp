@@ -3,22 +3,36 @@
 
 #include <cmath>
 
+#include "core/check.h"
+
 namespace ember::dist {
+
+using core::Bounds;
 
 void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupOptions& g) {
   c.declare("dist.backend", g.backend(),
             "data-parallel (under torchrun): gloo, nccl, or auto (nccl on CUDA, gloo on CPU)");
   c.declare("dist.timeout_s", std::chrono::duration<double>(g.timeout()).count(),
-            "seconds before a silent or dead rank makes the others fail, naming it");
+            "seconds before a silent or dead rank makes the others fail, naming it",
+            Bounds::between(1, 7 * 86400));
   c.declare("dist.bucket_cap_mb", d.bucket_cap_mb().value_or(0.0),
-            "gradient all-reduce bucket size in MiB (0 = PyTorch's: 25 MiB, the first bucket 1 MiB)");
+            "gradient all-reduce bucket size in MiB (0 = PyTorch's: 25 MiB, the first bucket 1 MiB)",
+            Bounds::between(0, 1 << 16));
   c.declare("dist.find_unused_parameters", d.find_unused_parameters(),
             "allow parameters that get no gradient in a step (slower)");
   c.declare("dist.broadcast_buffers", d.broadcast_buffers(),
             "batch-norm statistics from rank 0 before each synced forward");
   c.declare("dist.world_size", 1,
-            "set by the launcher (WORLD_SIZE): ranks the training data is split between");
-  c.declare("dist.rank", 0, "set by the launcher (RANK): this process's shard of the training data");
+            "set by the launcher (WORLD_SIZE): ranks the training data is split between",
+            Bounds::between(1, 1 << 20));
+  c.declare("dist.rank", 0, "set by the launcher (RANK): this process's shard of the training data",
+            Bounds::between(0, (1 << 20) - 1));
+  c.add_check([](const core::Config& config) {
+    ddp_options_from_config(config);
+    EMBER_CHECK_KIND(kConfig, config.get_int("dist.rank") < config.get_int("dist.world_size"),
+                     "[dist] dist.rank={} must be below dist.world_size={}", config.get_int("dist.rank"),
+                     config.get_int("dist.world_size"));
+  });
 }
 
 DdpOptions ddp_options_from_config(const core::Config& c) {

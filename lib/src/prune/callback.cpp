@@ -351,24 +351,30 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
   std::vector<double> epochs(d.epochs().begin(), d.epochs().end());
   std::string ignored;
   for (const auto& l : d.pruner().ignored_layers()) ignored += (ignored.empty() ? "" : ",") + l;
-  c.declare("prune.epochs", epochs, "epochs (0-based) at whose start a pruning step runs ([] = no pruning)");
-  c.declare("prune.ratio", d.ratio(), "channel fraction removed in total by the last step");
+  c.declare("prune.epochs", epochs, "epochs (0-based) at whose start a pruning step runs ([] = no pruning)",
+            core::Bounds::between(0, 1e6));
+  c.declare("prune.ratio", d.ratio(), "channel fraction removed in total by the last step",
+            core::Bounds::from_below(0, 1));
   c.declare("prune.target_macs", d.target_macs(),
-            "if > 0: prune to this fraction of the original MACs instead");
+            "if > 0: prune to this fraction of the original MACs instead", core::Bounds::between(0, 1));
   c.declare("prune.importance", to_string(d.pruner().importance()), "l1 | l2 | bn_scale | taylor | random");
   c.declare("prune.global", d.pruner().global_ranking(),
             "rank channels across layers (else each group loses the ratio)");
   c.declare("prune.max_ratio", d.pruner().max_ratio(),
-            "no group loses more than this fraction of its channels");
-  c.declare("prune.round_to", d.pruner().round_to(), "remaining channels rounded down to a multiple of this");
+            "no group loses more than this fraction of its channels", core::Bounds{0.0, 1.0, true});
+  c.declare("prune.round_to", d.pruner().round_to(), "remaining channels rounded down to a multiple of this",
+            core::Bounds::between(1, 1 << 16));
   c.declare("prune.ignored", ignored, "comma-separated layers whose shapes stay (e.g. \"stem,fc\")");
-  c.declare("prune.taylor_batches", d.taylor_batches(), "batches whose gradients feed taylor importance");
+  c.declare("prune.taylor_batches", d.taylor_batches(), "batches whose gradients feed taylor importance",
+            core::Bounds::at_least(0));
   c.declare("prune.sparsity_l1", d.sparsity_l1(),
-            "L1 on batch-norm scales before pruning (network slimming; 0 = off)");
+            "L1 on batch-norm scales before pruning (network slimming; 0 = off)", core::Bounds::at_least(0));
   c.declare("prune.timing_steps", d.timing_steps(),
-            "steps timed before/after each pruning step (0 = no timing)");
+            "steps timed before/after each pruning step (0 = no timing)", core::Bounds::at_least(0));
   c.declare("prune.eval", d.eval(), "evaluate before/after each pruning step on: val | test | none");
-  c.declare("prune.seed", static_cast<int64_t>(d.pruner().seed()), "seed of random importance");
+  c.declare("prune.seed", static_cast<int64_t>(d.pruner().seed()), "seed of random importance",
+            core::Bounds::at_least(0));
+  c.add_check([](const core::Config& config) { pruning_options_from_config(config); });
 }
 
 PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
@@ -390,7 +396,7 @@ PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
     start = end + 1;
   }
   PrunerOptions p;
-  p.importance(importance_from_string(c.get_string("prune.importance")))
+  p.importance(c.get_parsed("prune.importance", importance_from_string))
       .global_ranking(c.get_bool("prune.global"))
       .max_ratio(c.get_float("prune.max_ratio"))
       .round_to(c.get_int("prune.round_to"))

@@ -7,6 +7,8 @@
 
 namespace ember::recipe {
 
+using core::Bounds;
+
 std::function<data::Batch(data::Batch)> augment_transform(augment::AugmentOptions options, uint64_t seed) {
   return [options = std::move(options), seed](data::Batch b) {
     EMBER_CHECK(
@@ -33,15 +35,20 @@ augment::MixResult mix_batch(const data::Batch& batch, int64_t num_classes, cons
 }
 
 void declare_classification_keys(core::Config& c, const ClassificationOptions& d) {
-  c.declare("data.batch_size", d.batch_size(), "training batch size");
-  c.declare("data.eval_batch_size", d.eval_batch_size(), "validation/test batch size");
-  c.declare("data.train_subset", d.train_subset(), "use the first N training images (0 = all)");
-  c.declare("data.test_subset", d.test_subset(), "use the first N test images (0 = all)");
-  c.declare("data.val_size", d.val_size(), "hold out the last N training images for validation");
+  c.declare("data.batch_size", d.batch_size(), "training batch size", Bounds::between(1, 1 << 24));
+  c.declare("data.eval_batch_size", d.eval_batch_size(), "validation/test batch size",
+            Bounds::between(1, 1 << 24));
+  c.declare("data.train_subset", d.train_subset(), "use the first N training images (0 = all)",
+            Bounds::at_least(0));
+  c.declare("data.test_subset", d.test_subset(), "use the first N test images (0 = all)",
+            Bounds::at_least(0));
+  c.declare("data.val_size", d.val_size(), "hold out the last N training images for validation",
+            Bounds::at_least(0));
   c.declare("data.prefetch", d.prefetch(),
-            "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)");
+            "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)", Bounds::between(-1, 64));
   c.declare("data.resident", d.resident(), "on a GPU, keep the uint8 dataset in device memory");
   augment::declare_augment_keys(c, d.augment(), d.mix());
+  c.add_check([](const core::Config& config) { classification_options_from_config(config, torch::kCPU); });
 }
 
 ClassificationOptions classification_options_from_config(const core::Config& c, const torch::Device& device) {
@@ -71,6 +78,22 @@ namespace {
 int64_t all_if_zero(int64_t n) {
   return n > 0 ? n : -1;
 }
+
+// Every label in [0, classes): a bad one fails here, before training, not as
+// LibTorch's "Target N is out of bounds" in the middle of an epoch.
+void check_labels(const torch::Tensor& targets, int64_t classes, const char* split) {
+  EMBER_CHECK_KIND(kData, targets.dim() == 1, "[recipe::ClassificationTask] {} labels must be [N], got {}",
+                   split, fmt::join(targets.sizes(), "x"));
+  const torch::Tensor t = targets.to(torch::kInt64);
+  const torch::Tensor bad = ((t < 0) | (t >= classes)).nonzero();
+  if (bad.numel() == 0) return;
+  const int64_t at = bad.flatten()[0].item<int64_t>();
+  throw Error(
+      ErrorKind::kData,
+      fmt::format("[recipe::ClassificationTask] {} sample {} has label {}, but the model has {} classes "
+                  "(labels 0..{}); {} labels are out of range",
+                  split, at, t[at].item<int64_t>(), classes, classes - 1, bad.size(0)));
+}
 }  // namespace
 
 ClassificationTask::ClassificationTask(torch::nn::AnyModule model, ClassificationData d,
@@ -81,6 +104,8 @@ ClassificationTask::ClassificationTask(torch::nn::AnyModule model, Classificatio
   EMBER_CHECK(!model_.is_empty(), "[recipe::ClassificationTask] no model");
   EMBER_CHECK(d.num_classes >= 1, "[recipe::ClassificationTask] num_classes must be >= 1, got {}",
               d.num_classes);
+  check_labels(d.train.targets, d.num_classes, "training");
+  check_labels(d.test.targets, d.num_classes, "test");
   model_.ptr()->to(device);
   const auto train_options = data::TensorLoaderOptions()
                                  .batch_size(o.batch_size())

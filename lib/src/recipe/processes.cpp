@@ -1,6 +1,7 @@
 // The recipe runner's processes and run folder: host settings, device,
 // process group (data-parallel runs launched by torchrun), run.dir shared by
-// every rank, dist.* keys, seed, config.toml.
+// every rank (locked and claimed by the writer: ember/recipe/run_folder.h),
+// dist.* keys, seed, config.toml.
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -11,6 +12,7 @@
 #include "ember/core/file.h"
 #include "ember/dist/keys.h"
 #include "ember/recipe/host_malloc.h"
+#include "ember/recipe/run_folder.h"
 #include "recipe/runner.h"
 
 namespace ember::recipe::detail {
@@ -62,9 +64,9 @@ Processes start_processes(core::Config& config, const std::string& recipe_name) 
   }
   p.run_dir = config.get_string("run.dir");
   torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));
-  if (p.writer()) {
-    core::make_dirs(p.run_dir);
-    core::write_file_atomic(p.run_dir + "/config.toml", config.to_toml());
+  if (p.writer()) {  // the one process that writes the folder holds it
+    p.lock = std::make_shared<RunFolderLock>(p.run_dir);
+    claim_run_folder(p.run_dir, config, recipe_name);
   }
   return p;
 }

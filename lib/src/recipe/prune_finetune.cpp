@@ -13,8 +13,10 @@ namespace ember::recipe {
 
 void declare_prune_finetune_keys(core::Config& c, const prune::PruningCallbackOptions& pruning) {
   prune::declare_pruning_keys(c, pruning);
-  c.declare("finetune.epochs", 3, "fine-tuning epochs after pruning");
-  c.declare("finetune.lr", 0.02, "fine-tuning learning rate (cosine to 0, fresh optimizer)");
+  c.declare("finetune.epochs", 3, "fine-tuning epochs after pruning", core::Bounds::between(0, 1e6));
+  c.declare("finetune.lr", 0.02, "fine-tuning learning rate (cosine to 0, fresh optimizer)",
+            core::Bounds::positive());
+  c.add_check(check_prune_finetune_config);
 }
 
 void check_prune_finetune_config(const core::Config& c) {

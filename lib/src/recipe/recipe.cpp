@@ -12,6 +12,7 @@
 #include "ember/dist/distribution.h"
 #include "ember/dist/keys.h"
 #include "ember/monitor/keys.h"
+#include "ember/monitor/telemetry.h"
 #include "ember/train/keys.h"
 #include "recipe/runner.h"
 
@@ -19,11 +20,17 @@ namespace ember::recipe {
 
 void declare_recipe_keys(core::Config& c) {
   c.declare("run.dir", "", "run folder; empty = runs/<recipe>-<timestamp>");
+  c.declare(
+      "run.overwrite", false,
+      "start a fresh run in a folder holding a previous one (its files move to <run.dir>.replaced-<time>)");
+  c.declare("run.allow_changes", false,
+            "resume although keys that change the data order or schedule differ from the saved config.toml");
   c.declare("run.malloc_tuning", true,
             "keep freed host memory in glibc's heap (no page faults per step; see recipe/host_malloc.h)");
   c.declare("trainer.device", "auto", "auto, cpu, cuda or cuda:N");
   c.declare("trainer.seed", 0, "seed of initialisation, shuffling and dropout");
-  c.declare("trainer.threads", 0, "CPU threads for LibTorch (0 = LibTorch's default)");
+  c.declare("trainer.threads", 0, "CPU threads for LibTorch (0 = LibTorch's default)",
+            core::Bounds::between(0, 4096));
   train::declare_trainer_keys(c);
   monitor::declare_monitor_keys(c);
   dist::declare_dist_keys(c);
@@ -32,6 +39,38 @@ void declare_recipe_keys(core::Config& c) {
 namespace {
 
 using detail::Processes;
+
+// An exception's message for a user: LibTorch's errors without their C++
+// stack trace (~20 frames that say nothing about the input).
+std::string message_of(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
+// A device out of memory (LibTorch's typed error): the allocator's numbers and what to try.
+std::string out_of_memory_message(const c10::OutOfMemoryError& e, const core::Config& config) {
+  std::string what = e.what_without_backtrace();
+  what = what.substr(0, what.find('\n'));
+  std::string memory;
+  if (torch::cuda::is_available()) {
+    const monitor::DeviceMemory m = monitor::device_memory(torch::Device(torch::kCUDA));
+    constexpr double kGiB = 1 << 30;
+    if (m.allocated >= 0)
+      memory = fmt::format(
+          " The caching allocator held {:.2f} GiB in tensors ({:.2f} GiB reserved, peak {:.2f} GiB).",
+          m.allocated / kGiB, m.reserved / kGiB, m.peak_allocated / kGiB);
+  }
+  const std::string dir = config.get_string("run.dir");
+  return fmt::format(
+      "out of memory: {}.{} Try a smaller data.batch_size (trainer.accumulate_grad_batches=N keeps the "
+      "effective "
+      "batch), trainer.precision=bf16-mixed, or a smaller model.{}",
+      what, memory,
+      dir.empty() ? std::string()
+                  : fmt::format(" The run folder {} is intact; a saved checkpoint resumes with run.dir={} "
+                                "trainer.resume=auto.",
+                                dir, dir));
+}
 
 // Trains, tests and writes the run folder; returns the exit status.
 // `group`: set once this process has joined a data-parallel group (the
@@ -70,15 +109,17 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
     fit = trainer.fit(*task);
   } catch (const Error&) {
     throw;  // Ember's own errors say what went wrong, and their kind
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // this rank's own: run_recipe explains it
   } catch (const std::exception& e) {
     if (!p.group) throw;
     // A collective failed because another rank died, hung or fell behind:
     // say which. Otherwise the error is this rank's own (out of memory, shapes).
     if (dynamic_cast<const c10::DistError*>(&e) != nullptr)
-      throw Error(ErrorKind::kDistributed, p.group->explain_failure(e.what()));
-    if (std::optional<std::string> why = p.group->explain_peer_failure(e.what()))
+      throw Error(ErrorKind::kDistributed, p.group->explain_failure(message_of(e)));
+    if (std::optional<std::string> why = p.group->explain_peer_failure(message_of(e)))
       throw Error(ErrorKind::kDistributed, *why);
-    throw Error(fmt::format("[recipe] rank {}: {}", p.env.rank, e.what()));
+    throw Error(fmt::format("[recipe] rank {}: {}", p.env.rank, message_of(e)));
   }
   if (fit.interrupted) {
     std::cerr << fmt::format("{}: {}; checkpoint saved to {}\nresume with: run.dir={} trainer.resume=auto\n",
@@ -102,7 +143,14 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
 }
 
 int exit_status(const Error& e) {
-  return e.kind() == ErrorKind::kConfig ? 2 : 1;
+  switch (e.kind()) {
+    case ErrorKind::kConfig:
+      return 2;
+    case ErrorKind::kDiverged:
+      return 3;
+    default:
+      return 1;
+  }
 }
 
 }  // namespace
@@ -118,6 +166,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       std::cout << detail::usage(spec, config);
       return 0;
     }
+    config.validate();  // every value, before the run folder, the data and the process group
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
@@ -138,8 +187,11 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return leave(exit_status(e));
+  } catch (const c10::OutOfMemoryError& e) {
+    std::cerr << "error: " << out_of_memory_message(e, config) << "\n";
+    return leave(1);
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << "error: " << message_of(e) << "\n";
     return leave(1);
   }
 }

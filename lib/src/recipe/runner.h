@@ -12,6 +12,7 @@
 #include "ember/core/config.h"
 #include "ember/dist/process_group.h"
 #include "ember/recipe/recipe.h"
+#include "ember/recipe/run_folder.h"
 #include "ember/train/trainer.h"
 
 namespace ember::recipe::detail {
@@ -36,11 +37,14 @@ struct Processes {
   torch::Device device = torch::kCPU;
   std::shared_ptr<dist::ProcessGroup> group;
   std::string run_dir;
+  std::shared_ptr<RunFolderLock> lock;  ///< the writer's hold on run_dir
   bool writer() const { return env.rank == 0; }
 };
 /// Host settings (malloc, threads), the device, the process group, the run
 /// folder (named by rank 0, shared through the store) and the dist.* keys;
-/// seeds LibTorch and, on the writer, writes <run_dir>/config.toml.
+/// seeds LibTorch; the writer locks and claims the run folder
+/// (claim_run_folder: refuses a previous run's folder, compares a resume's
+/// keys, writes config.toml).
 Processes start_processes(core::Config& config, const std::string& recipe_name);
 
 /// summary.json's content from a finished fit (before testing).

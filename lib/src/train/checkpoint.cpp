@@ -1,12 +1,16 @@
 // Trainer checkpoints: what a checkpoint holds, writing it atomically, finding
 // and loading it to resume.
 //
-// A checkpoint is one LibTorch archive: "model", "optimizer", "trainer" (loop
+// A checkpoint is one LibTorch archive, sealed with a length and CRC trailer
+// (ember/train/checkpoint.h): "model", "optimizer", "trainer" (loop
 // position, counters, base learning rates, the epoch's running sums, the CPU
 // and CUDA RNG states), "callbacks" (one archive per callback, by name) and,
 // for fp16-mixed, "grad_scaler".
 #include <torch/torch.h>
 
+#include <zlib.h>
+
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -15,24 +19,117 @@
 #include "core/check.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/trainer.h"
+#include "train/divergence.h"
 
 namespace ember::train {
 
-std::string Trainer::resolve_resume_path() const {
-  if (options_.resume().empty()) return "";
-  if (options_.resume() == "auto") {
-    const std::string p = options_.run_dir() + "/checkpoints/last.pt";
-    if (std::ifstream(p).good()) return p;
+namespace {
+
+constexpr char kTrailerMagic[8] = {'E', 'M', 'B', 'E', 'R', 'C', 'K', '1'};
+constexpr size_t kTrailerBytes = 24;
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t get_le(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+uint32_t crc_of(const char* data, size_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (size > 0) {  // zlib takes unsigned int lengths
+    const auto n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), n);
+    data += n, size -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+// The problem with a checkpoint file's bytes, "" if none.
+std::string checkpoint_problem(const std::string& bytes) {
+  if (bytes.size() < kTrailerBytes)
+    return fmt::format("it is only {} bytes: truncated, or not an Ember checkpoint", bytes.size());
+  const char* t = bytes.data() + bytes.size() - kTrailerBytes;
+  if (std::memcmp(t, kTrailerMagic, sizeof kTrailerMagic) != 0)
+    return "it has no Ember checkpoint trailer: truncated, or not an Ember checkpoint";
+  const uint64_t length = get_le(t + 8, 8);
+  if (length != bytes.size() - kTrailerBytes)
+    return fmt::format("its trailer says {} bytes of archive, the file holds {}: truncated or damaged",
+                       length, bytes.size() - kTrailerBytes);
+  const auto want = static_cast<uint32_t>(get_le(t + 16, 4));
+  const uint32_t got = crc_of(bytes.data(), length);
+  if (got != want)
+    return fmt::format("its CRC-32 is {:08x}, the trailer says {:08x}: the file is damaged", got, want);
+  return "";
+}
+
+}  // namespace
+
+std::string seal_checkpoint(std::string archive) {
+  const uint64_t length = archive.size();
+  const uint32_t crc = crc_of(archive.data(), archive.size());
+  archive.append(kTrailerMagic, sizeof kTrailerMagic);
+  put_le(archive, length, 8);
+  put_le(archive, crc, 4);
+  put_le(archive, 0, 4);
+  return archive;
+}
+
+std::string_view unseal_checkpoint(const std::string& bytes, const std::string& path) {
+  const std::string problem = checkpoint_problem(bytes);
+  EMBER_CHECK_KIND(kCheckpoint, problem.empty(), "[train::Trainer] checkpoint {}: {}", path, problem);
+  return std::string_view(bytes.data(), bytes.size() - kTrailerBytes);
+}
+
+std::string previous_checkpoint_path(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name == "last.pt") return path.substr(0, path.size() - name.size()) + "prev.pt";
+  return path + ".prev";
+}
+
+std::string Trainer::find_resume_checkpoint(std::string& bytes) const {
+  const std::string& resume = options_.resume();
+  if (resume.empty()) return "";
+  std::string latest = resume;
+  if (resume == "auto") {
+    latest = options_.run_dir() + "/checkpoints/last.pt";
+  } else if (core::is_dir(resume)) {  // a run folder, or its checkpoints/ folder
+    latest = core::is_dir(resume + "/checkpoints") ? resume + "/checkpoints/last.pt" : resume + "/last.pt";
+  }
+  // The latest checkpoint, else the one it replaced (a crash between the two
+  // renames of a save, or a damaged latest file).
+  const std::string previous = previous_checkpoint_path(latest);
+  std::vector<std::string> problems;
+  for (const std::string& path : {latest, previous}) {
+    if (!core::is_file(path)) continue;
+    bytes = read_file(path);
+    const std::string problem = checkpoint_problem(bytes);
+    if (problem.empty()) {
+      if (!problems.empty())
+        std::cerr << fmt::format("[train::Trainer] warning: {}; resuming from the one before it, {}\n",
+                                 problems.front(), path);
+      return path;
+    }
+    problems.push_back(fmt::format("checkpoint {} cannot be used: {}", path, problem));
+  }
+  bytes.clear();
+  if (!problems.empty())
+    detail::fail(ErrorKind::kCheckpoint,
+                 "[train::Trainer] {}; no usable checkpoint to resume from: start a fresh run in another "
+                 "run.dir (or with run.overwrite=true, which moves this folder's contents aside)",
+                 fmt::join(problems, "; "));
+  if (resume == "auto") {
     std::cerr << fmt::format(
-        "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", p);
+        "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", latest);
     return "";
   }
-  std::ifstream f(options_.resume());
-  EMBER_CHECK_KIND(kCheckpoint, f.good(),
-                   "[train::Trainer] trainer.resume={}: no such checkpoint (use auto to resume "
-                   "from the run folder when one exists)",
-                   options_.resume());
-  return options_.resume();
+  detail::fail(
+      ErrorKind::kCheckpoint,
+      "[train::Trainer] trainer.resume={}: no such checkpoint (give a checkpoint file, a run folder, "
+      "or auto to resume from run.dir when it holds one)",
+      resume);
 }
 
 namespace {
@@ -42,6 +139,12 @@ constexpr const char* kRequiredKey = "ember.required";
 
 void Trainer::save_checkpoint(const std::string& path) {
   EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
+  // Never replace a good checkpoint with broken weights.
+  if (const std::string bad = divergence::first_nonfinite_tensor(*task_->model()); !bad.empty())
+    detail::fail(ErrorKind::kDiverged,
+                 "[train::Trainer] training diverged: {} is not finite at step {}; the checkpoint {} is not "
+                 "overwritten{}",
+                 bad, global_step_, path, divergence::advice());
   torch::serialize::OutputArchive root;
   torch::serialize::OutputArchive model_archive, optim_archive, state, callbacks;
   task_->model()->save(model_archive);
@@ -81,14 +184,14 @@ void Trainer::save_checkpoint(const std::string& path) {
   }
   std::ostringstream bytes;
   root.save_to(bytes);
-  write_file_atomic(path, bytes.str());
+  write_file_atomic(path, seal_checkpoint(bytes.str()), previous_checkpoint_path(path));
   last_checkpoint_ = path;
 }
 
-void Trainer::load_checkpoint(const std::string& path) {
+void Trainer::load_checkpoint(const std::string& path, std::string_view archive) {
   torch::serialize::InputArchive root;
   try {
-    root.load_from(path);
+    root.load_from(archive.data(), archive.size());
   } catch (const std::exception& e) {
     detail::fail(ErrorKind::kCheckpoint,
                  "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "

@@ -2,66 +2,93 @@
 #include "ember/train/keys.h"
 
 #include <cmath>
+#include <limits>
 
 #include "core/check.h"
 
 namespace ember::train {
 
+using core::Bounds;
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Far beyond any run, small enough that epochs x steps per epoch stays exact.
+constexpr double kMaxEpochs = 1e6;
+constexpr double kMaxSteps = 1e12;
+}  // namespace
+
 void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
                           const std::optional<EarlyStoppingOptions>& es) {
-  c.declare("trainer.epochs", d.epochs(), "passes over the training data");
-  c.declare("trainer.max_steps", d.max_steps(), "stop after this many optimizer steps (-1 = no limit)");
+  c.declare("trainer.epochs", d.epochs(), "passes over the training data", Bounds::between(1, kMaxEpochs));
+  c.declare("trainer.max_steps", d.max_steps(), "stop after this many optimizer steps (-1 = no limit)",
+            Bounds::between(-1, kMaxSteps));
   c.declare("trainer.accumulate_grad_batches", d.accumulate_grad_batches(),
-            "batches summed into one optimizer step");
-  c.declare("trainer.clip_grad_norm", d.clip_grad_norm(), "clip the global gradient L2 norm (0 = off)");
+            "batches summed into one optimizer step", Bounds::between(1, 1 << 20));
+  c.declare("trainer.clip_grad_norm", d.clip_grad_norm(), "clip the global gradient L2 norm (0 = off)",
+            Bounds::at_least(0));
   c.declare("trainer.precision", amp::to_string(d.precision()),
             "fp32, tf32 (CUDA), bf16-mixed or fp16-mixed (with loss scaling)");
   c.declare("trainer.resume", d.resume(),
             "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
-  c.declare("trainer.val_every", d.val_every(), "validate every N epochs (0 = never)");
+  c.declare("trainer.nonfinite_patience", d.nonfinite_patience(),
+            "stop (exit 3) after N steps in a row with a NaN/infinite loss (0 = never)", Bounds::at_least(0));
+  c.declare("trainer.detect_anomaly", d.detect_anomaly(),
+            "check each step's loss and gradients (a host sync per step); name the first non-finite ones");
+  c.declare("trainer.val_every", d.val_every(), "validate every N epochs (0 = never)", Bounds::at_least(0));
   c.declare("trainer.checkpoint_every", d.checkpoint_every(),
-            "checkpoint every N epochs (0 = at the end and on stop only)");
+            "checkpoint every N epochs (0 = at the end and on stop only)", Bounds::at_least(0));
 
   const amp::GradScalerOptions& g = d.grad_scaler();
-  c.declare("amp.init_scale", g.init_scale(), "fp16-mixed: initial loss scale");
+  c.declare("amp.init_scale", g.init_scale(), "fp16-mixed: initial loss scale", Bounds::positive());
   c.declare("amp.growth_factor", g.growth_factor(),
-            "fp16-mixed: scale x this after amp.growth_interval clean steps");
+            "fp16-mixed: scale x this after amp.growth_interval clean steps", Bounds{1.0, kInf, true});
   c.declare("amp.backoff_factor", g.backoff_factor(),
-            "fp16-mixed: scale x this after a step with inf/NaN gradients");
-  c.declare("amp.growth_interval", g.growth_interval(), "fp16-mixed: clean steps before the scale grows");
+            "fp16-mixed: scale x this after a step with inf/NaN gradients", Bounds{0.0, 1.0, true, true});
+  c.declare("amp.growth_interval", g.growth_interval(), "fp16-mixed: clean steps before the scale grows",
+            Bounds::at_least(1));
 
   const OptimizerOptions& o = d.optimizer();
   c.declare("optim.name", to_string(o.kind()), "sgd, adam or adamw");
-  c.declare("optim.lr", o.lr(), "base learning rate");
-  c.declare("optim.momentum", o.momentum(), "SGD momentum");
+  c.declare("optim.lr", o.lr(), "base learning rate", Bounds::positive());
+  c.declare("optim.momentum", o.momentum(), "SGD momentum", Bounds::from_below(0, 1));
   c.declare("optim.nesterov", o.nesterov(), "SGD Nesterov momentum");
-  c.declare("optim.weight_decay", o.weight_decay(), "weight decay (decoupled for adamw)");
+  c.declare("optim.weight_decay", o.weight_decay(), "weight decay (decoupled for adamw)",
+            Bounds::at_least(0));
   c.declare(
       "optim.decay_all_parameters", o.decay_all_parameters(),
       "weight decay also on biases, norm weights and embeddings (false: weight matrices and kernels only)");
-  c.declare("optim.beta1", o.beta1(), "Adam beta1");
-  c.declare("optim.beta2", o.beta2(), "Adam beta2");
-  c.declare("optim.eps", o.eps(), "Adam epsilon");
+  c.declare("optim.beta1", o.beta1(), "Adam beta1", Bounds::from_below(0, 1));
+  c.declare("optim.beta2", o.beta2(), "Adam beta2", Bounds::from_below(0, 1));
+  c.declare("optim.eps", o.eps(), "Adam epsilon", Bounds::positive());
 
   // Lengths in epochs here (the options count steps): see trainer_options_from_config.
   const ScheduleOptions s;
   c.declare("sched.name", to_string(s.kind()), "constant, step, cosine or onecycle");
-  c.declare("sched.warmup_epochs", 0.0, "linear warm-up length in epochs (fractions allowed)");
+  c.declare("sched.warmup_epochs", 0.0, "linear warm-up length in epochs (fractions allowed)",
+            Bounds::between(0, kMaxEpochs));
   c.declare("sched.warmup_start_factor", s.warmup_start_factor(),
-            "warm-up starts at this fraction of the rate");
-  c.declare("sched.step_epochs", 1.0, "step: epochs between decays");
-  c.declare("sched.gamma", s.gamma(), "step: decay factor");
-  c.declare("sched.min_factor", s.min_factor(), "cosine: final rate as a fraction of the base rate");
-  c.declare("sched.pct_start", s.pct_start(), "onecycle: fraction of the cycle spent warming up");
-  c.declare("sched.div_factor", s.div_factor(), "onecycle: initial rate = lr / div_factor");
+            "warm-up starts at this fraction of the rate", Bounds::between(0, 1));
+  c.declare("sched.step_epochs", 1.0, "step: epochs between decays", Bounds{0.0, kMaxEpochs, true});
+  c.declare("sched.gamma", s.gamma(), "step: decay factor", Bounds{0.0, 1.0, true});
+  c.declare("sched.min_factor", s.min_factor(), "cosine: final rate as a fraction of the base rate",
+            Bounds::between(0, 1));
+  c.declare("sched.pct_start", s.pct_start(), "onecycle: fraction of the cycle spent warming up",
+            Bounds{0.0, 1.0, true, true});
+  c.declare("sched.div_factor", s.div_factor(), "onecycle: initial rate = lr / div_factor",
+            Bounds::at_least(1));
   c.declare("sched.final_div_factor", s.final_div_factor(),
-            "onecycle: final rate = initial / final_div_factor");
+            "onecycle: final rate = initial / final_div_factor", Bounds::at_least(1));
 
   const EarlyStoppingOptions e = es.value_or(EarlyStoppingOptions());
   c.declare("early_stop.patience", es ? e.patience() : int64_t{0},
-            "stop after N epochs without improvement (0 = off; needs validation data)");
+            "stop after N epochs without improvement (0 = off; needs validation data)", Bounds::at_least(0));
   c.declare("early_stop.monitor", to_string(e.monitor()), "val_loss or val_accuracy");
-  c.declare("early_stop.min_delta", e.min_delta(), "smallest change that counts as an improvement");
+  c.declare("early_stop.min_delta", e.min_delta(), "smallest change that counts as an improvement",
+            Bounds::at_least(0));
+  c.add_check([](const core::Config& config) {  // names (optimizer, schedule...) and rules across keys
+    trainer_options_from_config(config, 1);
+    early_stopping_options_from_config(config);
+  });
 }
 
 TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_per_epoch) {
@@ -70,8 +97,10 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
       .max_steps(c.get_int("trainer.max_steps"))
       .accumulate_grad_batches(c.get_int("trainer.accumulate_grad_batches"))
       .clip_grad_norm(c.get_float("trainer.clip_grad_norm"))
-      .precision(amp::parse_precision(c.get_string("trainer.precision")))
+      .precision(c.get_parsed("trainer.precision", amp::parse_precision))
       .resume(c.get_string("trainer.resume"))
+      .nonfinite_patience(c.get_int("trainer.nonfinite_patience"))
+      .detect_anomaly(c.get_bool("trainer.detect_anomaly"))
       .val_every(c.get_int("trainer.val_every"))
       .checkpoint_every(c.get_int("trainer.checkpoint_every"));
   o.grad_scaler(amp::GradScalerOptions()
@@ -80,7 +109,7 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
                     .backoff_factor(c.get_float("amp.backoff_factor"))
                     .growth_interval(c.get_int("amp.growth_interval")));
   o.optimizer(OptimizerOptions(c.get_float("optim.lr"))
-                  .kind(parse_optimizer_kind(c.get_string("optim.name")))
+                  .kind(c.get_parsed("optim.name", parse_optimizer_kind))
                   .momentum(c.get_float("optim.momentum"))
                   .nesterov(c.get_bool("optim.nesterov"))
                   .weight_decay(c.get_float("optim.weight_decay"))
@@ -93,7 +122,7 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
     return static_cast<int64_t>(std::llround(epochs * steps_per_epoch));
   };
   ScheduleOptions s;
-  s.kind(parse_schedule_kind(c.get_string("sched.name")))
+  s.kind(c.get_parsed("sched.name", parse_schedule_kind))
       .warmup_steps(to_steps(c.get_float("sched.warmup_epochs")))
       .warmup_start_factor(c.get_float("sched.warmup_start_factor"))
       .step_size(std::max<int64_t>(1, to_steps(c.get_float("sched.step_epochs"))))
@@ -102,6 +131,12 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
       .pct_start(c.get_float("sched.pct_start"))
       .div_factor(c.get_float("sched.div_factor"))
       .final_div_factor(c.get_float("sched.final_div_factor"));
+  EMBER_CHECK_KIND(kData, steps_per_epoch >= 1,
+                   "[train] the training data gives no batch (an empty dataset?)");
+  EMBER_CHECK_KIND(
+      kConfig, o.epochs() <= static_cast<int64_t>(kMaxSteps) / steps_per_epoch,
+      "[config] trainer.epochs={} x {} steps per epoch is more than {:g} steps: lower trainer.epochs",
+      o.epochs(), steps_per_epoch, kMaxSteps);
   int64_t total = o.epochs() * steps_per_epoch;
   if (o.max_steps() > 0) total = std::min(total, o.max_steps());
   s.total_steps(std::max<int64_t>(2, total - s.warmup_steps()));
@@ -113,7 +148,7 @@ std::optional<EarlyStoppingOptions> early_stopping_options_from_config(const cor
   const int64_t patience = c.get_int("early_stop.patience");
   if (patience == 0) return std::nullopt;
   return EarlyStoppingOptions(patience)
-      .monitor(parse_early_stopping_metric(c.get_string("early_stop.monitor")))
+      .monitor(c.get_parsed("early_stop.monitor", parse_early_stopping_metric))
       .min_delta(c.get_float("early_stop.min_delta"));
 }
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <iostream>
 #include <set>
@@ -10,8 +11,11 @@
 #include "core/check.h"
 #include "ember/amp/autocast.h"
 #include "ember/amp/precision.h"
+#include "ember/core/file.h"
 #include "ember/train/accuracy.h"
+#include "ember/train/checkpoint.h"
 #include "ember/train/clip_grad.h"
+#include "train/divergence.h"
 
 namespace ember::train {
 namespace {
@@ -167,9 +171,11 @@ FitResult Trainer::fit(Task& task) {
   stop_requested_ = false;
   stop_reason_.clear();
 
-  const std::string resume_path = resolve_resume_path();
+  std::string resume_bytes;
+  const std::string resume_path = find_resume_checkpoint(resume_bytes);
   if (!resume_path.empty()) {
-    load_checkpoint(resume_path);
+    load_checkpoint(resume_path, unseal_checkpoint(resume_bytes, resume_path));
+    resume_bytes = std::string();  // the archive's tensors are copies
     result.resumed_from = resume_path;
     result.resumed_at_step = global_step_;
     std::cerr << fmt::format("[train::Trainer] resuming from {}: epoch {}, batch {}, step {}\n", resume_path,
@@ -179,7 +185,50 @@ FitResult Trainer::fit(Task& task) {
   // Every rank reads checkpoints to resume; one writes them.
   const std::string ckpt_path =
       options_.run_dir().empty() || !dist.is_writer() ? "" : options_.run_dir() + "/checkpoints/last.pt";
+  if (!ckpt_path.empty()) {  // a previous writer killed mid-save leaves its temporary file
+    const int removed = core::remove_temporaries(options_.run_dir() + "/checkpoints");
+    if (removed > 0)
+      std::cerr << fmt::format(
+          "[train::Trainer] removed {} unfinished checkpoint file(s) of a killed run from {}\n", removed,
+          options_.run_dir() + "/checkpoints");
+  }
+  // Divergence: the loss is recorded on the device each step and read every
+  // `check_every` steps, at epoch ends and before each checkpoint.
+  divergence::DivergenceWatch watch;
+  const int64_t patience = options_.nonfinite_patience();
+  const int64_t check_every = patience > 0 ? std::min<int64_t>(patience, 8) : 0;
+  const auto check_divergence = [&] {
+    if (patience <= 0) return;
+    const divergence::DivergenceWatch::State st = watch.read();
+    if (st.streak < patience) return;
+    detail::fail(
+        ErrorKind::kDiverged,
+        "[train::Trainer] training diverged: the loss has been NaN or infinite for {} optimizer steps in "
+        "a row, since step {} (epoch {}); {}; {}{}",
+        st.streak, global_step_ - st.streak + 1, epoch_ + 1,
+        st.last_finite_step < 0 ? std::string("no finite loss was seen in this run")
+                                : fmt::format("the last finite loss was {:.6g}, at step {}",
+                                              st.last_finite_loss, st.last_finite_step),
+        last_checkpoint_.empty() ? std::string("no checkpoint was written")
+                                 : fmt::format("the last checkpoint, {}, is kept", last_checkpoint_),
+        divergence::advice());
+  };
+  // trainer.detect_anomaly: before the optimizer step, the loss and (without
+  // loss scaling, whose infinite gradients are routine) every gradient.
+  const auto check_step_anomaly = [&](const torch::Tensor& loss) {
+    const double l = loss.item<double>();
+    const std::string grads = grad_scaler_ ? "" : divergence::nonfinite_gradients(*model);
+    if (std::isfinite(l) && grads.empty()) return;
+    detail::fail(
+        ErrorKind::kDiverged,
+        "[train::Trainer] trainer.detect_anomaly: at step {} (epoch {}, batch {}) the loss is {}{}; the "
+        "step was not applied{}",
+        global_step_ + 1, epoch_ + 1, batch_, l,
+        grads.empty() ? std::string() : fmt::format(" and the gradients of {} are not finite", grads),
+        divergence::advice());
+  };
   const auto checkpoint_now = [&] {
+    check_divergence();
     if (!ckpt_path.empty()) save_checkpoint(ckpt_path);
   };
 
@@ -200,6 +249,7 @@ FitResult Trainer::fit(Task& task) {
   };
   const auto fit_start = Clock::now();
   double val_seconds = 0.0;
+  if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) request_stop("max_steps reached");
 
   while (epoch_ < options_.epochs() && !stop_requested_) {
     if (batch_ == 0) epoch_sums_ = {};
@@ -249,6 +299,7 @@ FitResult Trainer::fit(Task& task) {
       if (batch_ - window_start == window) {  // accumulation boundary
         // Once per effective batch: unscale (inf/NaN check), clip, step or skip, update the scale.
         phase(StepPhase::kOptimizer);
+        if (options_.detect_anomaly()) check_step_anomaly(step_loss);
         if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
         if (options_.clip_grad_norm() > 0) clip_grad_norm_(params, options_.clip_grad_norm());
         for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
@@ -263,6 +314,10 @@ FitResult Trainer::fit(Task& task) {
         optimizer_->zero_grad(/*set_to_none=*/true);
         ++global_step_;
         if (!stepped) ++skipped_steps_;
+        if (patience > 0) {
+          watch.record(step_loss, global_step_);
+          if (global_step_ % check_every == 0) check_divergence();
+        }
         apply_schedule();
         StepInfo info{epoch_, global_step_, batch_, step_samples, lr, step_loss, !stepped, skipped_steps_,
                       // A snapshot (update() works in place); none when the scaler is off.
@@ -287,6 +342,7 @@ FitResult Trainer::fit(Task& task) {
       checkpoint_now();
       break;
     }
+    check_divergence();
     if (dist.world_size() > 1) reduce_across_processes(epoch_sums_);
     const EvalResult train_result = epoch_sums_.result(seconds_since(epoch_start));
     result.last_train = train_result;

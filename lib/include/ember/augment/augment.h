@@ -49,8 +49,10 @@
 //                     fixed, 0.5 by default, as DALI's, so it fuses)
 //      saturation s:  v <- s v + (1 - s) gray(v)             (= torchvision)
 //      hue h (turns): v <- rotation by 2 pi h about the gray axis in YIQ
-//                     space (as DALI's hue; torchvision shifts H in HSV: the
-//                     same for gray pixels, a linear approximation otherwise)
+//                     space (as DALI's hue), in the direction of
+//                     torchvision's adjust_hue(h), which shifts H in HSV by
+//                     h: red turns toward yellow for h > 0. The same for gray
+//                     pixels, within a few degrees of hue otherwise
 //      grayscale:     v <- gray(v) in every channel          (= torchvision)
 //    then one clamp to [0, 1]. torchvision clamps after each op and applies
 //    the four jitter ops in a random order per call.

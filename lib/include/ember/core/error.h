@@ -4,7 +4,7 @@
 // do about it, e.g.
 //   [data::read_idx] train-images-idx3-ubyte: expected magic 0x00000803, got ...
 // Its kind says what sort of failure it is, so that a program (the recipe
-// runner: exit status 2 for config errors, 1 for the rest) decides on the
+// runner: exit status 2 for config errors, 3 for divergence, 1 for the rest) decides on the
 // kind, never on the message text.
 
 #include <stdexcept>
@@ -18,9 +18,10 @@ enum class ErrorKind {
   kData,         ///< input data missing, damaged or inconsistent
   kCheckpoint,   ///< a checkpoint missing, damaged or not matching the model
   kDistributed,  ///< another process or a collective operation failed
+  kDiverged,     ///< training diverged: the loss or the weights went NaN/infinite
 };
 
-/// "general", "config", "data", "checkpoint" or "distributed".
+/// "general", "config", "data", "checkpoint", "distributed" or "diverged".
 const char* to_string(ErrorKind kind);
 
 class Error : public std::runtime_error {

@@ -68,8 +68,13 @@ struct ImageFolderOptions {
   TORCH_ARG(int64_t, threads) = 0;
   /// Unreadable, corrupt or truncated images: fail (default) or skip.
   TORCH_ARG(OnError, on_error) = OnError::kFail;
+  /// An image whose header declares more pixels (width x height, or either
+  /// side) is refused before decoding, as an unreadable one (on_error): a
+  /// small file can declare gigabytes, per decoding thread. 64 Mi pixels
+  /// (192 MiB decoded) by default.
+  TORCH_ARG(int64_t, max_pixels) = int64_t{64} << 20;
   /// Path of a cache file (torch::save format) holding the decoded dataset and
-  /// a key: the root, size, resize mode and every file's path, byte size and
+  /// a key: the root, size, resize mode, max_pixels and every file's path, byte size and
   /// modification time. "" = no cache. A matching cache is loaded without
   /// decoding; otherwise the folder is decoded and the cache (re)written
   /// atomically (temporary file + rename).

@@ -9,8 +9,7 @@
 // speedups; one line on stdout compares the two accuracies.
 //
 //   spec.declare = [](core::Config& c) { ...; recipe::declare_prune_finetune_keys(c); };
-//   spec.make_task = [](const core::Config& c, torch::Device d) { recipe::check_prune_finetune_config(c); ...
-//   }; spec.finish = recipe::prune_and_finetune;
+//   spec.finish = recipe::prune_and_finetune;
 
 #include "ember/core/config.h"
 #include "ember/prune/callback.h"
@@ -20,12 +19,13 @@
 
 namespace ember::recipe {
 
-/// The prune.* keys (defaults from `pruning`) and finetune.epochs, finetune.lr.
+/// The prune.* keys (defaults from `pruning`) and finetune.epochs, finetune.lr;
+/// registers check_prune_finetune_config with the config's checks.
 void declare_prune_finetune_keys(
     core::Config& config, const prune::PruningCallbackOptions& pruning = prune::PruningCallbackOptions());
 
-/// Fails (before the dense training) on bad prune.* values or a
-/// data-parallel launch: the fine-tuning fit runs in one process.
+/// Fails on bad prune.* values or a data-parallel launch (the fine-tuning fit
+/// runs in one process); Config::validate runs it before the dense training.
 void check_prune_finetune_config(const core::Config& config);
 
 /// The second phase, after the dense model was trained and tested (`summary`

@@ -14,7 +14,9 @@
 // Command line: RECIPE [--config FILE] [--help] [key=value ...]. The recipe's
 // default config is applied unless --config replaces it; key=value overrides
 // come last. Exit status: 0 done, 2 bad command line or config (an
-// ember::Error of ErrorKind::kConfig), 1 any other error, 130 stopped by
+// ember::Error of ErrorKind::kConfig), 3 training diverged (kDiverged: the
+// loss or the weights went NaN/infinite; the last good checkpoint is kept),
+// 1 any other error, 130 stopped by
 // SIGINT/SIGTERM (a checkpoint was saved; resume with trainer.resume=auto
 // run.dir=<same folder>).
 
@@ -31,7 +33,7 @@
 
 namespace ember::recipe {
 
-/// Declares the keys every recipe shares: the runner's own (run.dir,
+/// Declares the keys every recipe shares: the runner's own (run.dir, run.overwrite, run.allow_changes,
 /// run.malloc_tuning, trainer.device, trainer.seed, trainer.threads) and each
 /// area's: train::declare_trainer_keys (trainer.*, amp.*, optim.*, sched.*,
 /// early_stop.*), monitor::declare_monitor_keys (monitor.*, mfu.*, progress,

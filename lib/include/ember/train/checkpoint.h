@@ -1,8 +1,18 @@
 #pragma once
 // Checkpoints. Trainer::save_checkpoint writes one (atomically: a temporary
-// file, fsync, rename) and TrainerOptions::resume loads one; both live in
-// lib/src/train/checkpoint.cpp, which documents what a checkpoint holds. The
-// atomic file helpers are ember/core/file.h's, here also under ember::train.
+// file, fsync, rename; the one it replaces is kept as prev.pt) and
+// TrainerOptions::resume loads one; both live in lib/src/train/checkpoint.cpp,
+// which documents what a checkpoint holds. The atomic file helpers are
+// ember/core/file.h's, here also under ember::train.
+//
+// A checkpoint file is LibTorch's archive (a zip) followed by a 24-byte
+// trailer: "EMBERCK1", the archive's length (8 bytes, little-endian) and its
+// CRC-32 (4 bytes, little-endian, then 4 zero bytes). LibTorch's reader does
+// not check the zip's own CRCs, so without it flipped bytes would load as
+// silently wrong weights.
+
+#include <string>
+#include <string_view>
 
 #include "ember/core/file.h"
 
@@ -11,5 +21,18 @@ namespace ember::train {
 using core::make_dirs;
 using core::read_file;
 using core::write_file_atomic;
+
+/// The bytes of a checkpoint file holding `archive` (appends the trailer).
+std::string seal_checkpoint(std::string archive);
+
+/// The archive inside a checkpoint file's bytes, after checking the trailer's
+/// length and CRC. Throws ember::Error (ErrorKind::kCheckpoint) naming `path`
+/// and what is wrong: truncated, no trailer (not an Ember checkpoint), or
+/// damaged (the CRC differs).
+std::string_view unseal_checkpoint(const std::string& bytes, const std::string& path);
+
+/// Where save_checkpoint keeps the checkpoint it replaces: "prev.pt" beside
+/// "last.pt", else "<path>.prev".
+std::string previous_checkpoint_path(const std::string& path);
 
 }  // namespace ember::train

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ember/amp/grad_scaler.h"
@@ -45,6 +46,17 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, val_every) = 1;
   /// Checkpoint every N epochs (0 = only at the end and when stopped by a signal or request).
   TORCH_ARG(int64_t, checkpoint_every) = 1;
+  /// Stop with an ember::Error of ErrorKind::kDiverged (the recipe runner:
+  /// exit status 3) once the loss has been NaN or infinite for this many
+  /// optimizer steps in a row; 0 = never. The loss is watched on the device
+  /// and read every few steps (no host sync per step). fp16-mixed's skipped
+  /// steps (infinite gradients, finite loss) do not count. Whatever the
+  /// setting, a checkpoint is never written over with non-finite weights.
+  TORCH_ARG(int64_t, nonfinite_patience) = 8;
+  /// Debugging divergence: check each step's loss and gradients on the host
+  /// (one sync per step); the first non-finite one stops the run before the
+  /// optimizer step, naming the parameters whose gradients went non-finite.
+  TORCH_ARG(bool, detect_anomaly) = false;
   /// Stop cleanly, after saving a checkpoint, on SIGINT/SIGTERM: fit() installs
   /// handlers for its duration and restores the previous ones. Off by default,
   /// as a library should leave a program's signals alone; the recipe runner
@@ -125,9 +137,10 @@ class Trainer {
   const std::string& last_checkpoint() const { return last_checkpoint_; }
 
  private:
-  // Checkpoint I/O (train/checkpoint.cpp).
-  void load_checkpoint(const std::string& path);
-  std::string resolve_resume_path() const;
+  // Checkpoint I/O (train/checkpoint.cpp). find_resume_checkpoint: the
+  // verified checkpoint options().resume names ("" = none), its file in `bytes`.
+  std::string find_resume_checkpoint(std::string& bytes) const;
+  void load_checkpoint(const std::string& path, std::string_view archive);
   void apply_schedule();
   void reduce_across_processes(PassSums& sums) const;
 

@@ -1,0 +1,252 @@
+// Run folders: the lock, the previous run's files, the resumed run's keys.
+#include "ember/recipe/run_folder.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <iostream>
+
+#include "core/check.h"
+#include "ember/core/file.h"
+
+namespace ember::recipe {
+namespace {
+
+constexpr const char* kLockName = "run.lock";
+
+std::string utc_now(const char* format) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
+  return buf;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+std::string read_fd(int fd) {
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  if (::lseek(fd, 0, SEEK_SET) < 0) return out;
+  while (out.size() < 4096 && (n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+}  // namespace
+
+std::string RunFolderLock::describe_owner(const std::string& content) {
+  // "pid 123\nhost h\nsince 2026-12-01 10:00:00 UTC\n"
+  std::string pid = "?", host = "?", since = "?";
+  size_t start = 0;
+  while (start < content.size()) {
+    size_t end = content.find('\n', start);
+    if (end == std::string::npos) end = content.size();
+    const std::string line = content.substr(start, end - start);
+    const auto space = line.find(' ');
+    if (space != std::string::npos) {
+      const std::string key = line.substr(0, space), value = line.substr(space + 1);
+      if (key == "pid") pid = value;
+      if (key == "host") host = value;
+      if (key == "since") since = value;
+    }
+    start = end + 1;
+  }
+  return fmt::format("pid {} on {} since {}", pid, host, since);
+}
+
+RunFolderLock::RunFolderLock(const std::string& dir) : path_(dir + "/" + kLockName) {
+  core::make_dirs(dir);
+  for (int attempt = 0;; ++attempt) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    EMBER_CHECK(fd_ >= 0, "[run] cannot create the lock file {}: {}", path_, std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      const std::string owner = read_fd(fd_);
+      ::close(fd_);
+      fd_ = -1;
+      if (err == EWOULDBLOCK)
+        ember::detail::fail(
+            ErrorKind::kConfig,
+            "[run] run folder {} is in use by another run ({}): wait for it to end, or choose "
+            "another run.dir",
+            dir, describe_owner(owner));
+      ember::detail::fail("[run] cannot lock {}: {}", path_, std::strerror(err));
+    }
+    // The holder we waited for may have removed the file as we opened it:
+    // the lock counts only on the file the path still names.
+    struct stat held {
+    }, named{};
+    if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+        held.st_dev == named.st_dev)
+      break;
+    ::close(fd_);
+    fd_ = -1;
+    EMBER_CHECK(attempt < 100, "[run] cannot lock {}: it keeps being replaced", path_);
+  }
+  const std::string stale = read_fd(fd_);
+  if (!stale.empty())
+    std::cerr << fmt::format(
+        "[run] note: {} was left by a run that ended without releasing it ({}); taking it over\n", path_,
+        describe_owner(stale));
+  const std::string mine =
+      fmt::format("pid {}\nhost {}\nsince {}\n", ::getpid(), host_name(), utc_now("%Y-%m-%d %H:%M:%S UTC"));
+  if (::ftruncate(fd_, 0) != 0 ||
+      ::pwrite(fd_, mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size()))
+    std::cerr << fmt::format("[run] note: cannot write the owner into {}: {}\n", path_, std::strerror(errno));
+  ::fsync(fd_);
+}
+
+RunFolderLock::~RunFolderLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // before the lock goes: a waiter then retries on a fresh file
+  ::close(fd_);
+}
+
+bool key_is_safe_to_change_on_resume(const std::string& key) {
+  static const char* const kSafe[] = {
+      // output and monitoring
+      "run.", "monitor.", "mfu.", "trainer.progress", "trainer.log_every", "trainer.profile_steps",
+      "trainer.profile_wait", "trainer.checkpoint_every", "trainer.val_every", "sample.", "prune.eval",
+      "prune.timing_steps",
+      // when to stop
+      "trainer.resume", "trainer.max_steps", "trainer.nonfinite_patience", "trainer.detect_anomaly",
+      "early_stop.",
+      // where and how fast it runs; where the data is read from
+      "trainer.device", "trainer.threads", "dist.backend", "dist.timeout_s", "dist.rank", "data.root",
+      "data.path", "data.prefetch", "data.resident", "data.threads", "data.cache_dir",
+      "data.eval_batch_size"};
+  for (const char* safe : kSafe) {
+    const std::string s = safe;
+    if (s.back() == '.' ? key.compare(0, s.size(), s) == 0 : key == s) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// The entries of a previous run (all but the lock and the config).
+std::vector<std::string> previous_run_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const std::string& name : core::list_dir(dir))
+    if (name != kLockName && name != "config.toml") out.push_back(name);
+  return out;
+}
+
+// Moves everything but the lock to <dir>.replaced-<timestamp>/; returns that folder.
+std::string move_aside(const std::string& dir) {
+  std::string aside = dir;
+  while (aside.size() > 1 && aside.back() == '/') aside.pop_back();
+  aside += ".replaced-" + utc_now("%Y%m%d-%H%M%S");
+  for (int i = 2; core::is_dir(aside) || core::is_file(aside); ++i)
+    aside = aside.substr(0, aside.rfind(".replaced-")) + ".replaced-" + utc_now("%Y%m%d-%H%M%S") + "-" +
+            std::to_string(i);
+  core::make_dirs(aside);
+  for (const std::string& name : core::list_dir(dir))
+    if (name != kLockName) core::rename_path(dir + "/" + name, aside + "/" + name);
+  return aside;
+}
+
+std::string join(const std::vector<std::string>& items, size_t most) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < most; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > most) out += fmt::format(" and {} more", items.size() - most);
+  return out;
+}
+
+bool has_checkpoint(const std::string& dir) {
+  return core::is_file(dir + "/checkpoints/last.pt") || core::is_file(dir + "/checkpoints/prev.pt");
+}
+
+// A resume continues the run in `dir`: compare its keys with the saved ones.
+void compare_with_saved_config(const std::string& dir, const core::Config& config,
+                               const std::string& recipe) {
+  const std::string saved_path = dir + "/config.toml";
+  if (!core::is_file(saved_path)) return;
+  core::Config saved = config;
+  try {
+    saved.merge_toml_file(saved_path);
+  } catch (const Error& e) {
+    std::cerr << fmt::format("[run] note: cannot compare with the saved {} ({}); resuming anyway\n",
+                             saved_path, e.what());
+    return;
+  }
+  std::vector<std::string> unsafe, safe;
+  for (const std::string& key : config.keys()) {
+    if (key == "trainer.resume" || key == "run.allow_changes" || key == "run.overwrite")
+      continue;  // differ by nature
+    const std::string was = saved.get_text(key), now = config.get_text(key);
+    if (was == now) continue;
+    const std::string change = fmt::format("{}: {} -> {}", key, was, now);
+    (key_is_safe_to_change_on_resume(key) ? safe : unsafe).push_back(change);
+  }
+  if (!unsafe.empty() && !config.get_bool("run.allow_changes"))
+    ember::detail::fail(
+        ErrorKind::kConfig,
+        "[run] resuming {} with keys that change the data order or the schedule ({}): the run "
+        "would continue at the saved position of a different run. Resume with the saved keys "
+        "(drop these overrides: {} holds them), start a new run in another run.dir, or pass "
+        "run.allow_changes=true to continue anyway ({} run.dir={} trainer.resume=auto "
+        "run.allow_changes=true)",
+        dir, join(unsafe, 6), saved_path, recipe, dir);
+  std::vector<std::string> all = unsafe;
+  all.insert(all.end(), safe.begin(), safe.end());
+  if (!all.empty()) {
+    std::cerr << fmt::format("[run] resuming with changed keys: {}\n", join(all, 20));
+    core::write_file_atomic(dir + "/config.resume-" + utc_now("%Y%m%d-%H%M%S") + ".toml", config.to_toml());
+  }
+}
+
+}  // namespace
+
+void claim_run_folder(const std::string& dir, const core::Config& config, const std::string& recipe) {
+  const std::string resume = config.get_string("trainer.resume");
+  const bool resumes_here =
+      resume == "auto" || resume == dir || resume.compare(0, dir.size() + 1, dir + "/") == 0;
+  const std::vector<std::string> previous = previous_run_files(dir);
+  if (resumes_here && has_checkpoint(dir)) {
+    compare_with_saved_config(dir, config, recipe);
+    if (!core::is_file(dir + "/config.toml")) core::write_file_atomic(dir + "/config.toml", config.to_toml());
+    return;
+  }
+  if (!previous.empty()) {
+    const bool looks_like_run = core::is_file(dir + "/config.toml") || core::is_dir(dir + "/checkpoints");
+    if (resume == "auto") {  // a run that left no checkpoint: its files would mix with this one's
+      EMBER_CHECK_KIND(kConfig, looks_like_run,
+                       "[run] run.dir={} is not an empty folder nor an Ember run folder ({}); choose another "
+                       "run.dir",
+                       dir, join(previous, 4));
+      std::cerr << fmt::format(
+          "[run] trainer.resume=auto: {} holds no checkpoint; its files ({}) move to {} and a fresh run "
+          "starts\n",
+          dir, join(previous, 4), move_aside(dir));
+    } else if (config.get_bool("run.overwrite")) {
+      EMBER_CHECK_KIND(
+          kConfig, looks_like_run,
+          "[run] run.overwrite=true: {} is not an Ember run folder ({}); it is left alone: choose "
+          "another run.dir",
+          dir, join(previous, 4));
+      std::cerr << fmt::format("[run] run.overwrite=true: the previous run's files move to {}\n",
+                               move_aside(dir));
+    } else {
+      ember::detail::fail(ErrorKind::kConfig,
+                          "[run] run.dir={} holds a previous run ({}): continue it with `{} run.dir={} "
+                          "trainer.resume=auto`, or start over with `{} run.dir={} run.overwrite=true` (its "
+                          "files move to {}.replaced-<time>, nothing is deleted)",
+                          dir, join(previous, 4), recipe, dir, recipe, dir, dir);
+    }
+  }
+  core::write_file_atomic(dir + "/config.toml", config.to_toml());
+}
+
+}  // namespace ember::recipe

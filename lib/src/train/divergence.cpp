@@ -1,0 +1,74 @@
+#include "train/divergence.h"
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace ember::train::divergence {
+
+std::string first_nonfinite_tensor(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& p : module.named_parameters())
+    tensors.emplace_back("parameter '" + p.key() + "'", p.value());
+  for (const auto& b : module.named_buffers())
+    if (b.value().is_floating_point()) tensors.emplace_back("buffer '" + b.key() + "'", b.value());
+  if (tensors.empty()) return "";
+  std::vector<torch::Tensor> finite;
+  finite.reserve(tensors.size());
+  torch::NoGradGuard no_grad;
+  for (const auto& t : tensors) finite.push_back(torch::isfinite(t.second).all());
+  const torch::Tensor ok = torch::stack(finite).cpu();  // the one sync
+  const bool* flags = ok.data_ptr<bool>();
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!flags[i]) return tensors[i].first;
+  return "";
+}
+
+std::string nonfinite_gradients(const torch::nn::Module& module) {
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> finite;
+  torch::NoGradGuard no_grad;
+  for (const auto& p : module.named_parameters()) {
+    if (!p.value().grad().defined()) continue;
+    names.push_back(p.key());
+    finite.push_back(torch::isfinite(p.value().grad()).all());
+  }
+  if (finite.empty()) return "";
+  const torch::Tensor ok = torch::stack(finite).cpu();
+  const bool* flags = ok.data_ptr<bool>();
+  std::string out;
+  int listed = 0;
+  for (size_t i = 0; i < names.size() && listed < 3; ++i) {
+    if (flags[i]) continue;
+    out += (listed++ ? ", '" : "'") + names[i] + "'";
+  }
+  return out;
+}
+
+std::string advice() {
+  return ". Try a lower optim.lr, gradient clipping (trainer.clip_grad_norm=1), bf16-mixed instead of "
+         "fp16-mixed, or look for bad input; trainer.detect_anomaly=true stops at the first non-finite "
+         "loss or gradient and names the parameter";
+}
+
+void DivergenceWatch::record(const torch::Tensor& loss, int64_t step) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor l = loss.detach().to(torch::kFloat64).reshape({});
+  if (!state_.defined() || state_.device() != l.device()) {
+    state_ = torch::tensor({0.0, -1.0, 0.0}, torch::kFloat64).to(l.device());
+    one_more_ = torch::tensor({1.0, 0.0, 0.0}, torch::kFloat64).to(l.device());
+  }
+  // [streak, step, loss] <- finite ? [0, step, loss] : [streak + 1, last step, last loss]
+  const torch::Tensor if_finite =
+      torch::stack({torch::zeros_like(l), torch::full_like(l, static_cast<double>(step)), l});
+  state_ = torch::where(torch::isfinite(l), if_finite, state_ + one_more_);
+}
+
+DivergenceWatch::State DivergenceWatch::read() const {
+  if (!state_.defined()) return {};
+  const torch::Tensor s = state_.cpu();
+  const double* v = s.data_ptr<double>();
+  return {static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1]), v[2]};
+}
+
+}  // namespace ember::train::divergence

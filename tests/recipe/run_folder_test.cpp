@@ -1,0 +1,156 @@
+// Run folders are owned: the lock, a previous run's files, a resume's keys.
+#include <ember/core/config.h>
+#include <ember/core/error.h>
+#include <ember/core/file.h>
+#include <ember/recipe/recipe.h>
+#include <ember/recipe/run_folder.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "train/test_task.h"
+
+using namespace ember;
+using recipe::claim_run_folder;
+using recipe::RunFolderLock;
+
+namespace {
+core::Config config_for(const std::string& dir) {
+  core::Config c;
+  recipe::declare_recipe_keys(c);
+  c.declare("data.batch_size", 32, "");
+  c.set_override("run.dir=" + dir);
+  return c;
+}
+
+std::string claim_error(const std::string& dir, const core::Config& c) {
+  try {
+    claim_run_folder(dir, c, "fashion_mnist");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<std::string> replaced_folders(const std::string& dir) {
+  const std::string parent = dir.substr(0, dir.rfind('/')), name = dir.substr(dir.rfind('/') + 1);
+  std::vector<std::string> out;
+  for (const std::string& n : core::list_dir(parent))
+    if (n.rfind(name + ".replaced-", 0) == 0) out.push_back(parent + "/" + n);
+  return out;
+}
+}  // namespace
+
+TEST(RunFolder, OneWriterAtATimeAndAStaleLockIsTakenOver) {
+  const std::string dir = test_util::temp_dir("lock");
+  {
+    RunFolderLock held(dir);
+    const std::string content = train::read_file(dir + "/run.lock");
+    EXPECT_NE(content.find("pid " + std::to_string(::getpid())), std::string::npos) << content;
+    try {
+      RunFolderLock second(dir);  // a second open file description: flock refuses it
+      ADD_FAILURE() << "a second writer got the folder";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+      EXPECT_NE(m.find("is in use by another run (pid " + std::to_string(::getpid())), std::string::npos)
+          << m;
+    }
+  }
+  EXPECT_FALSE(core::is_file(dir + "/run.lock")) << "released";
+  // A lock file whose owner was killed: no flock held on it.
+  test_util::write_bytes(dir + "/run.lock", "pid 999999\nhost elsewhere\nsince 2026-01-01 00:00:00 UTC\n");
+  testing::internal::CaptureStderr();
+  { RunFolderLock taken(dir); }
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("ended without releasing it (pid 999999 on elsewhere"), std::string::npos) << said;
+}
+
+TEST(RunFolder, AFreshRunRefusesAPreviousRunUnlessOverwriteMovesItAside) {
+  const std::string dir = test_util::temp_dir("previous");
+  core::Config c = config_for(dir);
+  EXPECT_EQ(claim_error(dir, c), "");  // a new folder
+  EXPECT_TRUE(core::is_file(dir + "/config.toml"));
+  EXPECT_EQ(claim_error(dir, c), "") << "a folder with only config.toml holds no previous run";
+  train::write_file_atomic(dir + "/checkpoints/last.pt", "weights");
+  train::write_file_atomic(dir + "/summary.json", "{}");
+  const std::string m = claim_error(dir, c);
+  EXPECT_NE(m.find("holds a previous run (checkpoints, summary.json)"), std::string::npos) << m;
+  EXPECT_NE(m.find("`fashion_mnist run.dir=" + dir + " trainer.resume=auto`"), std::string::npos) << m;
+  EXPECT_NE(m.find("`fashion_mnist run.dir=" + dir + " run.overwrite=true`"), std::string::npos) << m;
+  EXPECT_EQ(train::read_file(dir + "/summary.json"), "{}") << "nothing touched";
+
+  c.set_override("run.overwrite=true");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(claim_error(dir, c), "");
+  testing::internal::GetCapturedStderr();
+  const auto aside = replaced_folders(dir);
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_EQ(train::read_file(aside[0] + "/checkpoints/last.pt"), "weights") << "moved, not deleted";
+  EXPECT_EQ(train::read_file(aside[0] + "/summary.json"), "{}");
+  EXPECT_EQ(core::list_dir(dir), std::vector<std::string>{"config.toml"});
+}
+
+TEST(RunFolder, OverwriteLeavesAFolderThatIsNoRunFolderAlone) {
+  const std::string dir = test_util::temp_dir("not_a_run");
+  train::write_file_atomic(dir + "/thesis.tex", "years of work");
+  core::Config c = config_for(dir);
+  c.set_override("run.overwrite=true");
+  EXPECT_NE(claim_error(dir, c).find("is not an Ember run folder"), std::string::npos);
+  EXPECT_EQ(core::list_dir(dir), std::vector<std::string>{"thesis.tex"});
+}
+
+TEST(RunFolder, ResumeAutoWithoutACheckpointMovesTheOldFilesAside) {
+  const std::string dir = test_util::temp_dir("no_ckpt");
+  core::Config c = config_for(dir);
+  claim_run_folder(dir, c, "r");
+  train::write_file_atomic(dir + "/metrics.jsonl", "{\"kind\":\"step\"}\n");  // killed before a checkpoint
+  c.set_override("trainer.resume=auto");
+  testing::internal::CaptureStderr();
+  claim_run_folder(dir, c, "r");
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("holds no checkpoint; its files (metrics.jsonl) move to"), std::string::npos) << said;
+  EXPECT_FALSE(core::is_file(dir + "/metrics.jsonl"));
+  ASSERT_EQ(replaced_folders(dir).size(), 1u);
+}
+
+TEST(RunFolder, AResumeWithChangedKeysRefusesOrSaysWhatChanged) {
+  const std::string dir = test_util::temp_dir("changed");
+  core::Config first = config_for(dir);
+  claim_run_folder(dir, first, "r");
+  const std::string original = train::read_file(dir + "/config.toml");
+  train::write_file_atomic(dir + "/checkpoints/last.pt", "weights");
+
+  core::Config same = config_for(dir);
+  same.set_override("trainer.resume=auto");
+  testing::internal::CaptureStderr();
+  claim_run_folder(dir, same, "r");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "only trainer.resume differs, and it is safe";
+
+  core::Config batch = same;
+  batch.set_override("data.batch_size=64");
+  batch.set_override("trainer.epochs=20");
+  const std::string m = claim_error(dir, batch);
+  EXPECT_NE(m.find("data.batch_size: 32 -> 64"), std::string::npos) << m;
+  EXPECT_NE(m.find("trainer.epochs: 10 -> 20"), std::string::npos) << m;
+  EXPECT_NE(m.find("run.allow_changes=true"), std::string::npos) << m;
+
+  core::Config safe = same;
+  safe.set_override("trainer.log_every=7");
+  testing::internal::CaptureStderr();
+  claim_run_folder(dir, safe, "r");
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("resuming with changed keys: trainer.log_every: 50 -> 7"), std::string::npos) << said;
+  EXPECT_EQ(train::read_file(dir + "/config.toml"), original) << "the first run's config is kept";
+  int resumes = 0;
+  for (const std::string& n : core::list_dir(dir)) resumes += n.rfind("config.resume-", 0) == 0;
+  EXPECT_EQ(resumes, 1);
+
+  batch.set_override("run.allow_changes=true");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(claim_error(dir, batch), "");
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("data.batch_size: 32 -> 64"), std::string::npos);
+  EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("monitor.csv"));
+  EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("optim.lr"));
+  EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("trainer.progress_x"));
+}
