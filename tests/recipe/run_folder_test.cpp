@@ -19,6 +19,7 @@ core::Config config_for(const std::string& dir) {
   recipe::declare_recipe_keys(c);
   c.declare("data.batch_size", 32, "");
   c.set_override("run.dir=" + dir);
+  c.set_override("sched.name=onecycle");  // as the recipes' configs: a schedule spanning the run
   return c;
 }
 
@@ -150,7 +151,13 @@ TEST(RunFolder, AResumeWithChangedKeysRefusesOrSaysWhatChanged) {
   testing::internal::CaptureStderr();
   EXPECT_EQ(claim_error(dir, batch), "");
   EXPECT_NE(testing::internal::GetCapturedStderr().find("data.batch_size: 32 -> 64"), std::string::npos);
-  EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("monitor.csv"));
-  EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("optim.lr"));
-  EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("trainer.progress_x"));
+  EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("monitor.csv", same));
+  EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("optim.lr", same));
+  EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("trainer.progress_x", same));
+  // A longer run changes a schedule that spans the run (onecycle), not a constant one.
+  EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("trainer.epochs", same));
+  core::Config constant = same;
+  constant.set_override("sched.name=constant");
+  EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("trainer.epochs", constant));
+  EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("trainer.max_steps", constant));
 }

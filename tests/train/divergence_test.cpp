@@ -47,6 +47,17 @@ Error diverge(train::Trainer& t, train::Task& task) {
   return Error("");
 }
 
+// Resumes `dir`'s checkpoint into a fresh task (one epoch: nothing more to
+// train); returns the step it was at, and checks its weights are finite.
+int64_t resume_step(const std::string& dir) {
+  BlobTask fresh({});
+  train::TrainerOptions r;
+  r.epochs(1).run_dir(dir).resume("auto");
+  const int64_t step = train::Trainer(r).fit(fresh).resumed_at_step;
+  EXPECT_EQ(train::divergence::first_nonfinite_tensor(*fresh.model()), "");
+  return step;
+}
+
 }  // namespace
 
 TEST(Divergence, WatchCountsNonFiniteStreaksOnTheDevice) {
@@ -80,12 +91,7 @@ TEST(Divergence, APersistentNanLossStopsTheRunAndKeepsTheLastGoodCheckpoint) {
   EXPECT_NE(m.find("optim.lr"), std::string::npos) << m;    // advice
   // Stopped at the first check with 4 bad steps (step 16), before epoch 2's checkpoint.
   EXPECT_EQ(trainer.global_step(), 16);
-  BlobTask fresh({});
-  train::TrainerOptions r;
-  r.epochs(1).run_dir(dir).resume("auto");
-  const train::FitResult back = train::Trainer(r).fit(fresh);  // loads epoch 1's checkpoint, finite
-  EXPECT_EQ(back.resumed_at_step, 8);
-  EXPECT_EQ(train::divergence::first_nonfinite_tensor(*fresh.model()), "");
+  EXPECT_EQ(resume_step(dir), 8) << "epoch 1's checkpoint";
 }
 
 TEST(Divergence, PatienceZeroNeverStopsOnTheLossButNeverSavesNanWeights) {
@@ -99,11 +105,7 @@ TEST(Divergence, PatienceZeroNeverStopsOnTheLossButNeverSavesNanWeights) {
   EXPECT_EQ(e.kind(), ErrorKind::kDiverged) << m;
   EXPECT_NE(m.find("parameter 'fc1.weight' is not finite at step 16"), std::string::npos) << m;
   EXPECT_NE(m.find("is not overwritten"), std::string::npos) << m;
-  std::string bytes;
-  BlobTask fresh({});
-  train::TrainerOptions r;
-  r.epochs(1).run_dir(dir).resume("auto");
-  EXPECT_EQ(train::Trainer(r).fit(fresh).resumed_at_step, 8);
+  EXPECT_EQ(resume_step(dir), 8) << "epoch 1's checkpoint";
 }
 
 TEST(Divergence, DetectAnomalyNamesTheParameterBeforeTheStep) {

@@ -113,15 +113,21 @@ RunFolderLock::~RunFolderLock() {
   ::close(fd_);
 }
 
-bool key_is_safe_to_change_on_resume(const std::string& key) {
+bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config& config) {
+  // The run's length sets the schedule only where the schedule spans the run
+  // (cosine, onecycle): with a constant or step schedule, training longer or
+  // shorter continues the same run.
+  if (key == "trainer.epochs" || key == "trainer.max_steps") {
+    const std::string schedule = config.has("sched.name") ? config.get_string("sched.name") : "constant";
+    return schedule == "constant" || schedule == "step";
+  }
   static const char* const kSafe[] = {
       // output and monitoring
       "run.", "monitor.", "mfu.", "trainer.progress", "trainer.log_every", "trainer.profile_steps",
       "trainer.profile_wait", "trainer.checkpoint_every", "trainer.val_every", "sample.", "prune.eval",
       "prune.timing_steps",
       // when to stop
-      "trainer.resume", "trainer.max_steps", "trainer.nonfinite_patience", "trainer.detect_anomaly",
-      "early_stop.",
+      "trainer.resume", "trainer.nonfinite_patience", "trainer.detect_anomaly", "early_stop.",
       // where and how fast it runs; where the data is read from
       "trainer.device", "trainer.threads", "dist.backend", "dist.timeout_s", "dist.rank", "data.root",
       "data.path", "data.prefetch", "data.resident", "data.threads", "data.cache_dir",
@@ -188,7 +194,7 @@ void compare_with_saved_config(const std::string& dir, const core::Config& confi
     const std::string was = saved.get_text(key), now = config.get_text(key);
     if (was == now) continue;
     const std::string change = fmt::format("{}: {} -> {}", key, was, now);
-    (key_is_safe_to_change_on_resume(key) ? safe : unsafe).push_back(change);
+    (key_is_safe_to_change_on_resume(key, config) ? safe : unsafe).push_back(change);
   }
   if (!unsafe.empty() && !config.get_bool("run.allow_changes"))
     ember::detail::fail(

@@ -39,9 +39,10 @@ class RunFolderLock {
 
 /// Keys a resumed run may change: they change neither what is trained nor in
 /// what order (output, monitoring, devices and threads, where the data is
-/// read from, when to stop). A change of any other key refuses the resume
-/// unless run.allow_changes=true.
-bool key_is_safe_to_change_on_resume(const std::string& key);
+/// read from, early stopping), and trainer.epochs / trainer.max_steps when
+/// `config`'s schedule does not span the run (sched.name constant or step).
+/// A change of any other key refuses the resume unless run.allow_changes=true.
+bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config& config);
 
 /// Prepares `dir` for a run with `config` (the resolved keys: run.overwrite,
 /// run.allow_changes, trainer.resume), before anything is written there:
