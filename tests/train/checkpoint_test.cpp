@@ -2,24 +2,11 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
-#include <dirent.h>
 #include <fstream>
 
 #include "train/test_task.h"
 
 using namespace ember;
-
-namespace {
-std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
-    closedir(d);
-  }
-  return out;
-}
-}  // namespace
 
 TEST(Checkpoint, AtomicWriteReplacesAndLeavesNoTemporaries) {
   const std::string dir = test_util::temp_dir("atomic");
@@ -29,7 +16,7 @@ TEST(Checkpoint, AtomicWriteReplacesAndLeavesNoTemporaries) {
   const std::string big(3 << 20, 'x');
   train::write_file_atomic(path, big);
   EXPECT_EQ(train::read_file(path), big);
-  EXPECT_EQ(list_dir(dir + "/sub"), std::vector<std::string>{"file.bin"});
+  EXPECT_EQ(core::list_dir(dir + "/sub"), std::vector<std::string>{"file.bin"});
 }
 
 TEST(Checkpoint, FailedWriteKeepsThePreviousFile) {
@@ -40,7 +27,7 @@ TEST(Checkpoint, FailedWriteKeepsThePreviousFile) {
     train::write_file_atomic(dir + "/target_is_a_dir/inner", "keep me");
     EXPECT_THROW(train::write_file_atomic(dir + "/target_is_a_dir", "new"), Error);
     EXPECT_EQ(train::read_file(dir + "/target_is_a_dir/inner"), "keep me");
-    for (const auto& f : list_dir(dir)) EXPECT_EQ(f.find(".tmp."), std::string::npos) << f;
+    for (const auto& f : core::list_dir(dir)) EXPECT_EQ(f.find(".tmp."), std::string::npos) << f;
     return;
   }
   const std::string dir = test_util::temp_dir("atomic_ro");

@@ -1,6 +1,5 @@
 #include "ember/data/idx.h"
 
-#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "ember/core/file.h"
 
 namespace ember::data {
 namespace {
@@ -28,11 +28,6 @@ constexpr std::array<TypeInfo, 6> kTypes{{{0x08, torch::kUInt8, 1},
 
 std::string basename(const std::string& path) {
   return path.substr(path.find_last_of('/') + 1);
-}
-
-bool file_exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 // An IDX file opened through zlib, which inflates gzip and passes plain files
@@ -94,7 +89,7 @@ void write_be32(std::vector<uint8_t>& out, uint32_t v) {
 std::string find_split_file(const std::string& root, const std::string& stem) {
   for (const char* ext : {".gz", ""}) {
     const std::string p = root + "/" + stem + ext;
-    if (file_exists(p)) return p;
+    if (core::is_file(p)) return p;
   }
   detail::fail(
       "[data::load_mnist] {}: neither {} nor {}.gz found; set data.root to the folder holding "

@@ -227,8 +227,7 @@ FitResult Trainer::fit(Task& task) {
         grads.empty() ? std::string() : fmt::format(" and the gradients of {} are not finite", grads),
         divergence::advice());
   };
-  const auto checkpoint_now = [&] {
-    check_divergence();
+  const auto checkpoint_now = [&] {  // after check_divergence(): the loss is read once per save
     if (!ckpt_path.empty()) save_checkpoint(ckpt_path);
   };
 
@@ -339,6 +338,7 @@ FitResult Trainer::fit(Task& task) {
     }
     const bool epoch_done = batch_ >= num_batches;
     if (!epoch_done) {  // stopped mid-epoch: save the exact position
+      check_divergence();
       checkpoint_now();
       break;
     }
