@@ -85,11 +85,11 @@ TEST(AutocastGuard, RejectsNonLowPrecisionTypesAndDevices) {
 
 TEST(AutocastGuard, DefaultsFollowTheEnclosingScopeAsPyTorch) {
   {
-    AutocastGuard guard(AutocastOptions(torch::kCPU));
+    AutocastGuard guard{AutocastOptions(torch::kCPU)};
     EXPECT_EQ(ember::amp::autocast_dtype(torch::kCPU), torch::kBFloat16);
   }
   AutocastGuard outer(AutocastOptions(torch::kCPU).dtype(torch::kHalf).cache_enabled(false));
-  AutocastGuard inner(AutocastOptions(torch::kCPU));  // no dtype, no cache setting: inherit both
+  AutocastGuard inner{AutocastOptions(torch::kCPU)};  // no dtype, no cache setting: inherit both
   EXPECT_EQ(ember::amp::autocast_dtype(torch::kCPU), torch::kHalf);
   EXPECT_FALSE(at::autocast::is_autocast_cache_enabled());
 }

@@ -110,7 +110,7 @@ TEST(Idx, ReadsAreBoundedByTheHeaderAndALimit) {
   write_bytes(dir + "/huge.idx",
               std::string("\x00\x00\x08\x03\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 16));
   std::string e = error_of([&] { data::read_idx(dir + "/huge.idx"); });
-  EXPECT_NE(e.find("over 2^64"), std::string::npos) << e;
+  EXPECT_NE(e.find("over 2^63"), std::string::npos) << e;
   write_bytes(dir + "/big.idx",
               std::string("\x00\x00\x08\x03\x00\x01\x86\xa0\x00\x01\x86\xa0\x00\x00\x00\x64", 16));
   e = error_of([&] { data::read_idx(dir + "/big.idx"); });
@@ -120,6 +120,20 @@ TEST(Idx, ReadsAreBoundedByTheHeaderAndALimit) {
   EXPECT_EQ(data::read_idx(dir + "/small.idx", 160).numel(), 160);
   EXPECT_NE(error_of([&] { data::read_idx(dir + "/small.idx", 159); }).find("more than the limit of 159"),
             std::string::npos);
+  // Within the limit, but more than the file can hold: 4 GB promised by a
+  // 16-byte plain file, 400 MB by a gzip file of a few dozen bytes (deflate
+  // expands at most 1032:1); refused before the tensor is allocated.
+  write_bytes(dir + "/short-big.idx",
+              std::string("\x00\x00\x08\x03\x00\x00\x10\x00\x00\x00\x10\x00\x00\x00\x01\x00", 16));
+  e = error_of([&] { data::read_idx(dir + "/short-big.idx"); });
+  EXPECT_NE(e.find("but the file has 16 bytes"), std::string::npos) << e;
+  gzFile g = gzopen((dir + "/short-big.idx.gz").c_str(), "wb9");
+  ASSERT_NE(g, nullptr);
+  const std::string promise("\x00\x00\x08\x02\x00\x00\x4e\x20\x00\x00\x4e\x20", 12);
+  gzwrite(g, promise.data(), static_cast<unsigned>(promise.size()));
+  gzclose(g);
+  e = error_of([&] { data::read_idx(dir + "/short-big.idx.gz"); });
+  EXPECT_NE(e.find("but the compressed file has"), std::string::npos) << e;
   // A gzip bomb: 10 bytes of data promised, 20 MB of zeros after them; the
   // reader inflates no more than 64 KiB past the promise.
   gzFile f = gzopen((dir + "/bomb.idx.gz").c_str(), "wb9");

@@ -8,10 +8,11 @@ struct nvmlDevice_st {
 };
 static nvmlDevice_st devices[2] = {{0}, {1}};
 static int initialised = 0;
-struct Util {
+// nvml.h's names, as lib/src/monitor/nvml.cpp declares them.
+struct nvmlUtilization_st {
   unsigned int gpu, memory;
 };
-struct Mem {
+struct nvmlMemory_st {
   unsigned long long total, free, used;
 };
 int nvmlInit_v2() {
@@ -37,10 +38,10 @@ int nvmlDeviceGetUUID(nvmlDevice_st* d, char* uuid, unsigned int len) {
       len);
   return 0;
 }
-int nvmlDeviceGetUtilizationRates(nvmlDevice_st* d, Util* u) {
+int nvmlDeviceGetUtilizationRates(nvmlDevice_st* d, nvmlUtilization_st* u) {
   return u->gpu = 87 + d->index, u->memory = 41, 0;
 }
-int nvmlDeviceGetMemoryInfo(nvmlDevice_st*, Mem* m) {
+int nvmlDeviceGetMemoryInfo(nvmlDevice_st*, nvmlMemory_st* m) {
   return m->total = 80ull << 30, m->used = 5ull << 30, m->free = 75ull << 30, 0;
 }
 int nvmlDeviceGetTemperature(nvmlDevice_st*, int sensor, unsigned int* t) {

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <sstream>
 
 #include "train/test_task.h"
 
@@ -135,4 +136,64 @@ TEST(Checkpoint, AtomicWriteCanKeepThePreviousFile) {
   EXPECT_EQ(train::read_file(dir + "/a.old"), "one");
   EXPECT_EQ(core::remove_temporaries(dir), 0);
   EXPECT_EQ(core::list_dir(dir), (std::vector<std::string>{"a", "a.old"}));
+}
+
+namespace {
+// A sealed checkpoint of `task`'s model and `trainer`'s optimizer whose
+// trainer state holds the given counters and base learning rates.
+std::string forged_checkpoint(test_util::BlobTask& task, train::Trainer& trainer, int64_t epoch, int64_t step,
+                              const torch::Tensor& base_lrs) {
+  torch::serialize::OutputArchive root, model, optim, state, callbacks;
+  task.model()->save(model);
+  trainer.optimizer()->save(optim);
+  state.write("format", torch::IValue(int64_t{1}));
+  state.write("epoch", torch::IValue(epoch));
+  state.write("batch", torch::IValue(int64_t{0}));
+  state.write("global_step", torch::IValue(step));
+  state.write("epoch_samples", torch::IValue(int64_t{0}));
+  state.write("base_lrs", base_lrs);
+  state.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
+  root.write("model", model);
+  root.write("optimizer", optim);
+  root.write("trainer", state);
+  root.write("callbacks", callbacks);
+  std::ostringstream bytes;
+  root.save_to(bytes);
+  return train::seal_checkpoint(bytes.str());
+}
+}  // namespace
+
+// A sealed checkpoint is read field by field: counters a run cannot be at, or
+// parts of the wrong type, are a checkpoint error naming the file, never a
+// run that starts at epoch -3 or a LibTorch error (fuzz_checkpoint's checks).
+TEST(Checkpoint, ImpossibleCountersOrWrongPartsAreRefused) {
+  const std::string dir = test_util::temp_dir("ckpt_forged");
+  test_util::BlobTask task({});
+  train::TrainerOptions o;
+  o.epochs(1);
+  train::Trainer trainer(o);
+  trainer.fit(task);
+  const auto resume = [&](const std::string& bytes) {
+    test_util::write_bytes(dir + "/forged.pt", bytes);
+    test_util::BlobTask fresh({});
+    train::TrainerOptions r;
+    r.epochs(2).resume(dir + "/forged.pt");
+    try {
+      train::Trainer(r).fit(fresh);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCheckpoint) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const auto groups = static_cast<int64_t>(trainer.optimizer()->param_groups().size());
+  const torch::Tensor lrs = torch::full({groups}, 0.05, torch::kFloat64);
+  std::string e = resume(forged_checkpoint(task, trainer, 1, 8, lrs));
+  EXPECT_EQ(e, "accepted") << "the forge is sound";
+  e = resume(forged_checkpoint(task, trainer, -3, 8, lrs));
+  EXPECT_NE(e.find("impossible counters (epoch -3"), std::string::npos) << e;
+  e = resume(forged_checkpoint(task, trainer, 1, 8, torch::full({groups + 1}, 0.05, torch::kFloat64)));
+  EXPECT_NE(e.find(std::to_string(groups + 1) + " base learning rates"), std::string::npos) << e;
+  e = resume(forged_checkpoint(task, trainer, 1, 8, torch::ones({groups}, torch::kInt32)));
+  EXPECT_NE(e.find(std::to_string(groups) + " base learning rates (Int)"), std::string::npos) << e;
 }

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -277,7 +278,136 @@ const ConfigEntry& Config::entry(const std::string& key) const {
   return it->second;
 }
 
+namespace {
+
+// Characters toml++ (3.3, Debian's) must not see. It asserts on some control
+// characters and reaches undefined behaviour (__builtin_unreachable) when it
+// asks whether a non-ASCII character is whitespace, which it does in keys,
+// between tokens, and after a line-ending backslash in a multi-line string
+// (fuzz_config found both). TOML allows neither raw control characters (but
+// tab and newlines) nor non-ASCII outside strings and comments, so refusing
+// them costs nothing valid except non-ASCII quoted keys (Ember's keys are
+// ASCII) and a non-ASCII character right after a line-ending backslash.
+void check_toml_characters(std::string_view text, const std::string& source) {
+  enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
+  In in = In::kCode;
+  bool key_context = true;            // before the '=' of a key/value pair, or in a [table] header
+  bool string_is_key = false;         // the string being read is a quoted key
+  bool after_line_backslash = false;  // in a multi-line string, skipping whitespace after "\<newline>"
+  std::vector<char> nesting;          // '[' arrays and '{' inline tables of the value being read
+  char last_token = '\n';             // the last character of code (not blank) before this one
+  int64_t line = 1, column = 1;
+  const auto fail_at = [&](const char* what, unsigned c) {
+    detail::fail(ErrorKind::kConfig, "[config] {}:{}:{}: {} (0x{:02x}){}", source, line, column, what, c,
+                 c < 0x80 ? "; is this a text file?" : "");
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
+      fail_at("control character: TOML allows none but tab and newlines", c);
+    const bool in_string = in != In::kCode && in != In::kComment;
+    if (c >= 0x80 && (in == In::kCode || (in_string && string_is_key) || after_line_backslash))
+      fail_at(in == In::kCode ? "a non-ASCII character outside a string or comment"
+              : string_is_key
+                  ? "a non-ASCII character in a quoted key (Ember's keys are ASCII)"
+                  : "a non-ASCII character right after a line-ending backslash (put an ASCII one first)",
+              c);
+    const auto starts = [&](const char* s) { return text.compare(i, std::strlen(s), s) == 0; };
+    const auto skip = [&](size_t n) {  // past the rest of a delimiter, on this line
+      i += n;
+      column += static_cast<int64_t>(n);
+    };
+    if (after_line_backslash && c != ' ' && c != '\t' && c != '\n' && c != '\r') after_line_backslash = false;
+    switch (in) {
+      case In::kCode:
+        if (c == '#') {
+          in = In::kComment;
+        } else if ((c == '"' || c == '\'') && std::strchr("\n=[{,.", last_token) != nullptr) {
+          // A quote opens a string where a key or a value begins; inside a
+          // bare token (a = 1'2) toml++ reads on as the token, so do we.
+          string_is_key = key_context;
+          const bool multi = starts(c == '"' ? "\"\"\"" : "'''");
+          in = c == '"' ? (multi ? In::kMultiBasic : In::kBasic) : (multi ? In::kMultiLiteral : In::kLiteral);
+          if (multi) skip(2);
+        } else if (c == '=') {
+          key_context = false;
+        } else if (c == '\n' && nesting.empty()) {
+          key_context = true;
+        } else if (key_context && c == '[') {
+          // A table header: toml++ assumes (undefined behaviour when wrong)
+          // that a key follows "[" or "[[" and the blanks after it.
+          size_t j = i + 1 < text.size() && text[i + 1] == '[' ? i + 2 : i + 1;
+          while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
+          const char k = j < text.size() ? text[j] : '\0';
+          if (!(std::isalnum(static_cast<unsigned char>(k)) || k == '_' || k == '-' || k == '"' || k == '\''))
+            fail_at("a table header must start with a key (a letter, digit, _ or -, or a quoted key)",
+                    static_cast<unsigned char>(k));
+        } else if (!key_context && (c == '[' || c == '{')) {
+          nesting.push_back(static_cast<char>(c));
+          key_context = c == '{';
+        } else if (c == ']' && !nesting.empty() && nesting.back() == '[') {
+          nesting.pop_back();
+        } else if (c == '}' && !nesting.empty() && nesting.back() == '{') {
+          nesting.pop_back();
+          key_context = false;
+        } else if (c == ',' && !nesting.empty() && nesting.back() == '{') {
+          key_context = true;
+        }
+        break;
+      case In::kComment:
+        if (c == '\n') {
+          in = In::kCode;
+          if (nesting.empty()) key_context = true;
+        }
+        break;
+      case In::kBasic:
+        if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') {
+          skip(1);  // an escaped character (a control one is invalid TOML either way)
+        } else if (c == '"' || c == '\n') {
+          in = In::kCode;
+        }
+        break;
+      case In::kLiteral:
+        if (c == '\'' || c == '\n') in = In::kCode;
+        break;
+      case In::kMultiBasic:
+        if (c == '\\') {
+          size_t j = i + 1;
+          while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
+          if (j < text.size() && (text[j] == '\n' || text[j] == '\r')) {
+            after_line_backslash = true;
+          } else if (i + 1 < text.size()) {
+            skip(1);
+          }
+        } else if (starts("\"\"\"")) {
+          skip(2);
+          // Up to two more quotes belong to the string ("""a""""" is a"").
+          for (int extra = 0; extra < 2 && i + 1 < text.size() && text[i + 1] == '"'; ++extra) skip(1);
+          in = In::kCode;
+        }
+        break;
+      case In::kMultiLiteral:
+        if (starts("'''")) {
+          skip(2);
+          for (int extra = 0; extra < 2 && i + 1 < text.size() && text[i + 1] == '\''; ++extra) skip(1);
+          in = In::kCode;
+        }
+        break;
+    }
+    if (in == In::kCode && c != ' ' && c != '\t' && c != '\r') last_token = static_cast<char>(c);
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else if ((static_cast<unsigned char>(text[i]) & 0xc0) != 0x80) {  // not a UTF-8 continuation byte
+      ++column;
+    }
+  }
+}
+
+}  // namespace
+
 void Config::merge_toml(std::string_view text, const std::string& source) {
+  check_toml_characters(text, source);
   toml::table table;
   try {
     table = toml::parse(text, source);

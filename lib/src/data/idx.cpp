@@ -1,10 +1,14 @@
 #include "ember/data/idx.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -35,10 +39,24 @@ std::string basename(const std::string& path) {
 // small compressed file cannot make it inflate gigabytes.
 class IdxStream {
  public:
-  explicit IdxStream(const std::string& path) : path_(path), f_(gzopen(path.c_str(), "rb")) {
-    EMBER_CHECK(f_ != nullptr, "[data::read_idx] {}: cannot open ({})", path, std::strerror(errno));
+  explicit IdxStream(const std::string& path) : path_(path) {
+    // One descriptor for both the size and the stream: the file measured is the file read.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    EMBER_CHECK(fd >= 0, "[data::read_idx] {}: cannot open ({})", path, std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      detail::fail("[data::read_idx] {}: not a regular file", path);
+    }
+    file_bytes_ = static_cast<uint64_t>(st.st_size);
+    f_ = gzdopen(fd, "rb");
+    if (f_ == nullptr) ::close(fd);
+    EMBER_CHECK(f_ != nullptr, "[data::read_idx] {}: cannot open (out of memory)", path);
     gzbuffer(f_, 1 << 20);
   }
+  uint64_t file_bytes() const { return file_bytes_; }
+  // Whether the file is gzip (known once the header has been read).
+  bool compressed() { return gzdirect(f_) == 0; }
   ~IdxStream() { gzclose(f_); }
   IdxStream(const IdxStream&) = delete;
   IdxStream& operator=(const IdxStream&) = delete;
@@ -75,8 +93,13 @@ class IdxStream {
   }
 
   std::string path_;
-  gzFile f_;
+  gzFile f_ = nullptr;
+  uint64_t file_bytes_ = 0;
 };
+
+// Deflate's largest expansion (a stream of back-references: 258 bytes per
+// 2 bits at best, about 1032:1), the bound on what a gzip file can inflate to.
+constexpr uint64_t kMaxDeflateRatio = 1032;
 
 uint32_t read_be32(const uint8_t* p) {
   return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
@@ -125,11 +148,16 @@ torch::Tensor read_idx(const std::string& path, int64_t max_bytes) {
               4 + got_dims, 4 + dims.size());
   std::vector<int64_t> shape;
   uint64_t data_bytes = type->bytes;
+  // Also the strides' span (zero sizes counted as 1): an empty tensor of
+  // 0 x 2^32 x 2^32 x 2^32 holds no byte, but LibTorch cannot stride it.
+  uint64_t span = type->bytes;
   bool overflow = false;
   for (int d = 0; d < ndim; ++d) {
     shape.push_back(read_be32(dims.data() + 4 * d));
-    overflow =
-        overflow || __builtin_mul_overflow(data_bytes, static_cast<uint64_t>(shape.back()), &data_bytes);
+    const auto size = static_cast<uint64_t>(shape.back());
+    overflow = overflow || __builtin_mul_overflow(data_bytes, size, &data_bytes) ||
+               __builtin_mul_overflow(span, std::max<uint64_t>(size, 1), &span) ||
+               span > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   }
   // Bounded before anything is allocated or inflated.
   EMBER_CHECK(
@@ -137,8 +165,19 @@ torch::Tensor read_idx(const std::string& path, int64_t max_bytes) {
       "[data::read_idx] {}: the header promises {} {} values ({} bytes), more than the limit of {} bytes; "
       "the file is damaged, or raise the limit (read_idx's max_bytes)",
       name, fmt::join(shape, "x"), c10::toString(type->dtype),
-      overflow ? std::string("over 2^64") : std::to_string(data_bytes), max_bytes);
+      overflow ? std::string("over 2^63") : std::to_string(data_bytes), max_bytes);
 
+  // And by the file itself, before the tensor is allocated: a plain file holds
+  // the data as it is, and deflate expands at most 1032:1, so a small file
+  // cannot make the reader allocate gigabytes it then fails to fill.
+  const uint64_t file_bytes = in.file_bytes();
+  const uint64_t header_bytes = 4 + dims.size();
+  const uint64_t can_hold =
+      in.compressed() ? file_bytes * kMaxDeflateRatio : file_bytes - std::min(file_bytes, header_bytes);
+  EMBER_CHECK(data_bytes <= can_hold,
+              "[data::read_idx] {}: truncated: the header promises {} bytes of data ({}), but the {}file "
+              "has {} bytes; the file was cut short, re-copy it",
+              name, data_bytes, fmt::join(shape, "x"), in.compressed() ? "compressed " : "", file_bytes);
   torch::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(type->dtype));
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
   const size_t have = in.read(dst, data_bytes);

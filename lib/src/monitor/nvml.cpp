@@ -3,18 +3,26 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+// The few NVML declarations used here (nvml.h, stable ABI since NVML 5): no
+// header needed. The structs carry nvml.h's own names at global scope, so the
+// function types called through dlsym's pointers are the library's (UBSan's
+// -fsanitize=function checks them against an instrumented library, e.g. the
+// tests' stand-in).
+struct nvmlDevice_st;
+struct nvmlUtilization_st {
+  unsigned int gpu, memory;
+};
+struct nvmlMemory_st {
+  unsigned long long total, free, used;
+};
+
 namespace ember::monitor {
 
 namespace {
-// The few NVML declarations used here (nvml.h, stable ABI since NVML 5): no header needed.
 using nvmlReturn_t = int;
-using nvmlDevice_t = struct nvmlDevice_st*;
-struct nvmlUtilization_t {
-  unsigned int gpu, memory;
-};
-struct nvmlMemory_t {
-  unsigned long long total, free, used;
-};
+using nvmlDevice_t = nvmlDevice_st*;
+using nvmlUtilization_t = nvmlUtilization_st;
+using nvmlMemory_t = nvmlMemory_st;
 constexpr int kTemperatureGpu = 0;  // NVML_TEMPERATURE_GPU
 constexpr int kClockSm = 1;         // NVML_CLOCK_SM
 constexpr int kClockMem = 2;        // NVML_CLOCK_MEM

@@ -1,5 +1,7 @@
 #include "ember/prune/plan.h"
 
+#include <limits>
+
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
@@ -70,6 +72,19 @@ std::string Plan::to_json() const {
   return nlohmann::json{{"format", "ember.pruning_plan"}, {"version", 1}, {"entries", entries}}.dump() + "\n";
 }
 
+namespace {
+// An integer of a plan's JSON: a JSON integer within int64 (nlohmann's get<>
+// would convert a float or a too-large number silently, or with undefined
+// behaviour for a float out of range).
+int64_t integer_of(const nlohmann::json& v, const char* what) {
+  EMBER_CHECK(v.is_number_integer() &&
+                  (!v.is_number_unsigned() ||
+                   v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())),
+              "[prune::Plan::from_json] malformed entry: {} must be an integer, got {}", what, v.dump());
+  return v.get<int64_t>();
+}
+}  // namespace
+
 Plan Plan::from_json(const std::string& text) {
   nlohmann::json j;
   try {
@@ -77,19 +92,28 @@ Plan Plan::from_json(const std::string& text) {
   } catch (const std::exception& e) {
     detail::fail("[prune::Plan::from_json] not valid JSON: {}", e.what());
   }
+  const auto format = j.is_object() ? j.find("format") : j.end();
   EMBER_CHECK(
-      j.is_object() && j.value("format", "") == "ember.pruning_plan",
+      j.is_object() && format != j.end() && *format == "ember.pruning_plan",
       "[prune::Plan::from_json] not an Ember pruning plan (expected \"format\": \"ember.pruning_plan\")");
-  EMBER_CHECK(j.value("version", 0) == 1,
+  const auto version = j.find("version");
+  EMBER_CHECK(version != j.end() && *version == 1,
               "[prune::Plan::from_json] plan version {} is not supported (this build reads 1)",
-              j.value("version", 0));
+              version == j.end() ? std::string("(none)") : version->dump());
+  const auto list = j.find("entries");
+  EMBER_CHECK(list != j.end() && list->is_array(),
+              "[prune::Plan::from_json] malformed plan: \"entries\" must be an array");
   std::vector<PlanEntry> entries;
-  try {
-    for (const auto& e : j.at("entries"))
-      entries.push_back({e.at("name").get<std::string>(), e.at("dim").get<int64_t>(),
-                         e.at("size").get<int64_t>(), e.at("keep").get<std::vector<int64_t>>()});
-  } catch (const nlohmann::json::exception& e) {
-    detail::fail("[prune::Plan::from_json] malformed entry: {}", e.what());
+  for (const auto& e : *list) {
+    EMBER_CHECK(e.is_object() && e.contains("name") && e["name"].is_string() && e.contains("dim") &&
+                    e.contains("size") && e.contains("keep") && e["keep"].is_array(),
+                "[prune::Plan::from_json] malformed entry {}: expected {{\"name\": string, \"dim\": int, "
+                "\"size\": int, \"keep\": [int, ...]}}",
+                e.dump().substr(0, 200));
+    PlanEntry entry{
+        e["name"].get<std::string>(), integer_of(e["dim"], "dim"), integer_of(e["size"], "size"), {}};
+    for (const auto& k : e["keep"]) entry.keep.push_back(integer_of(k, "keep"));
+    entries.push_back(std::move(entry));
   }
   return Plan(std::move(entries));
 }

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "core/check.h"
+#include "core/message.h"
 #include "ember/core/device.h"
 #include "ember/dist/ddp.h"
 #include "ember/dist/distribution.h"
@@ -40,12 +41,7 @@ namespace {
 
 using detail::Processes;
 
-// An exception's message for a user: LibTorch's errors without their C++
-// stack trace (~20 frames that say nothing about the input).
-std::string message_of(const std::exception& e) {
-  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
-  return e.what();
-}
+using core::message_of;
 
 // A device out of memory (LibTorch's typed error): the allocator's numbers and what to try.
 std::string out_of_memory_message(const c10::OutOfMemoryError& e, const core::Config& config) {

@@ -283,6 +283,22 @@ void Trainer::load_checkpoint(const std::string& path, std::string_view archive)
     return state.try_read(key, t) ? t : torch::Tensor();
   };
   const torch::Tensor lrs = read_tensor("base_lrs");
+  // A sealed checkpoint is the one Ember wrote, unless a bug or a hand made
+  // it: counters a run cannot be at would index past the data or the schedule.
+  EMBER_CHECK_KIND(
+      kCheckpoint,
+      epoch_ >= 0 && batch_ >= 0 && global_step_ >= 0 && skipped_steps_ >= 0 && epoch_sums_.samples >= 0,
+      "[train::Trainer] checkpoint {} holds impossible counters (epoch {}, batch {}, step {}, "
+      "skipped {}, samples {}); it was not written by this Trainer",
+      path, epoch_, batch_, global_step_, skipped_steps_, epoch_sums_.samples);
+  EMBER_CHECK_KIND(
+      kCheckpoint,
+      lrs.scalar_type() == torch::kFloat64 && lrs.dim() == 1 &&
+          lrs.numel() == static_cast<int64_t>(optimizer_->param_groups().size()) &&
+          lrs.isfinite().all().item<bool>(),
+      "[train::Trainer] checkpoint {} holds {} base learning rates ({}) for an optimizer with {} "
+      "parameter groups; was it written by a different recipe or config?",
+      path, lrs.numel(), c10::toString(lrs.scalar_type()), optimizer_->param_groups().size());
   base_lrs_.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
   const auto params = task_->model()->parameters();
   const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();

@@ -211,7 +211,8 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
       }
       continue;
     }
-    const auto bad = [&](const std::string& what) { bad_entry(path, name, what); };
+    const std::string& tensor_name = name;  // C++17 lambdas cannot capture a structured binding (clang)
+    const auto bad = [&](const std::string& what) { bad_entry(path, tensor_name, what); };
     if (!info.is_object()) bad("expected an object with dtype, shape and data_offsets");
     const auto dtype_it = info.find("dtype");
     if (dtype_it == info.end() || !dtype_it->is_string()) bad("missing dtype (a string like \"F32\")");

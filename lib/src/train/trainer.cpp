@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/message.h"
 #include "ember/amp/autocast.h"
 #include "ember/amp/precision.h"
 #include "ember/core/file.h"
@@ -174,7 +175,17 @@ FitResult Trainer::fit(Task& task) {
   std::string resume_bytes;
   const std::string resume_path = find_resume_checkpoint(resume_bytes);
   if (!resume_path.empty()) {
-    load_checkpoint(resume_path, unseal_checkpoint(resume_bytes, resume_path));
+    try {
+      load_checkpoint(resume_path, unseal_checkpoint(resume_bytes, resume_path));
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {  // LibTorch's, on a part of the archive of the wrong type or shape
+      detail::fail(
+          ErrorKind::kCheckpoint,
+          "[train::Trainer] cannot read checkpoint {}: a part of it is damaged or of another kind ({}); "
+          "remove it or point trainer.resume at another one",
+          resume_path, core::message_of(e).substr(0, 300));
+    }
     resume_bytes = std::string();  // the archive's tensors are copies
     result.resumed_from = resume_path;
     result.resumed_at_step = global_step_;
