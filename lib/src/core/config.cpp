@@ -280,14 +280,16 @@ const ConfigEntry& Config::entry(const std::string& key) const {
 
 namespace {
 
-// Characters toml++ (3.3, Debian's) must not see. It asserts on some control
-// characters and reaches undefined behaviour (__builtin_unreachable) when it
-// asks whether a non-ASCII character is whitespace, which it does in keys,
-// between tokens, and after a line-ending backslash in a multi-line string
-// (fuzz_config found both). TOML allows neither raw control characters (but
-// tab and newlines) nor non-ASCII outside strings and comments, so refusing
-// them costs nothing valid except non-ASCII quoted keys (Ember's keys are
-// ASCII) and a non-ASCII character right after a line-ending backslash.
+// What toml++ (3.3, Debian's) must not see; fuzz_config found both bugs.
+// (1) After "[" and blanks it assumes a key follows: an assertion, and
+// __builtin_assume (undefined behaviour) without assertions. (2) It reaches
+// __builtin_unreachable when it asks whether some non-ASCII characters are
+// whitespace, which it does between tokens, inside bare tokens, in quoted
+// keys and after a line-ending backslash in a multi-line string. TOML allows
+// neither raw control characters (but tab and newlines) nor non-ASCII outside
+// strings and comments, so refusing them here costs nothing valid except
+// non-ASCII quoted keys (Ember's keys are ASCII) and a non-ASCII character
+// right after a line-ending backslash.
 void check_toml_characters(std::string_view text, const std::string& source) {
   enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
   In in = In::kCode;
