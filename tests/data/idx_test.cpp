@@ -4,6 +4,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "train/test_task.h"
@@ -11,6 +12,21 @@
 using namespace ember;
 using test_util::error_of;
 using test_util::write_bytes;
+
+namespace {
+// Writes `head` followed by `zeros` zero bytes to `path`, gzip-compressed; false on failure.
+bool write_gzip(const std::string& path, const std::string& head, size_t zeros = 0) {
+  gzFile f = gzopen(path.c_str(), "wb9");
+  if (f == nullptr) return false;
+  bool ok = gzwrite(f, head.data(), static_cast<unsigned>(head.size())) == static_cast<int>(head.size());
+  const std::string block(1 << 20, '\0');
+  for (size_t left = zeros; ok && left > 0; left -= std::min(left, block.size())) {
+    const auto n = static_cast<unsigned>(std::min(left, block.size()));
+    ok = gzwrite(f, block.data(), n) == static_cast<int>(n);
+  }
+  return gzclose(f) == Z_OK && ok;
+}
+}  // namespace
 
 TEST(Idx, RoundTripsEveryTypePlainAndGzip) {
   const std::string dir = test_util::temp_dir("idx_roundtrip");
@@ -127,22 +143,13 @@ TEST(Idx, ReadsAreBoundedByTheHeaderAndALimit) {
               std::string("\x00\x00\x08\x03\x00\x00\x10\x00\x00\x00\x10\x00\x00\x00\x01\x00", 16));
   e = error_of([&] { data::read_idx(dir + "/short-big.idx"); });
   EXPECT_NE(e.find("but the file has 16 bytes"), std::string::npos) << e;
-  gzFile g = gzopen((dir + "/short-big.idx.gz").c_str(), "wb9");
-  ASSERT_NE(g, nullptr);
-  const std::string promise("\x00\x00\x08\x02\x00\x00\x4e\x20\x00\x00\x4e\x20", 12);
-  gzwrite(g, promise.data(), static_cast<unsigned>(promise.size()));
-  gzclose(g);
+  ASSERT_TRUE(write_gzip(dir + "/short-big.idx.gz",
+                         std::string("\x00\x00\x08\x02\x00\x00\x4e\x20\x00\x00\x4e\x20", 12)));
   e = error_of([&] { data::read_idx(dir + "/short-big.idx.gz"); });
   EXPECT_NE(e.find("but the compressed file has"), std::string::npos) << e;
   // A gzip bomb: 10 bytes of data promised, 20 MB of zeros after them; the
   // reader inflates no more than 64 KiB past the promise.
-  gzFile f = gzopen((dir + "/bomb.idx.gz").c_str(), "wb9");
-  ASSERT_NE(f, nullptr);
-  const std::string head("\x00\x00\x08\x01\x00\x00\x00\x0a", 8);
-  gzwrite(f, head.data(), static_cast<unsigned>(head.size()));
-  const std::string zeros(1 << 20, '\0');
-  for (int i = 0; i < 20; ++i) gzwrite(f, zeros.data(), static_cast<unsigned>(zeros.size()));
-  gzclose(f);
+  ASSERT_TRUE(write_gzip(dir + "/bomb.idx.gz", std::string("\x00\x00\x08\x01\x00\x00\x00\x0a", 8), 20 << 20));
   e = error_of([&] { data::read_idx(dir + "/bomb.idx.gz"); });
   EXPECT_NE(e.find("at least 65536 unexpected bytes"), std::string::npos) << e;
 }
