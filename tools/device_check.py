@@ -685,6 +685,95 @@ def out_of_memory(c: Check):
              seconds=time.monotonic() - t0)
 
 
+PLAN_ROW = "plan vs run: memory and step time, fashion_mnist bf16 (cuda)"
+
+
+@step(PLAN_ROW, 1, 40)
+def plan_vs_run(c: Check):
+    """`tools/ember plan` as a user would run it before renting: a measurement on
+    this machine's CPU, planned for this GPU; then the GPU itself measured at the
+    same batch. Goals: memory within 15%, step time within 30% (MFU calibrated
+    from the bf16 1-epoch run above, when it exists)."""
+    if not c.data:
+        c.report(PLAN_ROW, "skip", "no Fashion-MNIST (tools/ember device-pack packs a subset)")
+        return
+    t0 = time.monotonic()
+    work = c.runs_dir("plan")
+    common = [f"data.root={c.data}", "data.train_subset=10000", "data.test_subset=2000",
+              "trainer.precision=bf16-mixed", "plan.precisions=bf16-mixed", "plan.timed_steps=30"]
+    rc_cpu, _, out_cpu = c.recipe("fashion_mnist", "plan_cpu.log",
+                                  ["--measure", work / "cpu.json", "trainer.device=cpu", *common])
+    rc_gpu, _, out_gpu = c.recipe("fashion_mnist", "plan_cuda.log",
+                                  ["--measure", work / "cuda.json", "trainer.device=cuda", "plan.verify=true", *common])
+    if rc_cpu != 0 or rc_gpu != 0:
+        c.report(PLAN_ROW, "FAIL", f"--measure exit {rc_cpu} (cpu), {rc_gpu} (cuda): "
+                 f"{first_failure(out_cpu if rc_cpu else out_gpu)}", seconds=time.monotonic() - t0)
+        return
+    # Calibration: the 1-epoch bf16 run's summary, in a folder named as plan.py looks for.
+    calib = work / "runs"
+    bf16_run = c.work / "runs" / "fashion-bf16-mixed"
+    if (bf16_run / "summary.json").exists():
+        (calib / "fashion_mnist-bf16").mkdir(parents=True, exist_ok=True)
+        shutil.copy(bf16_run / "summary.json", calib / "fashion_mnist-bf16" / "summary.json")
+    rc, out = c.run([c.python, ROOT / "tools" / "plan.py", work / "cpu.json", "--json", "--runs-dir", calib],
+                    "plan_json.log")
+    try:
+        plan = json.loads(out[out.index("{"):])
+        gpu_name = str(c.info.get("gpu_name", ""))
+        rows = [r for r in plan["rows"] if r["precision"] == "bf16-mixed"
+                and r["gpu"].split("-")[0].lower() in gpu_name.lower()]
+        row = rows[0]
+        cuda = json.loads((work / "cuda.json").read_text())
+        held = cuda["parameter_bytes"] + cuda["buffer_bytes"]
+        measured_mem = cuda["verify"]["measured_peak_bytes"] + held
+        predicted_mem = row["memory_needed_bytes"] - plan["assumptions"]["context_bytes"]
+        measured_step = cuda["measured"]["step_seconds"]
+        predicted_step = row["step_seconds"]
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        c.report(PLAN_ROW, "FAIL", f"plan.py: {e!r}: {first_failure(out)}", seconds=time.monotonic() - t0)
+        return
+    mem_err = (predicted_mem - measured_mem) / measured_mem
+    step_err = (predicted_step - measured_step) / measured_step
+    gpu_verify = cuda["verify"]
+    gpu_line_err = (gpu_verify["predicted_peak_bytes"] - gpu_verify["measured_peak_bytes"]) / gpu_verify["measured_peak_bytes"]
+    ok = abs(mem_err) <= 0.15 and abs(step_err) <= 0.30
+    c.report(PLAN_ROW, "ok" if ok else "FAIL",
+             f"{row['gpu']} batch 128: memory planned on the CPU {predicted_mem / 2**20:.0f} MiB vs measured "
+             f"{measured_mem / 2**20:.0f} MiB ({100 * mem_err:+.0f}%; goal 15%); step {predicted_step * 1e3:.2f} ms "
+             f"planned (MFU {row['mfu']:.3g}, {plan['mfu']['bf16-mixed']['source']}) vs {measured_step * 1e3:.2f} ms "
+             f"({100 * step_err:+.0f}%; goal 30%); GPU probes' line vs GPU at 128: {100 * gpu_line_err:+.1f}%",
+             numbers={"memory_error": mem_err, "step_error": step_err, "gpu_line_error": gpu_line_err},
+             seconds=time.monotonic() - t0)
+
+
+BS_FIND_ROW = "bs-find: CUDA out of memory recovered, 2 GiB cap (cuda)"
+
+
+@step(BS_FIND_ROW, 1, 30)
+def bs_find(c: Check):
+    """The batch-size finder on a GPU capped at 2 GiB (bs_find.gpu_memory_gib):
+    real out-of-memory errors on the way up, each caught and the search going on."""
+    if not c.data:
+        c.report(BS_FIND_ROW, "skip", "no Fashion-MNIST (tools/ember device-pack packs a subset)")
+        return
+    t0 = time.monotonic()
+    work = c.runs_dir("bs_find")
+    rc, _, out = c.recipe("fashion_mnist", "bs_find.log",
+                          ["--find-batch-size", work / "bs.json", f"data.root={c.data}", "trainer.device=cuda",
+                           "model.width=64", "data.train_subset=20000", "bs_find.gpu_memory_gib=2"])
+    try:
+        r = json.loads((work / "bs.json").read_text())
+        ooms = [t["batch"] for t in r["trials"] if t["peak_bytes"] < 0]
+        fit = {t["batch"]: t for t in r["trials"]}[r["largest"]]
+        ok = rc == 0 and ooms and fit["fits"] and 0 < r["recommended"] <= r["largest"] < min(ooms)
+        detail = (f"largest {r['largest']} (peak {fit['peak_bytes'] / 2**20:.0f} MiB), recommended {r['recommended']}, "
+                  f"{len(r['trials'])} sizes, out of memory at {ooms}")
+    except (OSError, ValueError, KeyError) as e:
+        ok, detail = False, f"exit {rc}: {e!r}: {first_failure(out)}"
+    c.report(BS_FIND_ROW, "ok" if ok else "FAIL", detail if ok else f"exit {rc}: {detail}",
+             seconds=time.monotonic() - t0)
+
+
 @step("DDP on NCCL, 1 rank (cuda)", 1, 15)
 def nccl(c: Check):
     name = "DDP on NCCL, 1 rank (cuda)"

@@ -65,6 +65,9 @@ def main():
     summary = json.loads((run / "summary.json").read_text())
     mon = summary["monitor"]
     check(mon["flops_per_sample"] > 0 and mon["peak_flops"] > 0 and 0 < mon["mfu"] < 1, mon)
+    # Where the CPU peak came from: the best timing on record for this CPU, with its date.
+    check(mon["peak_flops_source"].startswith("measured: best fp32 matmul") and "20" in mon["peak_flops_source"],
+          mon)
     for r in steps:
         parts = sum(r[k] for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms"))
         check(math.isclose(parts, r["step_ms"], rel_tol=1e-5), r)

@@ -173,9 +173,13 @@ void Monitor::count_flops(train::Trainer& trainer) {
                    "(set mfu.flops_per_sample)\n");
   }
   peak_flops_ = options_.peak_flops();
+  if (peak_flops_ > 0) summary_.peak_flops_source = "set by mfu.peak_tflops";
   if (peak_flops_ == 0 && flops_per_sample_ > 0) {
     try {
-      peak_flops_ = core::peak_flops(device_, amp::math_type(trainer.options().precision()));
+      const core::PeakFlops peak =
+          core::peak_flops_info(device_, amp::math_type(trainer.options().precision()));
+      peak_flops_ = peak.flops;
+      summary_.peak_flops_source = peak.source;
     } catch (const Error& e) {
       std::fprintf(options_.stream(), "monitor: no MFU: %s\n", e.what());
       peak_flops_ = -1;
@@ -292,6 +296,7 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   }
   const double mfu = flops_per_sample_ > 0 && peak_flops_ > 0 ? flops_per_sample_ * sps / peak_flops_ : NAN;
   r.add("mfu", mfu);
+  check_mfu(mfu);
   r.add("loss_scale", info.loss_scale.defined() ? info.loss_scale.item<double>() : NAN);
   r.add("skipped_steps", info.loss_scale.defined() ? static_cast<double>(info.skipped_steps) : NAN);
   const DeviceMemory mem = device_memory(device_);
@@ -389,6 +394,7 @@ void Monitor::on_fit_end(train::Trainer&) {
     summary_.samples_per_second = static_cast<double>(logged_samples_) / logged_seconds_;
     if (flops_per_sample_ > 0 && peak_flops_ > 0)
       summary_.mfu = flops_per_sample_ * summary_.samples_per_second / peak_flops_;
+    check_mfu(summary_.mfu);
   }
   if (summary_.times.steps > 0) summary_.data_share = summary_.times.share(StepPhase::kData);
   const DeviceMemory mem = device_memory(device_);
@@ -396,6 +402,18 @@ void Monitor::on_fit_end(train::Trainer&) {
   for (auto& w : writers_) w->flush();
   timer_.reset();
   nvml_.reset();
+}
+
+void Monitor::check_mfu(double mfu) {
+  if (!(mfu > 1.0) || warned_mfu_) return;
+  warned_mfu_ = true;
+  std::fprintf(
+      options_.stream(),
+      "\nmonitor: warning: mfu=%.3f is above 1, so the peak it divides by, %.3g FLOP/s, is too low "
+      "(%s). MFU figures of this run are not trustworthy; set the real peak with "
+      "mfu.peak_tflops=<TFLOP/s>%s\n",
+      mfu, peak_flops_, summary_.peak_flops_source.c_str(),
+      device_.is_cpu() ? " (on a busy CPU, rerun once the machine is quiet: the best timing is kept)" : "");
 }
 
 void Monitor::emit(const Record& record) {

@@ -17,6 +17,12 @@ CommandLine parse_command_line(int argc, char** argv) {
       cl.config_file = argv[++i];
     } else if (arg.rfind("--config=", 0) == 0) {
       cl.config_file = arg.substr(9);
+    } else if (arg == "--measure" || arg == "--find-batch-size" || arg == "--find-lr") {
+      EMBER_CHECK_KIND(kConfig, i + 1 < argc, "{} needs the JSON file to write", arg);
+      EMBER_CHECK_KIND(kConfig, cl.tool.empty(), "{}: only one of --measure, --find-batch-size, --find-lr",
+                       arg);
+      cl.tool = arg.substr(2);
+      cl.tool_out = argv[++i];
     } else if (arg.rfind("--", 0) == 0) {
       ember::detail::fail(ErrorKind::kConfig, "unknown option {} (try --help)", arg);
     } else {
@@ -36,9 +42,13 @@ void apply_command_line(core::Config& config, const RecipeSpec& spec, const Comm
 
 std::string usage(const RecipeSpec& spec, const core::Config& config) {
   return fmt::format(
-      "usage: {0} [--config FILE] [key=value ...]\n\n"
+      "usage: {0} [--config FILE] [key=value ...]\n"
+      "       {0} --measure|--find-batch-size|--find-lr OUT.json [--config FILE] [key=value ...]\n\n"
       "Trains the {0} recipe. --config FILE replaces the recipe's default config;\n"
-      "key=value arguments override single keys. Keys and their defaults:\n\n{1}",
+      "key=value arguments override single keys. Instead of training, --measure writes what\n"
+      "`tools/ember plan` plans from (plan.*), --find-batch-size the largest batch that fits\n"
+      "(bs_find.*), --find-lr a learning-rate range test (lr_find.*); each trains a few steps\n"
+      "in this process and writes no run folder. Keys and their defaults:\n\n{1}",
       spec.name, config.help());
 }
 

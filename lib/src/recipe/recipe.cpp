@@ -35,6 +35,7 @@ void declare_recipe_keys(core::Config& c) {
   train::declare_trainer_keys(c);
   monitor::declare_monitor_keys(c);
   dist::declare_dist_keys(c);
+  detail::declare_tool_keys(c);
 }
 
 namespace {
@@ -126,6 +127,8 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
 
   RunSummary summary = detail::summarize(spec.name, p, options, fit, *task->model());
   summary.monitor = mon->summary().as_map();
+  if (!mon->summary().peak_flops_source.empty())
+    summary.monitor_text["peak_flops_source"] = mon->summary().peak_flops_source;
   if (!p.writer()) return 0;  // rank 0 tests and writes the summary (all replicas are identical)
   if (task->test_loader()) {
     const train::EvalResult test = trainer.test(*task);
@@ -153,10 +156,12 @@ int exit_status(const Error& e) {
 
 int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
   core::Config config;
+  detail::CommandLine command_line;
   try {
     declare_recipe_keys(config);
     if (spec.declare) spec.declare(config);
-    const detail::CommandLine cl = detail::parse_command_line(argc, argv);
+    command_line = detail::parse_command_line(argc, argv);
+    const detail::CommandLine& cl = command_line;
     detail::apply_command_line(config, spec, cl);
     if (cl.help) {
       std::cout << detail::usage(spec, config);
@@ -179,6 +184,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     return status;
   };
   try {
+    if (!command_line.tool.empty()) return detail::run_tool(spec, config, command_line);
     return train_recipe(spec, config, group);
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -17,11 +17,14 @@
 
 namespace ember::recipe::detail {
 
-/// RECIPE [--config FILE] [--help] [key=value ...]; a bad command line is a config error.
+/// RECIPE [--config FILE] [--help] [--measure|--find-batch-size|--find-lr FILE] [key=value ...];
+/// a bad command line is a config error.
 struct CommandLine {
   std::string config_file;  ///< "" = the recipe's default config
   std::vector<std::string> overrides;
   bool help = false;
+  std::string tool;      ///< "" = train; else "measure", "find-batch-size" or "find-lr" (tools.cpp)
+  std::string tool_out;  ///< the JSON file the tool writes
 };
 CommandLine parse_command_line(int argc, char** argv);
 /// Merges the recipe's default config (or --config FILE), then the overrides.
@@ -46,6 +49,13 @@ struct Processes {
 /// (claim_run_folder: refuses a previous run's folder, compares a resume's
 /// keys, writes config.toml).
 Processes start_processes(core::Config& config, const std::string& recipe_name);
+
+/// The keys of the recipe tools: plan.*, bs_find.*, lr_find.*.
+void declare_tool_keys(core::Config& config);
+/// Runs command_line.tool (`tools/ember plan`, `bs-find`, `lr-find` call these) instead of training:
+/// builds the task, trains a few steps in this process (no run folder), prints a report, writes
+/// command_line.tool_out. Returns the exit status; errors are thrown as in a run.
+int run_tool(const RecipeSpec& spec, core::Config& config, const CommandLine& command_line);
 
 /// summary.json's content from a finished fit (before testing).
 RunSummary summarize(const std::string& recipe, const Processes& processes,

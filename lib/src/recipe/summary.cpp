@@ -23,9 +23,10 @@ void write_summary(const std::string& path, const RunSummary& s) {
                    {"parameters", s.parameters},
                    {"stop_reason", s.stop_reason}};
   for (const auto& [k, v] : s.extra) j[k] = ember::detail::json_number(v);
-  if (!s.monitor.empty()) {
+  if (!s.monitor.empty() || !s.monitor_text.empty()) {
     nlohmann::json m = nlohmann::json::object();
     for (const auto& [k, v] : s.monitor) m[k] = ember::detail::json_number(v);
+    for (const auto& [k, v] : s.monitor_text) m[k] = v;
     j["monitor"] = m;
   }
   core::write_file_atomic(path, j.dump(2) + "\n");

@@ -145,4 +145,32 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model
   detail::fail("[train::make_optimizer] unknown optimizer kind {}", static_cast<int>(o.kind()));
 }
 
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  const auto add = [&](const torch::Tensor& t) {
+    if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+  };
+  for (const auto& [key, state] : optimizer.state()) {
+    (void)key;
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
+      add(sgd->momentum_buffer());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state.get())) {
+      add(adam->exp_avg());
+      add(adam->exp_avg_sq());
+      add(adam->max_exp_avg_sq());
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      add(adamw->exp_avg());
+      add(adamw->exp_avg_sq());
+      add(adamw->max_exp_avg_sq());
+    } else if (const auto* rms = dynamic_cast<const torch::optim::RMSpropParamState*>(state.get())) {
+      add(rms->square_avg());
+      add(rms->momentum_buffer());
+      add(rms->grad_avg());
+    } else if (const auto* ada = dynamic_cast<const torch::optim::AdagradParamState*>(state.get())) {
+      add(ada->sum());
+    }
+  }
+  return bytes;
+}
+
 }  // namespace ember::train

@@ -84,6 +84,7 @@ struct MonitorSummary {
   double mfu = NAN;                 ///< flops_per_sample x samples / training time / peak
   double flops_per_sample = NAN;    ///< training FLOPs per sample used for MFU
   double peak_flops = NAN;          ///< the peak MFU divides by
+  std::string peak_flops_source;    ///< where that peak came from (core::PeakFlops::source, or the key)
   double gpu_mem_peak_mib = NAN;    ///< caching allocator's peak
   double data_share = NAN;          ///< share of step time waiting for data
   StepTimes times;                  ///< summed over the fit
@@ -122,6 +123,8 @@ class Monitor : public train::Callback {
                       const train::Trainer& trainer) const;
   void count_flops(train::Trainer& trainer);
   double interval_seconds() const;
+  /// Warns once per fit when `mfu` is above 1 (the peak is too low), naming the peak and its source.
+  void check_mfu(double mfu);
 
   MonitorOptions options_;
   std::vector<std::shared_ptr<MetricsWriter>> writers_, extra_writers_;
@@ -133,6 +136,7 @@ class Monitor : public train::Callback {
   std::string gpu_uuid_;  // NVML's name for device_, looked up once
   int64_t tokens_per_sample_ = 0;
   double flops_per_sample_ = 0, peak_flops_ = 0;
+  bool warned_mfu_ = false;
   int64_t counted_parameters_ = -1;  // parameter count when FLOPs were counted (pruning changes it)
 
   // The current logging interval: training time only (epoch ends, validation

@@ -58,6 +58,8 @@ struct RunSummary {
   /// monitor::MonitorSummary::as_map(): MFU, step-time shares, peak GPU
   /// memory; summary.json's "monitor" object.
   std::map<std::string, double> monitor;
+  /// Text entries of summary.json's "monitor" object (peak_flops_source: where the MFU's peak came from).
+  std::map<std::string, std::string> monitor_text;
 };
 
 /// Writes summary.json atomically.

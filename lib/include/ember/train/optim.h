@@ -92,4 +92,9 @@ std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model,
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model,
                                                         const OptimizerOptions& options);
 
+/// Bytes of the optimizer's per-parameter state tensors (momentum buffers,
+/// Adam's moments...) of LibTorch's SGD, Adam, AdamW, RMSprop and Adagrad; 0
+/// before the first step, which allocates them. Other optimizers count 0.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
 }  // namespace ember::train

@@ -1,0 +1,51 @@
+#pragma once
+// Peak memory of a piece of work on one device, the same way on the CPU and
+// on a GPU, for the batch-size finder and `tools/ember plan`:
+//
+//   core::MemoryMeter meter(device);
+//   run_steps(batch);
+//   int64_t bytes = meter.peak();   // highest bytes held by tensors allocated since
+//
+// CPU: while a meter lives, LibTorch's CPU allocator (c10::GetCPUAllocator)
+// is wrapped by one that counts the bytes of every tensor allocated and freed.
+// Only tensors allocated while the meter lives are counted (freeing an older
+// one does not lower the count); pinned memory (the CUDA host allocator) and
+// memory that BLAS or oneDNN allocate outside LibTorch's allocator are not
+// seen. One CPU meter at a time. A per-allocation cost of a small heap
+// allocation, so do not leave one on during a timed run.
+//
+// CUDA: the caching allocator's statistics of that device (bytes held by
+// tensors, as torch.cuda.max_memory_allocated); the constructor and
+// reset_peak() start a new peak. Without CUDA, a CUDA meter throws.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace ember::core {
+
+class MemoryMeter {
+ public:
+  explicit MemoryMeter(const torch::Device& device);
+  ~MemoryMeter();
+  MemoryMeter(const MemoryMeter&) = delete;
+  MemoryMeter& operator=(const MemoryMeter&) = delete;
+
+  /// Bytes held now by tensors allocated since the meter started (CPU), or by
+  /// every tensor on the device (CUDA).
+  int64_t current() const;
+  /// The highest current() since the meter started or the last reset_peak().
+  int64_t peak() const;
+  /// Starts a new peak at current().
+  void reset_peak();
+  /// How it measures, for reports: "CPU allocator statistics" or "CUDA caching allocator peak".
+  std::string method() const;
+  const torch::Device& device() const { return device_; }
+
+ private:
+  torch::Device device_;
+  void* previous_ = nullptr;  // the CPU allocator this meter replaced
+};
+
+}  // namespace ember::core

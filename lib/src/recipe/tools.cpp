@@ -1,0 +1,543 @@
+// The recipe runner's tools: `RECIPE --measure FILE` (what `tools/ember plan`
+// plans from), `RECIPE --find-batch-size FILE` and `RECIPE --find-lr FILE`.
+// Each builds the recipe's task as a run would, trains a few steps in this
+// process (no run folder), prints a report and writes FILE (JSON).
+#include <sys/stat.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "core/json_number.h"
+#include "ember/amp/precision.h"
+#include "ember/core/device.h"
+#include "ember/core/file.h"
+#include "ember/core/flops.h"
+#include "ember/core/memory.h"
+#include "ember/core/model_cost.h"
+#include "ember/train/batch_size_finder.h"
+#include "ember/train/keys.h"
+#include "ember/train/lr_finder.h"
+#include "ember/train/optim.h"
+#include "recipe/runner.h"
+
+#if EMBER_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace ember::recipe::detail {
+namespace {
+
+using ember::detail::json_number;
+using Clock = std::chrono::steady_clock;
+constexpr double kMiB = 1 << 20;
+
+int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+/// Bytes of the files under `path` (a file or a folder, recursively).
+int64_t disk_bytes(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  if (S_ISREG(st.st_mode)) return static_cast<int64_t>(st.st_size);
+  if (!S_ISDIR(st.st_mode)) return 0;
+  int64_t n = 0;
+  for (const std::string& name : core::list_dir(path)) n += disk_bytes(path + "/" + name);
+  return n;
+}
+
+/// The data path a recipe reads (data.root or data.path), "" if none.
+std::string data_path(const core::Config& c) {
+  for (const char* key : {"data.root", "data.path"})
+    if (c.has(key) && !c.get_string(key).empty()) return c.get_string(key);
+  return "";
+}
+
+/// The config with data.batch_size (and the eval batch, kept small) set.
+core::Config with_batch(const core::Config& config, int64_t batch) {
+  core::Config c = config;
+  c.set_override(fmt::format("data.batch_size={}", batch));
+  return c;
+}
+
+/// Trainer options for a few steps of the recipe's training, writing nothing.
+train::TrainerOptions probe_options(const core::Config& c, train::Task& task, int64_t steps) {
+  const int64_t k = std::max<int64_t>(c.get_int("trainer.accumulate_grad_batches"), 1);
+  const int64_t per_epoch = std::max<int64_t>((task.train_loader().num_batches() + k - 1) / k, 1);
+  train::TrainerOptions o = train::trainer_options_from_config(c, per_epoch);
+  o.run_dir("")
+      .resume("")
+      .max_steps(steps)
+      .epochs(std::numeric_limits<int32_t>::max())
+      .val_every(0)
+      .checkpoint_every(0);
+  return o;
+}
+
+/// Reads the optimizer's state size when the fit ends (the optimizer lives until then).
+class OptimizerStateProbe : public train::Callback {
+ public:
+  std::string name() const override { return "optimizer_state_probe"; }
+  void on_fit_end(train::Trainer& trainer) override {
+    if (trainer.optimizer()) bytes = train::optimizer_state_bytes(*trainer.optimizer());
+  }
+  int64_t bytes = 0;
+};
+
+/// Times the steps after the first `warmup`.
+class StepClock : public train::Callback {
+ public:
+  explicit StepClock(int64_t warmup) : warmup_(warmup) {}
+  std::string name() const override { return "step_clock"; }
+  void on_step_end(train::Trainer& trainer, const train::StepInfo& info) override {
+    if (info.step < warmup_) return;
+    (void)info.loss.item<double>();  // the device has finished the step
+    if (info.step == warmup_) {
+      start_ = Clock::now();
+      return;
+    }
+    samples += info.samples;
+    seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    ++steps;
+    (void)trainer;
+  }
+  int64_t samples = 0, steps = 0;
+  double seconds = 0;
+
+ private:
+  int64_t warmup_;
+  Clock::time_point start_;
+};
+
+/// The recipe's training FLOPs per sample: the task's, else 3 x 2 x forward MACs on two samples.
+double train_flops_per_sample(train::Task& task, double* forward_macs) {
+  *forward_macs = 0;
+  if (task.train_flops_per_sample() > 0) return task.train_flops_per_sample();
+  data::Loader* loader = task.val_loader() ? task.val_loader() : task.test_loader();
+  if (!loader) loader = &task.train_loader();
+  loader->start_epoch(0, 0);
+  std::optional<data::Batch> batch = loader->next();
+  if (!batch || batch->size() == 0) return 0;
+  const int64_t n = std::min<int64_t>(batch->size(), 2);
+  batch->input = batch->input.narrow(0, 0, n);
+  batch->target = batch->target.narrow(0, 0, n);
+  batch->index = batch->index.narrow(0, 0, n);
+  const core::ModelCost cost = core::count_cost(*task.model(), [&] {
+    const train::StepOutput out = task.evaluation_step(*batch);
+    return std::vector<torch::Tensor>{out.output.defined() ? out.output : out.loss};
+  });
+  *forward_macs = static_cast<double>(cost.macs) / static_cast<double>(n);
+  return 6.0 * *forward_macs;  // backward costs twice the forward
+}
+
+/// The memory a batch may use: bs_find.budget_gib, else what the device has.
+int64_t memory_budget(const core::Config& c, const torch::Device& device, std::string* what) {
+  const double gib = c.get_float("bs_find.budget_gib");
+  if (gib > 0) {
+    *what = fmt::format("bs_find.budget_gib={}", gib);
+    return static_cast<int64_t>(gib * (1 << 30));
+  }
+#if EMBER_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto* prop = at::cuda::getDeviceProperties(device.index());
+    *what = fmt::format("{}'s memory", prop->name);
+    return static_cast<int64_t>(prop->totalGlobalMem);
+  }
+#endif
+  (void)device;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemAvailable:") {
+      *what = "the host's available memory (MemAvailable)";
+      return kib * 1024;
+    }
+    in.ignore(1 << 10, '\n');
+  }
+  ember::detail::fail(ErrorKind::kConfig,
+                      "[bs-find] cannot read the host's available memory; set bs_find.budget_gib=<GiB>");
+}
+
+/// Peak bytes of `steps` training steps at `batch` in `precision`, on top of
+/// what the task holds once built; the optimizer's state bytes go to *opt_bytes.
+int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const torch::Device& device,
+                   core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
+                   int64_t* opt_bytes) {
+  const core::Config c = with_batch(config, batch);
+  std::unique_ptr<train::Task> task = spec.make_task(c, device);
+  train::TrainerOptions o = probe_options(c, *task, steps);
+  o.precision(precision);
+  train::Trainer trainer(o);
+  auto opt = std::make_shared<OptimizerStateProbe>();
+  trainer.add_callback(opt);
+  const int64_t before = meter.current();
+  meter.reset_peak();
+  trainer.fit(*task);
+  if (opt_bytes) *opt_bytes = opt->bytes;
+  return meter.peak() - before;
+}
+
+/// "fp32, bf16-mixed" -> {"fp32", "bf16-mixed"}.
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char ch : text + ",") {
+    if (ch == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (ch != ' ') {
+      cur += ch;
+    }
+  }
+  return out;
+}
+
+void check_single_process() {
+  const char* world = std::getenv("WORLD_SIZE");
+  EMBER_CHECK_KIND(kConfig, world == nullptr || std::string(world) == "1",
+                   "the recipe tools (--measure, --find-batch-size, --find-lr) run in one process; "
+                   "start them without torchrun");
+}
+
+/// Host settings, device and seed, as a run starts (start_processes, without the run folder).
+torch::Device start_tool(core::Config& config) {
+  check_single_process();
+  if (config.get_int("trainer.threads") > 0)
+    at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
+  config.set_override("dist.world_size=1");
+  config.set_override("dist.rank=0");
+  torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));
+  return core::resolve_device(config.get_string("trainer.device"));
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  if (path.empty() || path == "-") return;
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) core::make_dirs(path.substr(0, slash));
+  core::write_file_atomic(path, j.dump(2) + "\n");
+}
+
+int measure(const RecipeSpec& spec, core::Config& config, const std::string& out) {
+  const torch::Device device = start_tool(config);
+  const int64_t batch = config.get_int("data.batch_size");
+  const int64_t steps = config.get_int("plan.steps");
+  const int64_t small = std::min(config.get_int("plan.probe_small"), batch);
+  const int64_t large = std::max(std::min(config.get_int("plan.probe_large"), batch), small + 1);
+  const amp::Precision run_precision = amp::parse_precision(config.get_string("trainer.precision"));
+  nlohmann::json j;
+  j["schema"] = 1;
+  j["recipe"] = spec.name;
+  j["device"] = device.str();
+  j["device_name"] = core::describe_device(device);
+  j["threads"] = at::get_num_threads();
+  j["batch_size"] = batch;
+  j["epochs"] = config.get_int("trainer.epochs");
+  j["accumulate_grad_batches"] = config.get_int("trainer.accumulate_grad_batches");
+  j["precision"] = amp::to_string(run_precision);
+  j["optimizer"] = config.get_string("optim.name");
+  std::cerr << fmt::format("[plan] measuring {} on {}\n", spec.name, core::describe_device(device));
+
+  {
+    core::MemoryMeter meter(device);  // from before the data loads: the dataset's bytes are seen
+    std::unique_ptr<train::Task> task = spec.make_task(config, device);
+    torch::nn::Module& model = *task->model();
+    const int64_t param_bytes = tensor_bytes(model.parameters());
+    const int64_t buffer_bytes = tensor_bytes(model.buffers());
+    j["parameters"] = train::count_parameters(model);
+    int64_t trainable = 0;
+    for (const auto& p : train::trainable_parameters(model)) trainable += p.numel();
+    j["trainable_parameters"] = trainable;
+    j["parameter_bytes"] = param_bytes;
+    j["buffer_bytes"] = buffer_bytes;
+    j["gradient_bytes"] = tensor_bytes(train::trainable_parameters(model));
+    // The dataset: what the loaded task holds beyond the model (CPU: counted; CUDA: estimated below).
+    const int64_t held = meter.current();
+    data::Loader& train_loader = task->train_loader();
+    int64_t eval_samples = 0;
+    if (task->val_loader()) eval_samples += task->val_loader()->num_samples();
+    if (task->test_loader()) eval_samples += task->test_loader()->num_samples();
+    train_loader.start_epoch(0, 0);
+    double sample_bytes = 0;
+    if (std::optional<data::Batch> b = train_loader.next(); b && b->size() > 0)
+      sample_bytes = static_cast<double>(b->input.nbytes() + (b->target.defined() ? b->target.nbytes() : 0)) /
+                     static_cast<double>(b->size());
+    const std::string path = data_path(config);
+    const int64_t samples = train_loader.num_samples() + eval_samples;
+    j["dataset"] = {{"train_samples", train_loader.num_samples()},
+                    {"eval_samples", eval_samples},
+                    {"sample_bytes", sample_bytes},
+                    {"disk_bytes", path.empty() ? 0 : disk_bytes(path)},
+                    {"disk_path", path},
+                    // The recipe keeps its data on the training device (data.resident): a GPU holds it too.
+                    {"device_resident", config.has("data.resident") && config.get_bool("data.resident")},
+                    {"resident_bytes",
+                     device.is_cpu() ? std::max<int64_t>(held - param_bytes - buffer_bytes, 0)
+                                     : static_cast<int64_t>(sample_bytes * static_cast<double>(samples))}};
+    double macs = 0;
+    j["train_flops_per_sample"] = train_flops_per_sample(*task, &macs);
+    j["forward_macs_per_sample"] = macs;
+    task.reset();
+
+    // Memory of the training loop at two batch sizes, per precision; fp16-mixed has bf16-mixed's widths.
+    j["memory_method"] = meter.method();
+    int64_t opt_bytes = 0;
+    nlohmann::json memory = nlohmann::json::object();
+    std::vector<amp::Precision> precisions;
+    for (const std::string& name : split_list(config.get_string("plan.precisions")))
+      precisions.push_back(amp::parse_precision(name));
+    for (const amp::Precision p : precisions) {
+      nlohmann::json probes = nlohmann::json::array();
+      int64_t peaks[2] = {0, 0};
+      const int64_t sizes[2] = {small, large};
+      for (int i = 0; i < 2; ++i) {
+        peaks[i] = probe_peak(spec, config, device, meter, sizes[i], p, steps, &opt_bytes);
+        probes.push_back({{"batch", sizes[i]}, {"peak_bytes", peaks[i]}});
+        std::cerr << fmt::format("[plan] {} batch {}: training loop peak {:.1f} MiB\n", amp::to_string(p),
+                                 sizes[i], peaks[i] / kMiB);
+      }
+      const double per_sample = static_cast<double>(peaks[1] - peaks[0]) / static_cast<double>(large - small);
+      const double fixed = static_cast<double>(peaks[0]) - per_sample * static_cast<double>(small);
+      memory[amp::to_string(p)] = {
+          {"probes", probes}, {"fixed_bytes", fixed}, {"per_sample_bytes", per_sample}};
+    }
+    j["optimizer_state_bytes"] = opt_bytes;
+    j["memory"] = memory;
+    // plan.verify: the config's own batch and precision, measured, against the line through the probes.
+    if (config.get_bool("plan.verify")) {
+      const std::string p = amp::to_string(run_precision);
+      EMBER_CHECK_KIND(kConfig, memory.contains(p),
+                       "plan.verify: trainer.precision={} is not among plan.precisions={}", p,
+                       config.get_string("plan.precisions"));
+      const nlohmann::json& m = memory[p];
+      const double predicted =
+          m["fixed_bytes"].get<double>() + m["per_sample_bytes"].get<double>() * static_cast<double>(batch);
+      const int64_t measured = probe_peak(spec, config, device, meter, batch, run_precision, steps, nullptr);
+      j["verify"] = {{"batch", batch},
+                     {"precision", p},
+                     {"predicted_peak_bytes", predicted},
+                     {"measured_peak_bytes", measured},
+                     {"resident_bytes", held}};
+      std::cerr << fmt::format(
+          "[plan] check at batch {} ({}): predicted {:.1f} MiB, measured {:.1f} MiB ({:+.1f}%); with the "
+          "model "
+          "and data held before training: predicted {:.1f} MiB, measured {:.1f} MiB\n",
+          batch, p, predicted / kMiB, measured / kMiB,
+          100.0 * (predicted - measured) / std::max<double>(measured, 1), (predicted + held) / kMiB,
+          (measured + held) / kMiB);
+    }
+  }
+
+  // Speed at the config's batch and precision, without the meter's per-allocation cost.
+  {
+    std::unique_ptr<train::Task> task = spec.make_task(config, device);
+    const int64_t warmup = 2, timed = config.get_int("plan.timed_steps");
+    train::Trainer trainer(probe_options(config, *task, warmup + timed));
+    auto clock = std::make_shared<StepClock>(warmup);
+    trainer.add_callback(clock);
+    trainer.fit(*task);
+    const double sps = clock->seconds > 0 ? static_cast<double>(clock->samples) / clock->seconds : 0;
+    nlohmann::json measured = {
+        {"batch", batch},
+        {"samples_per_second", json_number(sps)},
+        {"step_seconds", json_number(clock->steps > 0 ? clock->seconds / clock->steps : NAN)}};
+    try {
+      const core::PeakFlops peak = core::peak_flops_info(device, amp::math_type(run_precision));
+      const double flops = j["train_flops_per_sample"].get<double>();
+      measured["peak_flops"] = peak.flops;
+      measured["peak_source"] = peak.source;
+      measured["mfu"] =
+          flops > 0 && sps > 0 ? json_number(flops * sps / peak.flops) : nlohmann::json(nullptr);
+    } catch (const Error& e) {
+      measured["peak_flops"] = nullptr;
+      measured["peak_source"] = e.what();
+      measured["mfu"] = nullptr;
+    }
+    j["measured"] = measured;
+    std::cerr << fmt::format("[plan] speed at batch {}: {:.0f} samples/s\n", batch, sps);
+  }
+  write_json(out, j);
+  return 0;
+}
+
+int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::string& out) {
+  const torch::Device device = start_tool(config);
+  const double cap_gib = config.get_float("bs_find.gpu_memory_gib");
+  if (cap_gib > 0) {  // a smaller GPU, emulated: the caching allocator refuses beyond the cap
+    EMBER_CHECK_KIND(kConfig, device.is_cuda(),
+                     "bs_find.gpu_memory_gib needs a CUDA device (trainer.device={})", device.str());
+#if EMBER_WITH_CUDA
+    const double total = static_cast<double>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+    const double fraction = cap_gib * (1 << 30) / total;
+    EMBER_CHECK_KIND(kConfig, fraction <= 1, "bs_find.gpu_memory_gib={} is more than the GPU's {:.1f} GiB",
+                     cap_gib, total / (1 << 30));
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
+    if (config.get_float("bs_find.budget_gib") <= 0)
+      config.set_override(fmt::format("bs_find.budget_gib={}", cap_gib));
+#endif
+  }
+  std::string budget_source;
+  const int64_t budget = memory_budget(config, device, &budget_source);
+  const amp::Precision precision = amp::parse_precision(config.get_string("trainer.precision"));
+  const int64_t steps = config.get_int("bs_find.steps");
+  int64_t max_batch = config.get_int("bs_find.max_batch");
+  if (max_batch <= 0) {  // the training set's size: a larger batch has nothing to fill it
+    std::unique_ptr<train::Task> task = spec.make_task(config, device);
+    max_batch = task->train_loader().num_samples();
+  }
+  std::cerr << fmt::format(
+      "[bs-find] {} on {}, {}: the largest batch whose training steps fit {:.2f} GiB ({}), up to {}\n",
+      spec.name, core::describe_device(device), amp::to_string(precision), budget / double(1 << 30),
+      budget_source, max_batch);
+  core::MemoryMeter meter(device);
+  const train::BatchSizeResult r = train::find_batch_size(
+      [&](int64_t batch) {
+        const int64_t peak = probe_peak(spec, config, device, meter, batch, precision, steps, nullptr);
+        std::cerr << fmt::format("[bs-find] batch {:>6}: peak {:9.1f} MiB {}\n", batch, peak / kMiB,
+                                 peak <= budget ? "fits" : "over the budget");
+        return peak;
+      },
+      train::BatchSizeFinderOptions()
+          .start(std::min(config.get_int("bs_find.start"), max_batch))
+          .max_batch(max_batch)
+          .budget_bytes(budget)
+          .margin(config.get_float("bs_find.margin")));
+  nlohmann::json trials = nlohmann::json::array();
+  for (const auto& t : r.trials) {
+    if (t.peak_bytes < 0) std::cerr << fmt::format("[bs-find] batch {:>6}: out of memory\n", t.batch);
+    trials.push_back({{"batch", t.batch}, {"fits", t.fits}, {"peak_bytes", t.peak_bytes}});
+  }
+  EMBER_CHECK(
+      r.largest > 0,
+      "[bs-find] not even a batch of {} fits {:.2f} GiB ({}); use a smaller model, bf16-mixed, or a larger "
+      "bs_find.budget_gib",
+      config.get_int("bs_find.start"), budget / double(1 << 30), budget_source);
+  write_json(out, {{"recipe", spec.name},
+                   {"device", device.str()},
+                   {"precision", amp::to_string(precision)},
+                   {"budget_bytes", budget},
+                   {"budget_source", budget_source},
+                   {"margin", r.margin},
+                   {"largest", r.largest},
+                   {"recommended", r.recommended},
+                   {"per_sample_bytes", r.per_sample_bytes},
+                   {"fixed_bytes", r.fixed_bytes},
+                   {"trials", trials}});
+  std::cout << fmt::format(
+      "largest batch that fits: {} ({} sizes tried); recommended with a {:.0f}% memory margin:\n"
+      "data.batch_size={}\n",
+      r.largest, r.trials.size(), 100 * r.margin, r.recommended);
+  return 0;
+}
+
+int find_lr(const RecipeSpec& spec, core::Config& config, const std::string& out) {
+  const torch::Device device = start_tool(config);
+  std::unique_ptr<train::Task> task = spec.make_task(config, device);
+  const int64_t k = std::max<int64_t>(config.get_int("trainer.accumulate_grad_batches"), 1);
+  const train::TrainerOptions options =
+      train::trainer_options_from_config(config, (task->train_loader().num_batches() + k - 1) / k);
+  const train::LrFinderOptions f = train::LrFinderOptions()
+                                       .min_lr(config.get_float("lr_find.min_lr"))
+                                       .max_lr(config.get_float("lr_find.max_lr"))
+                                       .steps(config.get_int("lr_find.steps"))
+                                       .smoothing(config.get_float("lr_find.smoothing"))
+                                       .divergence(config.get_float("lr_find.divergence"));
+  std::cerr << fmt::format("[lr-find] {} on {}: {} steps, lr from {:.3g} to {:.3g}\n", spec.name,
+                           core::describe_device(device), f.steps(), f.min_lr(), f.max_lr());
+  const train::LrFinderResult r = train::find_lr(*task, options, f);
+  const auto point = [](const char* rule, double lr, int64_t index) {
+    return index < 0 ? nlohmann::json(nullptr) : nlohmann::json{{"rule", rule}, {"lr", lr}, {"index", index}};
+  };
+  nlohmann::json j{{"recipe", spec.name},
+                   {"device", device.str()},
+                   {"lrs", r.lrs},
+                   {"losses", nlohmann::json::array()},
+                   {"smoothed", nlohmann::json::array()},
+                   {"online", nlohmann::json::array()},
+                   {"smoothing", r.smoothing},
+                   {"suggestion", point("steepest", r.suggested_lr, r.suggested_index)},
+                   {"valley", point("valley", r.valley_lr, r.valley_index)},
+                   {"stop_reason", r.stop_reason}};
+  for (double v : r.losses) j["losses"].push_back(json_number(v));
+  for (double v : r.smoothed) j["smoothed"].push_back(json_number(v));
+  for (double v : r.online) j["online"].push_back(json_number(v));
+  write_json(out, j);
+  std::cerr << fmt::format("[lr-find] {} steps recorded: {}\n", r.lrs.size(), r.stop_reason);
+  EMBER_CHECK(r.suggested_index >= 0,
+              "[lr-find] the curve has too few points for a suggestion ({}); raise lr_find.steps or lower "
+              "lr_find.min_lr",
+              r.stop_reason);
+  std::cout << fmt::format(
+      "steepest descent of the smoothed loss against log10(lr) at lr={:.3g}; valley rule: {:.3g}\n"
+      "optim.lr={:.3g}\n",
+      r.suggested_lr, r.valley_lr, r.suggested_lr);
+  return 0;
+}
+
+}  // namespace
+
+void declare_tool_keys(core::Config& c) {
+  c.declare("plan.probe_small", 8, "tools/ember plan: the smaller batch whose training memory is measured",
+            core::Bounds::between(1, 1 << 20));
+  c.declare("plan.probe_large", 32, "tools/ember plan: the larger one (at most data.batch_size)",
+            core::Bounds::between(2, 1 << 20));
+  c.declare("plan.steps", 3,
+            "tools/ember plan: training steps per memory probe (the first allocates the optimizer state)",
+            core::Bounds::between(2, 1000));
+  c.declare("plan.timed_steps", 10,
+            "tools/ember plan: steps timed at data.batch_size (after 2 warm-up steps)",
+            core::Bounds::between(1, 100000));
+  c.declare("plan.precisions", "fp32, bf16-mixed",
+            "tools/ember plan: the precisions whose training memory is measured (fp16-mixed has bf16-mixed's "
+            "widths)");
+  c.declare("plan.verify", false,
+            "tools/ember plan: also measure at data.batch_size and print predicted vs measured memory");
+  c.declare("bs_find.margin", 0.10,
+            "tools/ember bs-find: share of the memory budget the recommended batch leaves free",
+            core::Bounds::from_below(0, 1));
+  c.declare(
+      "bs_find.budget_gib", 0.0,
+      "tools/ember bs-find: memory the training loop may use (0 = the GPU's memory, or the host's available "
+      "memory on the CPU)",
+      core::Bounds::at_least(0));
+  c.declare("bs_find.gpu_memory_gib", 0.0,
+            "tools/ember bs-find: cap the CUDA caching allocator at this many GiB, to size for a smaller GPU "
+            "(0 = the whole GPU)",
+            core::Bounds::at_least(0));
+  c.declare("bs_find.start", 1, "tools/ember bs-find: first batch size tried (then doubled)",
+            core::Bounds::between(1, 1 << 24));
+  c.declare("bs_find.max_batch", 0, "tools/ember bs-find: largest batch tried (0 = the training set's size)",
+            core::Bounds::between(0, 1 << 30));
+  c.declare("bs_find.steps", 3,
+            "tools/ember bs-find: training steps at each size (>= 2: optimizer state, then a steady step)",
+            core::Bounds::between(2, 1000));
+  c.declare("lr_find.min_lr", 1e-7, "tools/ember lr-find: first learning rate of the sweep",
+            core::Bounds::positive());
+  c.declare("lr_find.max_lr", 10.0, "tools/ember lr-find: last learning rate of the sweep",
+            core::Bounds::positive());
+  c.declare("lr_find.steps", 200, "tools/ember lr-find: optimizer steps of the sweep",
+            core::Bounds::between(5, 1 << 20));
+  c.declare("lr_find.smoothing", 0.0,
+            "tools/ember lr-find: factor of the loss's exponential moving average (0 = a window of 5% of the "
+            "steps)",
+            core::Bounds::from_below(0, 1));
+  c.declare("lr_find.divergence", 4.0,
+            "tools/ember lr-find: stop once the smoothed loss passes this x its minimum",
+            core::Bounds{1.0, std::numeric_limits<double>::infinity(), true});
+}
+
+int run_tool(const RecipeSpec& spec, core::Config& config, const CommandLine& cl) {
+  if (cl.tool == "measure") return measure(spec, config, cl.tool_out);
+  if (cl.tool == "find-batch-size") return find_batch_size(spec, config, cl.tool_out);
+  if (cl.tool == "find-lr") return find_lr(spec, config, cl.tool_out);
+  ember::detail::fail(ErrorKind::kConfig, "unknown tool --{}", cl.tool);
+}
+
+}  // namespace ember::recipe::detail

@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""tools/plan.py: the arithmetic against hand computations, and the plan's shape.
+
+1. Ring all-reduce time and scaling efficiency, numbers written out.
+2. Largest batch: the bytes that fit, one sample short, none at all.
+3. A 1.5B-parameter AdamW model fits no batch on a T4 and fits an H200.
+4. Step, epoch and cost arithmetic, with accumulation and the launch floor.
+5. The calibrated MFU from fake run folders (CUDA runs only, precision preferred).
+6. --json: valid JSON (no NaN), every documented key; the text output's sections.
+7. gpus.toml's peaks equal Ember's C++ table (lib/src/core/flops.cpp).
+
+    python3 tests/tools/plan_test.py [-v]
+"""
+import contextlib
+import copy
+import importlib.util
+import io
+import json
+import math
+import os
+import re
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "tests" / "tools" / "plan_measure_example.json"
+GPUS = ROOT / "tools" / "plan" / "gpus.toml"
+
+_spec = importlib.util.spec_from_file_location("plan", ROOT / "tools" / "plan.py")
+plan = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(plan)
+
+GIB = 1024**3
+
+
+def run_main(argv):
+    """(exit status, stdout, stderr) of plan.main(argv)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = plan.main([str(a) for a in argv])
+        except SystemExit as e:  # argparse's usage errors
+            status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
+def big_model():
+    """A 1.5B-parameter model trained with AdamW in fp32: 6 GB parameters, 6 GB gradients,
+    12 GB Adam moments, 0.5 GB of activations per sample."""
+    m = json.loads(EXAMPLE.read_text())
+    m.update(recipe="big_lm", batch_size=8, epochs=1, optimizer="adamw", precision="bf16-mixed",
+             parameters=1_500_000_000, trainable_parameters=1_500_000_000,
+             parameter_bytes=6_000_000_000, buffer_bytes=0, gradient_bytes=6_000_000_000,
+             optimizer_state_bytes=12_000_000_000, forward_macs_per_sample=3_000_000_000_000,
+             train_flops_per_sample=18_000_000_000_000)
+    # F = gradients + moments + 0.5 GB workspaces.
+    m["memory"] = {"fp32": {"probes": [], "fixed_bytes": 18_500_000_000, "per_sample_bytes": 500_000_000},
+                   "bf16-mixed": {"probes": [], "fixed_bytes": 21_500_000_000, "per_sample_bytes": 300_000_000}}
+    m["dataset"] = {"train_samples": 100_000, "eval_samples": 1_000, "sample_bytes": 8192.0,
+                    "disk_bytes": 400_000_000, "disk_path": "/data/tokens", "resident_bytes": 800_000_000}
+    return m
+
+
+def write_json(folder, name, obj):
+    path = Path(folder) / name
+    path.write_text(json.dumps(obj))
+    return path
+
+
+class Arithmetic(unittest.TestCase):
+    def test_allreduce_by_hand(self):
+        # 4 GPUs, 100 MB over 25 GB/s: 2 * 3/4 * 1e8 / 25e9 = 1.5e8 / 2.5e10 = 0.006 s.
+        self.assertAlmostEqual(plan.allreduce_seconds(1e8, 4, 25e9), 0.006, places=12)
+        # 2 GPUs send half each way twice: 2 * 1/2 * 1e8 / 25e9 = 0.004 s.
+        self.assertAlmostEqual(plan.allreduce_seconds(1e8, 2, 25e9), 0.004, places=12)
+        # 8 GPUs, FashionNet's 874,344 gradient bytes over 25 GbE (3.125 GB/s):
+        # 2 * 7/8 * 874,344 = 1,530,102 bytes / 3.125e9 = 4.8963264e-4 s.
+        self.assertAlmostEqual(plan.allreduce_seconds(874_344, 8, 3.125e9), 4.8963264e-4, places=12)
+        self.assertEqual(plan.allreduce_seconds(1e9, 1, 1e9), 0.0)
+        # With a 1 ms step: 1 / (1 + 0.48963264) = 0.671308...; below 0.8, so it does not pay.
+        eff = plan.scaling_efficiency(1e-3, 4.8963264e-4)
+        self.assertAlmostEqual(eff, 1 / 1.48963264, places=12)
+        self.assertLess(eff, plan.PAYS_EFFICIENCY)
+        # 6 GB of gradients on 8 H100s over NVLink (450 GB/s): 1.75 * 6e9 / 450e9 = 0.0233 s.
+        self.assertAlmostEqual(plan.allreduce_seconds(6e9, 8, 450e9), 0.023333333333, places=9)
+
+    def test_largest_batch_by_hand(self):
+        # 16 GiB, 10% margin: 0.9 * 17,179,869,184 = 15,461,882,265.6 bytes.
+        budget = plan.memory_budget(16, 0.10)
+        self.assertAlmostEqual(budget, 15_461_882_265.6, places=3)
+        # Minus 0.5 GiB context (536,870,912), 1e9 resident, F 2e9:
+        # room 11,925,011,353.6 -> 119 samples of 1e8 bytes.
+        args = dict(fixed_bytes=2e9, per_sample_bytes=1e8, resident_bytes=1e9, context_bytes=0.5 * GIB)
+        self.assertEqual(plan.largest_batch(budget, **args), 119)
+        self.assertLessEqual(plan.memory_needed(119, **args), budget)
+        self.assertGreater(plan.memory_needed(120, **args), budget)
+        self.assertEqual(plan.memory_needed(119, **args), 0.5 * GIB + 1e9 + 2e9 + 119 * 1e8)
+        # One sample short of fitting, and nothing left at all.
+        self.assertEqual(plan.largest_batch(3.5 * GIB, 2 * GIB, GIB + 1, 0, 0.5 * GIB), 0)
+        self.assertEqual(plan.largest_batch(3.5 * GIB, 2 * GIB, GIB, 0, 0.5 * GIB), 1)
+        self.assertEqual(plan.largest_batch(GIB, 2 * GIB, 1, 0, 0), 0)
+
+    def test_fit_memory_from_probes(self):
+        fixed, per_sample = plan.fit_memory([{"batch": 8, "peak_bytes": 7_046_000},
+                                             {"batch": 32, "peak_bytes": 21_734_000}])
+        self.assertAlmostEqual(per_sample, 612_000, places=6)  # (21,734,000 - 7,046,000) / 24
+        self.assertAlmostEqual(fixed, 2_150_000, places=3)
+        with self.assertRaises(ValueError):
+            plan.fit_memory([{"batch": 8, "peak_bytes": 1}])
+
+    def test_epoch_time_and_cost_by_hand(self):
+        # 50,000 samples, batch 256, 1e10 FLOPs/sample, 312 TFLOP/s at MFU 0.4:
+        # a batch is 2.56e12 / 1.248e14 = 0.0205128 s; ceil(50000/256) = 196 batches = 4.0205128 s.
+        step, bound = plan.step_seconds(256, 1e10, 312e12, 0.4, 1e-3)
+        self.assertAlmostEqual(step, 2.56e12 / 1.248e14, places=12)
+        self.assertFalse(bound)
+        epoch = plan.epoch_seconds(50_000, 256, 1e10, 312e12, 0.4, 1e-3)
+        self.assertAlmostEqual(epoch, 196 * 2.56e12 / 1.248e14, places=9)
+        # At $2.00 per hour: 4.0205128 / 3600 * 2 = $0.00223362.
+        self.assertAlmostEqual(plan.cost_usd(epoch, 2.0), epoch / 1800, places=12)
+        self.assertAlmostEqual(plan.cost_usd(3600, 2.5), 2.5)
+        self.assertIsNone(plan.cost_usd(epoch, None))
+        # Accumulation: 4 micro-batches per optimizer step.
+        self.assertAlmostEqual(plan.step_seconds(256, 1e10, 312e12, 0.4, 1e-3, accumulate=4)[0], 4 * step)
+        # FashionNet on an H100 in bf16: 128 * 28,984,320 / (989e12 * 0.3) = 12.5 us < 1 ms: the floor.
+        step, bound = plan.step_seconds(128, 28_984_320, 989e12, 0.3, 1e-3)
+        self.assertEqual(step, 1e-3)
+        self.assertTrue(bound)
+        self.assertAlmostEqual(plan.epoch_seconds(60_000, 128, 28_984_320, 989e12, 0.3, 1e-3), 0.469)
+
+    def test_host_ram(self):
+        # 55,440,000 resident + 3 staged batches of 128 x 792 B = 55,744,128 bytes.
+        self.assertEqual(plan.host_ram_bytes(55_440_000, 128, 792.0), 55_744_128)
+
+
+class Plans(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+        self.no_runs = self.dir / "no_runs"
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def plan_json(self, measurement, *extra):
+        status, out, err = run_main([measurement, "--json", "--runs-dir", self.no_runs, *extra])
+        self.assertEqual(status, 0, err)
+
+        def no_constants(name):
+            raise AssertionError(f"--json printed {name}: not JSON")
+        return json.loads(out, parse_constant=no_constants)
+
+    def rows(self, result, gpu):
+        return [r for r in result["rows"] if r["gpu"] == gpu]
+
+    def test_too_big_for_t4_fits_h200(self):
+        path = write_json(self.dir, "big.json", big_model())
+        result = self.plan_json(path)
+        t4 = self.rows(result, "T4")
+        self.assertEqual([r["precision"] for r in t4], ["fp32", "fp16-mixed"])  # no bf16, no tf32
+        for row in t4:
+            self.assertFalse(row["fits"])
+            self.assertEqual(row["largest_batch"], 0)  # not at any batch
+        # H200 fp32: budget 0.9 * 141 GiB = 136,258,837,217.28; minus 0.5 GiB context, 6e9
+        # parameters, F 18.5e9 -> room 111,221,966,305.28 -> 222 samples of 5e8.
+        h200 = {r["precision"]: r for r in self.rows(result, "H200")}
+        self.assertTrue(h200["fp32"]["fits"])
+        self.assertEqual(h200["fp32"]["largest_batch"], 222)
+        self.assertAlmostEqual(h200["fp32"]["memory_needed_bytes"], 0.5 * GIB + 6e9 + 18.5e9 + 8 * 5e8)
+        # bf16-mixed: F 21.5e9, A 3e8 -> room 108,221,966,305.28 -> 360; fp16-mixed borrows it.
+        self.assertEqual(h200["bf16-mixed"]["largest_batch"], 360)
+        self.assertEqual(h200["fp16-mixed"]["largest_batch"], 360)
+        self.assertIn("bf16-mixed's numbers", h200["fp16-mixed"]["memory_source"])
+        self.assertNotEqual(result["recommendation"]["gpu"], "T4")
+        # Text: T4 rows say no and none.
+        status, out, _ = run_main([path, "--runs-dir", self.no_runs, "--gpu", "T4", "--gpu", "H200"])
+        self.assertEqual(status, 0)
+        t4_lines = [line for line in out.splitlines() if line.startswith("T4 ")]
+        self.assertEqual(len(t4_lines), 1)
+        self.assertRegex(t4_lines[0], r"\bno\s+none\b")
+
+    def test_nothing_fits_anywhere(self):
+        m = big_model()
+        m["parameter_bytes"] = m["gradient_bytes"] = 200 * GIB
+        path = write_json(self.dir, "huge.json", m)
+        result = self.plan_json(path)
+        self.assertTrue(all(not r["fits"] and r["largest_batch"] == 0 for r in result["rows"]))
+        self.assertIsNone(result["recommendation"]["gpu"])
+        self.assertIn("shard", result["recommendation"]["text"])
+
+    def test_batch_too_big_suggests_accumulation(self):
+        m = big_model()
+        m["batch_size"] = 1024  # 0.5 TB of activations in fp32
+        result = self.plan_json(write_json(self.dir, "wide.json", m), "--precision", "fp32")
+        rec = result["recommendation"]
+        self.assertEqual(rec["gpu"], "H200")  # the largest batch: 222
+        self.assertIn("trainer.accumulate_grad_batches=5", " ".join(rec["reasons"]))  # ceil(1024/222)
+
+    def test_prices_and_cost_columns(self):
+        result = self.plan_json(EXAMPLE, "--price", "T4=0.35", "--price", "h100-sxm=2.99", "--mfu", "0.5")
+        t4 = self.rows(result, "T4")[0]  # fp32: 128 * 28,984,320 / (8.1e12 * 0.5) = 0.916 ms < 1 ms floor
+        self.assertAlmostEqual(t4["step_seconds"], 1e-3)
+        self.assertAlmostEqual(t4["epoch_seconds"], 0.469)
+        self.assertAlmostEqual(t4["usd_per_epoch"], 0.469 / 3600 * 0.35)
+        self.assertAlmostEqual(t4["usd_per_run"], 8 * 0.469 / 3600 * 0.35)
+        self.assertIsNone(self.rows(result, "L4")[0]["usd_per_run"])
+        rec = result["recommendation"]
+        self.assertEqual(rec["gpu"], "T4")  # launch-bound everywhere: the cheaper hour wins
+        self.assertTrue(any("launch-bound" in r for r in rec["reasons"]))
+        self.assertTrue(all(r["mfu"] == 0.5 for r in result["rows"]))
+        status, _, err = run_main([EXAMPLE, "--price", "A999=1"])
+        self.assertEqual(status, 1)
+        self.assertIn("A999", err)
+        # A family prices every row of it; an exact name wins over it in either order.
+        gpus = plan.load_gpus(GPUS)
+        for items in (["h100-pcie=2", "H100=2.5"], ["H100=2.5", "H100-PCIe=2"]):
+            prices = plan.parse_prices(items + ["A100=1.5"], gpus)
+            self.assertEqual(prices, {"H100-SXM": 2.5, "H100-PCIe": 2.0, "A100-40GB": 1.5, "A100-80GB": 1.5})
+        for bad in ("H1=2", "H100=cheap", "H100=-1", "H100"):
+            with self.assertRaises(plan.PlanError):
+                plan.parse_prices([bad], gpus)
+
+    def test_calibrated_mfu_from_run_folders(self):
+        runs = self.dir / "runs"
+
+        def run(name, age, **summary):
+            folder = runs / name
+            folder.mkdir(parents=True)
+            path = write_json(folder, "summary.json", {"recipe": name.split("-")[0], **summary})
+            stamp = time.time() - age
+            os.utime(path, (stamp, stamp))
+
+        run("fashion_mnist-1", 50, device="cuda:0", precision="bf16-mixed", monitor={"mfu": 0.042})
+        run("fashion_mnist-2", 10, device="cpu", precision="fp32", monitor={"mfu": 0.7})  # not a GPU
+        run("fashion_mnist-3", 5, device="cuda:0", precision="fp32", monitor={"mfu": None})  # no MFU
+        run("cifar_resnet-1", 1, device="cuda:0", precision="fp32", monitor={"mfu": 0.5})  # other recipe
+        (runs / "fashion_mnist-4").mkdir()  # unfinished: no summary.json
+        found = plan.find_run_calibrations(runs, "fashion_mnist")
+        self.assertEqual([(c.run, c.value) for c in found], [(str(runs / "fashion_mnist-1"), 0.042)])
+        m = json.loads(EXAMPLE.read_text())
+        for precision in ("bf16-mixed", "fp32"):  # fp32 borrows the bf16 run's: the only one
+            cal = plan.choose_mfu(precision, None, found, m)
+            self.assertEqual((cal.value, cal.source, cal.precision), (0.042, "run", "bf16-mixed"))
+        # A newer fp32 run: fp32 takes it, bf16-mixed keeps its own precision's.
+        run("fashion_mnist-5", 1, device="cuda:0", precision="fp32", monitor={"mfu": 0.02})
+        found = plan.find_run_calibrations(runs, "fashion_mnist")
+        self.assertEqual(plan.choose_mfu("fp32", None, found, m).value, 0.02)
+        self.assertEqual(plan.choose_mfu("bf16-mixed", None, found, m).value, 0.042)
+        self.assertEqual(plan.choose_mfu("tf32", None, found, m).value, 0.02)  # newest of any precision
+        self.assertEqual(plan.choose_mfu("fp32", 0.6, found, m).source, "--mfu")
+        self.assertEqual(plan.choose_mfu("fp32", None, [], m).value, plan.DEFAULT_MFU)
+        # A CUDA measurement's own MFU comes after runs of its precision.
+        m_cuda = dict(m, device="cuda:0", precision="fp32", measured=dict(m["measured"], mfu=0.11))
+        self.assertEqual(plan.choose_mfu("fp32", None, [], m_cuda).source, "measurement")
+        # End to end: the rows use it, the output says where it came from.
+        status, out, err = run_main([EXAMPLE, "--json", "--runs-dir", runs])
+        self.assertEqual(status, 0, err)
+        result = json.loads(out)
+        self.assertEqual(result["mfu"]["bf16-mixed"]["run"], str(runs / "fashion_mnist-1"))
+        self.assertEqual({r["mfu"] for r in result["rows"] if r["precision"] == "bf16-mixed"}, {0.042})
+        status, out, _ = run_main([EXAMPLE, "--runs-dir", runs])
+        self.assertIn("calibrated: run " + str(runs / "fashion_mnist-1"), out)
+
+    def test_json_shape(self):
+        result = self.plan_json(EXAMPLE)
+        self.assertEqual(result["schema"], 1)
+        for key in ("measurement", "assumptions", "mfu", "memory_models", "rows", "feeding", "data_parallel",
+                    "recommendation", "notes"):
+            self.assertIn(key, result)
+        self.assertEqual(result["measurement"]["steps_per_epoch"], 469)  # ceil(60000 / 128)
+        self.assertEqual(result["assumptions"]["context_bytes"], 0.5 * GIB)
+        self.assertEqual(set(result["mfu"]), set(plan.PRECISIONS))
+        self.assertEqual(result["mfu"]["fp32"]["source"], "default")
+        row_keys = {"gpu", "precision", "memory_gib", "peak_tflops", "mfu", "memory_needed_bytes",
+                    "memory_budget_bytes", "fits", "largest_batch", "step_seconds", "launch_bound",
+                    "epoch_seconds", "samples_per_second", "usd_per_hour", "usd_per_epoch", "usd_per_run",
+                    "memory_source"}
+        for row in result["rows"]:
+            self.assertEqual(set(row), row_keys)
+        gpus = {r["gpu"] for r in result["rows"]}
+        self.assertEqual(gpus, {"T4", "V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "L4", "L40S",
+                                "H100-SXM", "H100-PCIe", "H200"})
+        self.assertEqual(len(result["rows"]), 34)  # T4, V100 x2: 2 precisions; the other 7: 4
+        feeding = result["feeding"]
+        self.assertEqual(feeding["host_ram_bytes"], 55_744_128)
+        self.assertTrue(feeding["fits_in_host_ram"])
+        self.assertFalse(feeding["streams"])
+        fastest = feeding["fastest"]
+        self.assertAlmostEqual(fastest["host_to_device_bytes_per_s"], fastest["samples_per_second"] * 792.0)
+        self.assertAlmostEqual(fastest["storage_bytes_per_s_if_streamed"],
+                               fastest["samples_per_second"] * 30_878_551 / 70_000)
+        dp = result["data_parallel"]
+        self.assertEqual(dp["gradient_bytes"], 874_344)
+        self.assertEqual(len(dp["gpus"]), 10)  # one row per GPU: its fastest precision
+        h100 = next(e for e in dp["gpus"] if e["gpu"] == "H100-SXM")
+        self.assertEqual([link["link"] for link in h100["links"]],
+                         ["NVLink", "PCIe Gen5", "25 GbE", "100 GbE", "400G IB"])
+        t4 = next(e for e in dp["gpus"] if e["gpu"] == "T4")
+        self.assertEqual(t4["links"][0]["link"], "PCIe Gen3")  # no NVLink
+        ethernet = next(link for link in h100["links"] if link["link"] == "25 GbE")
+        self.assertEqual([c["n"] for c in ethernet["counts"]], [2, 4, 8])
+        eight = ethernet["counts"][2]
+        self.assertAlmostEqual(eight["allreduce_seconds"], 4.8963264e-4, places=12)
+        self.assertAlmostEqual(eight["efficiency"], h100["step_seconds"] / (h100["step_seconds"] + 4.8963264e-4))
+        self.assertFalse(eight["pays"])
+        self.assertAlmostEqual(eight["speedup"], 8 * eight["efficiency"])
+        rec = result["recommendation"]
+        self.assertEqual(set(rec), {"gpu", "precision", "text", "reasons"})
+        self.assertEqual(rec["gpu"], "T4")  # all launch-bound, no prices: the smallest GPU
+        self.assertTrue(any("one GPU" in r for r in rec["reasons"]))
+
+    def test_text_sections(self):
+        status, out, err = run_main([EXAMPLE, "--runs-dir", self.no_runs])
+        self.assertEqual(status, 0, err)
+        for heading in ("plan: fashion_mnist", "GPUs at batch 128", "Feeding", "Data-parallel", "Recommendation: "):
+            self.assertIn(heading, out)
+        self.assertIn("bf16-mixed's numbers (not measured; same widths)", out)
+        self.assertIn("default: no CUDA run", out)
+        self.assertEqual(out.strip().splitlines()[-1].count("Recommendation:"), 1)  # one line, last
+
+    def test_measured_tf32_and_verify(self):
+        m = json.loads(EXAMPLE.read_text())
+        m["memory"]["tf32"] = {"probes": [{"batch": 8, "peak_bytes": 6_000_000},
+                                          {"batch": 32, "peak_bytes": 18_000_000}]}  # F, A fitted: 2e6, 5e5
+        m["verify"] = {"batch": 128, "precision": "fp32", "predicted_peak_bytes": 80_486_000,
+                       "measured_peak_bytes": 76_000_000, "resident_bytes": 56_000_000}
+        path = write_json(self.dir, "tf32.json", m)
+        result = self.plan_json(path)
+        self.assertEqual(result["memory_models"]["tf32"],
+                         {"fixed_bytes": 2_000_000, "per_sample_bytes": 500_000, "source": "measured"})
+        status, out, _ = run_main([path, "--runs-dir", self.no_runs, "--no-color"])  # tools/ember passes it
+        self.assertEqual(status, 0)
+        self.assertIn("checked at batch 128 (fp32)", out)
+        self.assertIn("(+5.9%)", out)  # 80,486,000 / 76,000,000 - 1
+
+    def test_device_resident_dataset(self):
+        m = json.loads(EXAMPLE.read_text())
+        plain = self.plan_json(write_json(self.dir, "host.json", m), "--gpu", "T4")
+        m["dataset"]["device_resident"] = True  # data.resident: the dataset sits in GPU memory
+        resident = self.plan_json(write_json(self.dir, "device.json", m), "--gpu", "T4")
+        for a, b in zip(plain["rows"], resident["rows"]):
+            self.assertAlmostEqual(b["memory_needed_bytes"] - a["memory_needed_bytes"], 55_440_000)
+            self.assertLess(b["largest_batch"], a["largest_batch"])
+        self.assertEqual(resident["feeding"]["fastest"]["host_to_device_bytes_per_s"], 0.0)
+        self.assertEqual(resident["feeding"]["loader_bytes"], 0)
+
+    def test_bad_input(self):
+        m = json.loads(EXAMPLE.read_text())
+        bad = copy.deepcopy(m)
+        bad["schema"] = 2
+        status, _, err = run_main([write_json(self.dir, "schema.json", bad)])
+        self.assertEqual(status, 1)
+        self.assertIn("schema.json: 'schema'", err)
+        bad = copy.deepcopy(m)
+        del bad["gradient_bytes"]
+        status, _, err = run_main([write_json(self.dir, "grad.json", bad)])
+        self.assertEqual(status, 1)
+        self.assertIn("'gradient_bytes'", err)
+        status, _, err = run_main([self.dir / "missing.json"])
+        self.assertEqual((status, "--measure" in err), (1, True))
+        status, _, _ = run_main([EXAMPLE, "--margin", "1.5"])
+        self.assertEqual(status, 2)
+
+
+class GpuTable(unittest.TestCase):
+    # gpus.toml row -> (model, variant) of kGpuPeaks in lib/src/core/flops.cpp.
+    CPP_ROW = {"T4": ("T4", ""), "V100-16GB": ("V100", ""), "V100-32GB": ("V100", ""),
+               "A100-40GB": ("A100", ""), "A100-80GB": ("A100", ""), "L4": ("L4", ""), "L40S": ("L40S", ""),
+               "H100-SXM": ("H100", ""), "H100-PCIe": ("H100", "PCIe"), "H200": ("H200", "")}
+
+    def test_peaks_match_ember_cpp_table(self):
+        source = (ROOT / "lib" / "src" / "core" / "flops.cpp").read_text()
+        number = r"\s*([0-9.]+e[0-9]+|0\.0|0)\s*"
+        rows = re.findall(r'\{"(\w+)",\s*"(\w*)",' + ",".join([number] * 4) + r"\}", source)
+        self.assertGreaterEqual(len(rows), 10, "kGpuPeaks not found in flops.cpp: update this parser")
+        cpp = {(model, variant): [float(x) / 1e12 for x in peaks] for model, variant, *peaks in rows}
+        gpus = plan.load_gpus(GPUS)
+        self.assertEqual({g["name"] for g in gpus}, set(self.CPP_ROW))
+        for gpu in gpus:
+            expected = cpp[self.CPP_ROW[gpu["name"]]]
+            got = [gpu["bf16_tflops"], gpu["fp16_tflops"], gpu["tf32_tflops"], gpu["fp32_tflops"]]
+            for e, g in zip(expected, got):
+                self.assertTrue(math.isclose(e, g, rel_tol=1e-9), f"{gpu['name']}: {got} != C++ {expected}")
+            self.assertIn("datasheet", gpu["source"].lower())
+
+
+if __name__ == "__main__":
+    unittest.main()

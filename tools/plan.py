@@ -1,0 +1,975 @@
+#!/usr/bin/env python3
+"""Which GPU to rent for a recipe: memory fit, time and cost per epoch, feeding, data-parallel.
+
+    tools/ember plan RECIPE [key=value ...] [--price GPU=USD ...]   (measures here, then runs this)
+    python3 tools/plan.py MEASURE.json [--gpus tools/plan/gpus.toml] [--price GPU=USD_PER_HOUR ...]
+                          [--margin 0.10] [--mfu X] [--runs-dir runs] [--context-gib 0.5]
+                          [--step-floor-ms 1] [--host-ram-gib 16] [--gpu NAME ...]
+                          [--precision P ...] [--json]
+    python3 tools/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
+
+--price takes a table name (H100-SXM) or a family (H100: every H100 row); an
+exact name wins over its family. --gpu and --precision narrow the rows shown.
+
+The arithmetic half of `tools/ember plan`: MEASURE.json comes from a recipe's
+`RECIPE --measure OUT.json [key=value ...]`, which measures the model and its
+memory on the machine at hand (no GPU needed); this script scales that to every
+GPU of the table (tools/plan/gpus.toml, editable) and prints:
+
+  1. per GPU and precision (fp32, tf32, bf16-mixed, fp16-mixed; bf16 and tf32
+     only where the board has them): whether the config's batch fits, the
+     largest batch that fits, time per step and per epoch, cost per epoch and
+     per run (at --price or the table's usd_per_hour);
+  2. feeding: host RAM the dataset and loader need, host-to-device and storage
+     read rates at the fastest GPU's samples/s;
+  3. data-parallel on 2/4/8 GPUs over NVLink, PCIe and networks;
+  4. a one-line recommendation and its reasons.
+--json prints the same as one JSON object (keys below, under "JSON output").
+
+The model (every constant is a flag or a documented default)
+  memory(b)   = context + parameter_bytes + buffer_bytes [+ resident_bytes when
+                the dataset lives on the GPU] + F + b*A, with F, A the measured
+                fit of the training loop's peak (gradients, optimizer state,
+                activations, workspaces, batch). Fits when
+                memory(b) <= (1 - margin) * memory_gib GiB. context (--context-gib,
+                default 0.5 GiB): the CUDA context, cuBLAS/cuDNN handles and
+                their kernels, which no allocator statistic sees.
+  step time   = max(samples * train_flops_per_sample / (peak * MFU), step floor)
+                per micro-batch, times accumulate_grad_batches per optimizer step.
+                peak: the table's dense TFLOP/s of the precision's math (fp32:
+                plain FMA; tf32/bf16/fp16: tensor cores). The step floor
+                (--step-floor-ms, default 1 ms) is what an eager step of launched
+                kernels costs however little math it holds: below it a GPU is
+                launch-bound, the real MFU falls far below the assumed one, and
+                a bigger GPU is no faster.
+  MFU         --mfu if given; else calibrated: monitor.mfu of the newest CUDA run
+                of this recipe under --runs-dir (RUNS_DIR/<recipe>*/summary.json;
+                the same precision preferred), or the measurement's own
+                measured.mfu when it ran on CUDA; else DEFAULT_MFU (0.30). The
+                output says which, per precision. An MFU measured on one GPU is
+                applied to all: a first-order guess, not a law.
+  epoch       = ceil(train_samples / batch_size) micro-batches (training only:
+                validation adds eval_samples forward passes, about a third of a
+                training sample's FLOPs each). Cost = hours * USD per GPU-hour.
+  feeding     host RAM = resident_bytes + LOADER_HOST_BATCHES batches of
+                sample_bytes (the loader's pinned staging); the dataset is read
+                from storage once when that fits in --host-ram-gib (Ember's
+                loaders hold the whole decoded dataset), else it would stream at
+                samples/s * disk_bytes / (train_samples + eval_samples).
+  data-parallel  ring all-reduce of gradient_bytes once per optimizer step:
+                t_allreduce = 2 (n - 1) / n * gradient_bytes / bandwidth, with
+                the per-GPU, per-direction bandwidth of the link (NVLink from the
+                table; PCIe x16 of the board's generation: Gen3 16, Gen4 32,
+                Gen5 64 GB/s; 25 GbE 3.125, 100 GbE 12.5, 400 Gb/s InfiniBand
+                50 GB/s, one NIC per GPU). No latency term and no overlap with
+                backward. It pays at n GPUs when the scaling efficiency
+                t_step / (t_step + t_allreduce) >= PAYS_EFFICIENCY (0.8), t_step
+                being one GPU's optimizer step at the config's per-GPU batch.
+                Datasheet bandwidths are peaks: NCCL reaches ~70-90% of them.
+  recommendation  among the (GPU, precision) rows where the config's batch fits:
+                the cheapest per run among priced rows; without prices the
+                fastest per epoch, and among rows within 5% of it (launch-bound
+                ones tie) the smallest GPU (lowest top peak). Several GPUs only
+                when data-parallel pays and a run on one takes an hour or more
+                (it never lowers the cost: n GPUs at efficiency e cost 1/e).
+                When nothing fits the batch: the GPU with the largest batch and
+                the accumulation that keeps the effective batch.
+
+MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
+  schema 1; recipe; device ("cpu" or "cuda:0"); device_name; threads
+  batch_size, epochs, accumulate_grad_batches, precision, optimizer: the config's
+  parameters, trainable_parameters
+  parameter_bytes, buffer_bytes
+  gradient_bytes         fp32 gradients of the trainable parameters: what
+                         data-parallel all-reduces per optimizer step
+  optimizer_state_bytes
+  forward_macs_per_sample
+  train_flops_per_sample forward + backward (6 x MACs unless the recipe knows better)
+  memory: {PRECISION: {"probes": [{"batch", "peak_bytes"}, ...],
+                       "fixed_bytes": F, "per_sample_bytes": A}}
+                         peak_bytes: device memory the training loop uses on top
+                         of what is resident before it (parameters, buffers,
+                         a resident dataset); peak(b) = F + b*A (fitted from the
+                         probes by least squares when F, A are absent). Keys:
+                         trainer.precision names. A missing tf32 uses fp32's
+                         numbers (same storage), a missing fp16-mixed
+                         bf16-mixed's (same widths), a missing mixed mode
+                         fp32's (an over-estimate of activations, usually);
+                         the output says so.
+  memory_method          "CPU allocator statistics" or "CUDA caching allocator peak"
+  dataset: {train_samples, eval_samples, sample_bytes (input + target per
+            sample as batches carry them), disk_bytes (0 = unknown), disk_path,
+            resident_bytes (host memory the loaded dataset holds),
+            device_resident (optional, default false: the config keeps the
+            dataset in GPU memory, data.resident)}
+  measured: {samples_per_second, step_seconds, batch, mfu (or null),
+             peak_flops, peak_source}: training speed on the measuring machine
+  verify (optional): {batch, precision, predicted_peak_bytes,
+             measured_peak_bytes, resident_bytes}: the fit checked at the
+             config's batch (plan.verify=true); shown when present
+
+JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
+  "assumptions": {...}, "mfu": {PRECISION: {value, source ("--mfu", "run",
+            "measurement" or "default"), run, precision_measured, text}},
+  "memory_models": {PRECISION: {fixed_bytes, per_sample_bytes, source}},
+  "rows": [{gpu, precision, fits, largest_batch, step_seconds, epoch_seconds,
+            usd_per_epoch, usd_per_run, ...}], "feeding": {...},
+  "data_parallel": {rule, gradient_bytes, gpus: [{gpu, precision, step_seconds,
+            links: [{link, gb_s, counts: [{n, allreduce_seconds, efficiency,
+            speedup, pays}]}]}]},
+  "recommendation": {gpu, precision, text, reasons}, "notes": [...]}
+Seconds, bytes and USD are plain numbers; null = not applicable (no price, no fit).
+
+Exit status: 0 planned, 1 bad input (the message names the file and key), 2 usage.
+"""
+import argparse
+import glob
+import json
+import math
+import sys
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GIB = 1024**3
+MIB = 1024**2
+CONTEXT_GIB = 0.5  # CUDA context + library handles: device memory no allocator statistic counts
+DEFAULT_MFU = 0.30  # a well-fed mid-sized model in eager LibTorch; small models get far less
+DEFAULT_MARGIN = 0.10  # of the GPU's memory kept free: fragmentation, usable < sold, allocator slack
+STEP_FLOOR_MS = 1.0  # an eager training step's kernel launches: a GPU step is never faster
+PAYS_EFFICIENCY = 0.8  # data-parallel pays at n GPUs when t_step / (t_step + t_allreduce) >= this
+LOADER_HOST_BATCHES = 3  # host staging: 2 prefetched batches (TensorLoader on CUDA) + 1 being gathered
+DEFAULT_HOST_RAM_GIB = 16.0  # a small one-GPU cloud instance (e.g. 4 vCPUs, 16 GiB)
+NEAR_TIE = 0.05  # rows within 5% of the fastest epoch count as equally fast
+DP_WORTH_SECONDS = 3600.0  # recommend several GPUs only for a run of an hour or more on one
+GPU_COUNTS = (2, 4, 8)
+PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
+PEAK_KEYS = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "bf16-mixed": "bf16_tflops",
+             "fp16-mixed": "fp16_tflops"}
+PCIE_GB_S = {3: 16.0, 4: 32.0, 5: 64.0}  # x16, per direction (the datasheets' bidirectional figure halved)
+NETWORKS = (("25 GbE", 25 / 8), ("100 GbE", 100 / 8), ("400G IB", 400 / 8))  # GB/s per GPU, one NIC each
+GPU_FIELDS = ("memory_gib", "hbm_gb_s", "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops",
+              "nvlink_gb_s", "pcie_gen")
+DEFAULT_GPUS = Path(__file__).resolve().parent / "plan" / "gpus.toml"
+
+
+class PlanError(Exception):
+    """Bad input: the message says where, what, and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Arithmetic: pure functions of numbers, unit-tested (tests/tools/plan_test.py).
+
+def allreduce_seconds(nbytes, n_gpus, bandwidth_bytes_per_s):
+    """Ring all-reduce of `nbytes` over `n_gpus`: each GPU sends and receives 2 (n-1)/n of the
+    buffer (reduce-scatter, then all-gather) over its link of `bandwidth_bytes_per_s` per
+    direction. No latency term. 0 for one GPU."""
+    if n_gpus <= 1:
+        return 0.0
+    return 2.0 * (n_gpus - 1) / n_gpus * nbytes / bandwidth_bytes_per_s
+
+
+def scaling_efficiency(step_seconds, allreduce_s):
+    """Share of a data-parallel step spent computing, with no overlap: t / (t + t_allreduce)."""
+    return step_seconds / (step_seconds + allreduce_s)
+
+
+def memory_needed(batch, fixed_bytes, per_sample_bytes, resident_bytes, context_bytes):
+    """Device bytes a training run needs at micro-batch `batch`: context + resident + F + b*A.
+    `resident_bytes`: what sits on the device before the loop (parameters, buffers, a
+    device-resident dataset)."""
+    return context_bytes + resident_bytes + fixed_bytes + batch * per_sample_bytes
+
+
+def memory_budget(memory_gib, margin):
+    """Bytes a run may use on a GPU sold with `memory_gib`, keeping `margin` of it free."""
+    return (1.0 - margin) * memory_gib * GIB
+
+
+def largest_batch(budget_bytes, fixed_bytes, per_sample_bytes, resident_bytes, context_bytes):
+    """The largest batch b with memory_needed(b) <= budget_bytes; 0 when not even one sample fits."""
+    room = budget_bytes - context_bytes - resident_bytes - fixed_bytes
+    if room < per_sample_bytes:
+        return 0
+    return int(room // per_sample_bytes)
+
+
+def step_seconds(batch, flops_per_sample, peak_flops, mfu, floor_seconds, accumulate=1):
+    """(seconds per optimizer step, launch_bound): `accumulate` micro-batches of `batch`
+    samples, each max(math at peak * mfu, floor); launch_bound when the floor won."""
+    math_seconds = batch * flops_per_sample / (peak_flops * mfu)
+    return accumulate * max(math_seconds, floor_seconds), math_seconds < floor_seconds
+
+
+def epoch_seconds(train_samples, batch, flops_per_sample, peak_flops, mfu, floor_seconds):
+    """One pass over `train_samples` in ceil(train_samples / batch) micro-batches."""
+    per_batch, _ = step_seconds(batch, flops_per_sample, peak_flops, mfu, floor_seconds)
+    return math.ceil(train_samples / batch) * per_batch
+
+
+def cost_usd(seconds, usd_per_hour):
+    """What `seconds` on one GPU cost at `usd_per_hour`; None without a price."""
+    return None if usd_per_hour is None else seconds / 3600.0 * usd_per_hour
+
+
+def fit_memory(probes):
+    """(F, A) of peak(b) = F + b*A by least squares over [{"batch", "peak_bytes"}, ...]
+    (two or more different batches)."""
+    xs = [float(p["batch"]) for p in probes]
+    ys = [float(p["peak_bytes"]) for p in probes]
+    if len(set(xs)) < 2:
+        raise ValueError("needs probes at two or more different batch sizes")
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def host_ram_bytes(resident_bytes, batch, sample_bytes, staged_batches=LOADER_HOST_BATCHES):
+    """Host memory to keep a GPU fed: the loaded dataset plus the loader's staged batches."""
+    return resident_bytes + staged_batches * batch * sample_bytes
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs
+
+def _where(path, key):
+    return f"{path}: '{key}'"
+
+
+def _number(obj, key, path, minimum=None, integer=False):
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PlanError(f"{_where(path, key)}: expected a number, got {json.dumps(value)} (is this a "
+                        f"`RECIPE --measure` file of schema 1? rerun the measurement)")
+    if integer and value != int(value):
+        raise PlanError(f"{_where(path, key)}: expected a whole number, got {value}")
+    if minimum is not None and value < minimum:
+        raise PlanError(f"{_where(path, key)}: {value} is below {minimum}")
+    return int(value) if integer else float(value)
+
+
+def load_measurement(path):
+    """MEASURE.json, checked: a dict with the schema-1 keys this script reads."""
+    path = Path(path)
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"{path}: not found (write it with `RECIPE --measure {path}`)") from None
+    except (OSError, ValueError) as e:
+        raise PlanError(f"{path}: not readable as JSON ({e})") from None
+    if not isinstance(m, dict):
+        raise PlanError(f"{path}: a JSON {type(m).__name__}, expected an object")
+    if m.get("schema") != 1:
+        raise PlanError(f"{_where(path, 'schema')}: {json.dumps(m.get('schema'))}, this plan.py reads "
+                        f"schema 1 (update tools/plan.py or remeasure)")
+    for key in ("recipe", "device", "precision"):
+        if not isinstance(m.get(key), str):
+            raise PlanError(f"{_where(path, key)}: expected a string, got {json.dumps(m.get(key))}")
+    for key in ("batch_size", "epochs", "accumulate_grad_batches"):
+        _number(m, key, path, minimum=1, integer=True)
+    for key in ("parameters", "parameter_bytes", "buffer_bytes", "gradient_bytes", "optimizer_state_bytes"):
+        _number(m, key, path, minimum=0)
+    _number(m, "train_flops_per_sample", path, minimum=1)
+    data = m.get("dataset")
+    if not isinstance(data, dict):
+        raise PlanError(f"{_where(path, 'dataset')}: expected an object")
+    _number(data, "train_samples", f"{path}: dataset", minimum=1, integer=True)
+    for key in ("eval_samples", "sample_bytes", "disk_bytes", "resident_bytes"):
+        _number(data, key, f"{path}: dataset", minimum=0)
+    memory = m.get("memory")
+    if not isinstance(memory, dict) or not memory:
+        raise PlanError(f"{_where(path, 'memory')}: expected an object with at least 'fp32'")
+    for name, entry in memory.items():
+        where = f"{path}: memory.{name}"
+        if not isinstance(entry, dict):
+            raise PlanError(f"{where}: expected an object")
+        if "fixed_bytes" not in entry or "per_sample_bytes" not in entry:
+            try:
+                entry["fixed_bytes"], entry["per_sample_bytes"] = fit_memory(entry.get("probes") or [])
+            except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+                raise PlanError(f"{where}: no fixed_bytes/per_sample_bytes and the probes cannot give "
+                                f"them ({e})") from None
+        _number(entry, "fixed_bytes", where)
+        if _number(entry, "per_sample_bytes", where) <= 0:
+            raise PlanError(f"{where}: per_sample_bytes {entry['per_sample_bytes']} must be positive "
+                            f"(probes too close together? measure at batches further apart: "
+                            f"plan.probe_small, plan.probe_large)")
+    return m
+
+
+def load_gpus(path):
+    """The GPU table: a list of dicts with GPU_FIELDS, name and source checked."""
+    path = Path(path)
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"{path}: not found (pass --gpus FILE; the default is {DEFAULT_GPUS})") from None
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise PlanError(f"{path}: not a readable TOML file ({e})") from None
+    gpus = table.get("gpu")
+    if not isinstance(gpus, list) or not gpus:
+        raise PlanError(f"{path}: no [[gpu]] tables")
+    names = set()
+    for i, gpu in enumerate(gpus):
+        where = f"{path}: gpu #{i + 1}"
+        if not isinstance(gpu.get("name"), str) or not gpu["name"]:
+            raise PlanError(f"{where}: 'name' missing")
+        where = f"{path}: gpu '{gpu['name']}'"
+        if gpu["name"].lower() in names:
+            raise PlanError(f"{where}: the name appears twice")
+        names.add(gpu["name"].lower())
+        for key in GPU_FIELDS:
+            _number(gpu, key, where, minimum=0)
+        if gpu["memory_gib"] <= 0 or gpu["fp32_tflops"] <= 0:
+            raise PlanError(f"{where}: memory_gib and fp32_tflops must be positive")
+        if int(gpu["pcie_gen"]) not in PCIE_GB_S:
+            raise PlanError(f"{where}: pcie_gen {gpu['pcie_gen']}: expected one of {sorted(PCIE_GB_S)}")
+        if "usd_per_hour" in gpu:
+            _number(gpu, "usd_per_hour", where, minimum=0)
+    return gpus
+
+
+def parse_prices(items, gpus):
+    """["L4=0.8", "H100=2.5", ...] -> {"L4": 0.8, "H100-SXM": 2.5, "H100-PCIe": 2.5}, keyed by the
+    table's spelling. A name matches a row exactly, or every row of its family (H100 -> H100-SXM
+    and H100-PCIe); an exact name wins over its family's price whatever the order."""
+    names = [g["name"] for g in gpus]
+    family, exact = {}, {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        key = name.strip().lower()
+        if not sep or not key:
+            raise PlanError(f"--price {item}: expected GPU=USD_PER_HOUR (e.g. --price L4=0.80)")
+        try:
+            usd = float(value)
+        except ValueError:
+            usd = math.nan
+        if not math.isfinite(usd) or usd < 0:
+            raise PlanError(f"--price {item}: '{value}' is not a price in USD per hour")
+        matches = [n for n in names if n.lower() == key]
+        if matches:
+            exact[matches[0]] = usd
+            continue
+        matches = [n for n in names if n.lower().startswith(key + "-")]
+        if not matches:
+            raise PlanError(f"--price {item}: no GPU '{name}' in the table; known: {', '.join(names)}")
+        family.update((n, usd) for n in matches)
+    return {**family, **exact}
+
+
+@dataclass
+class Calibration:
+    """An MFU measured on a GPU: a run folder's summary.json or the measurement itself."""
+    value: float
+    source: str  # "--mfu", "run", "measurement" or "default"
+    precision: str | None = None  # the precision it was measured in
+    run: str | None = None  # the run folder, for source "run"
+    device: str | None = None
+
+
+def find_run_calibrations(runs_dir, recipe):
+    """CUDA runs of `recipe` under `runs_dir` with a monitor.mfu, newest first."""
+    found = []
+    for summary_path in glob.glob(str(Path(runs_dir) / (glob.escape(recipe) + "*") / "summary.json")):
+        summary_path = Path(summary_path)
+        try:
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+            mtime = summary_path.stat().st_mtime
+        except (OSError, ValueError):
+            continue  # an unreadable summary is no calibration; report.py is the place to complain
+        if not isinstance(summary, dict) or summary.get("recipe", recipe) != recipe:
+            continue
+        device = summary.get("device")
+        mfu = (summary.get("monitor") or {}).get("mfu") if isinstance(summary.get("monitor"), dict) else None
+        if not (isinstance(device, str) and device.startswith("cuda")):
+            continue
+        if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
+            continue
+        found.append((mtime, Calibration(float(mfu), "run", summary.get("precision"),
+                                         str(summary_path.parent), device)))
+    found.sort(key=lambda t: (t[0], t[1].run), reverse=True)
+    return [c for _, c in found]
+
+
+def choose_mfu(precision, mfu_flag, runs, measurement):
+    """The MFU for one precision: --mfu; a run of that precision; the measurement's own when it
+    ran on CUDA in that precision; a run of another precision; the measurement in another;
+    DEFAULT_MFU."""
+    if mfu_flag is not None:
+        return Calibration(mfu_flag, "--mfu")
+    measured = measurement.get("measured") or {}
+    mine = None
+    if str(measurement.get("device", "")).startswith("cuda"):
+        value = measured.get("mfu")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1:
+            mine = Calibration(float(value), "measurement", measurement["precision"], None,
+                               measurement["device"])
+    for candidates in ([c for c in runs if c.precision == precision],
+                       [mine] if mine and mine.precision == precision else [], runs, [mine] if mine else []):
+        if candidates:
+            return candidates[0]
+    return Calibration(DEFAULT_MFU, "default")
+
+
+def describe_mfu(cal):
+    if cal.source == "--mfu":
+        return "--mfu"
+    if cal.source == "default":
+        return "default: no CUDA run with monitor.mfu found"
+    where = f"run {cal.run}" if cal.source == "run" else "this measurement"
+    return f"calibrated: {where} ({cal.device}, {cal.precision})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The plan
+
+@dataclass
+class Row:
+    gpu: str
+    precision: str
+    memory_gib: float
+    peak_tflops: float
+    mfu: float
+    memory_needed_bytes: float  # at the config's batch
+    memory_budget_bytes: float
+    fits: bool
+    largest_batch: int
+    step_seconds: float  # one optimizer step (accumulate micro-batches) on one GPU
+    launch_bound: bool
+    epoch_seconds: float
+    samples_per_second: float
+    usd_per_hour: float | None
+    usd_per_epoch: float | None
+    usd_per_run: float | None
+    memory_source: str
+
+
+def memory_model(measurement, precision):
+    """(F, A, source) for a precision, falling back as the docstring says."""
+    memory = measurement["memory"]
+    if precision in memory:
+        return memory[precision]["fixed_bytes"], memory[precision]["per_sample_bytes"], "measured"
+    if precision == "tf32" and "fp32" in memory:
+        return memory["fp32"]["fixed_bytes"], memory["fp32"]["per_sample_bytes"], "fp32's numbers (same storage)"
+    if precision == "fp16-mixed" and "bf16-mixed" in memory:
+        e = memory["bf16-mixed"]
+        return e["fixed_bytes"], e["per_sample_bytes"], "bf16-mixed's numbers (not measured; same widths)"
+    if "fp32" in memory:
+        e = memory["fp32"]
+        return (e["fixed_bytes"], e["per_sample_bytes"],
+                "fp32's numbers (not measured; usually an over-estimate for a mixed mode)")
+    other = next(iter(memory))
+    e = memory[other]
+    return e["fixed_bytes"], e["per_sample_bytes"], f"{other}'s numbers (not measured)"
+
+
+def device_resident_bytes(m):
+    """Bytes on the device before the loop: parameters, buffers, a device-resident dataset."""
+    data = m["dataset"]
+    resident = m["parameter_bytes"] + m["buffer_bytes"]
+    if data.get("device_resident") is True:
+        resident += data["resident_bytes"]
+    return resident
+
+
+def plan_rows(m, gpus, prices, mfus, margin, context_bytes, floor_seconds, precisions):
+    batch, accumulate = m["batch_size"], m["accumulate_grad_batches"]
+    flops = m["train_flops_per_sample"]
+    train_samples = m["dataset"]["train_samples"]
+    resident = device_resident_bytes(m)
+    rows = []
+    for gpu in gpus:
+        for precision in precisions:
+            peak_tflops = float(gpu[PEAK_KEYS[precision]])
+            if peak_tflops <= 0:
+                continue  # no such math on the board (bf16 before Ampere)
+            if precision == "tf32" and peak_tflops <= gpu["fp32_tflops"]:
+                continue  # no TF32 tensor cores: tf32 is fp32 there
+            fixed, per_sample, source = memory_model(m, precision)
+            budget = memory_budget(gpu["memory_gib"], margin)
+            needed = memory_needed(batch, fixed, per_sample, resident, context_bytes)
+            mfu = mfus[precision].value
+            peak = peak_tflops * 1e12
+            step, bound = step_seconds(batch, flops, peak, mfu, floor_seconds, accumulate)
+            epoch = epoch_seconds(train_samples, batch, flops, peak, mfu, floor_seconds)
+            price = prices.get(gpu["name"], gpu.get("usd_per_hour"))
+            per_epoch = cost_usd(epoch, price)
+            rows.append(Row(
+                gpu=gpu["name"], precision=precision, memory_gib=float(gpu["memory_gib"]),
+                peak_tflops=peak_tflops, mfu=mfu, memory_needed_bytes=needed, memory_budget_bytes=budget,
+                fits=needed <= budget,
+                largest_batch=largest_batch(budget, fixed, per_sample, resident, context_bytes),
+                step_seconds=step, launch_bound=bound, epoch_seconds=epoch,
+                samples_per_second=train_samples / epoch, usd_per_hour=price, usd_per_epoch=per_epoch,
+                usd_per_run=None if per_epoch is None else per_epoch * m["epochs"], memory_source=source))
+    return rows
+
+
+def links_of(gpu):
+    """[(name, GB/s per GPU per direction)] a data-parallel group of this GPU could use."""
+    links = []
+    if gpu["nvlink_gb_s"] > 0:
+        links.append(("NVLink", float(gpu["nvlink_gb_s"])))
+    gen = int(gpu["pcie_gen"])
+    links.append((f"PCIe Gen{gen}", PCIE_GB_S[gen]))
+    links.extend(NETWORKS)
+    return links
+
+
+def best_row_per_gpu(rows, config_precision):
+    """Each GPU's fastest precision among rows that fit (ties: the preference order)."""
+    best = {}
+    for row in rows:
+        if not row.fits:
+            continue
+        key = (row.epoch_seconds, _precision_rank(row.precision, config_precision))
+        if row.gpu not in best or key < best[row.gpu][0]:
+            best[row.gpu] = (key, row)
+    return [r for _, r in best.values()]
+
+
+def _precision_rank(precision, config_precision):
+    """Tie-break: the config's own precision, then bf16 (no loss scaling), tf32, fp32, fp16."""
+    order = [config_precision] + [p for p in ("bf16-mixed", "tf32", "fp32", "fp16-mixed") if p != config_precision]
+    return order.index(precision) if precision in order else len(order)
+
+
+def data_parallel(m, gpus, best_rows):
+    by_name = {g["name"]: g for g in gpus}
+    out = []
+    for row in best_rows:
+        links = []
+        for name, gb_s in links_of(by_name[row.gpu]):
+            counts = []
+            for n in GPU_COUNTS:
+                t_ar = allreduce_seconds(m["gradient_bytes"], n, gb_s * 1e9)
+                eff = scaling_efficiency(row.step_seconds, t_ar)
+                counts.append({"n": n, "allreduce_seconds": t_ar, "efficiency": eff, "speedup": n * eff,
+                               "pays": eff >= PAYS_EFFICIENCY})
+            links.append({"link": name, "gb_s": gb_s, "counts": counts})
+        out.append({"gpu": row.gpu, "precision": row.precision, "step_seconds": row.step_seconds,
+                    "links": links})
+    return out
+
+
+def largest_paying(link):
+    paying = [c for c in link["counts"] if c["pays"]]
+    return paying[-1] if paying else None
+
+
+def feeding(m, rows, host_ram_gib, margin, gpus):
+    data = m["dataset"]
+    on_device = data.get("device_resident") is True
+    staged = 0 if on_device else LOADER_HOST_BATCHES
+    ram = host_ram_bytes(data["resident_bytes"], m["batch_size"], data["sample_bytes"], staged)
+    fits = ram <= (1.0 - margin) * host_ram_gib * GIB
+    fitting = [r for r in rows if r.fits]
+    fastest = max(fitting, key=lambda r: (r.samples_per_second, r.peak_tflops)) if fitting else None
+    out = {"host_ram_bytes": ram, "dataset_resident_bytes": data["resident_bytes"],
+           "loader_bytes": ram - data["resident_bytes"], "host_ram_gib": host_ram_gib,
+           "fits_in_host_ram": fits, "streams": data["resident_bytes"] <= 0 or not fits,
+           "disk_bytes": data["disk_bytes"], "device_resident": on_device,
+           "fastest": None}
+    if fastest is not None:
+        sps = fastest.samples_per_second
+        samples = data["train_samples"] + data["eval_samples"]
+        disk_per_sample = data["disk_bytes"] / samples if data["disk_bytes"] > 0 else None
+        pcie = PCIE_GB_S[int(next(g for g in gpus if g["name"] == fastest.gpu)["pcie_gen"])]
+        out["fastest"] = {"gpu": fastest.gpu, "precision": fastest.precision, "samples_per_second": sps,
+                          "host_to_device_bytes_per_s": 0.0 if on_device else sps * data["sample_bytes"],
+                          "pcie_gb_s": pcie,
+                          "storage_bytes_per_s_if_streamed": None if disk_per_sample is None
+                          else sps * disk_per_sample}
+    return out
+
+
+def recommend(m, rows, dp, config_precision):
+    """{"gpu", "precision", "text", "reasons"}: the rule of the docstring's "recommendation"."""
+    batch = m["batch_size"]
+    fitting = [r for r in rows if r.fits]
+    reasons = []
+
+    def run_seconds(r):
+        return r.epoch_seconds * m["epochs"]
+
+    def rank(r):
+        return _precision_rank(r.precision, config_precision)
+
+    if not fitting:
+        best = max(rows, key=lambda r: (r.largest_batch, -r.memory_gib), default=None)
+        if best is None or best.largest_batch == 0:
+            need = m["parameter_bytes"] + m["buffer_bytes"] + m["gradient_bytes"] + m["optimizer_state_bytes"]
+            text = (f"no GPU in the table fits even one sample: parameters, gradients and optimizer state "
+                    f"alone take {fmt_bytes(need)}; shard them (FSDP/ZeRO), or a smaller model or optimizer")
+            return {"gpu": None, "precision": None, "text": text, "reasons": []}
+        micro = best.largest_batch
+        accumulate = math.ceil(batch * m["accumulate_grad_batches"] / micro)
+        micro = math.ceil(batch * m["accumulate_grad_batches"] / accumulate)
+        text = (f"{best.gpu} {best.precision} with batch {micro} x {accumulate} accumulation: batch {batch} "
+                f"fits no GPU; the largest batch is {best.largest_batch} there")
+        reasons.append(f"set the batch size to {micro} and trainer.accumulate_grad_batches={accumulate} "
+                       f"(same effective batch)")
+        return {"gpu": best.gpu, "precision": best.precision, "text": text, "reasons": reasons}
+    priced = [r for r in fitting if r.usd_per_run is not None]
+    if priced:
+        pick = min(priced, key=lambda r: (r.usd_per_run, r.epoch_seconds, rank(r)))
+        reasons.append(f"cheapest per run ({fmt_usd(pick.usd_per_run)}, {fmt_seconds(run_seconds(pick))}) "
+                       f"of {len(priced)} priced rows where batch {batch} fits")
+    else:
+        fastest = min(r.epoch_seconds for r in fitting)
+        near = [r for r in fitting if r.epoch_seconds <= fastest * (1 + NEAR_TIE)]
+        top_peak = {}  # a GPU's highest peak over its precisions: how big (and dear) the board is
+        for r in rows:
+            top_peak[r.gpu] = max(top_peak.get(r.gpu, 0.0), r.peak_tflops)
+        pick = min(near, key=lambda r: (top_peak[r.gpu], r.memory_gib, r.epoch_seconds, rank(r)))
+        reasons.append(f"fastest ({fmt_seconds(pick.epoch_seconds)}/epoch, {fmt_seconds(run_seconds(pick))}"
+                       f"/run) where batch {batch} fits; no prices given (--price GPU=USD_PER_HOUR)")
+        if len(near) > 1:
+            reasons.append(f"{len(near)} rows are within {NEAR_TIE:.0%} of the fastest: this is the smallest "
+                           f"GPU of them")
+    if pick.precision != config_precision:
+        reasons.append(f"the config uses {config_precision}: run with trainer.precision={pick.precision}")
+    if pick.launch_bound:
+        reasons.append(f"launch-bound: a batch of {batch} holds less math than the "
+                       f"{fmt_seconds(pick.step_seconds / m['accumulate_grad_batches'])} step floor, so the real "
+                       f"MFU will be far below {pick.mfu:.2f} and a bigger GPU is no faster; a larger batch "
+                       f"(up to {pick.largest_batch:,} fits) would use it better")
+    gpus_used, via = 1, ""
+    entry = next((e for e in dp if e["gpu"] == pick.gpu and e["precision"] == pick.precision), None)
+    if entry is not None:
+        # The most GPUs that pay; at that count the first link in links_of's order (in-node first).
+        options = [(largest_paying(link), -i, link) for i, link in enumerate(entry["links"])]
+        options = [(c, i, link) for c, i, link in options if c is not None]
+        if not options:
+            first = entry["links"][0]
+            reasons.append(f"data-parallel does not pay (efficiency {first['counts'][0]['efficiency']:.2f} "
+                           f"at 2 GPUs over {first['link']})")
+        else:
+            c, _, link = max(options, key=lambda t: (t[0]["n"], t[1]))
+            scaling = (f"up to {c['n']} GPUs over {link['link']} (efficiency {c['efficiency']:.2f}: "
+                       f"{c['speedup']:.1f}x faster, {1 / c['efficiency'] - 1:.0%} dearer per run)")
+            if run_seconds(pick) >= DP_WORTH_SECONDS:
+                gpus_used, via = c["n"], f" over {link['link']}"
+                reasons.append(f"data-parallel pays {scaling}")
+            else:
+                reasons.append(f"one GPU: a run takes {fmt_seconds(run_seconds(pick))}; data-parallel "
+                               f"would pay {scaling} but saves little")
+    text = f"{pick.gpu}, {pick.precision}, {gpus_used} GPU{'s' if gpus_used > 1 else ''}{via}, batch {batch}"
+    return {"gpu": pick.gpu, "precision": pick.precision, "text": text, "reasons": reasons}
+
+
+def make_plan(m, gpus, prices, args, measurement_path):
+    runs = find_run_calibrations(args.runs_dir, m["recipe"]) if args.runs_dir else []
+    precisions = args.precision or list(PRECISIONS)
+    mfus = {p: choose_mfu(p, args.mfu, runs, m) for p in PRECISIONS}
+    context_bytes = args.context_gib * GIB
+    floor_seconds = args.step_floor_ms / 1000.0
+    if args.gpu:
+        wanted = {g.lower() for g in args.gpu}
+        known = {g["name"].lower() for g in gpus}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise PlanError(f"--gpu {', '.join(unknown)}: not in the table; known: "
+                            f"{', '.join(g['name'] for g in gpus)}")
+        gpus = [g for g in gpus if g["name"].lower() in wanted]
+    rows = plan_rows(m, gpus, prices, mfus, args.margin, context_bytes, floor_seconds, precisions)
+    if not rows:
+        raise PlanError(f"no GPU of the selection has the math of {', '.join(precisions)}")
+    dp = data_parallel(m, gpus, best_row_per_gpu(rows, m["precision"]))
+    notes = []
+    if (m.get("memory_method") or "").lower().startswith("cpu"):
+        notes.append("memory measured with CPU allocator statistics: a GPU adds cuDNN workspaces and "
+                     "caching-allocator rounding, so keep the margin")
+    if any(r.launch_bound for r in rows):
+        notes.append(f"rows marked * are launch-bound: the math of a batch takes less than the "
+                     f"{args.step_floor_ms:g} ms step floor, so their real MFU is far below the one assumed")
+    data = m["dataset"]
+    measured = m.get("measured") or {}
+    plan = {
+        "schema": 1,
+        "measurement": {
+            "path": str(measurement_path), "recipe": m["recipe"], "device": m["device"],
+            "device_name": m.get("device_name"), "threads": m.get("threads"),
+            "batch_size": m["batch_size"], "accumulate_grad_batches": m["accumulate_grad_batches"],
+            "epochs": m["epochs"], "precision": m["precision"], "optimizer": m.get("optimizer"),
+            "parameters": m["parameters"], "parameter_bytes": m["parameter_bytes"],
+            "gradient_bytes": m["gradient_bytes"], "optimizer_state_bytes": m["optimizer_state_bytes"],
+            "forward_macs_per_sample": m.get("forward_macs_per_sample"),
+            "train_flops_per_sample": m["train_flops_per_sample"],
+            "train_samples": data["train_samples"], "steps_per_epoch":
+                math.ceil(data["train_samples"] / (m["batch_size"] * m["accumulate_grad_batches"])),
+            "samples_per_second": measured.get("samples_per_second"),
+            "memory_method": m.get("memory_method"),
+            "verify": m.get("verify") if isinstance(m.get("verify"), dict) else None,
+        },
+        "assumptions": {
+            "margin": args.margin, "context_bytes": context_bytes, "step_floor_seconds": floor_seconds,
+            "default_mfu": DEFAULT_MFU, "pays_efficiency": PAYS_EFFICIENCY, "host_ram_gib": args.host_ram_gib,
+            "loader_host_batches": LOADER_HOST_BATCHES, "gpu_table": str(args.gpus),
+        },
+        "mfu": {p: {"value": mfus[p].value, "source": mfus[p].source, "run": mfus[p].run,
+                    "precision_measured": mfus[p].precision, "text": describe_mfu(mfus[p])}
+                for p in precisions},
+        "memory_models": {p: dict(zip(("fixed_bytes", "per_sample_bytes", "source"), memory_model(m, p)))
+                          for p in precisions},
+        "rows": [asdict(r) for r in rows],
+        "feeding": feeding(m, rows, args.host_ram_gib, args.margin, gpus),
+        "data_parallel": {
+            "rule": f"ring all-reduce 2(n-1)/n x gradient_bytes / link bandwidth, no overlap; pays when "
+                    f"t_step / (t_step + t_allreduce) >= {PAYS_EFFICIENCY}",
+            "gradient_bytes": m["gradient_bytes"], "gpus": dp},
+        "recommendation": recommend(m, rows, dp, m["precision"]),
+        "notes": notes,
+    }
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------------
+# Text output
+
+def fmt_bytes(n):
+    n = float(n)
+    if n >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    if n >= MIB:
+        return f"{n / MIB:.1f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.0f} KiB"
+    return f"{n:.0f} B"
+
+
+def fmt_rate(bytes_per_s):
+    return f"{bytes_per_s / 1e9:.2f} GB/s" if bytes_per_s >= 1e9 else f"{bytes_per_s / 1e6:.1f} MB/s"
+
+
+def fmt_seconds(s):
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def fmt_usd(x):
+    if x is None:
+        return "-"
+    if x >= 100:
+        return f"${x:,.0f}"
+    if x >= 0.995:
+        return f"${x:.2f}"
+    if x >= 0.001:
+        return f"${x:.3f}"
+    return "<$0.001"
+
+
+def fmt_si(x):
+    """29e6 -> "29.0 M": a count with a decimal prefix."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f} {prefix}"
+    return f"{x:.0f}"
+
+
+def fmt_count(n):
+    return f"{n:,.0f}"
+
+
+def table(headers, rows, right=()):
+    """Columns separated by two spaces; columns named in `right` right-aligned."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    lines = []
+    for cells in [headers] + rows:
+        parts = [str(c).rjust(w) if h in right else str(c).ljust(w) for c, w, h in zip(cells, widths, headers)]
+        lines.append("  ".join(parts).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render(plan):
+    ms, a = plan["measurement"], plan["assumptions"]
+    out = []
+    out.append(f"plan: {ms['recipe']}, measured on {ms.get('device_name') or ms['device']}  [{ms['path']}]")
+    macs = ms.get("forward_macs_per_sample")
+    out.append(f"  model      {fmt_count(ms['parameters'])} parameters ({fmt_bytes(ms['parameter_bytes'])}), "
+               + (f"{fmt_si(macs)} MACs forward, " if macs else "")
+               + f"{fmt_si(ms['train_flops_per_sample'])} FLOPs to train, per sample")
+    out.append(f"  config     batch {ms['batch_size']} x {ms['accumulate_grad_batches']} accumulation, "
+               f"{ms['epochs']} epochs, {ms['precision']}, {ms.get('optimizer') or '?'}; "
+               f"{fmt_count(ms['train_samples'])} samples = {fmt_count(ms['steps_per_epoch'])} steps/epoch")
+    if ms.get("samples_per_second"):
+        sps = ms["samples_per_second"]
+        out.append(f"  here       {fmt_count(sps)} samples/s on {ms['device']} = "
+                   f"{fmt_seconds(ms['train_samples'] / sps)}/epoch")
+    out.append(f"  memory     peak(b) = F + b*A ({ms.get('memory_method') or 'method not stated'}):")
+    for p, mm in plan["memory_models"].items():
+        source = "" if mm["source"] == "measured" else mm["source"]
+        out.append(f"               {p:<11} F {fmt_bytes(mm['fixed_bytes']):>9}  "
+                   f"A {fmt_bytes(mm['per_sample_bytes']):>9}/sample  {source}".rstrip())
+    v = ms.get("verify")
+    if v and all(isinstance(v.get(k), (int, float))
+                 for k in ("batch", "predicted_peak_bytes", "measured_peak_bytes")):
+        off = (v["predicted_peak_bytes"] - v["measured_peak_bytes"]) / max(v["measured_peak_bytes"], 1)
+        out.append(f"             checked at batch {v['batch']} ({v.get('precision', '?')}): F + b*A = "
+                   f"{fmt_bytes(v['predicted_peak_bytes'])}, measured {fmt_bytes(v['measured_peak_bytes'])} "
+                   f"({off:+.1%})")
+    out.append(f"             fits when {a['context_bytes'] / GIB:g} GiB CUDA context + parameters and buffers "
+               f"+ F + b*A <= {1 - a['margin']:.0%} of the GPU's memory")
+    texts = {}
+    for p, mfu in plan["mfu"].items():
+        texts.setdefault((mfu["value"], mfu["text"]), []).append(p)
+    parts = [f"{v:.3g} for {', '.join(ps) if len(ps) < len(plan['mfu']) else 'every precision'} ({t})"
+             for (v, t), ps in texts.items()]
+    out.append("  MFU        " + "; ".join(parts))
+    out.append(f"  step floor {a['step_floor_seconds'] * 1e3:g} ms per batch (kernel launches; --step-floor-ms)")
+
+    out.append("")
+    out.append(f"GPUs at batch {ms['batch_size']} per GPU (per-step and epoch times at the MFU above; "
+               f"* = launch-bound)")
+    priced = any(r["usd_per_hour"] is not None for r in plan["rows"])
+    headers = ["GPU", "GiB", "precision", "fits", "max batch", "TFLOP/s", "step", "epoch"]
+    headers += ["$/h", "$/epoch", "$/run"] if priced else []
+    body, last = [], None
+    for r in plan["rows"]:
+        timing = r["fits"]  # times and costs of a batch that does not fit would mislead
+        cells = [r["precision"], "yes" if r["fits"] else "no",
+                 fmt_count(r["largest_batch"]) if r["largest_batch"] else "none", f"{r['peak_tflops']:g}",
+                 (fmt_seconds(r["step_seconds"]) + ("*" if r["launch_bound"] else "")) if timing else "-",
+                 fmt_seconds(r["epoch_seconds"]) if timing else "-"]
+        if priced:
+            cells += [fmt_usd(r["usd_per_hour"]), fmt_usd(r["usd_per_epoch"]) if timing else "-",
+                      fmt_usd(r["usd_per_run"]) if timing else "-"]
+        if (r["gpu"] == last and r["precision"] == "fp16-mixed" and body[-1][2] == "bf16-mixed"
+                and body[-1][3:] == cells[1:]):
+            body[-1][2] = "bf16/fp16-mixed"  # the same numbers: one line
+            continue
+        body.append([r["gpu"] if r["gpu"] != last else "", f"{r['memory_gib']:g}" if r["gpu"] != last else ""]
+                    + cells)
+        last = r["gpu"]
+    out.append(table(headers, body, right={"GiB", "max batch", "TFLOP/s", "step", "epoch", "$/h", "$/epoch",
+                                           "$/run"}))
+    if not priced:
+        out.append("(no prices: --price GPU=USD_PER_HOUR adds cost per epoch and per run)")
+
+    f = plan["feeding"]
+    out.append("")
+    out.append("Feeding")
+    ram = (f"{fmt_bytes(f['dataset_resident_bytes'])} dataset + {fmt_bytes(f['loader_bytes'])} loader staging "
+           f"= {fmt_bytes(f['host_ram_bytes'])}")
+    if f["streams"]:
+        where = ("the recipe streams from storage" if f["dataset_resident_bytes"] <= 0
+                 else f"more than {f['host_ram_gib']:g} GiB (--host-ram-gib): it must stream from storage")
+        out.append(f"  host RAM   {ram}; {where}")
+    else:
+        read = fmt_bytes(f["disk_bytes"]) if f["disk_bytes"] > 0 else "its files"
+        out.append(f"  host RAM   {ram}:\n             fits in {f['host_ram_gib']:g} GiB (--host-ram-gib), "
+                   f"read from storage once ({read} at start)"
+                   + ("; the dataset then lives in GPU memory" if f["device_resident"] else ""))
+    if f["fastest"]:
+        x = f["fastest"]
+        h2d = ("dataset on the GPU: no copies" if f["device_resident"]
+               else f"{fmt_rate(x['host_to_device_bytes_per_s'])} host-to-device (PCIe: {x['pcie_gb_s']:g} GB/s)")
+        storage = ("storage rate unknown (disk_bytes 0)" if x["storage_bytes_per_s_if_streamed"] is None
+                   else f"storage {fmt_rate(x['storage_bytes_per_s_if_streamed'])}"
+                   + ("" if f["streams"] else " if it had to stream"))
+        out.append(f"  fastest    {x['gpu']} {x['precision']}: {fmt_count(x['samples_per_second'])} samples/s "
+                   f"need\n             {h2d}; {storage}")
+
+    dp = plan["data_parallel"]
+    if dp["gpus"]:
+        out.append("")
+        out.append(f"Data-parallel: {fmt_bytes(dp['gradient_bytes'])} of gradients all-reduced per step, at "
+                   f"each GPU's fastest precision")
+        out.append(f"  {dp['rule']}")
+        out.append("  cells: the most GPUs (of 2/4/8) that pay, with their efficiency; no = not even 2")
+        names = ["NVLink", "PCIe", "25 GbE", "100 GbE", "400G IB"]
+        body = []
+        for entry in dp["gpus"]:
+            cells = {("PCIe" if link["link"].startswith("PCIe") else link["link"]): link for link in entry["links"]}
+            row = [entry["gpu"], entry["precision"], fmt_seconds(entry["step_seconds"])]
+            for name in names:
+                link = cells.get(name)
+                if link is None:
+                    row.append("-")
+                    continue
+                best = largest_paying(link)
+                row.append(f"{best['n']}: {best['efficiency']:.2f}" if best
+                           else f"no: {link['counts'][0]['efficiency']:.2f}")
+            body.append(row)
+        out.append(table(["GPU", "precision", "step"] + names, body, right={"step"} | set(names)))
+        rec = plan["recommendation"]
+        detail = next((e for e in dp["gpus"] if (e["gpu"], e["precision"]) == (rec["gpu"], rec["precision"])),
+                      None)
+        if detail:
+            out.append(f"  {detail['gpu']} {detail['precision']} in detail: efficiency (speed-up) at n GPUs")
+            body = [[link["link"], f"{link['gb_s']:g}"]
+                    + [f"{c['efficiency']:.2f} ({c['speedup']:.1f}x)" for c in link["counts"]]
+                    for link in detail["links"]]
+            out.append("\n".join("  " + line for line in table(
+                ["link", "GB/s"] + [f"n={n}" for n in GPU_COUNTS], body,
+                right={"GB/s"} | {f"n={n}" for n in GPU_COUNTS}).split("\n")))
+
+    for note in plan["notes"]:
+        out.append(f"note: {note}")
+    rec = plan["recommendation"]
+    out.append("")
+    out.append(f"Recommendation: {rec['text']}" + (f": {'; '.join(rec['reasons'])}" if rec["reasons"] else ""))
+    return "\n".join(out)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="GPU-rental plan from a `RECIPE --measure` file; the top of "
+                                            "tools/plan.py documents the model, its constants and both JSON "
+                                            "formats (tools/ember plan --help prints it).")
+    p.add_argument("measurement", type=Path, help="MEASURE.json written by `RECIPE --measure`")
+    p.add_argument("--gpus", type=Path, default=DEFAULT_GPUS, help="GPU table (default: tools/plan/gpus.toml)")
+    p.add_argument("--price", action="append", default=[], metavar="GPU=USD_PER_HOUR",
+                   help="price of one GPU-hour; repeat per GPU (overrides the table's usd_per_hour)")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"share of GPU memory kept free (default {DEFAULT_MARGIN})")
+    p.add_argument("--mfu", type=float, default=None,
+                   help=f"assumed model FLOPs utilisation (default: calibrated from a CUDA run, else "
+                        f"{DEFAULT_MFU})")
+    p.add_argument("--runs-dir", default="runs",
+                   help="run folders to calibrate the MFU from (default runs; '' = none)")
+    p.add_argument("--context-gib", type=float, default=CONTEXT_GIB,
+                   help=f"CUDA context overhead per GPU, GiB (default {CONTEXT_GIB})")
+    p.add_argument("--step-floor-ms", type=float, default=STEP_FLOOR_MS,
+                   help=f"least time of a training step on a GPU, ms (default {STEP_FLOOR_MS})")
+    p.add_argument("--host-ram-gib", type=float, default=DEFAULT_HOST_RAM_GIB,
+                   help=f"host RAM per GPU of the instance, GiB (default {DEFAULT_HOST_RAM_GIB:g})")
+    p.add_argument("--gpu", action="append", default=[], metavar="NAME", help="only this GPU; repeatable")
+    p.add_argument("--precision", action="append", choices=PRECISIONS, help="only this precision; repeatable")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--no-color", action="store_true", help="accepted for tools/ember; the output has no colour")
+    args = p.parse_args(argv)
+    if not 0 <= args.margin < 1:
+        p.error(f"--margin {args.margin}: expected 0 <= margin < 1 (0.10 keeps 10%% free)")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        p.error(f"--mfu {args.mfu}: expected 0 < MFU <= 1 (0.30 = 30%% of the peak)")
+    if args.context_gib < 0 or args.step_floor_ms < 0 or args.host_ram_gib <= 0:
+        p.error("--context-gib and --step-floor-ms must be >= 0, --host-ram-gib > 0")
+    if args.precision:
+        args.precision = [p for p in PRECISIONS if p in args.precision]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        m = load_measurement(args.measurement)
+        gpus = load_gpus(args.gpus)
+        prices = parse_prices(args.price, gpus)
+        plan = make_plan(m, gpus, prices, args, args.measurement)
+    except PlanError as e:
+        print(f"[plan] error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(plan, indent=1) if args.json else render(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
