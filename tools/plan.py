@@ -37,11 +37,16 @@ The model (every constant is a flag or a documented default)
   step time   = max(samples * train_flops_per_sample / (peak * MFU), step floor)
                 per micro-batch, times accumulate_grad_batches per optimizer step.
                 peak: the table's dense TFLOP/s of the precision's math (fp32:
-                plain FMA; tf32/bf16/fp16: tensor cores). The step floor
-                (--step-floor-ms, default 1 ms) is what an eager step of launched
-                kernels costs however little math it holds: below it a GPU is
-                launch-bound, the real MFU falls far below the assumed one, and
-                a bigger GPU is no faster.
+                plain FMA; tf32/bf16/fp16: tensor cores). The step floor is
+                what an eager step of launched kernels costs however little
+                math it holds: below it a GPU is launch-bound, the real MFU
+                falls far below the assumed one, and a bigger GPU is no faster.
+                It is (3 x forward_graph_nodes + 4 x parameter_tensors) x
+                --launch-us (default 5 us) when the measurement counted them
+                (each autograd node of the forward: its kernel and about two
+                in backward; LibTorch's optimizers: about four kernels per
+                parameter tensor), else --step-floor-ms (default 1 ms), which
+                also overrides the count when given.
   MFU         --mfu if given; else calibrated: monitor.mfu of the newest CUDA run
                 of this recipe under --runs-dir (RUNS_DIR/<recipe>*/summary.json;
                 the same precision preferred), or the measurement's own
@@ -136,7 +141,21 @@ MIB = 1024**2
 CONTEXT_GIB = 0.5  # CUDA context + library handles: device memory no allocator statistic counts
 DEFAULT_MFU = 0.30  # a well-fed mid-sized model in eager LibTorch; small models get far less
 DEFAULT_MARGIN = 0.10  # of the GPU's memory kept free: fragmentation, usable < sold, allocator slack
-STEP_FLOOR_MS = 1.0  # an eager training step's kernel launches: a GPU step is never faster
+STEP_FLOOR_MS = 1.0  # an eager training step's kernel launches, when the measurement did not count them
+LAUNCH_US = 5.0  # LibTorch dispatch + cudaLaunchKernel per op, eager C++ (several us; Python adds ~5 more)
+
+
+def step_floor(m, step_floor_ms, launch_us):
+    """(seconds, how) of the least time of one eager training step on a GPU: kernels counted from
+    the measurement's forward graph and parameter tensors, or the --step-floor-ms constant."""
+    if step_floor_ms is not None:
+        return step_floor_ms / 1000.0, "--step-floor-ms"
+    nodes, tensors = m.get("forward_graph_nodes"), m.get("parameter_tensors")
+    if isinstance(nodes, int) and isinstance(tensors, int) and nodes > 0:
+        kernels = 3 * nodes + 4 * tensors
+        return kernels * launch_us * 1e-6, (f"~{kernels} kernels: 3 x {nodes} forward graph nodes + 4 x {tensors} "
+                                             f"parameter tensors, x {launch_us:g} us; --launch-us, --step-floor-ms")
+    return STEP_FLOOR_MS / 1000.0, "kernel launches, not counted in this measurement; --step-floor-ms"
 PAYS_EFFICIENCY = 0.8  # data-parallel pays at n GPUs when t_step / (t_step + t_allreduce) >= this
 LOADER_HOST_BATCHES = 3  # host staging: 2 prefetched batches (TensorLoader on CUDA) + 1 being gathered
 DEFAULT_HOST_RAM_GIB = 16.0  # a small one-GPU cloud instance (e.g. 4 vCPUs, 16 GiB)
@@ -663,7 +682,7 @@ def make_plan(m, gpus, prices, args, measurement_path):
     precisions = args.precision or list(PRECISIONS)
     mfus = {p: choose_mfu(p, args.mfu, runs, m) for p in PRECISIONS}
     context_bytes = args.context_gib * GIB
-    floor_seconds = args.step_floor_ms / 1000.0
+    floor_seconds, floor_text = step_floor(m, args.step_floor_ms, args.launch_us)
     if args.gpu:
         wanted = {g.lower() for g in args.gpu}
         known = {g["name"].lower() for g in gpus}
@@ -682,7 +701,7 @@ def make_plan(m, gpus, prices, args, measurement_path):
                      "caching-allocator rounding, so keep the margin")
     if any(r.launch_bound for r in rows):
         notes.append(f"rows marked * are launch-bound: the math of a batch takes less than the "
-                     f"{args.step_floor_ms:g} ms step floor, so their real MFU is far below the one assumed")
+                     f"{floor_seconds * 1e3:.3g} ms step floor, so their real MFU is far below the one assumed")
     data = m["dataset"]
     measured = m.get("measured") or {}
     plan = {
@@ -704,6 +723,7 @@ def make_plan(m, gpus, prices, args, measurement_path):
         },
         "assumptions": {
             "margin": args.margin, "context_bytes": context_bytes, "step_floor_seconds": floor_seconds,
+            "step_floor": floor_text,
             "default_mfu": DEFAULT_MFU, "pays_efficiency": PAYS_EFFICIENCY, "host_ram_gib": args.host_ram_gib,
             "loader_host_batches": LOADER_HOST_BATCHES, "gpu_table": str(args.gpus),
         },
@@ -824,7 +844,7 @@ def render(plan):
     parts = [f"{v:.3g} for {', '.join(ps) if len(ps) < len(plan['mfu']) else 'every precision'} ({t})"
              for (v, t), ps in texts.items()]
     out.append("  MFU        " + "; ".join(parts))
-    out.append(f"  step floor {a['step_floor_seconds'] * 1e3:g} ms per batch (kernel launches; --step-floor-ms)")
+    out.append(f"  step floor {a['step_floor_seconds'] * 1e3:.3g} ms per batch ({a['step_floor']})")
 
     out.append("")
     out.append(f"GPUs at batch {ms['batch_size']} per GPU (per-step and epoch times at the MFU above; "
@@ -937,8 +957,11 @@ def parse_args(argv):
                    help="run folders to calibrate the MFU from (default runs; '' = none)")
     p.add_argument("--context-gib", type=float, default=CONTEXT_GIB,
                    help=f"CUDA context overhead per GPU, GiB (default {CONTEXT_GIB})")
-    p.add_argument("--step-floor-ms", type=float, default=STEP_FLOOR_MS,
-                   help=f"least time of a training step on a GPU, ms (default {STEP_FLOOR_MS})")
+    p.add_argument("--step-floor-ms", type=float, default=None,
+                   help="least time of a training step on a GPU, ms (default: counted kernels x --launch-us, "
+                        f"else {STEP_FLOOR_MS})")
+    p.add_argument("--launch-us", type=float, default=LAUNCH_US,
+                   help=f"host cost of one kernel launch in an eager LibTorch step, us (default {LAUNCH_US:g})")
     p.add_argument("--host-ram-gib", type=float, default=DEFAULT_HOST_RAM_GIB,
                    help=f"host RAM per GPU of the instance, GiB (default {DEFAULT_HOST_RAM_GIB:g})")
     p.add_argument("--gpu", action="append", default=[], metavar="NAME", help="only this GPU; repeatable")
@@ -950,8 +973,8 @@ def parse_args(argv):
         p.error(f"--margin {args.margin}: expected 0 <= margin < 1 (0.10 keeps 10%% free)")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         p.error(f"--mfu {args.mfu}: expected 0 < MFU <= 1 (0.30 = 30%% of the peak)")
-    if args.context_gib < 0 or args.step_floor_ms < 0 or args.host_ram_gib <= 0:
-        p.error("--context-gib and --step-floor-ms must be >= 0, --host-ram-gib > 0")
+    if args.context_gib < 0 or (args.step_floor_ms or 0) < 0 or args.launch_us < 0 or args.host_ram_gib <= 0:
+        p.error("--context-gib, --step-floor-ms and --launch-us must be >= 0, --host-ram-gib > 0")
     if args.precision:
         args.precision = [p for p in PRECISIONS if p in args.precision]
     return args

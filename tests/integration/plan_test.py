@@ -91,6 +91,9 @@ def main():
     check(m["parameter_bytes"] == 4 * params and m["gradient_bytes"] == 4 * params, m)
     # SGD with momentum: one buffer per parameter.
     check(m["optimizer_state_bytes"] == 4 * params, (m["optimizer_state_bytes"], params))
+    # 4 convolution weights, 4 x 2 batch-norm tensors, 2 x 2 linear ones; a forward graph of some dozens of nodes.
+    check(m["parameter_tensors"] == 16 and 20 <= m["forward_graph_nodes"] <= 200,
+          (m["parameter_tensors"], m["forward_graph_nodes"]))
     check(m["dataset"]["train_samples"] == 1024 and m["dataset"]["eval_samples"] == 256, m["dataset"])
     # 28x28 float images as the loader hands them (normalised on the CPU) and int64 labels.
     check(m["dataset"]["sample_bytes"] in (784 + 8, 784 * 4 + 8), m["dataset"])

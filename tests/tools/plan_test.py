@@ -86,6 +86,15 @@ class Arithmetic(unittest.TestCase):
         # 6 GB of gradients on 8 H100s over NVLink (450 GB/s): 1.75 * 6e9 / 450e9 = 0.0233 s.
         self.assertAlmostEqual(plan.allreduce_seconds(6e9, 8, 450e9), 0.023333333333, places=9)
 
+    def test_step_floor_from_counted_kernels(self):
+        # 40 forward graph nodes and 18 parameter tensors: 3 * 40 + 4 * 18 = 192 kernels x 5 us = 0.96 ms.
+        floor, how = plan.step_floor({"forward_graph_nodes": 40, "parameter_tensors": 18}, None, 5.0)
+        self.assertAlmostEqual(floor, 192 * 5e-6, places=15)
+        self.assertIn("192 kernels", how)
+        self.assertEqual(plan.step_floor({"forward_graph_nodes": 40, "parameter_tensors": 18}, 2.5, 5.0)[0],
+                         0.0025)  # --step-floor-ms wins
+        self.assertEqual(plan.step_floor({}, None, 5.0)[0], plan.STEP_FLOOR_MS / 1000)  # not counted
+
     def test_largest_batch_by_hand(self):
         # 16 GiB, 10% margin: 0.9 * 17,179,869,184 = 15,461,882,265.6 bytes.
         budget = plan.memory_budget(16, 0.10)

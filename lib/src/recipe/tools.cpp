@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "core/check.h"
 #include "core/json_number.h"
@@ -135,6 +136,28 @@ double train_flops_per_sample(train::Task& task, double* forward_macs) {
   });
   *forward_macs = static_cast<double>(cost.macs) / static_cast<double>(n);
   return 6.0 * *forward_macs;  // backward costs twice the forward
+}
+
+/// Autograd nodes of one training step's forward on a batch (each launches a
+/// kernel or a few, forward and backward): what bounds a small model's GPU
+/// step time from below. The model runs in train mode, as in training.
+int64_t forward_graph_nodes(train::Task& task) {
+  data::Loader& loader = task.train_loader();
+  loader.start_epoch(0, 0);
+  std::optional<data::Batch> batch = loader.next();
+  if (!batch || batch->size() == 0) return 0;
+  const train::StepOutput out = task.training_step(*batch);
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<const torch::autograd::Node*> todo;
+  if (out.loss.defined() && out.loss.grad_fn()) todo.push_back(out.loss.grad_fn().get());
+  while (!todo.empty()) {
+    const torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const torch::autograd::Edge& e : node->next_edges())
+      if (e.function) todo.push_back(e.function.get());
+  }
+  return static_cast<int64_t>(seen.size());
 }
 
 /// The memory a batch may use: bs_find.budget_gib, else what the device has.
@@ -284,6 +307,8 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
     double macs = 0;
     j["train_flops_per_sample"] = train_flops_per_sample(*task, &macs);
     j["forward_macs_per_sample"] = macs;
+    j["forward_graph_nodes"] = forward_graph_nodes(*task);
+    j["parameter_tensors"] = static_cast<int64_t>(train::trainable_parameters(model).size());
     task.reset();
 
     // Memory of the training loop at two batch sizes, per precision; fp16-mixed has bf16-mixed's widths.
