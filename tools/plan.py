@@ -90,6 +90,9 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
   optimizer_state_bytes
   forward_macs_per_sample
   train_flops_per_sample forward + backward (6 x MACs unless the recipe knows better)
+  forward_graph_nodes, parameter_tensors
+                         autograd nodes of one training forward, trainable tensors:
+                         the kernels that bound a small model's step (optional)
   memory: {PRECISION: {"probes": [{"batch", "peak_bytes"}, ...],
                        "fixed_bytes": F, "per_sample_bytes": A}}
                          peak_bytes: device memory the training loop uses on top
