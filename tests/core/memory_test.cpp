@@ -53,6 +53,34 @@ TEST(MemoryMeter, OneCpuMeterAtATimeAndTheAllocatorIsRestored) {
   EXPECT_EQ(again.current(), 0);
 }
 
+// oneDNN's glue allocates and frees raw blocks through whichever CPU
+// allocator is installed at the time: blocks may cross a meter's boundaries.
+TEST(MemoryMeter, RawBlocksThatCrossTheMetersLifetimeAreFreedSafely) {
+  void* before = c10::GetCPUAllocator()->raw_allocate(1000);
+  void* during = nullptr;
+  {
+    core::MemoryMeter meter(torch::kCPU);
+    c10::GetCPUAllocator()->raw_deallocate(before);  // not counted: it predates the meter
+    EXPECT_EQ(meter.current(), 0);
+    during = c10::GetCPUAllocator()->raw_allocate(4096);
+    EXPECT_EQ(meter.current(), 4096);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(during) % 64, 0u);
+  }
+  c10::GetCPUAllocator()->raw_deallocate(during);  // through the default allocator again
+  core::MemoryMeter next(torch::kCPU);
+  EXPECT_EQ(next.current(), 0);
+}
+
+TEST(MemoryMeter, ALimitIsAnOutOfMemoryErrorAndGoesAway) {
+  core::MemoryMeter meter(torch::kCPU);
+  meter.set_limit(1 << 20);
+  EXPECT_NO_THROW(torch::empty({1 << 17}));                      // 512 KiB
+  EXPECT_THROW(torch::empty({1 << 19}), c10::OutOfMemoryError);  // 2 MiB
+  EXPECT_EQ(meter.current(), 0);
+  meter.set_limit(0);
+  EXPECT_NO_THROW(torch::empty({1 << 19}));
+}
+
 #if !EMBER_WITH_CUDA
 TEST(MemoryMeter, CudaWithoutCudaIsAnError) {
   EXPECT_THROW(core::MemoryMeter(torch::Device(torch::kCUDA, 0)), Error);

@@ -229,8 +229,11 @@ PeakFlops cpu_peak(MathType math) {
   double best = now;
   std::string date = utc_now();
   const nlohmann::json* old = cache.contains(entry_key) ? &cache[entry_key] : nullptr;
-  if (old != nullptr && old->is_object() && old->value("flops", 0.0) > now) {
-    best = old->value("flops", 0.0);
+  // An entry of another shape (edited by hand, an older Ember) is ignored and replaced.
+  const bool usable = old != nullptr && old->is_object() && old->contains("flops") &&
+                      (*old)["flops"].is_number() && (!old->contains("date") || (*old)["date"].is_string());
+  if (usable && (*old)["flops"].get<double>() > now) {
+    best = (*old)["flops"].get<double>();
     date = old->value("date", std::string("unknown date"));
   } else if (!path.empty()) {  // a new best: keep it for later runs
     cache[entry_key] = {

@@ -2,10 +2,13 @@
 // caching allocator's statistics on CUDA.
 #include "ember/core/memory.h"
 
+#include <ATen/Context.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <unordered_map>
 
 #include "core/check.h"
 
@@ -17,58 +20,69 @@
 namespace ember::core {
 namespace {
 
-// The counts outlive every meter: a tensor freed after its meter ended still
-// goes through CountingAllocator's deleter.
-std::atomic<int64_t> g_current{0};
-std::atomic<int64_t> g_peak{0};
-std::atomic<bool> g_cpu_meter_alive{false};
-
-void raise_peak(int64_t now) {
-  int64_t seen = g_peak.load(std::memory_order_relaxed);
-  while (now > seen && !g_peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-  }
-}
-
-// Each block carries a header with its size and the allocator it came from,
-// so that the pointer is its own context, as LibTorch's raw_allocate() needs
-// (oneDNN and others allocate through it). 64 bytes keep c10's alignment.
-constexpr size_t kHeader = 64;
-struct Header {
-  int64_t bytes;
-  c10::Allocator* base;
+// What the CPU meter counts. It outlives every meter: a block can be freed
+// through the wrapper after its meter ended, and the wrapper can be asked to
+// free blocks allocated before its meter began (oneDNN's glue allocates and
+// frees raw pointers through whichever CPU allocator is installed at the time).
+struct Counts {
+  std::mutex mutex;
+  // Blocks allocated while the current meter lives, and their sizes. Blocks of
+  // an earlier meter, or from before any, are not here: freeing them changes nothing.
+  std::unordered_map<void*, int64_t> live;
+  int64_t current = 0, peak = 0, limit = 0;  // limit 0 = none
+  c10::Allocator* base = nullptr;            // the allocator the wrapper passes blocks to
 };
-static_assert(sizeof(Header) <= kHeader);
+Counts& counts() {
+  static Counts* c = new Counts;  // never destroyed: blocks may be freed during static destruction
+  return *c;
+}
+std::atomic<bool> g_cpu_meter_alive{false};
 
 void delete_counted(void* data) {
   if (data == nullptr) return;
-  char* block = static_cast<char*>(data) - kHeader;
-  const Header h = *reinterpret_cast<Header*>(block);
-  g_current.fetch_sub(h.bytes, std::memory_order_relaxed);
-  h.base->raw_deallocate(block);
+  Counts& c = counts();
+  c10::Allocator* base = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(c.mutex);
+    const auto it = c.live.find(data);
+    if (it != c.live.end()) {
+      c.current -= it->second;
+      c.live.erase(it);
+    }
+    base = c.base;
+  }
+  base->raw_deallocate(data);  // the base allocator's own deleter, whoever allocated the block
 }
 
+/// Passes every block to the base allocator (raw: the pointer is its own
+/// context, as LibTorch's raw_allocate() needs) and counts it.
 class CountingAllocator final : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-
   c10::DataPtr allocate(size_t n) override {
-    char* block = static_cast<char*>(base_->raw_allocate(n + kHeader));
-    *reinterpret_cast<Header*>(block) = Header{static_cast<int64_t>(n), base_};
+    Counts& c = counts();
     const auto bytes = static_cast<int64_t>(n);
-    raise_peak(g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes);
-    void* data = block + kHeader;
+    {
+      const std::lock_guard<std::mutex> lock(c.mutex);
+      if (c.limit > 0 && c.current + bytes > c.limit)
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "[core::MemoryMeter] CPU memory limit of ", c.limit,
+                         " bytes reached: ", c.current, " bytes held, ", bytes, " more asked for");
+    }
+    void* data = c.base->raw_allocate(n);
+    {
+      const std::lock_guard<std::mutex> lock(c.mutex);
+      c.live[data] = bytes;  // an address reused after an uncounted free is simply counted again
+      c.current += bytes;
+      c.peak = std::max(c.peak, c.current);
+    }
     return {data, data, &delete_counted, c10::Device(c10::kCPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_counted; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-
- private:
-  c10::Allocator* base_;
 };
 
-// SetCPUAllocator keeps the allocator of the highest priority it was given.
+// SetCPUAllocator keeps the allocator of the highest priority it has been given.
 constexpr uint8_t kPriority = 200;
 
 }  // namespace
@@ -78,17 +92,35 @@ MemoryMeter::MemoryMeter(const torch::Device& device) : device_(device) {
     EMBER_CHECK(!g_cpu_meter_alive.exchange(true),
                 "[core::MemoryMeter] a CPU memory meter is already running; one at a time");
     c10::Allocator* base = c10::GetCPUAllocator();
-    EMBER_CHECK(base->raw_deleter() != nullptr,
-                "[core::MemoryMeter] LibTorch's CPU allocator cannot be wrapped (it has no raw deleter)");
+    if (base->raw_deleter() == nullptr) {
+      g_cpu_meter_alive = false;
+      ember::detail::fail(
+          "[core::MemoryMeter] LibTorch's CPU allocator cannot be wrapped (it has no raw deleter)");
+    }
+    Counts& c = counts();
+    {
+      const std::lock_guard<std::mutex> lock(c.mutex);
+      c.live.clear();  // an earlier meter's blocks are no longer counted
+      c.current = c.peak = c.limit = 0;
+      c.base = base;
+    }
     previous_ = base;
-    // One wrapper per meter, never freed: tensors it allocated may outlive the meter.
-    c10::SetCPUAllocator(new CountingAllocator(base), kPriority);
-    g_current = 0;
-    g_peak = 0;
+    // One wrapper, never freed: storages keep a pointer to the allocator that made them.
+    static CountingAllocator* wrapper = new CountingAllocator;
+    c10::SetCPUAllocator(wrapper, kPriority);
+    if (c10::GetCPUAllocator() != wrapper) {  // someone holds the slot at a higher priority
+      g_cpu_meter_alive = false;
+      ember::detail::fail(
+          "[core::MemoryMeter] cannot count CPU memory: another CPU allocator was installed with a priority "
+          "above {}",
+          kPriority);
+    }
+    wrapper_ = wrapper;
     return;
   }
 #if EMBER_WITH_CUDA
   if (device_.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // the allocator's statistics need it
     if (!device_.has_index()) device_ = torch::Device(torch::kCUDA, c10::cuda::current_device());
     reset_peak();
     return;
@@ -100,8 +132,23 @@ MemoryMeter::MemoryMeter(const torch::Device& device) : device_(device) {
 
 MemoryMeter::~MemoryMeter() {
   if (!device_.is_cpu()) return;
-  c10::SetCPUAllocator(static_cast<c10::Allocator*>(previous_), kPriority);
+  // Put the previous allocator back, unless someone replaced ours meanwhile.
+  // The slot keeps priority 200: a later SetCPUAllocator needs at least that.
+  if (c10::GetCPUAllocator() == wrapper_)
+    c10::SetCPUAllocator(static_cast<c10::Allocator*>(previous_), kPriority);
+  Counts& c = counts();
+  {
+    const std::lock_guard<std::mutex> lock(c.mutex);
+    c.limit = 0;
+  }
   g_cpu_meter_alive = false;
+}
+
+void MemoryMeter::set_limit(int64_t bytes) {
+  EMBER_CHECK(device_.is_cpu(), "[core::MemoryMeter] set_limit is for the CPU (on CUDA: setMemoryFraction)");
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  c.limit = std::max<int64_t>(bytes, 0);
 }
 
 int64_t MemoryMeter::current() const {
@@ -111,7 +158,9 @@ int64_t MemoryMeter::current() const {
     return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
   }
 #endif
-  return g_current.load(std::memory_order_relaxed);
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  return c.current;
 }
 
 int64_t MemoryMeter::peak() const {
@@ -121,7 +170,9 @@ int64_t MemoryMeter::peak() const {
     return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }
 #endif
-  return std::max(g_peak.load(std::memory_order_relaxed), g_current.load(std::memory_order_relaxed));
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  return c.peak;
 }
 
 void MemoryMeter::reset_peak() {
@@ -131,13 +182,13 @@ void MemoryMeter::reset_peak() {
     return;
   }
 #endif
-  g_peak = g_current.load(std::memory_order_relaxed);
+  Counts& c = counts();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  c.peak = c.current;
 }
 
 std::string MemoryMeter::method() const {
-  return device_.is_cpu()
-             ? "CPU allocator statistics (every tensor allocated through LibTorch's CPU allocator)"
-             : "CUDA caching allocator peak (bytes held by tensors)";
+  return device_.is_cpu() ? "CPU allocator statistics" : "CUDA caching allocator peak";
 }
 
 }  // namespace ember::core

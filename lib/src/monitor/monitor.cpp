@@ -197,6 +197,7 @@ double Monitor::interval_seconds() const {
 }
 
 void Monitor::on_fit_start(train::Trainer& trainer) {
+  warned_mfu_ = false;
   train::Task* task = trainer.task();
   EMBER_CHECK(task != nullptr, "[monitor::Monitor] on_fit_start outside fit");
   device_ = device_of(*task->model());

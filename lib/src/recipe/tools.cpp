@@ -19,6 +19,7 @@
 #include "ember/core/flops.h"
 #include "ember/core/memory.h"
 #include "ember/core/model_cost.h"
+#include "ember/recipe/host_malloc.h"
 #include "ember/train/batch_size_finder.h"
 #include "ember/train/keys.h"
 #include "ember/train/lr_finder.h"
@@ -28,6 +29,7 @@
 #if EMBER_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #endif
 
 namespace ember::recipe::detail {
@@ -43,14 +45,18 @@ int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
   return n;
 }
 
-/// Bytes of the files under `path` (a file or a folder, recursively).
-int64_t disk_bytes(const std::string& path) {
+/// Bytes of the files under `path` (a file or a folder, recursively; links
+/// to files count, links to folders are not followed; at most `*budget`
+/// entries are looked at, the rest is left out of the sum).
+int64_t disk_bytes(const std::string& path, int64_t* budget) {
+  if (--*budget < 0) return 0;
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return 0;
+  if (::lstat(path.c_str(), &st) != 0) return 0;
+  if (S_ISLNK(st.st_mode)) return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : 0;
   if (S_ISREG(st.st_mode)) return static_cast<int64_t>(st.st_size);
   if (!S_ISDIR(st.st_mode)) return 0;
   int64_t n = 0;
-  for (const std::string& name : core::list_dir(path)) n += disk_bytes(path + "/" + name);
+  for (const std::string& name : core::list_dir(path)) n += disk_bytes(path + "/" + name, budget);
   return n;
 }
 
@@ -61,7 +67,7 @@ std::string data_path(const core::Config& c) {
   return "";
 }
 
-/// The config with data.batch_size (and the eval batch, kept small) set.
+/// The config with data.batch_size set.
 core::Config with_batch(const core::Config& config, int64_t batch) {
   core::Config c = config;
   c.set_override(fmt::format("data.batch_size={}", batch));
@@ -160,18 +166,30 @@ int64_t forward_graph_nodes(train::Task& task) {
   return static_cast<int64_t>(seen.size());
 }
 
-/// The memory a batch may use: bs_find.budget_gib, else what the device has.
-int64_t memory_budget(const core::Config& c, const torch::Device& device, std::string* what) {
+/// The memory a batch's training loop may use: bs_find.budget_gib, else what
+/// the device has free now (GPU) or the host's MemAvailable (CPU), less
+/// `held`, what the built task holds before training (model, resident data).
+int64_t memory_budget(const core::Config& c, const torch::Device& device, int64_t available, int64_t held,
+                      std::string* what) {
   const double gib = c.get_float("bs_find.budget_gib");
   if (gib > 0) {
     *what = fmt::format("bs_find.budget_gib={}", gib);
     return static_cast<int64_t>(gib * (1 << 30));
   }
+  *what = fmt::format("{} {:.2f} GiB, less {:.2f} GiB the model and data hold",
+                      device.is_cuda() ? "the GPU's free" : "the host's available (MemAvailable)",
+                      available / double(1 << 30), held / double(1 << 30));
+  return std::max<int64_t>(available - held, 0);
+}
+
+/// Bytes the device has free now: the GPU's free memory, the host's MemAvailable.
+int64_t available_memory(const torch::Device& device) {
 #if EMBER_WITH_CUDA
   if (device.is_cuda()) {
-    const auto* prop = at::cuda::getDeviceProperties(device.index());
-    *what = fmt::format("{}'s memory", prop->name);
-    return static_cast<int64_t>(prop->totalGlobalMem);
+    size_t free = 0, total = 0;
+    const c10::cuda::CUDAGuard guard(device.index());
+    C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
   }
 #endif
   (void)device;
@@ -179,10 +197,7 @@ int64_t memory_budget(const core::Config& c, const torch::Device& device, std::s
   std::string key;
   int64_t kib = 0;
   while (in >> key >> kib) {
-    if (key == "MemAvailable:") {
-      *what = "the host's available memory (MemAvailable)";
-      return kib * 1024;
-    }
+    if (key == "MemAvailable:") return kib * 1024;
     in.ignore(1 << 10, '\n');
   }
   ember::detail::fail(ErrorKind::kConfig,
@@ -191,9 +206,11 @@ int64_t memory_budget(const core::Config& c, const torch::Device& device, std::s
 
 /// Peak bytes of `steps` training steps at `batch` in `precision`, on top of
 /// what the task holds once built; the optimizer's state bytes go to *opt_bytes.
+/// `limit` > 0 (CPU): allocations beyond it throw c10::OutOfMemoryError, so
+/// that a size too large fails fast instead of filling the host's memory.
 int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const torch::Device& device,
                    core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
-                   int64_t* opt_bytes) {
+                   int64_t* opt_bytes, int64_t limit = 0) {
   const core::Config c = with_batch(config, batch);
   std::unique_ptr<train::Task> task = spec.make_task(c, device);
   train::TrainerOptions o = probe_options(c, *task, steps);
@@ -203,6 +220,13 @@ int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const tor
   trainer.add_callback(opt);
   const int64_t before = meter.current();
   meter.reset_peak();
+  struct Unlimit {  // also when the fit throws
+    core::MemoryMeter& m;
+    ~Unlimit() {
+      if (m.device().is_cpu()) m.set_limit(0);
+    }
+  } unlimit{meter};
+  if (limit > 0 && device.is_cpu()) meter.set_limit(before + limit);
   trainer.fit(*task);
   if (opt_bytes) *opt_bytes = opt->bytes;
   return meter.peak() - before;
@@ -233,6 +257,8 @@ void check_single_process() {
 /// Host settings, device and seed, as a run starts (start_processes, without the run folder).
 torch::Device start_tool(core::Config& config) {
   check_single_process();
+  if (config.get_bool("run.malloc_tuning"))
+    recipe::tune_host_malloc();  // as a run: same host memory behaviour
   if (config.get_int("trainer.threads") > 0)
     at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
   config.set_override("dist.world_size=1");
@@ -293,11 +319,12 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
       sample_bytes = static_cast<double>(b->input.nbytes() + (b->target.defined() ? b->target.nbytes() : 0)) /
                      static_cast<double>(b->size());
     const std::string path = data_path(config);
+    int64_t entries = 1000000;  // a huge tree is not walked to the end for one report field
     const int64_t samples = train_loader.num_samples() + eval_samples;
     j["dataset"] = {{"train_samples", train_loader.num_samples()},
                     {"eval_samples", eval_samples},
                     {"sample_bytes", sample_bytes},
-                    {"disk_bytes", path.empty() ? 0 : disk_bytes(path)},
+                    {"disk_bytes", path.empty() ? 0 : disk_bytes(path, &entries)},
                     {"disk_path", path},
                     // The recipe keeps its data on the training device (data.resident): a GPU holds it too.
                     {"device_resident", config.has("data.resident") && config.get_bool("data.resident")},
@@ -408,23 +435,32 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
       config.set_override(fmt::format("bs_find.budget_gib={}", cap_gib));
 #endif
   }
-  std::string budget_source;
-  const int64_t budget = memory_budget(config, device, &budget_source);
   const amp::Precision precision = amp::parse_precision(config.get_string("trainer.precision"));
   const int64_t steps = config.get_int("bs_find.steps");
-  int64_t max_batch = config.get_int("bs_find.max_batch");
-  if (max_batch <= 0) {  // the training set's size: a larger batch has nothing to fill it
+  const int64_t available = available_memory(device);
+  core::MemoryMeter meter(device);
+  int64_t held = 0, max_batch = config.get_int("bs_find.max_batch");
+  {  // what the task holds before training; the training set's size (a larger batch has nothing to fill it)
+    const int64_t before = meter.current();
     std::unique_ptr<train::Task> task = spec.make_task(config, device);
-    max_batch = task->train_loader().num_samples();
+    held = meter.current() - before;
+    if (max_batch <= 0) max_batch = task->train_loader().num_samples();
   }
+  std::string budget_source;
+  const int64_t budget = memory_budget(config, device, available, held, &budget_source);
   std::cerr << fmt::format(
       "[bs-find] {} on {}, {}: the largest batch whose training steps fit {:.2f} GiB ({}), up to {}\n",
       spec.name, core::describe_device(device), amp::to_string(precision), budget / double(1 << 30),
       budget_source, max_batch);
-  core::MemoryMeter meter(device);
   const train::BatchSizeResult r = train::find_batch_size(
       [&](int64_t batch) {
-        const int64_t peak = probe_peak(spec, config, device, meter, batch, precision, steps, nullptr);
+        int64_t peak = 0;
+        try {
+          peak = probe_peak(spec, config, device, meter, batch, precision, steps, nullptr, budget);
+        } catch (const c10::OutOfMemoryError&) {
+          std::cerr << fmt::format("[bs-find] batch {:>6}: out of memory\n", batch);
+          throw;  // find_batch_size counts it as too large
+        }
         std::cerr << fmt::format("[bs-find] batch {:>6}: peak {:9.1f} MiB {}\n", batch, peak / kMiB,
                                  peak <= budget ? "fits" : "over the budget");
         return peak;
@@ -436,14 +472,8 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
           .margin(config.get_float("bs_find.margin")));
   nlohmann::json trials = nlohmann::json::array();
   for (const auto& t : r.trials) {
-    if (t.peak_bytes < 0) std::cerr << fmt::format("[bs-find] batch {:>6}: out of memory\n", t.batch);
     trials.push_back({{"batch", t.batch}, {"fits", t.fits}, {"peak_bytes", t.peak_bytes}});
   }
-  EMBER_CHECK(
-      r.largest > 0,
-      "[bs-find] not even a batch of {} fits {:.2f} GiB ({}); use a smaller model, bf16-mixed, or a larger "
-      "bs_find.budget_gib",
-      config.get_int("bs_find.start"), budget / double(1 << 30), budget_source);
   write_json(out, {{"recipe", spec.name},
                    {"device", device.str()},
                    {"precision", amp::to_string(precision)},
@@ -455,6 +485,11 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
                    {"per_sample_bytes", r.per_sample_bytes},
                    {"fixed_bytes", r.fixed_bytes},
                    {"trials", trials}});
+  EMBER_CHECK(
+      r.largest > 0,
+      "[bs-find] not even a batch of {} fits {:.2f} GiB ({}); use a smaller model, bf16-mixed, or a larger "
+      "bs_find.budget_gib",
+      r.trials.empty() ? 0 : r.trials.front().batch, budget / double(1 << 30), budget_source);
   std::cout << fmt::format(
       "largest batch that fits: {} ({} sizes tried); recommended with a {:.0f}% memory margin:\n"
       "data.batch_size={}\n",
@@ -527,11 +562,10 @@ void declare_tool_keys(core::Config& c) {
   c.declare("bs_find.margin", 0.10,
             "tools/ember bs-find: share of the memory budget the recommended batch leaves free",
             core::Bounds::from_below(0, 1));
-  c.declare(
-      "bs_find.budget_gib", 0.0,
-      "tools/ember bs-find: memory the training loop may use (0 = the GPU's memory, or the host's available "
-      "memory on the CPU)",
-      core::Bounds::at_least(0));
+  c.declare("bs_find.budget_gib", 0.0,
+            "tools/ember bs-find: memory the training loop may use (0 = what the GPU has free, or the host's "
+            "MemAvailable, less what the model and data hold)",
+            core::Bounds::at_least(0));
   c.declare("bs_find.gpu_memory_gib", 0.0,
             "tools/ember bs-find: cap the CUDA caching allocator at this many GiB, to size for a smaller GPU "
             "(0 = the whole GPU)",

@@ -46,7 +46,7 @@ BatchSizeResult find_batch_size(const std::function<int64_t(int64_t)>& try_batch
 
   // Doubling: `lo` fits, `hi` does not (0 = nothing failed yet).
   int64_t lo = 0, hi = 0;
-  for (int64_t b = o.start();; b = std::min(2 * b, o.max_batch())) {
+  for (int64_t b = o.start();; b = b > o.max_batch() / 2 ? o.max_batch() : 2 * b) {
     if (!fits(b)) {
       hi = b;
       break;
@@ -65,7 +65,10 @@ BatchSizeResult find_batch_size(const std::function<int64_t(int64_t)>& try_batch
   }
   r.largest = lo;
 
-  // The line through the two largest sizes that fitted.
+  // The line through the largest size that fitted and the largest at most half
+  // of it (doubling tried one): points far apart, so that a CUDA allocator's
+  // rounding does not make the slope. Sizes closer together only when nothing
+  // smaller fitted.
   std::vector<BatchSizeTrial> ok;
   for (const BatchSizeTrial& t : r.trials)
     if (t.fits) ok.push_back(t);
@@ -73,9 +76,14 @@ BatchSizeResult find_batch_size(const std::function<int64_t(int64_t)>& try_batch
   const double usable = (1.0 - o.margin()) * static_cast<double>(o.budget_bytes());
   if (ok.size() >= 2) {
     const BatchSizeTrial& a = ok[0];
-    const BatchSizeTrial& b = ok[1];
+    const BatchSizeTrial* b = &ok.back();
+    for (const BatchSizeTrial& t : ok)
+      if (2 * t.batch <= a.batch) {
+        b = &t;
+        break;
+      }
     r.per_sample_bytes =
-        static_cast<double>(a.peak_bytes - b.peak_bytes) / static_cast<double>(a.batch - b.batch);
+        static_cast<double>(a.peak_bytes - b->peak_bytes) / static_cast<double>(a.batch - b->batch);
     r.fixed_bytes = static_cast<double>(a.peak_bytes) - r.per_sample_bytes * static_cast<double>(a.batch);
   }
   if (r.per_sample_bytes > 0) {

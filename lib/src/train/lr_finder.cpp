@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <limits>
+#include <map>
 
 #include "core/check.h"
 #include "ember/train/optim.h"
@@ -54,7 +56,8 @@ class Recorder : public Callback {
     const double s = avg_ / (1 - std::pow(beta_, static_cast<double>(r_.online.size() + 1)));
     r_.online.push_back(s);
     best_ = std::min(best_, s);
-    if (r_.online.size() > 1 && s > o_.divergence() * best_)
+    // "divergence x the minimum", measured from the minimum so that a loss at or below 0 works too.
+    if (r_.online.size() > 1 && s - best_ > (o_.divergence() - 1) * std::abs(best_))
       trainer.request_stop(fmt::format("the smoothed loss {:.4g} passed {} x its minimum {:.4g} at lr {:.3g}",
                                        s, o_.divergence(), best_, info.lr));
   }
@@ -66,25 +69,43 @@ class Recorder : public Callback {
   double avg_ = 0, best_ = INFINITY;
 };
 
-/// Parameters, buffers and random generators, put back when it ends.
+/// Parameters, buffers, train/eval mode and random generators, put back by
+/// restore() (or, on an error, by the destructor, which reports a failure
+/// instead of throwing).
 class StateRestore {
  public:
-  explicit StateRestore(torch::nn::Module& model) : model_(model) {
+  explicit StateRestore(torch::nn::Module& model) : model_(model), training_(model.is_training()) {
     torch::NoGradGuard no_grad;
-    for (const auto& t : model.parameters()) params_.push_back(t.detach().clone());
-    for (const auto& t : model.buffers()) buffers_.push_back(t.detach().clone());
+    for (const auto& p : model.named_parameters()) tensors_.emplace_back(p.key(), p.value().detach().clone());
+    for (const auto& b : model.named_buffers()) tensors_.emplace_back(b.key(), b.value().detach().clone());
     cpu_rng_ = at::detail::getDefaultCPUGenerator().get_state();
 #if EMBER_WITH_CUDA
     if (torch::cuda::is_available()) cuda_rng_ = at::cuda::detail::getDefaultCUDAGenerator().get_state();
 #endif
   }
   ~StateRestore() {
+    if (done_) return;
+    try {
+      restore();
+    } catch (const std::exception& e) {
+      std::cerr << "[train::find_lr] could not restore the model after the sweep: " << e.what() << "\n";
+    }
+  }
+  void restore() {
+    done_ = true;
     torch::NoGradGuard no_grad;
-    const auto params = model_.parameters();
-    const auto buffers = model_.buffers();
-    for (size_t i = 0; i < params.size() && i < params_.size(); ++i) params[i].copy_(params_[i]);
-    for (size_t i = 0; i < buffers.size() && i < buffers_.size(); ++i) buffers[i].copy_(buffers_[i]);
-    for (auto& p : params) p.mutable_grad() = torch::Tensor();
+    std::map<std::string, torch::Tensor> now;
+    for (const auto& p : model_.named_parameters()) now[p.key()] = p.value();
+    for (const auto& b : model_.named_buffers()) now[b.key()] = b.value();
+    for (const auto& [name, saved] : tensors_) {
+      const auto it = now.find(name);
+      EMBER_CHECK(it != now.end() && it->second.sizes() == saved.sizes(),
+                  "[train::find_lr] the model changed during the sweep ({} {}); it cannot be restored", name,
+                  it == now.end() ? "is gone" : "changed shape");
+      it->second.copy_(saved);
+    }
+    for (auto& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
+    model_.train(training_);
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
     cpu.set_state(cpu_rng_);
 #if EMBER_WITH_CUDA
@@ -97,7 +118,9 @@ class StateRestore {
 
  private:
   torch::nn::Module& model_;
-  std::vector<torch::Tensor> params_, buffers_;
+  bool training_;
+  bool done_ = false;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors_;
   torch::Tensor cpu_rng_, cuda_rng_;
 };
 
@@ -119,10 +142,9 @@ std::vector<double> zero_lag_curve(const std::vector<double>& losses, const std:
   double best = INFINITY;
   for (const double s : online)
     if (std::isfinite(s)) best = std::min(best, s);
+  const double cap = std::isfinite(best) ? best + (divergence - 1) * std::abs(best) : 0.0;
   std::vector<double> capped;
-  for (const double l : losses)
-    capped.push_back(std::isfinite(l) && std::isfinite(best) ? std::min(l, divergence * best)
-                                                             : divergence * best);
+  for (const double l : losses) capped.push_back(std::isfinite(l) ? std::min(l, cap) : cap);
   std::vector<double> forward = moving_average(capped, beta);
   std::reverse(forward.begin(), forward.end());
   std::vector<double> both = moving_average(forward, beta);
@@ -184,7 +206,7 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
                    f.divergence());
   auto model = task.model();
   EMBER_CHECK(model != nullptr, "[train::find_lr] the task returned no model");
-  const StateRestore restore(*model);
+  StateRestore restore(*model);
 
   LrFinderResult r;
   r.smoothing =
@@ -211,6 +233,7 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
   Trainer trainer(options);
   trainer.add_callback(std::make_shared<Recorder>(r.smoothing, f, r));
   const FitResult fit = trainer.fit(task);
+  restore.restore();
   r.stop_reason =
       fit.stop_reason == "max_steps reached" ? fmt::format("completed {} steps", fit.steps) : fit.stop_reason;
   r.smoothed = zero_lag_curve(r.losses, r.online, r.smoothing, f.divergence());

@@ -8,15 +8,21 @@
 //
 // CPU: while a meter lives, LibTorch's CPU allocator (c10::GetCPUAllocator)
 // is wrapped by one that counts the bytes of every tensor allocated and freed.
-// Only tensors allocated while the meter lives are counted (freeing an older
+// Only blocks allocated while the meter lives are counted (freeing an older
 // one does not lower the count); pinned memory (the CUDA host allocator) and
 // memory that BLAS or oneDNN allocate outside LibTorch's allocator are not
-// seen. One CPU meter at a time. A per-allocation cost of a small heap
-// allocation, so do not leave one on during a timed run.
+// seen. One CPU meter at a time; a lock and a table entry per allocation, so
+// do not leave one on during a timed run. set_limit() makes an allocation
+// beyond a number of bytes throw c10::OutOfMemoryError, as a full GPU would.
+// The wrapper is installed with c10::SetCPUAllocator at priority 200 and the
+// previous allocator put back at that priority (the slot then needs 200 to
+// be replaced); with an allocator of higher priority in place, the meter
+// refuses to start rather than count nothing.
 //
 // CUDA: the caching allocator's statistics of that device (bytes held by
 // tensors, as torch.cuda.max_memory_allocated); the constructor and
-// reset_peak() start a new peak. Without CUDA, a CUDA meter throws.
+// reset_peak() start a new peak, for the whole device (the Monitor's peak
+// too). Without CUDA, a CUDA meter throws.
 
 #include <torch/types.h>
 
@@ -39,6 +45,9 @@ class MemoryMeter {
   int64_t peak() const;
   /// Starts a new peak at current().
   void reset_peak();
+  /// CPU: an allocation that would take current() past `bytes` throws
+  /// c10::OutOfMemoryError (0 = no limit, the default).
+  void set_limit(int64_t bytes);
   /// How it measures, for reports: "CPU allocator statistics" or "CUDA caching allocator peak".
   std::string method() const;
   const torch::Device& device() const { return device_; }
@@ -46,6 +55,7 @@ class MemoryMeter {
  private:
   torch::Device device_;
   void* previous_ = nullptr;  // the CPU allocator this meter replaced
+  void* wrapper_ = nullptr;   // the counting allocator it installed
 };
 
 }  // namespace ember::core

@@ -14,16 +14,17 @@
 //   // r.largest fits; r.recommended leaves options.margin() of the budget free
 //
 // A size fits when `try_batch` returns a peak within the budget. A
-// c10::OutOfMemoryError from it (CUDA, or the CPU allocator) means it does not
-// fit: the CUDA caching allocator's cached blocks are released and the search
-// goes on. Steps at each size must include the optimizer's first step (it
+// c10::OutOfMemoryError from it (CUDA, or a core::MemoryMeter's limit on the
+// CPU) means it does not fit: the CUDA caching allocator's cached blocks are
+// released and the search goes on. Steps at each size must include the optimizer's first step (it
 // allocates the optimizer state) and be more than one step: the second step
 // holds the previous step's state and the new activations.
 //
 // Rule for the recommendation: the peaks measured at the sizes that fit are
-// taken as fixed + per_sample x batch (the line through the two largest that
-// fit); recommended is the largest batch whose line stays within
-// (1 - margin) x budget, at most `largest`.
+// taken as fixed + per_sample x batch (the line through the largest that fit
+// and the largest that fit at most half of it); recommended is the largest
+// batch whose line stays within (1 - margin) x budget, at most `largest`, at
+// least 1.
 
 #include <torch/arg.h>
 
