@@ -58,5 +58,6 @@
 #include "ember/train/safetensors.h"
 #include "ember/train/scheduler.h"
 #include "ember/train/task.h"
+#include "ember/train/task_cost.h"
 #include "ember/train/trainer.h"
 #include "ember/version.h"

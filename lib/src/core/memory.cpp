@@ -82,6 +82,14 @@ class CountingAllocator final : public c10::Allocator {
   }
 };
 
+#if EMBER_WITH_CUDA
+/// The caching allocator's "bytes held by tensors" statistic of one device.
+c10::CachingAllocator::Stat allocated_bytes(const torch::Device& device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+}
+#endif
+
 // SetCPUAllocator keeps the allocator of the highest priority it has been given.
 constexpr uint8_t kPriority = 200;
 
@@ -153,10 +161,7 @@ void MemoryMeter::set_limit(int64_t bytes) {
 
 int64_t MemoryMeter::current() const {
 #if EMBER_WITH_CUDA
-  if (device_.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
-  }
+  if (device_.is_cuda()) return allocated_bytes(device_).current;
 #endif
   Counts& c = counts();
   const std::lock_guard<std::mutex> lock(c.mutex);
@@ -165,10 +170,7 @@ int64_t MemoryMeter::current() const {
 
 int64_t MemoryMeter::peak() const {
 #if EMBER_WITH_CUDA
-  if (device_.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-  }
+  if (device_.is_cuda()) return allocated_bytes(device_).peak;
 #endif
   Counts& c = counts();
   const std::lock_guard<std::mutex> lock(c.mutex);

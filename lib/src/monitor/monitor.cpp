@@ -9,8 +9,8 @@
 #include "core/check.h"
 #include "ember/amp/precision.h"
 #include "ember/core/flops.h"
-#include "ember/core/model_cost.h"
 #include "ember/monitor/tensorboard.h"
+#include "ember/train/task_cost.h"
 #include "ember/train/trainer.h"
 
 namespace ember::monitor {
@@ -66,30 +66,6 @@ const std::vector<std::string>& step_columns() {
 
 // Restores the CPU and CUDA generators on scope exit: counting FLOPs runs a
 // forward pass, which must not change what training draws.
-class RngRestore {
- public:
-  RngRestore() {
-    cpu_ = at::detail::getDefaultCPUGenerator().get_state();
-    if (torch::cuda::is_available())
-      for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i)
-        cuda_.push_back(at::globalContext()
-                            .defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)))
-                            .get_state());
-  }
-  ~RngRestore() {
-    at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    cpu.set_state(cpu_);
-    for (size_t i = 0; i < cuda_.size(); ++i) {
-      at::Generator gen =
-          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-      gen.set_state(cuda_[i]);
-    }
-  }
-
- private:
-  torch::Tensor cpu_;
-  std::vector<torch::Tensor> cuda_;
-};
 
 }  // namespace
 
@@ -136,37 +112,18 @@ void Monitor::count_flops(train::Trainer& trainer) {
   flops_per_sample_ =
       options_.flops_per_sample() > 0 ? options_.flops_per_sample() : task.train_flops_per_sample();
   if (flops_per_sample_ <= 0 && options_.peak_flops() >= 0) {
-    // A forward pass on two samples of held-out data (no augmentation), else
-    // of the training data, under the trainer's RNG state (restored after:
-    // the run must draw the same numbers with and without monitoring). The
-    // trainer restarts the loader's epoch afterwards.
-    RngRestore rng;
-    data::Loader* loader = task.val_loader() ? task.val_loader() : task.test_loader();
-    if (!loader) loader = &task.train_loader();
-    loader->start_epoch(0, 0);
-    std::optional<data::Batch> batch = loader->next();
-    if (batch && batch->size() > 0) {
-      const int64_t n = std::min<int64_t>(batch->size(), 2);
-      const auto head = [n](const torch::Tensor& t) {
-        return t.defined() && t.dim() > 0 ? t.narrow(0, 0, n) : t;
-      };
-      batch->input = head(batch->input);
-      batch->target = head(batch->target);
-      batch->index = head(batch->index);
-      try {
-        const core::ModelCost cost = core::count_cost(*task.model(), [&] {
-          const train::StepOutput out = task.evaluation_step(*batch);
-          return std::vector<torch::Tensor>{out.output.defined() ? out.output : out.loss};
-        });
-        // Backward costs twice the forward (gradients of inputs and of weights).
-        flops_per_sample_ = 3.0 * static_cast<double>(cost.flops()) / static_cast<double>(n);
-      } catch (const std::exception& e) {  // training itself will say what is wrong, if anything is
-        std::fprintf(options_.stream(),
-                     "monitor: no MFU: counting the model's FLOPs failed (set mfu.flops_per_sample): %s\n",
-                     e.what());
-      }
-      reset_peak_memory(device_);  // the counting graph is not the run's peak
+    // A forward pass on two samples; the RNG state is restored (the run must
+    // draw the same numbers with and without monitoring) and the trainer
+    // restarts the loader's epoch afterwards.
+    try {
+      // Backward costs twice the forward (gradients of inputs and of weights): 3 x 2 FLOPs per MAC.
+      flops_per_sample_ = 6.0 * train::forward_macs_per_sample(task);
+    } catch (const std::exception& e) {  // training itself will say what is wrong, if anything is
+      std::fprintf(options_.stream(),
+                   "monitor: no MFU: counting the model's FLOPs failed (set mfu.flops_per_sample): %s\n",
+                   e.what());
     }
+    reset_peak_memory(device_);  // the counting graph is not the run's peak
     if (flops_per_sample_ <= 0)
       std::fprintf(options_.stream(),
                    "monitor: note: no MFU: the model's forward pass has no matrix products to count "

@@ -7,11 +7,6 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
 
 #include <map>
 #include <nlohmann/json.hpp>
@@ -20,6 +15,7 @@
 
 #include "core/check.h"
 #include "ember/core/file.h"
+#include "ember/train/optim.h"
 
 namespace ember::prune {
 
@@ -133,11 +129,7 @@ Plan Plan::load(const std::string& path) {
 namespace {
 
 bool supported_state(torch::optim::OptimizerParamState& state) {
-  return dynamic_cast<torch::optim::SGDParamState*>(&state) ||
-         dynamic_cast<torch::optim::AdamParamState*>(&state) ||
-         dynamic_cast<torch::optim::AdamWParamState*>(&state) ||
-         dynamic_cast<torch::optim::RMSpropParamState*>(&state) ||
-         dynamic_cast<torch::optim::AdagradParamState*>(&state);
+  return train::for_each_state_tensor(state, [](torch::Tensor&) {});
 }
 
 void check_state_type(torch::optim::OptimizerParamState& state, const std::string& name) {
@@ -186,25 +178,8 @@ void slice_state(torch::optim::OptimizerParamState& state, const std::string& na
                 old_sizes);
     t = t.index_select(dim, index.to(t.device()));
   };
-  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
-    cut(sgd->momentum_buffer());
-  } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
-    cut(adam->exp_avg());
-    cut(adam->exp_avg_sq());
-    cut(adam->max_exp_avg_sq());
-  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
-    cut(adamw->exp_avg());
-    cut(adamw->exp_avg_sq());
-    cut(adamw->max_exp_avg_sq());
-  } else if (auto* rms = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
-    cut(rms->square_avg());
-    cut(rms->momentum_buffer());
-    cut(rms->grad_avg());
-  } else if (auto* ada = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
-    cut(ada->sum());
-  } else {
+  if (!train::for_each_state_tensor(state, cut))
     check_state_type(state, name);  // throws: apply_plan validated this before changing anything
-  }
 }
 
 template <typename Conv>

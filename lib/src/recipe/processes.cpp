@@ -27,12 +27,16 @@ std::string timestamp() {
 
 }  // namespace
 
-Processes start_processes(core::Config& config, const std::string& recipe_name) {
-  Processes p;
-  p.env = dist::launch_env();
+void start_host(const core::Config& config) {
   if (config.get_bool("run.malloc_tuning")) recipe::tune_host_malloc();
   if (config.get_int("trainer.threads") > 0)
     at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
+}
+
+Processes start_processes(core::Config& config, const std::string& recipe_name) {
+  Processes p;
+  p.env = dist::launch_env();
+  start_host(config);
   p.device = core::resolve_device(config.get_string("trainer.device"));
   const std::string fresh_dir = "run.dir=runs/" + recipe_name + "-" + timestamp();
   if (p.env.distributed()) {

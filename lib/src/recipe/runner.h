@@ -43,7 +43,9 @@ struct Processes {
   std::shared_ptr<RunFolderLock> lock;  ///< the writer's hold on run_dir
   bool writer() const { return env.rank == 0; }
 };
-/// Host settings (malloc, threads), the device, the process group, the run
+/// This process's host settings from the config: glibc malloc (run.malloc_tuning), intra-op threads.
+void start_host(const core::Config& config);
+/// Host settings (start_host), the device, the process group, the run
 /// folder (named by rank 0, shared through the store) and the dist.* keys;
 /// seeds LibTorch; the writer locks and claims the run folder
 /// (claim_run_folder: refuses a previous run's folder, compares a resume's

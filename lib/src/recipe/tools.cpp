@@ -18,12 +18,12 @@
 #include "ember/core/file.h"
 #include "ember/core/flops.h"
 #include "ember/core/memory.h"
-#include "ember/core/model_cost.h"
-#include "ember/recipe/host_malloc.h"
+#include "ember/dist/process_group.h"
 #include "ember/train/batch_size_finder.h"
 #include "ember/train/keys.h"
 #include "ember/train/lr_finder.h"
 #include "ember/train/optim.h"
+#include "ember/train/task_cost.h"
 #include "recipe/runner.h"
 
 #if EMBER_WITH_CUDA
@@ -126,24 +126,11 @@ class StepClock : public train::Callback {
   Clock::time_point start_;
 };
 
-/// The recipe's training FLOPs per sample: the task's, else 3 x 2 x forward MACs on two samples.
+/// The recipe's training FLOPs per sample: the task's, else 3 x 2 x forward MACs.
 double train_flops_per_sample(train::Task& task, double* forward_macs) {
   *forward_macs = 0;
   if (task.train_flops_per_sample() > 0) return task.train_flops_per_sample();
-  data::Loader* loader = task.val_loader() ? task.val_loader() : task.test_loader();
-  if (!loader) loader = &task.train_loader();
-  loader->start_epoch(0, 0);
-  std::optional<data::Batch> batch = loader->next();
-  if (!batch || batch->size() == 0) return 0;
-  const int64_t n = std::min<int64_t>(batch->size(), 2);
-  batch->input = batch->input.narrow(0, 0, n);
-  batch->target = batch->target.narrow(0, 0, n);
-  batch->index = batch->index.narrow(0, 0, n);
-  const core::ModelCost cost = core::count_cost(*task.model(), [&] {
-    const train::StepOutput out = task.evaluation_step(*batch);
-    return std::vector<torch::Tensor>{out.output.defined() ? out.output : out.loss};
-  });
-  *forward_macs = static_cast<double>(cost.macs) / static_cast<double>(n);
+  *forward_macs = train::forward_macs_per_sample(task);
   return 6.0 * *forward_macs;  // backward costs twice the forward
 }
 
@@ -250,20 +237,13 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-void check_single_process() {
-  const char* world = std::getenv("WORLD_SIZE");
-  EMBER_CHECK_KIND(kConfig, world == nullptr || std::string(world) == "1",
+/// Host settings, device and seed, as a run starts (start_processes, without
+/// the process group and the run folder).
+torch::Device start_tool(core::Config& config) {
+  EMBER_CHECK_KIND(kConfig, !dist::launch_env().distributed(),
                    "the recipe tools (--measure, --find-batch-size, --find-lr) run in one process; "
                    "start them without torchrun");
-}
-
-/// Host settings, device and seed, as a run starts (start_processes, without the run folder).
-torch::Device start_tool(core::Config& config) {
-  check_single_process();
-  if (config.get_bool("run.malloc_tuning"))
-    recipe::tune_host_malloc();  // as a run: same host memory behaviour
-  if (config.get_int("trainer.threads") > 0)
-    at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
+  start_host(config);
   config.set_override("dist.world_size=1");
   config.set_override("dist.rank=0");
   torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));

@@ -145,30 +145,37 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model
   detail::fail("[train::make_optimizer] unknown optimizer kind {}", static_cast<int>(o.kind()));
 }
 
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+bool for_each_state_tensor(torch::optim::OptimizerParamState& state,
+                           const std::function<void(torch::Tensor&)>& f) {
+  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
+    f(sgd->momentum_buffer());
+  } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
+    f(adam->exp_avg());
+    f(adam->exp_avg_sq());
+    f(adam->max_exp_avg_sq());
+  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
+    f(adamw->exp_avg());
+    f(adamw->exp_avg_sq());
+    f(adamw->max_exp_avg_sq());
+  } else if (auto* rms = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
+    f(rms->square_avg());
+    f(rms->momentum_buffer());
+    f(rms->grad_avg());
+  } else if (auto* ada = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
+    f(ada->sum());
+  } else {
+    return false;
+  }
+  return true;
+}
+
+int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
   int64_t bytes = 0;
-  const auto add = [&](const torch::Tensor& t) {
-    if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
-  };
-  for (const auto& [key, state] : optimizer.state()) {
+  for (auto& [key, state] : optimizer.state()) {
     (void)key;
-    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
-      add(sgd->momentum_buffer());
-    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state.get())) {
-      add(adam->exp_avg());
-      add(adam->exp_avg_sq());
-      add(adam->max_exp_avg_sq());
-    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
-      add(adamw->exp_avg());
-      add(adamw->exp_avg_sq());
-      add(adamw->max_exp_avg_sq());
-    } else if (const auto* rms = dynamic_cast<const torch::optim::RMSpropParamState*>(state.get())) {
-      add(rms->square_avg());
-      add(rms->momentum_buffer());
-      add(rms->grad_avg());
-    } else if (const auto* ada = dynamic_cast<const torch::optim::AdagradParamState*>(state.get())) {
-      add(ada->sum());
-    }
+    for_each_state_tensor(*state, [&](torch::Tensor& t) {
+      if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+    });
   }
   return bytes;
 }

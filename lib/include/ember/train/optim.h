@@ -92,9 +92,15 @@ std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model,
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model,
                                                         const OptimizerOptions& options);
 
-/// Bytes of the optimizer's per-parameter state tensors (momentum buffers,
-/// Adam's moments...) of LibTorch's SGD, Adam, AdamW, RMSprop and Adagrad; 0
-/// before the first step, which allocates them. Other optimizers count 0.
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+/// Calls `f` on every tensor of one parameter's optimizer state (momentum
+/// buffer, Adam's moments, ...; undefined ones too) of LibTorch's SGD, Adam,
+/// AdamW, RMSprop and Adagrad. Returns false, calling nothing, for the state
+/// of another optimizer.
+bool for_each_state_tensor(torch::optim::OptimizerParamState& state,
+                           const std::function<void(torch::Tensor&)>& f);
+
+/// Bytes of the optimizer's per-parameter state tensors (for_each_state_tensor);
+/// 0 before the first step, which allocates them. Other optimizers count 0.
+int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer);
 
 }  // namespace ember::train
