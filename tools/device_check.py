@@ -13,11 +13,15 @@ Rows run in a fixed priority order, tier by tier:
   tier 1, correctness: every GPU test case, compute-sanitizer memcheck and
           racecheck on the augmentation and count_correct kernels, the
           augmentation operators from Python, a short fashion_mnist run per
-          precision mode (with its telemetry), a profiler trace, NCCL with one rank;
+          precision mode (with its telemetry), a profiler trace, NCCL with one rank,
+          the fused optimizers' parity with torch's fused=True under loss scaling
+          (the CUDA graph and sync-count cases are GPU test cases);
   tier 2, speed: the mixed-precision GPT bench at H200 size (speed-up, MFU), the
           augmentation kernel's bandwidth against the copy bandwidth, the
-          monitoring overhead, the pruned ResNet's step times, char_gpt's GPU config;
-  tier 3, accuracies that take minutes.
+          monitoring overhead, the pruned ResNet's step times, char_gpt's GPU config,
+          small-model steps (Ember eager and CUDA graphs vs Python eager,
+          torch.compile and Lightning);
+  tier 3, accuracies that take minutes (and the GPU speed run, 5 seeds).
 The default runs tiers 1 and 2 with a budget that fits one 9-minute command.
 Before each row it compares the row's expected seconds on an H200 with the time
 left and reports `not run (budget)` instead of starting what would not finish;
@@ -40,12 +44,14 @@ python given by EMBER_DEVICE_PYTHON, default this interpreter).
 import argparse
 import datetime
 import glob
+import gzip
 import io
 import json
 import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -60,7 +66,7 @@ MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 # Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
 RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
 BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
-           "ember_bench_ddp")
+           "ember_bench_ddp", "ember_bench_speed")
 TESTS = ("ember_tests", "ember_ddp_worker", "ember_parity_grad_scaler")
 # The GPU test cases that compute-sanitizer runs: the two custom kernels.
 SANITIZED = "AugmentCuda.*:*OpsCuda.*"
@@ -804,6 +810,21 @@ def grad_scaler_parity(c: Check):
              seconds=time.monotonic() - t0)
 
 
+@step("fused optimizers: GradScaler parity with torch fused=True, no host sync (cuda)", 1, 40)
+def fused_parity(c: Check):
+    name = "fused optimizers: GradScaler parity with torch fused=True, no host sync (cuda)"
+    t0 = time.monotonic()
+    rc, out = c.run([c.python, ROOT / "tests" / "parity" / "grad_scaler_parity.py", c.exe("ember_parity_grad_scaler"),
+                     c.work / "grad_scaler_parity", "--device", "cuda", "--fused"], "fused_parity.log")
+    scenarios = re.findall(r"^(OK|FAIL) (\w+):", out, re.M)
+    ok = rc == 0 and scenarios and all(s == "OK" for s, _ in scenarios)
+    c.report(name, "ok" if ok else "FAIL",
+             f"{len(scenarios)} scenarios: FusedSGD/FusedAdam stepped by GradScaler::step_async bitwise equal to "
+             "torch.optim.SGD/Adam(fused=True), skips decided on the device" if ok else
+             f"exit {rc}; {', '.join(f'{n} {s}' for s, n in scenarios) or 'no scenario ran'}: {first_failure(out)}",
+             seconds=time.monotonic() - t0)
+
+
 # ---- tier 2: speed ----------------------------------------------------------------
 
 def bench_row(c: Check, name, cmd, log, limit=None, numbers=lambda out: {}, detail=lambda n, out: ""):
@@ -905,6 +926,32 @@ def char_gpt(c: Check):
                                 f"val_bpb {v.get('val_bpb', 0):.3f}", needs="text")
 
 
+def speed_numbers(js):
+    rows = json.loads(js.read_text())
+    return {f"{r['model']} b{r['batch']}": {k: v for k, v in r.items() if k not in ("model", "batch")} for r in rows}
+
+
+@step("speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Python eager, compile, Lightning (cuda)", 2, 150)
+def speed_bench(c: Check):
+    js = c.work / "speed_gpu.json"
+
+    def detail(n, _):
+        cnn = n.get("cnn b128", {})
+        med = {k[:-3]: v for k, v in cnn.items() if k.endswith("_ms") and v}
+        py, graph, comp = med.get("python"), med.get("ember-graph"), med.get("compile")
+        if not (py and graph):
+            return "no CNN batch-128 graph row (see the table)"
+        text = f"CNN b128: graphs {py / graph:.2f}x Python eager (goal >= 2)"
+        if comp:
+            text += f", {comp / graph:.2f}x torch.compile reduce-overhead (goal >= 1)"
+        return text
+
+    bench_row(c, "speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Python eager, compile, Lightning (cuda)",
+              [c.python, ROOT / "tools" / "bench" / "speed.py", "--binary", c.exe("ember_bench_speed"),
+               "--device", "cuda", "--reps", "3", "--steps", "100", "--warmup", "20", "--json", js],
+              "speed_bench.log", numbers=lambda _: speed_numbers(js), detail=detail)
+
+
 # ---- tier 3: accuracies -------------------------------------------------------------
 
 def fashion_full(c: Check, precision, accs):
@@ -960,6 +1007,37 @@ def fashion_augment(c: Check):
                    ["--config", ROOT / "recipes" / "fashion_mnist" / "augment.toml", "trainer.device=cuda",
                     f"data.root={c.data}", *extra, f"run.dir={c.runs_dir('fashion-' + variant)}"],
                    f"fashion_{variant}.log", detail=accuracy_detail)
+
+
+@step("fashion_mnist speedrun_gpu.toml: 94% in under 5 s of training, 5 seeds (cuda)", 3, 150)
+def speedrun_gpu(c: Check):
+    name = "fashion_mnist speedrun_gpu.toml: 94% in under 5 s of training, 5 seeds (cuda)"
+    if not c.data:
+        c.report(name, "skip", "no Fashion-MNIST")
+        return
+    with gzip.open(c.data / "train-images-idx3-ubyte.gz", "rb") as f:
+        train_images = int.from_bytes(f.read(8)[4:], "big")
+    t0 = time.monotonic()
+    got = []
+    for seed in range(5):
+        rc, v, out = c.recipe("fashion_mnist", f"speedrun_gpu_{seed}.log",
+                              ["--config", ROOT / "recipes" / "fashion_mnist" / "speedrun_gpu.toml",
+                               f"data.root={c.data}", f"trainer.seed={seed}",
+                               f"run.dir={c.runs_dir('speedrun-' + str(seed))}"])
+        if rc != 0:
+            c.report(name, "FAIL", f"seed {seed}: exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
+            return
+        got.append((v.get("test_accuracy", 0), v.get("train_seconds", 0)))
+    accs, secs = [a for a, _ in got], [t for _, t in got]
+    good = min(accs) >= 0.94 and max(secs) < 5.0
+    text = (f"test accuracy mean {statistics.mean(accs):.4f}, worst {min(accs):.4f}; training seconds mean "
+            f"{statistics.mean(secs):.2f}, worst {max(secs):.2f} (goal: every seed >= 0.94 in < 5 s)")
+    if train_images < 60000:  # the pack's subset: the goal is for the whole training set
+        c.report(name, "info", f"{train_images} training images, not 60000: the goal is not judged; " + text,
+                 numbers={"accuracy": accs, "train_seconds": secs}, seconds=time.monotonic() - t0)
+        return
+    c.report(name, "ok" if good else "FAIL", text, numbers={"accuracy": accs, "train_seconds": secs},
+             seconds=time.monotonic() - t0)
 
 
 @step("DDP overlap bench, 2 ranks, Gloo (CPU cores)", 3, 90, gpu=False)

@@ -2,7 +2,7 @@
 // grad_scaler_parity.py and prints the trajectory as JSON, which the script
 // compares with torch.amp.GradScaler run over the same sequence.
 //
-//   grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP [DEVICE]
+//   grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP [DEVICE [fused]]
 //
 // SEQ.bin: float32, the 26 initial weights, then STEPS x MICRO x 26 gradients
 // (inf/NaN allowed). Parameters (fixed, mirrored in the script):
@@ -11,8 +11,12 @@
 // Each micro-batch: loss = sum_p (p * G_p).sum(); scaler.scale(loss).backward().
 // Each step: unscale_(A); clip A's gradients if CLIP > 0; step(A); step(B); update().
 // DEVICE: cpu (default) or cuda; weights, gradients and the scale live there.
+// fused: Ember's FusedSGD (Nesterov, weight decay 1e-4) and FusedAdamW
+// (weight decay 1e-2) instead, stepped with GradScaler::step_async (skips
+// decided on the device; the script compares with torch.optim.SGD/AdamW(fused=True)).
 #include <ember/amp/grad_scaler.h>
 #include <ember/train/clip_grad.h>
+#include <ember/train/fused_optim.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -21,12 +25,13 @@
 #include <iostream>
 
 int main(int argc, char** argv) {
-  if (argc != 9 && argc != 10) {
-    std::cerr
-        << "usage: grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP [DEVICE]\n";
+  if (argc < 9 || argc > 11 || (argc == 11 && std::string(argv[10]) != "fused")) {
+    std::cerr << "usage: grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP [DEVICE "
+                 "[fused]]\n";
     return 2;
   }
-  const torch::Device device(argc == 10 ? argv[9] : "cpu");
+  const torch::Device device(argc >= 10 ? argv[9] : "cpu");
+  const bool fused = argc == 11;
   if (device.is_cuda() && !torch::cuda::is_available()) {
     std::cerr << "grad_scaler_driver: no CUDA device\n";
     return 1;
@@ -64,11 +69,23 @@ int main(int argc, char** argv) {
   std::vector<torch::Tensor> params = block(0);
   for (auto& p : params) p.requires_grad_(true);
   using torch::optim::OptimizerParamGroup;
-  torch::optim::SGD opt_a(std::vector<OptimizerParamGroup>{OptimizerParamGroup({params[0], params[1]}),
-                                                           OptimizerParamGroup({params[2]})},
-                          torch::optim::SGDOptions(0.05).momentum(0.9));
+  const std::vector<OptimizerParamGroup> groups_a = {OptimizerParamGroup({params[0], params[1]}),
+                                                     OptimizerParamGroup({params[2]})};
+  const auto sgd_options = torch::optim::SGDOptions(0.05).momentum(0.9);
+  const auto adam_options = torch::optim::AdamOptions(0.01);
+  std::unique_ptr<torch::optim::Optimizer> a, b;
+  if (fused) {
+    a = std::make_unique<ember::train::FusedSGD>(groups_a,
+                                                 torch::optim::SGDOptions(sgd_options).nesterov(true).weight_decay(1e-4));
+    b = std::make_unique<ember::train::FusedAdamW>(std::vector<torch::Tensor>{params[3]},
+                                                   torch::optim::AdamWOptions(0.01).weight_decay(1e-2));
+  } else {
+    a = std::make_unique<torch::optim::SGD>(groups_a, sgd_options);
+    b = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{params[3]}, adam_options);
+  }
+  torch::optim::Optimizer& opt_a = *a;
+  torch::optim::Optimizer& opt_b = *b;
   static_cast<torch::optim::SGDOptions&>(opt_a.param_groups()[1].options()).lr(0.02);
-  torch::optim::Adam opt_b(std::vector<torch::Tensor>{params[3]}, torch::optim::AdamOptions(0.01));
   const std::vector<torch::Tensor> params_a = {params[0], params[1], params[2]};
 
   ember::amp::GradScaler scaler(options);
@@ -84,8 +101,14 @@ int main(int argc, char** argv) {
     }
     scaler.unscale_(opt_a);
     if (clip > 0) ember::train::clip_grad_norm_(params_a, clip);
-    stepped_a.push_back(scaler.step(opt_a) ? 1 : 0);
-    stepped_b.push_back(scaler.step(opt_b) ? 1 : 0);
+    if (fused) {  // no host read in the step: the flags are read afterwards, for the record
+      const torch::Tensor flag_a = scaler.step_async(opt_a), flag_b = scaler.step_async(opt_b);
+      stepped_a.push_back(flag_a.item<float>() == 0.0f ? 1 : 0);
+      stepped_b.push_back(flag_b.item<float>() == 0.0f ? 1 : 0);
+    } else {
+      stepped_a.push_back(scaler.step(opt_a) ? 1 : 0);
+      stepped_b.push_back(scaler.step(opt_b) ? 1 : 0);
+    }
     scaler.update();
     scales.push_back(scaler.get_scale());
     trackers.push_back(scaler.growth_tracker());

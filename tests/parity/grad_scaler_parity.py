@@ -7,12 +7,18 @@ must give the same scale trajectory, growth tracker and skip decisions exactly,
 and the same final weights (SGD bitwise; Adam within 1e-6 relative, because
 LibTorch's C++ Adam and Python's differ in one op: mul_+add_ vs lerp_).
 
-    python grad_scaler_parity.py DRIVER_EXECUTABLE [WORK_DIR] [--device cuda]
+    python grad_scaler_parity.py DRIVER_EXECUTABLE [WORK_DIR] [--device cuda] [--fused]
 
 With --device cuda both sides keep weights, gradients and the scale on the
 GPU (ATen's CUDA _amp_* kernels); Python's optimizers then take their
 per-tensor path (foreach=False), the one LibTorch's C++ optimizers have. Exit
 77 (a skip) when there is no CUDA device.
+
+With --fused, Ember's FusedSGD (Nesterov, weight decay) and FusedAdamW stepped
+by GradScaler::step_async (the skip decided inside the kernels, no host sync)
+against torch.optim.SGD/AdamW(fused=True), which take the same path in torch's
+GradScaler (grad_scale and found_inf handed to the kernels): every weight must
+be bitwise equal, Adam's too.
 """
 import json
 import math
@@ -45,7 +51,7 @@ def make_sequence(seed, steps, micro, inject, overflow_rate):
     return init, grads
 
 
-def run_torch(init, grads, init_scale, growth, backoff, interval, clip, device):
+def run_torch(init, grads, init_scale, growth, backoff, interval, clip, device, fused=False):
     steps, micro, _ = grads.shape
     flat = torch.from_numpy(init.copy()).to(device)
     params, offset = [], 0
@@ -53,9 +59,19 @@ def run_torch(init, grads, init_scale, growth, backoff, interval, clip, device):
         n = math.prod(s)
         params.append(flat[offset:offset + n].reshape(s).clone().requires_grad_(True))
         offset += n
-    opt_a = torch.optim.SGD([{"params": [params[0], params[1]]}, {"params": [params[2]], "lr": 0.02}],
-                            lr=0.05, momentum=0.9, foreach=False)
-    opt_b = torch.optim.Adam([params[3]], lr=0.01, foreach=False)
+    groups_a = [{"params": [params[0], params[1]]}, {"params": [params[2]], "lr": 0.02}]
+    if fused:  # the fused kernels' other paths too: Nesterov, weight decay, decoupled (AdamW)
+        opt_a = torch.optim.SGD(groups_a, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4, fused=True)
+        opt_b = torch.optim.AdamW([params[3]], lr=0.01, weight_decay=1e-2, fused=True)
+        # torch's fused SGD makes its momentum buffers with torch.empty_like on its first step: when
+        # GradScaler skips that step (found_inf), the next one reads uninitialised memory (NaN, or any
+        # value). Ember's FusedSGD starts them at zero, which a real first step overwrites (buf = g), so
+        # zeros here give torch exactly Ember's trajectory, skipped first step included.
+        for p in params[:3]:
+            opt_a.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    else:
+        opt_a = torch.optim.SGD(groups_a, lr=0.05, momentum=0.9, foreach=False)
+        opt_b = torch.optim.Adam([params[3]], lr=0.01, foreach=False)
     scaler = torch.amp.GradScaler(device, init_scale=init_scale, growth_factor=growth, backoff_factor=backoff,
                                   growth_interval=interval)
     out = {"scale": [], "tracker": [], "stepped_a": [], "stepped_b": []}
@@ -99,6 +115,9 @@ SCENARIOS = [
 def main():
     args = sys.argv[1:]
     device = "cpu"
+    fused = "--fused" in args
+    if fused:
+        args.remove("--fused")
     if "--device" in args:
         i = args.index("--device")
         device = args[i + 1]
@@ -108,19 +127,19 @@ def main():
         sys.exit(77)
     driver = args[0]
     work = Path(args[1]) if len(args) > 1 else Path(tempfile.mkdtemp())
-    work = work / device
+    work = work / (device + ("-fused" if fused else ""))
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    print(f"device: {device}")
+    print(f"device: {device}, optimizers: {'fused (step_async)' if fused else 'per-tensor'}")
     failures = 0
     for name, seed, steps, micro, inject, overflow, init_scale, growth, backoff, interval, clip in SCENARIOS:
         init, grads = make_sequence(seed, steps, micro, inject, overflow)
         seq = work / f"{name}.bin"
         np.concatenate([init, grads.reshape(-1)]).astype("<f4").tofile(seq)
         args = [driver, str(seq), str(steps), str(micro), repr(init_scale), repr(growth), repr(backoff),
-                str(interval), repr(clip), device]
+                str(interval), repr(clip), device] + (["fused"] if fused else [])
         ember = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
-        ref = run_torch(init, grads, init_scale, growth, backoff, interval, clip, device)
+        ref = run_torch(init, grads, init_scale, growth, backoff, interval, clip, device, fused)
 
         problems = []
         for key in ("scale", "tracker", "stepped_a", "stepped_b"):
@@ -130,6 +149,8 @@ def main():
         n_sgd = TOTAL - math.prod(SHAPES[3])
         if ember["weights"][:n_sgd] != ref["weights"][:n_sgd]:
             problems.append("SGD weights are not bitwise equal")
+        if fused and ember["weights"][n_sgd:] != ref["weights"][n_sgd:]:
+            problems.append("AdamW weights are not bitwise equal (the same fused kernel on both sides)")
         if not np.allclose(ember["weights"][n_sgd:], ref["weights"][n_sgd:], rtol=1e-6, atol=1e-7):
             problems.append("Adam weights differ by more than 1e-6")
         # The scenario must exercise what it claims (a test that cannot fail proves nothing).

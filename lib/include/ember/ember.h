@@ -52,6 +52,7 @@
 #include "ember/train/clip_grad.h"
 #include "ember/train/distribution.h"
 #include "ember/train/early_stopping.h"
+#include "ember/train/fused_optim.h"
 #include "ember/train/keys.h"
 #include "ember/train/lr_finder.h"
 #include "ember/train/optim.h"

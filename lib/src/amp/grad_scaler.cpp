@@ -77,10 +77,14 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       state.stage != Stage::kUnscaled,
       "[amp::GradScaler] unscale_() has already been called on this optimizer since the last update().");
   EMBER_CHECK(state.stage != Stage::kStepped, "[amp::GradScaler] unscale_() is being called after step().");
-
-  torch::NoGradGuard no_grad;
   // The inverse in fp64, then fp32, exactly as PyTorch.
-  const torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+  record_non_finite(optimizer, state, scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32));
+  state.stage = Stage::kUnscaled;
+}
+
+void GradScaler::record_non_finite(torch::optim::Optimizer& optimizer, OptimizerState& state,
+                                   const torch::Tensor& inv_scale) {
+  torch::NoGradGuard no_grad;
   const torch::Tensor found_inf = torch::zeros({}, scale_.options());
   std::map<std::string, torch::Tensor> inv_per_device;
   for (auto& [device, per_dtype] : bucket_grads(optimizer)) {
@@ -91,7 +95,6 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     if (!inv.defined()) inv = inv_scale.to(d, /*non_blocking=*/true);
     for (auto& [dtype, grads] : per_dtype) at::_amp_foreach_non_finite_check_and_unscale_(grads, flag, inv);
   }
-  state.stage = Stage::kUnscaled;
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
@@ -99,25 +102,47 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
+  return step_async(optimizer).item<float>() == 0.0f;  // the one host sync
+}
+
+torch::Tensor GradScaler::step_async(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) {
+    optimizer.step();
+    return {};
+  }
   check_initialized("step");
   OptimizerState& state = per_optimizer_[&optimizer];
   EMBER_CHECK(state.stage != Stage::kStepped,
               "[amp::GradScaler] step() has already been called since the last update().");
-  if (state.stage == Stage::kReady) unscale_(optimizer);
+  auto* aware = dynamic_cast<ScalingAwareOptimizer*>(&optimizer);
+  std::optional<torch::Tensor> grad_scale;
+  if (state.stage == Stage::kReady) {
+    if (aware) {  // PyTorch: check for inf/NaN only (x 1), and let the kernels divide by the scale
+      record_non_finite(optimizer, state, torch::ones({}, scale_.options()));
+      grad_scale = scale_;
+    } else {
+      unscale_(optimizer);
+    }
+  }
   EMBER_CHECK(
       !state.found_inf_per_device.empty(),
       "[amp::GradScaler] No inf checks were recorded for this optimizer (none of its parameters has a "
       "gradient: did backward() reach them?).");
-  // One host sync for all devices: add the flags on the scale's device first.
+  // The flags of all devices, added on the scale's device.
   torch::Tensor total;
   for (auto& [device, flag] : state.found_inf_per_device) {
     torch::Tensor f = flag.to(scale_.device(), /*non_blocking=*/true);
     total = total.defined() ? total + f : f;
   }
-  const bool skip = total.item<float>() != 0.0f;
-  if (!skip) optimizer.step();
+  // The kernels skip on a flag of exactly 1; two devices' flags could add up to 2.
+  if (state.found_inf_per_device.size() > 1) total = total.clamp_max(1.0);
+  total = total.reshape({});
+  if (aware)
+    aware->step_on_device(total, grad_scale);
+  else if (total.item<float>() == 0.0f)  // the host decides: one sync
+    optimizer.step();
   state.stage = Stage::kStepped;
-  return !skip;
+  return total;
 }
 
 void GradScaler::update() {

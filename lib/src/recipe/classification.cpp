@@ -135,9 +135,21 @@ std::unique_ptr<ClassificationTask> ClassificationTask::from_config(const core::
                                               classification_options_from_config(c, device));
 }
 
+std::string ClassificationTask::cuda_graph_blocker() const {
+  if (!augment::mixing(mix_)) return {};
+  return "augment.mix.* draws each batch's mixing parameters on the host (set augment.mix.p=0 or its alphas to 0)";
+}
+
 train::StepOutput ClassificationTask::training_step(const data::Batch& b) {
-  if (!augment::mixing(mix_) && mix_.label_smoothing() == 0) return evaluation_step(b);
-  // Mixup/CutMix or label smoothing: soft targets for the loss; accuracy against the sample's own label.
+  if (!augment::mixing(mix_)) {
+    if (mix_.label_smoothing() == 0) return evaluation_step(b);
+    // Label smoothing alone: cross-entropy's own (the same loss as smoothed one-hot rows, in one kernel).
+    torch::Tensor logits = model_.forward(b.input);
+    namespace F = torch::nn::functional;
+    return {F::cross_entropy(logits, b.target, F::CrossEntropyFuncOptions().label_smoothing(mix_.label_smoothing())),
+            logits, b.target};
+  }
+  // Mixup/CutMix: soft targets for the loss; accuracy against the sample's own label.
   const augment::MixResult m = mix_batch(b, num_classes_, mix_, seed_);
   torch::Tensor logits = model_.forward(m.images);
   return {torch::nn::functional::cross_entropy(logits, m.targets), logits, b.target};

@@ -18,6 +18,7 @@
 
 #include "core/check.h"
 #include "ember/train/checkpoint.h"
+#include "train/device_steps.h"
 #include "ember/train/trainer.h"
 #include "train/divergence.h"
 
@@ -145,6 +146,7 @@ void Trainer::save_checkpoint(const std::string& path) {
                  "[train::Trainer] training diverged: {} is not finite at step {}; the checkpoint {} is not "
                  "overwritten{}",
                  bad, global_step_, path, divergence::advice());
+  if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);  // exact in the file
   torch::serialize::OutputArchive root;
   torch::serialize::OutputArchive model_archive, optim_archive, state, callbacks;
   task_->model()->save(model_archive);

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <vector>
 
 namespace ember::train::divergence {
@@ -52,6 +53,15 @@ std::string advice() {
 }
 
 void DivergenceWatch::record(const torch::Tensor& loss, int64_t step) {
+  if (loss.is_cpu()) {  // reading a CPU value costs nothing: keep the state on the host, no tensor ops
+    const double v = loss.item<double>();
+    if (std::isfinite(v))
+      host_ = {0, step, v};
+    else
+      ++host_.streak;
+    on_host_ = true;
+    return;
+  }
   torch::NoGradGuard no_grad;
   const torch::Tensor l = loss.detach().to(torch::kFloat64).reshape({});
   if (!state_.defined() || state_.device() != l.device()) {
@@ -65,6 +75,7 @@ void DivergenceWatch::record(const torch::Tensor& loss, int64_t step) {
 }
 
 DivergenceWatch::State DivergenceWatch::read() const {
+  if (on_host_) return host_;
   if (!state_.defined()) return {};
   const torch::Tensor s = state_.cpu();
   const double* v = s.data_ptr<double>();

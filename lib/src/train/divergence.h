@@ -24,7 +24,7 @@ std::string advice();
 
 /// Device-side record of the loss per optimizer step: the current run of
 /// non-finite losses and the last finite one. record() only queues device
-/// work; read() syncs once.
+/// work; read() syncs once. A CPU loss is recorded on the host.
 class DivergenceWatch {
  public:
   struct State {
@@ -38,6 +38,9 @@ class DivergenceWatch {
  private:
   torch::Tensor state_;     // float64 [3]: streak, last finite step, last finite loss
   torch::Tensor one_more_;  // [1, 0, 0]
+  // A loss on the CPU: the same state on the host (nothing to sync there).
+  State host_;
+  bool on_host_ = false;
 };
 
 }  // namespace ember::train::divergence

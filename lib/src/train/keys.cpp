@@ -34,6 +34,10 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
             "stop (exit 3) after N steps in a row with a NaN/infinite loss (0 = never)", Bounds::at_least(0));
   c.declare("trainer.detect_anomaly", d.detect_anomaly(),
             "check each step's loss and gradients (a host sync per step); name the first non-finite ones");
+  c.declare("trainer.channels_last", d.channels_last(),
+            "channels-last (NHWC) model and inputs: faster convolutions (oneDNN, cuDNN)");
+  c.declare("trainer.cuda_graph", d.cuda_graph(),
+            "CUDA: capture the whole optimizer step as one CUDA graph and replay it (static shapes)");
   c.declare("trainer.val_every", d.val_every(), "validate every N epochs (0 = never)", Bounds::at_least(0));
   c.declare("trainer.checkpoint_every", d.checkpoint_every(),
             "checkpoint every N epochs (0 = at the end and on stop only)", Bounds::at_least(0));
@@ -60,6 +64,8 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
   c.declare("optim.beta1", o.beta1(), "Adam beta1", Bounds::from_below(0, 1));
   c.declare("optim.beta2", o.beta2(), "Adam beta2", Bounds::from_below(0, 1));
   c.declare("optim.eps", o.eps(), "Adam epsilon", Bounds::positive());
+  c.declare("optim.fused", o.fused(),
+            "Ember's fused optimizer (ATen's fused kernels, no host sync); false = LibTorch's");
 
   // Lengths in epochs here (the options count steps): see trainer_options_from_config.
   const ScheduleOptions s;
@@ -101,6 +107,8 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
       .resume(c.get_string("trainer.resume"))
       .nonfinite_patience(c.get_int("trainer.nonfinite_patience"))
       .detect_anomaly(c.get_bool("trainer.detect_anomaly"))
+      .channels_last(c.get_bool("trainer.channels_last"))
+      .cuda_graph(c.get_bool("trainer.cuda_graph"))
       .val_every(c.get_int("trainer.val_every"))
       .checkpoint_every(c.get_int("trainer.checkpoint_every"));
   o.grad_scaler(amp::GradScalerOptions()
@@ -116,7 +124,8 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
                   .decay_all_parameters(c.get_bool("optim.decay_all_parameters"))
                   .beta1(c.get_float("optim.beta1"))
                   .beta2(c.get_float("optim.beta2"))
-                  .eps(c.get_float("optim.eps")));
+                  .eps(c.get_float("optim.eps"))
+                  .fused(c.get_bool("optim.fused")));
 
   const auto to_steps = [&](double epochs) {
     return static_cast<int64_t>(std::llround(epochs * steps_per_epoch));

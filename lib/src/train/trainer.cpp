@@ -16,7 +16,10 @@
 #include "ember/train/accuracy.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/clip_grad.h"
+#include "ember/train/fused_optim.h"
+#include "train/device_steps.h"
 #include "train/divergence.h"
+#include "train/graph_step.h"
 
 namespace ember::train {
 namespace {
@@ -59,19 +62,127 @@ c10::DeviceType device_type_of(torch::nn::Module& model) {
   return params.empty() ? c10::kCPU : params.front().device().type();
 }
 
+// trainer.channels_last: 4-D parameters, buffers and optimizer state in NHWC order.
+void to_channels_last(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  const auto convert = [](torch::Tensor& t) {
+    if (t.defined() && t.dim() == 4 && !t.is_contiguous(at::MemoryFormat::ChannelsLast))
+      t.set_data(t.contiguous(at::MemoryFormat::ChannelsLast));
+  };
+  for (auto& p : model.parameters()) convert(p);
+  for (auto& b : model.buffers()) convert(b);
+  for (auto& [key, state] : optimizer.state()) {  // (a resumed run's state is loaded contiguous)
+    (void)key;
+    for_each_state_tensor(*state, [](torch::Tensor& t) {
+      if (t.defined() && t.dim() == 4) t = t.contiguous(at::MemoryFormat::ChannelsLast);
+    });
+  }
+}
+
+// The batch's 4-D input in the model's memory format.
+void input_channels_last(data::Batch& batch) {
+  if (batch.input.defined() && batch.input.dim() == 4)
+    batch.input = batch.input.contiguous(at::MemoryFormat::ChannelsLast);
+}
+
 void check_loss(const StepOutput& out, const char* where) {
   EMBER_CHECK(out.loss.defined() && out.loss.numel() == 1,
               "[train::Trainer] {} must return a scalar loss, got {}", where,
               out.loss.defined() ? fmt::format("shape [{}]", fmt::join(out.loss.sizes(), ", ")) : "none");
 }
 
+// Eager steps before the capture (GraphStep): enough for every lazily made
+// thing (optimizer state, cuBLAS workspaces, autotuning) to exist.
+constexpr int64_t kGraphWarmupSteps = 3;
+
+}  // namespace
+
+void Trainer::check_cuda_graph_options(c10::DeviceType device_type, int64_t accumulate, bool fused) const {
+  const auto refuse = [](const std::string& why) {
+    detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: {}; or set it to false", why);
+  };
+  if (device_type != c10::kCUDA) refuse("the model is not on a CUDA device (trainer.device=cuda)");
+  if (accumulate != 1) refuse("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
+  if (!fused) refuse("the step needs one of Ember's fused optimizers (optim.fused=true)");
+  if (!device_steps_) refuse("the step must be sync-free (TrainerOptions::sync_free_steps unset or true)");
+  if (options_.detect_anomaly()) refuse("trainer.detect_anomaly reads the device in every step");
+  if (options_.distribution()->world_size() > 1)
+    refuse("data-parallel gradient reduction runs from autograd hooks outside a graph (one process only)");
+}
+
+void Trainer::check_callbacks_capturable() const {
+  std::vector<std::string> refused;
+  for (const auto& cb : callbacks_) {
+    const uint8_t all = Callback::kForwardHook | Callback::kBackwardHook | Callback::kOptimizerHook;
+    if (cb->step_hooks_capturable() || (cb->default_hooks_ & all) == all) continue;
+    std::vector<std::string> hooks;
+    if (!(cb->default_hooks_ & Callback::kForwardHook)) hooks.emplace_back("on_before_forward");
+    if (!(cb->default_hooks_ & Callback::kBackwardHook)) hooks.emplace_back("on_before_backward");
+    if (!(cb->default_hooks_ & Callback::kOptimizerHook)) hooks.emplace_back("on_before_optimizer_step");
+    refused.push_back(fmt::format("'{}' ({})", cb->name(), fmt::join(hooks, ", ")));
+  }
+  if (!refused.empty())
+    detail::fail(ErrorKind::kConfig,
+                 "[train::Trainer] trainer.cuda_graph=true: the callback(s) {} act inside each optimizer step, "
+                 "which a CUDA graph would run only once, at capture; remove them (monitor.histogram_every=0, "
+                 "no pruning or data-parallel callbacks), make them declare step_hooks_capturable(), or set "
+                 "trainer.cuda_graph=false",
+                 fmt::join(refused, ", "));
+}
+
+namespace {
+
+// The number of rows of CPU logits [N, C] (fp32 or fp64, contiguous) whose
+// first arg-max (NaN counts as the largest, as torch.argmax) equals the
+// target; -1 for any other layout. A plain loop: no dispatcher round-trips.
+template <typename T>
+int64_t host_correct(const T* x, const torch::Tensor& targets, int64_t n, int64_t c) {
+  const torch::Tensor t = targets.to(torch::kInt64).contiguous();
+  const int64_t* y = t.data_ptr<int64_t>();
+  int64_t correct = 0;
+  for (int64_t i = 0; i < n; ++i, x += c) {
+    int64_t best = 0;
+    for (int64_t j = 1; j < c && !std::isnan(x[best]); ++j)
+      if (x[j] > x[best] || std::isnan(x[j])) best = j;
+    correct += best == y[i];
+  }
+  return correct;
+}
+
+int64_t count_correct_on_host(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (!logits.is_cpu() || !targets.is_cpu() || !logits.is_contiguous() || logits.size(1) == 0 ||
+      !c10::isIntegralType(targets.scalar_type(), /*includeBool=*/false))
+    return -1;
+  if (logits.scalar_type() == torch::kFloat)
+    return host_correct(logits.data_ptr<float>(), targets, logits.size(0), logits.size(1));
+  if (logits.scalar_type() == torch::kDouble)
+    return host_correct(logits.data_ptr<double>(), targets, logits.size(0), logits.size(1));
+  return -1;
+}
+
 }  // namespace
 
 void PassSums::add(const StepOutput& out, int64_t batch_size) {
   torch::NoGradGuard no_grad;
+  const bool classified =
+      out.output.defined() && out.target.defined() && out.output.dim() == 2 && out.target.dim() == 1;
+  if (out.loss.is_cpu()) {  // read on the host (free on the CPU), summed in place: no tensor ops
+    if (!loss_sum.defined()) loss_sum = torch::zeros({}, torch::kFloat64);
+    loss_sum.data_ptr<double>()[0] += out.loss.item<double>() * static_cast<double>(batch_size);
+    const int64_t c = classified ? count_correct_on_host(out.output.detach(), out.target) : -1;
+    if (c >= 0) {
+      if (!correct.defined()) correct = torch::zeros({}, torch::kInt64);
+      correct.data_ptr<int64_t>()[0] += c;
+    } else if (classified) {
+      const torch::Tensor n = count_correct(out.output.detach(), out.target);
+      correct = correct.defined() ? correct + n : n;
+    }
+    samples += batch_size;
+    return;
+  }
   const torch::Tensor l = out.loss.detach().to(torch::kFloat64) * static_cast<double>(batch_size);
   loss_sum = loss_sum.defined() ? loss_sum + l : l;
-  if (out.output.defined() && out.target.defined() && out.output.dim() == 2 && out.target.dim() == 1) {
+  if (classified) {
     const torch::Tensor c = count_correct(out.output.detach(), out.target);
     correct = correct.defined() ? correct + c : c;
   }
@@ -193,6 +304,23 @@ FitResult Trainer::fit(Task& task) {
                              epoch_, batch_, global_step_);
   }
   apply_schedule();  // the rate of the next step (global_step_)
+  if (options_.channels_last()) to_channels_last(*model, *optimizer_);
+  auto* fused = dynamic_cast<FusedOptimizer*>(optimizer_.get());
+  const bool sync_free = options_.sync_free_steps().value_or(device_type == c10::kCUDA && fused != nullptr);
+  EMBER_CHECK_KIND(kConfig, !sync_free || fused != nullptr,
+                   "[train::Trainer] sync-free steps need one of Ember's fused optimizers (optim.fused=true, or "
+                   "a task optimizer from ember/train/fused_optim.h)");
+  device_steps_.reset();
+  if (sync_free) {
+    const auto params0 = model->parameters();
+    const torch::Device device = params0.empty() ? torch::Device(torch::kCPU) : params0.front().device();
+    device_steps_ = std::make_unique<DeviceSteps>(*fused, *optimizer_, options_.schedule().get(), base_lrs_,
+                                                          device, global_step_, skipped_steps_);
+  }
+  // Sync-free steps: the host learns the skipped count at these reads.
+  const auto read_skipped = [&] {
+    if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);
+  };
   // Every rank reads checkpoints to resume; one writes them.
   const std::string ckpt_path =
       options_.run_dir().empty() || !dist.is_writer() ? "" : options_.run_dir() + "/checkpoints/last.pt";
@@ -209,6 +337,7 @@ FitResult Trainer::fit(Task& task) {
   const int64_t patience = options_.nonfinite_patience();
   const int64_t check_every = patience > 0 ? std::min<int64_t>(patience, 8) : 0;
   const auto check_divergence = [&] {
+    read_skipped();  // the watch reads the device here anyway
     if (patience <= 0) return;
     const divergence::DivergenceWatch::State st = watch.read();
     if (st.streak < patience) return;
@@ -257,6 +386,40 @@ FitResult Trainer::fit(Task& task) {
   const auto phase = [this](StepPhase p) {
     for (auto& cb : callbacks_) cb->on_step_phase(*this, p);
   };
+  const auto backward = [&](const torch::Tensor& loss) {
+    if (grad_scaler_)
+      grad_scaler_->scale(loss).backward();
+    else
+      loss.backward();
+  };
+  // trainer.cuda_graph: one sync-free optimizer step on one batch, as GraphStep captures it.
+  const GraphStep::StepFn whole_step = [&](const data::Batch& b) {
+    const MicroBatch micro{0, 1};
+    for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
+    StepResult r;
+    r.out = amp::run_with_precision(precision, device_type, [&] { return task.training_step(b); });
+    check_loss(r.out, "training_step");
+    for (auto& cb : callbacks_) cb->on_before_backward(*this, r.out, micro);
+    backward(r.out.loss);
+    if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
+    if (options_.clip_grad_norm() > 0) clip_grad_norm_(params, options_.clip_grad_norm());
+    for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
+    if (grad_scaler_) {
+      r.skip_flag = grad_scaler_->step_async(*optimizer_);
+      grad_scaler_->update();
+    } else {
+      optimizer_->step();
+    }
+    return r;
+  };
+  std::unique_ptr<GraphStep> graph;
+  if (options_.cuda_graph()) {
+    check_cuda_graph_options(device_type, k, fused != nullptr);
+    if (const std::string why = task.cuda_graph_blocker(); !why.empty())
+      detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be "
+                   "captured: {}; or set trainer.cuda_graph=false", why);
+    graph = std::make_unique<GraphStep>(kGraphWarmupSteps, [this] { check_callbacks_capturable(); });
+  }
   const auto fit_start = Clock::now();
   double val_seconds = 0.0;
   if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) request_stop("max_steps reached");
@@ -278,74 +441,82 @@ FitResult Trainer::fit(Task& task) {
       std::optional<data::Batch> batch = loader.next();
       EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", batch_,
                   num_batches);
+      if (options_.channels_last()) input_channels_last(*batch);
 
       phase(StepPhase::kForward);
       const MicroBatch micro{batch_ - window_start, window};
-      for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
-      StepOutput out =
-          amp::run_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
-      check_loss(out, "training_step");
-      phase(StepPhase::kBackward);
-      for (auto& cb : callbacks_) cb->on_before_backward(*this, out, micro);
-      const auto backward = [&](const torch::Tensor& loss) {
-        if (grad_scaler_)
-          grad_scaler_->scale(loss).backward();
-        else
-          loss.backward();
-      };
-      if (window == 1) {  // no accumulation: skip the extra autograd node and division
-        backward(out.loss);
-        step_loss = out.loss.detach();
+      const double lr = optimizer_->param_groups().front().options().get_lr();
+      bool stepped = true;
+      torch::Tensor skip_flag;  // sync-free: > 0 on the device when the step was skipped
+      if (graph) {  // the whole step, captured once and replayed (window == 1)
+        StepResult r = graph->run(*batch, whole_step, [&] { optimizer_->zero_grad(/*set_to_none=*/true); });
+        // The graph rewrites its outputs at the next replay: callbacks get copies.
+        step_loss = r.out.loss.detach().clone();
+        skip_flag = r.skip_flag.defined() ? r.skip_flag.clone() : torch::Tensor();
+        epoch_sums_.add(r.out, batch->size());
+        step_samples = batch->size();
+        ++batch_;
       } else {
-        backward(out.loss / static_cast<double>(window));
-        torch::NoGradGuard ng;
-        const torch::Tensor share = out.loss.detach() / static_cast<double>(window);
-        step_loss = step_loss.defined() ? step_loss + share : share;
-      }
-      epoch_sums_.add(out, batch->size());
-      step_samples += batch->size();
-      ++batch_;
+        for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
+        StepOutput out =
+            amp::run_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
+        check_loss(out, "training_step");
+        phase(StepPhase::kBackward);
+        for (auto& cb : callbacks_) cb->on_before_backward(*this, out, micro);
+        if (window == 1) {  // no accumulation: skip the extra autograd node and division
+          backward(out.loss);
+          step_loss = out.loss.detach();
+        } else {
+          backward(out.loss / static_cast<double>(window));
+          torch::NoGradGuard ng;
+          const torch::Tensor share = out.loss.detach() / static_cast<double>(window);
+          step_loss = step_loss.defined() ? step_loss + share : share;
+        }
+        epoch_sums_.add(out, batch->size());
+        step_samples += batch->size();
+        ++batch_;
+        if (batch_ - window_start < window) continue;  // accumulating
 
-      if (batch_ - window_start == window) {  // accumulation boundary
         // Once per effective batch: unscale (inf/NaN check), clip, step or skip, update the scale.
         phase(StepPhase::kOptimizer);
         if (options_.detect_anomaly()) check_step_anomaly(step_loss);
         if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
         if (options_.clip_grad_norm() > 0) clip_grad_norm_(params, options_.clip_grad_norm());
         for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
-        const double lr = optimizer_->param_groups().front().options().get_lr();
-        bool stepped = true;
-        if (grad_scaler_) {
+        if (grad_scaler_ && device_steps_) {
+          skip_flag = grad_scaler_->step_async(*optimizer_);  // decided on the device
+          grad_scaler_->update();
+        } else if (grad_scaler_) {
           stepped = grad_scaler_->step(*optimizer_);  // the one host sync of an fp16-mixed step
           grad_scaler_->update();
         } else {
           optimizer_->step();
         }
         optimizer_->zero_grad(/*set_to_none=*/true);
-        ++global_step_;
-        if (!stepped) ++skipped_steps_;
-        if (patience > 0) {
-          watch.record(step_loss, global_step_);
-          if (global_step_ % check_every == 0) check_divergence();
-        }
-        apply_schedule();
-        StepInfo info{epoch_, global_step_, batch_, step_samples, lr, step_loss, !stepped, skipped_steps_,
-                      // A snapshot (update() works in place); none when the scaler is off.
-                      grad_scaler_ && grad_scaler_->is_enabled() ? grad_scaler_->scale_tensor().clone()
-                                                                 : torch::Tensor()};
-        result.samples += step_samples;
-        step_loss = torch::Tensor();
-        step_samples = 0;
-        phase(StepPhase::kCallbacks);
-        for (auto& cb : callbacks_) cb->on_step_end(*this, info);
-        if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps())
-          request_stop("max_steps reached");
-        if (g_stop_signal != 0) {
-          result.interrupted = true;
-          request_stop(g_stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
-        }
-        if (stop_requested_ && batch_ < num_batches) break;
       }
+      ++global_step_;
+      if (!stepped) ++skipped_steps_;
+      if (device_steps_) device_steps_->after_step(skip_flag, global_step_);
+      if (patience > 0) {
+        watch.record(step_loss, global_step_);
+        if (global_step_ % check_every == 0) check_divergence();
+      }
+      apply_schedule();
+      StepInfo info{epoch_, global_step_, batch_, step_samples, lr, step_loss, !stepped, skipped_steps_,
+                    // A snapshot (update() works in place); none when the scaler is off.
+                    grad_scaler_ && grad_scaler_->is_enabled() ? grad_scaler_->scale_tensor().clone()
+                                                               : torch::Tensor()};
+      result.samples += step_samples;
+      step_loss = torch::Tensor();
+      step_samples = 0;
+      phase(StepPhase::kCallbacks);
+      for (auto& cb : callbacks_) cb->on_step_end(*this, info);
+      if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) request_stop("max_steps reached");
+      if (g_stop_signal != 0) {
+        result.interrupted = true;
+        request_stop(g_stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
+      }
+      if (stop_requested_ && batch_ < num_batches) break;
     }
     const bool epoch_done = batch_ >= num_batches;
     if (!epoch_done) {  // stopped mid-epoch: save the exact position
@@ -377,6 +548,7 @@ FitResult Trainer::fit(Task& task) {
       checkpoint_now();
   }
 
+  read_skipped();
   result.train_seconds = seconds_since(fit_start) - val_seconds;
   result.epochs_completed = epoch_;
   result.steps = global_step_;
@@ -386,6 +558,10 @@ FitResult Trainer::fit(Task& task) {
   for (auto& cb : callbacks_) cb->on_fit_end(*this);
   task_ = nullptr;
   grad_scaler_.reset();
+  if (device_steps_) {  // the optimizer goes back to its groups' learning rates
+    fused->lr_tensors().clear();
+    device_steps_.reset();
+  }
   return result;
 }
 
@@ -401,6 +577,7 @@ EvalResult Trainer::evaluate(Task& task, data::Loader& loader) {
   const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
   loader.start_epoch(0, 0);
   while (auto batch = loader.next()) {
+    if (options_.channels_last()) input_channels_last(*batch);
     StepOutput out =
         amp::run_with_precision(precision, device_type, [&] { return task.evaluation_step(*batch); });
     check_loss(out, "evaluation_step");

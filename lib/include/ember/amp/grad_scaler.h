@@ -21,7 +21,9 @@
 // CUDA kernels), so nothing is read back to the host except in step(): one
 // host sync per step() to decide whether to skip (Python syncs once per
 // device; Ember sums the per-device inf flags on the device first).
-// Gradients must be fp32 (fp32 master weights), as in PyTorch.
+// step_async() with an optimizer that skips on the device
+// (ScalingAwareOptimizer: Ember's fused SGD, Adam and AdamW) has no host sync
+// at all. Gradients must be fp32 (fp32 master weights), as in PyTorch.
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -30,9 +32,24 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 namespace ember::amp {
+
+/// An optimizer that unscales the gradients and skips a step inside its own
+/// kernels (Python: `_step_supports_amp_scaling`, the fused optimizers):
+/// GradScaler::step_async hands it the inf/NaN flag, and the scale when
+/// unscale_ was not called, and never reads the device.
+class ScalingAwareOptimizer {
+ public:
+  virtual ~ScalingAwareOptimizer() = default;
+  /// One step of every parameter with a gradient, the gradients divided by
+  /// `grad_scale` first when it is given; nothing changes at all when
+  /// `found_inf` is given and non-zero. Both are 0-dim fp32 tensors, on any device.
+  virtual void step_on_device(const std::optional<torch::Tensor>& found_inf,
+                              const std::optional<torch::Tensor>& grad_scale) = 0;
+};
 
 struct GradScalerOptions {
   /// Initial scale factor (2^16, as PyTorch).
@@ -69,6 +86,14 @@ class GradScaler {
   /// a gradient was inf/NaN. Returns true when the optimizer stepped, false
   /// when the step was skipped. One host sync.
   bool step(torch::optim::Optimizer& optimizer);
+
+  /// step() without reading the device when `optimizer` is a
+  /// ScalingAwareOptimizer: it gets the inf/NaN flag (and the scale, when
+  /// unscale_ was not called: PyTorch's path for fused optimizers) and skips on
+  /// the device. Any other optimizer is stepped as by step(), with its sync.
+  /// Returns the flag: a 0-dim fp32 tensor on the scale's device, > 0 when the
+  /// step was skipped. Disabled: steps and returns an undefined tensor.
+  torch::Tensor step_async(torch::optim::Optimizer& optimizer);
 
   /// Updates the scale from the inf/NaN flags of every optimizer stepped or
   /// unscaled since the last update: x backoff_factor if any was found,
@@ -115,6 +140,9 @@ class GradScaler {
   };
 
   void check_initialized(const char* fn) const;
+  // Records in `state` whether any gradient of `optimizer` is inf/NaN, multiplying each by `inv_scale`.
+  void record_non_finite(torch::optim::Optimizer& optimizer, OptimizerState& state,
+                         const torch::Tensor& inv_scale);
   void lazy_init(const torch::Device& device);
 
   GradScalerOptions options_;

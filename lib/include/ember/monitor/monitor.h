@@ -105,6 +105,8 @@ class Monitor : public train::Callback {
   void on_epoch_start(train::Trainer& trainer, int64_t epoch) override;
   void on_step_phase(train::Trainer& trainer, train::StepPhase phase) override;
   void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;
+  /// Gradient histograms read the host every monitor.histogram_every steps: not in a CUDA graph.
+  bool step_hooks_capturable() const override { return options_.histogram_every() <= 0; }
   void on_step_end(train::Trainer& trainer, const train::StepInfo& info) override;
   void on_epoch_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& train) override;
   void on_validation_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& val) override;

@@ -117,6 +117,8 @@ class ClassificationTask : public train::Task {
   data::Loader& train_loader() override { return *train_; }
   data::Loader* val_loader() override { return val_.get(); }
   data::Loader* test_loader() override { return test_.get(); }
+  /// Mixing (augment.mix.*) draws each batch's parameters on the host.
+  std::string cuda_graph_blocker() const override;
 
   int64_t num_classes() const { return num_classes_; }
 

@@ -88,8 +88,12 @@ struct StepInfo {
   int64_t samples = 0;        ///< samples in this optimizer step (all micro-batches)
   double lr = 0.0;            ///< learning rate of the first param group used for this step
   torch::Tensor loss;         ///< mean loss of the step, on the device (reading it syncs)
-  bool skipped = false;       ///< the optimizer did not step (fp16-mixed: inf/NaN gradients)
-  int64_t skipped_steps = 0;  ///< steps skipped so far (also before a resume), this one included
+  /// The optimizer did not step (fp16-mixed: inf/NaN gradients). With sync-free
+  /// steps (TrainerOptions::sync_free_steps) the host does not know: false.
+  bool skipped = false;
+  /// Steps skipped so far (also before a resume), this one included; with
+  /// sync-free steps, as of the host's last read (Trainer::skipped_steps() reads).
+  int64_t skipped_steps = 0;
   torch::Tensor
       loss_scale;  ///< fp16-mixed: the loss scale after this step's update, on the device; else undefined
 };
@@ -107,10 +111,14 @@ class Callback {
   /// never sync with the device here (monitor::StepTimer records CUDA events).
   virtual void on_step_phase(Trainer& trainer, StepPhase phase) {}
   /// Before Task::training_step of each (micro-)batch, under no autocast.
-  virtual void on_before_forward(Trainer& trainer, const MicroBatch& micro) {}
+  virtual void on_before_forward(Trainer& trainer, const MicroBatch& micro) { default_hooks_ |= kForwardHook; }
   /// After the forward pass and loss, before backward.
-  virtual void on_before_backward(Trainer& trainer, const StepOutput& out, const MicroBatch& micro) {}
-  virtual void on_before_optimizer_step(Trainer& trainer, torch::optim::Optimizer& optimizer) {}
+  virtual void on_before_backward(Trainer& trainer, const StepOutput& out, const MicroBatch& micro) {
+    default_hooks_ |= kBackwardHook;
+  }
+  virtual void on_before_optimizer_step(Trainer& trainer, torch::optim::Optimizer& optimizer) {
+    default_hooks_ |= kOptimizerHook;
+  }
   virtual void on_step_end(Trainer& trainer, const StepInfo& info) {}
   virtual void on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& train) {}
   virtual void on_validation_end(Trainer& trainer, int64_t epoch, const EvalResult& val) {}
@@ -129,6 +137,22 @@ class Callback {
   /// silently loaded into the wrong shapes. Default false: a run without the
   /// callback ignores its state, with a note.
   virtual bool checkpoint_state_required() const { return false; }
+
+  /// With CUDA graphs (TrainerOptions::cuda_graph) the hooks inside the
+  /// optimizer step (on_before_forward, on_before_backward,
+  /// on_before_optimizer_step) run once, when the step is captured; each
+  /// replay repeats only the device work they queued. Return true when that is
+  /// right for this callback. A callback that overrides one of them and keeps
+  /// the default (false) makes capture refuse, naming it. on_step_phase is
+  /// called for kData, kForward (the replay follows) and kCallbacks only.
+  virtual bool step_hooks_capturable() const { return false; }
+
+ private:
+  friend class Trainer;
+  // Which in-step hooks ran their default (empty) body: set during the eager
+  // warm-up steps, so the Trainer knows which ones a callback overrides.
+  enum : uint8_t { kForwardHook = 1, kBackwardHook = 2, kOptimizerHook = 4 };
+  uint8_t default_hooks_ = 0;
 };
 
 }  // namespace ember::train

@@ -10,6 +10,9 @@
 // 2 dimensions) or embedding tables, as GPT-style training and timm do; the
 // optimizer then has two groups, decayed first. OptimizerOptions::groups
 // gives chosen parameters (by name) their own learning rate or weight decay.
+// By default the optimizer is Ember's fused one (ember/train/fused_optim.h:
+// ATen's fused kernels, no host sync, LibTorch's state and checkpoints);
+// OptimizerOptions::fused(false) gives LibTorch's own.
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -64,6 +67,10 @@ struct OptimizerOptions {
   TORCH_ARG(double, eps) = 1e-8;
   /// Parameter groups with their own settings, tried in order before the defaults.
   TORCH_ARG(std::vector<ParamGroupOptions>, groups);
+  /// Ember's fused optimizers (FusedSGD, FusedAdam, FusedAdamW: one kernel per
+  /// device and dtype, no host sync; the same results within rounding); false:
+  /// LibTorch's torch::optim::SGD, Adam, AdamW.
+  TORCH_ARG(bool, fused) = true;
 };
 
 /// The parameters training updates, with their names: those that require

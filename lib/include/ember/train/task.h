@@ -7,6 +7,7 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <string>
 
 #include "ember/data/loader.h"
 
@@ -37,6 +38,10 @@ class Task {
 
   /// The optimizer; nullptr lets the Trainer build one from its OptimizerSpec.
   virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer() { return nullptr; }
+  /// Why training_step cannot be captured in a CUDA graph (TrainerOptions::
+  /// cuda_graph), "" when it can: a step that reads the device or draws host
+  /// random numbers per batch says so, and the Trainer refuses with the reason.
+  virtual std::string cuda_graph_blocker() const { return {}; }
 
   /// Tokens per training sample for language models (monitoring reports
   /// tokens/s); 0 = not a token model.

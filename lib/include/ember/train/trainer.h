@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "ember/train/task.h"
 
 namespace ember::train {
+class DeviceSteps;
 
 struct TrainerOptions {
   /// Passes over the training data.
@@ -64,6 +66,31 @@ struct TrainerOptions {
   TORCH_ARG(bool, handle_signals) = false;
   /// Used when the Task does not build its own optimizer.
   TORCH_ARG(OptimizerOptions, optimizer);
+  /// Sync-free optimizer steps: fp16-mixed's skip decision and the schedule's
+  /// learning rate stay on the device (the fused optimizer's lr_tensors()), so
+  /// no step waits for the GPU. The host reads the skipped-step count only at
+  /// the divergence checks, epoch ends, checkpoints and every 512 steps or so;
+  /// StepInfo::skipped is then false and StepInfo::skipped_steps the count as
+  /// of the last read, and a learning rate set on a parameter group by hand is
+  /// not used (the schedule's is). The rate is then an fp32 value (the fused
+  /// kernels read fp32 rate tensors): one that fp32 cannot hold exactly rounds.
+  /// Needs a fused optimizer (ember/train/fused_optim.h). Unset: on for CUDA
+  /// with a fused optimizer, off otherwise.
+  TORCH_ARG(std::optional<bool>, sync_free_steps) = std::nullopt;
+  /// Channels-last memory format (NHWC) for the model's 4-D parameters and
+  /// buffers and for 4-D batch inputs: oneDNN's and cuDNN's fast layout for
+  /// convolutions. Nothing changes for models without 4-D tensors.
+  TORCH_ARG(bool, channels_last) = false;
+  /// CUDA only, static shapes: capture the whole optimizer step (forward,
+  /// loss, backward, unscale, clipping, the fused optimizer step, the scale
+  /// update) as one CUDA graph after a few eager warm-up steps, and replay it
+  /// for every later step: no per-op launch cost. Needs CUDA, a fused
+  /// optimizer, sync-free steps, accumulate_grad_batches 1, one process, and a
+  /// Task whose training_step reads nothing from the device and draws no host
+  /// random numbers (augment.mix.* does); callbacks with in-step hooks must
+  /// declare them capturable (Callback::step_hooks_capturable). A replay is
+  /// bit-identical to the eager step. README "CUDA graphs" has the details.
+  TORCH_ARG(bool, cuda_graph) = false;
   /// Learning-rate schedule over optimizer steps; nullptr = constant.
   TORCH_ARG(std::shared_ptr<Schedule>, schedule);
   /// The other processes of a data-parallel run (sums of the epoch metrics,
@@ -126,6 +153,8 @@ class Trainer {
   int64_t epoch() const { return epoch_; }
   int64_t global_step() const { return global_step_; }
   /// Optimizer steps skipped by the GradScaler so far (inf/NaN gradients).
+  /// Exact at epoch ends, checkpoints and after fit; during an epoch with
+  /// sync-free steps, as of the host's last read of the device.
   int64_t skipped_steps() const { return skipped_steps_; }
   /// The loss scaler of the current fit (fp16-mixed only; nullptr otherwise).
   amp::GradScaler* grad_scaler() { return grad_scaler_.get(); }
@@ -143,6 +172,9 @@ class Trainer {
   void load_checkpoint(const std::string& path, std::string_view archive);
   void apply_schedule();
   void reduce_across_processes(PassSums& sums) const;
+  // trainer.cuda_graph: what the graph needs, checked before the first step and before capture.
+  void check_cuda_graph_options(c10::DeviceType device_type, int64_t accumulate, bool fused) const;
+  void check_callbacks_capturable() const;
 
   TrainerOptions options_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
@@ -150,6 +182,8 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<amp::GradScaler> grad_scaler_;
   std::vector<double> base_lrs_;
+  // Sync-free steps: the skipped count and learning rates on the device (train/device_steps.h).
+  std::unique_ptr<DeviceSteps> device_steps_;
 
   // Loop position: the next batch to run is (epoch_, batch_).
   int64_t epoch_ = 0;

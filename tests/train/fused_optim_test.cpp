@@ -1,0 +1,412 @@
+// Ember's fused optimizers (ember/train/fused_optim.h) against LibTorch's own,
+// their device-side skip and learning-rate tensors, checkpoints in LibTorch's
+// format, and the Trainer's sync-free steps and channels-last mode, on the CPU.
+// Bitwise parity with Python's fused=True optimizers is parity.grad_scaler_fused;
+// CUDA graphs and the GPU sync count are the *Cuda cases (device check).
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "cuda_test.h"
+#include "train/test_task.h"
+
+#if EMBER_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+using namespace ember;
+using test_util::BlobTask;
+
+namespace {
+
+// Four parameters in two groups: a matrix, a bias, a 4-D kernel, and a vector
+// that gets a gradient only on even steps (its Adam step count lags).
+struct Params {
+  std::vector<torch::Tensor> all;
+  explicit Params(uint64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{5, 3}, {7}, {2, 3, 3, 3}, {4}})
+      all.push_back(torch::randn(shape, gen).requires_grad_(true));
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups() const {
+    return {torch::optim::OptimizerParamGroup({all[0], all[1]}), torch::optim::OptimizerParamGroup({all[2], all[3]})};
+  }
+};
+
+// The same gradients (seeded by step) into the parameters of each optimizer, then a step.
+void run_steps(std::vector<std::pair<Params*, torch::optim::Optimizer*>> runs, int64_t first, int64_t last) {
+  for (int64_t t = first; t < last; ++t) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + t);
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : runs.front().first->all) grads.push_back(torch::randn(p.sizes(), gen) * 0.3);
+    for (auto& [params, opt] : runs) {
+      opt->zero_grad(true);
+      for (size_t i = 0; i < grads.size(); ++i)
+        if (i != 3 || t % 2 == 0) params->all[i].mutable_grad() = grads[i].clone();
+      opt->step();
+    }
+  }
+}
+
+template <typename Opt, typename Options>
+std::unique_ptr<torch::optim::Optimizer> make(const Params& p, const Options& o) {
+  auto opt = std::make_unique<Opt>(p.groups(), o);
+  auto& g1 = static_cast<Options&>(opt->param_groups()[1].options());
+  g1.lr(g1.lr() * 0.5);  // two groups with their own rates
+  return opt;
+}
+
+void expect_close(const Params& a, const Params& b, double rtol, const std::string& what) {
+  for (size_t i = 0; i < a.all.size(); ++i)
+    EXPECT_TRUE(torch::allclose(a.all[i], b.all[i], rtol, 1e-7))
+        << what << ": parameter " << i << " differs by " << (a.all[i] - b.all[i]).abs().max().item<double>();
+}
+
+void expect_equal(const Params& a, const Params& b, const std::string& what) {
+  for (size_t i = 0; i < a.all.size(); ++i)
+    EXPECT_TRUE(torch::equal(a.all[i], b.all[i])) << what << ": parameter " << i << " is not bitwise equal";
+}
+
+}  // namespace
+
+TEST(FusedOptim, MatchesLibTorchOptimizersWithinRounding) {
+  namespace o = torch::optim;
+  const auto check = [](const char* what, auto make_fused, auto make_ref) {
+    Params pf(1), pr(1);
+    auto fused = make_fused(pf);
+    auto ref = make_ref(pr);
+    run_steps({{&pf, fused.get()}, {&pr, ref.get()}}, 0, 30);
+    expect_close(pf, pr, 2e-5, what);
+    Params start(1);  // and they moved
+    EXPECT_GT((pf.all[0] - start.all[0]).abs().max().item<double>(), 1e-3) << what;
+  };
+  const auto sgd = o::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-2);
+  check("sgd nesterov", [&](const Params& p) { return make<train::FusedSGD>(p, sgd); },
+        [&](const Params& p) { return make<o::SGD>(p, sgd); });
+  const auto heavy = o::SGDOptions(0.05).momentum(0.8).weight_decay(1e-3);
+  check("sgd momentum", [&](const Params& p) { return make<train::FusedSGD>(p, heavy); },
+        [&](const Params& p) { return make<o::SGD>(p, heavy); });
+  const auto plain = o::SGDOptions(0.1);
+  check("sgd plain", [&](const Params& p) { return make<train::FusedSGD>(p, plain); },
+        [&](const Params& p) { return make<o::SGD>(p, plain); });
+  const auto adam = o::AdamOptions(1e-2).weight_decay(1e-2);
+  check("adam", [&](const Params& p) { return make<train::FusedAdam>(p, adam); },
+        [&](const Params& p) { return make<o::Adam>(p, adam); });
+  const auto ams = o::AdamOptions(1e-2).amsgrad(true).betas({0.8, 0.99});
+  check("adam amsgrad", [&](const Params& p) { return make<train::FusedAdam>(p, ams); },
+        [&](const Params& p) { return make<o::Adam>(p, ams); });
+  const auto adamw = o::AdamWOptions(1e-2).weight_decay(0.1);
+  check("adamw", [&](const Params& p) { return make<train::FusedAdamW>(p, adamw); },
+        [&](const Params& p) { return make<o::AdamW>(p, adamw); });
+}
+
+TEST(FusedOptim, CheckpointsInLibTorchFormatBothWays) {
+  namespace o = torch::optim;
+  const auto options = o::AdamWOptions(1e-2).weight_decay(0.05);
+  Params straight(2), resumed(2), into_libtorch(2);
+  auto a = make<train::FusedAdamW>(straight, options);
+  run_steps({{&straight, a.get()}}, 0, 7);
+  std::stringstream bytes;
+  {
+    torch::serialize::OutputArchive out;
+    a->save(out);
+    out.save_to(bytes);
+  }
+  // The host step counts were brought up to date: 7 steps, 4 for the parameter with gradients on even steps.
+  const auto& st = static_cast<o::AdamWParamState&>(*a->state().at(straight.all[0].unsafeGetTensorImpl()));
+  EXPECT_EQ(st.step(), 7);
+  const auto& lag = static_cast<o::AdamWParamState&>(*a->state().at(straight.all[3].unsafeGetTensorImpl()));
+  EXPECT_EQ(lag.step(), 4);
+
+  for (size_t i = 0; i < straight.all.size(); ++i) {
+    torch::NoGradGuard ng;
+    resumed.all[i].copy_(straight.all[i]);
+    into_libtorch.all[i].copy_(straight.all[i]);
+  }
+  auto b = make<train::FusedAdamW>(resumed, options);
+  auto c = make<o::AdamW>(into_libtorch, options);
+  for (torch::optim::Optimizer* opt : {b.get(), c.get()}) {
+    bytes.seekg(0);
+    torch::serialize::InputArchive in;
+    in.load_from(bytes);
+    opt->load(in);
+  }
+  run_steps({{&straight, a.get()}, {&resumed, b.get()}, {&into_libtorch, c.get()}}, 7, 15);
+  expect_equal(straight, resumed, "fused, resumed from its checkpoint");
+  expect_close(straight, into_libtorch, 2e-5, "LibTorch's AdamW from the fused checkpoint");
+}
+
+TEST(FusedOptim, SkipsOnTheFlagAndDividesByTheScale) {
+  namespace o = torch::optim;
+  Params skipped(3), scaled(3), plain(3);
+  auto s = make<train::FusedAdam>(skipped, o::AdamOptions(1e-2));
+  auto c = make<train::FusedAdam>(scaled, o::AdamOptions(1e-2));
+  auto p = make<train::FusedAdam>(plain, o::AdamOptions(1e-2));
+  run_steps({{&skipped, s.get()}, {&scaled, c.get()}, {&plain, p.get()}}, 0, 3);
+  const std::vector<torch::Tensor> before = {skipped.all[0].detach().clone(), skipped.all[2].detach().clone()};
+  for (auto* params : {&skipped, &scaled, &plain})
+    for (auto& t : params->all) t.mutable_grad() = torch::ones_like(t) * 0.25;
+  for (auto& t : scaled.all) t.mutable_grad().mul_(8.0);  // as if scaled by 8 and not unscaled
+  const auto flag = [](float v) { return std::optional<torch::Tensor>(torch::full({}, v)); };
+  dynamic_cast<train::FusedAdam&>(*s).step_on_device(flag(1.0f), std::nullopt);
+  dynamic_cast<train::FusedAdam&>(*c).step_on_device(flag(0.0f), flag(8.0f));
+  p->step();
+  EXPECT_TRUE(torch::equal(skipped.all[0], before[0]) && torch::equal(skipped.all[2], before[1]))
+      << "found_inf != 0: nothing changes";
+  expect_equal(scaled, plain, "gradients divided by grad_scale in the kernel");
+  // The skipped step was not counted: the next real step equals the plain optimizer's.
+  run_steps({{&skipped, s.get()}, {&plain, p.get()}}, 100, 101);
+  torch::serialize::OutputArchive out;
+  s->save(out);
+  EXPECT_EQ(static_cast<o::AdamParamState&>(*s->state().at(skipped.all[0].unsafeGetTensorImpl())).step(), 4);
+}
+
+TEST(FusedOptim, LearningRateTensorsReplaceTheGroupsRates) {
+  namespace o = torch::optim;
+  Params with_tensors(4), with_values(4);
+  auto a = make<train::FusedSGD>(with_tensors, o::SGDOptions(0.5).momentum(0.9));  // rates 0.5 and 0.25
+  auto b = make<train::FusedSGD>(with_values, o::SGDOptions(0.125).momentum(0.9));
+  static_cast<o::SGDOptions&>(b->param_groups()[1].options()).lr(0.375);
+  auto& fused = dynamic_cast<train::FusedSGD&>(*a);
+  fused.lr_tensors() = {torch::full({}, 0.125f), torch::full({}, 0.375f)};
+  run_steps({{&with_tensors, a.get()}, {&with_values, b.get()}}, 0, 5);
+  expect_equal(with_tensors, with_values, "lr_tensors() in place of the groups' lr");
+  fused.lr_tensors() = {torch::full({}, 0.1f)};
+  EXPECT_THROW(run_steps({{&with_tensors, a.get()}}, 5, 6), Error) << "one tensor per group, or none";
+}
+
+TEST(FusedOptim, MakeOptimizerBuildsFusedByDefault) {
+  BlobTask task({});
+  auto fused = train::make_optimizer(*task.model(), train::OptimizerOptions(0.1));
+  EXPECT_NE(dynamic_cast<train::FusedSGD*>(fused.get()), nullptr);
+  auto adamw =
+      train::make_optimizer(*task.model(), train::OptimizerOptions(0.1).kind(train::OptimizerKind::kAdamW));
+  EXPECT_NE(dynamic_cast<train::FusedAdamW*>(adamw.get()), nullptr);
+  EXPECT_EQ(adamw->param_groups().size(), 2u) << "decayed and not decayed, as LibTorch's";
+  auto libtorch = train::make_optimizer(*task.model(), train::OptimizerOptions(0.1).fused(false));
+  EXPECT_EQ(dynamic_cast<train::FusedSGD*>(libtorch.get()), nullptr);
+  EXPECT_NE(dynamic_cast<torch::optim::SGD*>(libtorch.get()), nullptr);
+}
+
+namespace {
+
+// fp16-mixed on the CPU with a loss scale so large that the first steps
+// overflow and are skipped, and a step schedule: the skipped steps must not
+// advance it. Rates and factors are powers of two so that the fp32 rate
+// tensors of sync-free steps hold them exactly.
+train::TrainerOptions skipping_options(bool sync_free, train::OptimizerKind kind) {
+  train::TrainerOptions o;
+  o.epochs(3).val_every(0).checkpoint_every(0);
+  o.precision(amp::Precision::kFp16Mixed);
+  o.grad_scaler().init_scale(std::ldexp(1.0, 24)).growth_interval(3);
+  o.optimizer().lr(0.125).kind(kind);
+  o.schedule(std::make_shared<train::StepSchedule>(4, 0.5));
+  o.sync_free_steps(sync_free);
+  return o;
+}
+
+}  // namespace
+
+TEST(FusedOptim, SyncFreeStepsGiveTheSameRunAsHostSteps) {
+  for (const auto kind : {train::OptimizerKind::kSgd, train::OptimizerKind::kAdamW}) {
+    BlobTask::Options to;
+    to.dropout = false;
+    to.prefetch = 0;
+    BlobTask host_task(to), device_task(to);
+    const auto host = train::Trainer(skipping_options(false, kind)).fit(host_task);
+    const auto device = train::Trainer(skipping_options(true, kind)).fit(device_task);
+    EXPECT_GE(host.skipped_steps, 2) << "the scenario must skip steps";
+    EXPECT_LE(host.skipped_steps, host.steps - 8) << "and take some";
+    EXPECT_EQ(device.skipped_steps, host.skipped_steps) << "read from the device at the end";
+    EXPECT_EQ(device.steps, host.steps);
+    const auto a = test_util::snapshot(*host_task.model()), b = test_util::snapshot(*device_task.model());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(torch::equal(a[i], b[i])) << train::to_string(kind) << ": tensor " << i;
+  }
+}
+
+TEST(FusedOptim, SyncFreeStepsRefuseLibTorchOptimizers) {
+  BlobTask task({});
+  auto o = skipping_options(true, train::OptimizerKind::kSgd);
+  o.optimizer().fused(false);
+  const std::string msg = test_util::error_of([&] { train::Trainer(o).fit(task); });
+  EXPECT_NE(msg.find("fused"), std::string::npos) << msg;
+}
+
+namespace {
+
+struct TinyConvImpl : torch::nn::Module {
+  TinyConvImpl() {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 6, 3).padding(1)));
+    bn = register_module("bn", torch::nn::BatchNorm2d(6));
+    fc = register_module("fc", torch::nn::Linear(6, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn->forward(conv->forward(x.view({x.size(0), 2, 2, 2}))));
+    return fc->forward(x.mean({2, 3}));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(TinyConv);
+
+class ConvBlobTask : public BlobTask {
+ public:
+  ConvBlobTask() : BlobTask(options()) {
+    torch::manual_seed(5);
+    net_ = TinyConv();
+  }
+  static Options options() {
+    Options o;
+    o.prefetch = 0;
+    o.dropout = false;
+    return o;
+  }
+  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
+  train::StepOutput training_step(const data::Batch& b) override {
+    auto logits = net_->forward(b.input);
+    return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
+  }
+  TinyConv net_{nullptr};
+};
+
+}  // namespace
+
+TEST(Trainer, ChannelsLastTrainsTheSameModel) {
+  ConvBlobTask nchw, nhwc;
+  train::TrainerOptions o;
+  o.epochs(2).val_every(0).checkpoint_every(0);
+  o.optimizer().lr(0.05);  // SGD: a gradient's rounding moves the weights as little (Adam would amplify
+                           // it on the conv bias, whose gradient batch norm makes ~0)
+  const auto r1 = train::Trainer(o).fit(nchw);
+  const auto r2 = train::Trainer(o.channels_last(true)).fit(nhwc);
+  EXPECT_TRUE(nhwc.net_->conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(nchw.net_->conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast));
+  const auto a = test_util::snapshot(*nchw.model()), b = test_util::snapshot(*nhwc.model());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-4, 1e-5))
+        << "tensor " << i << " differs by " << (a[i] - b[i]).abs().max().item<double>();
+  EXPECT_NEAR(r1.last_train.loss, r2.last_train.loss, 1e-4);
+}
+
+#if EMBER_WITH_CUDA
+namespace {
+
+struct SyncCounter : c10::WarningHandler {
+  int64_t syncs = 0;
+  void process(const c10::Warning& w) override {
+    if (w.msg().find("synchronizing") != std::string::npos) ++syncs;
+  }
+};
+
+BlobTask::Options cuda_blobs(bool dropout) {
+  BlobTask::Options to;
+  to.device = torch::Device(torch::kCUDA);
+  to.samples = 1000;  // 31 full batches of 32 and a short one (eager in graph mode)
+  to.dropout = dropout;
+  return to;
+}
+
+train::TrainerOptions graph_options(bool graph, const std::string& precision) {
+  train::TrainerOptions o;
+  o.epochs(3).val_every(0).checkpoint_every(0);
+  o.precision(amp::parse_precision(precision));
+  o.clip_grad_norm(1.0);
+  o.optimizer().kind(train::OptimizerKind::kAdamW).lr(4e-3);
+  o.grad_scaler().init_scale(std::ldexp(1.0, 40)).growth_interval(5);  // skips first, then grows
+  o.schedule(std::make_shared<train::StepSchedule>(16, 0.5));
+  o.cuda_graph(graph);
+  return o;
+}
+
+}  // namespace
+
+TEST(FusedOptimCuda, Fp16StepsDoNotSyncWithTheHost) {
+  EMBER_REQUIRE_CUDA();
+  const auto syncs = [](const std::string& precision, bool fused, int64_t* steps) {
+    BlobTask task(cuda_blobs(false));
+    train::TrainerOptions o;
+    o.epochs(1).val_every(0).checkpoint_every(0).nonfinite_patience(0).clip_grad_norm(1.0);
+    o.precision(amp::parse_precision(precision));
+    o.optimizer().fused(fused);
+    SyncCounter counter;
+    c10::WarningUtils::WarningHandlerGuard guard(&counter);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+    const auto r = train::Trainer(o).fit(task);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    *steps = r.steps;
+    return counter.syncs;
+  };
+  int64_t steps = 0;
+  const int64_t bf16 = syncs("bf16-mixed", true, &steps);
+  const int64_t fp16 = syncs("fp16-mixed", true, &steps);
+  const int64_t fp16_libtorch = syncs("fp16-mixed", false, &steps);
+  ASSERT_GE(steps, 30);
+  // The skipped-step count is read twice (epoch end, fit end), whatever the number of steps.
+  EXPECT_LE(fp16 - bf16, 2) << "fp16-mixed with a fused optimizer: no host sync per step";
+  EXPECT_GE(fp16_libtorch - bf16, steps) << "LibTorch's optimizers: the GradScaler decides on the host";
+}
+
+TEST(FusedOptimCuda, GraphStepsEqualEagerStepsBitwise) {
+  EMBER_REQUIRE_CUDA();
+  for (const std::string precision : {"fp32", "bf16-mixed", "fp16-mixed"}) {
+    torch::manual_seed(11);
+    BlobTask eager_task(cuda_blobs(true)), graph_task(cuda_blobs(true));
+    torch::manual_seed(99);  // the dropout masks: the same CUDA generator state for both runs
+    const auto eager = train::Trainer(graph_options(false, precision)).fit(eager_task);
+    torch::manual_seed(99);
+    const auto graph = train::Trainer(graph_options(true, precision)).fit(graph_task);
+    EXPECT_EQ(eager.skipped_steps, graph.skipped_steps) << precision;
+    if (precision == "fp16-mixed") {
+      EXPECT_GE(eager.skipped_steps, 1) << "the scenario must skip";
+    }
+    const auto a = test_util::snapshot(*eager_task.model()), b = test_util::snapshot(*graph_task.model());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << precision << ": tensor " << i;
+    EXPECT_EQ(eager.last_train.loss, graph.last_train.loss) << precision;
+  }
+}
+
+TEST(FusedOptimCuda, GraphRunResumesAsTheEagerRun) {
+  EMBER_REQUIRE_CUDA();
+  const std::string dir = test_util::temp_dir("graph_resume");
+  torch::manual_seed(3);
+  BlobTask straight_task(cuda_blobs(true));
+  torch::manual_seed(77);
+  train::Trainer(graph_options(false, "fp16-mixed")).fit(straight_task);
+  // The graph run stops after 40 steps with a checkpoint, then resumes in graph mode.
+  torch::manual_seed(3);
+  BlobTask first(cuda_blobs(true));
+  torch::manual_seed(77);
+  train::Trainer(graph_options(true, "fp16-mixed").run_dir(dir).max_steps(40)).fit(first);
+  torch::manual_seed(3);
+  BlobTask second(cuda_blobs(true));
+  torch::manual_seed(12345);  // the checkpoint restores the generator
+  const auto r = train::Trainer(graph_options(true, "fp16-mixed").run_dir(dir).resume("auto")).fit(second);
+  EXPECT_EQ(r.resumed_at_step, 40);
+  const auto a = test_util::snapshot(*straight_task.model()), b = test_util::snapshot(*second.model());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
+}
+
+TEST(FusedOptimCuda, GraphRefusesCallbacksThatActInsideTheStep) {
+  EMBER_REQUIRE_CUDA();
+  struct Peeker : train::Callback {
+    std::string name() const override { return "grad_peeker"; }
+    void on_before_optimizer_step(train::Trainer&, torch::optim::Optimizer&) override {}
+  };
+  BlobTask task(cuda_blobs(false));
+  train::Trainer trainer(graph_options(true, "bf16-mixed"));
+  trainer.add_callback(std::make_shared<Peeker>());
+  const std::string msg = test_util::error_of([&] { trainer.fit(task); });
+  EXPECT_NE(msg.find("grad_peeker"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("on_before_optimizer_step"), std::string::npos) << msg;
+}
+#endif
+
+TEST(FusedOptim, CudaGraphOnTheCpuIsAConfigError) {
+  BlobTask task({});
+  train::TrainerOptions o;
+  o.epochs(1).cuda_graph(true);
+  const std::string msg = test_util::error_of([&] { train::Trainer(o).fit(task); });
+  EXPECT_NE(msg.find("trainer.cuda_graph"), std::string::npos) << msg;
+}

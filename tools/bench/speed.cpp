@@ -1,0 +1,231 @@
+// Training-step time of Ember's Trainer, eager or with CUDA graphs, for three
+// small models on synthetic data held in memory:
+//   mlp  Fashion-MNIST MLP: [N,1,28,28] -> flatten -> 784 -> 512 -> ReLU -> 256 -> ReLU -> 10
+//   cnn  models::FashionNet (the fashion_mnist recipe's network)
+//   gpt  models::CharGpt at small width: 2 layers, n_embd 64, 4 heads, block 64
+// SGD (lr 0.05, momentum 0.9, Nesterov, weight decay 5e-4 on all parameters)
+// for mlp and cnn; AdamW (lr 1e-3, weight decay 0.1 on all parameters) for gpt.
+// The Python twin (speed.py) runs the same models and steps in PyTorch eager,
+// with fused optimizers, under torch.compile and in Lightning, and drives this
+// program, so all are measured side by side in one run.
+//
+//   ember_bench_speed --model mlp|cnn|gpt [--batch B] [--steps N] [--warmup W] [--threads T]
+//                     [--device cpu|cuda] [--precision fp32|tf32|bf16-mixed|fp16-mixed]
+//                     [--fused on|off] [--channels-last on|off] [--cuda-graph on|off]
+// prints one JSON line: {"median_ms": m, "steps": n, "batch": b, "warmup_s": w, ...}
+#include <ember/ember.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+using namespace ember;
+using Clock = std::chrono::steady_clock;
+
+// The small GPT's shape (speed.py's GPT_* constants are the same).
+constexpr int64_t kGptLayers = 2, kGptEmbd = 64, kGptHeads = 4, kGptBlock = 64;
+
+struct Args {
+  std::string model = "mlp", precision = "fp32", device = "cpu";
+  std::string fused = "on", channels_last = "off", cuda_graph = "off";
+  int64_t steps = 40, warmup = 10, threads = 0, batch = 0;
+};
+
+bool parse_on_off(const std::string& flag, const std::string& v) {
+  if (v == "on") return true;
+  if (v == "off") return false;
+  throw Error(ErrorKind::kConfig, "[ember_bench_speed] " + flag + ": expected on or off, got '" + v + "'");
+}
+
+// Twin of speed.py's mlp(): flatten, 784 -> 512 -> ReLU -> 256 -> ReLU -> 10.
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    net = register_module("net", torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 512),
+                                                       torch::nn::ReLU(), torch::nn::Linear(512, 256),
+                                                       torch::nn::ReLU(), torch::nn::Linear(256, 10)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return net->forward(x); }
+  torch::nn::Sequential net{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class SyntheticTask : public train::Task {
+ public:
+  SyntheticTask(const Args& a, torch::Device device) : model_name_(a.model) {
+    const bool gpt = model_name_ == "gpt";
+    batch_ = a.batch > 0 ? a.batch : (gpt ? 16 : 32);
+    // Every batch full (static shapes for CUDA graphs), one spare.
+    const int64_t n = batch_ * (a.steps + a.warmup + 1);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    data::TensorDataset ds;
+    if (gpt) {
+      gpt_ = models::CharGpt(models::CharGptOptions()
+                                 .n_layer(kGptLayers)
+                                 .n_embd(kGptEmbd)
+                                 .n_head(kGptHeads)
+                                 .block_size(kGptBlock));
+      gpt_->to(device);
+      ds = {torch::randint(0, 256, {n, kGptBlock + 1}, gen, torch::kUInt8), torch::zeros({n}, torch::kInt64)};
+    } else {
+      if (model_name_ == "cnn") {
+        cnn_ = models::FashionNet(models::FashionNetOptions());
+        cnn_->to(device);
+      } else if (model_name_ == "mlp") {
+        mlp_ = Mlp();
+        mlp_->to(device);
+      } else {
+        throw Error(ErrorKind::kConfig,
+                    "[ember_bench_speed] --model: expected mlp, cnn or gpt, got '" + model_name_ + "'");
+      }
+      ds = {torch::randint(0, 256, {n, 28, 28}, gen, torch::kUInt8),
+            torch::randint(0, 10, {n}, gen, torch::kInt64)};
+    }
+    auto opts = data::TensorLoaderOptions().batch_size(batch_).seed(0).prefetch(0).device(device);
+    if (!gpt)
+      opts.transform([](data::Batch b) {
+        b.input = models::normalize_fashion(b.input);  // uint8 [N,28,28] -> float [N,1,28,28]
+        return b;
+      });
+    loader_ = std::make_unique<data::TensorLoader>(std::move(ds), opts);
+  }
+  std::shared_ptr<torch::nn::Module> model() override {
+    if (gpt_) return gpt_.ptr();
+    if (cnn_) return cnn_.ptr();
+    return mlp_.ptr();
+  }
+  train::StepOutput training_step(const data::Batch& b) override {
+    if (gpt_) {
+      const torch::Tensor w = b.input.to(torch::kLong);  // [N, T+1] bytes
+      const torch::Tensor x = w.narrow(1, 0, w.size(1) - 1), y = w.narrow(1, 1, w.size(1) - 1);
+      const torch::Tensor logits = gpt_->forward(x);  // [N, T, 256]
+      train::StepOutput out;
+      out.loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape(-1));
+      return out;
+    }
+    torch::Tensor logits = cnn_ ? cnn_->forward(b.input) : mlp_->forward(b.input);  // [N, 10]
+    return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
+  }
+  data::Loader& train_loader() override { return *loader_; }
+  int64_t batch() const { return batch_; }
+
+ private:
+  std::string model_name_;
+  models::CharGpt gpt_{nullptr};
+  models::FashionNet cnn_{nullptr};
+  Mlp mlp_{nullptr};
+  std::unique_ptr<data::TensorLoader> loader_;
+  int64_t batch_ = 0;
+};
+
+// Wall time between consecutive step ends (includes the data step, as the
+// Python loop does); on CUDA it synchronises at each step end, after the
+// step's work is queued, so the time is the device's.
+class StepTimer : public train::Callback {
+ public:
+  explicit StepTimer(bool cuda) : cuda_(cuda) {}
+  std::string name() const override { return "step_timer"; }
+  void on_fit_start(train::Trainer&) override { last_ = Clock::now(); }
+  void on_step_end(train::Trainer&, const train::StepInfo&) override {
+    if (cuda_) torch::cuda::synchronize();
+    const auto now = Clock::now();
+    times_.push_back(std::chrono::duration<double, std::milli>(now - last_).count());
+    last_ = now;
+  }
+  /// Seconds from fit start to the end of step `warmup` (0 when fewer steps ran).
+  double warmup_seconds(int64_t warmup) const {
+    double ms = 0;
+    for (int64_t i = 0; i < std::min<int64_t>(warmup, times_.size()); ++i) ms += times_[i];
+    return ms / 1e3;
+  }
+  std::vector<double> times_;  ///< ms per step, warm-up steps included
+
+ private:
+  bool cuda_;
+  Clock::time_point last_;
+};
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "error: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    const std::string v = argv[i + 1];
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--precision")
+      a.precision = v;
+    else if (k == "--device")
+      a.device = v;
+    else if (k == "--fused")
+      a.fused = v;
+    else if (k == "--channels-last")
+      a.channels_last = v;
+    else if (k == "--cuda-graph")
+      a.cuda_graph = v;
+    else if (k == "--steps")
+      a.steps = std::stoll(v);
+    else if (k == "--warmup")
+      a.warmup = std::stoll(v);
+    else if (k == "--threads")
+      a.threads = std::stoll(v);
+    else if (k == "--batch")
+      a.batch = std::stoll(v);
+    else {
+      std::fprintf(stderr,
+                   "error: unknown argument %s (see the comment at the top of tools/bench/speed.cpp)\n",
+                   k.c_str());
+      return 2;
+    }
+  }
+  try {
+    recipe::tune_host_malloc();  // as run_recipe does for every recipe
+    if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
+    torch::manual_seed(0);
+    const torch::Device device = core::resolve_device(a.device);
+    const bool cuda_graph = parse_on_off("--cuda-graph", a.cuda_graph);
+    if (cuda_graph && !device.is_cuda())
+      throw Error(ErrorKind::kConfig,
+                  "[ember_bench_speed] --cuda-graph on needs --device cuda (CUDA graphs)");
+    SyntheticTask task(a, device);
+    train::TrainerOptions o;
+    o.epochs(1);
+    o.max_steps(a.steps + a.warmup);
+    o.precision(amp::parse_precision(a.precision));
+    o.val_every(0);
+    o.checkpoint_every(0);
+    o.channels_last(parse_on_off("--channels-last", a.channels_last));
+    o.cuda_graph(cuda_graph);
+    o.optimizer().fused(parse_on_off("--fused", a.fused));
+    if (a.model == "gpt") {
+      o.optimizer().kind(train::OptimizerKind::kAdamW).lr(1e-3).weight_decay(0.1);
+    } else {
+      o.optimizer().kind(train::OptimizerKind::kSgd).lr(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4);
+    }
+    o.optimizer().decay_all_parameters(true);  // as the PyTorch peer: optimizer(model.parameters(), ...)
+    auto timer = std::make_shared<StepTimer>(device.is_cuda());
+    train::Trainer trainer(o);
+    trainer.add_callback(timer);
+    trainer.fit(task);
+    std::vector<double> t(timer->times_.begin() + std::min<int64_t>(a.warmup, timer->times_.size()),
+                          timer->times_.end());
+    std::sort(t.begin(), t.end());
+    const double median = t.empty() ? 0.0 : t[t.size() / 2];
+    std::printf(
+        "{\"median_ms\": %.4f, \"min_ms\": %.4f, \"steps\": %zu, \"batch\": %lld, \"warmup_s\": %.4f}\n",
+        median, t.empty() ? 0.0 : t.front(), t.size(), static_cast<long long>(task.batch()),
+        timer->warmup_seconds(a.warmup));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
