@@ -17,6 +17,37 @@ inline bool in_cuda_suite() {
 
 }  // namespace ember::test
 
+#if EMBER_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Exception.h>
+
+namespace ember::test {
+
+/// How many host syncs `f` makes on this thread: the "synchronizing CUDA
+/// operation" warnings of CUDA's sync debug mode.
+template <typename F>
+int64_t count_host_syncs(F&& f) {
+  struct Counter : c10::WarningHandler {
+    int64_t syncs = 0;
+    void process(const c10::Warning& w) override {
+      if (w.msg().find("synchronizing") != std::string::npos) ++syncs;
+    }
+  } counter;
+  c10::WarningUtils::WarningHandlerGuard guard(&counter);
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+  try {
+    f();
+  } catch (...) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    throw;
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  return counter.syncs;
+}
+
+}  // namespace ember::test
+#endif
+
 #define EMBER_REQUIRE_CUDA()                                                                           \
   do {                                                                                                 \
     ASSERT_TRUE(::ember::test::in_cuda_suite())                                                        \

@@ -927,8 +927,10 @@ def char_gpt(c: Check):
 
 
 def speed_numbers(js):
-    rows = json.loads(js.read_text())
-    return {f"{r['model']} b{r['batch']}": {k: v for k, v in r.items() if k not in ("model", "batch")} for r in rows}
+    """{"cnn b128": {"ember": ms, "ember-graph": ms, "python": ms, ...}} from speed.py's --json."""
+    data = json.loads(js.read_text())
+    return {f"{r['model']} b{r['batch']}": {side: v.get("median_ms") for side, v in r["sides"].items()}
+            for r in data["rows"]}
 
 
 @step("speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Python eager, compile, Lightning (cuda)", 2, 150)
@@ -937,13 +939,14 @@ def speed_bench(c: Check):
 
     def detail(n, _):
         cnn = n.get("cnn b128", {})
-        med = {k[:-3]: v for k, v in cnn.items() if k.endswith("_ms") and v}
-        py, graph, comp = med.get("python"), med.get("ember-graph"), med.get("compile")
+        py, graph, comp, eager = cnn.get("python"), cnn.get("ember-graph"), cnn.get("compile"), cnn.get("ember")
         if not (py and graph):
             return "no CNN batch-128 graph row (see the table)"
         text = f"CNN b128: graphs {py / graph:.2f}x Python eager (goal >= 2)"
         if comp:
             text += f", {comp / graph:.2f}x torch.compile reduce-overhead (goal >= 1)"
+        if eager:
+            text += f"; Ember eager {py / eager:.2f}x"
         return text
 
     bench_row(c, "speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Python eager, compile, Lightning (cuda)",

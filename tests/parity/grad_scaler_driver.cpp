@@ -26,8 +26,9 @@
 
 int main(int argc, char** argv) {
   if (argc < 9 || argc > 11 || (argc == 11 && std::string(argv[10]) != "fused")) {
-    std::cerr << "usage: grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP [DEVICE "
-                 "[fused]]\n";
+    std::cerr
+        << "usage: grad_scaler_driver SEQ.bin STEPS MICRO INIT_SCALE GROWTH BACKOFF INTERVAL CLIP [DEVICE "
+           "[fused]]\n";
     return 2;
   }
   const torch::Device device(argc >= 10 ? argv[9] : "cpu");
@@ -75,8 +76,8 @@ int main(int argc, char** argv) {
   const auto adam_options = torch::optim::AdamOptions(0.01);
   std::unique_ptr<torch::optim::Optimizer> a, b;
   if (fused) {
-    a = std::make_unique<ember::train::FusedSGD>(groups_a,
-                                                 torch::optim::SGDOptions(sgd_options).nesterov(true).weight_decay(1e-4));
+    a = std::make_unique<ember::train::FusedSGD>(
+        groups_a, torch::optim::SGDOptions(sgd_options).nesterov(true).weight_decay(1e-4));
     b = std::make_unique<ember::train::FusedAdamW>(std::vector<torch::Tensor>{params[3]},
                                                    torch::optim::AdamWOptions(0.01).weight_decay(1e-2));
   } else {

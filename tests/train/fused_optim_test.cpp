@@ -10,10 +10,6 @@
 #include "cuda_test.h"
 #include "train/test_task.h"
 
-#if EMBER_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 using namespace ember;
 using test_util::BlobTask;
 
@@ -29,7 +25,8 @@ struct Params {
       all.push_back(torch::randn(shape, gen).requires_grad_(true));
   }
   std::vector<torch::optim::OptimizerParamGroup> groups() const {
-    return {torch::optim::OptimizerParamGroup({all[0], all[1]}), torch::optim::OptimizerParamGroup({all[2], all[3]})};
+    return {torch::optim::OptimizerParamGroup({all[0], all[1]}),
+            torch::optim::OptimizerParamGroup({all[2], all[3]})};
   }
 };
 
@@ -81,23 +78,29 @@ TEST(FusedOptim, MatchesLibTorchOptimizersWithinRounding) {
     EXPECT_GT((pf.all[0] - start.all[0]).abs().max().item<double>(), 1e-3) << what;
   };
   const auto sgd = o::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-2);
-  check("sgd nesterov", [&](const Params& p) { return make<train::FusedSGD>(p, sgd); },
-        [&](const Params& p) { return make<o::SGD>(p, sgd); });
+  check(
+      "sgd nesterov", [&](const Params& p) { return make<train::FusedSGD>(p, sgd); },
+      [&](const Params& p) { return make<o::SGD>(p, sgd); });
   const auto heavy = o::SGDOptions(0.05).momentum(0.8).weight_decay(1e-3);
-  check("sgd momentum", [&](const Params& p) { return make<train::FusedSGD>(p, heavy); },
-        [&](const Params& p) { return make<o::SGD>(p, heavy); });
+  check(
+      "sgd momentum", [&](const Params& p) { return make<train::FusedSGD>(p, heavy); },
+      [&](const Params& p) { return make<o::SGD>(p, heavy); });
   const auto plain = o::SGDOptions(0.1);
-  check("sgd plain", [&](const Params& p) { return make<train::FusedSGD>(p, plain); },
-        [&](const Params& p) { return make<o::SGD>(p, plain); });
+  check(
+      "sgd plain", [&](const Params& p) { return make<train::FusedSGD>(p, plain); },
+      [&](const Params& p) { return make<o::SGD>(p, plain); });
   const auto adam = o::AdamOptions(1e-2).weight_decay(1e-2);
-  check("adam", [&](const Params& p) { return make<train::FusedAdam>(p, adam); },
-        [&](const Params& p) { return make<o::Adam>(p, adam); });
+  check(
+      "adam", [&](const Params& p) { return make<train::FusedAdam>(p, adam); },
+      [&](const Params& p) { return make<o::Adam>(p, adam); });
   const auto ams = o::AdamOptions(1e-2).amsgrad(true).betas({0.8, 0.99});
-  check("adam amsgrad", [&](const Params& p) { return make<train::FusedAdam>(p, ams); },
-        [&](const Params& p) { return make<o::Adam>(p, ams); });
+  check(
+      "adam amsgrad", [&](const Params& p) { return make<train::FusedAdam>(p, ams); },
+      [&](const Params& p) { return make<o::Adam>(p, ams); });
   const auto adamw = o::AdamWOptions(1e-2).weight_decay(0.1);
-  check("adamw", [&](const Params& p) { return make<train::FusedAdamW>(p, adamw); },
-        [&](const Params& p) { return make<o::AdamW>(p, adamw); });
+  check(
+      "adamw", [&](const Params& p) { return make<train::FusedAdamW>(p, adamw); },
+      [&](const Params& p) { return make<o::AdamW>(p, adamw); });
 }
 
 TEST(FusedOptim, CheckpointsInLibTorchFormatBothWays) {
@@ -143,7 +146,8 @@ TEST(FusedOptim, SkipsOnTheFlagAndDividesByTheScale) {
   auto c = make<train::FusedAdam>(scaled, o::AdamOptions(1e-2));
   auto p = make<train::FusedAdam>(plain, o::AdamOptions(1e-2));
   run_steps({{&skipped, s.get()}, {&scaled, c.get()}, {&plain, p.get()}}, 0, 3);
-  const std::vector<torch::Tensor> before = {skipped.all[0].detach().clone(), skipped.all[2].detach().clone()};
+  const std::vector<torch::Tensor> before = {skipped.all[0].detach().clone(),
+                                             skipped.all[2].detach().clone()};
   for (auto* params : {&skipped, &scaled, &plain})
     for (auto& t : params->all) t.mutable_grad() = torch::ones_like(t) * 0.25;
   for (auto& t : scaled.all) t.mutable_grad().mul_(8.0);  // as if scaled by 8 and not unscaled
@@ -293,13 +297,6 @@ TEST(Trainer, ChannelsLastTrainsTheSameModel) {
 #if EMBER_WITH_CUDA
 namespace {
 
-struct SyncCounter : c10::WarningHandler {
-  int64_t syncs = 0;
-  void process(const c10::Warning& w) override {
-    if (w.msg().find("synchronizing") != std::string::npos) ++syncs;
-  }
-};
-
 BlobTask::Options cuda_blobs(bool dropout) {
   BlobTask::Options to;
   to.device = torch::Device(torch::kCUDA);
@@ -330,22 +327,18 @@ TEST(FusedOptimCuda, Fp16StepsDoNotSyncWithTheHost) {
     o.epochs(1).val_every(0).checkpoint_every(0).nonfinite_patience(0).clip_grad_norm(1.0);
     o.precision(amp::parse_precision(precision));
     o.optimizer().fused(fused);
-    SyncCounter counter;
-    c10::WarningUtils::WarningHandlerGuard guard(&counter);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-    const auto r = train::Trainer(o).fit(task);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    *steps = r.steps;
-    return counter.syncs;
+    return test::count_host_syncs([&] { *steps = train::Trainer(o).fit(task).steps; });
   };
   int64_t steps = 0;
   const int64_t bf16 = syncs("bf16-mixed", true, &steps);
   const int64_t fp16 = syncs("fp16-mixed", true, &steps);
   const int64_t fp16_libtorch = syncs("fp16-mixed", false, &steps);
   ASSERT_GE(steps, 30);
-  // The skipped-step count is read twice (epoch end, fit end), whatever the number of steps.
-  EXPECT_LE(fp16 - bf16, 2) << "fp16-mixed with a fused optimizer: no host sync per step";
-  EXPECT_GE(fp16_libtorch - bf16, steps) << "LibTorch's optimizers: the GradScaler decides on the host";
+  // Both fused runs are sync-free: the same reads at the epoch's end (metrics, the skipped count)
+  // whatever the number of steps; fp16's loss scaling adds none.
+  EXPECT_LE(fp16, bf16) << "fp16-mixed with a fused optimizer: no host sync per step";
+  EXPECT_LT(fp16, steps / 4);
+  EXPECT_GE(fp16_libtorch, steps) << "LibTorch's optimizers: the GradScaler decides on the host, every step";
 }
 
 TEST(FusedOptimCuda, GraphStepsEqualEagerStepsBitwise) {
@@ -362,7 +355,8 @@ TEST(FusedOptimCuda, GraphStepsEqualEagerStepsBitwise) {
       EXPECT_GE(eager.skipped_steps, 1) << "the scenario must skip";
     }
     const auto a = test_util::snapshot(*eager_task.model()), b = test_util::snapshot(*graph_task.model());
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << precision << ": tensor " << i;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(torch::equal(a[i], b[i])) << precision << ": tensor " << i;
     EXPECT_EQ(eager.last_train.loss, graph.last_train.loss) << precision;
   }
 }

@@ -216,15 +216,7 @@ TEST(Precision, RejectsUnknownModesAndTf32OnCpu) {
 
 #if EMBER_WITH_CUDA
 namespace {
-// Counts "synchronizing CUDA operation" warnings of this thread.
-struct SyncCounter : c10::WarningHandler {
-  int64_t syncs = 0;
-  void process(const c10::Warning& w) override {
-    if (w.msg().find("synchronizing") != std::string::npos) ++syncs;
-  }
-};
-
-int64_t count_host_syncs(const std::string& precision, int64_t* steps) {
+int64_t host_syncs_of_fit(const std::string& precision, int64_t* steps) {
   BlobTask::Options to;
   to.device = torch::Device(torch::kCUDA);
   to.prefetch = 0;
@@ -237,21 +229,15 @@ int64_t count_host_syncs(const std::string& precision, int64_t* steps) {
   // LibTorch's optimizers: the GradScaler decides on the host. Ember's fused
   // ones do not sync at all: FusedOptimCuda.Fp16StepsDoNotSyncWithTheHost.
   o.optimizer().fused(false);
-  SyncCounter counter;
-  c10::WarningUtils::WarningHandlerGuard guard(&counter);
-  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-  const auto r = train::Trainer(o).fit(task);
-  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-  *steps = r.steps;
-  return counter.syncs;
+  return test::count_host_syncs([&] { *steps = train::Trainer(o).fit(task).steps; });
 }
 }  // namespace
 
 TEST(PrecisionCuda, HostSyncsPerStep) {
   EMBER_REQUIRE_CUDA();
   int64_t steps = 0;
-  const int64_t bf16 = count_host_syncs("bf16-mixed", &steps);
-  const int64_t fp16 = count_host_syncs("fp16-mixed", &steps);
+  const int64_t bf16 = host_syncs_of_fit("bf16-mixed", &steps);
+  const int64_t fp16 = host_syncs_of_fit("fp16-mixed", &steps);
   // bf16-mixed: only the end-of-epoch metric reads (loss sum, correct count).
   EXPECT_LE(bf16, 2) << "a bf16-mixed step must not sync with the host (clipping included)";
   // fp16-mixed: exactly one more per optimizer step (the GradScaler's skip decision).

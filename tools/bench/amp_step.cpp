@@ -11,6 +11,8 @@
 // prints one JSON line: {"median_ms": m, "tokens_per_step": t, "flops_per_step": f, ...}
 #include <ember/ember.h>
 
+#include "step_timer.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -91,26 +93,6 @@ class SyntheticTask : public train::Task {
   double flops_per_sample_ = 0;
 };
 
-// Wall time between consecutive step ends (includes the data step, as the
-// Python loop does); on CUDA it synchronises at each step end, after the
-// step's work is queued, so the time is the device's.
-class StepTimer : public train::Callback {
- public:
-  explicit StepTimer(bool cuda) : cuda_(cuda) {}
-  std::string name() const override { return "step_timer"; }
-  void on_fit_start(train::Trainer&) override { last_ = Clock::now(); }
-  void on_step_end(train::Trainer&, const train::StepInfo&) override {
-    if (cuda_) torch::cuda::synchronize();
-    const auto now = Clock::now();
-    times_.push_back(std::chrono::duration<double, std::milli>(now - last_).count());
-    last_ = now;
-  }
-  std::vector<double> times_;
-
- private:
-  bool cuda_;
-  Clock::time_point last_;
-};
 // The same step without the Trainer, with Ember's AutocastGuard and
 // GradScaler only: tells the loop's own cost apart from LibTorch's.
 int raw_loop(const Args& a, SyntheticTask& task, const torch::Device& device,
@@ -209,7 +191,7 @@ int main(int argc, char** argv) {
       o.optimizer().lr(0.05).decay_all_parameters(true);  // as the PyTorch peer
     }
     if (a.loop == "raw") return raw_loop(a, task, device, o);
-    auto timer = std::make_shared<StepTimer>(device.is_cuda());
+    auto timer = std::make_shared<bench::StepTimer>(device.is_cuda());
     train::Trainer trainer(o);
     trainer.add_callback(timer);
     const auto r = trainer.fit(task);

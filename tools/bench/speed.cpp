@@ -15,6 +15,8 @@
 // prints one JSON line: {"median_ms": m, "steps": n, "batch": b, "warmup_s": w, ...}
 #include <ember/ember.h>
 
+#include "step_timer.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -25,7 +27,6 @@
 
 namespace {
 using namespace ember;
-using Clock = std::chrono::steady_clock;
 
 // The small GPT's shape (speed.py's GPT_* constants are the same).
 constexpr int64_t kGptLayers = 2, kGptEmbd = 64, kGptHeads = 4, kGptBlock = 64;
@@ -122,32 +123,6 @@ class SyntheticTask : public train::Task {
   int64_t batch_ = 0;
 };
 
-// Wall time between consecutive step ends (includes the data step, as the
-// Python loop does); on CUDA it synchronises at each step end, after the
-// step's work is queued, so the time is the device's.
-class StepTimer : public train::Callback {
- public:
-  explicit StepTimer(bool cuda) : cuda_(cuda) {}
-  std::string name() const override { return "step_timer"; }
-  void on_fit_start(train::Trainer&) override { last_ = Clock::now(); }
-  void on_step_end(train::Trainer&, const train::StepInfo&) override {
-    if (cuda_) torch::cuda::synchronize();
-    const auto now = Clock::now();
-    times_.push_back(std::chrono::duration<double, std::milli>(now - last_).count());
-    last_ = now;
-  }
-  /// Seconds from fit start to the end of step `warmup` (0 when fewer steps ran).
-  double warmup_seconds(int64_t warmup) const {
-    double ms = 0;
-    for (int64_t i = 0; i < std::min<int64_t>(warmup, times_.size()); ++i) ms += times_[i];
-    return ms / 1e3;
-  }
-  std::vector<double> times_;  ///< ms per step, warm-up steps included
-
- private:
-  bool cuda_;
-  Clock::time_point last_;
-};
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -211,7 +186,7 @@ int main(int argc, char** argv) {
       o.optimizer().kind(train::OptimizerKind::kSgd).lr(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4);
     }
     o.optimizer().decay_all_parameters(true);  // as the PyTorch peer: optimizer(model.parameters(), ...)
-    auto timer = std::make_shared<StepTimer>(device.is_cuda());
+    auto timer = std::make_shared<bench::StepTimer>(device.is_cuda());
     train::Trainer trainer(o);
     trainer.add_callback(timer);
     trainer.fit(task);

@@ -12,13 +12,15 @@ namespace {
 // kernels need (Python's GradScaler._unscale_grads_ does the same).
 using GradBuckets = std::map<std::string, std::map<c10::ScalarType, std::vector<torch::Tensor>>>;
 
-GradBuckets bucket_grads(torch::optim::Optimizer& optimizer) {
+// `allow_fp16`: only checked, not unscaled (PyTorch's _check_inf_per_device for
+// optimizers that unscale in their own kernels).
+GradBuckets bucket_grads(torch::optim::Optimizer& optimizer, bool allow_fp16) {
   GradBuckets buckets;
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
       torch::Tensor& grad = param.mutable_grad();
       if (!grad.defined()) continue;
-      EMBER_CHECK(grad.scalar_type() != torch::kHalf,
+      EMBER_CHECK(allow_fp16 || grad.scalar_type() != torch::kHalf,
                   "[amp::GradScaler] Attempting to unscale FP16 gradients. Keep fp32 parameters (master "
                   "weights) and let AutocastGuard run the forward pass in fp16.");
       torch::Tensor to_unscale = grad.is_sparse() ? grad._values() : grad;
@@ -78,16 +80,17 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       "[amp::GradScaler] unscale_() has already been called on this optimizer since the last update().");
   EMBER_CHECK(state.stage != Stage::kStepped, "[amp::GradScaler] unscale_() is being called after step().");
   // The inverse in fp64, then fp32, exactly as PyTorch.
-  record_non_finite(optimizer, state, scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32));
+  record_non_finite(optimizer, state, scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32),
+                    /*allow_fp16=*/false);
   state.stage = Stage::kUnscaled;
 }
 
 void GradScaler::record_non_finite(torch::optim::Optimizer& optimizer, OptimizerState& state,
-                                   const torch::Tensor& inv_scale) {
+                                   const torch::Tensor& inv_scale, bool allow_fp16) {
   torch::NoGradGuard no_grad;
   const torch::Tensor found_inf = torch::zeros({}, scale_.options());
   std::map<std::string, torch::Tensor> inv_per_device;
-  for (auto& [device, per_dtype] : bucket_grads(optimizer)) {
+  for (auto& [device, per_dtype] : bucket_grads(optimizer, allow_fp16)) {
     const torch::Device d(device);
     torch::Tensor& flag = state.found_inf_per_device[device];
     if (!flag.defined()) flag = found_inf.to(d, /*non_blocking=*/true, /*copy=*/true);
@@ -102,7 +105,10 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
-  return step_async(optimizer).item<float>() == 0.0f;  // the one host sync
+  std::optional<bool> skipped;  // decided on the host by step_impl for other optimizers
+  const torch::Tensor flag = step_impl(optimizer, skipped);
+  if (skipped) return !*skipped;
+  return flag.item<float>() == 0.0f;  // the one host sync
 }
 
 torch::Tensor GradScaler::step_async(torch::optim::Optimizer& optimizer) {
@@ -110,6 +116,11 @@ torch::Tensor GradScaler::step_async(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return {};
   }
+  std::optional<bool> skipped;
+  return step_impl(optimizer, skipped);
+}
+
+torch::Tensor GradScaler::step_impl(torch::optim::Optimizer& optimizer, std::optional<bool>& skipped) {
   check_initialized("step");
   OptimizerState& state = per_optimizer_[&optimizer];
   EMBER_CHECK(state.stage != Stage::kStepped,
@@ -118,7 +129,7 @@ torch::Tensor GradScaler::step_async(torch::optim::Optimizer& optimizer) {
   std::optional<torch::Tensor> grad_scale;
   if (state.stage == Stage::kReady) {
     if (aware) {  // PyTorch: check for inf/NaN only (x 1), and let the kernels divide by the scale
-      record_non_finite(optimizer, state, torch::ones({}, scale_.options()));
+      record_non_finite(optimizer, state, torch::ones({}, scale_.options()), /*allow_fp16=*/true);
       grad_scale = scale_;
     } else {
       unscale_(optimizer);
@@ -137,10 +148,12 @@ torch::Tensor GradScaler::step_async(torch::optim::Optimizer& optimizer) {
   // The kernels skip on a flag of exactly 1; two devices' flags could add up to 2.
   if (state.found_inf_per_device.size() > 1) total = total.clamp_max(1.0);
   total = total.reshape({});
-  if (aware)
+  if (aware) {
     aware->step_on_device(total, grad_scale);
-  else if (total.item<float>() == 0.0f)  // the host decides: one sync
-    optimizer.step();
+  } else {
+    skipped = total.item<float>() != 0.0f;  // the host decides: one sync
+    if (!*skipped) optimizer.step();
+  }
   state.stage = Stage::kStepped;
   return total;
 }

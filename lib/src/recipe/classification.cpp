@@ -137,7 +137,8 @@ std::unique_ptr<ClassificationTask> ClassificationTask::from_config(const core::
 
 std::string ClassificationTask::cuda_graph_blocker() const {
   if (!augment::mixing(mix_)) return {};
-  return "augment.mix.* draws each batch's mixing parameters on the host (set augment.mix.p=0 or its alphas to 0)";
+  return "augment.mix.* draws each batch's mixing parameters on the host (set augment.mix.p=0 or its alphas "
+         "to 0)";
 }
 
 train::StepOutput ClassificationTask::training_step(const data::Batch& b) {
@@ -146,7 +147,8 @@ train::StepOutput ClassificationTask::training_step(const data::Batch& b) {
     // Label smoothing alone: cross-entropy's own (the same loss as smoothed one-hot rows, in one kernel).
     torch::Tensor logits = model_.forward(b.input);
     namespace F = torch::nn::functional;
-    return {F::cross_entropy(logits, b.target, F::CrossEntropyFuncOptions().label_smoothing(mix_.label_smoothing())),
+    return {F::cross_entropy(logits, b.target,
+                             F::CrossEntropyFuncOptions().label_smoothing(mix_.label_smoothing())),
             logits, b.target};
   }
   // Mixup/CutMix: soft targets for the loss; accuracy against the sample's own label.

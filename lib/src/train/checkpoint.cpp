@@ -18,8 +18,8 @@
 
 #include "core/check.h"
 #include "ember/train/checkpoint.h"
-#include "train/device_steps.h"
 #include "ember/train/trainer.h"
+#include "train/device_steps.h"
 #include "train/divergence.h"
 
 namespace ember::train {

@@ -34,17 +34,22 @@ void DeviceSteps::build_window(int64_t real_step) {
   std::vector<float> host(static_cast<size_t>(rows * groups));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t g = 0; g < groups; ++g)
-      host[static_cast<size_t>(i * groups + g)] = static_cast<float>(
-          schedule_ ? schedule_->lr_at(real_step + i, base_lrs_[static_cast<size_t>(g)])
-                    : base_lrs_[static_cast<size_t>(g)]);
+      host[static_cast<size_t>(i * groups + g)] =
+          static_cast<float>(schedule_ ? schedule_->lr_at(real_step + i, base_lrs_[static_cast<size_t>(g)])
+                                       : base_lrs_[static_cast<size_t>(g)]);
   // from_blob does not own `host`: copy before it goes (.to() of a CPU tensor to the CPU would alias).
-  table_ = torch::from_blob(host.data(), {rows, groups}, torch::kFloat32).to(device_, /*non_blocking=*/false,
-                                                                              /*copy=*/true);
+  const torch::Tensor view = torch::from_blob(host.data(), {rows, groups}, torch::kFloat32);
+  if (device_.is_cuda())  // through pinned memory, without a host sync (the allocator keeps it until copied)
+    table_ = view.pin_memory().to(device_, /*non_blocking=*/true);
+  else
+    table_ = view.clone();
   r_base_ = real_step;
   pos_.zero_();
 }
 
-void DeviceSteps::feed() { at::index_select_out(lr_, table_, 0, pos_); }
+void DeviceSteps::feed() {
+  at::index_select_out(lr_, table_, 0, pos_);
+}
 
 void DeviceSteps::after_step(const torch::Tensor& flag, int64_t global_step) {
   torch::NoGradGuard no_grad;

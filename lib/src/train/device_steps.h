@@ -50,10 +50,10 @@ class DeviceSteps {
   const Schedule* schedule_;
   std::vector<double> base_lrs_;
   c10::Device device_;
-  torch::Tensor lr_;      // [1, groups] fp32: the learning rates of the next step; lr_tensors() are views
-  torch::Tensor table_;   // [rows, groups] fp32: the schedule at real steps r_base_ ...
-  torch::Tensor pos_;     // [1] int64: real step - r_base_
-  torch::Tensor ones_;    // [1] int64
+  torch::Tensor lr_;     // [1, groups] fp32: the learning rates of the next step; lr_tensors() are views
+  torch::Tensor table_;  // [rows, groups] fp32: the schedule at real steps r_base_ ...
+  torch::Tensor pos_;    // [1] int64: real step - r_base_
+  torch::Tensor ones_;   // [1] int64
   int64_t r_base_ = 0;
   int64_t read_step_ = 0;  // global step of the last read
   int64_t read_real_ = 0;  // real step at the last read

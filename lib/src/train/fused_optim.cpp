@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "core/check.h"
@@ -22,8 +23,10 @@ BucketKey bucket_key(const torch::Tensor& p) {
 }
 
 void check_grad(const torch::Tensor& p, const torch::Tensor& grad, const char* who) {
-  EMBER_CHECK(!grad.is_sparse(), "[train::{}] sparse gradients are not supported by the fused kernels; use "
-              "LibTorch's optimizer (optim.fused=false)", who);
+  EMBER_CHECK(!grad.is_sparse(),
+              "[train::{}] sparse gradients are not supported by the fused kernels; use "
+              "LibTorch's optimizer (optim.fused=false)",
+              who);
   EMBER_CHECK(p.is_floating_point(), "[train::{}] parameters must be floating point, got {}", who,
               c10::toString(p.scalar_type()));
 }
@@ -40,7 +43,8 @@ struct PerDevice {
     if (it != cache.end()) return it->second;
     const auto move = [&](const std::optional<torch::Tensor>& t) -> std::optional<torch::Tensor> {
       if (!t || !t->defined()) return std::nullopt;
-      return t->device() == d ? *t : t->to(d, /*non_blocking=*/true);
+      // To the CPU blocking: the CPU kernels (and the host) read the value at once.
+      return t->device() == d ? *t : t->to(d, /*non_blocking=*/!d.is_cpu());
     };
     return cache.emplace(key, std::make_pair(move(found_inf), move(grad_scale))).first->second;
   }
@@ -58,12 +62,19 @@ void with_lr(const std::vector<torch::Tensor>& lr_tensors, size_t g, double lr, 
   if (g < lr_tensors.size() && lr_tensors[g].defined()) {
     const torch::Tensor& t = lr_tensors[g];
     EMBER_CHECK(t.device() == device && t.scalar_type() == torch::kFloat32 && t.numel() == 1,
-                "[train::{}] lr_tensors()[{}] must be one fp32 value on {}, got {} of {} values on {}", who, g,
-                device.str(), c10::toString(t.scalar_type()), t.numel(), t.device().str());
+                "[train::{}] lr_tensors()[{}] must be one fp32 value on {}, got {} of {} values on {}", who,
+                g, device.str(), c10::toString(t.scalar_type()), t.numel(), t.device().str());
     f(t);
   } else {
     f(lr);
   }
+}
+
+// Optimizer::step's closure: the loss, computed with gradients on.
+torch::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
 }
 
 void check_lr_tensor_count(const std::vector<torch::Tensor>& lr_tensors, size_t groups, const char* who) {
@@ -80,11 +91,7 @@ FusedSGD::FusedSGD(const std::vector<OptimizerParamGroup>& param_groups, torch::
     : SGD(param_groups, std::move(defaults)) {}
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  torch::Tensor loss = run_closure(closure);
   step_on_device(std::nullopt, std::nullopt);
   return loss;
 }
@@ -145,11 +152,7 @@ namespace fused_impl {
 
 template <typename Base, typename Options, typename State>
 torch::Tensor FusedAdamBase<Base, Options, State>::step(LossClosure closure) {
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  torch::Tensor loss = run_closure(closure);
   step_on_device(std::nullopt, std::nullopt);
   return loss;
 }
@@ -215,13 +218,16 @@ void FusedAdamBase<Base, Options, State>::step_on_device(const std::optional<tor
       }
       with_lr(lr_tensors_, g, o.lr(), device, who, [&](const auto& lr) {
         if constexpr (kDecoupled)
-          at::_fused_adamw_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps, lr, beta1,
-                            beta2, o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, scale, inf);
+          at::_fused_adamw_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps, lr,
+                            beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, scale,
+                            inf);
         else
-          at::_fused_adam_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps, lr, beta1,
-                           beta2, o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, scale, inf);
+          at::_fused_adam_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps, lr,
+                           beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, scale,
+                           inf);
       });
-      if (inf && !device.is_cpu()) at::_foreach_sub_(l.steps, std::vector<torch::Tensor>(l.steps.size(), *inf));
+      if (inf && !device.is_cpu())
+        at::_foreach_sub_(l.steps, std::vector<torch::Tensor>(l.steps.size(), *inf));
     }
   }
 }
@@ -229,11 +235,21 @@ void FusedAdamBase<Base, Options, State>::step_on_device(const std::optional<tor
 template <typename Base, typename Options, typename State>
 void FusedAdamBase<Base, Options, State>::save(torch::serialize::OutputArchive& archive) const {
   // LibTorch's format keeps the count on the host; bring it up to date (the
-  // states are this optimizer's own, so writing them here is logically const).
+  // states are this optimizer's own, so writing them here is logically const),
+  // with one read of the device.
+  std::map<std::string, std::pair<std::vector<void*>, std::vector<torch::Tensor>>> per_device;
   for (const auto& [key, step] : steps_) {
-    const auto it = this->state_.find(key);
-    if (it != this->state_.end())
-      static_cast<State&>(*it->second).step(static_cast<int64_t>(step.template item<float>()));
+    if (this->state_.find(key) == this->state_.end()) continue;
+    auto& [keys, counts] = per_device[step.device().str()];
+    keys.push_back(key);
+    counts.push_back(step);
+  }
+  for (const auto& [device, entry] : per_device) {
+    (void)device;
+    const torch::Tensor host = torch::stack(entry.second).to(torch::kCPU, torch::kFloat64);  // one read
+    const double* v = host.template data_ptr<double>();
+    for (size_t i = 0; i < entry.first.size(); ++i)
+      static_cast<State&>(*this->state_.find(entry.first[i])->second).step(static_cast<int64_t>(v[i]));
   }
   Base::save(archive);
 }

@@ -229,7 +229,10 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
       .val_every(0)
       .checkpoint_every(0)
       .nonfinite_patience(0)
-      .detect_anomaly(false);
+      .detect_anomaly(false)
+      // The recorder reads each step's loss and rate on the host anyway; host bookkeeping makes
+      // the recorded rate exact when fp16-mixed skips steps (sync-free steps know it only at reads).
+      .sync_free_steps(false);
   Trainer trainer(options);
   trainer.add_callback(std::make_shared<Recorder>(r.smoothing, f, r));
   const FitResult fit = trainer.fit(task);

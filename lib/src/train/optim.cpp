@@ -105,8 +105,8 @@ namespace {
 // One optimizer over `plans`, each group with the options
 // `group_options(plan)` returns: Fused when `fused`, else LibTorch's Opt.
 template <typename Opt, typename Fused, typename GroupOptions, typename F>
-std::unique_ptr<torch::optim::Optimizer> build(const std::vector<ParamGroupPlan>& plans, double lr, bool fused,
-                                               F&& group_options) {
+std::unique_ptr<torch::optim::Optimizer> build(const std::vector<ParamGroupPlan>& plans, double lr,
+                                               bool fused, F&& group_options) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   for (const auto& p : plans) groups.emplace_back(p.params, std::make_unique<GroupOptions>(group_options(p)));
   if (fused) return std::make_unique<Fused>(std::move(groups), GroupOptions(lr));
@@ -123,26 +123,29 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model
     case OptimizerKind::kSgd:
       EMBER_CHECK_KIND(kConfig, !o.nesterov() || o.momentum() > 0,
                        "[train::make_optimizer] Nesterov SGD needs optim.momentum > 0");
-      return build<optim::SGD, FusedSGD, optim::SGDOptions>(plans, o.lr(), o.fused(), [&](const ParamGroupPlan& p) {
-        return optim::SGDOptions(p.lr)
-            .momentum(o.momentum())
-            .nesterov(o.nesterov())
-            .weight_decay(p.weight_decay);
-      });
+      return build<optim::SGD, FusedSGD, optim::SGDOptions>(plans, o.lr(), o.fused(),
+                                                            [&](const ParamGroupPlan& p) {
+                                                              return optim::SGDOptions(p.lr)
+                                                                  .momentum(o.momentum())
+                                                                  .nesterov(o.nesterov())
+                                                                  .weight_decay(p.weight_decay);
+                                                            });
     case OptimizerKind::kAdam:
-      return build<optim::Adam, FusedAdam, optim::AdamOptions>(plans, o.lr(), o.fused(), [&](const ParamGroupPlan& p) {
-        return optim::AdamOptions(p.lr)
-            .betas({o.beta1(), o.beta2()})
-            .eps(o.eps())
-            .weight_decay(p.weight_decay);
-      });
+      return build<optim::Adam, FusedAdam, optim::AdamOptions>(plans, o.lr(), o.fused(),
+                                                               [&](const ParamGroupPlan& p) {
+                                                                 return optim::AdamOptions(p.lr)
+                                                                     .betas({o.beta1(), o.beta2()})
+                                                                     .eps(o.eps())
+                                                                     .weight_decay(p.weight_decay);
+                                                               });
     case OptimizerKind::kAdamW:
-      return build<optim::AdamW, FusedAdamW, optim::AdamWOptions>(plans, o.lr(), o.fused(), [&](const ParamGroupPlan& p) {
-        return optim::AdamWOptions(p.lr)
-            .betas({o.beta1(), o.beta2()})
-            .eps(o.eps())
-            .weight_decay(p.weight_decay);
-      });
+      return build<optim::AdamW, FusedAdamW, optim::AdamWOptions>(plans, o.lr(), o.fused(),
+                                                                  [&](const ParamGroupPlan& p) {
+                                                                    return optim::AdamWOptions(p.lr)
+                                                                        .betas({o.beta1(), o.beta2()})
+                                                                        .eps(o.eps())
+                                                                        .weight_decay(p.weight_decay);
+                                                                  });
   }
   detail::fail("[train::make_optimizer] unknown optimizer kind {}", static_cast<int>(o.kind()));
 }

@@ -102,7 +102,8 @@ void Trainer::check_cuda_graph_options(c10::DeviceType device_type, int64_t accu
     detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: {}; or set it to false", why);
   };
   if (device_type != c10::kCUDA) refuse("the model is not on a CUDA device (trainer.device=cuda)");
-  if (accumulate != 1) refuse("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
+  if (accumulate != 1)
+    refuse("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
   if (!fused) refuse("the step needs one of Ember's fused optimizers (optim.fused=true)");
   if (!device_steps_) refuse("the step must be sync-free (TrainerOptions::sync_free_steps unset or true)");
   if (options_.detect_anomaly()) refuse("trainer.detect_anomaly reads the device in every step");
@@ -122,12 +123,13 @@ void Trainer::check_callbacks_capturable() const {
     refused.push_back(fmt::format("'{}' ({})", cb->name(), fmt::join(hooks, ", ")));
   }
   if (!refused.empty())
-    detail::fail(ErrorKind::kConfig,
-                 "[train::Trainer] trainer.cuda_graph=true: the callback(s) {} act inside each optimizer step, "
-                 "which a CUDA graph would run only once, at capture; remove them (monitor.histogram_every=0, "
-                 "no pruning or data-parallel callbacks), make them declare step_hooks_capturable(), or set "
-                 "trainer.cuda_graph=false",
-                 fmt::join(refused, ", "));
+    detail::fail(
+        ErrorKind::kConfig,
+        "[train::Trainer] trainer.cuda_graph=true: the callback(s) {} act inside each optimizer step, "
+        "which a CUDA graph would run only once, at capture; remove them (monitor.histogram_every=0, "
+        "no pruning or data-parallel callbacks), make them declare step_hooks_capturable(), or set "
+        "trainer.cuda_graph=false",
+        fmt::join(refused, ", "));
 }
 
 namespace {
@@ -307,15 +309,16 @@ FitResult Trainer::fit(Task& task) {
   if (options_.channels_last()) to_channels_last(*model, *optimizer_);
   auto* fused = dynamic_cast<FusedOptimizer*>(optimizer_.get());
   const bool sync_free = options_.sync_free_steps().value_or(device_type == c10::kCUDA && fused != nullptr);
-  EMBER_CHECK_KIND(kConfig, !sync_free || fused != nullptr,
-                   "[train::Trainer] sync-free steps need one of Ember's fused optimizers (optim.fused=true, or "
-                   "a task optimizer from ember/train/fused_optim.h)");
+  EMBER_CHECK_KIND(
+      kConfig, !sync_free || fused != nullptr,
+      "[train::Trainer] sync-free steps need one of Ember's fused optimizers (optim.fused=true, or "
+      "a task optimizer from ember/train/fused_optim.h)");
   device_steps_.reset();
   if (sync_free) {
     const auto params0 = model->parameters();
     const torch::Device device = params0.empty() ? torch::Device(torch::kCPU) : params0.front().device();
     device_steps_ = std::make_unique<DeviceSteps>(*fused, *optimizer_, options_.schedule().get(), base_lrs_,
-                                                          device, global_step_, skipped_steps_);
+                                                  device, global_step_, skipped_steps_);
   }
   // Sync-free steps: the host learns the skipped count at these reads.
   const auto read_skipped = [&] {
@@ -416,8 +419,10 @@ FitResult Trainer::fit(Task& task) {
   if (options_.cuda_graph()) {
     check_cuda_graph_options(device_type, k, fused != nullptr);
     if (const std::string why = task.cuda_graph_blocker(); !why.empty())
-      detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be "
-                   "captured: {}; or set trainer.cuda_graph=false", why);
+      detail::fail(ErrorKind::kConfig,
+                   "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be "
+                   "captured: {}; or set trainer.cuda_graph=false",
+                   why);
     graph = std::make_unique<GraphStep>(kGraphWarmupSteps, [this] { check_callbacks_capturable(); });
   }
   const auto fit_start = Clock::now();
@@ -448,7 +453,7 @@ FitResult Trainer::fit(Task& task) {
       const double lr = optimizer_->param_groups().front().options().get_lr();
       bool stepped = true;
       torch::Tensor skip_flag;  // sync-free: > 0 on the device when the step was skipped
-      if (graph) {  // the whole step, captured once and replayed (window == 1)
+      if (graph) {              // the whole step, captured once and replayed (window == 1)
         StepResult r = graph->run(*batch, whole_step, [&] { optimizer_->zero_grad(/*set_to_none=*/true); });
         // The graph rewrites its outputs at the next replay: callbacks get copies.
         step_loss = r.out.loss.detach().clone();
@@ -511,7 +516,8 @@ FitResult Trainer::fit(Task& task) {
       step_samples = 0;
       phase(StepPhase::kCallbacks);
       for (auto& cb : callbacks_) cb->on_step_end(*this, info);
-      if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) request_stop("max_steps reached");
+      if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps())
+        request_stop("max_steps reached");
       if (g_stop_signal != 0) {
         result.interrupted = true;
         request_stop(g_stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");

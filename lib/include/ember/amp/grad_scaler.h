@@ -140,9 +140,12 @@ class GradScaler {
   };
 
   void check_initialized(const char* fn) const;
-  // Records in `state` whether any gradient of `optimizer` is inf/NaN, multiplying each by `inv_scale`.
+  // Records in `state` whether any gradient of `optimizer` is inf/NaN, multiplying each by `inv_scale`
+  // (fp16 gradients only when `allow_fp16`: a check, inv_scale 1).
   void record_non_finite(torch::optim::Optimizer& optimizer, OptimizerState& state,
-                         const torch::Tensor& inv_scale);
+                         const torch::Tensor& inv_scale, bool allow_fp16);
+  // step() and step_async(): `skipped` is set when the host decided (one sync).
+  torch::Tensor step_impl(torch::optim::Optimizer& optimizer, std::optional<bool>& skipped);
   void lazy_init(const torch::Device& device);
 
   GradScalerOptions options_;

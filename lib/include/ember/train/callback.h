@@ -82,12 +82,15 @@ struct MicroBatch {
 
 /// Passed to on_step_end, once per optimizer step.
 struct StepInfo {
-  int64_t epoch = 0;          ///< 0-based epoch
-  int64_t step = 0;           ///< optimizer steps taken so far, this one included
-  int64_t batch = 0;          ///< batches of this epoch consumed so far
-  int64_t samples = 0;        ///< samples in this optimizer step (all micro-batches)
-  double lr = 0.0;            ///< learning rate of the first param group used for this step
-  torch::Tensor loss;         ///< mean loss of the step, on the device (reading it syncs)
+  int64_t epoch = 0;    ///< 0-based epoch
+  int64_t step = 0;     ///< optimizer steps taken so far, this one included
+  int64_t batch = 0;    ///< batches of this epoch consumed so far
+  int64_t samples = 0;  ///< samples in this optimizer step (all micro-batches)
+  /// Learning rate of the first param group used for this step (sync-free steps:
+  /// computed with the skipped count as of the last read, so off after a skip
+  /// the host has not read yet).
+  double lr = 0.0;
+  torch::Tensor loss;  ///< mean loss of the step, on the device (reading it syncs)
   /// The optimizer did not step (fp16-mixed: inf/NaN gradients). With sync-free
   /// steps (TrainerOptions::sync_free_steps) the host does not know: false.
   bool skipped = false;
@@ -111,7 +114,9 @@ class Callback {
   /// never sync with the device here (monitor::StepTimer records CUDA events).
   virtual void on_step_phase(Trainer& trainer, StepPhase phase) {}
   /// Before Task::training_step of each (micro-)batch, under no autocast.
-  virtual void on_before_forward(Trainer& trainer, const MicroBatch& micro) { default_hooks_ |= kForwardHook; }
+  virtual void on_before_forward(Trainer& trainer, const MicroBatch& micro) {
+    default_hooks_ |= kForwardHook;
+  }
   /// After the forward pass and loss, before backward.
   virtual void on_before_backward(Trainer& trainer, const StepOutput& out, const MicroBatch& micro) {
     default_hooks_ |= kBackwardHook;
@@ -143,8 +148,10 @@ class Callback {
   /// on_before_optimizer_step) run once, when the step is captured; each
   /// replay repeats only the device work they queued. Return true when that is
   /// right for this callback. A callback that overrides one of them and keeps
-  /// the default (false) makes capture refuse, naming it. on_step_phase is
-  /// called for kData, kForward (the replay follows) and kCallbacks only.
+  /// the default (false) makes capture refuse, naming it (an override that
+  /// calls the base class's hook is not seen). on_step_phase is called for
+  /// kData, kForward (the replay follows) and kCallbacks only, and the
+  /// parameters' .grad between steps is the graph's (rewritten by each replay).
   virtual bool step_hooks_capturable() const { return false; }
 
  private:

@@ -88,8 +88,8 @@ class FusedAdamBase : public Base, public FusedOptimizer {
 };
 }  // namespace fused_impl
 
-class FusedAdam
-    : public fused_impl::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState> {
+class FusedAdam : public fused_impl::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions,
+                                                   torch::optim::AdamParamState> {
  public:
   explicit FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                      torch::optim::AdamOptions defaults = {})
@@ -99,7 +99,7 @@ class FusedAdam
 };
 
 class FusedAdamW : public fused_impl::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions,
-                                                torch::optim::AdamWParamState> {
+                                                    torch::optim::AdamWParamState> {
  public:
   explicit FusedAdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                       torch::optim::AdamWOptions defaults = {})

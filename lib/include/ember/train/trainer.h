@@ -86,8 +86,10 @@ struct TrainerOptions {
   /// update) as one CUDA graph after a few eager warm-up steps, and replay it
   /// for every later step: no per-op launch cost. Needs CUDA, a fused
   /// optimizer, sync-free steps, accumulate_grad_batches 1, one process, and a
-  /// Task whose training_step reads nothing from the device and draws no host
-  /// random numbers (augment.mix.* does); callbacks with in-step hooks must
+  /// Task whose training_step reads nothing from the device, draws no host
+  /// random numbers (augment.mix.* does) and uses only the batch's input and
+  /// target tensors (index and epoch stay those of the captured batch);
+  /// callbacks with in-step hooks must
   /// declare them capturable (Callback::step_hooks_capturable). A replay is
   /// bit-identical to the eager step. README "CUDA graphs" has the details.
   TORCH_ARG(bool, cuda_graph) = false;
