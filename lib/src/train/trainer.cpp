@@ -457,7 +457,7 @@ FitResult Trainer::fit(Task& task) {
         StepResult r = graph->run(*batch, whole_step, [&] { optimizer_->zero_grad(/*set_to_none=*/true); });
         // The graph rewrites its outputs at the next replay: callbacks get copies.
         step_loss = r.out.loss.detach().clone();
-        skip_flag = r.skip_flag.defined() ? r.skip_flag.clone() : torch::Tensor();
+        skip_flag = r.skip_flag;  // read by after_step below, before the next replay: no copy
         epoch_sums_.add(r.out, batch->size());
         step_samples = batch->size();
         ++batch_;
