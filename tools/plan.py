@@ -4,7 +4,8 @@
     tools/ember plan RECIPE [key=value ...] [--price GPU=USD ...]   (measures here, then runs this)
     python3 tools/plan.py MEASURE.json [--gpus tools/plan/gpus.toml] [--price GPU=USD_PER_HOUR ...]
                           [--margin 0.10] [--mfu X] [--runs-dir runs] [--context-gib 0.5]
-                          [--step-floor-ms 1] [--host-ram-gib 16] [--gpu NAME ...]
+                          [--step-floor-ms 1] [--launch-us 5] [--graph-launch-us 10] [--kernel-us 2]
+                          [--host-ram-gib 16] [--gpu NAME ...]
                           [--precision P ...] [--json]
     python3 tools/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
 
@@ -30,23 +31,47 @@ The model (every constant is a flag or a documented default)
   memory(b)   = context + parameter_bytes + buffer_bytes [+ resident_bytes when
                 the dataset lives on the GPU] + F + b*A, with F, A the measured
                 fit of the training loop's peak (gradients, optimizer state,
-                activations, workspaces, batch). Fits when
+                activations, workspaces, batch); with trainer.cuda_graph and a
+                measurement without the graph's pool (memory_includes_graph_pool
+                false: on the CPU) A counts twice, see MEASURE.json. Fits when
                 memory(b) <= (1 - margin) * memory_gib GiB. context (--context-gib,
                 default 0.5 GiB): the CUDA context, cuBLAS/cuDNN handles and
                 their kernels, which no allocator statistic sees.
   step time   = max(samples * train_flops_per_sample / (peak * MFU), step floor)
                 per micro-batch, times accumulate_grad_batches per optimizer step.
                 peak: the table's dense TFLOP/s of the precision's math (fp32:
-                plain FMA; tf32/bf16/fp16: tensor cores). The step floor is
-                what an eager step of launched kernels costs however little
-                math it holds: below it a GPU is launch-bound, the real MFU
-                falls far below the assumed one, and a bigger GPU is no faster.
-                It is (3 x forward_graph_nodes + 4 x parameter_tensors) x
-                --launch-us (default 5 us) when the measurement counted them
-                (each autograd node of the forward: its kernel and about two
-                in backward; LibTorch's optimizers: about four kernels per
-                parameter tensor), else --step-floor-ms (default 1 ms), which
-                also overrides the count when given.
+                plain FMA; tf32/bf16/fp16: tensor cores).
+  step floor  what the configured step's launches cost however little math it
+                holds: below it a GPU is launch-bound, the real MFU falls far
+                below the assumed one, and a bigger GPU is no faster. Steps are
+                sync-free, so the host queues launches while the device runs
+                earlier ones: the floor is the larger of the host's and the
+                device's time for one optimizer step, per micro-batch (/
+                accumulate_grad_batches). From step_ops (counted by the
+                measurement: ATen ops that launch work in one whole step as
+                configured, forward, backward, the optimizer, loss scaling):
+                  eager (trainer.cuda_graph off): E x --launch-us (5 us: host
+                    dispatch + launch per op; the device's E x --kernel-us is
+                    less);
+                  CUDA graph (trainer.cuda_graph on; accumulation is 1): the
+                    larger of the host's --graph-launch-us (10 us, one
+                    cudaGraphLaunch) + G x --launch-us, G the ops still launched
+                    outside the graph per step, and the device's (I + G) x
+                    --kernel-us, I the ops inside the graph (2 us: the least
+                    device time of a kernel node; an assumption, see KERNEL_US).
+                    Without G and I (an older measurement) it is planned as
+                    eager, which overstates the floor; the output says so.
+                Older measurements without step_ops: eager, estimated as
+                3 x forward_graph_nodes (each autograd node's kernel and about
+                two in backward) + the optimizer's launches: Ember's fused
+                optimizers (the default; also when the file does not say) one
+                kernel per (device, dtype) bucket of each parameter group
+                (_fused_sgd_; Adam/AdamW _foreach_add_ + _fused_adam(w)_, and
+                _foreach_sub_ with fp16 loss scaling), taken as 2 groups (decayed
+                and not) of one bucket; LibTorch's (optim.fused=false) about 4
+                (SGD) or 8 (Adam/AdamW) per parameter tensor; fp16-mixed adds
+                the GradScaler's 3. Nothing counted: --step-floor-ms (default
+                1 ms), which also overrides the counts when given.
   MFU         --mfu if given; else calibrated: monitor.mfu of the newest CUDA run
                 of this recipe under --runs-dir (RUNS_DIR/<recipe>*/summary.json;
                 the same precision preferred), or the measurement's own
@@ -93,6 +118,19 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
   forward_graph_nodes, parameter_tensors
                          autograd nodes of one training forward, trainable tensors:
                          the kernels that bound a small model's step (optional)
+  step_ops (optional): {eager: E, graph_outside: G or null, graph_inside: I or null}
+                         ATen ops that launch work (leaf ops, views and allocations
+                         excluded) in one optimizer step as configured (E; all
+                         accumulate_grad_batches micro-batches), and with
+                         trainer.cuda_graph those launched outside the graph per
+                         replayed step (G) and inside it (I); G, I null when off
+  cuda_graph, optimizer_fused (optional): the config's trainer.cuda_graph and
+                         optim.fused (absent: off, and fused, their defaults)
+  memory_includes_graph_pool (optional, default false): the probes ran a real
+                         CUDA graph, so memory holds its private pool; when
+                         false under cuda_graph the plan counts A twice (a graph
+                         run holds one step's activations in its pool while the
+                         short last batch and evaluation allocate beside it)
   memory: {PRECISION: {"probes": [{"batch", "peak_bytes"}, ...],
                        "fixed_bytes": F, "per_sample_bytes": A}}
                          peak_bytes: device memory the training loop uses on top
@@ -117,7 +155,9 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
              config's batch (plan.verify=true); shown when present
 
 JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
-  "assumptions": {...}, "mfu": {PRECISION: {value, source ("--mfu", "run",
+  "assumptions": {..., step_floor_seconds, step_floor (how), step_launches {cuda_graph,
+            eager, graph_outside, graph_inside, counted, text}, launch_us, graph_launch_us,
+            kernel_us, graph_pool_doubles_per_sample_bytes}, "mfu": {PRECISION: {value, source ("--mfu", "run",
             "measurement" or "default"), run, precision_measured, text}},
   "memory_models": {PRECISION: {fixed_bytes, per_sample_bytes, source}},
   "rows": [{gpu, precision, fits, largest_batch, step_seconds, epoch_seconds,
@@ -146,19 +186,19 @@ DEFAULT_MFU = 0.30  # a well-fed mid-sized model in eager LibTorch; small models
 DEFAULT_MARGIN = 0.10  # of the GPU's memory kept free: fragmentation, usable < sold, allocator slack
 STEP_FLOOR_MS = 1.0  # an eager training step's kernel launches, when the measurement did not count them
 LAUNCH_US = 5.0  # LibTorch dispatch + cudaLaunchKernel per op, eager C++ (several us; Python adds ~5 more)
-
-
-def step_floor(m, step_floor_ms, launch_us):
-    """(seconds, how) of the least time of one eager training step on a GPU: kernels counted from
-    the measurement's forward graph and parameter tensors, or the --step-floor-ms constant."""
-    if step_floor_ms is not None:
-        return step_floor_ms / 1000.0, "--step-floor-ms"
-    nodes, tensors = m.get("forward_graph_nodes"), m.get("parameter_tensors")
-    if isinstance(nodes, int) and isinstance(tensors, int) and nodes > 0:
-        kernels = 3 * nodes + 4 * tensors
-        return kernels * launch_us * 1e-6, (f"~{kernels} kernels: 3 x {nodes} forward graph nodes + 4 x {tensors} "
-                                             f"parameter tensors, x {launch_us:g} us; --launch-us, --step-floor-ms")
-    return STEP_FLOOR_MS / 1000.0, "kernel launches, not counted in this measurement; --step-floor-ms"
+GRAPH_LAUNCH_US = 10.0  # host: one cudaGraphLaunch of a whole training step (a few us; more for big graphs)
+# Device: the least time of one kernel node inside a CUDA graph, back to back. An assumption, not
+# measured on Ember: NVIDIA's "Getting Started with CUDA Graphs" (developer.nvidia.com/blog/cuda-graphs,
+# V100) runs a ~2.9 us kernel at ~3.4 us per node in a graph, ~0.5 us between nodes; ATen's smallest
+# elementwise kernels run ~1-2 us on the device. Replace it with a GPU's profile when one is at hand.
+KERNEL_US = 2.0
+# Launches of older measurements without step_ops (see the docstring's "step floor").
+KERNELS_PER_FORWARD_NODE = 3  # the node's forward kernel and about two in backward
+FUSED_KERNELS_PER_BUCKET = {"sgd": 1, "adam": 2, "adamw": 2}  # _fused_sgd_; _foreach_add_ + _fused_adam(w)_
+FUSED_FP16_KERNELS_PER_BUCKET = {"sgd": 0, "adam": 1, "adamw": 1}  # _foreach_sub_: a skipped step's count back
+UNFUSED_KERNELS_PER_TENSOR = {"sgd": 4, "adam": 8, "adamw": 8}  # LibTorch's step, with weight decay
+GRAD_SCALER_KERNELS = 3  # fp16-mixed: loss x scale, the inf check of the gradients, the scale's update
+ESTIMATED_GROUPS = 2  # Ember's parameter groups by default: weight decay on matrices, none on the rest
 PAYS_EFFICIENCY = 0.8  # data-parallel pays at n GPUs when t_step / (t_step + t_allreduce) >= this
 LOADER_HOST_BATCHES = 3  # host staging: 2 prefetched batches (TensorLoader on CUDA) + 1 being gathered
 DEFAULT_HOST_RAM_GIB = 16.0  # a small one-GPU cloud instance (e.g. 4 vCPUs, 16 GiB)
@@ -227,6 +267,99 @@ def epoch_seconds(train_samples, batch, flops_per_sample, peak_flops, mfu, floor
     """One pass over `train_samples` in ceil(train_samples / batch) micro-batches."""
     per_batch, _ = step_seconds(batch, flops_per_sample, peak_flops, mfu, floor_seconds)
     return math.ceil(train_samples / batch) * per_batch
+
+
+def optimizer_launches(optimizer, fused, parameter_tensors, fp16, groups=ESTIMATED_GROUPS):
+    """Kernels one optimizer step launches, estimated for a measurement without step_ops.
+    Ember's fused optimizers (`fused`) launch per (device, dtype) bucket of each parameter group,
+    whatever the number of tensors; LibTorch's launch per tensor. An unknown optimizer counts as
+    SGD (Ember's default)."""
+    kind = optimizer if optimizer in FUSED_KERNELS_PER_BUCKET else "sgd"
+    if fused:
+        buckets = min(groups, parameter_tensors)  # one model, one device and dtype: a bucket per group
+        kernels = buckets * (FUSED_KERNELS_PER_BUCKET[kind] + (FUSED_FP16_KERNELS_PER_BUCKET[kind] if fp16 else 0))
+    else:
+        kernels = parameter_tensors * UNFUSED_KERNELS_PER_TENSOR[kind]
+    return kernels + (GRAD_SCALER_KERNELS if fp16 else 0)
+
+
+def _accumulation(m):
+    accumulate = m.get("accumulate_grad_batches", 1)
+    return accumulate if isinstance(accumulate, int) and accumulate >= 1 else 1
+
+
+def step_launches(m):
+    """What one optimizer step of the measured config launches: {"cuda_graph", "eager", "graph_outside",
+    "graph_inside", "counted", "text"}. Counts from step_ops when the measurement has them, else
+    estimated from forward_graph_nodes and parameter_tensors as an eager step; None when neither."""
+    ops = m.get("step_ops") if isinstance(m.get("step_ops"), dict) else {}
+    graph = m.get("cuda_graph") is True
+    uncounted = "; trainer.cuda_graph is on but the graph was not counted: planned as eager (remeasure)"
+    eager, outside, inside = ops.get("eager"), ops.get("graph_outside"), ops.get("graph_inside")
+    if isinstance(eager, int) and eager > 0:
+        if graph and isinstance(outside, int) and isinstance(inside, int):
+            return {"cuda_graph": True, "eager": eager, "graph_outside": outside, "graph_inside": inside,
+                    "counted": True,
+                    "text": f"{inside} ops inside the CUDA graph, {outside} outside it per step (counted)"}
+        return {"cuda_graph": False, "eager": eager, "graph_outside": None, "graph_inside": None,
+                "counted": True, "text": f"{eager} ops in one eager step (counted)" + (uncounted if graph else "")}
+    nodes, tensors = m.get("forward_graph_nodes"), m.get("parameter_tensors")
+    if not (isinstance(nodes, int) and isinstance(tensors, int) and nodes > 0):
+        return None
+    fused = m.get("optimizer_fused") is not False  # unknown: Ember's default, the fused optimizer
+    fp16 = m.get("precision") == "fp16-mixed"
+    optimizer = m.get("optimizer") if m.get("optimizer") in FUSED_KERNELS_PER_BUCKET else "sgd"
+    opt = optimizer_launches(optimizer, fused, tensors, fp16)
+    accumulate = _accumulation(m)
+    if fused:
+        per_bucket = FUSED_KERNELS_PER_BUCKET[optimizer] + (FUSED_FP16_KERNELS_PER_BUCKET[optimizer] if fp16 else 0)
+        detail = (f"fused {optimizer}, {per_bucket} x {min(ESTIMATED_GROUPS, tensors)} parameter groups"
+                  + ("" if "optimizer_fused" in m else " (fused assumed: the file does not say)"))
+    else:
+        detail = f"LibTorch's {optimizer}, {UNFUSED_KERNELS_PER_TENSOR[optimizer]} x {tensors} parameter tensors"
+    if fp16:
+        detail += f", + {GRAD_SCALER_KERNELS} GradScaler"
+    kernels = accumulate * KERNELS_PER_FORWARD_NODE * nodes + opt
+    micro = f"{accumulate} x " if accumulate > 1 else ""
+    text = (f"~{kernels} kernels, estimated: {micro}{KERNELS_PER_FORWARD_NODE} x {nodes} forward graph nodes + "
+            f"{opt} optimizer ({detail})" + (uncounted if graph else ""))
+    return {"cuda_graph": False, "eager": kernels, "graph_outside": None, "graph_inside": None,
+            "counted": False, "text": text}
+
+
+def launch_floor(launches, launch_us, graph_launch_us, kernel_us):
+    """(host_us, device_us) of one optimizer step's `launches` (step_launches): the host launching, the
+    device running. A sync-free step overlaps them, so the step takes at least the larger."""
+    if launches["cuda_graph"]:
+        outside, inside = launches["graph_outside"], launches["graph_inside"]
+        return graph_launch_us + outside * launch_us, (inside + outside) * kernel_us
+    return launches["eager"] * launch_us, launches["eager"] * kernel_us
+
+
+def step_floor(m, step_floor_ms, launch_us, graph_launch_us=GRAPH_LAUNCH_US, kernel_us=KERNEL_US):
+    """(seconds, how) of the least time of one training micro-batch on a GPU: what the configured step
+    launches (step_launches) per micro-batch, or the --step-floor-ms constant (given, or nothing
+    counted)."""
+    if step_floor_ms is not None:
+        return step_floor_ms / 1000.0, "--step-floor-ms"
+    launches = step_launches(m)
+    if launches is None:
+        return STEP_FLOOR_MS / 1000.0, "kernel launches, not counted in this measurement; --step-floor-ms"
+    accumulate = _accumulation(m)
+    host, device = launch_floor(launches, launch_us, graph_launch_us, kernel_us)
+    bound = "host" if host >= device else "device"
+    if launches["cuda_graph"]:
+        outside, inside = launches["graph_outside"], launches["graph_inside"]
+        how = (f"{launches['text']}: the larger of host {graph_launch_us:g} us graph launch + {outside} x "
+               f"{launch_us:g} us = {host:g} us and device ({inside} + {outside}) x {kernel_us:g} us = "
+               f"{device:g} us, {bound}-bound; --graph-launch-us, --launch-us, --kernel-us (an assumption)")
+    else:
+        how = (f"{launches['text']} x {launch_us:g} us host launch" if bound == "host" else
+               f"{launches['text']} x {kernel_us:g} us on the device (more than {launch_us:g} us to launch)")
+        how += "; --launch-us, --kernel-us"
+    if accumulate > 1:
+        how += f"; per micro-batch: / {accumulate} accumulation"
+    return max(host, device) * 1e-6 / accumulate, how + ", --step-floor-ms"
 
 
 def cost_usd(seconds, usd_per_hour):
@@ -316,6 +449,17 @@ def load_measurement(path):
             raise PlanError(f"{where}: per_sample_bytes {entry['per_sample_bytes']} must be positive "
                             f"(probes too close together? measure at batches further apart: "
                             f"plan.probe_small, plan.probe_large)")
+    for key in ("cuda_graph", "optimizer_fused", "memory_includes_graph_pool"):
+        if key in m and not isinstance(m[key], bool):
+            raise PlanError(f"{_where(path, key)}: expected true or false, got {json.dumps(m[key])}")
+    ops = m.get("step_ops")
+    if ops is not None:
+        if not isinstance(ops, dict):
+            raise PlanError(f"{_where(path, 'step_ops')}: expected an object "
+                            f"{{eager, graph_outside, graph_inside}}")
+        for key in ("eager", "graph_outside", "graph_inside"):
+            if ops.get(key) is not None:  # null: not counted (the graph's counts when cuda_graph is off)
+                ops[key] = _number(ops, key, f"{path}: step_ops", minimum=1 if key == "eager" else 0, integer=True)
     return m
 
 
@@ -466,8 +610,25 @@ class Row:
     memory_source: str
 
 
+def graph_pool_doubles(measurement):
+    """True when per-sample bytes count twice: trainer.cuda_graph on, and the probes did not run a
+    real CUDA graph (memory_includes_graph_pool false: measured on the CPU). A graph run holds one
+    step's activations in the graph's private pool while the epoch's short last batch and the
+    evaluation allocate beside it."""
+    return measurement.get("cuda_graph") is True and measurement.get("memory_includes_graph_pool") is not True
+
+
 def memory_model(measurement, precision):
-    """(F, A, source) for a precision, falling back as the docstring says."""
+    """(F, A, source) for a precision, falling back as the docstring says; A x 2 when
+    graph_pool_doubles."""
+    fixed, per_sample, source = _measured_memory(measurement, precision)
+    if graph_pool_doubles(measurement):
+        per_sample *= 2
+        source = ("" if source == "measured" else source + "; ") + "A x 2: the CUDA graph's pool"
+    return fixed, per_sample, source
+
+
+def _measured_memory(measurement, precision):
     memory = measurement["memory"]
     if precision in memory:
         return memory[precision]["fixed_bytes"], memory[precision]["per_sample_bytes"], "measured"
@@ -685,7 +846,8 @@ def make_plan(m, gpus, prices, args, measurement_path):
     precisions = args.precision or list(PRECISIONS)
     mfus = {p: choose_mfu(p, args.mfu, runs, m) for p in PRECISIONS}
     context_bytes = args.context_gib * GIB
-    floor_seconds, floor_text = step_floor(m, args.step_floor_ms, args.launch_us)
+    floor_seconds, floor_text = step_floor(m, args.step_floor_ms, args.launch_us, args.graph_launch_us,
+                                           args.kernel_us)
     if args.gpu:
         wanted = {g.lower() for g in args.gpu}
         known = {g["name"].lower() for g in gpus}
@@ -702,6 +864,11 @@ def make_plan(m, gpus, prices, args, measurement_path):
     if (m.get("memory_method") or "").lower().startswith("cpu"):
         notes.append("memory measured with CPU allocator statistics: a GPU adds cuDNN workspaces and "
                      "caching-allocator rounding, so keep the margin")
+    if graph_pool_doubles(m):
+        notes.append("trainer.cuda_graph with memory measured without a graph (memory_includes_graph_pool "
+                      "false): per-sample bytes A count twice, as a graph run holds one step's activations "
+                      "in its private pool while the epoch's short last batch and evaluation allocate "
+                      "beside it; a measurement on a GPU counts the pool itself")
     if any(r.launch_bound for r in rows):
         notes.append(f"rows marked * are launch-bound: the math of a batch takes less than the "
                      f"{floor_seconds * 1e3:.3g} ms step floor, so their real MFU is far below the one assumed")
@@ -714,6 +881,8 @@ def make_plan(m, gpus, prices, args, measurement_path):
             "device_name": m.get("device_name"), "threads": m.get("threads"),
             "batch_size": m["batch_size"], "accumulate_grad_batches": m["accumulate_grad_batches"],
             "epochs": m["epochs"], "precision": m["precision"], "optimizer": m.get("optimizer"),
+            "optimizer_fused": m.get("optimizer_fused"), "cuda_graph": m.get("cuda_graph"),
+            "memory_includes_graph_pool": m.get("memory_includes_graph_pool"),
             "parameters": m["parameters"], "parameter_bytes": m["parameter_bytes"],
             "gradient_bytes": m["gradient_bytes"], "optimizer_state_bytes": m["optimizer_state_bytes"],
             "forward_macs_per_sample": m.get("forward_macs_per_sample"),
@@ -726,7 +895,9 @@ def make_plan(m, gpus, prices, args, measurement_path):
         },
         "assumptions": {
             "margin": args.margin, "context_bytes": context_bytes, "step_floor_seconds": floor_seconds,
-            "step_floor": floor_text,
+            "step_floor": floor_text, "step_launches": step_launches(m), "launch_us": args.launch_us,
+            "graph_launch_us": args.graph_launch_us, "kernel_us": args.kernel_us,
+            "graph_pool_doubles_per_sample_bytes": graph_pool_doubles(m),
             "default_mfu": DEFAULT_MFU, "pays_efficiency": PAYS_EFFICIENCY, "host_ram_gib": args.host_ram_gib,
             "loader_host_batches": LOADER_HOST_BATCHES, "gpu_table": str(args.gpus),
         },
@@ -961,10 +1132,17 @@ def parse_args(argv):
     p.add_argument("--context-gib", type=float, default=CONTEXT_GIB,
                    help=f"CUDA context overhead per GPU, GiB (default {CONTEXT_GIB})")
     p.add_argument("--step-floor-ms", type=float, default=None,
-                   help="least time of a training step on a GPU, ms (default: counted kernels x --launch-us, "
-                        f"else {STEP_FLOOR_MS})")
+                   help="least time of a training step on a GPU, ms (default: from what the measurement counted "
+                        f"the step launching, see 'step floor' in tools/ember plan --help; else {STEP_FLOOR_MS})")
     p.add_argument("--launch-us", type=float, default=LAUNCH_US,
-                   help=f"host cost of one kernel launch in an eager LibTorch step, us (default {LAUNCH_US:g})")
+                   help=f"host cost of launching one op (LibTorch dispatch + kernel launch), us (default "
+                        f"{LAUNCH_US:g})")
+    p.add_argument("--graph-launch-us", type=float, default=GRAPH_LAUNCH_US,
+                   help=f"host cost of one cudaGraphLaunch of a whole step (trainer.cuda_graph), us "
+                        f"(default {GRAPH_LAUNCH_US:g})")
+    p.add_argument("--kernel-us", type=float, default=KERNEL_US,
+                   help=f"least device time of one kernel, e.g. a node inside a CUDA graph, us (default "
+                        f"{KERNEL_US:g}: an assumption, see KERNEL_US in tools/plan.py)")
     p.add_argument("--host-ram-gib", type=float, default=DEFAULT_HOST_RAM_GIB,
                    help=f"host RAM per GPU of the instance, GiB (default {DEFAULT_HOST_RAM_GIB:g})")
     p.add_argument("--gpu", action="append", default=[], metavar="NAME", help="only this GPU; repeatable")
@@ -976,8 +1154,10 @@ def parse_args(argv):
         p.error(f"--margin {args.margin}: expected 0 <= margin < 1 (0.10 keeps 10%% free)")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         p.error(f"--mfu {args.mfu}: expected 0 < MFU <= 1 (0.30 = 30%% of the peak)")
-    if args.context_gib < 0 or (args.step_floor_ms or 0) < 0 or args.launch_us < 0 or args.host_ram_gib <= 0:
-        p.error("--context-gib, --step-floor-ms and --launch-us must be >= 0, --host-ram-gib > 0")
+    if (args.context_gib < 0 or (args.step_floor_ms or 0) < 0 or args.launch_us < 0 or args.graph_launch_us < 0
+            or args.kernel_us < 0 or args.host_ram_gib <= 0):
+        p.error("--context-gib, --step-floor-ms, --launch-us, --graph-launch-us and --kernel-us must be >= 0, "
+                "--host-ram-gib > 0")
     if args.precision:
         args.precision = [p for p in PRECISIONS if p in args.precision]
     return args

@@ -5,9 +5,16 @@
 2. Largest batch: the bytes that fit, one sample short, none at all.
 3. A 1.5B-parameter AdamW model fits no batch on a T4 and fits an H200.
 4. Step, epoch and cost arithmetic, with accumulation and the launch floor.
-5. The calibrated MFU from fake run folders (CUDA runs only, precision preferred).
-6. --json: valid JSON (no NaN), every documented key; the text output's sections.
-7. gpus.toml's peaks equal Ember's C++ table (lib/src/core/flops.cpp).
+5. The step floor follows what the configured step launches: a fused optimizer
+   launches per parameter group, not per tensor (checked against the ops torch's
+   own fused optimizers dispatch, when torch is installed); a CUDA graph's floor
+   is below the eager one for a launch-bound model, and is the device's time
+   when nothing launches outside the graph; older files are estimated.
+6. Graph mode's memory: per-sample bytes twice from a CPU measurement, once from
+   a CUDA one that held the graph's pool.
+7. The calibrated MFU from fake run folders (CUDA runs only, precision preferred).
+8. --json: valid JSON (no NaN), every documented key; the text output's sections.
+9. gpus.toml's peaks equal Ember's C++ table (lib/src/core/flops.cpp).
 
     python3 tests/tools/plan_test.py [-v]
 """
@@ -63,6 +70,23 @@ def big_model():
     return m
 
 
+def small_model(**fields):
+    """The example measurement (FashionNet on the CPU: launch-bound on every GPU) with `fields`, e.g.
+    step_ops and cuda_graph, as `RECIPE --measure` writes them."""
+    m = json.loads(EXAMPLE.read_text())
+    m.update(fields)
+    return m
+
+
+def torch_or_none():
+    try:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:
+        return None, None
+    return torch, TorchDispatchMode
+
+
 def write_json(folder, name, obj):
     path = Path(folder) / name
     path.write_text(json.dumps(obj))
@@ -85,15 +109,6 @@ class Arithmetic(unittest.TestCase):
         self.assertLess(eff, plan.PAYS_EFFICIENCY)
         # 6 GB of gradients on 8 H100s over NVLink (450 GB/s): 1.75 * 6e9 / 450e9 = 0.0233 s.
         self.assertAlmostEqual(plan.allreduce_seconds(6e9, 8, 450e9), 0.023333333333, places=9)
-
-    def test_step_floor_from_counted_kernels(self):
-        # 40 forward graph nodes and 18 parameter tensors: 3 * 40 + 4 * 18 = 192 kernels x 5 us = 0.96 ms.
-        floor, how = plan.step_floor({"forward_graph_nodes": 40, "parameter_tensors": 18}, None, 5.0)
-        self.assertAlmostEqual(floor, 192 * 5e-6, places=15)
-        self.assertIn("192 kernels", how)
-        self.assertEqual(plan.step_floor({"forward_graph_nodes": 40, "parameter_tensors": 18}, 2.5, 5.0)[0],
-                         0.0025)  # --step-floor-ms wins
-        self.assertEqual(plan.step_floor({}, None, 5.0)[0], plan.STEP_FLOOR_MS / 1000)  # not counted
 
     def test_largest_batch_by_hand(self):
         # 16 GiB, 10% margin: 0.9 * 17,179,869,184 = 15,461,882,265.6 bytes.
@@ -142,6 +157,180 @@ class Arithmetic(unittest.TestCase):
     def test_host_ram(self):
         # 55,440,000 resident + 3 staged batches of 128 x 792 B = 55,744,128 bytes.
         self.assertEqual(plan.host_ram_bytes(55_440_000, 128, 792.0), 55_744_128)
+
+
+class StepFloor(unittest.TestCase):
+    """The floor is what the configured step launches, not a fixed formula."""
+    US = 1e-6
+
+    def floor(self, m, **kw):
+        return plan.step_floor(m, None, kw.get("launch_us", plan.LAUNCH_US),
+                               kw.get("graph_launch_us", plan.GRAPH_LAUNCH_US), kw.get("kernel_us", plan.KERNEL_US))
+
+    def test_fused_optimizer_launches_per_group_not_per_tensor(self):
+        launches = plan.optimizer_launches
+        for name in ("sgd", "adam", "adamw"):
+            for fp16 in (False, True):
+                fused = [plan.optimizer_launches(name, True, n, fp16) for n in (2, 16, 160)]
+                unfused = [plan.optimizer_launches(name, False, n, fp16) for n in (2, 16, 160)]
+                self.assertEqual(len(set(fused)), 1, (name, fp16, fused))  # the tensor count does not matter
+                # LibTorch's: the same launches for every tensor, 14 more tensors then 144 more.
+                self.assertEqual((unfused[2] - unfused[1]) * 14, (unfused[1] - unfused[0]) * 144, (name, unfused))
+                self.assertGreater(unfused[1], unfused[0])
+                for f, u in zip(fused, unfused):
+                    self.assertLess(f, u, (name, fp16))
+            # Loss scaling adds launches.
+            self.assertGreater(launches(name, True, 16, True), launches(name, True, 16, False))
+        # Adam's step count is taken back on a skipped step (_foreach_sub_); SGD has no count.
+        scaler = plan.GRAD_SCALER_KERNELS
+        self.assertEqual(launches("sgd", True, 16, True) - launches("sgd", True, 16, False), scaler)
+        self.assertGreater(launches("adam", True, 16, True) - launches("adam", True, 16, False), scaler)
+        # Adam does more per step than SGD, fused or not.
+        self.assertGreater(launches("adamw", True, 16, False), launches("sgd", True, 16, False))
+        self.assertGreater(launches("adamw", False, 16, False), launches("sgd", False, 16, False))
+
+    @unittest.skipIf(torch_or_none()[0] is None, "torch is not installed in this Python")
+    def test_fused_counts_are_what_torch_dispatches(self):
+        """Ember's fused optimizers call the ATen ops that torch.optim's fused=True path calls, per
+        (device, dtype) bucket of each group (train/fused_optim.cpp on CUDA); LibTorch's SGD is
+        Python's single-tensor SGD. Count the ops one step dispatches (torch on the CPU: the same ops)."""
+        torch, mode = torch_or_none()
+        not_work = {"_record_function_enter_new", "_record_function_exit"}  # profiler markers
+
+        class Count(mode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func.overloadpacket.__name__ not in not_work:
+                    self.ops.append(func.overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        def launches(cls, n, scaled, **options):
+            torch.manual_seed(0)
+            params = [torch.nn.Parameter(torch.randn(8, 8) if i % 2 == 0 else torch.randn(8)) for i in range(n)]
+            # Ember's two groups: weight decay on the matrices, none on the vectors.
+            opt = cls([{"params": params[0::2]}, {"params": params[1::2], "weight_decay": 0.0}], **options)
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt.step()  # state made: the next step is a steady one
+            if scaled:  # what GradScaler hands a fused optimizer (fp16-mixed)
+                opt.grad_scale, opt.found_inf = torch.tensor(1.0), torch.tensor(0.0)
+            counter = Count()
+            with counter:
+                opt.step()
+            return counter.ops
+
+        classes = {"sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=5e-4)),
+                   "adam": (torch.optim.Adam, dict(lr=1e-3, weight_decay=1e-4)),
+                   "adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=1e-2))}
+        for name, (cls, options) in classes.items():
+            for n in (4, 40):
+                for scaled in (False, True):
+                    ops = launches(cls, n, scaled, fused=True, **options)
+                    expected = plan.optimizer_launches(name, True, n, scaled)
+                    expected -= plan.GRAD_SCALER_KERNELS if scaled else 0  # the scaler's own are not the step's
+                    self.assertEqual(len(ops), expected, (name, n, scaled, ops))
+        # LibTorch's SGD (optim.fused=false) is torch's single-tensor SGD: per tensor add (weight
+        # decay), mul_ + add_ (momentum), add_. The plan counts the decay for every tensor; here the
+        # 10 vectors' group has none.
+        cls, options = classes["sgd"]
+        ops = launches(cls, 20, False, foreach=False, **options)
+        self.assertEqual(len(ops) + 10, plan.optimizer_launches("sgd", False, 20, False), ops)
+
+    def test_estimate_of_an_older_measurement(self):
+        # No step_ops: 3 kernels per forward node + the optimizer's; fused (or not saying) launches per group.
+        old = small_model(forward_graph_nodes=40, parameter_tensors=16)
+        unfused = dict(old, optimizer_fused=False)
+        fused = dict(old, optimizer_fused=True)
+        f_old, how_old = self.floor(old)
+        f_fused, _ = self.floor(fused)
+        f_unfused, how_unfused = self.floor(unfused)
+        self.assertEqual(f_old, f_fused)  # not saying = Ember's default, fused
+        self.assertIn("fused assumed", how_old)
+        self.assertLess(f_fused, f_unfused)
+        saved = plan.optimizer_launches("sgd", False, 16, False) - plan.optimizer_launches("sgd", True, 16, False)
+        self.assertAlmostEqual(f_unfused - f_fused, saved * plan.LAUNCH_US * self.US, places=12)
+        self.assertIn("LibTorch's sgd", how_unfused)
+        # The forward's nodes still count: a deeper model has a higher floor, the optimizer unchanged.
+        self.assertGreater(self.floor(dict(old, forward_graph_nodes=80))[0], f_old)
+        # fp16-mixed adds the GradScaler's launches.
+        self.assertGreater(self.floor(dict(old, precision="fp16-mixed"))[0], f_old)
+        # Nothing counted: the constant.
+        self.assertEqual(self.floor(small_model())[0], plan.STEP_FLOOR_MS / 1000)
+        self.assertEqual(plan.step_floor(old, 2.5, 5.0)[0], 0.0025)  # --step-floor-ms wins
+
+    def test_counted_eager_step(self):
+        m = small_model(step_ops={"eager": 200, "graph_outside": None, "graph_inside": None}, cuda_graph=False,
+                        optimizer_fused=True, forward_graph_nodes=40, parameter_tensors=16)
+        floor, how = self.floor(m)
+        # The host launches every op; the device runs each faster than that: the host's time is the floor.
+        self.assertAlmostEqual(floor, 200 * plan.LAUNCH_US * self.US, places=12)
+        self.assertGreater(plan.LAUNCH_US, plan.KERNEL_US)
+        self.assertIn("200 ops", how)
+        # The counts win over the estimate from nodes and tensors; twice the ops, twice the floor.
+        self.assertAlmostEqual(self.floor(dict(m, step_ops={"eager": 400}))[0], 2 * floor, places=12)
+        # A device slower than the host's launches bounds the step instead.
+        slow, how = self.floor(m, kernel_us=8.0)
+        self.assertAlmostEqual(slow, 200 * 8.0 * self.US, places=12)
+        self.assertIn("on the device", how)
+        # Accumulation: the count is one optimizer step's; the floor per micro-batch is its share, so
+        # a launch-bound optimizer step costs the count's launches once.
+        acc = dict(m, accumulate_grad_batches=4)
+        per_micro, how = self.floor(acc)
+        self.assertIn("/ 4", how)
+        step, bound = plan.step_seconds(128, 1.0, 1e15, 0.3, per_micro, accumulate=4)
+        self.assertTrue(bound)
+        self.assertAlmostEqual(step, 200 * plan.LAUNCH_US * self.US, places=12)
+
+    def test_graph_floor(self):
+        eager = small_model(step_ops={"eager": 200, "graph_outside": None, "graph_inside": None},
+                            cuda_graph=False, optimizer_fused=True)
+        graph = small_model(step_ops={"eager": 200, "graph_outside": 12, "graph_inside": 198},
+                            cuda_graph=True, optimizer_fused=True)
+        f_eager, _ = self.floor(eager)
+        f_graph, how = self.floor(graph)
+        # One graph launch instead of 200: the floor drops, yet never below what the device must run.
+        self.assertLess(f_graph, f_eager)
+        self.assertGreaterEqual(f_graph, (198 + 12) * plan.KERNEL_US * self.US)
+        self.assertIn("198 ops inside", how)
+        self.assertIn("--kernel-us", how)
+        # Nothing outside the graph: the floor is the device's time for the graph's kernels alone.
+        bare = dict(graph, step_ops={"eager": 200, "graph_outside": 0, "graph_inside": 198})
+        self.assertAlmostEqual(self.floor(bare)[0], 198 * plan.KERNEL_US * self.US, places=12)
+        # A free device (kernel_us 0) leaves the host: one graph launch + the ops outside it.
+        self.assertAlmostEqual(self.floor(graph, kernel_us=0.0)[0],
+                               (plan.GRAPH_LAUNCH_US + 12 * plan.LAUNCH_US) * self.US, places=12)
+        # Ops launched outside the graph never lower the floor, and raise it once the host bounds it.
+        floors = [self.floor(dict(graph, step_ops={"eager": 200, "graph_outside": g, "graph_inside": 198}))[0]
+                  for g in (0, 10, 100, 1000)]
+        self.assertEqual(floors, sorted(floors))
+        self.assertGreater(floors[-1], floors[0])
+        # trainer.cuda_graph without the graph's counts (an older file): planned as eager, and said.
+        uncounted = dict(eager, cuda_graph=True)
+        floor, how = self.floor(uncounted)
+        self.assertEqual(floor, f_eager)
+        self.assertIn("remeasure", how)
+
+    def test_graph_rows_are_faster_when_launch_bound(self):
+        ops = {"eager": 200, "graph_outside": 12, "graph_inside": 198}
+        with tempfile.TemporaryDirectory() as tmp:
+            results = []
+            for graph in (False, True):
+                m = small_model(step_ops=ops if graph else dict(ops, graph_outside=None, graph_inside=None),
+                                cuda_graph=graph, optimizer_fused=True)
+                status, out, err = run_main([write_json(tmp, f"{graph}.json", m), "--json", "--runs-dir", ""])
+                self.assertEqual(status, 0, err)
+                results.append(json.loads(out))
+        eager, graph = results
+        self.assertTrue(graph["assumptions"]["step_launches"]["cuda_graph"])
+        self.assertFalse(eager["assumptions"]["step_launches"]["cuda_graph"])
+        for e, g in zip(eager["rows"], graph["rows"]):
+            self.assertEqual((e["gpu"], e["precision"]), (g["gpu"], g["precision"]))
+            self.assertLessEqual(g["step_seconds"], e["step_seconds"])
+            if e["launch_bound"]:
+                self.assertLess(g["step_seconds"], e["step_seconds"])
 
 
 class Plans(unittest.TestCase):
@@ -280,6 +469,10 @@ class Plans(unittest.TestCase):
             self.assertIn(key, result)
         self.assertEqual(result["measurement"]["steps_per_epoch"], 469)  # ceil(60000 / 128)
         self.assertEqual(result["assumptions"]["context_bytes"], 0.5 * GIB)
+        for key in ("step_floor_seconds", "step_floor", "step_launches", "launch_us", "graph_launch_us",
+                    "kernel_us", "graph_pool_doubles_per_sample_bytes"):
+            self.assertIn(key, result["assumptions"])
+        self.assertIsNone(result["assumptions"]["step_launches"])  # the example counted nothing
         self.assertEqual(set(result["mfu"]), set(plan.PRECISIONS))
         self.assertEqual(result["mfu"]["fp32"]["source"], "default")
         row_keys = {"gpu", "precision", "memory_gib", "peak_tflops", "mfu", "memory_needed_bytes",
@@ -355,6 +548,39 @@ class Plans(unittest.TestCase):
         self.assertEqual(resident["feeding"]["fastest"]["host_to_device_bytes_per_s"], 0.0)
         self.assertEqual(resident["feeding"]["loader_bytes"], 0)
 
+    def test_graph_memory_counts_the_pool_once(self):
+        """A graph run holds one step's activations in the graph's pool while the short last batch and
+        evaluation allocate beside it: a CPU measurement (no graph ran) counts per-sample bytes twice;
+        a CUDA measurement that held the pool, once; without trainer.cuda_graph, once."""
+        eager = self.plan_json(write_json(self.dir, "eager.json", small_model(cuda_graph=False)), "--gpu", "T4")
+        cpu = self.plan_json(write_json(self.dir, "cpu.json", small_model(
+            cuda_graph=True, memory_includes_graph_pool=False)), "--gpu", "T4")
+        cuda = self.plan_json(write_json(self.dir, "cuda.json", small_model(
+            cuda_graph=True, memory_includes_graph_pool=True)), "--gpu", "T4")
+        older = self.plan_json(write_json(self.dir, "older.json", small_model()), "--gpu", "T4")
+        for p in eager["memory_models"]:
+            e, c, g = eager["memory_models"][p], cpu["memory_models"][p], cuda["memory_models"][p]
+            self.assertEqual(c["per_sample_bytes"], 2 * e["per_sample_bytes"])
+            self.assertEqual(c["fixed_bytes"], e["fixed_bytes"])  # the pool holds activations, not state
+            self.assertIn("graph", c["source"])
+            self.assertEqual(g, e)
+            self.assertEqual(older["memory_models"][p], e)  # no cuda_graph field: off, its default
+        batch = eager["measurement"]["batch_size"]
+        for e, c, g in zip(eager["rows"], cpu["rows"], cuda["rows"]):
+            per_sample = eager["memory_models"][e["precision"]]["per_sample_bytes"]
+            self.assertAlmostEqual(c["memory_needed_bytes"] - e["memory_needed_bytes"], batch * per_sample,
+                                   places=3)
+            self.assertLess(c["largest_batch"], e["largest_batch"])
+            self.assertEqual((g["memory_needed_bytes"], g["largest_batch"]),
+                             (e["memory_needed_bytes"], e["largest_batch"]))
+        self.assertTrue(any("private pool" in n for n in cpu["notes"]))
+        self.assertFalse(any("private pool" in n for n in cuda["notes"] + eager["notes"]))
+        self.assertTrue(cpu["assumptions"]["graph_pool_doubles_per_sample_bytes"])
+        status, out, _ = run_main([self.dir / "cpu.json", "--runs-dir", self.no_runs, "--gpu", "T4"])
+        self.assertEqual(status, 0)
+        self.assertIn("A x 2: the CUDA graph's pool", out)
+        self.assertIn("note: trainer.cuda_graph with memory measured without a graph", out)
+
     def test_bad_input(self):
         m = json.loads(EXAMPLE.read_text())
         bad = copy.deepcopy(m)
@@ -367,6 +593,13 @@ class Plans(unittest.TestCase):
         status, _, err = run_main([write_json(self.dir, "grad.json", bad)])
         self.assertEqual(status, 1)
         self.assertIn("'gradient_bytes'", err)
+        for field, value, key in (("step_ops", {"eager": -3}, "'eager'"), ("step_ops", {"eager": 1.5}, "'eager'"),
+                                  ("step_ops", [200], "'step_ops'"), ("cuda_graph", "yes", "'cuda_graph'")):
+            bad = copy.deepcopy(m)
+            bad[field] = value
+            status, _, err = run_main([write_json(self.dir, "ops.json", bad)])
+            self.assertEqual(status, 1, (field, value))
+            self.assertIn(key, err)
         status, _, err = run_main([self.dir / "missing.json"])
         self.assertEqual((status, "--measure" in err), (1, True))
         status, _, _ = run_main([EXAMPLE, "--margin", "1.5"])

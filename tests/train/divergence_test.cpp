@@ -15,7 +15,7 @@ namespace {
 // BlobTask whose training loss turns NaN from optimizer step `from` + 1 on (8 steps per epoch).
 class NanFromStep : public BlobTask {
  public:
-  explicit NanFromStep(int64_t from) : BlobTask({}), from_(from) {}
+  explicit NanFromStep(int64_t from, Options o = {}) : BlobTask(o), from_(from) {}
   train::StepOutput training_step(const data::Batch& b) override {
     train::StepOutput out = BlobTask::training_step(b);
     if (net()->is_training() && ++calls_ > from_) out.loss = out.loss * std::nan("");  // not in validation
@@ -92,6 +92,23 @@ TEST(Divergence, APersistentNanLossStopsTheRunAndKeepsTheLastGoodCheckpoint) {
   // Stopped at the first check with 4 bad steps (step 16), before epoch 2's checkpoint.
   EXPECT_EQ(trainer.global_step(), 16);
   EXPECT_EQ(resume_step(dir), 8) << "epoch 1's checkpoint";
+}
+
+// Mid-epoch the watch is read without a sync, one read behind: the stop comes
+// within two reads of the streak reaching the patience, and names its start.
+TEST(Divergence, ReadsWithoutASyncStopWithinTwoReads) {
+  BlobTask::Options o;
+  o.samples = 1024;  // 32 steps per epoch: the stop comes mid-epoch
+  NanFromStep task(3, o);
+  train::TrainerOptions t;
+  t.epochs(2).nonfinite_patience(2);  // read every 2 steps; the streak reaches 2 at step 5
+  train::Trainer trainer(t);
+  const Error e = diverge(trainer, task);
+  const std::string m = e.what();
+  EXPECT_EQ(e.kind(), ErrorKind::kDiverged) << m;
+  EXPECT_NE(m.find("since step 4 (epoch 1)"), std::string::npos) << m;
+  EXPECT_GE(trainer.global_step(), 6) << "the step-6 read is the first to see it";
+  EXPECT_LE(trainer.global_step(), 5 + 2 * 2) << "at most two reads late";
 }
 
 TEST(Divergence, PatienceZeroNeverStopsOnTheLossButNeverSavesNanWeights) {

@@ -106,6 +106,13 @@ TEST(BatchSizeFinderCuda, RealOutOfMemoryIsRecoveredAndTheSearchGoesOn) {
   const torch::Device device(torch::kCUDA, 0);
   const double total = static_cast<double>(at::cuda::getDeviceProperties(0)->totalGlobalMem);
   c10::cuda::CUDACachingAllocator::emptyCache();
+  // The cap goes, whatever happens below: a failed check must not leave every later *Cuda case at 1 GiB.
+  struct Uncap {
+    ~Uncap() {
+      c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, 0);
+      c10::cuda::CUDACachingAllocator::emptyCache();
+    }
+  } uncap;
   c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(1 << 30) / total, 0);
   core::MemoryMeter meter(device);
   const train::BatchSizeResult r = train::find_batch_size(
@@ -118,7 +125,6 @@ TEST(BatchSizeFinderCuda, RealOutOfMemoryIsRecoveredAndTheSearchGoesOn) {
         return meter.peak() - before;
       },
       train::BatchSizeFinderOptions().budget_bytes(int64_t{1} << 40).max_batch(4096));
-  c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, 0);
   EXPECT_GE(r.largest, 48);  // 64 x 16 MiB = 1 GiB, less what the context and rounding take
   EXPECT_LE(r.largest, 64);
   int ooms = 0;
@@ -208,4 +214,31 @@ TEST(LrFinder, PicksARateInTheKnownGoodRangeAndLeavesTheModelAsItWas) {
   EXPECT_NEAR(r.smoothing, 1 - 1 / 7.5, 1e-12);  // a window of 5% of 150 steps
   const std::vector<torch::Tensor> after = test_util::snapshot(*task.model());
   for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i]));
+}
+
+// lr-find turns CUDA graphs off (each step is read on the host; a graph needs
+// sync-free steps): a config with trainer.cuda_graph=true, as speedrun_gpu.toml,
+// sweeps eagerly instead of being refused.
+TEST(LrFinder, RunsOnACudaGraphConfig) {
+  test_util::BlobTask task({});
+  const train::LrFinderResult r =
+      train::find_lr(task, train::TrainerOptions().optimizer(train::OptimizerOptions(0.1)).cuda_graph(true),
+                     train::LrFinderOptions().min_lr(1e-4).max_lr(10).steps(30));
+  EXPECT_GE(r.lrs.size(), 10u);
+  EXPECT_GT(r.suggested_lr, 0);
+}
+
+TEST(LrFinderCuda, RunsOnACudaGraphConfig) {
+  EMBER_REQUIRE_CUDA();
+  test_util::BlobTask::Options o;
+  o.device = torch::Device(torch::kCUDA);
+  test_util::BlobTask task(o);
+  const train::LrFinderResult r = train::find_lr(task,
+                                                 train::TrainerOptions()
+                                                     .optimizer(train::OptimizerOptions(0.1))
+                                                     .precision(amp::Precision::kBf16Mixed)
+                                                     .cuda_graph(true),
+                                                 train::LrFinderOptions().min_lr(1e-4).max_lr(10).steps(30));
+  EXPECT_GE(r.lrs.size(), 10u);
+  EXPECT_GT(r.suggested_lr, 0);
 }

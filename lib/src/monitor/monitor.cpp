@@ -192,6 +192,7 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
 
   timer_ = options_.step_timing() ? std::make_unique<StepTimer>(device_) : nullptr;
   nvml_.reset();
+  gpu_uuid_ = cuda_device_uuid(device_);
   if (options_.nvml() && device_.is_cuda()) {
     std::string why;
     nvml_ = Nvml::open("", &why);
@@ -199,7 +200,24 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
       std::fprintf(options_.stream(), "monitor: note: no GPU utilisation, power or clocks: %s\n",
                    why.c_str());
   }
-  gpu_uuid_ = cuda_device_uuid(device_);
+  if (nvml_) {
+    // Once per fit: which NVML device this is (a whole GPU or a MIG instance;
+    // each record then reads only it, by NVML's spelling of its UUID) and what
+    // NVML does not report on it, and why.
+    const std::optional<GpuSample> gpu = nvml_sample_of(*nvml_, device_, gpu_uuid_);
+    if (!gpu) {
+      std::fprintf(options_.stream(),
+                   "monitor: note: NVML lists no device with the UUID of %s (%s), so no gpu_util, "
+                   "gpu_mem_used_mib, gpu_temp_c, gpu_power_w or gpu_sm_clock_mhz this run (NVML matches a "
+                   "MIG instance to CUDA's UUID from driver R470 on)\n",
+                   device_.str().c_str(), gpu_uuid_.empty() ? "not reported by CUDA" : gpu_uuid_.c_str());
+    } else {
+      if (!gpu->uuid.empty()) gpu_uuid_ = gpu->uuid;
+      if (!gpu->notes.empty())
+        std::fprintf(options_.stream(), "monitor: note: %s is %s (%s): %s\n", device_.str().c_str(),
+                     gpu->uuid.c_str(), gpu->name.c_str(), gpu->notes.c_str());
+    }
+  }
   host_.sample();
   count_flops(trainer);
 }

@@ -51,6 +51,9 @@ std::string cuda_device_uuid(const torch::Device& device) {
   const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);  // cached by LibTorch
   if (prop == nullptr) return "";
+  // On a MIG instance these bytes are the instance's UUID (CUDA 11.4+ with an
+  // R470+ driver), which NVML spells "MIG-": CUDA does not say which it is, so
+  // the prefix stays "GPU-" and Nvml::find tries both.
   const auto* b = reinterpret_cast<const unsigned char*>(prop->uuid.bytes);
   return fmt::format(
       "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:"
@@ -65,20 +68,20 @@ std::string cuda_device_uuid(const torch::Device& device) {
 std::optional<GpuSample> nvml_sample_of(const Nvml& nvml, const torch::Device& device,
                                         const std::string& uuid) {
   if (!device.is_cuda()) return std::nullopt;
-  auto samples = nvml.sample();
+  // This device's handles only (the GPU, or the MIG instance and its GPU):
+  // Nvml::find looks the UUID up once and remembers it.
+  std::optional<NvmlDevice> d;
   if (!uuid.empty()) {
-    for (auto& s : samples)
-      if (s.uuid == uuid) return s;
-    return std::nullopt;
+    d = nvml.find(uuid);
+  } else {
+    // No UUID to match: indices agree only when CUDA sees every GPU, in NVML's (PCI bus) order.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const char* order = std::getenv("CUDA_DEVICE_ORDER");
+    if ((visible == nullptr || *visible == '\0') && order != nullptr && std::string(order) == "PCI_BUS_ID")
+      d = nvml.device(device.has_index() ? device.index() : 0);
   }
-  // No UUID to match: indices agree only when CUDA sees every GPU, in NVML's (PCI bus) order.
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  const char* order = std::getenv("CUDA_DEVICE_ORDER");
-  const int64_t index = device.has_index() ? device.index() : 0;
-  if ((visible == nullptr || *visible == '\0') && order != nullptr && std::string(order) == "PCI_BUS_ID" &&
-      index < static_cast<int64_t>(samples.size()))
-    return samples[index];
-  return std::nullopt;
+  if (!d) return std::nullopt;
+  return nvml.sample(*d);
 }
 
 HostSampler::HostSampler() {

@@ -18,6 +18,7 @@
 #include "ember/core/file.h"
 #include "ember/core/flops.h"
 #include "ember/core/memory.h"
+#include "ember/core/op_counter.h"
 #include "ember/dist/process_group.h"
 #include "ember/train/batch_size_finder.h"
 #include "ember/train/keys.h"
@@ -75,10 +76,17 @@ core::Config with_batch(const core::Config& config, int64_t batch) {
 }
 
 /// Trainer options for a few steps of the recipe's training, writing nothing.
+/// With trainer.cuda_graph, at least until two steps after the capture (an
+/// emulated graph on the CPU: the same step, bookkeeping and operators).
 train::TrainerOptions probe_options(const core::Config& c, train::Task& task, int64_t steps) {
   const int64_t k = std::max<int64_t>(c.get_int("trainer.accumulate_grad_batches"), 1);
   const int64_t per_epoch = std::max<int64_t>((task.train_loader().num_batches() + k - 1) / k, 1);
   train::TrainerOptions o = train::trainer_options_from_config(c, per_epoch);
+  if (o.cuda_graph()) {
+    steps = std::max<int64_t>(steps, train::kCudaGraphWarmupSteps + 3);
+    const auto params = task.model()->parameters();
+    o.emulate_cuda_graph(params.empty() || !params.front().is_cuda());
+  }
   o.run_dir("")
       .resume("")
       .max_steps(steps)
@@ -86,6 +94,12 @@ train::TrainerOptions probe_options(const core::Config& c, train::Task& task, in
       .val_every(0)
       .checkpoint_every(0);
   return o;
+}
+
+/// Steps timed (or counted) after the warm-up: with a CUDA graph, after the
+/// capture too, so that only replays are measured.
+int64_t untimed_steps(const train::TrainerOptions& o) {
+  return o.cuda_graph() ? train::kCudaGraphWarmupSteps + 1 : 2;
 }
 
 /// Reads the optimizer's state size when the fit ends (the optimizer lives until then).
@@ -99,16 +113,19 @@ class OptimizerStateProbe : public train::Callback {
 };
 
 /// Times steps warmup+1 .. last, syncing with the device only at both ends
-/// (a sync per step would add its latency to every step it times).
+/// (a sync per step would add its latency to every step it times). With a
+/// CUDA graph only replays are timed: a step that was not one (the capture, an
+/// eager step of another shape) starts the clock again after it.
 class StepClock : public train::Callback {
  public:
-  StepClock(int64_t warmup, int64_t last) : warmup_(warmup), last_(last) {}
+  StepClock(int64_t warmup, int64_t last, bool graph) : warmup_(warmup), last_(last), graph_(graph) {}
   std::string name() const override { return "step_clock"; }
   void on_step_end(train::Trainer&, const train::StepInfo& info) override {
     if (info.step < warmup_) return;
-    if (info.step == warmup_) {
+    if (info.step == warmup_ || (graph_ && !info.graph_replay)) {
       (void)info.loss.item<double>();  // the device has finished the warm-up
       start_ = Clock::now();
+      samples = steps = 0;
       return;
     }
     samples += info.samples;
@@ -123,7 +140,32 @@ class StepClock : public train::Callback {
 
  private:
   int64_t warmup_, last_;
+  bool graph_;
   Clock::time_point start_;
+};
+
+/// ATen operators of the optimizer steps first+1 .. last, per step (see
+/// core/op_counter.h): outside graph replays, and inside them per replay.
+class StepOps : public train::Callback {
+ public:
+  StepOps(core::OpCounter& counter, int64_t first, int64_t last)
+      : counter_(counter), first_(first), last_(last) {}
+  std::string name() const override { return "step_ops"; }
+  void on_step_end(train::Trainer&, const train::StepInfo& info) override {
+    if (info.step == first_) counter_.reset();
+    if (info.step != last_) return;
+    const auto steps = static_cast<double>(last_ - first_);
+    outside = static_cast<double>(counter_.ops()) / steps;
+    replays = counter_.graph_replays();
+    inside = replays > 0 ? static_cast<double>(counter_.ops_in_graph_replays()) / static_cast<double>(replays)
+                         : 0.0;
+  }
+  double outside = -1, inside = -1;
+  int64_t replays = 0;
+
+ private:
+  core::OpCounter& counter_;
+  int64_t first_, last_;
 };
 
 /// The recipe's training FLOPs per sample: the task's, else 3 x 2 x forward MACs.
@@ -217,9 +259,11 @@ int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const tor
     }
   } unlimit{meter};
   if (limit > 0 && device.is_cpu()) meter.set_limit(before + limit);
-  trainer.fit(*task);
+  const train::FitResult fit = trainer.fit(*task);
   if (opt_bytes) *opt_bytes = opt->bytes;
-  return meter.peak() - before;
+  // A graph's pool stays reserved while the short last batch and evaluation
+  // allocate beside it: a graph run holds an eager step's peak plus the pool.
+  return meter.peak() - before + fit.graph_pool_bytes;
 }
 
 /// "fp32, bf16-mixed" -> {"fp32", "bf16-mixed"}.
@@ -370,19 +414,53 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
     }
   }
 
+  // What a step launches: operators per optimizer step, eager and (trainer.cuda_graph) outside and
+  // inside the graph, 4 steps each after the warm-up (and the capture).
+  {
+    const auto count = [&](bool graph) {
+      core::Config c = config;
+      c.set_override(fmt::format("trainer.cuda_graph={}", graph ? "true" : "false"));
+      std::unique_ptr<train::Task> task = spec.make_task(c, device);
+      train::TrainerOptions o = probe_options(c, *task, 0);
+      const int64_t first = untimed_steps(o), last = first + 4;
+      train::Trainer trainer(o.max_steps(last));
+      core::OpCounter counter;
+      auto ops = std::make_shared<StepOps>(counter, first, last);
+      trainer.add_callback(ops);
+      trainer.fit(*task);
+      return ops;
+    };
+    const bool graph = config.get_bool("trainer.cuda_graph");
+    nlohmann::json step_ops = {
+        {"eager", json_number(count(false)->outside)}, {"graph_outside", nullptr}, {"graph_inside", nullptr}};
+    if (graph) {
+      const auto g = count(true);
+      step_ops["graph_outside"] = json_number(g->outside);
+      step_ops["graph_inside"] = g->replays > 0 ? json_number(g->inside) : nlohmann::json(nullptr);
+    }
+    j["step_ops"] = step_ops;
+    j["cuda_graph"] = graph;
+    j["optimizer_fused"] = config.get_bool("optim.fused");
+    j["memory_includes_graph_pool"] = graph && device.is_cuda();
+    std::cerr << fmt::format("[plan] operators per step: {}\n", step_ops.dump());
+  }
+
   // Speed at the config's batch and precision, without the meter's per-allocation cost.
   {
     std::unique_ptr<train::Task> task = spec.make_task(config, device);
-    const int64_t warmup = 2, timed = config.get_int("plan.timed_steps");
-    train::Trainer trainer(probe_options(config, *task, warmup + timed));
-    auto clock = std::make_shared<StepClock>(warmup, warmup + timed);
+    train::TrainerOptions o = probe_options(config, *task, 0);
+    const int64_t warmup = untimed_steps(o), timed = config.get_int("plan.timed_steps");
+    train::Trainer trainer(o.max_steps(warmup + timed));
+    auto clock = std::make_shared<StepClock>(warmup, warmup + timed, o.cuda_graph());
     trainer.add_callback(clock);
     trainer.fit(*task);
     const double sps = clock->seconds > 0 ? static_cast<double>(clock->samples) / clock->seconds : 0;
     nlohmann::json measured = {
         {"batch", batch},
         {"samples_per_second", json_number(sps)},
-        {"step_seconds", json_number(clock->steps > 0 ? clock->seconds / clock->steps : NAN)}};
+        {"step_seconds", json_number(clock->steps > 0 ? clock->seconds / clock->steps : NAN)},
+        {"timed_steps", clock->steps},
+        {"graph_replays_only", o.cuda_graph()}};
     try {
       const core::PeakFlops peak = core::peak_flops_info(device, amp::math_type(run_precision));
       const double flops = j["train_flops_per_sample"].get<double>();
@@ -534,9 +612,11 @@ void declare_tool_keys(core::Config& c) {
   c.declare("plan.steps", 3,
             "tools/ember plan: training steps per memory probe (the first allocates the optimizer state)",
             core::Bounds::between(2, 1000));
-  c.declare("plan.timed_steps", 10,
-            "tools/ember plan: steps timed at data.batch_size (after 2 warm-up steps)",
-            core::Bounds::between(1, 100000));
+  c.declare(
+      "plan.timed_steps", 10,
+      "tools/ember plan: steps timed at data.batch_size (after 2 warm-up steps; with trainer.cuda_graph, "
+      "graph replays only)",
+      core::Bounds::between(1, 100000));
   c.declare("plan.precisions", "fp32, bf16-mixed",
             "tools/ember plan: the precisions whose training memory is measured (fp16-mixed has bf16-mixed's "
             "widths)");

@@ -53,33 +53,55 @@ std::string advice() {
 }
 
 void DivergenceWatch::record(const torch::Tensor& loss, int64_t step) {
-  if (loss.is_cpu()) {  // reading a CPU value costs nothing: keep the state on the host, no tensor ops
+  if (loss.is_cpu() && mode_ == Record::kAuto) {  // reading a CPU value costs nothing: no tensor ops
     const double v = loss.item<double>();
     if (std::isfinite(v))
-      host_ = {0, step, v};
+      host_ = {0, step, v, step};
     else
-      ++host_.streak;
+      host_ = {host_.streak + 1, host_.last_finite_step, host_.last_finite_loss, step};
     on_host_ = true;
     return;
   }
   torch::NoGradGuard no_grad;
-  const torch::Tensor l = loss.detach().to(torch::kFloat64).reshape({});
+  const torch::Tensor l = loss.detach().reshape({}).to(torch::kFloat64);
   if (!state_.defined() || state_.device() != l.device()) {
-    state_ = torch::tensor({0.0, -1.0, 0.0}, torch::kFloat64).to(l.device());
-    one_more_ = torch::tensor({1.0, 0.0, 0.0}, torch::kFloat64).to(l.device());
+    state_ = torch::tensor({0.0, -1.0, 0.0, static_cast<double>(step - 1)}, torch::kFloat64).to(l.device());
+    one_more_ = torch::tensor({1.0, 0.0, 0.0, 1.0}, torch::kFloat64).to(l.device());
   }
-  // [streak, step, loss] <- finite ? [0, step, loss] : [streak + 1, last step, last loss]
-  const torch::Tensor if_finite =
-      torch::stack({torch::zeros_like(l), torch::full_like(l, static_cast<double>(step)), l});
-  state_ = torch::where(torch::isfinite(l), if_finite, state_ + one_more_);
+  // next = [streak + 1, last step, last loss, step + 1]; finite: [0, step + 1, loss, step + 1].
+  const torch::Tensor next = state_ + one_more_;
+  const torch::Tensor now = next.select(0, 3);
+  const torch::Tensor if_finite = torch::stack({torch::zeros_like(l), now, l, now});
+  state_.copy_(torch::where(torch::isfinite(l), if_finite, next));
+}
+
+DivergenceWatch::State DivergenceWatch::parse(const torch::Tensor& host) {
+  const double* v = host.data_ptr<double>();
+  return {static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1]), v[2], static_cast<int64_t>(v[3])};
 }
 
 DivergenceWatch::State DivergenceWatch::read() const {
   if (on_host_) return host_;
   if (!state_.defined()) return {};
-  const torch::Tensor s = state_.cpu();
-  const double* v = s.data_ptr<double>();
-  return {static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1]), v[2]};
+  return parse(state_.cpu());
+}
+
+void DivergenceWatch::request_read() {
+  if (on_host_) {
+    pending_.request(
+        torch::tensor({static_cast<double>(host_.streak), static_cast<double>(host_.last_finite_step),
+                       host_.last_finite_loss, static_cast<double>(host_.step)},
+                      torch::kFloat64),
+        0);
+  } else if (state_.defined()) {
+    pending_.request(state_, 0);
+  }
+}
+
+std::optional<DivergenceWatch::State> DivergenceWatch::poll_read() {
+  const auto got = pending_.poll();
+  if (!got) return std::nullopt;
+  return parse(got->first);
 }
 
 }  // namespace ember::train::divergence

@@ -50,11 +50,6 @@ struct PerDevice {
   }
 };
 
-// A CPU found_inf can be read for free: a skipped step then costs nothing.
-bool skipped_on_host(const std::optional<torch::Tensor>& found_inf) {
-  return found_inf && found_inf->defined() && found_inf->is_cpu() && found_inf->item<float>() != 0.0f;
-}
-
 // The learning rate of group `g`: its tensor when lr_tensors() has one, else its value.
 template <typename F>
 void with_lr(const std::vector<torch::Tensor>& lr_tensors, size_t g, double lr, const c10::Device& device,
@@ -99,7 +94,7 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
 void FusedSGD::step_on_device(const std::optional<torch::Tensor>& found_inf,
                               const std::optional<torch::Tensor>& grad_scale) {
   check_lr_tensor_count(lr_tensors_, param_groups_.size(), "FusedSGD");
-  if (skipped_on_host(found_inf)) return;
+  // found_inf is never read here, on any device: the kernels skip on it.
   torch::NoGradGuard no_grad;
   PerDevice per_device{found_inf, grad_scale, {}};
   for (size_t g = 0; g < param_groups_.size(); ++g) {
@@ -146,6 +141,39 @@ void FusedSGD::step_on_device(const std::optional<torch::Tensor>& found_inf,
   }
 }
 
+void FusedSGD::materialize_state() {
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(param_groups_[g].options());
+    if (o.momentum() == 0.0) continue;
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& slot = state_[params[i].unsafeGetTensorImpl()];
+      if (!slot) slot = std::make_unique<torch::optim::SGDParamState>();
+      auto& st = static_cast<torch::optim::SGDParamState&>(*slot);
+      if (st.momentum_buffer().defined()) continue;
+      // A zero buffer's first step is m x 0 + (1 - dampening) x g: the first step's buf = g when dampening is
+      // 0.
+      EMBER_CHECK_KIND(
+          kConfig, o.dampening() == 0.0,
+          "[train::FusedSGD] parameter {} of group {} has no momentum buffer yet, and with "
+          "dampening {} its first step (buf = grad) cannot be taken on a buffer made ahead; "
+          "give it a gradient during the eager warm-up, use dampening 0, or run without CUDA graphs",
+          i, g, o.dampening());
+      st.momentum_buffer(torch::zeros_like(params[i], at::MemoryFormat::Preserve));
+    }
+  }
+}
+
+int64_t FusedSGD::state_tensor_count() const {
+  int64_t n = 0;
+  for (const auto& [key, state] : state_) {
+    (void)key;
+    n += static_cast<const torch::optim::SGDParamState&>(*state).momentum_buffer().defined() ? 1 : 0;
+  }
+  return n;
+}
+
 // --- Adam, AdamW -------------------------------------------------------------
 
 namespace fused_impl {
@@ -164,7 +192,7 @@ void FusedAdamBase<Base, Options, State>::step_on_device(const std::optional<tor
   const char* who = kDecoupled ? "FusedAdamW" : "FusedAdam";
   auto& groups = this->param_groups_;
   check_lr_tensor_count(lr_tensors_, groups.size(), who);
-  if (skipped_on_host(found_inf)) return;
+  // found_inf is never read here, on any device: the kernels skip on it.
   torch::NoGradGuard no_grad;
   PerDevice per_device{found_inf, grad_scale, {}};
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -178,22 +206,8 @@ void FusedAdamBase<Base, Options, State>::step_on_device(const std::optional<tor
       const torch::Tensor& grad = p.grad();
       if (!grad.defined()) continue;
       check_grad(p, grad, who);
-      void* key = p.unsafeGetTensorImpl();
-      auto& slot = this->state_[key];
-      if (!slot) {
-        auto st = std::make_unique<State>();
-        st->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        st->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        if (o.amsgrad()) st->max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(st);
-      }
-      auto& st = static_cast<State&>(*slot);
-      if (o.amsgrad() && !st.max_exp_avg_sq().defined())
-        st.max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-      torch::Tensor& step = steps_[key];
-      if (!step.defined())
-        step = torch::full({}, static_cast<double>(st.step()),
-                           torch::TensorOptions().dtype(torch::kFloat32).device(p.device()));
+      State& st = state_of(p, o);
+      const torch::Tensor& step = step_of(p, st);
       Lists& l = buckets[bucket_key(p)];
       l.params.push_back(p);
       l.grads.push_back(grad);
@@ -210,8 +224,7 @@ void FusedAdamBase<Base, Options, State>::step_on_device(const std::optional<tor
       const std::optional<torch::Tensor>& inf = flags.first;
       const std::optional<torch::Tensor>& scale = flags.second;
       // Count the step first, as the kernel reads the new count; take it back when skipped.
-      if (device.is_cpu()) {  // the host reads a CPU flag for free, and skips
-        if (inf && inf->template item<float>() != 0.0f) continue;
+      if (device.is_cpu() && !inf) {  // no flag: count on the host, no operator per tensor
         for (auto& s : l.steps) s.template data_ptr<float>()[0] += 1.0f;
       } else {
         at::_foreach_add_(l.steps, 1.0);
@@ -226,10 +239,53 @@ void FusedAdamBase<Base, Options, State>::step_on_device(const std::optional<tor
                            beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, scale,
                            inf);
       });
-      if (inf && !device.is_cpu())
-        at::_foreach_sub_(l.steps, std::vector<torch::Tensor>(l.steps.size(), *inf));
+      if (inf) at::_foreach_sub_(l.steps, std::vector<torch::Tensor>(l.steps.size(), *inf));
     }
   }
+}
+
+template <typename Base, typename Options, typename State>
+State& FusedAdamBase<Base, Options, State>::state_of(const torch::Tensor& p, const Options& o) {
+  auto& slot = this->state_[p.unsafeGetTensorImpl()];
+  if (!slot) {
+    auto st = std::make_unique<State>();
+    st->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    st->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    slot = std::move(st);
+  }
+  auto& st = static_cast<State&>(*slot);
+  if (o.amsgrad() && !st.max_exp_avg_sq().defined())
+    st.max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+  return st;
+}
+
+template <typename Base, typename Options, typename State>
+torch::Tensor& FusedAdamBase<Base, Options, State>::step_of(const torch::Tensor& p, const State& st) {
+  torch::Tensor& step = steps_[p.unsafeGetTensorImpl()];
+  if (!step.defined())
+    step = torch::full({}, static_cast<double>(st.step()),
+                       torch::TensorOptions().dtype(torch::kFloat32).device(p.device()));
+  return step;
+}
+
+template <typename Base, typename Options, typename State>
+void FusedAdamBase<Base, Options, State>::materialize_state() {
+  torch::NoGradGuard no_grad;
+  for (auto& group : this->param_groups_) {
+    const auto& o = static_cast<const Options&>(group.options());
+    for (const auto& p : group.params()) step_of(p, state_of(p, o));
+  }
+}
+
+template <typename Base, typename Options, typename State>
+int64_t FusedAdamBase<Base, Options, State>::state_tensor_count() const {
+  int64_t n = 0;
+  for (const auto& [key, state] : this->state_) {
+    const auto& st = static_cast<const State&>(*state);
+    n += st.exp_avg().defined() + st.exp_avg_sq().defined() + st.max_exp_avg_sq().defined();
+    n += steps_.count(key) ? 1 : 0;
+  }
+  return n;
 }
 
 template <typename Base, typename Options, typename State>

@@ -1,6 +1,7 @@
 #include "train/graph_step.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <optional>
@@ -8,10 +9,12 @@
 
 #include "core/check.h"
 #include "core/message.h"
+#include "ember/core/op_counter.h"
 
 #if EMBER_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -26,16 +29,32 @@ bool same_layout(const torch::Tensor& a, const torch::Tensor& b) {
          (a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && a.device() == b.device());
 }
 
+// An emulated replay writes its outputs where the captured step's are, as a real replay does.
+void write_into(torch::Tensor& into, const torch::Tensor& from) {
+  if (!into.defined() || !from.defined()) {
+    into = from;
+    return;
+  }
+  into.detach().copy_(from.detach());
+}
+
+[[noreturn]] void capture_failed(const std::exception& e) {
+  detail::fail(
+      "[train::Trainer] trainer.cuda_graph: capturing the training step failed: {}. Something in the step "
+      "reads the device or allocates outside the graph's memory (an .item() or a data-dependent shape in "
+      "Task::training_step, a host-side random draw, a callback hook that syncs); run with "
+      "trainer.cuda_graph=false",
+      core::message_of(e).substr(0, 400));
+}
+
 }  // namespace
 
-#if EMBER_WITH_CUDA
-
 struct GraphStep::Impl {
+  data::Batch statics;  // the captured inputs
+  StepResult result;    // the captured outputs: rewritten by each replay
+#if EMBER_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> side;  // warm-up and capture; on the batch's device
   std::unique_ptr<at::cuda::CUDAGraph> graph;
-  data::Batch statics;                    // the captured inputs
-  StepResult result;                      // the captured outputs: rewritten by each replay
-  std::vector<int64_t> last_eager_shape;  // capture only a shape an eager step has run
 
   // Runs `f` on the side stream of the batch's device, ordered after and
   // before that device's current stream.
@@ -59,8 +78,16 @@ struct GraphStep::Impl {
     done.record(*side);
     done.block(current);
   }
+
+  // Bytes the caching allocator holds from the device now.
+  static int64_t reserved(c10::DeviceIndex device) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+    return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  }
+#endif
 };
 
+#if EMBER_WITH_CUDA
 namespace {
 // Tensors made on the side stream and read on the current one: the allocator must not reuse them early.
 void used_on_current_stream(const StepResult& r) {
@@ -68,14 +95,24 @@ void used_on_current_stream(const StepResult& r) {
     if (t->defined() && t->is_cuda()) t->record_stream(c10::cuda::getCurrentCUDAStream(t->device().index()));
 }
 }  // namespace
+#endif
 
-GraphStep::GraphStep(int64_t warmup_steps, std::function<void()> before_graph)
-    : impl_(std::make_unique<Impl>()), warmup_(warmup_steps), before_graph_(std::move(before_graph)) {
-  EMBER_CHECK(warmup_ >= 1, "[train::Trainer] CUDA graphs need at least one eager warm-up step, got {}",
-              warmup_);
+GraphStep::GraphStep(GraphStepOptions options, std::vector<torch::Tensor> params)
+    : impl_(std::make_unique<Impl>()), options_(std::move(options)), params_(std::move(params)) {
+  EMBER_CHECK(options_.warmup_steps() >= 1,
+              "[train::Trainer] CUDA graphs need at least one eager warm-up step, got {}",
+              options_.warmup_steps());
+  EMBER_CHECK(options_.zero_grad() != nullptr, "[train::GraphStep] options.zero_grad is required");
+#if !EMBER_WITH_CUDA
+  if (!options_.emulated())
+    detail::fail(
+        ErrorKind::kConfig,
+        "[train::Trainer] trainer.cuda_graph=true: this Ember was built without CUDA; set it to false");
+#endif
 }
 
 GraphStep::~GraphStep() {
+#if EMBER_WITH_CUDA
   // The graph's pool and the tensors made on the side stream go: let every replay finish first.
   if (impl_ && impl_->side) {
     try {
@@ -84,111 +121,150 @@ GraphStep::~GraphStep() {
     } catch (...) {  // a destructor must not throw; a failed device reports itself elsewhere
     }
   }
+#endif
 }
 
-bool GraphStep::captured() const {
-  return impl_->graph != nullptr;
+StepResult GraphStep::eager_on_fresh_gradients(const data::Batch& batch, const StepFn& step) {
+  options_.zero_grad()();  // the step must not accumulate into the graph's gradients
+  StepResult r = step(batch);
+  // The graph's gradients take this step's, and are the parameters' .grad again.
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& mine = graph_grads_[i];
+    torch::Tensor& grad = params_[i].mutable_grad();
+    if (mine.defined()) {
+      if (grad.defined())
+        mine.copy_(grad);
+      else
+        mine.zero_();
+    }
+    grad = mine;
+  }
+  return r;
 }
 
-StepResult GraphStep::run(const data::Batch& batch, const StepFn& step,
-                          const std::function<void()>& zero_grad) {
+StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
   Impl& s = *impl_;
+  last_was_replay_ = false;
+  const bool emulated = options_.emulated();
   EMBER_CHECK(
-      batch.input.defined() && batch.input.is_cuda(),
+      emulated || (batch.input.defined() && batch.input.is_cuda()),
       "[train::Trainer] trainer.cuda_graph: the batch is not on a CUDA device (it is on {}); CUDA graphs "
       "need the model and data on the GPU",
       batch.input.defined() ? batch.input.device().str() : "nowhere");
-  const c10::cuda::CUDAGuard device_guard(batch.input.device());
-  if (s.graph) {
-    if (!same_layout(batch.input, s.statics.input) || !same_layout(batch.target, s.statics.target)) {
-      zero_grad();                 // the graph's gradients must not be accumulated into
-      StepResult r = step(batch);  // another shape (a short last batch): eager, as any step
-      zero_grad();
-      return r;
-    }
+#if EMBER_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> device_guard;
+  if (batch.input.defined() && batch.input.is_cuda()) device_guard.emplace(batch.input.device());
+#endif
+  if (captured_) {
+    if (!same_layout(batch.input, s.statics.input) || !same_layout(batch.target, s.statics.target))
+      return eager_on_fresh_gradients(batch, step);  // another shape (a short last batch)
     s.statics.input.copy_(batch.input, /*non_blocking=*/true);
     if (batch.target.defined()) s.statics.target.copy_(batch.target, /*non_blocking=*/true);
     s.statics.index = batch.index;  // host data: never read inside the graph
     s.statics.epoch = batch.epoch;
-    s.graph->replay();
+    {
+      RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);
+      if (emulated) {
+        const StepResult r = eager_on_fresh_gradients(s.statics, step);
+        torch::NoGradGuard no_grad;
+        write_into(s.result.out.loss, r.out.loss);
+        write_into(s.result.out.output, r.out.output);
+        write_into(s.result.out.target, r.out.target);
+        write_into(s.result.skip_flag, r.skip_flag);
+      } else {
+#if EMBER_WITH_CUDA
+        s.graph->replay();
+#endif
+      }
+    }
     ++replays_;
+    last_was_replay_ = true;
     return s.result;
   }
-  // Warm-up: real steps on the capture stream, at least `warmup_`, and until
-  // a batch comes with the shape of the step before (never capture the short
-  // last batch of an epoch, nor a shape no eager step has run).
+
+  // Warm-up: real steps (on the capture stream), at least warmup_steps, and
+  // until a batch comes with the shape of the step before (never capture the
+  // short last batch of an epoch, nor a shape no eager step has run).
   const std::vector<int64_t> shape = batch.input.sizes().vec();
-  if (eager_steps_ < warmup_ || shape != s.last_eager_shape) {
+  if (eager_steps_ < options_.warmup_steps() || shape != last_eager_shape_) {
     StepResult r;
-    s.on_side_stream(batch, [&] { r = step(batch); });
-    used_on_current_stream(r);
-    zero_grad();
+#if EMBER_WITH_CUDA
+    if (!emulated) {
+      s.on_side_stream(batch, [&] { r = step(batch); });
+      used_on_current_stream(r);
+    }
+#endif
+    if (emulated) r = step(batch);
+    options_.zero_grad()();
     ++eager_steps_;
-    s.last_eager_shape = shape;
+    last_eager_shape_ = shape;
     return r;
   }
+
   // Capture, then replay once: the replay is this step.
-  if (before_graph_) before_graph_();
-  s.on_side_stream(batch, [&] {
+  if (options_.before_capture()) options_.before_capture()();
+  const auto take_statics = [&] {
     s.statics.input = batch.input.clone();
     s.statics.target = batch.target.defined() ? batch.target.clone() : torch::Tensor();
     s.statics.index = batch.index;
     s.statics.epoch = batch.epoch;
-    // Backward then writes the gradients into the graph's pool, where every
-    // replay rewrites them (they are not zeroed again in graph mode).
-    zero_grad();
-    auto graph = std::make_unique<at::cuda::CUDAGraph>();
-    const bool cache = at::autocast::is_autocast_cache_enabled();
-    at::autocast::set_autocast_cache_enabled(false);
-    // Thread-local: the loader's thread keeps copying batches while this thread
-    // captures. CUDAGraph registers the device's default generator (dropout's
-    // Philox seed and offset), and each replay advances its offset.
-    graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-    try {
-      s.result = step(s.statics);
-      graph->capture_end();
-    } catch (const std::exception& e) {
-      at::autocast::set_autocast_cache_enabled(cache);
+  };
+  if (emulated) {
+    take_statics();
+    options_.zero_grad()();
+    RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);
+    s.result = step(s.statics);
+  } else {
+#if EMBER_WITH_CUDA
+    const c10::DeviceIndex device = batch.input.device().index();
+    // The warm-up's blocks are cached for the side stream, where nothing will
+    // use them again: the graph allocates from its own pool. Hand them back
+    // (one sync) so that the run does not hold two steps' activations.
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    const int64_t reserved_before = Impl::reserved(device);
+    s.on_side_stream(batch, [&] {
+      RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);  // the capture's operators are the graph's
+      take_statics();
+      // Backward then writes the gradients into the graph's pool, where every
+      // replay rewrites them.
+      options_.zero_grad()();
+      auto graph = std::make_unique<at::cuda::CUDAGraph>();
+      const bool cache = at::autocast::is_autocast_cache_enabled();
+      at::autocast::set_autocast_cache_enabled(false);
+      // Thread-local: the loader's thread keeps copying batches while this thread
+      // captures. CUDAGraph registers the device's default generator (dropout's
+      // Philox seed and offset), and each replay advances its offset.
+      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
+        s.result = step(s.statics);
         graph->capture_end();
-      } catch (...) {  // capture was already invalid: the first error is the one to report
+      } catch (const std::exception& e) {
+        at::autocast::set_autocast_cache_enabled(cache);
+        try {
+          graph->capture_end();
+        } catch (...) {  // capture was already invalid: the first error is the one to report
+        }
+        capture_failed(e);
       }
-      detail::fail(
-          "[train::Trainer] trainer.cuda_graph: capturing the training step failed: {}. Something in the "
-          "step "
-          "reads the device or allocates outside the graph's memory (an .item() or a data-dependent shape in "
-          "Task::training_step, a host-side random draw, a callback hook that syncs); run with "
-          "trainer.cuda_graph=false",
-          core::message_of(e).substr(0, 400));
-    }
-    at::autocast::set_autocast_cache_enabled(cache);
-    graph->replay();  // capture only recorded; the statics hold this batch already
-    s.graph = std::move(graph);
-  });
-  for (torch::Tensor* t : {&s.statics.input, &s.statics.target})
-    if (t->defined()) t->record_stream(c10::cuda::getCurrentCUDAStream(t->device().index()));
+      at::autocast::set_autocast_cache_enabled(cache);
+      graph->replay();  // capture only recorded; the statics hold this batch already
+      s.graph = std::move(graph);
+    });
+    for (torch::Tensor* t : {&s.statics.input, &s.statics.target})
+      if (t->defined()) t->record_stream(c10::cuda::getCurrentCUDAStream(t->device().index()));
+    pool_bytes_ = std::max<int64_t>(Impl::reserved(device) - reserved_before, 0);
+#endif
+  }
+  // Callbacks read the outputs, nothing differentiates them: the capture's autograd graph can go.
+  for (torch::Tensor* t : {&s.result.out.loss, &s.result.out.output, &s.result.out.target})
+    if (t->defined()) *t = t->detach();
+  graph_grads_.clear();
+  for (const auto& p : params_) graph_grads_.push_back(p.grad());
+  captured_ = true;
   ++replays_;
+  if (options_.after_capture()) options_.after_capture()();
   return s.result;
 }
-
-#else  // !EMBER_WITH_CUDA
-
-struct GraphStep::Impl {};
-
-GraphStep::GraphStep(int64_t warmup_steps, std::function<void()> before_graph)
-    : impl_(std::make_unique<Impl>()), warmup_(warmup_steps), before_graph_(std::move(before_graph)) {
-  detail::fail(
-      ErrorKind::kConfig,
-      "[train::Trainer] trainer.cuda_graph=true: this Ember was built without CUDA; set it to false");
-}
-GraphStep::~GraphStep() = default;
-bool GraphStep::captured() const {
-  return false;
-}
-StepResult GraphStep::run(const data::Batch&, const StepFn&, const std::function<void()>&) {
-  return {};
-}
-
-#endif
 
 }  // namespace ember::train

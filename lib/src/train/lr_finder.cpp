@@ -232,7 +232,10 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
       .detect_anomaly(false)
       // The recorder reads each step's loss and rate on the host anyway; host bookkeeping makes
       // the recorded rate exact when fp16-mixed skips steps (sync-free steps know it only at reads).
-      .sync_free_steps(false);
+      .sync_free_steps(false)
+      // A graph needs sync-free steps and would save nothing here (each step is read): eager steps,
+      // which give the same numbers.
+      .cuda_graph(false);
   Trainer trainer(options);
   trainer.add_callback(std::make_shared<Recorder>(r.smoothing, f, r));
   const FitResult fit = trainer.fit(task);

@@ -91,21 +91,29 @@ void check_loss(const StepOutput& out, const char* where) {
               out.loss.defined() ? fmt::format("shape [{}]", fmt::join(out.loss.sizes(), ", ")) : "none");
 }
 
-// Eager steps before the capture (GraphStep): enough for every lazily made
-// thing (optimizer state, cuBLAS workspaces, autotuning) to exist.
-constexpr int64_t kGraphWarmupSteps = 3;
+// The host reads the device state (divergence watch, skipped count) without
+// a sync every this many steps when nothing else asks sooner.
+constexpr int64_t kReadEvery = DeviceSteps::kWindow / 4;
 
 }  // namespace
 
-void Trainer::check_cuda_graph_options(c10::DeviceType device_type, int64_t accumulate, bool fused) const {
+struct Trainer::FitSetup {
+  c10::DeviceType device_type = c10::kCPU;
+  int64_t accumulate = 1;
+  bool fused = false;      // one of Ember's fused optimizers
+  bool sync_free = false;  // TrainerOptions::sync_free_steps, resolved
+};
+
+void Trainer::check_cuda_graph_options(const FitSetup& setup) const {
   const auto refuse = [](const std::string& why) {
     detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: {}; or set it to false", why);
   };
-  if (device_type != c10::kCUDA) refuse("the model is not on a CUDA device (trainer.device=cuda)");
-  if (accumulate != 1)
+  if (setup.device_type != c10::kCUDA && !options_.emulate_cuda_graph())
+    refuse("the model is not on a CUDA device (trainer.device=cuda)");
+  if (setup.accumulate != 1)
     refuse("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
-  if (!fused) refuse("the step needs one of Ember's fused optimizers (optim.fused=true)");
-  if (!device_steps_) refuse("the step must be sync-free (TrainerOptions::sync_free_steps unset or true)");
+  if (!setup.fused) refuse("the step needs one of Ember's fused optimizers (optim.fused=true)");
+  if (!setup.sync_free) refuse("the step must be sync-free (TrainerOptions::sync_free_steps unset or true)");
   if (options_.detect_anomaly()) refuse("trainer.detect_anomaly reads the device in every step");
   if (options_.distribution()->world_size() > 1)
     refuse("data-parallel gradient reduction runs from autograd hooks outside a graph (one process only)");
@@ -164,10 +172,37 @@ int64_t count_correct_on_host(const torch::Tensor& logits, const torch::Tensor& 
 
 }  // namespace
 
+namespace {
+bool is_classification(const StepOutput& out) {
+  return out.output.defined() && out.target.defined() && out.output.dim() == 2 && out.target.dim() == 1;
+}
+}  // namespace
+
+void PassSums::add_tensors(const StepOutput& out, int64_t batch_size) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor loss = out.loss.detach().reshape({});
+  if (loss_sum.defined())
+    loss_sum.add_(loss, static_cast<double>(batch_size));  // (float64 += loss x batch size)
+  else
+    loss_sum = loss.to(torch::kFloat64) * static_cast<double>(batch_size);
+  if (!is_classification(out)) return;
+  const torch::Tensor c = count_correct(out.output.detach(), out.target);
+  if (correct.defined())
+    correct.add_(c);
+  else
+    correct = c.to(torch::kInt64);
+}
+
+void PassSums::clear() {
+  torch::NoGradGuard no_grad;
+  if (loss_sum.defined()) loss_sum.zero_();
+  if (correct.defined()) correct.zero_();
+  samples = 0;
+}
+
 void PassSums::add(const StepOutput& out, int64_t batch_size) {
   torch::NoGradGuard no_grad;
-  const bool classified =
-      out.output.defined() && out.target.defined() && out.output.dim() == 2 && out.target.dim() == 1;
+  const bool classified = is_classification(out);
   if (out.loss.is_cpu()) {  // read on the host (free on the CPU), summed in place: no tensor ops
     if (!loss_sum.defined()) loss_sum = torch::zeros({}, torch::kFloat64);
     loss_sum.data_ptr<double>()[0] += out.loss.item<double>() * static_cast<double>(batch_size);
@@ -182,12 +217,7 @@ void PassSums::add(const StepOutput& out, int64_t batch_size) {
     samples += batch_size;
     return;
   }
-  const torch::Tensor l = out.loss.detach().to(torch::kFloat64) * static_cast<double>(batch_size);
-  loss_sum = loss_sum.defined() ? loss_sum + l : l;
-  if (classified) {
-    const torch::Tensor c = count_correct(out.output.detach(), out.target);
-    correct = correct.defined() ? correct + c : c;
-  }
+  add_tensors(out, batch_size);
   samples += batch_size;
 }
 
@@ -276,7 +306,10 @@ FitResult Trainer::fit(Task& task) {
   epoch_ = batch_ = global_step_ = skipped_steps_ = 0;
   const amp::Precision precision = options_.precision();
   Distribution& dist = *options_.distribution();
-  const c10::DeviceType device_type = device_type_of(*model);
+  FitSetup setup;
+  setup.device_type = device_type_of(*model);
+  setup.accumulate = options_.accumulate_grad_batches();
+  const c10::DeviceType device_type = setup.device_type;
   amp::check_precision_supported(precision, device_type);
   const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
   grad_scaler_ =
@@ -308,22 +341,26 @@ FitResult Trainer::fit(Task& task) {
   apply_schedule();  // the rate of the next step (global_step_)
   if (options_.channels_last()) to_channels_last(*model, *optimizer_);
   auto* fused = dynamic_cast<FusedOptimizer*>(optimizer_.get());
-  const bool sync_free = options_.sync_free_steps().value_or(device_type == c10::kCUDA && fused != nullptr);
+  setup.fused = fused != nullptr;
+  const bool graph_mode = options_.cuda_graph();
+  const bool emulated_graph = graph_mode && options_.emulate_cuda_graph();
+  setup.sync_free =
+      options_.sync_free_steps().value_or((device_type == c10::kCUDA || emulated_graph) && fused != nullptr);
   EMBER_CHECK_KIND(
-      kConfig, !sync_free || fused != nullptr,
+      kConfig, !setup.sync_free || fused != nullptr,
       "[train::Trainer] sync-free steps need one of Ember's fused optimizers (optim.fused=true, or "
       "a task optimizer from ember/train/fused_optim.h)");
+  if (graph_mode) check_cuda_graph_options(setup);
   device_steps_.reset();
-  if (sync_free) {
+  // Rates on the device only when the host cannot know them: a step can be
+  // skipped on the device (loss scaling), or the rate must be a tensor that a
+  // graph reads. Otherwise the fused optimizer takes the host's fp64 rates.
+  if (setup.sync_free && (graph_mode || (grad_scaler_ && grad_scaler_->is_enabled()))) {
     const auto params0 = model->parameters();
     const torch::Device device = params0.empty() ? torch::Device(torch::kCPU) : params0.front().device();
     device_steps_ = std::make_unique<DeviceSteps>(*fused, *optimizer_, options_.schedule().get(), base_lrs_,
                                                   device, global_step_, skipped_steps_);
   }
-  // Sync-free steps: the host learns the skipped count at these reads.
-  const auto read_skipped = [&] {
-    if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);
-  };
   // Every rank reads checkpoints to resume; one writes them.
   const std::string ckpt_path =
       options_.run_dir().empty() || !dist.is_writer() ? "" : options_.run_dir() + "/checkpoints/last.pt";
@@ -334,27 +371,44 @@ FitResult Trainer::fit(Task& task) {
           "[train::Trainer] removed {} unfinished checkpoint file(s) of a killed run from {}\n", removed,
           options_.run_dir() + "/checkpoints");
   }
-  // Divergence: the loss is recorded on the device each step and read every
-  // `check_every` steps, at epoch ends and before each checkpoint.
-  divergence::DivergenceWatch watch;
+  // Divergence: the loss is recorded on the device each step, read without a
+  // sync every `read_every` steps (one read behind), and read exactly at epoch
+  // ends and before each checkpoint. A graph step records with tensor ops on
+  // any device (the record is captured with the step).
+  divergence::DivergenceWatch watch(graph_mode ? divergence::DivergenceWatch::Record::kTensorOps
+                                               : divergence::DivergenceWatch::Record::kAuto);
   const int64_t patience = options_.nonfinite_patience();
-  const int64_t check_every = patience > 0 ? std::min<int64_t>(patience, 8) : 0;
-  const auto check_divergence = [&] {
-    read_skipped();  // the watch reads the device here anyway
-    if (patience <= 0) return;
-    const divergence::DivergenceWatch::State st = watch.read();
-    if (st.streak < patience) return;
+  const int64_t read_every = patience > 0 ? std::min<int64_t>(patience, 8) : kReadEvery;
+  const auto fail_if_diverged = [&](const divergence::DivergenceWatch::State& st) {
+    if (patience <= 0 || st.streak < patience) return;
     detail::fail(
         ErrorKind::kDiverged,
         "[train::Trainer] training diverged: the loss has been NaN or infinite for {} optimizer steps in "
         "a row, since step {} (epoch {}); {}; {}{}",
-        st.streak, global_step_ - st.streak + 1, epoch_ + 1,
+        st.streak, st.step - st.streak + 1, epoch_ + 1,
         st.last_finite_step < 0 ? std::string("no finite loss was seen in this run")
                                 : fmt::format("the last finite loss was {:.6g}, at step {}",
                                               st.last_finite_loss, st.last_finite_step),
         last_checkpoint_.empty() ? std::string("no checkpoint was written")
                                  : fmt::format("the last checkpoint, {}, is kept", last_checkpoint_),
         divergence::advice());
+  };
+  // Exact, with a sync: epoch ends, stops and checkpoints.
+  const auto check_divergence = [&] {
+    if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);
+    if (patience > 0) fail_if_diverged(watch.read());
+  };
+  // Every read_every steps, no sync: what the last request brought (if it has
+  // arrived), then a new request.
+  const auto read_without_sync = [&] {
+    if (patience > 0) {
+      if (const auto st = watch.poll_read()) fail_if_diverged(*st);
+      watch.request_read();
+    }
+    if (device_steps_) {
+      if (const auto skipped = device_steps_->poll_read()) skipped_steps_ = *skipped;
+      device_steps_->request_read(global_step_);
+    }
   };
   // trainer.detect_anomaly: before the optimizer step, the loss and (without
   // loss scaling, whose infinite gradients are routine) every gradient.
@@ -377,7 +431,7 @@ FitResult Trainer::fit(Task& task) {
   ScopedStopSignals signals(options_.handle_signals());
   data::Loader& loader = task.train_loader();
   const int64_t num_batches = loader.num_batches();
-  const int64_t k = options_.accumulate_grad_batches();
+  const int64_t k = setup.accumulate;
   auto params = trainable_parameters(*model);
   // Every process must continue from the same point (a rank that found another
   // checkpoint, or none, would drift silently) with as many batches per epoch
@@ -395,7 +449,9 @@ FitResult Trainer::fit(Task& task) {
     else
       loss.backward();
   };
-  // trainer.cuda_graph: one sync-free optimizer step on one batch, as GraphStep captures it.
+  // trainer.cuda_graph: one sync-free optimizer step on one batch, with the
+  // loop's device bookkeeping, as GraphStep captures it: device work only,
+  // nothing on the host that a replay would have to repeat.
   const GraphStep::StepFn whole_step = [&](const data::Batch& b) {
     const MicroBatch micro{0, 1};
     for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
@@ -413,28 +469,50 @@ FitResult Trainer::fit(Task& task) {
     } else {
       optimizer_->step();
     }
+    r.out.loss = r.out.loss.detach();
+    epoch_sums_.add_tensors(r.out, b.size());
+    if (device_steps_) device_steps_->advance(r.skip_flag);
+    if (patience > 0) watch.record(r.out.loss, global_step_ + 1);
     return r;
   };
   std::unique_ptr<GraphStep> graph;
-  if (options_.cuda_graph()) {
-    check_cuda_graph_options(device_type, k, fused != nullptr);
+  if (graph_mode) {
     if (const std::string why = task.cuda_graph_blocker(); !why.empty())
       detail::fail(ErrorKind::kConfig,
                    "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be "
                    "captured: {}; or set trainer.cuda_graph=false",
                    why);
-    graph = std::make_unique<GraphStep>(kGraphWarmupSteps, [this] { check_callbacks_capturable(); });
+    auto state_tensors = std::make_shared<int64_t>(0);
+    graph = std::make_unique<GraphStep>(
+        GraphStepOptions()
+            .warmup_steps(kCudaGraphWarmupSteps)
+            .emulated(emulated_graph)
+            .before_capture([this, fused, state_tensors] {
+              check_callbacks_capturable();
+              fused->materialize_state();  // a state tensor made in the capture would restart at each replay
+              *state_tensors = fused->state_tensor_count();
+            })
+            .after_capture([fused, state_tensors] {
+              const int64_t made = fused->state_tensor_count() - *state_tensors;
+              EMBER_CHECK(made == 0,
+                          "[train::Trainer] trainer.cuda_graph: the optimizer made {} state tensor(s) inside "
+                          "the captured step, which every replay would make again from zero; its "
+                          "materialize_state() must make all of its state",
+                          made);
+            })
+            .zero_grad([this] { optimizer_->zero_grad(/*set_to_none=*/true); }),
+        params);
   }
   const auto fit_start = Clock::now();
   double val_seconds = 0.0;
   if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) request_stop("max_steps reached");
 
   while (epoch_ < options_.epochs() && !stop_requested_) {
-    if (batch_ == 0) epoch_sums_ = {};
+    if (batch_ == 0) epoch_sums_.clear();
     for (auto& cb : callbacks_) cb->on_epoch_start(*this, epoch_);
     const auto epoch_start = Clock::now();
     model->train();
-    optimizer_->zero_grad(/*set_to_none=*/true);
+    if (!graph) optimizer_->zero_grad(/*set_to_none=*/true);  // (a graph keeps its gradients: GraphStep)
     loader.start_epoch(epoch_, batch_);
 
     torch::Tensor step_loss;  // sum of micro-batch losses weighted by their share
@@ -452,15 +530,16 @@ FitResult Trainer::fit(Task& task) {
       const MicroBatch micro{batch_ - window_start, window};
       const double lr = optimizer_->param_groups().front().options().get_lr();
       bool stepped = true;
-      torch::Tensor skip_flag;  // sync-free: > 0 on the device when the step was skipped
-      if (graph) {              // the whole step, captured once and replayed (window == 1)
-        StepResult r = graph->run(*batch, whole_step, [&] { optimizer_->zero_grad(/*set_to_none=*/true); });
-        // The graph rewrites its outputs at the next replay: callbacks get copies.
-        step_loss = r.out.loss.detach().clone();
-        skip_flag = r.skip_flag;  // read by after_step below, before the next replay: no copy
-        epoch_sums_.add(r.out, batch->size());
+      bool replayed = false;
+      if (graph) {  // the whole step with its bookkeeping, captured once and replayed (window == 1)
+        const StepResult r = graph->run(*batch, whole_step);
+        replayed = graph->last_was_replay();
+        step_loss = r.out.loss;  // the graph's: StepInfo's tensors are valid until the next step
+        epoch_sums_.samples += batch->size();
         step_samples = batch->size();
         ++batch_;
+        ++global_step_;
+        if (device_steps_) device_steps_->check_window(global_step_);
       } else {
         for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
         StepOutput out =
@@ -488,7 +567,8 @@ FitResult Trainer::fit(Task& task) {
         if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
         if (options_.clip_grad_norm() > 0) clip_grad_norm_(params, options_.clip_grad_norm());
         for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
-        if (grad_scaler_ && device_steps_) {
+        torch::Tensor skip_flag;  // sync-free: > 0 on the device when the step was skipped
+        if (grad_scaler_ && setup.sync_free) {
           skip_flag = grad_scaler_->step_async(*optimizer_);  // decided on the device
           grad_scaler_->update();
         } else if (grad_scaler_) {
@@ -498,19 +578,18 @@ FitResult Trainer::fit(Task& task) {
           optimizer_->step();
         }
         optimizer_->zero_grad(/*set_to_none=*/true);
+        ++global_step_;
+        if (!stepped) ++skipped_steps_;
+        if (device_steps_) device_steps_->after_step(skip_flag, global_step_);
+        if (patience > 0) watch.record(step_loss, global_step_);
       }
-      ++global_step_;
-      if (!stepped) ++skipped_steps_;
-      if (device_steps_) device_steps_->after_step(skip_flag, global_step_);
-      if (patience > 0) {
-        watch.record(step_loss, global_step_);
-        if (global_step_ % check_every == 0) check_divergence();
-      }
+      if (global_step_ % read_every == 0 && (patience > 0 || device_steps_)) read_without_sync();
       apply_schedule();
-      StepInfo info{epoch_, global_step_, batch_, step_samples, lr, step_loss, !stepped, skipped_steps_,
-                    // A snapshot (update() works in place); none when the scaler is off.
-                    grad_scaler_ && grad_scaler_->is_enabled() ? grad_scaler_->scale_tensor().clone()
-                                                               : torch::Tensor()};
+      StepInfo info{
+          epoch_, global_step_, batch_, step_samples, lr, step_loss, !stepped, skipped_steps_,
+          // The scaler's own tensor (update() works in place at the next step); none when off.
+          grad_scaler_ && grad_scaler_->is_enabled() ? grad_scaler_->scale_tensor() : torch::Tensor(),
+          replayed};
       result.samples += step_samples;
       step_loss = torch::Tensor();
       step_samples = 0;
@@ -539,7 +618,7 @@ FitResult Trainer::fit(Task& task) {
     const int64_t finished = epoch_;
     ++epoch_;
     batch_ = 0;
-    epoch_sums_ = {};
+    epoch_sums_.clear();
     if (options_.val_every() > 0 && task.val_loader() && (finished + 1) % options_.val_every() == 0) {
       const auto v0 = Clock::now();
       result.last_val = evaluate(task, *task.val_loader());
@@ -554,13 +633,17 @@ FitResult Trainer::fit(Task& task) {
       checkpoint_now();
   }
 
-  read_skipped();
+  if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);
   result.train_seconds = seconds_since(fit_start) - val_seconds;
   result.epochs_completed = epoch_;
   result.steps = global_step_;
   result.skipped_steps = skipped_steps_;
   result.stopped_early = stop_requested_;
   result.stop_reason = stop_reason_;
+  if (graph) {
+    result.graph_replays = graph->replays();
+    result.graph_pool_bytes = graph->pool_bytes();
+  }
   for (auto& cb : callbacks_) cb->on_fit_end(*this);
   task_ = nullptr;
   grad_scaler_.reset();

@@ -28,7 +28,9 @@ void reset_peak_memory(const torch::Device& device);
 
 /// UUID of a CUDA device in NVML's spelling ("GPU-8c1e...-..."), "" on CPU or
 /// without CUDA. Matches NVML devices to CUDA's even under
-/// CUDA_VISIBLE_DEVICES (not for MIG slices, whose UUIDs NVML lists apart).
+/// CUDA_VISIBLE_DEVICES. On a MIG instance CUDA gives the instance's bytes
+/// with no way to tell it is one: the prefix is still "GPU-", and Nvml::find
+/// tries "MIG-" too (then NVML's own UUID is the one to keep).
 std::string cuda_device_uuid(const torch::Device& device);
 
 /// This process on the host.
@@ -48,7 +50,8 @@ class HostSampler {
   std::chrono::steady_clock::time_point last_wall_;
 };
 
-/// NVML's sample of the GPU behind `device`, found by `uuid`
+/// NVML's sample of the GPU (or MIG instance) behind `device`, and of nothing
+/// else: only its handles (and a MIG instance's parent GPU) are read. Found by `uuid`
 /// (cuda_device_uuid(device), looked up once by the caller), else by index
 /// when CUDA_VISIBLE_DEVICES is unset and CUDA_DEVICE_ORDER=PCI_BUS_ID (the
 /// only case where CUDA's and NVML's orders agree). nullopt when not found.

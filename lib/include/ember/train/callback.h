@@ -90,7 +90,11 @@ struct StepInfo {
   /// computed with the skipped count as of the last read, so off after a skip
   /// the host has not read yet).
   double lr = 0.0;
-  torch::Tensor loss;  ///< mean loss of the step, on the device (reading it syncs)
+  /// Mean loss of the step, on the device (reading it syncs). The tensors of
+  /// StepInfo are the step's own, valid until the next step starts (with CUDA
+  /// graphs, the graph's outputs, which the next replay rewrites): read them,
+  /// or queue device work on them, in on_step_end; clone() one to keep it.
+  torch::Tensor loss;
   /// The optimizer did not step (fp16-mixed: inf/NaN gradients). With sync-free
   /// steps (TrainerOptions::sync_free_steps) the host does not know: false.
   bool skipped = false;
@@ -99,6 +103,9 @@ struct StepInfo {
   int64_t skipped_steps = 0;
   torch::Tensor
       loss_scale;  ///< fp16-mixed: the loss scale after this step's update, on the device; else undefined
+  /// trainer.cuda_graph: this step was a replay of the captured graph (not a
+  /// warm-up, the capture, or an eager step of another shape).
+  bool graph_replay = false;
 };
 
 class Callback {
@@ -150,8 +157,10 @@ class Callback {
   /// right for this callback. A callback that overrides one of them and keeps
   /// the default (false) makes capture refuse, naming it (an override that
   /// calls the base class's hook is not seen). on_step_phase is called for
-  /// kData, kForward (the replay follows) and kCallbacks only, and the
-  /// parameters' .grad between steps is the graph's (rewritten by each replay).
+  /// kData, kForward (the replay follows) and kCallbacks only. From the
+  /// capture on, each parameter's .grad between steps is the graph's gradient
+  /// tensor, holding the last step's unscaled (and clipped) gradients: written
+  /// by each replay, and by an eager step of another shape (copied in).
   virtual bool step_hooks_capturable() const { return false; }
 
  private:

@@ -22,8 +22,10 @@
 //   change it without the host;
 // - step_on_device(found_inf, grad_scale) (amp::ScalingAwareOptimizer): the
 //   kernels divide the gradients by the loss scale and skip the whole step
-//   when found_inf is non-zero, a decision taken on the device.
-//   amp::GradScaler::step_async uses it: an fp16-mixed step has no host sync.
+//   when found_inf is non-zero, a decision taken on the device (the same
+//   code on the CPU: the host never reads the flag, the CPU kernels do).
+//   amp::GradScaler::step_async uses it: an fp16-mixed step has no host sync;
+// - materialize_state(): all state made ahead, for CUDA graph capture.
 //
 // Limits, as in PyTorch: dense gradients only; SGD's `dampening` other than 0
 // makes a first step that fp16-mixed skipped differ from PyTorch's (the
@@ -41,14 +43,35 @@
 
 namespace ember::train {
 
-/// What Ember's fused optimizers share: learning-rate tensors and the
-/// device-side skip.
+/// What Ember's fused optimizers share: learning-rate tensors, the
+/// device-side skip, and state made ahead of the first step.
 class FusedOptimizer : public amp::ScalingAwareOptimizer {
  public:
   /// One 0-dim fp32 tensor per parameter group, on the group's device, read by
   /// every step instead of the group's `lr`; empty (the default) = the groups'
   /// `lr` values. Set them to views of one buffer to update all with one copy.
+  /// A rate tensor is read as fp32. Where a kernel uses the plain `lr` in
+  /// fp64 (the CPU's Adam/AdamW step size; CUDA's SGD), a rate fp32 cannot
+  /// hold exactly rounds (relative error <= 2^-24) and the weights differ in
+  /// their last bits; where it computes in fp32 anyway (CUDA's Adam/AdamW, the
+  /// CPU's SGD), nothing changes.
   std::vector<torch::Tensor>& lr_tensors() { return lr_tensors_; }
+
+  /// Makes every state tensor of every parameter of every group now (SGD's
+  /// momentum buffers, Adam's moments and step counts), as the parameter's
+  /// first step would, so that no later step makes one. A step then gives
+  /// bit for bit what it gives with state made lazily (with SGD, for
+  /// dampening 0). A CUDA graph needs it: a tensor made inside the capture is
+  /// made again, zeroed, at every replay, so a parameter whose first gradient
+  /// came at the captured step would restart from zero state at each step
+  /// (train/graph_step.h calls this before capture). Costs the state of
+  /// parameters that never get a gradient. Throws, naming the parameter's
+  /// index in its group, for SGD with dampening != 0 on a parameter without a
+  /// buffer yet (its first step is buf = grad, not (1 - dampening) x grad).
+  virtual void materialize_state() = 0;
+  /// State tensors this optimizer holds now (all parameters, all kinds,
+  /// Adam's device step counts included): a step that makes state changes it.
+  virtual int64_t state_tensor_count() const = 0;
 
  protected:
   std::vector<torch::Tensor> lr_tensors_;
@@ -64,6 +87,8 @@ class FusedSGD : public torch::optim::SGD, public FusedOptimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   void step_on_device(const std::optional<torch::Tensor>& found_inf,
                       const std::optional<torch::Tensor>& grad_scale) override;
+  void materialize_state() override;
+  int64_t state_tensor_count() const override;
 };
 
 namespace fused_impl {
@@ -76,6 +101,8 @@ class FusedAdamBase : public Base, public FusedOptimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   void step_on_device(const std::optional<torch::Tensor>& found_inf,
                       const std::optional<torch::Tensor>& grad_scale) override;
+  void materialize_state() override;
+  int64_t state_tensor_count() const override;
   /// Writes the device step counts into AdamParamState::step() (one read of
   /// the device), then LibTorch's format.
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -85,6 +112,9 @@ class FusedAdamBase : public Base, public FusedOptimizer {
   // Per parameter (the key of Optimizer::state()): the step count as a 0-dim
   // fp32 tensor on its device; made from AdamParamState::step() when missing.
   std::unordered_map<void*, torch::Tensor> steps_;
+  // The state of `p` (made when missing) and its step-count tensor.
+  State& state_of(const torch::Tensor& p, const Options& o);
+  torch::Tensor& step_of(const torch::Tensor& p, const State& st);
 };
 }  // namespace fused_impl
 

@@ -51,7 +51,9 @@ struct TrainerOptions {
   /// Stop with an ember::Error of ErrorKind::kDiverged (the recipe runner:
   /// exit status 3) once the loss has been NaN or infinite for this many
   /// optimizer steps in a row; 0 = never. The loss is watched on the device
-  /// and read every few steps (no host sync per step). fp16-mixed's skipped
+  /// and read every min(patience, 8) steps without a host sync, one read
+  /// behind (so the stop comes up to 2 x 8 steps after the streak is reached;
+  /// exactly at epoch ends and checkpoints, which read with a sync). fp16-mixed's skipped
   /// steps (infinite gradients, finite loss) do not count. Whatever the
   /// setting, a checkpoint is never written over with non-finite weights.
   TORCH_ARG(int64_t, nonfinite_patience) = 8;
@@ -66,16 +68,18 @@ struct TrainerOptions {
   TORCH_ARG(bool, handle_signals) = false;
   /// Used when the Task does not build its own optimizer.
   TORCH_ARG(OptimizerOptions, optimizer);
-  /// Sync-free optimizer steps: fp16-mixed's skip decision and the schedule's
-  /// learning rate stay on the device (the fused optimizer's lr_tensors()), so
-  /// no step waits for the GPU. The host reads the skipped-step count only at
-  /// the divergence checks, epoch ends, checkpoints and every 512 steps or so;
+  /// Sync-free optimizer steps: no step waits for the GPU. fp16-mixed's skip
+  /// decision stays on the device (GradScaler::step_async), and so, with loss
+  /// scaling or CUDA graphs, does the schedule's learning rate (an fp32 tensor
+  /// per group, FusedOptimizer::lr_tensors(): see there what fp32 changes);
+  /// without either, nothing can skip and the host's rates are used. The host
+  /// learns the skipped-step count without a sync every few steps (one read
+  /// behind) and exactly, with a sync, at epoch ends and checkpoints;
   /// StepInfo::skipped is then false and StepInfo::skipped_steps the count as
   /// of the last read, and a learning rate set on a parameter group by hand is
-  /// not used (the schedule's is). The rate is then an fp32 value (the fused
-  /// kernels read fp32 rate tensors): one that fp32 cannot hold exactly rounds.
-  /// Needs a fused optimizer (ember/train/fused_optim.h). Unset: on for CUDA
-  /// with a fused optimizer, off otherwise.
+  /// not used (the schedule's is). Needs a fused optimizer
+  /// (ember/train/fused_optim.h). Unset: on for CUDA with a fused optimizer
+  /// (and for an emulated CUDA graph), off otherwise.
   TORCH_ARG(std::optional<bool>, sync_free_steps) = std::nullopt;
   /// Channels-last memory format (NHWC) for the model's 4-D parameters and
   /// buffers and for 4-D batch inputs: oneDNN's and cuDNN's fast layout for
@@ -93,6 +97,11 @@ struct TrainerOptions {
   /// declare them capturable (Callback::step_hooks_capturable). A replay is
   /// bit-identical to the eager step. README "CUDA graphs" has the details.
   TORCH_ARG(bool, cuda_graph) = false;
+  /// Tests and tools: with cuda_graph, run the graph path on any device with
+  /// capture and replay emulated by eager steps (train/graph_step.h), so its
+  /// logic (warm-up, state made before capture, gradients, bookkeeping in the
+  /// step, ops outside the graph) runs without a GPU. Not a speed-up.
+  TORCH_ARG(bool, emulate_cuda_graph) = false;
   /// Learning-rate schedule over optimizer steps; nullptr = constant.
   TORCH_ARG(std::shared_ptr<Schedule>, schedule);
   /// The other processes of a data-parallel run (sums of the epoch metrics,
@@ -108,7 +117,13 @@ struct PassSums {
   torch::Tensor correct;   ///< int64 scalar; undefined when the task has no classification output
   int64_t samples = 0;
 
+  /// Adds a batch: on the host for CPU tensors (no tensor ops), else add_tensors.
   void add(const StepOutput& out, int64_t batch_size);
+  /// The sums only, with tensor ops in place on any device and no host read
+  /// (what a CUDA graph can capture); `samples` is left to the caller.
+  void add_tensors(const StepOutput& out, int64_t batch_size);
+  /// Zero, keeping the tensors (a captured graph writes into them).
+  void clear();
   EvalResult result(double seconds) const;
 };
 
@@ -125,7 +140,13 @@ struct FitResult {
   std::string stop_reason;
   EvalResult last_train;
   EvalResult last_val;
+  int64_t graph_replays = 0;     ///< trainer.cuda_graph: steps run as replays of the graph
+  int64_t graph_pool_bytes = 0;  ///< trainer.cuda_graph: device memory the graph's pool took (0 emulated)
 };
+
+/// trainer.cuda_graph: eager warm-up steps before the capture (at least; the
+/// capture waits for a batch of the shape of the step before it).
+inline constexpr int64_t kCudaGraphWarmupSteps = 3;
 
 class Trainer {
  public:
@@ -175,7 +196,8 @@ class Trainer {
   void apply_schedule();
   void reduce_across_processes(PassSums& sums) const;
   // trainer.cuda_graph: what the graph needs, checked before the first step and before capture.
-  void check_cuda_graph_options(c10::DeviceType device_type, int64_t accumulate, bool fused) const;
+  struct FitSetup;  // what fit() resolved before its first step (trainer.cpp)
+  void check_cuda_graph_options(const FitSetup& setup) const;
   void check_callbacks_capturable() const;
 
   TrainerOptions options_;
