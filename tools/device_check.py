@@ -10,22 +10,37 @@ the one they were built against (same version, same CUDA major), and builds
 them there otherwise, saying which it did and why.
 
 Rows run in a fixed priority order, tier by tier:
-  tier 1, correctness: every GPU test case, compute-sanitizer memcheck and
-          racecheck on the augmentation and count_correct kernels, the
+  tier 1, correctness: every GPU test case (issue 28's CUDA findings among
+          them: late parameter under capture, .grad across epochs, ops outside
+          the graph, host syncs with default options, sync-free rates, lr-find
+          on a graph config, NVML on this device), compute-sanitizer memcheck
+          and racecheck on the augmentation and count_correct kernels, the
           augmentation operators from Python, a short fashion_mnist run per
-          precision mode (with its telemetry), a profiler trace, NCCL with one rank,
-          the fused optimizers' parity with torch's fused=True under loss scaling
-          (the CUDA graph and sync-count cases are GPU test cases);
-  tier 2, speed: the mixed-precision GPT bench at H200 size (speed-up, MFU), the
-          augmentation kernel's bandwidth against the copy bandwidth, the
-          monitoring overhead, the pruned ResNet's step times, char_gpt's GPU config,
-          small-model steps (Ember eager and CUDA graphs vs Python eager,
-          torch.compile and Lightning);
-  tier 3, accuracies that take minutes (and the GPU speed run, 5 seeds).
-The default runs tiers 1 and 2 with a budget that fits one 9-minute command.
+          precision mode (with its telemetry), a profiler trace, out of memory,
+          plan and bs-find against the GPU, NCCL with one rank, the GradScaler's
+          and the fused optimizers' parity with torch;
+  tier 2, the GPU findings' tools and the speed goal: memory eager vs CUDA
+          graph (plan --measure), lr-find on speedrun_gpu.toml (CUDA graphs),
+          the CNN step at batch 128 with CUDA graphs against Python eager and
+          torch.compile (the README's GPU speed goal);
+  tier 3, what a second call has time for, most important first: the GPU
+          speed run (5 seeds, its goal judged), the augmentation kernel's
+          bandwidth, the monitoring overhead, the mixed-precision GPT bench
+          at H200 size, accuracies that take minutes, the pruned ResNet's step
+          times, char_gpt's GPU config, the whole small-model speed table.
+The default runs tiers 1 and 2 with a budget that fits one 9-minute command
+(their estimates: 387 s + 115 s + ~15 s of set-up = 517 s).
 Before each row it compares the row's expected seconds on an H200 with the time
 left and reports `not run (budget)` instead of starting what would not finish;
 a row that runs over is stopped at the budget.
+
+Statuses: ok, FAIL, timeout, skip, info, not run (budget), interrupted; a row
+with a stated goal (a speed ratio, a bandwidth, an accuracy in a time) is `ok`
+when every goal is met, `goal not met` when one is not and `not judged` when a
+number it needs is missing (a side that did not run, a data subset), each goal
+in its detail as "graphs 1.73x Python eager (goal >= 2: not met)". The summary
+counts every status; its own is the worst of FAIL/timeout, goal not met, not
+judged, ok. Exit status 1 on a FAIL, timeout or goal not met.
 
 Results: each row is appended, as soon as it is known, to OUT/device_check.txt
 (the table) and OUT/device_check.jsonl (one JSON object per row: name, tier,
@@ -62,6 +77,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACK = ROOT / ".device"
 RESULT_FILES = ("device_check.txt", "device_check.jsonl", "logs.tar.gz")
 DEFAULT_BUDGET = 520  # tiers 1 + 2 inside a 540 s command, with time for start-up and the tarball
+# Seconds the set-up takes from the budget before the first row (torch imported to describe the
+# GPU, nvidia-smi, ldd on each executable, the test binary's listing): tiers 1 and 2's row
+# estimates plus this must stay within DEFAULT_BUDGET (device_check_test.py checks it).
+SETUP_ESTIMATE = 15
 MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 # Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
 RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
@@ -402,8 +421,10 @@ print("INFO " + json.dumps(d))
 
 # ---- the rows -----------------------------------------------------------------
 # Each step reports one or more rows. `estimate` is its expected seconds on an
-# H200 (calibrate them from device_check.jsonl's `seconds`); `gpu` steps are
-# skipped without a GPU.
+# H200 with 16 cores, none measured yet (calibrate them from device_check.jsonl's
+# `seconds`): a process that starts CUDA takes ~3 s (LibTorch's CUDA libraries,
+# the context, cuBLAS/cuDNN handles), python with torch ~4 s; the estimates
+# leave about 1.5x on top. `gpu` steps are skipped without a GPU.
 
 STEPS = []
 
@@ -422,6 +443,110 @@ def first_failure(out):
         if "Failure" in l or "error:" in l.lower() or "Error" in l:
             return short(" ".join(lines[i:i + 3]))
     return short(lines[-1] if lines else "no output")
+
+
+# ---- goals ----------------------------------------------------------------------
+# A stated goal is judged where its row reads the number: goal() gives the
+# verdict and its text, goal_status() the row's status. Pure functions of the
+# numbers, so device_check_test.py checks them on fabricated ones.
+
+GOAL_NOT_MET, NOT_JUDGED = "goal not met", "not judged"
+_COMPARE = {">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b,
+            "<": lambda a, b: a < b}
+
+
+def goal(what, value, op, target, unit="", target_unit="", fmt="{:.2f}", missing="no number"):
+    """One goal judged: {"what", "value", "goal", "met", "text"}; met is True, False, or None when
+    `value` is None or NaN (then `missing` says why). The text reads
+    'CNN b128: graphs 1.73x Python eager (goal >= 2: not met)'."""
+    want = f"{op} {target:g}{target_unit}"
+    if value is None or value != value:
+        return {"what": what, "value": None, "goal": want, "met": None,
+                "text": f"{what} ?{unit} (goal {want}: not judged, {missing})"}
+    met = bool(_COMPARE[op](value, target))
+    return {"what": what, "value": value, "goal": want, "met": met,
+            "text": f"{what} {fmt.format(value)}{unit} (goal {want}: {'met' if met else 'not met'})"}
+
+
+def goal_status(goals):
+    """'ok' when every goal is met, 'goal not met' when one is not, else 'not judged' (also for none)."""
+    if any(g["met"] is False for g in goals):
+        return GOAL_NOT_MET
+    if goals and all(g["met"] is True for g in goals):
+        return "ok"
+    return NOT_JUDGED
+
+
+def goal_numbers(goals):
+    """The goals as the row's JSON numbers keep them."""
+    return [{k: g[k] for k in ("what", "value", "goal", "met")} for g in goals]
+
+
+def speed_goals(n):
+    """The README's GPU speed goal, from speed_numbers(): the CNN at batch 128 with CUDA graphs
+    >= 2x Python eager and >= 1x torch.compile (reduce-overhead). Python eager is taken at its best
+    settings, like for like: the faster of its default optimizer and fused=True (Ember's is fused)."""
+    cnn = dict(n.get("cnn b128", {}))
+    errors = cnn.get("errors", {})
+    eager = [cnn.get(s) for s in ("python", "python-fused") if cnn.get(s)]
+    cnn["python"] = min(eager) if eager else None
+
+    def ratio(peer):
+        a, b = cnn.get(peer), cnn.get("ember-graph")
+        return a / b if a and b else None
+
+    def why(peer):
+        gone = [s for s in (peer, "ember-graph") if not cnn.get(s)]
+        return "; ".join(f"no {s} side: {short(errors.get(s, 'not run'), 120)}" for s in gone)
+
+    return [goal("CNN b128: graphs", ratio("python"), ">=", 2, "x Python eager (its best of fused or not)",
+                 missing=why("python")),
+            goal("CNN b128: graphs", ratio("compile"), ">=", 1, "x torch.compile reduce-overhead",
+                 missing=why("compile"))]
+
+
+def augment_goals(n):
+    """The augmentation bench's goals per pipeline (tools/bench/augment.cpp): the kernel at >= 0.7 of
+    the device-to-device copy bandwidth, the host < 50 us per augment() call."""
+    goals = []
+    for r in n.get("rows", []):
+        where = f"{r['pipeline']} {r['output']}"
+        goals.append(goal(f"{where}: kernel", r["achieved_gbs"] / n["copy_gbs"], ">=", 0.7, " of copy bandwidth"
+                          + (" (launch-bound: idle gaps included)" if r.get("launch_bound") else "")))
+        goals.append(goal(f"{where}: host", r["host_us"], "<", 50, " us per augment()", " us", fmt="{:.1f}"))
+    return goals or [goal("augment bench", None, ">=", 0.7, missing="no pipeline rows in its JSON")]
+
+
+def monitor_goals(n):
+    """The monitoring bench's goal (tools/bench/monitor.cpp): under 2% throughput cost as recipes run
+    it (the `default` setting), from monitor_numbers()."""
+    cost = n.get("default", {}).get("overhead")
+    value = float(cost.rstrip("%")) if cost else None
+    return [goal("default monitoring: throughput cost", value, "<", 2, "%", "%",
+                 missing="no 'default' row in its table")]
+
+
+def amp_goals(n):
+    """The mixed-precision bench's aim (tools/bench/amp_step.py): loss scaling costs Ember's fp16-mixed
+    step under 1.03x the step without it."""
+    on, off = n.get("fp16-mixed", {}).get("ember_ms"), n.get("fp16-mixed no-scaler", {}).get("ember_ms")
+    return [goal("GPT fp16-mixed: GradScaler", on / off if on and off else None, "<", 1.03,
+                 "x the step without it", fmt="{:.3f}", missing="no fp16-mixed row with and without the scaler")]
+
+
+SPEEDRUN_IMAGES = 60000  # the speed run's goal is for the whole training set
+
+
+def speedrun_goals(accs, secs, train_images):
+    """speedrun_gpu.toml's goal over its seeds: every seed at >= 94% test accuracy in < 5 s of
+    training; not judged on fewer than the 60000 training images."""
+    if train_images < SPEEDRUN_IMAGES:
+        why = f"{train_images} training images, not {SPEEDRUN_IMAGES} (an old pack)"
+        accs, secs = [], []
+    else:
+        why = "no seed finished"
+    return [goal("worst seed test accuracy", min(accs) if accs else None, ">=", 0.94, fmt="{:.4f}", missing=why),
+            goal("worst seed training", max(secs) if secs else None, "<", 5, " s", " s", missing=why)]
 
 
 def recipe_row(c: Check, name, recipe, args, log, want=None, detail=None, needs="fashion"):
@@ -504,7 +629,24 @@ def gtest_cases(c: Check, filt, log, json_name):
     return cases, False
 
 
-@step("gpu test cases (*Cuda.*)", 1, 45, gpu=False)
+# The GPU test cases of issue 28's CUDA findings: what each checks, shown in its row's detail.
+FINDINGS = {
+    "GraphStepCuda.LateParameterMatchesEagerBitwise":
+        "issue 28.1: optimizer state of a parameter whose first gradient comes at the captured step",
+    "GraphStepCuda.GradientsStayTheGraphsAcrossEpochs": "issue 28.6: .grad is the graph's in epoch 2",
+    "GraphStepCuda.OpsOutsideTheGraphPerStep": "issue 28.4: ATen ops launched outside the graph per replay, bounded",
+    "GraphStepCuda.MemoryProbeCoversAGraphRun": "issue 28.3: the memory probe measures what a graph run holds",
+    "FusedOptimCuda.DefaultOptionsDoNotSyncPerStep": "issue 28.4/11: host syncs per step with default options",
+    "FusedOptimCuda.SyncFreeRatesWithinFp32RoundingOfHostRates":
+        "issue 28.8: device-side learning rates against the host's",
+    "LrFinderCuda.RunsOnACudaGraphConfig": "issue 28.2: lr-find on a trainer.cuda_graph=true config",
+    "MonitorCuda.NvmlSamplesThisDevice": "issue 28.7: NVML matched to this CUDA device (MIG too)",
+}
+
+
+# ~26 cases in one process: the CUDA start-up, then seconds each (the batch-size search, the
+# graph-vs-eager runs and the memory probe the longest); failed ones again alone.
+@step("gpu test cases (*Cuda.*)", 1, 60, gpu=False)
 def gpu_tests(c: Check):
     t0 = time.monotonic()
     rc, listing = c.run([c.exe("ember_tests"), "--gtest_filter=*Cuda.*", "--gtest_list_tests"], "gtest_cuda.log")
@@ -534,7 +676,7 @@ def gpu_tests(c: Check):
     for n in names:
         suite, test = n.split(".", 1)
         rows.setdefault(f"{suite}.{test.split('/')[0]}", []).append(n)
-    for row, members in rows.items():
+    for row, members in sorted(rows.items(), key=lambda kv: kv[0] not in FINDINGS):  # issue 28's first
         results = [cases.get(n, ("FAIL", "no result", 0.0)) for n in members]
         secs = sum(r[2] for r in results)
         if len(members) == 1:
@@ -547,11 +689,15 @@ def gpu_tests(c: Check):
             detail = (f"{len(members)} cases, {n_ok} ok, {len(failed)} failed"
                       + (f": {short('; '.join(failed), 300)}" if failed else "")
                       + ("" if failed or n_ok else f"; {results[0][1]}"))
+        if row in FINDINGS:
+            detail = f"{FINDINGS[row]}" + (f": {detail}" if detail else "")
         c.report(f"gpu test {row}", status, detail, seconds=secs, gpu=True)
     counts = {s: sum(1 for n in names if cases.get(n, ("FAIL",))[0] == s) for s in ("ok", "FAIL", "skip")}
+    absent = [f for f in FINDINGS if f not in rows]
     c.report("gpu test cases (*Cuda.*)", "FAIL" if counts["FAIL"] else ("skip" if not counts["ok"] else "ok"),
              f"{len(names)} cases: {counts['ok']} ok, {counts['FAIL']} failed, {counts['skip']} skipped"
-             + ("" if whole else "; the process died, cases rerun alone"), numbers=counts,
+             + ("" if whole else "; the process died, cases rerun alone")
+             + (f"; issue 28 cases not in this binary: {', '.join(absent)}" if absent else ""), numbers=counts,
              seconds=time.monotonic() - t0)
 
 
@@ -610,6 +756,7 @@ PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
 
 def fashion_short(c: Check, precision):
+    """~70 steps on 9000 images and a test pass: ~6 s with the start-up."""
     run = c.runs_dir(f"fashion-{precision}")
     v = recipe_row(c, f"fashion_mnist {precision}, 1 epoch (cuda)", "fashion_mnist",
                    [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}", "trainer.epochs=1",
@@ -630,22 +777,29 @@ def telemetry(c: Check, metrics):
     want = ["step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "gpu_mem_allocated_mib",
             "gpu_mem_peak_mib", "gpu_util", "gpu_power_w", "gpu_temp_c", "gpu_sm_clock_mhz", "mfu"]
     missing = [k for k in want if r.get(k) is None]
+    # NVML reports no utilization on a MIG instance (the Monitor says so at fit start): not a failure there.
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout \
+        if shutil.which("nvidia-smi") else ""
+    mig = "MIG-" in listing
+    if mig and "gpu_util" in missing:
+        missing.remove("gpu_util")
     f = lambda k, fmt: (fmt % r[k]) if r.get(k) is not None else "-"
     detail = (f"step {f('step_ms', '%.2f')} ms (data {f('data_ms', '%.2f')} fwd {f('forward_ms', '%.2f')} bwd "
               f"{f('backward_ms', '%.2f')} opt {f('optimizer_ms', '%.2f')}), mem {f('gpu_mem_allocated_mib', '%.0f')} MiB "
               f"peak {f('gpu_mem_peak_mib', '%.0f')}, util {f('gpu_util', '%.0f')}%, {f('gpu_power_w', '%.0f')} W, "
               f"{f('gpu_temp_c', '%.0f')} C, sm {f('gpu_sm_clock_mhz', '%.0f')} MHz, mfu {f('mfu', '%.4f')}")
     c.report("telemetry (fashion bf16, cuda)", "FAIL" if missing else "ok",
-             detail + (f"; null: {', '.join(missing)}" if missing else ""), numbers={k: r.get(k) for k in want})
+             detail + (f"; null: {', '.join(missing)}" if missing else "")
+             + ("; a MIG instance: NVML gives no utilization" if mig else ""), numbers={k: r.get(k) for k in want})
 
 
 for _p in PRECISIONS:
-    step(f"fashion_mnist {_p}, 1 epoch (cuda)", 1, 15,
+    step(f"fashion_mnist {_p}, 1 epoch (cuda)", 1, 12,
          rows=[f"fashion_mnist {_p}, 1 epoch (cuda)"] + (["telemetry (fashion bf16, cuda)"] if _p == "bf16-mixed" else []))(
         lambda c, p=_p: fashion_short(c, p))
 
 
-@step("profiler trace, 3 steps (cuda)", 1, 15)
+@step("profiler trace, 3 steps (cuda)", 1, 12)
 def profiler(c: Check):
     run = c.runs_dir("profile")
     trace = run / "trace.json"
@@ -668,7 +822,7 @@ def profiler(c: Check):
         shutil.copy(trace, c.logs / "profile_trace.json")
 
 
-@step("GPU out of memory: caught, explained, run folder intact (cuda)", 1, 15)
+@step("GPU out of memory: caught, explained, run folder intact (cuda)", 1, 12)
 def out_of_memory(c: Check):
     name = "GPU out of memory: caught, explained, run folder intact (cuda)"
     if not c.data:
@@ -694,7 +848,7 @@ def out_of_memory(c: Check):
 PLAN_ROW = "plan vs run: memory and step time, fashion_mnist bf16 (cuda)"
 
 
-@step(PLAN_ROW, 1, 40)
+@step(PLAN_ROW, 1, 35)
 def plan_vs_run(c: Check):
     """`tools/ember plan` as a user would run it before renting: a measurement on
     this machine's CPU, planned for this GPU; then the GPU itself measured at the
@@ -742,13 +896,16 @@ def plan_vs_run(c: Check):
     step_err = (predicted_step - measured_step) / measured_step
     gpu_verify = cuda["verify"]
     gpu_line_err = (gpu_verify["predicted_peak_bytes"] - gpu_verify["measured_peak_bytes"]) / gpu_verify["measured_peak_bytes"]
-    ok = abs(mem_err) <= 0.15 and abs(step_err) <= 0.30
-    c.report(PLAN_ROW, "ok" if ok else "FAIL",
+    goals = [goal("memory planned on the CPU", 100 * abs(mem_err), "<=", 15, "% off", "%", fmt="{:.0f}"),
+             goal("step time planned", 100 * abs(step_err), "<=", 30, "% off", "%", fmt="{:.0f}")]
+    c.report(PLAN_ROW, goal_status(goals),
              f"{row['gpu']} batch 128: memory planned on the CPU {predicted_mem / 2**20:.0f} MiB vs measured "
-             f"{measured_mem / 2**20:.0f} MiB ({100 * mem_err:+.0f}%; goal 15%); step {predicted_step * 1e3:.2f} ms "
+             f"{measured_mem / 2**20:.0f} MiB ({100 * mem_err:+.0f}%); step {predicted_step * 1e3:.2f} ms "
              f"planned (MFU {row['mfu']:.3g}, {plan['mfu']['bf16-mixed']['source']}) vs {measured_step * 1e3:.2f} ms "
-             f"({100 * step_err:+.0f}%; goal 30%); GPU probes' line vs GPU at 128: {100 * gpu_line_err:+.1f}%",
-             numbers={"memory_error": mem_err, "step_error": step_err, "gpu_line_error": gpu_line_err},
+             f"({100 * step_err:+.0f}%); GPU probes' line vs GPU at 128: {100 * gpu_line_err:+.1f}%; "
+             + "; ".join(g["text"] for g in goals),
+             numbers={"memory_error": mem_err, "step_error": step_err, "gpu_line_error": gpu_line_err,
+                      "goals": goal_numbers(goals)},
              seconds=time.monotonic() - t0)
 
 
@@ -780,7 +937,7 @@ def bs_find(c: Check):
              seconds=time.monotonic() - t0)
 
 
-@step("DDP on NCCL, 1 rank (cuda)", 1, 15)
+@step("DDP on NCCL, 1 rank (cuda)", 1, 10)
 def nccl(c: Check):
     name = "DDP on NCCL, 1 rank (cuda)"
     t0 = time.monotonic()
@@ -796,7 +953,7 @@ def nccl(c: Check):
              numbers=got, seconds=time.monotonic() - t0)
 
 
-@step("GradScaler parity with torch.amp.GradScaler (cuda)", 1, 40)
+@step("GradScaler parity with torch.amp.GradScaler (cuda)", 1, 30)
 def grad_scaler_parity(c: Check):
     name = "GradScaler parity with torch.amp.GradScaler (cuda)"
     t0 = time.monotonic()
@@ -810,7 +967,7 @@ def grad_scaler_parity(c: Check):
              seconds=time.monotonic() - t0)
 
 
-@step("fused optimizers: GradScaler parity with torch fused=True, no host sync (cuda)", 1, 40)
+@step("fused optimizers: GradScaler parity with torch fused=True, no host sync (cuda)", 1, 30)
 def fused_parity(c: Check):
     name = "fused optimizers: GradScaler parity with torch fused=True, no host sync (cuda)"
     t0 = time.monotonic()
@@ -825,26 +982,267 @@ def fused_parity(c: Check):
              seconds=time.monotonic() - t0)
 
 
-# ---- tier 2: speed ----------------------------------------------------------------
+# ---- benches -----------------------------------------------------------------------
+# Rows of tiers 2 and 3 alike: the order of the steps in this file is their
+# order within a tier (main() runs tier by tier).
 
-def bench_row(c: Check, name, cmd, log, limit=None, numbers=lambda out: {}, detail=lambda n, out: ""):
+def bench_row(c: Check, name, cmd, log, limit=None, numbers=lambda out: {}, detail=lambda n, out: "", goals=None):
+    """Runs a bench as one row. Without `goals` it is ok when the bench exits 0; with them
+    (goals(numbers, output) -> [goal(...)]) the goals decide (goal_status), each one in the detail
+    with its number, and a bench whose numbers cannot be read is `not judged`."""
     t0 = time.monotonic()
     rc, out = c.run(cmd, log, limit)
     if rc != 0:
         c.report(name, "FAIL", f"exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
         return None
     table = "\n".join(l for l in out.splitlines() if not l.startswith(("[bench", "rep ", "$ ")))
+    status, judged = "ok", []
     try:  # the bench ran: a number it printed differently must not lose its table
         n = numbers(out)
         text = detail(n, out)
+        if goals:
+            judged = goals(n, out)
+            status = goal_status(judged)
     except Exception as e:
         n, text = {}, f"(numbers not read: {type(e).__name__}: {short(e, 100)}; see the table)"
-    c.report(name, "ok", text, numbers=n, seconds=time.monotonic() - t0, block=table[-3000:])
+        if goals:
+            status, text = NOT_JUDGED, "goals not judged " + text
+    if judged:
+        text = "; ".join([g["text"] for g in judged] + ([text] if text else []))
+        n = dict(n, goals=goal_numbers(judged))
+    c.report(name, status, text, numbers=n, seconds=time.monotonic() - t0, block=table[-3000:])
     return n
 
 
-@step("amp bench: GPT 12x768, block 1024, batch 16 (cuda)", 2, 120)
+def speed_numbers(js):
+    """{"cnn b128": {"ember": ms, "ember-graph": ms, "python": ms, ..., "errors": {side: why}}} from
+    speed.py's --json; a side that did not run has None (and its reason under "errors")."""
+    data = json.loads(js.read_text())
+    rows = {}
+    for r in data["rows"]:
+        case = {side: v.get("median_ms") for side, v in r["sides"].items()}
+        errors = {side: v["error"] for side, v in r["sides"].items() if "error" in v}
+        rows[f"{r['model']} b{r['batch']}"] = dict(case, errors=errors) if errors else case
+    return rows
+
+
+def speed_detail(n, _=None):
+    """Per case: Ember with CUDA graphs and eager against Python eager, and graphs against Python
+    eager at its best (the faster of its default optimizer and fused=True: speed.py's like for like)."""
+    parts = []
+    for case, s in n.items():
+        py, graph, eager = s.get("python"), s.get("ember-graph"), s.get("ember")
+        best = min((v for v in (py, s.get("python-fused")) if v), default=None)
+        x = [f"graphs {py / graph:.2f}x" if py and graph else "", f"eager {py / eager:.2f}x" if py and eager else ""]
+        text = ", ".join(t for t in x if t)
+        if text:
+            text += " Python eager"
+        if best and graph:
+            text += f"{'; ' if text else ''}graphs {best / graph:.2f}x Python at its best (fused or not)"
+        parts.append(f"{case}: {text or 'no ratio (see the table)'}")
+    return "; ".join(parts)
+
+
+def speed_cmd(c: Check, js, *args):
+    return [c.python, ROOT / "tools" / "bench" / "speed.py", "--binary", c.exe("ember_bench_speed"), "--device",
+            "cuda", "--json", js, *args]
+
+
+# ---- tier 2: the GPU findings' tools and the speed goal ------------------------------
+
+MEMORY_ROW = "memory eager vs graph (plan --measure, cuda)"
+
+
+def find_field(j, key):
+    """j[key], else the first j[x][key] one object down (where a writer nests it); None when absent."""
+    if key in j:
+        return j[key]
+    return next((v[key] for v in j.values() if isinstance(v, dict) and key in v), None)
+
+
+def measure_memory(j):
+    """What the memory row reads from a --measure JSON made with plan.verify=true: the training loop's
+    measured peak at the config's batch, whether the probe ran a real CUDA graph
+    (memory_includes_graph_pool) and the ATen ops launched per step (step_ops)."""
+    return {"batch": j["verify"]["batch"], "peak_bytes": j["verify"]["measured_peak_bytes"],
+            "graph_pool": find_field(j, "memory_includes_graph_pool"), "step_ops": find_field(j, "step_ops")}
+
+
+def memory_verdict(eager, graph):
+    """(status, detail) of the memory row from measure_memory() of the eager and the graph run: ok when
+    the graph run's peak is at least the eager one's (a graph run holds its private pool beside eager
+    allocations); not judged when the graph run's probe ran no CUDA graph."""
+    mib = 1 << 20
+    e, g = eager["peak_bytes"], graph["peak_bytes"]
+    ops = graph["step_ops"] or eager["step_ops"]
+    pool = lambda m: "absent" if m["graph_pool"] is None else json.dumps(m["graph_pool"])
+    text = (f"batch {graph['batch']} bf16-mixed: measured peak eager {e / mib:.1f} MiB, graph {g / mib:.1f} MiB "
+            f"({g / max(e, 1):.2f}x; want graph >= eager); memory_includes_graph_pool eager {pool(eager)}, "
+            f"graph {pool(graph)}; step_ops "
+            + (", ".join(f"{k} {'n/a' if v is None else format(v, 'g')}" for k, v in ops.items())
+               if isinstance(ops, dict) else "absent"))
+    if graph["graph_pool"] is not True:
+        return NOT_JUDGED, ("the graph run's JSON does not say memory_includes_graph_pool=true (its probe ran no "
+                            "CUDA graph, or the binary predates the field): nothing to compare; " + text)
+    return ("ok" if g >= e else "FAIL"), text
+
+
+@step(MEMORY_ROW, 2, 30)
+def memory_eager_vs_graph(c: Check):
+    """Issue 28, finding 3: a graph run holds the graph's pool beside eager allocations, so its
+    measured peak at the speed run's batch must not be below the eager run's (plan --measure and
+    bs-find advise from these probes). Two --measure runs of ~10 s: the start-up, five task builds
+    on the resident dataset (probes at 8 and 32, the check at 128, the timed steps)."""
+    if not c.data:
+        c.report(MEMORY_ROW, "skip", "no Fashion-MNIST (tools/ember device-pack packs it)")
+        return
+    t0 = time.monotonic()
+    work = c.runs_dir("memory_graph")
+    got = {}
+    for graph in ("false", "true"):
+        rc, _, out = c.recipe("fashion_mnist", f"memory_graph_{graph}.log",
+                              ["--measure", work / f"graph_{graph}.json", "--config",
+                               ROOT / "recipes" / "fashion_mnist" / "speedrun_gpu.toml", f"data.root={c.data}",
+                               f"trainer.cuda_graph={graph}", "plan.precisions=bf16-mixed", "plan.verify=true"])
+        if rc != 0:
+            c.report(MEMORY_ROW, "FAIL", f"--measure with trainer.cuda_graph={graph}: exit {rc}: {first_failure(out)}",
+                     seconds=time.monotonic() - t0)
+            return
+        try:
+            got[graph] = measure_memory(json.loads((work / f"graph_{graph}.json").read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            c.report(MEMORY_ROW, "FAIL", f"graph_{graph}.json (trainer.cuda_graph={graph}): {e!r}",
+                     seconds=time.monotonic() - t0)
+            return
+    status, text = memory_verdict(got["false"], got["true"])
+    c.report(MEMORY_ROW, status, text, numbers={"eager": got["false"], "graph": got["true"]},
+             seconds=time.monotonic() - t0)
+
+
+LR_FIND_ROW = "lr-find on speedrun_gpu.toml (cuda graphs config)"
+
+
+def lr_suggestion(out):
+    """The learning rate of lr-find's last `optim.lr=...` line, or None."""
+    found = re.findall(r"^optim\.lr=(\S+)\s*$", out, re.M)
+    return float(found[-1]) if found else None
+
+
+@step(LR_FIND_ROW, 2, 15)
+def lr_find(c: Check):
+    """Issue 28, finding 2: lr-find on a config with trainer.cuda_graph=true, as `tools/ember lr-find
+    fashion_mnist --config recipes/fashion_mnist/speedrun_gpu.toml` runs it. ~8 s: the start-up, the
+    resident dataset, 40 small steps (eager warm-up, a capture, replays)."""
+    if not c.data:
+        c.report(LR_FIND_ROW, "skip", "no Fashion-MNIST (tools/ember device-pack packs it)")
+        return
+    t0 = time.monotonic()
+    js = c.runs_dir("lr_find") / "lr_find.json"
+    rc, _, out = c.recipe("fashion_mnist", "lr_find.log",
+                          ["--find-lr", js, "--config", ROOT / "recipes" / "fashion_mnist" / "speedrun_gpu.toml",
+                           f"data.root={c.data}", "lr_find.steps=40"])
+    lr = lr_suggestion(out)
+    if rc != 0 or lr is None:
+        c.report(LR_FIND_ROW, "FAIL", f"exit {rc}" + ("" if rc else ", no optim.lr= line") + f": {first_failure(out)}",
+                 seconds=time.monotonic() - t0)
+        return
+    try:
+        j = json.loads(js.read_text())
+        curve = f"; {len(j['lrs'])} steps recorded ({j['stop_reason']})"
+    except (OSError, ValueError, KeyError) as e:
+        curve = f"; lr_find.json not read: {e!r}"
+    c.report(LR_FIND_ROW, "ok", f"optim.lr={lr:.3g}{curve}", numbers={"lr": lr}, seconds=time.monotonic() - t0)
+
+
+SPEED_GOAL_ROW = "speed goal: CNN b128, CUDA graphs vs Python eager and compile (cuda)"
+
+
+@step(SPEED_GOAL_ROW, 2, 70)
+def speed_goal(c: Check):
+    """The README's GPU speed goal, on the one case it names: FashionNet at batch 128, Ember with
+    CUDA graphs against Python eager (fused=True beside it) and torch.compile reduce-overhead;
+    3 interleaved reps, each side's ember process started anew (~3 s), torch.compile cold once
+    (~20 s) then from Inductor's cache."""
+    js = c.work / "speed_goal.json"
+    bench_row(c, SPEED_GOAL_ROW,
+              speed_cmd(c, js, "--models", "cnn", "--batches", "128", "--sides", "ember", "ember-graph", "python",
+                        "python-fused", "compile", "--reps", "3", "--steps", "100", "--warmup", "20"),
+              "speed_goal.log", numbers=lambda _: speed_numbers(js), detail=speed_detail,
+              goals=lambda n, _: speed_goals(n))
+
+
+# ---- tier 3: what a second call has time for, most important first ----------------------
+
+SPEEDRUN_ROW = "fashion_mnist speedrun_gpu.toml: 94% in under 5 s of training, 5 seeds (cuda)"
+
+
+@step(SPEEDRUN_ROW, 3, 90)
+def speedrun_gpu(c: Check):
+    """Five seeds of about 10 s each when the goal is met: start-up, the resident dataset, 12 epochs
+    of 469 replayed steps (< 5 s), the test pass."""
+    if not c.data:
+        c.report(SPEEDRUN_ROW, "skip", "no Fashion-MNIST")
+        return
+    with gzip.open(c.data / "train-images-idx3-ubyte.gz", "rb") as f:
+        train_images = int.from_bytes(f.read(8)[4:], "big")
+    t0 = time.monotonic()
+    got = []
+    for seed in range(5):
+        rc, v, out = c.recipe("fashion_mnist", f"speedrun_gpu_{seed}.log",
+                              ["--config", ROOT / "recipes" / "fashion_mnist" / "speedrun_gpu.toml",
+                               f"data.root={c.data}", f"trainer.seed={seed}",
+                               f"run.dir={c.runs_dir('speedrun-' + str(seed))}"])
+        if rc != 0:
+            c.report(SPEEDRUN_ROW, "FAIL", f"seed {seed}: exit {rc}: {first_failure(out)}",
+                     seconds=time.monotonic() - t0)
+            return
+        got.append((v.get("test_accuracy", 0), v.get("train_seconds", 0)))
+    accs, secs = [a for a, _ in got], [t for _, t in got]
+    goals = speedrun_goals(accs, secs, train_images)
+    text = (f"test accuracy mean {statistics.mean(accs):.4f}, training seconds mean {statistics.mean(secs):.2f}, "
+            f"{train_images} training images")
+    c.report(SPEEDRUN_ROW, goal_status(goals), "; ".join([g["text"] for g in goals] + [text]),
+             numbers={"accuracy": accs, "train_seconds": secs, "train_images": train_images,
+                      "goals": goal_numbers(goals)}, seconds=time.monotonic() - t0)
+
+
+@step("augment bench: kernel vs copy bandwidth (cuda)", 3, 30)
+def augment_bench(c: Check):
+    js = c.work / "augment_gpu.json"
+    bench_row(c, "augment bench: kernel vs copy bandwidth (cuda)",
+              [c.exe("ember_bench_augment"), "--device", "cuda", "--json", js], "augment_bench.log",
+              numbers=lambda _: json.loads(js.read_text()),
+              detail=lambda n, _: f"copy {n['copy_gbs']:.0f} GB/s; " + "; ".join(
+                  f"{r['pipeline']} {r['output']}: {r['achieved_gbs']:.0f} GB/s, "
+                  f"{r['ember_img_s'] / r['libtorch_img_s']:.2f}x LibTorch ops" for r in n["rows"]),
+              goals=lambda n, _: augment_goals(n))
+
+
+@step("monitor overhead bench (cuda)", 3, 35)
+def monitor_bench(c: Check):
+    bench_row(c, "monitor overhead bench (cuda)",
+              [c.exe("ember_bench_monitor"), "--device", "cuda", "--batch-size", "256", "--steps", "100", "--rounds",
+               "5", "--precision", "bf16-mixed"], "monitor_bench.log",
+              numbers=monitor_numbers,
+              detail=lambda n, out: "; ".join(f"{k}: throughput cost {v['overhead']}, own time {v['own_time']}"
+                                              for k, v in n.items()),
+              goals=lambda n, _: monitor_goals(n))
+
+
+def monitor_numbers(out):
+    """{setting: {overhead, own_time}} of the 'default' and 'full' rows of the monitor bench's table."""
+    rows = {}
+    for line in out.splitlines():
+        t = line.split()
+        if t and t[0] in ("default", "full") and len(t) >= 6 and t[-1].endswith("%"):
+            rows[t[0]] = {"overhead": t[-3], "own_time": t[-1]}
+    return rows
+
+
+@step("amp bench: GPT 12x768, block 1024, batch 16 (cuda)", 3, 75)
 def amp_bench(c: Check):
+    """Five modes (fp16-mixed with and without the scaler), 20 steps each side; fp32 without TF32 is
+    the slow one (~0.25 s a step)."""
     js = c.work / "amp_gpu.json"
 
     def numbers(_):
@@ -862,41 +1260,32 @@ def amp_bench(c: Check):
                "--device", "cuda", "--models", "gpt", "--precisions", *PRECISIONS, "--gpt-layers", "12",
                "--gpt-embd", "768", "--gpt-heads", "12", "--gpt-block", "1024", "--batch", "16", "--reps", "1",
                "--steps", "15", "--warmup", "5", "--peak-tflops", os.environ.get("EMBER_PEAK_TFLOPS", "989"),
-               "--json", js], "amp_bench.log", numbers=numbers, detail=detail)
+               "--json", js], "amp_bench.log", numbers=numbers, detail=detail, goals=lambda n, _: amp_goals(n))
 
 
-@step("augment bench: kernel vs copy bandwidth (cuda)", 2, 60)
-def augment_bench(c: Check):
-    js = c.work / "augment_gpu.json"
-    bench_row(c, "augment bench: kernel vs copy bandwidth (cuda)",
-              [c.exe("ember_bench_augment"), "--device", "cuda", "--json", js], "augment_bench.log",
-              numbers=lambda _: json.loads(js.read_text()),
-              detail=lambda n, _: f"copy {n['copy_gbs']:.0f} GB/s; " + "; ".join(
-                  f"{r['pipeline']} {r['output']}: {r['achieved_gbs']:.0f} GB/s = {r['achieved_gbs'] / n['copy_gbs']:.2f}"
-                  f" of copy, {r['ember_img_s'] / r['libtorch_img_s']:.2f}x LibTorch ops" for r in n["rows"]))
+def fashion_full(c: Check, precision, accs):
+    v = recipe_row(c, f"fashion_mnist {precision}, default config (cuda)", "fashion_mnist",
+                   [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}",
+                    f"run.dir={c.runs_dir('full-' + precision)}"], f"fashion_full_{precision}.log",
+                   want=accuracy_over(0.85, "after the default 8 epochs"), detail=accuracy_detail)
+    if v is not None:
+        accs[precision] = v["test_accuracy"]
+    if len(accs) == len(PRECISIONS):
+        spread = max(accs.values()) - min(accs.values())
+        c.report("fashion_mnist accuracies agree across precisions (cuda)", "ok" if spread <= 0.005 else "FAIL",
+                 f"spread {100 * spread:.2f} points (want <= 0.5): " + ", ".join(f"{p} {a:.4f}" for p, a in accs.items()))
 
 
-@step("monitor overhead bench (cuda)", 2, 60)
-def monitor_bench(c: Check):
-    bench_row(c, "monitor overhead bench (cuda)",
-              [c.exe("ember_bench_monitor"), "--device", "cuda", "--batch-size", "256", "--steps", "100", "--rounds",
-               "5", "--precision", "bf16-mixed"], "monitor_bench.log",
-              numbers=monitor_numbers,
-              detail=lambda n, out: "; ".join(f"{k}: throughput cost {v['overhead']}, own time {v['own_time']}"
-                                              for k, v in n.items()))
+# 8 epochs of 469 eager steps (~1-2 ms each) and 8 test passes: ~15 s with the start-up.
+_accs = {}
+for _p in PRECISIONS:
+    step(f"fashion_mnist {_p}, default config (cuda)", 3, 25,
+         rows=[f"fashion_mnist {_p}, default config (cuda)"] +
+         (["fashion_mnist accuracies agree across precisions (cuda)"] if _p == PRECISIONS[-1] else []))(
+        lambda c, p=_p: fashion_full(c, p, _accs))
 
 
-def monitor_numbers(out):
-    """{setting: {overhead, own_time}} of the 'default' and 'full' rows of the monitor bench's table."""
-    rows = {}
-    for line in out.splitlines():
-        t = line.split()
-        if t and t[0] in ("default", "full") and len(t) >= 6 and t[-1].endswith("%"):
-            rows[t[0]] = {"overhead": t[-3], "own_time": t[-1]}
-    return rows
-
-
-@step("prune bench: ResNet-20 30/50/70% bf16 (cuda)", 2, 60)
+@step("prune bench: ResNet-20 30/50/70% bf16 (cuda)", 3, 40)
 def prune_bench(c: Check):
     bench_row(c, "prune bench: ResNet-20 30/50/70% bf16 (cuda)",
               [c.exe("ember_bench_prune"), "--device", "cuda", "--channels", "3", "--size", "32", "--blocks", "3",
@@ -916,8 +1305,10 @@ def prune_numbers(out):
     return rows
 
 
-@step("char_gpt gpu.toml, 150 steps (cuda)", 2, 90)
+@step("char_gpt gpu.toml, 150 steps (cuda)", 3, 60)
 def char_gpt(c: Check):
+    """150 steps of 65,536 tokens on an 85M-weight GPT in bf16 (~0.1 s each), an evaluation, a checkpoint
+    and 500 sampled tokens."""
     recipe_row(c, "char_gpt gpu.toml, 150 steps (cuda)", "char_gpt",
                ["--config", ROOT / "recipes" / "char_gpt" / "gpu.toml", f"data.path={c.text}", "trainer.max_steps=150",
                 f"run.dir={c.runs_dir('char_gpt')}"], "char_gpt.log",
@@ -926,56 +1317,19 @@ def char_gpt(c: Check):
                                 f"val_bpb {v.get('val_bpb', 0):.3f}", needs="text")
 
 
-def speed_numbers(js):
-    """{"cnn b128": {"ember": ms, "ember-graph": ms, "python": ms, ...}} from speed.py's --json."""
-    data = json.loads(js.read_text())
-    return {f"{r['model']} b{r['batch']}": {side: v.get("median_ms") for side, v in r["sides"].items()}
-            for r in data["rows"]}
+SPEED_TABLE_ROW = ("speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Python eager, fused, compile, "
+                   "Lightning (cuda)")
 
 
-@step("speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Python eager, compile, Lightning (cuda)", 2, 150)
-def speed_bench(c: Check):
+@step(SPEED_TABLE_ROW, 3, 300)
+def speed_table(c: Check):
+    """The README's GPU speed table: 6 cases x 6 sides x 2 reps. Each ember side is a process (~3 s
+    to start), each torch.compile a fresh compile (~20 s cold per case, ~5 s from the cache): more
+    than a 200 s second call has, so it runs last, or in a call of its own."""
     js = c.work / "speed_gpu.json"
-
-    def detail(n, _):
-        cnn = n.get("cnn b128", {})
-        py, graph, comp, eager = cnn.get("python"), cnn.get("ember-graph"), cnn.get("compile"), cnn.get("ember")
-        if not (py and graph):
-            return "no CNN batch-128 graph row (see the table)"
-        text = f"CNN b128: graphs {py / graph:.2f}x Python eager (goal >= 2)"
-        if comp:
-            text += f", {comp / graph:.2f}x torch.compile reduce-overhead (goal >= 1)"
-        if eager:
-            text += f"; Ember eager {py / eager:.2f}x"
-        return text
-
-    bench_row(c, "speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Python eager, compile, Lightning (cuda)",
-              [c.python, ROOT / "tools" / "bench" / "speed.py", "--binary", c.exe("ember_bench_speed"),
-               "--device", "cuda", "--reps", "3", "--steps", "100", "--warmup", "20", "--json", js],
-              "speed_bench.log", numbers=lambda _: speed_numbers(js), detail=detail)
-
-
-# ---- tier 3: accuracies -------------------------------------------------------------
-
-def fashion_full(c: Check, precision, accs):
-    v = recipe_row(c, f"fashion_mnist {precision}, default config (cuda)", "fashion_mnist",
-                   [f"data.root={c.data}", "trainer.device=cuda", f"trainer.precision={precision}",
-                    f"run.dir={c.runs_dir('full-' + precision)}"], f"fashion_full_{precision}.log",
-                   want=accuracy_over(0.85, "after the default 8 epochs"), detail=accuracy_detail)
-    if v is not None:
-        accs[precision] = v["test_accuracy"]
-    if len(accs) == len(PRECISIONS):
-        spread = max(accs.values()) - min(accs.values())
-        c.report("fashion_mnist accuracies agree across precisions (cuda)", "ok" if spread <= 0.005 else "FAIL",
-                 f"spread {100 * spread:.2f} points (want <= 0.5): " + ", ".join(f"{p} {a:.4f}" for p, a in accs.items()))
-
-
-_accs = {}
-for _p in PRECISIONS:
-    step(f"fashion_mnist {_p}, default config (cuda)", 3, 45,
-         rows=[f"fashion_mnist {_p}, default config (cuda)"] +
-         (["fashion_mnist accuracies agree across precisions (cuda)"] if _p == PRECISIONS[-1] else []))(
-        lambda c, p=_p: fashion_full(c, p, _accs))
+    bench_row(c, SPEED_TABLE_ROW, speed_cmd(c, js, "--reps", "2", "--steps", "100", "--warmup", "20"),
+              "speed_bench.log", numbers=lambda _: speed_numbers(js), detail=speed_detail,
+              goals=lambda n, _: speed_goals(n))
 
 
 @step("cifar_resnet, generated data, bf16, 5 epochs (cuda)", 3, 60)
@@ -1010,37 +1364,6 @@ def fashion_augment(c: Check):
                    ["--config", ROOT / "recipes" / "fashion_mnist" / "augment.toml", "trainer.device=cuda",
                     f"data.root={c.data}", *extra, f"run.dir={c.runs_dir('fashion-' + variant)}"],
                    f"fashion_{variant}.log", detail=accuracy_detail)
-
-
-@step("fashion_mnist speedrun_gpu.toml: 94% in under 5 s of training, 5 seeds (cuda)", 3, 150)
-def speedrun_gpu(c: Check):
-    name = "fashion_mnist speedrun_gpu.toml: 94% in under 5 s of training, 5 seeds (cuda)"
-    if not c.data:
-        c.report(name, "skip", "no Fashion-MNIST")
-        return
-    with gzip.open(c.data / "train-images-idx3-ubyte.gz", "rb") as f:
-        train_images = int.from_bytes(f.read(8)[4:], "big")
-    t0 = time.monotonic()
-    got = []
-    for seed in range(5):
-        rc, v, out = c.recipe("fashion_mnist", f"speedrun_gpu_{seed}.log",
-                              ["--config", ROOT / "recipes" / "fashion_mnist" / "speedrun_gpu.toml",
-                               f"data.root={c.data}", f"trainer.seed={seed}",
-                               f"run.dir={c.runs_dir('speedrun-' + str(seed))}"])
-        if rc != 0:
-            c.report(name, "FAIL", f"seed {seed}: exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
-            return
-        got.append((v.get("test_accuracy", 0), v.get("train_seconds", 0)))
-    accs, secs = [a for a, _ in got], [t for _, t in got]
-    good = min(accs) >= 0.94 and max(secs) < 5.0
-    text = (f"test accuracy mean {statistics.mean(accs):.4f}, worst {min(accs):.4f}; training seconds mean "
-            f"{statistics.mean(secs):.2f}, worst {max(secs):.2f} (goal: every seed >= 0.94 in < 5 s)")
-    if train_images < 60000:  # the pack's subset: the goal is for the whole training set
-        c.report(name, "info", f"{train_images} training images, not 60000: the goal is not judged; " + text,
-                 numbers={"accuracy": accs, "train_seconds": secs}, seconds=time.monotonic() - t0)
-        return
-    c.report(name, "ok" if good else "FAIL", text, numbers={"accuracy": accs, "train_seconds": secs},
-             seconds=time.monotonic() - t0)
 
 
 @step("DDP overlap bench, 2 ranks, Gloo (CPU cores)", 3, 90, gpu=False)
@@ -1079,7 +1402,7 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
 
     c = Check(args)
-    steps = [s for s in STEPS if s["tier"] in tiers]
+    steps = sorted((s for s in STEPS if s["tier"] in tiers), key=lambda s: s["tier"])  # file order within a tier
     status = 0
     try:
         commit = ""
@@ -1087,7 +1410,8 @@ def main():
             r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
             commit = r.stdout.strip()
         c.report("device check", "info", f"{datetime.datetime.now().isoformat(timespec='seconds')} on "
-                 f"{os.uname().nodename}, tiers {','.join(map(str, tiers))}, budget {args.budget:.0f} s"
+                 f"{os.uname().nodename}, tiers {','.join(map(str, tiers))}, budget {args.budget:.0f} s (rows "
+                 f"estimated {sum(s['estimate'] for s in steps)} s + set-up ~{SETUP_ESTIMATE} s)"
                  + (f", tree {commit}" if commit else ""))
         try:
             ready = c.describe_machine() and c.find_binaries()
@@ -1141,13 +1465,15 @@ def main():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         rows = c.results.rows
-        failed = [r for r in rows if r["status"] in ("FAIL", "timeout")]
         counts = {}
         for r in rows:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
+        failed = counts.get("FAIL", 0) + counts.get("timeout", 0) + counts.get(GOAL_NOT_MET, 0)
+        worst = next((k for k in ("FAIL", "timeout", GOAL_NOT_MET, NOT_JUDGED) if counts.get(k)), "ok")
         c.current = None
-        c.report("summary", "FAIL" if failed else "ok", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())),
-                 numbers=counts, seconds=time.monotonic() - c.start)
+        c.report("summary", "FAIL" if worst == "timeout" else worst,
+                 ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), numbers=counts,
+                 seconds=time.monotonic() - c.start)
         c.write_logs()
         print("\n== Ember device check ==", flush=True)
         print(c.results.txt.read_text(), end="", flush=True)
