@@ -100,10 +100,24 @@ def main():
     check(m["dataset"]["disk_bytes"] > 30e6, m["dataset"])  # the four gzip IDX files
     check(m["measured"]["samples_per_second"] > 0 and "measured" in m["measured"]["peak_source"], m["measured"])
     check_memory(m, "fashion_mnist")
-    m8 = measure(fashion, a.work / "fashion8.json", *subset, "model.width=8", "model.hidden=64")
+    # What one step launches, counted (core::OpCounter): a few dozen operators forward and backward, one
+    # fused SGD step; no graph.
+    ops = m["step_ops"]
+    check(m["cuda_graph"] is False and m["optimizer_fused"] is True and m["memory_includes_graph_pool"] is False, m)
+    check(40 <= ops["eager"] <= 400 and ops["graph_outside"] is None and ops["graph_inside"] is None, ops)
+    # The same config with trainer.cuda_graph=true, measured here through an emulated graph: the step and
+    # its bookkeeping run inside the replays, two input copies (and a read every 8 steps) outside, and
+    # the timed steps are replays only.
+    m8 = measure(fashion, a.work / "fashion8.json", *subset, "model.width=8", "model.hidden=64",
+                 "trainer.cuda_graph=true")
     params8, macs8 = fashion_counts(8, 64)
     check((m8["parameters"], m8["forward_macs_per_sample"]) == (params8, macs8),
           (m8["parameters"], m8["forward_macs_per_sample"], params8, macs8))
+    g = m8["step_ops"]
+    check(m8["cuda_graph"] is True and m8["memory_includes_graph_pool"] is False, m8)
+    check(g["graph_outside"] is not None and g["graph_outside"] <= 3, g)
+    check(g["graph_inside"] is not None and g["eager"] - 2 <= g["graph_inside"] <= g["eager"] + 40, g)
+    check(m8["measured"]["graph_replays_only"] is True and m8["measured"]["timed_steps"] == 3, m8["measured"])
 
     # The other image recipes at their own default batch sizes.
     cifar_data = a.work / "cifar"
