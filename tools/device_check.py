@@ -1079,7 +1079,8 @@ def memory_verdict(eager, graph):
     text = (f"batch {graph['batch']} bf16-mixed: measured peak eager {e / mib:.1f} MiB, graph {g / mib:.1f} MiB "
             f"({g / max(e, 1):.2f}x; want graph >= eager); memory_includes_graph_pool eager {pool(eager)}, "
             f"graph {pool(graph)}; step_ops "
-            + (", ".join(f"{k} {'n/a' if v is None else format(v, 'g')}" for k, v in ops.items())
+            + (", ".join(f"{k} {'n/a' if ops.get(k) is None else format(ops[k], 'g')}"
+                         for k in ("eager", "graph_inside", "graph_outside", "data_loading") if k in ops)
                if isinstance(ops, dict) else "absent"))
     if graph["graph_pool"] is not True:
         return NOT_JUDGED, ("the graph run's JSON does not say memory_includes_graph_pool=true (its probe ran no "

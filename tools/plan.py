@@ -118,7 +118,10 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
   forward_graph_nodes, parameter_tensors
                          autograd nodes of one training forward, trainable tensors:
                          the kernels that bound a small model's step (optional)
-  step_ops (optional): {eager: E, graph_outside: G or null, graph_inside: I or null}
+  step_ops (optional): {eager: E, graph_outside: G or null, graph_inside: I or null,
+                         data_loading: D} (per step, means; D, the loader's operators on the
+                         training thread, is reported, not planned: a GPU run's loader gathers
+                         on its own thread unless the data is resident)
                          ATen ops that launch work (leaf ops, views and allocations
                          excluded) in one optimizer step as configured (E; all
                          accumulate_grad_batches micro-batches), and with
@@ -296,13 +299,14 @@ def step_launches(m):
     graph = m.get("cuda_graph") is True
     uncounted = "; trainer.cuda_graph is on but the graph was not counted: planned as eager (remeasure)"
     eager, outside, inside = ops.get("eager"), ops.get("graph_outside"), ops.get("graph_inside")
-    if isinstance(eager, int) and eager > 0:
-        if graph and isinstance(outside, int) and isinstance(inside, int):
+    counts = lambda *xs: all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+    if counts(eager) and eager > 0:
+        if graph and counts(outside, inside):
             return {"cuda_graph": True, "eager": eager, "graph_outside": outside, "graph_inside": inside,
                     "counted": True,
-                    "text": f"{inside} ops inside the CUDA graph, {outside} outside it per step (counted)"}
+                    "text": f"{inside:g} ops inside the CUDA graph, {outside:g} outside it per step (counted)"}
         return {"cuda_graph": False, "eager": eager, "graph_outside": None, "graph_inside": None,
-                "counted": True, "text": f"{eager} ops in one eager step (counted)" + (uncounted if graph else "")}
+                "counted": True, "text": f"{eager:g} ops in one eager step (counted)" + (uncounted if graph else "")}
     nodes, tensors = m.get("forward_graph_nodes"), m.get("parameter_tensors")
     if not (isinstance(nodes, int) and isinstance(tensors, int) and nodes > 0):
         return None
@@ -459,7 +463,8 @@ def load_measurement(path):
                             f"{{eager, graph_outside, graph_inside}}")
         for key in ("eager", "graph_outside", "graph_inside"):
             if ops.get(key) is not None:  # null: not counted (the graph's counts when cuda_graph is off)
-                ops[key] = _number(ops, key, f"{path}: step_ops", minimum=1 if key == "eager" else 0, integer=True)
+                # Means over the counted steps: a read every 8 steps makes a fraction.
+                ops[key] = _number(ops, key, f"{path}: step_ops", minimum=1 if key == "eager" else 0)
     return m
 
 

@@ -593,7 +593,7 @@ class Plans(unittest.TestCase):
         status, _, err = run_main([write_json(self.dir, "grad.json", bad)])
         self.assertEqual(status, 1)
         self.assertIn("'gradient_bytes'", err)
-        for field, value, key in (("step_ops", {"eager": -3}, "'eager'"), ("step_ops", {"eager": 1.5}, "'eager'"),
+        for field, value, key in (("step_ops", {"eager": -3}, "'eager'"), ("step_ops", {"eager": 0.5}, "'eager'"),
                                   ("step_ops", [200], "'step_ops'"), ("cuda_graph", "yes", "'cuda_graph'")):
             bad = copy.deepcopy(m)
             bad[field] = value

@@ -146,26 +146,40 @@ class StepClock : public train::Callback {
 
 /// ATen operators of the optimizer steps first+1 .. last, per step (see
 /// core/op_counter.h): outside graph replays, and inside them per replay.
+/// The loader's on this thread (StepPhase::kData: a CPU loader gathers here,
+/// as does one whose data is resident on the GPU) are counted apart.
 class StepOps : public train::Callback {
  public:
   StepOps(core::OpCounter& counter, int64_t first, int64_t last)
       : counter_(counter), first_(first), last_(last) {}
   std::string name() const override { return "step_ops"; }
+  void on_step_phase(train::Trainer&, train::StepPhase phase) override {
+    if (phase == train::StepPhase::kData) loading_from_ = counter_.ops();
+    if (phase == train::StepPhase::kForward && loading_from_ >= 0) {
+      loading_ += counter_.ops() - loading_from_;
+      loading_from_ = -1;
+    }
+  }
   void on_step_end(train::Trainer&, const train::StepInfo& info) override {
-    if (info.step == first_) counter_.reset();
+    if (info.step == first_) {
+      counter_.reset();
+      loading_ = 0;
+    }
     if (info.step != last_) return;
     const auto steps = static_cast<double>(last_ - first_);
-    outside = static_cast<double>(counter_.ops()) / steps;
+    outside = static_cast<double>(counter_.ops() - loading_) / steps;
+    data = static_cast<double>(loading_) / steps;
     replays = counter_.graph_replays();
     inside = replays > 0 ? static_cast<double>(counter_.ops_in_graph_replays()) / static_cast<double>(replays)
                          : 0.0;
   }
-  double outside = -1, inside = -1;
+  double outside = -1, inside = -1, data = -1;
   int64_t replays = 0;
 
  private:
   core::OpCounter& counter_;
   int64_t first_, last_;
+  int64_t loading_from_ = -1, loading_ = 0;
 };
 
 /// The recipe's training FLOPs per sample: the task's, else 3 x 2 x forward MACs.
@@ -431,8 +445,11 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
       return ops;
     };
     const bool graph = config.get_bool("trainer.cuda_graph");
-    nlohmann::json step_ops = {
-        {"eager", json_number(count(false)->outside)}, {"graph_outside", nullptr}, {"graph_inside", nullptr}};
+    const auto eager = count(false);
+    nlohmann::json step_ops = {{"eager", json_number(eager->outside)},
+                               {"graph_outside", nullptr},
+                               {"graph_inside", nullptr},
+                               {"data_loading", json_number(eager->data)}};
     if (graph) {
       const auto g = count(true);
       step_ops["graph_outside"] = json_number(g->outside);
