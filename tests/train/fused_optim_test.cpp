@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cuda_test.h"
+#include "train/device_steps.h"
 #include "train/test_task.h"
 
 using namespace ember;
@@ -361,6 +362,25 @@ TEST(FusedOptim, SyncFreeStepsKeepTheScheduleAcrossWindowMoves) {
   EXPECT_EQ(device.skipped_steps, host.skipped_steps);
   const auto a = test_util::snapshot(*host_task.model()), b = test_util::snapshot(*device_task.model());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
+}
+
+// The rate window when no read comes at all (the reads without a sync all
+// late): check_window reads the device before the next step could index past
+// the window's last row, and the rates stay the schedule's.
+TEST(FusedOptim, DeviceStepsNeverFeedPastTheWindow) {
+  Params p(9);
+  auto opt = make<train::FusedSGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
+  auto& fused = dynamic_cast<train::FusedOptimizer&>(*opt);
+  const train::StepSchedule schedule(100, 0.5);
+  const std::vector<double> base{0.5, 0.25};
+  train::DeviceSteps steps(fused, *opt, &schedule, base, torch::kCPU, 0, 0);
+  const int64_t n = 3 * train::DeviceSteps::kWindow;
+  for (int64_t g = 1; g <= n; ++g) {
+    ASSERT_NO_THROW(steps.after_step(torch::Tensor(), g)) << "step " << g;
+    ASSERT_EQ(fused.lr_tensors()[0].item<float>(), static_cast<float>(schedule.lr_at(g, 0.5)))
+        << "step " << g;
+  }
+  EXPECT_EQ(steps.skipped_at_last_read(), 0);
 }
 
 // Without loss scaling nothing can skip: sync-free steps take the host's fp64

@@ -31,7 +31,9 @@ struct Frame {
   bool replay = false;     // the graph-replay user scope
 };
 thread_local std::vector<Frame> t_open;
-thread_local int t_replay_depth = 0;
+// Process-wide: a replay's backward runs on the autograd engine's device
+// threads (CUDA) while the scope is open on the thread that started it.
+std::atomic<int> g_replay_depth{0};
 
 // Operators that allocate or change metadata only: no kernel, no copy.
 bool is_no_work(const char* name) {
@@ -68,7 +70,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (f.counted && !t_open.empty()) t_open.back().has_child = true;
   f.replay = user && std::strcmp(fn.name(), OpCounter::kGraphReplayScope) == 0;
   if (f.replay) {
-    ++t_replay_depth;
+    ++g_replay_depth;
     if (g_counts.alive) ++g_counts.replays;
   }
   t_open.push_back(f);
@@ -79,9 +81,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (t_open.empty()) return;  // started before this thread's callback existed
   const Frame f = t_open.back();
   t_open.pop_back();
-  if (f.replay) --t_replay_depth;
+  if (f.replay) --g_replay_depth;
   if (!f.counted || f.has_child) return;
-  if (g_counts.alive) ++(t_replay_depth > 0 ? g_counts.inside : g_counts.outside);
+  if (g_counts.alive) ++(g_replay_depth > 0 ? g_counts.inside : g_counts.outside);
 }
 
 }  // namespace
@@ -92,7 +94,7 @@ OpCounter::OpCounter() {
               "[core::OpCounter] another OpCounter is counting: one at a time per process");
   reset();
   t_open.clear();
-  t_replay_depth = 0;
+  g_replay_depth = 0;
   handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
                                            .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE})
                                            .needsInputs(false));

@@ -429,13 +429,15 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
   }
 
   // What a step launches: operators per optimizer step, eager and (trainer.cuda_graph) outside and
-  // inside the graph, 4 steps each after the warm-up (and the capture).
+  // inside the graph, 4 steps each after the warm-up (and the capture). The graph is emulated on
+  // every device: a real replay runs no operator to count, an emulated one runs the graph's.
   {
     const auto count = [&](bool graph) {
       core::Config c = config;
       c.set_override(fmt::format("trainer.cuda_graph={}", graph ? "true" : "false"));
       std::unique_ptr<train::Task> task = spec.make_task(c, device);
       train::TrainerOptions o = probe_options(c, *task, 0);
+      o.emulate_cuda_graph(graph);
       const int64_t first = untimed_steps(o), last = first + 4;
       train::Trainer trainer(o.max_steps(last));
       core::OpCounter counter;

@@ -67,15 +67,18 @@ void DeviceSteps::advance(const torch::Tensor& flag) {
 }
 
 void DeviceSteps::check_window(int64_t global_step) {
-  // The next feed reads row pos <= (read_real_ - r_base_) + (global_step - read_step_); keep it inside.
-  if ((read_real_ - r_base_) + (global_step - read_step_) > kWindow) read_skipped(global_step);
+  // The next step's feed reads row pos <= (read_real_ - r_base_) + (global_step + 1 - read_step_)
+  // (one more step than has run); keep it inside the table's kWindow + 1 rows.
+  if ((read_real_ - r_base_) + (global_step + 1 - read_step_) > kWindow) read_skipped(global_step);
 }
 
 void DeviceSteps::learn(int64_t global_step, int64_t real_step) {
   skipped_ = global_step - real_step;
   read_step_ = global_step;
   read_real_ = real_step;
-  if (real_step - r_base_ > kWindow / 2) {  // room for kWindow / 2 more steps before the next forced read
+  // Room for 3/4 of the window before the next forced read: reads every 8 (or 256) steps that arrive
+  // a few hundred steps late still never force one.
+  if (real_step - r_base_ > kWindow / 4) {
     move_window(real_step);
     feed();
   }

@@ -45,8 +45,9 @@ class DeviceSteps {
   /// undefined when nothing can skip; then the learning rates of the next step.
   void advance(const torch::Tensor& flag);
   /// After an optimizer step, on the host: `global_step` steps are done. Reads
-  /// the device (a sync) only when the window could run out before the next
-  /// read: never while reads come every kWindow / 4 steps or more often.
+  /// the device (a sync) only when the next step could read past the window:
+  /// never while the reads without a sync arrive within about 3/4 of kWindow
+  /// steps of each other.
   void check_window(int64_t global_step);
   /// advance() then check_window().
   void after_step(const torch::Tensor& flag, int64_t global_step) {

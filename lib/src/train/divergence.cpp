@@ -65,8 +65,14 @@ void DivergenceWatch::record(const torch::Tensor& loss, int64_t step) {
   torch::NoGradGuard no_grad;
   const torch::Tensor l = loss.detach().reshape({}).to(torch::kFloat64);
   if (!state_.defined() || state_.device() != l.device()) {
-    state_ = torch::tensor({0.0, -1.0, 0.0, static_cast<double>(step - 1)}, torch::kFloat64).to(l.device());
-    one_more_ = torch::tensor({1.0, 0.0, 0.0, 1.0}, torch::kFloat64).to(l.device());
+    // Filled on the device: a copy from pageable host memory would sync.
+    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(l.device());
+    state_ = torch::zeros({4}, f64);
+    state_.select(0, 1).fill_(-1.0);
+    state_.select(0, 3).fill_(static_cast<double>(step - 1));
+    one_more_ = torch::zeros({4}, f64);
+    one_more_.select(0, 0).fill_(1.0);
+    one_more_.select(0, 3).fill_(1.0);
   }
   // next = [streak + 1, last step, last loss, step + 1]; finite: [0, step + 1, loss, step + 1].
   const torch::Tensor next = state_ + one_more_;

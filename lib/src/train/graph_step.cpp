@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <iostream>
 #include <optional>
 #include <vector>
 
@@ -190,15 +191,25 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
   if (eager_steps_ < options_.warmup_steps() || shape != last_eager_shape_) {
     StepResult r;
 #if EMBER_WITH_CUDA
-    if (!emulated) {
+    // The first step on the current stream: what it makes to keep (the loss
+    // scale, optimizer state, the loop's sums) is then allocated there, not in
+    // side-stream segments that the release before capture could not hand back.
+    if (!emulated && eager_steps_ > 0) {
       s.on_side_stream(batch, [&] { r = step(batch); });
       used_on_current_stream(r);
     }
+    if (!emulated && eager_steps_ == 0) r = step(batch);
 #endif
     if (emulated) r = step(batch);
     options_.zero_grad()();
     ++eager_steps_;
     last_eager_shape_ = shape;
+    if (eager_steps_ == 8 * options_.warmup_steps())
+      std::cerr << fmt::format(
+          "[train::Trainer] trainer.cuda_graph: no two steps in a row had batches of one shape in {} steps, "
+          "so nothing was captured and every step runs eagerly (an epoch of few batches with a short last "
+          "one?); another data.batch_size (or TensorLoaderOptions::drop_last) lets a graph capture\n",
+          eager_steps_);
     return r;
   }
 
@@ -222,7 +233,7 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
     // use them again: the graph allocates from its own pool. Hand them back
     // (one sync) so that the run does not hold two steps' activations.
     c10::cuda::CUDACachingAllocator::emptyCache();
-    const int64_t reserved_before = Impl::reserved(device);
+    int64_t reserved_before = 0;
     s.on_side_stream(batch, [&] {
       RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);  // the capture's operators are the graph's
       take_statics();
@@ -232,19 +243,32 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
       auto graph = std::make_unique<at::cuda::CUDAGraph>();
       const bool cache = at::autocast::is_autocast_cache_enabled();
       at::autocast::set_autocast_cache_enabled(false);
+      // A pool of known id: a failed capture must stop the allocator routing to it.
+      const auto pool = at::cuda::graph_pool_handle();
+      reserved_before = Impl::reserved(device);
       // Thread-local: the loader's thread keeps copying batches while this thread
       // captures. CUDAGraph registers the device's default generator (dropout's
       // Philox seed and offset), and each replay advances its offset.
-      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-      try {
-        s.result = step(s.statics);
-        graph->capture_end();
-      } catch (const std::exception& e) {
+      graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+      const auto abandon = [&] {
         at::autocast::set_autocast_cache_enabled(cache);
         try {
           graph->capture_end();
         } catch (...) {  // capture was already invalid: the first error is the one to report
         }
+        try {  // (capture_end may have thrown before it ended the allocator's routing)
+          c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+        } catch (...) {  // it had: nothing routes to the pool any more
+        }
+      };
+      try {
+        s.result = step(s.statics);
+        graph->capture_end();
+      } catch (const c10::OutOfMemoryError&) {
+        abandon();
+        throw;  // as out of memory, unchanged: the batch-size search counts it as too large
+      } catch (const std::exception& e) {
+        abandon();
         capture_failed(e);
       }
       at::autocast::set_autocast_cache_enabled(cache);

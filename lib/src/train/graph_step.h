@@ -8,17 +8,22 @@
 // device bookkeeping (epoch sums, divergence record, learning-rate window).
 // GraphStep decides how each batch runs it:
 //
-//   the first `warmup_steps`  eagerly, on a side stream: every lazily made
-//                             thing (cuBLAS/cuDNN handles and workspaces on
-//                             that stream, the loss scale, the loop's device
-//                             sums, autotuning) exists before capture. They
+//   the first `warmup_steps`  eagerly: the first on the current stream, so
+//                             that what it makes to keep (the loss scale, the
+//                             optimizer state, the loop's device sums) is
+//                             allocated there, the others on a side stream,
+//                             so that cuBLAS/cuDNN handles, workspaces and
+//                             autotuning exist for the capture's stream. They
 //                             are real training steps, not thrown away.
 //   the next step             options.before_capture (the Trainer's checks and
 //                             FusedOptimizer::materialize_state: a state tensor
 //                             made inside the capture would be made again,
 //                             zeroed, at every replay), then the cache of
 //                             blocks the warm-up left is released (the graph
-//                             allocates from a pool of its own), then captured
+//                             allocates from a pool of its own; an out-of-
+//                             memory error in the capture is rethrown as such,
+//                             after the allocator stops routing to the
+//                             abandoned pool), then captured
 //                             on the side stream with the autocast weight cache
 //                             off, then replayed once: that replay is the
 //                             step (capture only records), then

@@ -23,8 +23,6 @@ HostRead& HostRead::operator=(HostRead&&) noexcept = default;
 bool HostRead::request(const torch::Tensor& t, int64_t tag) {
   if (pending_) return false;
   torch::NoGradGuard no_grad;
-  tag_ = tag;
-  pending_ = true;
 #if EMBER_WITH_CUDA
   if (t.is_cuda()) {
     if (!host_.defined() || host_.sizes() != t.sizes() || host_.scalar_type() != t.scalar_type())
@@ -32,10 +30,14 @@ bool HostRead::request(const torch::Tensor& t, int64_t tag) {
     host_.copy_(t, /*non_blocking=*/true);  // D2H into pinned memory: no host sync
     if (!event_) event_ = std::make_unique<Event>();
     event_->event.record(c10::cuda::getCurrentCUDAStream(t.device().index()));
+    tag_ = tag;
+    pending_ = true;
     return true;
   }
 #endif
   host_ = t.is_cpu() ? t.detach().clone() : t.detach().cpu();
+  tag_ = tag;
+  pending_ = true;
   return true;
 }
 
