@@ -107,7 +107,7 @@ TEST(Divergence, ReadsWithoutASyncStopWithinTwoReads) {
   const std::string m = e.what();
   EXPECT_EQ(e.kind(), ErrorKind::kDiverged) << m;
   EXPECT_NE(m.find("since step 4 (epoch 1)"), std::string::npos) << m;
-  EXPECT_GE(trainer.global_step(), 6) << "the step-6 read is the first to see it";
+  EXPECT_GE(trainer.global_step(), 6) << "the read requested at step 6 is the first to see the streak";
   EXPECT_LE(trainer.global_step(), 5 + 2 * 2) << "at most two reads late";
 }
 

@@ -482,18 +482,18 @@ FitResult Trainer::fit(Task& task) {
                    "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be "
                    "captured: {}; or set trainer.cuda_graph=false",
                    why);
-    auto state_tensors = std::make_shared<int64_t>(0);
+    int64_t state_tensors = 0;  // (the graph lives inside this fit: its hooks may hold references)
     graph = std::make_unique<GraphStep>(
         GraphStepOptions()
             .warmup_steps(kCudaGraphWarmupSteps)
             .emulated(emulated_graph)
-            .before_capture([this, fused, state_tensors] {
+            .before_capture([this, fused, &state_tensors] {
               check_callbacks_capturable();
               fused->materialize_state();  // a state tensor made in the capture would restart at each replay
-              *state_tensors = fused->state_tensor_count();
+              state_tensors = fused->state_tensor_count();
             })
-            .after_capture([fused, state_tensors] {
-              const int64_t made = fused->state_tensor_count() - *state_tensors;
+            .after_capture([fused, &state_tensors] {
+              const int64_t made = fused->state_tensor_count() - state_tensors;
               EMBER_CHECK(made == 0,
                           "[train::Trainer] trainer.cuda_graph: the optimizer made {} state tensor(s) inside "
                           "the captured step, which every replay would make again from zero; its "
