@@ -5,7 +5,7 @@
 function(ember_warning_flags target)
   target_compile_options(${target} INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
-                              -Wno-unused-parameter -Winvalid-pch>
+                              -Wno-unused-parameter -Winvalid-pch -Wundef>
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${EMBER_WERROR}>>:-Werror>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
 endfunction()

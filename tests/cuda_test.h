@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "ember/version.h"
+
 namespace ember::test {
 
 inline bool in_cuda_suite() {
@@ -17,7 +19,7 @@ inline bool in_cuda_suite() {
 
 }  // namespace ember::test
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
 

@@ -6,8 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include "augment/pixel.h"  // the per-pixel code of the kernel (lib/src)
+#include "ember/version.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -430,7 +431,7 @@ TEST(AugmentCuda, RunsOnTheCurrentStreamAndSplitsHugeBatches) {
   const auto o = AugmentOptions().hflip(0.5).brightness(0.3);
   const AugmentResult cpu = augment(x, indices(n), o, 2, 0);
   EXPECT_TRUE(torch::equal(augment(x.cuda(), indices(n), o, 2, 0).images.cpu(), cpu.images));
-#if EMBER_WITH_CUDA  // c10/cuda's stream API (a build without Ember's kernels may use a CPU LibTorch)
+#if EMBER_WITH_CUDA_KERNELS  // c10/cuda's stream API (a build without Ember's kernels may use a CPU LibTorch)
   // On a non-default stream with work queued ahead: the kernel must run on it, after that work.
   const torch::Tensor big = images(64, 224, 224, 3, 19);
   const auto ob = AugmentOptions().crop(CropMode::kRandomResized).size({112, 112}).hflip(0.5);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "ember/version.h"
 #include "train/test_task.h"
 
 using namespace ember;
@@ -81,7 +82,7 @@ TEST(MemoryMeter, ALimitIsAnOutOfMemoryErrorAndGoesAway) {
   EXPECT_NO_THROW(torch::empty({1 << 19}));
 }
 
-#if !EMBER_WITH_CUDA
+#if !EMBER_WITH_CUDA_KERNELS
 TEST(MemoryMeter, CudaWithoutCudaIsAnError) {
   EXPECT_THROW(core::MemoryMeter(torch::Device(torch::kCUDA, 0)), Error);
 }

@@ -66,6 +66,18 @@ refused config_folder 'is a folder, not a config file' --config "$out"
 printf '[trainer]\nepochs = 0\n' >"$out/bad.toml"
 refused config_file "trainer.epochs=0 ($out/bad.toml) is out of range" --config "$out/bad.toml"
 
+# Refused before the run folder exists, although the device, the data or the
+# file system decides: the corrected command must not find "a previous run".
+refused cuda_graph_cpu 'trainer.cuda_graph=true: the model would be on cpu' trainer.cuda_graph=true \
+  trainer.device=cpu
+refused val_size 'data.val_size=64 must be in \[0, 64)' data.val_size=64
+refused resume_missing "trainer.resume=$out/nothing: no such file or folder" trainer.resume="$out/nothing"
+# --check: the same checks, then nothing else.
+refused check_typo "unknown key 'optim.lrr'" --check optim.lrr=0.1
+"$bin" --check run.dir="$out/run_check" data.root="$out/good" >"$out/check.out" 2>"$out/check.err"
+expect_in "$out/check.out" '^fashion_mnist: config ok$'
+[[ ! -e "$out/run_check" ]] || fail "--check created the run folder"
+
 # max_steps=0: no step, the model as initialised is tested.
 "$bin" run.dir="$out/run_zero" data.root="$out/good" trainer.progress=false trainer.max_steps=0 \
   >"$out/zero.out" 2>"$out/zero.err"

@@ -4,7 +4,8 @@
 # summary.json (MACs at least 2x fewer, accuracies present), the plan and the
 # per-step report, that a longer fine-tuning resumes from the pruned
 # checkpoint (the plan replayed on a freshly built model, no second pruning
-# step), and that a bad prune.* value fails before any training.
+# step; summary.json still reports that step's MACs and speed-ups, as in
+# pruning.jsonl), and that a bad prune.* value fails before any training.
 set -euo pipefail
 bin="$1"; root="$2"; out="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -63,10 +64,19 @@ import json, sys, pathlib
 def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
     if not ok:
         raise AssertionError(what)
-s = json.loads((pathlib.Path(sys.argv[1]) / "summary.json").read_text())
+import math
+run = pathlib.Path(sys.argv[1])
+s = json.loads((run / "summary.json").read_text())
 check(s["epochs"] == 1 + int(sys.argv[2]), s["epochs"])
 check(s["parameters"] < 100000, s["parameters"])
 check(s.get("resumed_at_step") == int(sys.argv[3]), f"resumed after {sys.argv[3]} steps: {s}")
+# The pruning step ran before the resume: its numbers come back from the checkpoint.
+step = json.loads((run / "finetune" / "pruning.jsonl").read_text().splitlines()[0])
+same = lambda a, b: math.isclose(a, b, rel_tol=1e-12)
+check(same(s["macs_ratio"], step["macs_before"] / step["macs_after"]) and s["macs_ratio"] >= 2.0, s)
+check(same(s["params_ratio"], step["params_before"] / step["params_after"]), s)
+check(same(s["train_step_speedup"], step["train_step_ms_before"] / step["train_step_ms_after"]), s)
+check(same(s["inference_speedup"], step["infer_ms_before"] / step["infer_ms_after"]), s)
 print("resume ok")
 PY
 

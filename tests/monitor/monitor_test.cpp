@@ -13,6 +13,7 @@
 
 #include "../train/test_task.h"
 #include "cuda_test.h"
+#include "ember/version.h"
 
 namespace ember {
 namespace {
@@ -173,7 +174,7 @@ TEST(StepTimer, HostClockSumsPhasesAndCountsSteps) {
   EXPECT_EQ(empty.total_ms(), 0.0);
 }
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 TEST(StepTimerCuda, EventsAreReadWithoutBlockingTheHost) {
   EMBER_REQUIRE_CUDA();
   const torch::Device cuda(torch::kCUDA, 0);

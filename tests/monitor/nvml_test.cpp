@@ -3,6 +3,7 @@
 // (against a stand-in library with known values: a whole GPU, and a GPU in MIG
 // mode with two instances; see fake_nvml.cpp).
 #include "ember/monitor/nvml.h"
+#include "ember/version.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -218,7 +219,7 @@ TEST_F(NvmlFake, SamplingOneDeviceTouchesOnlyItsHandles) {
   EXPECT_EQ(calls_(kGpuB) + calls_(kMigB1) + calls_(kMigB2), 0);
 }
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 TEST(MonitorCuda, NvmlSamplesThisDevice) {
   EMBER_REQUIRE_CUDA();
   const torch::Device cuda(torch::kCUDA, c10::cuda::current_device());

@@ -8,9 +8,10 @@
 #include <cmath>
 
 #include "cuda_test.h"
+#include "ember/version.h"
 #include "train/test_task.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
@@ -102,7 +103,7 @@ TEST(BatchSizeFinder, RealModelOnTheCpuAgainstAMemoryBudget) {
 // each is caught, the cache emptied, and the search finds the largest size.
 TEST(BatchSizeFinderCuda, RealOutOfMemoryIsRecoveredAndTheSearchGoesOn) {
   EMBER_REQUIRE_CUDA();
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   const torch::Device device(torch::kCUDA, 0);
   const double total = static_cast<double>(at::cuda::getDeviceProperties(0)->totalGlobalMem);
   c10::cuda::CUDACachingAllocator::emptyCache();

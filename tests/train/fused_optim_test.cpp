@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cuda_test.h"
+#include "ember/version.h"
 #include "train/device_steps.h"
 #include "train/test_task.h"
 
@@ -486,7 +487,7 @@ TEST(Trainer, ChannelsLastTrainsTheSameModel) {
   EXPECT_NEAR(r1.last_train.loss, r2.last_train.loss, 1e-4);
 }
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 namespace {
 
 BlobTask::Options cuda_blobs(bool dropout) {

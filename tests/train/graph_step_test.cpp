@@ -8,9 +8,10 @@
 
 #include "cuda_test.h"
 #include "ember/core/op_counter.h"
+#include "ember/version.h"
 #include "train/test_task.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -229,7 +230,7 @@ TEST(GraphStep, RefusesOptimizersThatMakeStateInsideTheCapture) {
   EXPECT_NE(msg.find("state tensor(s) inside the captured step"), std::string::npos) << msg;
 }
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 TEST(GraphStepCuda, LateParameterMatchesEagerBitwise) {
   EMBER_REQUIRE_CUDA();
   for (const auto kind : {train::OptimizerKind::kAdamW, train::OptimizerKind::kSgd}) {

@@ -5,7 +5,9 @@
 
 #include <set>
 
-#if EMBER_WITH_CUDA
+#include "ember/version.h"
+
+#if EMBER_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
@@ -214,7 +216,7 @@ TEST(Precision, RejectsUnknownModesAndTf32OnCpu) {
   EXPECT_THROW(trainer.fit(task), Error);
 }
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 namespace {
 int64_t host_syncs_of_fit(const std::string& precision, int64_t* steps) {
   BlobTask::Options to;

@@ -52,7 +52,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
@@ -523,7 +523,7 @@ struct EventTimer {
 
 /// L2 cache size in bytes of the current CUDA device; 64 MiB when it cannot be queried.
 int64_t l2_cache_bytes() {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   const int l2 = at::cuda::getCurrentDeviceProperties()->l2CacheSize;
   if (l2 > 0) return l2;
 #endif
@@ -552,7 +552,7 @@ double min_read_bytes(const torch::Tensor& params, int64_t height, int64_t width
 }
 
 int run_cuda(const Args& a) {
-  if (!EMBER_WITH_CUDA)
+  if (!EMBER_WITH_CUDA_KERNELS)
     throw ember::Error(
         "[bench augment] --device cuda: Ember was built without its CUDA kernels (EMBER_CUDA=OFF or no "
         "nvcc); rebuild on a machine with the CUDA toolkit");

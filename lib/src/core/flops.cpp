@@ -20,8 +20,9 @@
 
 #include "core/check.h"
 #include "ember/core/file.h"
+#include "ember/version.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
@@ -30,7 +31,7 @@ namespace {
 
 constexpr const char* kPeakKey = "mfu.peak_tflops";
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 /// Dense datasheet peaks in FLOP/s; 0 = the GPU has no tensor-core path for that type.
 struct GpuPeak {
   const char* model;    // matched against a whole word of the device name
@@ -279,7 +280,7 @@ double peak_flops(const torch::Device& device, MathType math) {
 PeakFlops peak_flops_info(const torch::Device& device, MathType math) {
   if (device.is_cpu()) return cpu_peak(math);
   if (device.is_cuda()) {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
     return cuda_peak(device, math);
 #else
     detail::fail(

@@ -1,6 +1,7 @@
 // MemoryMeter: a counting wrapper around LibTorch's CPU allocator, the
 // caching allocator's statistics on CUDA.
 #include "ember/core/memory.h"
+#include "ember/version.h"
 
 #include <ATen/Context.h>
 #include <c10/core/CPUAllocator.h>
@@ -12,7 +13,7 @@
 
 #include "core/check.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -82,7 +83,7 @@ class CountingAllocator final : public c10::Allocator {
   }
 };
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 /// The caching allocator's "bytes held by tensors" statistic of one device.
 c10::CachingAllocator::Stat allocated_bytes(const torch::Device& device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
@@ -126,7 +127,7 @@ MemoryMeter::MemoryMeter(const torch::Device& device) : device_(device) {
     wrapper_ = wrapper;
     return;
   }
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   if (device_.is_cuda()) {
     at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // the allocator's statistics need it
     if (!device_.has_index()) device_ = torch::Device(torch::kCUDA, c10::cuda::current_device());
@@ -160,7 +161,7 @@ void MemoryMeter::set_limit(int64_t bytes) {
 }
 
 int64_t MemoryMeter::current() const {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   if (device_.is_cuda()) return allocated_bytes(device_).current;
 #endif
   Counts& c = counts();
@@ -169,7 +170,7 @@ int64_t MemoryMeter::current() const {
 }
 
 int64_t MemoryMeter::peak() const {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   if (device_.is_cuda()) return allocated_bytes(device_).peak;
 #endif
   Counts& c = counts();
@@ -178,7 +179,7 @@ int64_t MemoryMeter::peak() const {
 }
 
 void MemoryMeter::reset_peak() {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   if (device_.is_cuda()) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
     return;

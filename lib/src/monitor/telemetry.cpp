@@ -8,8 +8,9 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "ember/version.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -19,7 +20,7 @@ namespace ember::monitor {
 
 DeviceMemory device_memory(const torch::Device& device) {
   DeviceMemory m;
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   if (device.is_cuda()) {
     const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
     using c10::CachingAllocator::StatType;
@@ -36,7 +37,7 @@ DeviceMemory device_memory(const torch::Device& device) {
 }
 
 void reset_peak_memory(const torch::Device& device) {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   if (device.is_cuda())
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index()
                                                                        : c10::cuda::current_device());
@@ -46,7 +47,7 @@ void reset_peak_memory(const torch::Device& device) {
 }
 
 std::string cuda_device_uuid(const torch::Device& device) {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   if (!device.is_cuda()) return "";
   const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);  // cached by LibTorch

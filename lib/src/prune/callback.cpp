@@ -204,10 +204,13 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
     return std::vector<torch::Tensor>{out.output.defined() ? out.output : out.loss};
   };
   pruner_ = std::make_unique<Pruner>(*model, std::move(forward), options_.pruner());
-  if (resumed_)
+  if (resumed_) {
     pruner_->resume(plan_, ratio_, original_);
-  else
+  } else {
     original_ = pruner_->original_cost();
+    outcome_ = PruningOutcome{};
+    outcome_.before = outcome_.after = original_;
+  }
   norm_scales_.clear();
   for (const auto& m : model->modules()) {
     torch::Tensor w;
@@ -311,6 +314,15 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
                      "pruning step {} of {} at epoch {} (MACs per sample; times for a batch of {}):\n",
                      step + 1, options_.epochs().size(), epoch, example_.size())
               << report.table() << std::flush;
+  if (outcome_.steps == 0) {
+    outcome_.train_step_ms_before = report.train_step_ms_before;
+    outcome_.infer_ms_before = report.infer_ms_before;
+    if (report.eval_after.samples > 0) outcome_.accuracy_after_first_step = report.eval_after.accuracy;
+  }
+  outcome_.after = report.result.after;
+  outcome_.train_step_ms_after = report.train_step_ms_after;
+  outcome_.infer_ms_after = report.infer_ms_after;
+  ++outcome_.steps;
   reports_.push_back(std::move(report));
 }
 
@@ -328,6 +340,12 @@ void PruningCallback::on_checkpoint_save(train::Trainer&, torch::serialize::Outp
   archive.write("steps_done", torch::IValue(steps_done_));
   archive.write("original_macs", torch::IValue(original_.macs));
   archive.write("original_params", torch::IValue(original_.params));
+  const PruningOutcome& o = outcome_;
+  archive.write("outcome",
+                torch::tensor({static_cast<double>(o.after.macs), static_cast<double>(o.after.params),
+                               o.train_step_ms_before, o.train_step_ms_after, o.infer_ms_before,
+                               o.infer_ms_after, o.accuracy_after_first_step, static_cast<double>(o.steps)},
+                              torch::kFloat64));
 }
 
 void PruningCallback::on_checkpoint_load(train::Trainer& trainer, torch::serialize::InputArchive& archive) {
@@ -342,6 +360,21 @@ void PruningCallback::on_checkpoint_load(train::Trainer& trainer, torch::seriali
   original_.macs = v.toInt();
   archive.read("original_params", v);
   original_.params = v.toInt();
+  outcome_ = PruningOutcome{};
+  outcome_.before = outcome_.after = original_;
+  torch::Tensor o;  // absent from checkpoints written before it was kept
+  if (archive.try_read("outcome", o) && o.numel() == 8) {
+    const auto a = o.to(torch::kFloat64).contiguous();
+    const double* p = a.data_ptr<double>();
+    outcome_.after.macs = static_cast<int64_t>(p[0]);
+    outcome_.after.params = static_cast<int64_t>(p[1]);
+    outcome_.train_step_ms_before = p[2];
+    outcome_.train_step_ms_after = p[3];
+    outcome_.infer_ms_before = p[4];
+    outcome_.infer_ms_after = p[5];
+    outcome_.accuracy_after_first_step = p[6];
+    outcome_.steps = static_cast<int64_t>(p[7]);
+  }
   resumed_ = true;
   // Runs before the model's weights are loaded: give the fresh model the checkpoint's shapes.
   if (!plan_.empty()) apply_plan(*trainer.task()->model(), plan_, trainer.optimizer());

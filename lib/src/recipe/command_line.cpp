@@ -12,6 +12,8 @@ CommandLine parse_command_line(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       cl.help = true;
+    } else if (arg == "--check") {
+      cl.check = true;
     } else if (arg == "--config") {
       EMBER_CHECK_KIND(kConfig, i + 1 < argc, "--config needs a file name");
       cl.config_file = argv[++i];
@@ -43,12 +45,16 @@ void apply_command_line(core::Config& config, const RecipeSpec& spec, const Comm
 std::string usage(const RecipeSpec& spec, const core::Config& config) {
   return fmt::format(
       "usage: {0} [--config FILE] [key=value ...]\n"
+      "       {0} --check [--config FILE] [key=value ...]\n"
       "       {0} --measure|--find-batch-size|--find-lr OUT.json [--config FILE] [key=value ...]\n\n"
       "Trains the {0} recipe. --config FILE replaces the recipe's default config;\n"
-      "key=value arguments override single keys. Instead of training, --measure writes what\n"
-      "`tools/ember plan` plans from (plan.*), --find-batch-size the largest batch that fits\n"
-      "(bs_find.*), --find-lr a learning-rate range test (lr_find.*); each trains a few steps\n"
-      "in this process and writes no run folder. Keys and their defaults:\n\n{1}",
+      "key=value arguments override single keys. --check validates the config as a run\n"
+      "would before any work (every key, the rules across keys, the device, the path in\n"
+      "trainer.resume), prints 'config ok' and exits 0, or exits 2 with the error.\n"
+      "Instead of training, --measure writes what `tools/ember plan` plans from (plan.*),\n"
+      "--find-batch-size the largest batch that fits (bs_find.*), --find-lr a learning-rate\n"
+      "range test (lr_find.*); each trains a few steps in this process and writes no run\n"
+      "folder. Keys and their defaults:\n\n{1}",
       spec.name, config.help());
 }
 

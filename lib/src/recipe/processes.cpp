@@ -13,6 +13,7 @@
 #include "ember/dist/keys.h"
 #include "ember/recipe/host_malloc.h"
 #include "ember/recipe/run_folder.h"
+#include "ember/train/keys.h"
 #include "recipe/runner.h"
 
 namespace ember::recipe::detail {
@@ -68,11 +69,19 @@ Processes start_processes(core::Config& config, const std::string& recipe_name) 
   }
   p.run_dir = config.get_string("run.dir");
   torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));
-  if (p.writer()) {  // the one process that writes the folder holds it
-    p.lock = std::make_shared<RunFolderLock>(p.run_dir);
-    claim_run_folder(p.run_dir, config, recipe_name);
-  }
   return p;
+}
+
+void claim_processes_folder(Processes& p, const core::Config& config, const std::string& recipe_name) {
+  if (!p.writer()) return;  // the one process that writes the folder holds it
+  p.lock = std::make_shared<RunFolderLock>(p.run_dir);
+  claim_run_folder(p.run_dir, config, recipe_name);
+}
+
+void check_before_work(const core::Config& config, int64_t world_size) {
+  const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
+  train::check_trainer_options(train::trainer_options_from_config(config, /*steps_per_epoch=*/1),
+                               device.type(), world_size);
 }
 
 }  // namespace ember::recipe::detail

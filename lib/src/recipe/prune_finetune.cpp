@@ -54,25 +54,23 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const train::F
   summary.test_loss = test.loss;
   summary.epochs = dense.epochs_completed + fit.epochs_completed;
   summary.parameters = train::count_parameters(*task.model());
-  const core::ModelCost& before = pruning->original_cost();
-  const core::ModelCost after = pruning->reports().empty() ? before : pruning->reports().back().result.after;
+  // outcome(): every pruning step of the run, also those before a resume.
+  const prune::PruningOutcome& pruned = pruning->outcome();
+  const core::ModelCost& before = pruned.before;
+  const core::ModelCost& after = pruned.after;
   const double mac_ratio = static_cast<double>(before.macs) / static_cast<double>(after.macs);
   summary.extra["macs_ratio"] = mac_ratio;
   summary.extra["params_ratio"] = static_cast<double>(before.params) / static_cast<double>(after.params);
   std::string speed;
-  if (!pruning->reports().empty()) {
-    // Timed on the first step's model before pruning and the last step's after.
-    const prune::PruningReport& first = pruning->reports().front();
-    const prune::PruningReport& last = pruning->reports().back();
-    if (first.train_step_ms_before > 0 && last.train_step_ms_after > 0) {
-      summary.extra["train_step_speedup"] = first.train_step_ms_before / last.train_step_ms_after;
-      summary.extra["inference_speedup"] = first.infer_ms_before / last.infer_ms_after;
-      speed = fmt::format(", train step {:.2f}x, inference {:.2f}x faster",
-                          summary.extra["train_step_speedup"], summary.extra["inference_speedup"]);
-    }
-    if (first.eval_after.samples > 0)
-      summary.extra["pruned_test_accuracy_before_finetune"] = first.eval_after.accuracy;
+  // Timed on the first step's model before pruning and the last step's after.
+  if (pruned.train_step_ms_before > 0 && pruned.train_step_ms_after > 0) {
+    summary.extra["train_step_speedup"] = pruned.train_step_ms_before / pruned.train_step_ms_after;
+    summary.extra["inference_speedup"] = pruned.infer_ms_before / pruned.infer_ms_after;
+    speed = fmt::format(", train step {:.2f}x, inference {:.2f}x faster", summary.extra["train_step_speedup"],
+                        summary.extra["inference_speedup"]);
   }
+  if (pruned.accuracy_after_first_step >= 0)
+    summary.extra["pruned_test_accuracy_before_finetune"] = pruned.accuracy_after_first_step;
   std::cout << fmt::format(
       "prune_finetune: dense test accuracy {:.4f} -> pruned and fine-tuned {:.4f} ({:+.2f} points); MACs per "
       "image "

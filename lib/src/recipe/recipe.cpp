@@ -75,6 +75,8 @@ std::string out_of_memory_message(const c10::OutOfMemoryError& e, const core::Co
 int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<dist::ProcessGroup>& group) {
   Processes p = detail::start_processes(config, spec.name);
   group = p.group;
+  // The data is read (and checked: data.val_size against the training set...)
+  // before the run folder is claimed: a refused command leaves nothing there.
   std::unique_ptr<train::Task> task = spec.make_task(config, p.device);
   const int64_t k = std::max<int64_t>(config.get_int("trainer.accumulate_grad_batches"), 1);
   const int64_t steps_per_epoch = (task->train_loader().num_batches() + k - 1) / k;
@@ -85,6 +87,7 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
   else  // Ctrl-C saves a checkpoint
     options.handle_signals(true);
   train::Trainer trainer(options);
+  detail::claim_processes_folder(p, config, spec.name);
   // Only the writer (rank 0) reports and writes; the other ranks train silently.
   const std::shared_ptr<monitor::Monitor> mon =
       p.writer() ? monitor::add_monitoring(trainer, config, p.run_dir)
@@ -167,7 +170,16 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       std::cout << detail::usage(spec, config);
       return 0;
     }
+    // The run's processes as the launcher set them (start_processes sets them
+    // again), so that the checks that depend on them run before any work.
+    const int64_t world_size = dist::launch_env().world_size;
+    config.set_override("dist.world_size=" + std::to_string(world_size));
     config.validate();  // every value, before the run folder, the data and the process group
+    if (cl.tool.empty() || cl.check) detail::check_before_work(config, world_size);
+    if (cl.check) {
+      std::cout << spec.name << ": config ok\n";
+      return 0;
+    }
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -17,12 +17,13 @@
 
 namespace ember::recipe::detail {
 
-/// RECIPE [--config FILE] [--help] [--measure|--find-batch-size|--find-lr FILE] [key=value ...];
+/// RECIPE [--config FILE] [--help] [--check] [--measure|--find-batch-size|--find-lr FILE] [key=value ...];
 /// a bad command line is a config error.
 struct CommandLine {
   std::string config_file;  ///< "" = the recipe's default config
   std::vector<std::string> overrides;
   bool help = false;
+  bool check = false;    ///< --check: validate the config (check_before_work), do nothing else
   std::string tool;      ///< "" = train; else "measure", "find-batch-size" or "find-lr" (tools.cpp)
   std::string tool_out;  ///< the JSON file the tool writes
 };
@@ -43,14 +44,24 @@ struct Processes {
   std::shared_ptr<RunFolderLock> lock;  ///< the writer's hold on run_dir
   bool writer() const { return env.rank == 0; }
 };
+/// What can be refused before any work, beyond Config::validate(): the
+/// device (trainer.device=cuda on a machine without one) and the trainer
+/// options' own rules (train::check_trainer_options: trainer.cuda_graph's
+/// device, a trainer.resume path that does not exist). Throws Error(kConfig).
+/// `world_size`: the processes of the run (LaunchEnv).
+void check_before_work(const core::Config& config, int64_t world_size);
+
 /// This process's host settings from the config: glibc malloc (run.malloc_tuning), intra-op threads.
 void start_host(const core::Config& config);
 /// Host settings (start_host), the device, the process group, the run
-/// folder (named by rank 0, shared through the store) and the dist.* keys;
-/// seeds LibTorch; the writer locks and claims the run folder
-/// (claim_run_folder: refuses a previous run's folder, compares a resume's
-/// keys, writes config.toml).
+/// folder's name (chosen by rank 0, shared through the store) and the dist.*
+/// keys; seeds LibTorch. Writes nothing: claim_processes_folder does, once
+/// everything that can be refused has been checked.
 Processes start_processes(core::Config& config, const std::string& recipe_name);
+/// The writer (rank 0) locks and claims the run folder (claim_run_folder:
+/// refuses a previous run's folder, compares a resume's keys, writes
+/// config.toml); the other ranks do nothing.
+void claim_processes_folder(Processes& processes, const core::Config& config, const std::string& recipe_name);
 
 /// The keys of the recipe tools: plan.*, bs_find.*, lr_find.*.
 void declare_tool_keys(core::Config& config);

@@ -25,9 +25,10 @@
 #include "ember/train/lr_finder.h"
 #include "ember/train/optim.h"
 #include "ember/train/task_cost.h"
+#include "ember/version.h"
 #include "recipe/runner.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -230,7 +231,7 @@ int64_t memory_budget(const core::Config& c, const torch::Device& device, int64_
 
 /// Bytes the device has free now: the GPU's free memory, the host's MemAvailable.
 int64_t available_memory(const torch::Device& device) {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   if (device.is_cuda()) {
     size_t free = 0, total = 0;
     const c10::cuda::CUDAGuard guard(device.index());
@@ -505,7 +506,7 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
   if (cap_gib > 0) {  // a smaller GPU, emulated: the caching allocator refuses beyond the cap
     EMBER_CHECK_KIND(kConfig, device.is_cuda(),
                      "bs_find.gpu_memory_gib needs a CUDA device (trainer.device={})", device.str());
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
     const double total = static_cast<double>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
     const double fraction = cap_gib * (1 << 30) / total;
     EMBER_CHECK_KIND(kConfig, fraction <= 1, "bs_find.gpu_memory_gib={} is more than the GPU's {:.1f} GiB",

@@ -3,8 +3,9 @@
 #include <torch/torch.h>
 
 #include "core/check.h"
+#include "ember/version.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -40,7 +41,7 @@ torch::Tensor count_correct_reference(const torch::Tensor& logits, const torch::
 torch::Tensor count_correct(const torch::Tensor& logits, const torch::Tensor& targets) {
   check_inputs(logits, targets);
   if (!logits.is_cuda()) return count_correct_reference(logits, targets);
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   const c10::cuda::CUDAGuard guard(logits.device());
   const torch::Tensor x = logits.contiguous();
   const torch::Tensor t = targets.to(torch::kInt64).contiguous();

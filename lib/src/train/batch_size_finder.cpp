@@ -6,8 +6,9 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "ember/version.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -36,7 +37,7 @@ BatchSizeResult find_batch_size(const std::function<int64_t(int64_t)>& try_batch
       t.fits = false;
       t.peak_bytes = -1;
     }
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
     // What the failed (or too large) size left cached would crowd the next one.
     if (!t.fits) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif

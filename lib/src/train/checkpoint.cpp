@@ -142,10 +142,7 @@ void Trainer::save_checkpoint(const std::string& path) {
   EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
   // Never replace a good checkpoint with broken weights.
   if (const std::string bad = divergence::first_nonfinite_tensor(*task_->model()); !bad.empty())
-    detail::fail(ErrorKind::kDiverged,
-                 "[train::Trainer] training diverged: {} is not finite at step {}; the checkpoint {} is not "
-                 "overwritten{}",
-                 bad, global_step_, path, divergence::advice());
+    detail::fail(ErrorKind::kDiverged, "{}", divergence::weights_message(bad, global_step_, path));
   if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);  // exact in the file
   torch::serialize::OutputArchive root;
   torch::serialize::OutputArchive model_archive, optim_archive, state, callbacks;

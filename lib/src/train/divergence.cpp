@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <vector>
 
@@ -44,6 +46,13 @@ std::string nonfinite_gradients(const torch::nn::Module& module) {
     out += (listed++ ? ", '" : "'") + names[i] + "'";
   }
   return out;
+}
+
+std::string weights_message(const std::string& tensor, int64_t step, const std::string& checkpoint) {
+  return fmt::format(
+      "[train::Trainer] training diverged: {} is not finite at step {}; the checkpoint {} is not "
+      "overwritten{}",
+      tensor, step, checkpoint, advice());
 }
 
 std::string advice() {
@@ -106,6 +115,12 @@ void DivergenceWatch::request_read() {
 
 std::optional<DivergenceWatch::State> DivergenceWatch::poll_read() {
   const auto got = pending_.poll();
+  if (!got) return std::nullopt;
+  return parse(got->first);
+}
+
+std::optional<DivergenceWatch::State> DivergenceWatch::wait_read() {
+  const auto got = pending_.wait();
   if (!got) return std::nullopt;
   return parse(got->first);
 }

@@ -25,6 +25,9 @@ std::string nonfinite_gradients(const torch::nn::Module& module);
 /// What to try, appended to every divergence message.
 std::string advice();
 
+/// The message of a checkpoint refused because `tensor` (first_nonfinite_tensor) is not finite at `step`.
+std::string weights_message(const std::string& tensor, int64_t step, const std::string& checkpoint);
+
 /// Record of the loss per optimizer step: the current run of non-finite
 /// losses and the last finite one. record() only queues device work (tensor
 /// ops, in place: a CUDA graph can capture it); read() syncs once;
@@ -50,6 +53,10 @@ class DivergenceWatch {
   void request_read();
   /// The state of the last request, once the device made the copy; nullopt before.
   std::optional<State> poll_read();
+  /// The state of the last request, waiting for the copy; nullopt when none
+  /// was requested. Data-parallel ranks read this way: every rank then judges
+  /// the same records at the same step.
+  std::optional<State> wait_read();
 
  private:
   static State parse(const torch::Tensor& host);

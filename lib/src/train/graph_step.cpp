@@ -11,8 +11,9 @@
 #include "core/check.h"
 #include "core/message.h"
 #include "ember/core/op_counter.h"
+#include "ember/version.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -53,7 +54,7 @@ void write_into(torch::Tensor& into, const torch::Tensor& from) {
 struct GraphStep::Impl {
   data::Batch statics;  // the captured inputs
   StepResult result;    // the captured outputs: rewritten by each replay
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   std::optional<c10::cuda::CUDAStream> side;  // warm-up and capture; on the batch's device
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 
@@ -88,7 +89,7 @@ struct GraphStep::Impl {
 #endif
 };
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 namespace {
 // Tensors made on the side stream and read on the current one: the allocator must not reuse them early.
 void used_on_current_stream(const StepResult& r) {
@@ -104,7 +105,7 @@ GraphStep::GraphStep(GraphStepOptions options, std::vector<torch::Tensor> params
               "[train::Trainer] CUDA graphs need at least one eager warm-up step, got {}",
               options_.warmup_steps());
   EMBER_CHECK(options_.zero_grad() != nullptr, "[train::GraphStep] options.zero_grad is required");
-#if !EMBER_WITH_CUDA
+#if !EMBER_WITH_CUDA_KERNELS
   if (!options_.emulated())
     detail::fail(
         ErrorKind::kConfig,
@@ -113,7 +114,7 @@ GraphStep::GraphStep(GraphStepOptions options, std::vector<torch::Tensor> params
 }
 
 GraphStep::~GraphStep() {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   // The graph's pool and the tensors made on the side stream go: let every replay finish first.
   if (impl_ && impl_->side) {
     try {
@@ -153,7 +154,7 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
       "[train::Trainer] trainer.cuda_graph: the batch is not on a CUDA device (it is on {}); CUDA graphs "
       "need the model and data on the GPU",
       batch.input.defined() ? batch.input.device().str() : "nowhere");
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
   std::optional<c10::cuda::CUDAGuard> device_guard;
   if (batch.input.defined() && batch.input.is_cuda()) device_guard.emplace(batch.input.device());
 #endif
@@ -174,7 +175,7 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
         write_into(s.result.out.target, r.out.target);
         write_into(s.result.skip_flag, r.skip_flag);
       } else {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
         s.graph->replay();
 #endif
       }
@@ -190,7 +191,7 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
   const std::vector<int64_t> shape = batch.input.sizes().vec();
   if (eager_steps_ < options_.warmup_steps() || shape != last_eager_shape_) {
     StepResult r;
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
     // The first step on the current stream: what it makes to keep (the loss
     // scale, optimizer state, the loop's sums) is then allocated there, not in
     // side-stream segments that the release before capture could not hand back.
@@ -227,7 +228,7 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
     RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);
     s.result = step(s.statics);
   } else {
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
     const c10::DeviceIndex device = batch.input.device().index();
     // The warm-up's blocks are cached for the side stream, where nothing will
     // use them again: the graph allocates from its own pool. Hand them back

@@ -34,6 +34,9 @@ class HostRead {
   /// The copy (a CPU tensor) and its tag, once the device has made it; nullopt
   /// while it is still on its way or when none was requested.
   std::optional<std::pair<torch::Tensor, int64_t>> poll();
+  /// The copy and its tag, waiting for the device to make it (a host sync,
+  /// short when the copy was requested steps ago); nullopt when none was requested.
+  std::optional<std::pair<torch::Tensor, int64_t>> wait();
   bool pending() const { return pending_; }
 
  private:

@@ -11,8 +11,9 @@
 
 #include "core/check.h"
 #include "ember/train/optim.h"
+#include "ember/version.h"
 
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
@@ -79,7 +80,7 @@ class StateRestore {
     for (const auto& p : model.named_parameters()) tensors_.emplace_back(p.key(), p.value().detach().clone());
     for (const auto& b : model.named_buffers()) tensors_.emplace_back(b.key(), b.value().detach().clone());
     cpu_rng_ = at::detail::getDefaultCPUGenerator().get_state();
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
     if (torch::cuda::is_available()) cuda_rng_ = at::cuda::detail::getDefaultCUDAGenerator().get_state();
 #endif
   }
@@ -108,7 +109,7 @@ class StateRestore {
     model_.train(training_);
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
     cpu.set_state(cpu_rng_);
-#if EMBER_WITH_CUDA
+#if EMBER_WITH_CUDA_KERNELS
     if (cuda_rng_.defined()) {
       at::Generator cuda = at::cuda::detail::getDefaultCUDAGenerator();
       cuda.set_state(cuda_rng_);

@@ -104,19 +104,42 @@ struct Trainer::FitSetup {
   bool sync_free = false;  // TrainerOptions::sync_free_steps, resolved
 };
 
+namespace {
+
+[[noreturn]] void refuse_cuda_graph(const std::string& why) {
+  detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: {}; or set it to false", why);
+}
+
+}  // namespace
+
+void check_trainer_options(const TrainerOptions& options, c10::DeviceType device, int64_t world_size) {
+  if (options.cuda_graph()) {
+    if (device != c10::kCUDA && !options.emulate_cuda_graph())
+      refuse_cuda_graph(fmt::format("the model would be on {}, not on a CUDA device (trainer.device=cuda{})",
+                                    c10::DeviceTypeName(device, /*lower_case=*/true),
+                                    torch::cuda::is_available() ? "" : "; this machine has none"));
+    if (options.accumulate_grad_batches() > 1)
+      refuse_cuda_graph("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
+    if (options.detect_anomaly()) refuse_cuda_graph("trainer.detect_anomaly reads the device in every step");
+    if (world_size > 1)
+      refuse_cuda_graph(
+          "data-parallel gradient reduction runs from autograd hooks outside a graph (one process only)");
+  }
+  const std::string& resume = options.resume();
+  EMBER_CHECK_KIND(
+      kConfig, resume.empty() || resume == "auto" || core::is_file(resume) || core::is_dir(resume),
+      "[train::Trainer] trainer.resume={}: no such file or folder (give a checkpoint file, a run "
+      "folder, or auto to resume from run.dir when it holds one)",
+      resume);
+}
+
 void Trainer::check_cuda_graph_options(const FitSetup& setup) const {
-  const auto refuse = [](const std::string& why) {
-    detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: {}; or set it to false", why);
-  };
-  if (setup.device_type != c10::kCUDA && !options_.emulate_cuda_graph())
-    refuse("the model is not on a CUDA device (trainer.device=cuda)");
+  check_trainer_options(options_, setup.device_type, options_.distribution()->world_size());
   if (setup.accumulate != 1)
-    refuse("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
-  if (!setup.fused) refuse("the step needs one of Ember's fused optimizers (optim.fused=true)");
-  if (!setup.sync_free) refuse("the step must be sync-free (TrainerOptions::sync_free_steps unset or true)");
-  if (options_.detect_anomaly()) refuse("trainer.detect_anomaly reads the device in every step");
-  if (options_.distribution()->world_size() > 1)
-    refuse("data-parallel gradient reduction runs from autograd hooks outside a graph (one process only)");
+    refuse_cuda_graph("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
+  if (!setup.fused) refuse_cuda_graph("the step needs one of Ember's fused optimizers (optim.fused=true)");
+  if (!setup.sync_free)
+    refuse_cuda_graph("the step must be sync-free (TrainerOptions::sync_free_steps unset or true)");
 }
 
 void Trainer::check_callbacks_capturable() const {
@@ -402,7 +425,11 @@ FitResult Trainer::fit(Task& task) {
   // arrived), then a new request.
   const auto read_without_sync = [&] {
     if (patience > 0) {
-      if (const auto st = watch.poll_read()) fail_if_diverged(*st);
+      // Data-parallel: each rank waits for the request made read_every steps
+      // ago (done by now) rather than polling, so that every rank judges the
+      // same records at the same step and all stop together (exit 3 each).
+      const auto st = dist.world_size() > 1 ? watch.wait_read() : watch.poll_read();
+      if (st) fail_if_diverged(*st);
       watch.request_read();
     }
     if (device_steps_) {
@@ -425,6 +452,14 @@ FitResult Trainer::fit(Task& task) {
         divergence::advice());
   };
   const auto checkpoint_now = [&] {  // after check_divergence(): the loss is read once per save
+    // The writer refuses to save non-finite weights (kDiverged). The replicas
+    // of a data-parallel run are identical: every rank checks and stops with it.
+    if (ckpt_path.empty() && dist.world_size() > 1 && !options_.run_dir().empty()) {
+      const std::string writers = options_.run_dir() + "/checkpoints/last.pt";
+      if (const std::string bad = divergence::first_nonfinite_tensor(*model); !bad.empty())
+        detail::fail(ErrorKind::kDiverged, "{}", divergence::weights_message(bad, global_step_, writers));
+      last_checkpoint_ = writers;  // what the writer saved now: every rank's diagnosis names it
+    }
     if (!ckpt_path.empty()) save_checkpoint(ckpt_path);
   };
 
@@ -563,7 +598,16 @@ FitResult Trainer::fit(Task& task) {
 
         // Once per effective batch: unscale (inf/NaN check), clip, step or skip, update the scale.
         phase(StepPhase::kOptimizer);
-        if (options_.detect_anomaly()) check_step_anomaly(step_loss);
+        // The loss the divergence checks judge. Data-parallel: the mean over
+        // ranks (one scalar all-reduce), so that every rank sees a non-finite
+        // loss of any rank and reaches the same verdict at the same step.
+        torch::Tensor judged_loss = step_loss;
+        if (dist.world_size() > 1 && (patience > 0 || options_.detect_anomaly())) {
+          torch::Tensor sum = step_loss.detach().to(torch::kFloat32).reshape({1}).clone();
+          dist.all_reduce_sum(sum);
+          judged_loss = sum.div(static_cast<double>(dist.world_size())).reshape({});
+        }
+        if (options_.detect_anomaly()) check_step_anomaly(judged_loss);
         if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
         if (options_.clip_grad_norm() > 0) clip_grad_norm_(params, options_.clip_grad_norm());
         for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
@@ -581,7 +625,7 @@ FitResult Trainer::fit(Task& task) {
         ++global_step_;
         if (!stepped) ++skipped_steps_;
         if (device_steps_) device_steps_->after_step(skip_flag, global_step_);
-        if (patience > 0) watch.record(step_loss, global_step_);
+        if (patience > 0) watch.record(judged_loss, global_step_);
       }
       if (global_step_ % read_every == 0 && (patience > 0 || device_steps_)) read_without_sync();
       apply_schedule();

@@ -76,6 +76,18 @@ struct PruningReport {
   std::string table() const;
 };
 
+/// What the pruning steps did so far, for a run's summary: the model's cost
+/// before the first step and after the last, the first step's timings before
+/// and the last one's after, the accuracy right after the first step. Kept in
+/// the checkpoint, so that a resumed fine-tuning reports the same numbers.
+struct PruningOutcome {
+  core::ModelCost before, after;                             ///< per sample; after == before until a step ran
+  double train_step_ms_before = 0, train_step_ms_after = 0;  ///< median; 0 = not timed
+  double infer_ms_before = 0, infer_ms_after = 0;            ///< median; 0 = not timed
+  double accuracy_after_first_step = -1;                     ///< < 0: not evaluated
+  int64_t steps = 0;                                         ///< pruning steps run
+};
+
 class PruningCallback : public train::Callback {
  public:
   explicit PruningCallback(PruningCallbackOptions options);
@@ -89,7 +101,10 @@ class PruningCallback : public train::Callback {
   void on_checkpoint_save(train::Trainer& trainer, torch::serialize::OutputArchive& archive) override;
   void on_checkpoint_load(train::Trainer& trainer, torch::serialize::InputArchive& archive) override;
 
+  /// This process's pruning steps (none after a resume past them: outcome() has their numbers).
   const std::vector<PruningReport>& reports() const { return reports_; }
+  /// Every pruning step of the run, resumed or not.
+  const PruningOutcome& outcome() const { return outcome_; }
   /// Everything removed so far (relative to the model as constructed).
   const Plan& plan() const { return plan_; }
   /// The model's MACs and parameters before any pruning (known after fit starts).
@@ -110,6 +125,7 @@ class PruningCallback : public train::Callback {
   bool resumed_ = false;
   std::vector<torch::Tensor> norm_scales_;  // batch-norm weights, for sparsity_l1
   std::vector<PruningReport> reports_;
+  PruningOutcome outcome_;
 };
 
 /// Declares the prune.* keys (defaults from `defaults`).

@@ -226,4 +226,12 @@ class Trainer {
 /// registered under two names counts once.
 int64_t count_parameters(const torch::nn::Module& module);
 
+/// What Trainer::fit refuses that the options decide without a model or data:
+/// trainer.cuda_graph on a device that is not CUDA (unless emulated), with
+/// accumulation, anomaly detection or several processes; a trainer.resume
+/// path that does not exist. Throws Error(kConfig). fit() checks the same;
+/// call it before any work (the recipe runner does, before it claims the run
+/// folder, so that a refused command leaves nothing behind).
+void check_trainer_options(const TrainerOptions& options, c10::DeviceType device, int64_t world_size);
+
 }  // namespace ember::train
