@@ -35,8 +35,24 @@ Search space file (TOML, read with tomllib):
     [params."model.width"]
     choices = [8, 16, 24]     # categorical: scalars only (int, float, bool, string)
 
-Every key is checked against RECIPE --help before anything runs (unknown key,
-or a float range on an int key: exit 2).
+Before the study opens (so no trial starts), the space is checked against
+RECIPE --help: every searched and fixed key exists; a value has the key's type
+(an int key takes int ranges and int choices, a bool key true/false choices, a
+string key string choices); low, high, every choice, grid point, --enqueue
+value and fixed value lies within the key's bounds ("(float, in [0, 1))");
+bounds are finite numbers (low < high, log only with low > 0). When the recipe
+has --check (RECIPE --check key=value... validates a config as a run would,
+rules across keys included, and does no work), it checks the fixed arguments
+(and --config), then each param's extreme points (low, high, every choice; with
+--sampler grid every grid point) and each --enqueue point with them. Any of
+these refused: exit 2, naming the param and the recipe's own message. A space
+file that is not UTF-8 or not TOML: exit 2.
+
+The metric's name is checked at the first trial: a val_<field> absent from a
+val record, or another name absent from a finished trial's summary.json, stops
+the study with exit 2 naming the metrics there are; the stopped trials are not
+counted (their points run again), and a study no trial has a value in yet
+takes the corrected metric on the rerun.
 
 Samplers (--sampler): tpe (default; its first --startup-trials are random;
 with P > 1 a running trial counts as a poor result, Optuna's constant liar),
@@ -60,7 +76,12 @@ the point is still evaluated; its folder is kept. One driver at a time uses a
 study folder (STUDY/driver.lock).
 
 A trial that exits non-zero (other than after being pruned) is FAIL with user
-attributes exit_status, reason and log_tail (printed); the study goes on.
+attributes exit_status, reason and log_tail (printed); the study goes on, unless
+the first 3 trials this driver finishes all FAIL the same way (same exit status
+and reason: say, every trial refused with exit 2 for a bad fixed argument or
+--config, or a missing data folder): then the study stops with exit 1, printing
+the shared reason and their last log lines (the setup is wrong, not the points;
+the 3 trials count toward --trials on the rerun).
 Parallel trials (--parallel P): one per GPU when several are visible
 (CUDA_VISIBLE_DEVICES per trial), and trainer.threads = max(1, nproc // P)
 unless the fixed arguments, the space or --config set it.
@@ -72,8 +93,9 @@ and STUDY/study.png (objective per trial, best so far, and the importance of
 the parameters that vary once >= 2 trials completed: optuna.importance's
 fANOVA when scikit-learn is installed, else PED-ANOVA, which needs numpy only).
 
-Exit status: 0 done, 1 an error (message says what), 2 a bad command line or
-space file, 130 interrupted (the journal is resumable).
+Exit status: 0 done, 1 an error (message says what; also the first trials all
+failing the same way), 2 a bad command line, space file or metric name, 130
+interrupted (the journal is resumable).
 """
 import argparse
 import contextlib
@@ -108,6 +130,7 @@ LOG_TAIL_LINES = 20  # lines of a failed trial's log kept in the journal and pri
 LOG_TAIL_CHARS = 4000
 ASHA_REDUCTION = 3  # successive halving keeps the best 1/3 at each rung
 EXIT_MEANING = {1: "error", 2: "config error", 3: "diverged", 130: "stopped by a signal"}
+SAME_FAILURE_STOP = 3  # the first this many trials of a driver all FAIL the same way: stop (exit 1)
 FIG_SIZE_IN = (12.0, 4.5)  # study.png: width, height in inches
 DPI = 100  # -> 1200 x 450 pixels
 
@@ -118,6 +141,10 @@ class TuneError(Exception):
 
 class UsageError(TuneError):
     """A bad command line or space file (exit 2)."""
+
+
+class MetricError(UsageError):
+    """The objective metric is not among what the recipe records (seen at the first trial; exit 2)."""
 
 
 def log(message):
@@ -216,6 +243,11 @@ def _is_number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _is_finite(v):
+    """A number that is not inf or nan (TOML reads inf, -inf and nan as floats)."""
+    return _is_number(v) and math.isfinite(v)
+
+
 def make_param(key, spec, where):
     """A Param from its TOML table, checked (the messages name the file and key)."""
     name = f"{where}: params.\"{key}\""
@@ -233,20 +265,23 @@ def make_param(key, spec, where):
             raise UsageError(f"{name}: a categorical needs choices = [...] (at least one)")
         if any(not isinstance(c, (bool, int, float, str)) for c in choices):
             raise UsageError(f"{name}: choices must be scalars (int, float, bool, string), got {choices}")
+        if any(_is_number(c) and not math.isfinite(c) for c in choices):
+            raise UsageError(f"{name}: choices must be finite numbers, got {choices}")
         extra = spec.keys() - {"type", "choices"}
         if extra:
             raise UsageError(f"{name}: {sorted(extra)} do not apply to choices")
         return Param(key, kind, choices=choices)
     low, high = spec.get("low"), spec.get("high")
-    if not (_is_number(low) and _is_number(high)) or not low < high:
-        raise UsageError(f"{name}: a {kind} range needs numbers low < high, got low={low!r} high={high!r}")
+    if not (_is_finite(low) and _is_finite(high)) or not low < high:
+        raise UsageError(f"{name}: a {kind} range needs finite numbers low < high, got low={low!r} "
+                         f"high={high!r}")
     log_scale, step, grid = spec.get("log", False), spec.get("step"), spec.get("grid")
     if not isinstance(log_scale, bool):
         raise UsageError(f"{name}: log = {log_scale!r}: expected true or false")
     if log_scale and low <= 0:
         raise UsageError(f"{name}: log = true needs low > 0, got {low}")
-    if step is not None and (not _is_number(step) or step <= 0):
-        raise UsageError(f"{name}: step = {step!r}: expected a number > 0")
+    if step is not None and (not _is_finite(step) or step <= 0):
+        raise UsageError(f"{name}: step = {step!r}: expected a finite number > 0")
     if kind == "int":
         if not (_is_int(low) and _is_int(high)) or (step is not None and not _is_int(step)):
             raise UsageError(f"{name}: an int range needs integer low, high and step")
@@ -255,8 +290,8 @@ def make_param(key, spec, where):
     elif log_scale and step is not None:
         raise UsageError(f"{name}: a float range takes log = true or a step, not both (Optuna's rule)")
     if grid is not None:
-        if not isinstance(grid, list) or not grid or not all(_is_number(g) for g in grid):
-            raise UsageError(f"{name}: grid = {grid!r}: expected a list of numbers")
+        if not isinstance(grid, list) or not grid or not all(_is_finite(g) for g in grid):
+            raise UsageError(f"{name}: grid = {grid!r}: expected a list of finite numbers")
         if kind == "int" and not all(_is_int(g) for g in grid):
             raise UsageError(f"{name}: grid of an int key must hold integers")
         outside = [g for g in grid if not low <= g <= high]
@@ -273,6 +308,10 @@ def load_space(path):
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise UsageError(f"--space {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise UsageError(f"--space {path}: not UTF-8 text (byte {e.start}, line {line}: "
+                         f"{e.object[e.start:e.start + 1]!r}); save it as UTF-8 (TOML files are UTF-8)") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -315,8 +354,46 @@ def override_text(value):
     return str(value)
 
 
+@dataclass
+class KeySpec:
+    """A recipe config key as `RECIPE --help` declares it: its type and bounds."""
+    kind: str  # "bool", "int", "float", "float list" or "string"
+    bounds: str = ""  # as --help writes them: "in [0, 1)", "> 0", ">= 1", or "" (none)
+    low: float = -math.inf
+    low_open: bool = False
+    high: float = math.inf
+    high_open: bool = False
+
+    def contains(self, x):
+        """x lies within the bounds (a recipe refuses non-finite numbers everywhere)."""
+        if not math.isfinite(x):
+            return False
+        return ((x > self.low if self.low_open else x >= self.low)
+                and (x < self.high if self.high_open else x <= self.high))
+
+
+def parse_bounds(kind, text):
+    """A KeySpec from the type and the bounds text of a --help line ("in (0, 1]", ">= 1", ...)."""
+    spec = KeySpec(kind, text)
+    m = re.fullmatch(r"in ([\[(])(\S+), (\S+)([\])])", text)
+    try:
+        if m:
+            spec.low, spec.high = float(m.group(2)), float(m.group(3))
+            spec.low_open, spec.high_open = m.group(1) == "(", m.group(4) == ")"
+        elif m := re.fullmatch(r"(>=|>|<=|<) (\S+)", text):
+            if m.group(1).startswith(">"):
+                spec.low, spec.low_open = float(m.group(2)), m.group(1) == ">"
+            else:
+                spec.high, spec.high_open = float(m.group(2)), m.group(1) == "<"
+        elif text:
+            spec.bounds = ""  # a form this driver does not know: the recipe checks it
+    except ValueError:
+        return KeySpec(kind)
+    return spec
+
+
 def recipe_keys(binary):
-    """{key: type} from `binary --help` ("  key=default   doc (type, range)" lines)."""
+    """({key: KeySpec}, the --help text) from `binary --help` ("  key=default   doc (type, bounds)" lines)."""
     try:
         result = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60)
     except OSError as e:
@@ -324,22 +401,95 @@ def recipe_keys(binary):
                         f"(tools/ember tune builds it)") from None
     keys = {}
     for line in result.stdout.splitlines():
-        # The last "(type, range)" of the line; a range may hold parentheses: "(float, in (0, 1))".
-        m = re.match(r"^  ([A-Za-z0-9_.]+)=.*\((bool|int|float list|float|string)(?:, .*)?\)\s*$", line)
+        # The last "(type, bounds)" of the line; bounds may hold parentheses: "(float, in (0, 1))".
+        m = re.match(r"^  ([A-Za-z0-9_.]+)=.*\((bool|int|float list|float|string)(?:, (.*))?\)\s*$", line)
         if m:
-            keys[m.group(1)] = m.group(2)
+            keys[m.group(1)] = parse_bounds(m.group(2), m.group(3) or "")
     if not keys:
         raise TuneError(f"{binary} --help listed no config keys (exit status {result.returncode}): "
                         f"is it an Ember recipe?")
-    return keys
+    return keys, result.stdout
 
 
-def check_keys(space, fixed, keys, recipe):
-    """Every searched and fixed key exists and a searched one has the key's type."""
+def parse_override(key, text, spec):
+    """A key=value text as the recipe reads it (core::Config's parse_text): the value, or a
+    UsageError. Lenient where Python and strtod differ: the recipe has the last word."""
+    t = text.strip()
+    if spec.kind == "bool":
+        if t in ("true", "1", "on", "yes", "false", "0", "off", "no"):
+            return t in ("true", "1", "on", "yes")
+        raise UsageError(f"{key}={text}: expected true or false")
+    if spec.kind == "int":
+        if not re.fullmatch(r"[+-]?[0-9]+", t):
+            raise UsageError(f"{key}={text}: {key} is an int key: expected an integer")
+        return int(t)
+    if spec.kind == "float":
+        x = _strtod(t)
+        if x is None:
+            raise UsageError(f"{key}={text}: {key} is a float key: expected a finite number")
+        return x
+    if spec.kind == "float list":
+        items = [_strtod(i.strip()) for i in t.removeprefix("[").removesuffix("]").split(",") if i.strip()]
+        if None in items:
+            raise UsageError(f"{key}={text}: {key} is a float list key: expected finite numbers like "
+                             f"[0.5, 0.25]")
+        return items
+    return t
+
+
+def _strtod(text):
+    """text as a finite double the way strtod reads it (decimal or hex), else None."""
+    if "_" in text:  # Python's float() takes 1_000; strtod does not
+        return None
+    for parse in (float, float.fromhex):
+        try:
+            x = parse(text)
+            return x if math.isfinite(x) else None
+        except ValueError:
+            pass
+    return None
+
+
+def out_of_bounds(spec, value):
+    """The numbers of value (a number or a list of them) outside spec's bounds."""
+    numbers = value if isinstance(value, list) else [value]
+    return [x for x in numbers if _is_number(x) and not spec.contains(x)]
+
+
+def value_fits(spec, value):
+    """Why value (a TOML value from the space file) cannot be this key's value, or None."""
+    if spec.kind == "bool":
+        ok = isinstance(value, bool)
+        expected = "true or false"
+    elif spec.kind == "int":
+        ok = _is_int(value)
+        expected = "integers"
+    elif spec.kind == "float":
+        ok = _is_number(value)
+        expected = "numbers"
+    elif spec.kind == "string":
+        ok = isinstance(value, str)
+        expected = "strings"
+    else:  # a float list: a number (a list of one) or its text, "[0.5, 0.9]"
+        ok = _is_number(value) or isinstance(value, str)
+        expected = "numbers or texts such as \"[0.5, 0.9]\""
+    if ok:
+        return None
+    article = "an" if spec.kind == "int" else "a"
+    return f"{article} {spec.kind} key: its choices must be {expected}, not {value!r} ({type(value).__name__})"
+
+
+def check_space(space, fixed, keys, recipe, where):
+    """Before any trial: every searched and fixed key exists, a searched value has the key's type
+    and lies within its bounds (--help's), and a fixed value parses and lies within them."""
     def unknown(key):
         near = difflib.get_close_matches(key, keys, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         return UsageError(f"{key}: not a config key of {recipe}{hint}; `{recipe} --help` lists them")
+
+    def bounds_error(name, key, what, value):
+        return UsageError(f"{name}: {what} = {override_text(value)} is outside the range of {key}: "
+                          f"{keys[key].bounds} (`{recipe} --help`)")
 
     for key in fixed:
         if key not in keys:
@@ -352,15 +502,113 @@ def check_keys(space, fixed, keys, recipe):
                              f"drop one")
         if p.key.startswith("run."):
             raise UsageError(f"{p.key}: run.* keys belong to the driver (each trial has its run folder)")
-        kind = keys[p.key]
+        spec = keys[p.key]
+        name = f"{where}: params.\"{p.key}\""
+        kind = spec.kind
         if p.kind == "float" and kind != "float":
-            raise UsageError(f"{p.key} is {'an' if kind == 'int' else 'a'} {kind} key: search it with "
+            raise UsageError(f"{name}: {p.key} is {'an' if kind == 'int' else 'a'} {kind} key: search it with "
                              f"{'an int range or ' if kind == 'int' else ''}choices")
         if p.kind == "int" and kind not in ("int", "float"):
-            raise UsageError(f"{p.key} is a {kind} key: search it with choices")
-    for key in fixed:
+            raise UsageError(f"{name}: {p.key} is a {kind} key: search it with choices")
+        if p.kind == "categorical":
+            for c in p.choices:
+                why = value_fits(spec, c)
+                if why:
+                    raise UsageError(f"{name}: {p.key} is {why}")
+                value = parse_override(p.key, c, spec) if isinstance(c, str) else c
+                if out_of_bounds(spec, value):
+                    raise bounds_error(name, p.key, "a choice", c)
+        else:
+            for what, value in (("low", p.low), ("high", p.high)):
+                if out_of_bounds(spec, value):
+                    raise bounds_error(name, p.key, what, value)
+            for g in p.grid or []:
+                if out_of_bounds(spec, g):
+                    raise bounds_error(name, p.key, "a grid value", g)
+    for key, text in fixed.items():
         if key in ("run.dir", "run.overwrite", "trainer.resume"):
             raise UsageError(f"{key}: set by the driver for each trial (its own run folder); drop it")
+        spec = keys[key]
+        if out_of_bounds(spec, parse_override(key, text, spec)):
+            raise UsageError(f"{key}={text}: outside the range of {key}: {spec.bounds} (`{recipe} --help`)")
+
+
+def check_points(points, keys, recipe):
+    """--enqueue points: every value within its key's bounds."""
+    for params in points:
+        for key, value in params.items():
+            spec = keys[key]
+            if out_of_bounds(spec, parse_override(key, value, spec) if isinstance(value, str) else value):
+                raise UsageError(f"--enqueue {key}={override_text(value)}: outside the range of {key}: "
+                                 f"{spec.bounds} (`{recipe} --help`)")
+
+
+def extreme_points(p, sampler):
+    """The values of p worth a `--check`: low and high (the last point of a stepped range),
+    every choice, and with --sampler grid every grid point."""
+    if p.kind == "categorical":
+        return list(p.choices)
+    high = p.high
+    if p.step:
+        high = p.low + math.floor((p.high - p.low) / p.step + 1e-9) * p.step
+        high = round(high, 12) if p.kind == "float" else high
+    points = [p.low, high]
+    if sampler == "grid":
+        points += [g for g in p.grid_points() if g not in points]
+    return points
+
+
+def binary_check(binary, config, fixed_args, space, points, sampler, recipe, help_text):
+    """`binary --check [--config FILE] key=value...` (the recipe validates a config as a run
+    would, types, bounds and rules across keys, and does no work) once for the fixed arguments,
+    once per extreme point of each param and once per --enqueue point. Returns False when the
+    recipe has no --check (checked from --help only); raises UsageError naming what it refuses."""
+    base = [str(binary), "--check"] + (["--config", str(config)] if config else [])
+
+    def run(commands):
+        """[(rc, the last lines of its output)] of the commands, a few at a time."""
+        results = [None] * len(commands)
+        width = max(1, min(8, len(os.sched_getaffinity(0))))
+        for first in range(0, len(commands), width):
+            batch = [(i, subprocess.Popen(commands[i], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+                     for i in range(first, min(first + width, len(commands)))]
+            for i, process in batch:
+                try:
+                    out, _ = process.communicate(timeout=120)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    out, _ = process.communicate()
+                lines = [line for line in out.splitlines() if line.strip()]
+                results[i] = (process.returncode, "\n".join(lines[-3:]))
+        return results
+
+    (rc, message), = run([base + fixed_args])
+    if rc == 2 and "unknown option --check" in message:
+        if "--check" in help_text:
+            raise TuneError(f"{binary} --help mentions --check, which it refuses: {message}")
+        return False
+    what = " ".join(fixed_args + (["--config", str(config)] if config else [])) or "its default config"
+    if rc == 2:
+        raise UsageError(f"`{recipe} --check` refuses {what}:\n    {message}")
+    if rc != 0:
+        raise TuneError(f"`{recipe} --check {what}` failed with exit status {rc}:\n    {message}")
+    named = [(f"params.\"{p.key}\"", {p.key: v}) for p in space.params for v in extreme_points(p, sampler)]
+    named += [(f"--enqueue {','.join(f'{k}={override_text(v)}' for k, v in point.items())}", point)
+              for point in points]
+    results = run([base + [f"{k}={override_text(v)}" for k, v in point.items()] + fixed_args
+                   for _, point in named])
+    refused = []
+    for (name, point), (rc, message) in zip(named, results):
+        assignment = " ".join(f"{k}={override_text(v)}" for k, v in point.items())
+        if rc != 0:
+            refused.append(f"{name}: {recipe} refuses {assignment}"
+                           + (f" with {' '.join(fixed_args)}" if fixed_args else "")
+                           + f" (exit status {rc}):\n    " + message.replace("\n", "\n    "))
+    if refused:
+        raise UsageError("a point of the space is not a valid config (`" + recipe + " --check`); narrow the "
+                         "range or drop the choice:\n" + "\n".join(refused))
+    return True
 
 
 def detect_gpus():
@@ -465,18 +713,28 @@ def log_tail(path):
     return "\n".join(lines[-LOG_TAIL_LINES:])[-LOG_TAIL_CHARS:]
 
 
+def read_summary(run):
+    """The trial's run/summary.json as a dict, or None (missing, damaged)."""
+    try:
+        summary = json.loads((run.folder / "run" / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def final_value(run, space):
     """The objective of a finished trial: summary.json's metric, else its last val record."""
-    try:
-        summary = json.loads((run.folder / "run" / "summary.json").read_text())
-        value = summary.get(space.metric)
-        if _is_number(value):
-            return float(value)
-    except (OSError, ValueError):
-        pass
+    value = (read_summary(run) or {}).get(space.metric)
+    if _is_number(value):
+        return float(value)
     if run.reported:
         return run.reported[max(run.reported)]
     return None
+
+
+def number_fields(record, prefix="", skip=()):
+    """The names of record's numeric fields (prefixed), sorted."""
+    return sorted(prefix + k for k, v in record.items() if _is_number(v) and k not in skip)
 
 
 def set_user_attrs(study, trial_id, attrs):
@@ -512,6 +770,8 @@ class Tuner:
         self.running = {}  # slot -> TrialRun
         self.stopping = 0  # signals received (1: stop trials cleanly, 2+: kill them)
         self.signal_name = ""
+        self.stop_reason = None  # why the driver stops its running trials, when not a signal
+        self.outcomes = []  # (state, exit status, reason, last log line, number) of the trials finished here
         self.gpus = detect_gpus()
         self.threads = None
         threads_set = ("trainer.threads" in fixed or any(p.key == "trainer.threads" for p in space.params)
@@ -532,14 +792,23 @@ class Tuner:
             study.set_user_attr("space", self.space.text)
             study.set_user_attr("fixed", self.fixed_args)
         else:
-            if attrs.get("metric") != self.space.metric or study.direction.name.lower() != self.space.direction:
+            valued = any(t.state == TrialState.COMPLETE or t.intermediate_values for t in study.trials)
+            if attrs.get("metric") != self.space.metric and not valued \
+                    and study.direction.name.lower() == self.space.direction:
+                # No trial has a value yet (the last run stopped on a misspelt metric, say).
+                log(f"note: the study's metric changes from {attrs.get('metric')} to {self.space.metric} "
+                    f"(no trial has a value yet)")
+                study.set_user_attr("metric", self.space.metric)
+                study.set_user_attr("space", self.space.text)
+            elif attrs.get("metric") != self.space.metric \
+                    or study.direction.name.lower() != self.space.direction:
                 raise TuneError(f"{self.dir} is a study of {attrs.get('metric')} "
                                 f"({study.direction.name.lower()}), the space file asks for {self.space.metric} "
                                 f"({self.space.direction}): use another --study folder")
             if attrs.get("recipe") != self.recipe:
                 raise TuneError(f"{self.dir} is a study of the recipe {attrs.get('recipe')}, not {self.recipe}: "
                                 f"use another --study folder")
-            if attrs.get("space") != self.space.text:
+            if study.user_attrs.get("space") != self.space.text:
                 log("note: the space file differs from the one this study started with (the new one applies "
                     "to new trials)")
             if sorted(attrs.get("fixed", [])) != sorted(self.fixed_args):
@@ -609,6 +878,15 @@ class Tuner:
 
     def start_trial(self, slot):
         trial = self.study.ask()
+        try:
+            self.launch(trial, slot)
+        except BaseException as e:
+            # Nothing runs for this trial: FAIL, not RUNNING (a resume would call it interrupted).
+            set_user_attrs(self.study, trial._trial_id, {"reason": f"not started: {e}"[:LOG_TAIL_CHARS]})
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+
+    def launch(self, trial, slot):
         params = {p.key: p.suggest(trial) for p in self.space.params}
         folder = self.dir / "trials" / f"{trial.number:04d}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -626,12 +904,16 @@ class Tuner:
         trial.set_user_attr("command", command)
         trial.set_user_attr("folder", str(folder))
         log_file = open(folder / "log.txt", "ab")
-        log_file.write(f"$ {' '.join(command)}\n".encode())
-        log_file.flush()
-        # Own session: a Ctrl-C at the terminal reaches the driver only, which stops the
-        # trials itself; PDEATHSIG stops them if the driver is killed.
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True, preexec_fn=_die_with_driver)
+        try:
+            log_file.write(f"$ {' '.join(command)}\n".encode())
+            log_file.flush()
+            # Own session: a Ctrl-C at the terminal reaches the driver only, which stops the
+            # trials itself; PDEATHSIG stops them if the driver is killed.
+            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True, preexec_fn=_die_with_driver)
+        except BaseException:
+            log_file.close()
+            raise
         self.running[slot] = TrialRun(trial, params, folder, process, log_file, slot, time.monotonic())
         where = f" on GPU {env['CUDA_VISIBLE_DEVICES']}" if len(self.gpus) > 1 else ""
         log(f"trial {trial.number} started{where}: {format_params(params)} ({folder})")
@@ -640,6 +922,9 @@ class Tuner:
         """Reports new validation values; asks the pruner; stops a pruned trial."""
         field_name = self.space.val_field
         for record in read_val_records(run):
+            if field_name and field_name not in record:
+                raise self.metric_error(f"the val records of {self.recipe} have no field \"{field_name}\"",
+                                        number_fields(record, "val_", skip=("epoch", "step")))
             value = record.get(field_name) if field_name else None
             epoch = record["epoch"]
             if not _is_number(value) or epoch in run.reported:
@@ -655,20 +940,31 @@ class Tuner:
 
     def finish(self, run):
         """The trial's process exited: tell Optuna how it went."""
-        self.follow(run)  # the records written before it exited
-        run.log_file.close()
         rc = run.process.returncode
         seconds = time.monotonic() - run.started
+        try:
+            self.follow(run)  # the records written before it exited
+        except MetricError:
+            run.log_file.close()
+            self.interrupted(run, rc, seconds, self.stop_reason)
+            raise
+        run.log_file.close()
         attrs = {"exit_status": rc, "seconds": round(seconds, 3)}
         trial_id = run.trial._trial_id
         if run.pruned_at is not None:
             set_user_attrs(self.study, trial_id, {**attrs, "pruned_epoch": run.pruned_at})
             self.study.tell(run.trial, state=TrialState.PRUNED)
             log(f"trial {run.number} PRUNED at epoch {run.pruned_at} ({seconds:.1f} s)")
+            self.outcome(TrialState.PRUNED, rc, "", "", run.number)
             return
         if self.stopping and (rc == 130 or rc < 0):
             self.interrupted(run, rc, seconds)
             return
+        summary = read_summary(run) if rc == 0 else None
+        if summary is not None and self.space.val_field is None and self.space.metric not in summary:
+            self.interrupted(run, rc, seconds, "stopped: the objective metric is not in summary.json")
+            raise self.metric_error(f"{run.folder / 'run' / 'summary.json'} has no \"{self.space.metric}\"",
+                                    number_fields(summary))
         value = final_value(run, self.space) if rc == 0 else None
         if value is not None and math.isfinite(value):
             set_user_attrs(self.study, trial_id, attrs)
@@ -676,6 +972,7 @@ class Tuner:
             best = self.study.best_trial
             log(f"trial {run.number} COMPLETE: {self.space.metric} {value:.6g} ({seconds:.1f} s); "
                 f"best so far: trial {best.number}, {best.value:.6g}")
+            self.outcome(TrialState.COMPLETE, rc, "", "", run.number)
             return
         if rc == 0:
             reason = f"no finite {self.space.metric} in run/summary.json nor in the val records"
@@ -690,14 +987,42 @@ class Tuner:
         self.study.tell(run.trial, state=TrialState.FAIL)
         log(f"trial {run.number} FAIL: exit status {rc} ({reason}), {seconds:.1f} s; last lines of "
             f"{run.folder / 'log.txt'}:\n" + "\n".join("    " + line for line in tail.splitlines()))
+        self.outcome(TrialState.FAIL, rc, reason, tail.splitlines()[-1] if tail else "", run.number)
 
-    def interrupted(self, run, rc, seconds):
+    def outcome(self, state, rc, reason, last_line, number):
+        """Counts a trial finished by this driver; the first SAME_FAILURE_STOP all failing the
+        same way (exit status and reason) stop the study: the setup is wrong, not the points."""
+        self.outcomes.append((state, rc, reason, last_line, number))
+        if len(self.outcomes) != SAME_FAILURE_STOP:
+            return
+        if any(o[0] != TrialState.FAIL or o[1:3] != self.outcomes[0][1:3] for o in self.outcomes):
+            return
+        lines = sorted({o[3] for o in self.outcomes if o[3]})
+        numbers = ", ".join(str(o[4]) for o in self.outcomes)
+        self.stop_reason = f"stopped: the first {SAME_FAILURE_STOP} trials failed the same way"
+        what = f"exit status {rc} ({reason})" if _is_int(rc) else reason
+        raise TuneError(f"the first {SAME_FAILURE_STOP} trials all failed with {what} (trials {numbers}): "
+                        f"stopping the study, since the setup (fixed arguments, --config, the recipe) rather "
+                        f"than the sampled points is likely wrong. Their last log line"
+                        f"{'s' if len(lines) > 1 else ''}:\n" + "\n".join("    " + line for line in lines)
+                        + f"\nFix it and rerun the same command (these trials count toward --trials), or use "
+                          f"another --study folder")
+
+    def metric_error(self, what, fields):
+        """The objective names nothing the recipe records: stop the running trials (not counted,
+        their points run again) and say which names there are."""
+        self.stop_reason = f"stopped: {self.space.metric} is not a metric of {self.recipe}"
+        names = ", ".join(fields) or "none"
+        return MetricError(f"[objective] metric = \"{self.space.metric}\": {what}; metrics there: {names}"
+                           f"{'' if self.space.val_field else ' (or val_<field> of the val records)'}. Fix the "
+                           f"space file and rerun the same command (the study resumes; no trial has counted)")
+
+    def interrupted(self, run, rc, seconds, why="stopped when the driver was interrupted"):
         set_user_attrs(self.study, run.trial._trial_id, {
-            "exit_status": rc, "seconds": round(seconds, 3), "reason": "interrupted",
-            "interrupted": "stopped when the driver was interrupted"})
+            "exit_status": rc, "seconds": round(seconds, 3), "reason": "interrupted", "interrupted": why})
         self.study.tell(run.trial, state=TrialState.FAIL)
         self.study.enqueue_trial(run.params, user_attrs={"retry_of": run.number})
-        log(f"trial {run.number} stopped (exit status {rc}): FAIL (interrupted, not counted; its "
+        log(f"trial {run.number} {why} (exit status {rc}): FAIL (interrupted, not counted; its "
             f"parameters run again on resume)")
 
     def on_signal(self, signum, _frame):
@@ -765,7 +1090,8 @@ class Tuner:
                     run.process.kill()
                     run.process.wait()
                 run.log_file.close()
-                self.interrupted(run, run.process.returncode, time.monotonic() - run.started)
+                self.interrupted(run, run.process.returncode, time.monotonic() - run.started,
+                                 *([self.stop_reason] if self.stop_reason else []))
                 del self.running[slot]
 
     # ---- results
@@ -1086,11 +1412,18 @@ def main(argv=None):
             raise UsageError(f"--config {args.config}: no such file")
         if args.config:
             args.config = args.config.resolve()
-        check_keys(space, fixed, recipe_keys(args.binary), recipe)
+        # Everything is checked before the study opens: a bad space never starts (or leaves
+        # RUNNING) a trial, nor trains one on a value the recipe refuses.
+        keys, help_text = recipe_keys(args.binary)
+        check_space(space, fixed, keys, recipe, args.space)
         points = parse_enqueue(args.enqueue, space, args.sampler)
+        check_points(points, keys, recipe)
         if args.sampler == "grid":
             for p in space.params:
                 p.grid_points()  # a float range without grid = [...] is an error now, not later
+        if not binary_check(args.binary, args.config, fixed_args, space, points, args.sampler, recipe, help_text):
+            log(f"note: {recipe} has no --check: the space was checked against the types and ranges of "
+                f"`{recipe} --help` only (a rule across keys shows at the first trial)")
         args.study.mkdir(parents=True, exist_ok=True)
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # the driver says what happens
         with driver_lock(args.study):

@@ -2,13 +2,18 @@
 """tools/tune.py end to end: an Optuna study of tiny fashion_mnist trials.
 
 Trials: 800 training images, 200 validation, 100 test, 3 epochs, one thread,
-a step record every step; searched: optim.lr (log, [1e-7, 0.5]) and optim.name
-(sgd, adam, or "bogus", which the recipe refuses with exit status 2); median
-pruner after 2 completed trials. Each phase reruns the same study folder:
+a step record every step; searched: optim.lr (log, [1e-7, 0.5]), optim.name
+(sgd, adam) and data.root (the data, or a folder without it: a config every
+check passes and the run fails on, exit status 1); median pruner after 2
+completed trials. Each phase reruns the same study folder:
 
+0. Refused before any trial (other study folders): a range outside the key's
+   bounds from --help, strings for an int key, an unknown optimizer when the
+   recipe has --check; a misspelt metric (val_acuracy) at the first trial,
+   naming val_accuracy.
 1. --trials 2, two enqueued good points: trials 0 and 1 COMPLETE.
 2. --trials 4 adds lr=1e-7 (PRUNED at epoch 1 of 3: SIGTERM, exit 130, no
-   later val record) and optim.name=bogus (FAIL, exit status 2, the recipe's
+   later val record) and data.root=MISSING (FAIL, exit status 1, the recipe's
    message in its log tail and on the driver's output); 0 and 1 not rerun.
 3. --trials 5, SIGINT to the driver while trial 4 trains: exit 130, trial 4
    FAIL "interrupted" (not counted), checkpoint saved, its point enqueued again.
@@ -66,20 +71,24 @@ high = 0.5
 log = true
 
 [params."optim.name"]
-choices = ["sgd", "adam", "bogus"]
+choices = ["sgd", "adam"]
+
+[params."data.root"]
+choices = ["{root}", "{missing}"]
 """
 
 
 class Study:
     """The driver's command line for one study folder, and its journal read back."""
 
-    def __init__(self, tune, binary, data_root, work):
-        self.dir = work / "study"
-        self.space = work / "space.toml"
-        self.space.write_text(SPACE)
+    def __init__(self, tune, binary, data_root, work, space=None, name="study"):
+        self.dir = work / name
+        self.space = work / f"{name}_space.toml"
+        self.space.write_text(space or SPACE.format(root=data_root, missing=MISSING))
+        fixed_root = [] if space is None else [f"data.root={data_root}"]  # the main study searches it
         self.base = [sys.executable, str(tune), "--binary", str(binary), "--space", str(self.space),
-                     "--study", str(self.dir), "--pruner", "median", "--pruner-startup", "2",
-                     f"data.root={data_root}", "data.train_subset=800", "data.val_size=200",
+                     "--study", str(self.dir), "--pruner", "median", "--pruner-startup", "2", *fixed_root,
+                     "data.train_subset=800", "data.val_size=200",
                      "data.test_subset=100", "trainer.epochs=3", "trainer.threads=1",
                      "trainer.log_every=1", "monitor.tensorboard=false", "monitor.csv=false"]
 
@@ -98,6 +107,8 @@ class Study:
 
     def trials(self):
         import optuna
+        if not (self.dir / "journal.log").exists():
+            return []
         storage = optuna.storages.JournalStorage(
             optuna.storages.journal.JournalFileBackend(str(self.dir / "journal.log")))
         return optuna.load_study(study_name="tune", storage=storage).get_trials(deepcopy=False)
@@ -106,9 +117,23 @@ class Study:
         return self.dir / "trials" / f"{number:04d}"
 
 
-GOOD = ["optim.lr=0.05,optim.name=sgd", "optim.lr=0.1,optim.name=sgd"]
-BAD = ["optim.lr=1e-7,optim.name=sgd", "optim.name=bogus"]
-MIDDLE = ["optim.lr=0.02,optim.name=sgd"]  # the point interrupted twice, then evaluated
+MISSING = "/nonexistent/fashion-mnist"  # data.root of the trial that fails
+GOOD = ["optim.lr=0.05,optim.name=sgd,data.root={root}", "optim.lr=0.1,optim.name=sgd,data.root={root}"]
+BAD = ["optim.lr=1e-7,optim.name=sgd,data.root={root}", f"optim.lr=0.05,optim.name=sgd,data.root={MISSING}"]
+MIDDLE = ["optim.lr=0.02,optim.name=sgd,data.root={root}"]  # the point interrupted twice, then evaluated
+
+
+def refused(tune, binary, data_root, work, name, space, says, trials=2):
+    """A study the driver refuses (exit 2): no trial ran to the end, none left RUNNING."""
+    from optuna.trial import TrialState as S
+    study = Study(tune, binary, data_root, work, space=space, name=name)
+    output = study.run(trials, expect=2)
+    for text in says:
+        check(text in output, f"{name}: the output lacks {text!r}:\n{output}")
+    trials = study.trials()
+    check(all(t.state != S.RUNNING and (t.state != S.FAIL or "interrupted" in t.user_attrs) for t in trials)
+          and not any(t.state in (S.COMPLETE, S.PRUNED) for t in trials), f"{name}: trials {trials}")
+    return study
 
 
 def main():
@@ -134,28 +159,50 @@ def main():
 
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    study = Study(args.tune, args.binary, args.data_root, args.work)
     started = time.monotonic()
+    good, bad, middle = ([p.replace("{root}", args.data_root) for p in points] for points in (GOOD, BAD, MIDDLE))
+
+    # 0. Refused before training (or, a misspelt metric, at the first validation).
+    head = '[objective]\nmetric = "val_accuracy"\n\n[params."optim.lr"]\nlow = 0.01\nhigh = 0.1\n'
+    has_check = "--check" in subprocess.run([args.binary, "--help"], capture_output=True, text=True).stdout
+    for name, extra, says in [
+            ("momentum", '[params."optim.momentum"]\nlow = 0.5\nhigh = 1.0\n', ["high = 1.0", "in [0, 1)"]),
+            ("width", '[params."model.width"]\nchoices = ["8", "16"]\n', ['params."model.width"', "int key"])] \
+            + [("bogus", '[params."optim.name"]\nchoices = ["sgd", "bogus"]\n',
+                ["optim.name=bogus", "unknown optimizer 'bogus'"])] * has_check:
+        study = refused(args.tune, args.binary, args.data_root, args.work, name, head + extra, says)
+        check(not study.trials() and not (study.dir / "trials").exists(), f"{name}: a trial started")
+    typo = refused(args.tune, args.binary, args.data_root, args.work, "typo",
+                   head.replace('"val_accuracy"', '"val_acuracy"\ndirection = "maximize"'),
+                   ["val_acuracy", "val_accuracy", "val_loss"])
+    ran = [t for t in typo.trials() if t.state != S.WAITING]  # the stopped one; its point waits to run again
+    check(len(ran) == 1 and "interrupted" in ran[0].user_attrs, f"typo: {ran}, expected 1 stopped trial")
+    print(f"phase 0 OK: bad spaces refused{' (with --check)' if has_check else ''}, a misspelt metric "
+          f"at the first validation ({time.monotonic() - started:.0f} s)")
+
+    study = Study(args.tune, args.binary, args.data_root, args.work)
 
     # 1. Two good trials.
-    study.run(2, *GOOD)
+    study.run(2, *good)
     trials = study.trials()
     check([t.state for t in trials] == [S.COMPLETE] * 2, f"phase 1: {[t.state for t in trials]}")
-    check([t.params for t in trials] == [{"optim.lr": 0.05, "optim.name": "sgd"},
-                                         {"optim.lr": 0.1, "optim.name": "sgd"}], f"{[t.params for t in trials]}")
+    root = {"data.root": args.data_root}
+    check([t.params for t in trials] == [{"optim.lr": 0.05, "optim.name": "sgd", **root},
+                                         {"optim.lr": 0.1, "optim.name": "sgd", **root}],
+          f"{[t.params for t in trials]}")
     first = {t.number: t.datetime_complete for t in trials}
     summary_mtime = (study.folder(0) / "run" / "summary.json").stat().st_mtime_ns
     print(f"phase 1 OK: trials 0, 1 complete ({time.monotonic() - started:.0f} s)")
 
     # 2. A clearly bad trial is pruned early; a crashing one is recorded; 0 and 1 are not rerun.
-    output = study.run(4, *GOOD, *BAD)
+    output = study.run(4, *good, *bad)
     trials = study.trials()
     check(len(trials) == 4, f"phase 2: {len(trials)} trials, expected 4")
     check({t.number: t.datetime_complete for t in trials[:2]} == first, "phase 2: trial 0 or 1 was rerun")
     check((study.folder(0) / "run" / "summary.json").stat().st_mtime_ns == summary_mtime,
           "phase 2: trial 0's run folder was written again")
     pruned, crashed = trials[2], trials[3]
-    check(pruned.params == {"optim.lr": 1e-7, "optim.name": "sgd"} and pruned.state == S.PRUNED,
+    check(pruned.params == {"optim.lr": 1e-7, "optim.name": "sgd", **root} and pruned.state == S.PRUNED,
           f"trial 2: {pruned.params} {pruned.state}")
     check(pruned.user_attrs.get("pruned_epoch") == 1 and list(pruned.intermediate_values) == [1],
           f"trial 2 pruned at {pruned.user_attrs}, reported {pruned.intermediate_values}")
@@ -164,17 +211,17 @@ def main():
     epochs = [json.loads(line)["epoch"] for line in records if '"kind":"val"' in line]
     check(epochs == [1], f"trial 2 validated epochs {epochs}: it should stop after epoch 1 of 3")
     check((study.folder(2) / "run" / "checkpoints" / "last.pt").is_file(), "trial 2: no checkpoint after SIGTERM")
-    check(crashed.state == S.FAIL and crashed.params["optim.name"] == "bogus", f"trial 3: {crashed}")
-    check(crashed.user_attrs.get("exit_status") == 2, f"trial 3: {crashed.user_attrs}")
-    message = "unknown optimizer 'bogus'"
+    check(crashed.state == S.FAIL and crashed.params["data.root"] == MISSING, f"trial 3: {crashed}")
+    check(crashed.user_attrs.get("exit_status") == 1, f"trial 3: {crashed.user_attrs}")
+    message = f"{MISSING}: neither train-images-idx3-ubyte"
     check(message in crashed.user_attrs.get("log_tail", ""), f"trial 3 log tail: {crashed.user_attrs}")
     check(message in (study.folder(3) / "log.txt").read_text(), "trial 3: log.txt lacks the recipe's error")
-    check("trial 3 FAIL: exit status 2" in output and message in output, f"phase 2 output:\n{output}")
-    print(f"phase 2 OK: lr=1e-7 pruned at epoch 1, optim.name=bogus FAIL with exit 2 and its log "
+    check("trial 3 FAIL: exit status 1" in output and message in output, f"phase 2 output:\n{output}")
+    print(f"phase 2 OK: lr=1e-7 pruned at epoch 1, a missing data.root FAIL with exit 1 and its log "
           f"({time.monotonic() - started:.0f} s)")
 
     # 3. SIGINT to the driver while trial 4 trains.
-    driver, out = study.start(5, *GOOD, *BAD, *MIDDLE, log_name="phase3.log")
+    driver, out = study.start(5, *good, *bad, *middle, log_name="phase3.log")
     wait_for(lambda: has_step_record(study.folder(4) / "run"), "trial 4's first step record")
     driver.send_signal(signal.SIGINT)
     rc = driver.wait(timeout=180)
@@ -192,7 +239,7 @@ def main():
     print(f"phase 3 OK: Ctrl-C stopped trial 4 cleanly ({time.monotonic() - started:.0f} s)")
 
     # 4. SIGKILL to the driver while trial 5 (the retry) trains.
-    driver, out = study.start(5, *GOOD, *BAD, *MIDDLE, log_name="phase4.log")
+    driver, out = study.start(5, *good, *bad, *middle, log_name="phase4.log")
     wait_for(lambda: has_step_record(study.folder(5) / "run"), "trial 5's first step record")
     driver.kill()
     driver.wait()
@@ -200,11 +247,12 @@ def main():
     wait_for(lambda: "checkpoint saved" in (study.folder(5) / "log.txt").read_text(),
              "trial 5 to stop on its own after the driver died (PDEATHSIG)", timeout=60)
     t5 = study.trials()[5]
-    check(t5.state == S.RUNNING and t5.params == {"optim.lr": 0.02, "optim.name": "sgd"}, f"trial 5: {t5}")
+    check(t5.state == S.RUNNING and t5.params == {"optim.lr": 0.02, "optim.name": "sgd", **root},
+          f"trial 5: {t5}")
     print(f"phase 4 OK: killed driver, trial 5 stopped itself ({time.monotonic() - started:.0f} s)")
 
     # 5. Resume: trial 5 marked FAIL, its point evaluated by trial 6.
-    output = study.run(5, *GOOD, *BAD, *MIDDLE)
+    output = study.run(5, *good, *bad, *middle)
     check("trial 5 was left RUNNING by a driver that stopped: marked FAIL" in output, f"phase 5:\n{output}")
     trials = study.trials()
     check([t.number for t in trials] == list(range(7)), f"phase 5: numbers {[t.number for t in trials]}")
@@ -223,7 +271,7 @@ def main():
           f"({time.monotonic() - started:.0f} s)")
 
     # 6. Nothing left to run.
-    output = study.run(5, *GOOD, *BAD, *MIDDLE)
+    output = study.run(5, *good, *bad, *middle)
     check("nothing to run" in output and len(study.trials()) == 7, f"phase 6:\n{output}")
     check("#  state" in output and "PRUNED" in output, f"phase 6: no table:\n{output}")
 
