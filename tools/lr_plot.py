@@ -42,6 +42,11 @@ def _values(curve, key, path, n):
     return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan for v in values]
 
 
+def _positive(x):
+    """A learning rate: a number, finite and > 0 (JSON's 1e400 reads as an infinity)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
 def load_curve(path):
     """(lrs, losses, smoothed, points, stop_reason); points: [(label, lr, loss, style)]."""
     try:
@@ -53,9 +58,8 @@ def load_curve(path):
     if not isinstance(curve, dict):
         raise PlotError(f"{path}: expected a JSON object")
     lrs = curve.get("lrs")
-    if not isinstance(lrs, list) or not lrs or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lrs):
-        raise PlotError(f"{path}: 'lrs' must be a non-empty list of positive learning rates")
+    if not isinstance(lrs, list) or not lrs or not all(_positive(x) for x in lrs):
+        raise PlotError(f"{path}: 'lrs' must be a non-empty list of positive, finite learning rates")
     losses = _values(curve, "losses", path, len(lrs))
     smoothed = _values(curve, "smoothed", path, len(lrs))
     points = []
@@ -67,6 +71,8 @@ def load_curve(path):
         if not isinstance(index, int) or not 0 <= index < len(lrs):
             raise PlotError(f"{path}: '{key}.index' must be an index into 'lrs', got {json.dumps(index)}")
         lr = point.get("lr", lrs[index])
+        if not _positive(lr):
+            raise PlotError(f"{path}: '{key}.lr' must be a positive, finite learning rate, got {json.dumps(lr)}")
         points.append((f"{point.get('rule', key)}: lr {lr:.3g}", float(lr), smoothed[index], style))
     return lrs, losses, smoothed, points, str(curve.get("stop_reason", ""))
 

@@ -6,7 +6,7 @@
                           [--margin 0.10] [--mfu X] [--runs-dir runs] [--context-gib 0.5]
                           [--step-floor-ms 1] [--launch-us 5] [--graph-launch-us 10] [--kernel-us 2]
                           [--host-ram-gib 16] [--gpu NAME ...]
-                          [--precision P ...] [--json]
+                          [--precision P ...] [--json] [--check]
     python3 tools/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
 
 --price takes a table name (H100-SXM) or a family (H100: every H100 row); an
@@ -107,7 +107,12 @@ The model (every constant is a flag or a documented default)
 
 MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
   schema 1; recipe; device ("cpu" or "cuda:0"); device_name; threads
-  batch_size, epochs, accumulate_grad_batches, precision, optimizer: the config's
+  batch_size, epochs, accumulate_grad_batches, precision, optimizer: the config's;
+                         batch_size at most the training set (the batch the run
+                         really uses; planned so when a file says more)
+  config_batch_size (optional): data.batch_size as configured, when larger
+  host_memory_limit_bytes (optional): tensor bytes the CPU measurement could use
+                         (plan.host_memory_gib; 0 = none, on a GPU)
   parameters, trainable_parameters
   parameter_bytes, buffer_bytes
   gradient_bytes         fp32 gradients of the trainable parameters: what
@@ -136,6 +141,9 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
                          short last batch and evaluation allocate beside it)
   memory: {PRECISION: {"probes": [{"batch", "peak_bytes"}, ...],
                        "fixed_bytes": F, "per_sample_bytes": A}}
+                         probes_reduced_from (optional): [small, large] asked for
+                         when they did not fit the host and smaller batches were
+                         measured instead;
                          peak_bytes: device memory the training loop uses on top
                          of what is resident before it (parameters, buffers,
                          a resident dataset); peak(b) = F + b*A (fitted from the
@@ -153,9 +161,12 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
             dataset in GPU memory, data.resident)}
   measured: {samples_per_second, step_seconds, batch, mfu (or null),
              peak_flops, peak_source}: training speed on the measuring machine
+             at batch (batch_size, or the largest the host holds when
+             batch_size does not fit it)
   verify (optional): {batch, precision, predicted_peak_bytes,
              measured_peak_bytes, resident_bytes}: the fit checked at the
-             config's batch (plan.verify=true); shown when present
+             config's batch (plan.verify=true); shown when present; {batch,
+             skipped} when that batch does not fit the measuring host
 
 JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
   "assumptions": {..., step_floor_seconds, step_floor (how), step_launches {cuda_graph,
@@ -170,6 +181,11 @@ JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
             speedup, pays}]}]}]},
   "recommendation": {gpu, precision, text, reasons}, "notes": [...]}
 Seconds, bytes and USD are plain numbers; null = not applicable (no price, no fit).
+
+Options are checked before anything is read: a value out of range (NaN, an
+infinity, a negative price, --price past $10,000/h, ...), or a --price or
+--gpu naming no row of the table, is a usage error. --check checks them and
+exits (tools/ember plan runs it before measuring).
 
 Exit status: 0 planned, 1 bad input (the message names the file and key), 2 usage.
 """
@@ -216,10 +232,19 @@ NETWORKS = (("25 GbE", 25 / 8), ("100 GbE", 100 / 8), ("400G IB", 400 / 8))  # G
 GPU_FIELDS = ("memory_gib", "hbm_gb_s", "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops",
               "nvlink_gb_s", "pcie_gen")
 DEFAULT_GPUS = Path(__file__).resolve().parent / "plan" / "gpus.toml"
+# Largest values the options take: beyond them a number is a typo, and the arithmetic overflows.
+MAX_GIB = 2.0**20  # --context-gib, --host-ram-gib: 1 PiB (the recipe keys' *_gib bound)
+MAX_USD_PER_HOUR = 1e4  # --price: the dearest cloud GPU rents for ~$10/h; a node of 8 for under $100/h
+MAX_US = 1e6  # --launch-us, --graph-launch-us, --kernel-us: one second per launch
+MAX_STEP_FLOOR_MS = 3.6e6  # --step-floor-ms: an hour per step
 
 
 class PlanError(Exception):
     """Bad input: the message says where, what, and what to do."""
+
+
+class UsageError(PlanError):
+    """A bad option (a --price or --gpu naming no row of the table): exit 2, like argparse's."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -500,6 +525,21 @@ def load_gpus(path):
     return gpus
 
 
+def parse_price(item):
+    """"L4=0.80" -> ("L4", 0.8); UsageError unless GPU=USD with 0 <= USD <= MAX_USD_PER_HOUR."""
+    name, sep, value = item.partition("=")
+    if not sep or not name.strip():
+        raise UsageError(f"--price {item}: expected GPU=USD_PER_HOUR (e.g. --price L4=0.80)")
+    try:
+        usd = float(value)
+    except ValueError:
+        usd = math.nan
+    if not math.isfinite(usd) or not 0 <= usd <= MAX_USD_PER_HOUR:
+        raise UsageError(f"--price {item}: '{value}' is not a price in USD per GPU-hour (a number from 0 to "
+                         f"{MAX_USD_PER_HOUR:g}, e.g. --price L4=0.80)")
+    return name.strip(), usd
+
+
 def parse_prices(items, gpus):
     """["L4=0.8", "H100=2.5", ...] -> {"L4": 0.8, "H100-SXM": 2.5, "H100-PCIe": 2.5}, keyed by the
     table's spelling. A name matches a row exactly, or every row of its family (H100 -> H100-SXM
@@ -507,23 +547,15 @@ def parse_prices(items, gpus):
     names = [g["name"] for g in gpus]
     family, exact = {}, {}
     for item in items:
-        name, sep, value = item.partition("=")
-        key = name.strip().lower()
-        if not sep or not key:
-            raise PlanError(f"--price {item}: expected GPU=USD_PER_HOUR (e.g. --price L4=0.80)")
-        try:
-            usd = float(value)
-        except ValueError:
-            usd = math.nan
-        if not math.isfinite(usd) or usd < 0:
-            raise PlanError(f"--price {item}: '{value}' is not a price in USD per hour")
+        name, usd = parse_price(item)
+        key = name.lower()
         matches = [n for n in names if n.lower() == key]
         if matches:
             exact[matches[0]] = usd
             continue
         matches = [n for n in names if n.lower().startswith(key + "-")]
         if not matches:
-            raise PlanError(f"--price {item}: no GPU '{name}' in the table; known: {', '.join(names)}")
+            raise UsageError(f"--price {item}: no GPU '{name}' in the table; known: {', '.join(names)}")
         family.update((n, usd) for n in matches)
     return {**family, **exact}
 
@@ -846,26 +878,48 @@ def recommend(m, rows, dp, config_precision):
     return {"gpu": pick.gpu, "precision": pick.precision, "text": text, "reasons": reasons}
 
 
+def select_gpus(gpus, names):
+    """The rows named by --gpu (all without); UsageError for a name not in the table."""
+    if not names:
+        return gpus
+    wanted = {g.lower() for g in names}
+    unknown = sorted(wanted - {g["name"].lower() for g in gpus})
+    if unknown:
+        raise UsageError(f"--gpu {', '.join(unknown)}: not in the table; known: "
+                         f"{', '.join(g['name'] for g in gpus)}")
+    return [g for g in gpus if g["name"].lower() in wanted]
+
+
+def real_batch(m):
+    """The batch the run really uses: data.batch_size, at most the training set (one batch of it
+    all, the loader's last batch being short). A measurement of a larger batch (older files; new
+    ones write the real one as batch_size and the config's as config_batch_size) is planned at the
+    real one: m["batch_size"] becomes it. Returns the note saying so, or None."""
+    train_samples = m["dataset"]["train_samples"]
+    config_batch = m.get("config_batch_size", m["batch_size"])
+    if isinstance(config_batch, bool) or not isinstance(config_batch, int) or config_batch < m["batch_size"]:
+        config_batch = m["batch_size"]
+    m["batch_size"] = min(m["batch_size"], train_samples)
+    if config_batch <= m["batch_size"]:
+        return None
+    return (f"data.batch_size={config_batch} is larger than the {train_samples} training samples: planned "
+            f"for batches of {m['batch_size']}")
+
+
 def make_plan(m, gpus, prices, args, measurement_path):
+    batch_note = real_batch(m)
     runs = find_run_calibrations(args.runs_dir, m["recipe"]) if args.runs_dir else []
     precisions = args.precision or list(PRECISIONS)
     mfus = {p: choose_mfu(p, args.mfu, runs, m) for p in PRECISIONS}
     context_bytes = args.context_gib * GIB
     floor_seconds, floor_text = step_floor(m, args.step_floor_ms, args.launch_us, args.graph_launch_us,
                                            args.kernel_us)
-    if args.gpu:
-        wanted = {g.lower() for g in args.gpu}
-        known = {g["name"].lower() for g in gpus}
-        unknown = sorted(wanted - known)
-        if unknown:
-            raise PlanError(f"--gpu {', '.join(unknown)}: not in the table; known: "
-                            f"{', '.join(g['name'] for g in gpus)}")
-        gpus = [g for g in gpus if g["name"].lower() in wanted]
+    gpus = select_gpus(gpus, args.gpu)
     rows = plan_rows(m, gpus, prices, mfus, args.margin, context_bytes, floor_seconds, precisions)
     if not rows:
         raise PlanError(f"no GPU of the selection has the math of {', '.join(precisions)}")
     dp = data_parallel(m, gpus, best_row_per_gpu(rows, m["precision"]))
-    notes = []
+    notes = [batch_note] if batch_note else []
     if (m.get("memory_method") or "").lower().startswith("cpu"):
         notes.append("memory measured with CPU allocator statistics: a GPU adds cuDNN workspaces and "
                      "caching-allocator rounding, so keep the margin")
@@ -1123,7 +1177,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description="GPU-rental plan from a `RECIPE --measure` file; the top of "
                                             "tools/plan.py documents the model, its constants and both JSON "
                                             "formats (tools/ember plan --help prints it).")
-    p.add_argument("measurement", type=Path, help="MEASURE.json written by `RECIPE --measure`")
+    p.add_argument("measurement", type=Path, nargs="?", help="MEASURE.json written by `RECIPE --measure`")
     p.add_argument("--gpus", type=Path, default=DEFAULT_GPUS, help="GPU table (default: tools/plan/gpus.toml)")
     p.add_argument("--price", action="append", default=[], metavar="GPU=USD_PER_HOUR",
                    help="price of one GPU-hour; repeat per GPU (overrides the table's usd_per_hour)")
@@ -1154,15 +1208,35 @@ def parse_args(argv):
     p.add_argument("--precision", action="append", choices=PRECISIONS, help="only this precision; repeatable")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-color", action="store_true", help="accepted for tools/ember; the output has no colour")
+    p.add_argument("--check", action="store_true",
+                   help="check the options (and the names in --price and --gpu against the table) and exit; "
+                        "tools/ember plan runs it before measuring")
     args = p.parse_args(argv)
-    if not 0 <= args.margin < 1:
-        p.error(f"--margin {args.margin}: expected 0 <= margin < 1 (0.10 keeps 10%% free)")
-    if args.mfu is not None and not 0 < args.mfu <= 1:
-        p.error(f"--mfu {args.mfu}: expected 0 < MFU <= 1 (0.30 = 30%% of the peak)")
-    if (args.context_gib < 0 or (args.step_floor_ms or 0) < 0 or args.launch_us < 0 or args.graph_launch_us < 0
-            or args.kernel_us < 0 or args.host_ram_gib <= 0):
-        p.error("--context-gib, --step-floor-ms, --launch-us, --graph-launch-us and --kernel-us must be >= 0, "
-                "--host-ram-gib > 0")
+    if args.measurement is None and not args.check:
+        p.error("the measurement MEASURE.json is required (write it with `RECIPE --measure MEASURE.json`)")
+    # (option, value, low, high, low excluded, high excluded, example): NaN, infinities and
+    # values past the bounds are usage errors, before anything is read.
+    ranges = [("--margin", args.margin, 0, 1, False, True, "0.10: 10% kept free"),
+              ("--mfu", args.mfu, 0, 1, True, False, "0.30: 30% of the peak"),
+              ("--context-gib", args.context_gib, 0, MAX_GIB, False, False, "0.5"),
+              ("--step-floor-ms", args.step_floor_ms, 0, MAX_STEP_FLOOR_MS, False, False, "1"),
+              ("--launch-us", args.launch_us, 0, MAX_US, False, False, "5"),
+              ("--graph-launch-us", args.graph_launch_us, 0, MAX_US, False, False, "10"),
+              ("--kernel-us", args.kernel_us, 0, MAX_US, False, False, "2"),
+              ("--host-ram-gib", args.host_ram_gib, 0, MAX_GIB, True, False, "16")]
+    for name, value, low, high, low_open, high_open, example in ranges:
+        if value is None:
+            continue
+        inside = (math.isfinite(value) and (value > low if low_open else value >= low)
+                  and (value < high if high_open else value <= high))
+        if not inside:
+            p.error(f"{name} {value}: expected a number {'>' if low_open else '>='} {low:g} and "
+                    f"{'<' if high_open else '<='} {high:.10g} (e.g. {name} {example})")
+    for item in args.price:
+        try:
+            parse_price(item)
+        except UsageError as e:
+            p.error(str(e))
     if args.precision:
         args.precision = [p for p in PRECISIONS if p in args.precision]
     return args
@@ -1171,13 +1245,16 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        m = load_measurement(args.measurement)
         gpus = load_gpus(args.gpus)
         prices = parse_prices(args.price, gpus)
+        select_gpus(gpus, args.gpu)
+        if args.check:
+            return 0
+        m = load_measurement(args.measurement)
         plan = make_plan(m, gpus, prices, args, args.measurement)
     except PlanError as e:
         print(f"[plan] error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
     print(json.dumps(plan, indent=1) if args.json else render(plan))
     return 0
 

@@ -201,6 +201,9 @@ def epoch_step(run, record):
     return float(in_epoch[-1]) if in_epoch else math.nan
 
 
+MAX_SMOOTH = 1_000_000  # --smooth: records averaged; beyond it NumPy's int64 indices overflow
+
+
 def smooth(values, window):
     """Mean of the last `window` finite values at each point (fewer at the start); NaN stays NaN."""
     if window <= 1 or values.size == 0:
@@ -596,8 +599,8 @@ def main(argv=None):
                         help="skip corrupt lines in the middle of metrics.jsonl with a warning "
                              "instead of stopping")
     args = parser.parse_args(argv)
-    if args.smooth < 1:
-        parser.error(f"--smooth {args.smooth}: N must be >= 1 (1 = no smoothing)")
+    if not 1 <= args.smooth <= MAX_SMOOTH:
+        parser.error(f"--smooth {args.smooth}: N must be from 1 (no smoothing) to {MAX_SMOOTH:,} records")
     if len(args.runs) > 1 and args.out is None:
         parser.error(f"{len(args.runs)} run folders: pass --out DIR for the combined report "
                      f"(only a single run defaults to RUN_DIR/report)")

@@ -62,6 +62,27 @@ refused max_steps 'trainer.max_steps must be in \[-1' trainer.max_steps=-2
 refused optimizer_name 'optim.name' optim.name=sgdd
 refused hue 'augment.hue must be in \[0, 0.5\]' augment.hue=0.7
 refused config_folder 'is a folder, not a config file' --config "$out"
+# The tools' keys (lib/src/recipe/tools.cpp): bounds, and keys that bound each other, checked with the rest.
+refused lr_find_order 'lr_find.min_lr=1 must be below lr_find.max_lr=0.1' lr_find.min_lr=1 lr_find.max_lr=0.1
+refused lr_find_equal 'lr_find.min_lr=0.1 must be below lr_find.max_lr=0.1' lr_find.min_lr=0.1 lr_find.max_lr=0.1
+refused lr_find_nan 'lr_find.min_lr' lr_find.min_lr=nan
+refused probe_order 'plan.probe_small=64 must be below plan.probe_large=32' plan.probe_small=64
+refused bs_find_start 'bs_find.start=64 is above bs_find.max_batch=8' bs_find.start=64 bs_find.max_batch=8
+refused budget_huge 'bs_find.budget_gib=1e+300 (command line) is out of range' bs_find.budget_gib=1e300
+refused gpu_gib_huge 'bs_find.gpu_memory_gib=1e+300 (command line) is out of range' bs_find.gpu_memory_gib=1e300
+refused host_memory_negative 'plan.host_memory_gib=-1.0 (command line) is out of range' plan.host_memory_gib=-1
+refused host_memory_huge 'plan.host_memory_gib' plan.host_memory_gib=1e400
+refused plan_precision_name 'plan.precisions=fp32, fp8' 'plan.precisions=fp32, fp8'
+refused plan_precisions_empty 'plan.precisions is empty' plan.precisions=
+refused plan_verify 'plan.verify checks trainer.precision=fp32, which is not among plan.precisions=bf16-mixed' \
+  plan.verify=true plan.precisions=bf16-mixed
+# ... and in the tool modes, before the data loads: no output file.
+refused find_lr_order 'lr_find.min_lr=1 must be below lr_find.max_lr=0.1' --find-lr "$out/lr.json" \
+  lr_find.min_lr=1 lr_find.max_lr=0.1
+[[ ! -e "$out/lr.json" ]] || fail "find_lr_order: lr.json was written"
+refused measure_probes 'plan.probe_small=64 must be below plan.probe_large=32' --measure "$out/m.json" \
+  plan.probe_small=64
+[[ ! -e "$out/m.json" ]] || fail "measure_probes: m.json was written"
 # A bad value in a config file names the file.
 printf '[trainer]\nepochs = 0\n' >"$out/bad.toml"
 refused config_file "trainer.epochs=0 ($out/bad.toml) is out of range" --config "$out/bad.toml"

@@ -8,6 +8,10 @@ plans from) on every image recipe, `--find-batch-size` and `--find-lr`.
   batch size, for fashion_mnist, cifar_resnet, image_folder (needs OpenCV)
   and prune_finetune; with the model and data held, too.
 - tools/plan.py plans from a real measurement (--json).
+- data.batch_size past the training set is measured and planned at the
+  training set's size, and says so.
+- A host smaller than the measurement (plan.host_memory_gib): the probes shrink
+  and extrapolate; a model, or training state, larger than it is a clear error.
 - bs-find against a CPU memory budget: the size it reports fits and the
   next size it tried does not; lr-find writes a curve and prints optim.lr=.
 
@@ -118,6 +122,41 @@ def main():
     check(g["graph_outside"] is not None and g["graph_outside"] <= 3, g)
     check(g["graph_inside"] is not None and g["eager"] - 2 <= g["graph_inside"] <= g["eager"] + 40, g)
     check(m8["measured"]["graph_replays_only"] is True and m8["measured"]["timed_steps"] == 3, m8["measured"])
+
+    # A batch larger than the training set: measured and planned at the batch the run uses (all 2000).
+    small = [f"data.root={a.data_root}", "data.test_subset=256", "model.width=8", "model.hidden=64"]
+    p = run([fashion, "--measure", a.work / "huge_batch.json", *small, "data.train_subset=2000",
+             "data.batch_size=16777216", "trainer.threads=1", "plan.precisions=fp32", "plan.timed_steps=1"])
+    sentence = "data.batch_size=16777216 is larger than the 2000 training samples: planned for batches of 2000"
+    check(sentence in p.stderr, p.stderr)
+    huge = json.loads((a.work / "huge_batch.json").read_text())
+    check((huge["batch_size"], huge["config_batch_size"], huge["measured"]["batch"]) == (2000, 16777216, 2000),
+          (huge["batch_size"], huge["config_batch_size"], huge["measured"]))
+    text = run([sys.executable, a.plan, a.work / "huge_batch.json", "--gpu", "T4", "--precision", "fp32",
+                "--runs-dir", ""]).stdout
+    check(f"note: {sentence}" in text and re.search(r"^T4\s+16\s+fp32\s+yes\b", text, re.M)
+          and "accumulate_grad_batches" not in text, text)
+
+    # A host smaller than the measurement (plan.host_memory_gib): probes that do not fit are halved and the
+    # line through the smaller ones extrapolated; the model alone, or its training state, not fitting is
+    # a clear error (exit 1, no traceback, no file), never the allocator's raw one or the OOM killer.
+    tight = measure(fashion, a.work / "tight.json", *subset, "plan.verify=true", "plan.host_memory_gib=0.0625")
+    mem, full = tight["memory"]["fp32"], m["memory"]["fp32"]
+    check(mem["probes_reduced_from"] == [8, 32] and max(p["batch"] for p in mem["probes"]) < 32, mem)
+    check(abs(mem["per_sample_bytes"] - full["per_sample_bytes"]) <= 0.2 * full["per_sample_bytes"], (mem, full))
+    check(tight["verify"].get("skipped") and 16 <= tight["measured"]["batch"] < 128,
+          (tight["verify"], tight["measured"]))
+    check(tight["host_memory_limit_bytes"] == 2**26, tight["host_memory_limit_bytes"])
+    for name, overrides, words in (
+            ("model", ["plan.host_memory_gib=0.001"], "model and data do not fit this host's memory"),
+            ("state", ["model.hidden=4096", "plan.host_memory_gib=0.09"], "training state does not fit")):
+        out = a.work / f"no_fit_{name}.json"
+        p = subprocess.run([fashion, "--measure", out, *subset, "trainer.threads=1", "plan.precisions=fp32",
+                            *overrides], capture_output=True, text=True)
+        check(p.returncode == 1 and words in p.stderr and "plan.host_memory_gib" in p.stderr
+              and "Exception raised from" not in p.stderr and not out.exists(),
+              f"{name}: exit {p.returncode}: {p.stderr}")
+        print(f"{name} too large for the host: {p.stderr.strip().splitlines()[-1][:160]}...")
 
     # The other image recipes at their own default batch sizes.
     cifar_data = a.work / "cifar"

@@ -10,7 +10,7 @@
    table, repeated steps deduplicated (last record wins).
 3. Bad input: a missing folder, no metrics.jsonl, a corrupt middle line, no step
    records, several runs without --out -> non-zero exit, a message naming the
-   file (and line).
+   file (and line); --smooth out of range (0, negative, 1e30) -> exit 2.
 Without the binary or the data for 1, 2 and 3 still run, then the test exits
 77 (skipped): a partial run is not reported as a pass.
 
@@ -264,6 +264,13 @@ def test_errors(script, work):
 
     result = report(script, corrupt, no_steps)
     check(result.returncode != 0 and "--out" in result.stderr, result.stderr)
+
+    # --smooth out of range: a usage error (exit 2) naming it, no report, no traceback.
+    for n in ("0", "-3", str(10**30), "2.5", "nan"):
+        result = report(script, corrupt, "--skip-bad-lines", "--smooth", n, "--out", folder / f"smooth{n}")
+        check(result.returncode == 2 and "--smooth" in result.stderr and "Traceback" not in result.stderr,
+              f"--smooth {n}: exit {result.returncode}: {result.stderr}")
+        check(not (folder / f"smooth{n}").exists(), f"--smooth {n}: a report was written")
     print("error cases OK")
 
 

@@ -72,6 +72,17 @@ class LrPlot(unittest.TestCase):
         self.assertIn("'suggestion.index'", self.run_main(data)[1])
         self.assertIn("'lrs'", self.run_main(dict(curve(), lrs=[]))[1])
         self.assertIn("not readable as JSON", self.run_main("{", "broken.json")[1])
+        # Overflowing, infinite and non-numeric values: a message with the key, never a traceback.
+        text = json.dumps(curve()).replace(str(curve()["lrs"][3]), "1e400", 1)
+        status, err = self.run_main(text, "inf.json")
+        self.assertEqual((status, "'lrs'" in err), (1, True), err)
+        for key, value in (("lr", "fast"), ("lr", -1.0), ("lr", True)):
+            data = curve()
+            data["suggestion"][key] = value
+            status, err = self.run_main(data)
+            self.assertEqual((status, "'suggestion.lr'" in err), (1, True), (value, err))
+        status, err = self.run_main(json.dumps(curve()).replace('"lr": ' + str(curve()["lrs"][25]), '"lr": 1e999'))
+        self.assertEqual((status, "'valley.lr'" in err), (1, True), err)
 
 
 if __name__ == "__main__":

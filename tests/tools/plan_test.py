@@ -409,15 +409,15 @@ class Plans(unittest.TestCase):
         self.assertTrue(any("launch-bound" in r for r in rec["reasons"]))
         self.assertTrue(all(r["mfu"] == 0.5 for r in result["rows"]))
         status, _, err = run_main([EXAMPLE, "--price", "A999=1"])
-        self.assertEqual(status, 1)
+        self.assertEqual(status, 2)  # a usage error, as a bad --margin
         self.assertIn("A999", err)
         # A family prices every row of it; an exact name wins over it in either order.
         gpus = plan.load_gpus(GPUS)
         for items in (["h100-pcie=2", "H100=2.5"], ["H100=2.5", "H100-PCIe=2"]):
             prices = plan.parse_prices(items + ["A100=1.5"], gpus)
             self.assertEqual(prices, {"H100-SXM": 2.5, "H100-PCIe": 2.0, "A100-40GB": 1.5, "A100-80GB": 1.5})
-        for bad in ("H1=2", "H100=cheap", "H100=-1", "H100"):
-            with self.assertRaises(plan.PlanError):
+        for bad in ("H1=2", "H100=cheap", "H100=-1", "H100", "H100=nan", "H100=1e400", "H100=20000"):
+            with self.assertRaises(plan.UsageError):
                 plan.parse_prices([bad], gpus)
 
     def test_calibrated_mfu_from_run_folders(self):
@@ -604,6 +604,92 @@ class Plans(unittest.TestCase):
         self.assertEqual((status, "--measure" in err), (1, True))
         status, _, _ = run_main([EXAMPLE, "--margin", "1.5"])
         self.assertEqual(status, 2)
+
+
+class RealBatch(unittest.TestCase):
+    """A data.batch_size larger than the training set is planned at the batch the run really uses."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def check_plan(self, m):
+        path = write_json(self.dir, "huge_batch.json", m)
+        status, out, err = run_main([path, "--json", "--runs-dir", ""])
+        self.assertEqual(status, 0, err)
+        result = json.loads(out)
+        sentence = "data.batch_size=16777216 is larger than the 2000 training samples: planned for batches of 2000"
+        self.assertIn(sentence, result["notes"])
+        self.assertEqual(result["measurement"]["batch_size"], 2000)
+        self.assertEqual(result["measurement"]["steps_per_epoch"], 1)
+        # 2000 x 612,000 B of activations: 1.2 GB, which a T4 holds (16,777,216 x 612,000 B would fit nothing).
+        t4 = [r for r in result["rows"] if r["gpu"] == "T4" and r["precision"] == "fp32"][0]
+        self.assertTrue(t4["fits"], t4)
+        self.assertAlmostEqual(t4["memory_needed_bytes"],
+                               0.5 * GIB + m["parameter_bytes"] + m["buffer_bytes"] + 2150000 + 2000 * 612000)
+        self.assertNotIn("accumulation", result["recommendation"]["text"])
+        status, out, _ = run_main([path, "--runs-dir", ""])
+        self.assertEqual(status, 0)
+        self.assertIn("note: " + sentence, out)
+        self.assertIn("GPUs at batch 2000 per GPU", out)
+
+    def test_older_file_with_the_nominal_batch(self):
+        m = small_model(batch_size=16777216)
+        m["dataset"]["train_samples"] = 2000
+        self.check_plan(m)
+
+    def test_measurement_of_the_real_batch(self):
+        m = small_model(batch_size=2000, config_batch_size=16777216)
+        m["dataset"]["train_samples"] = 2000
+        self.check_plan(m)
+
+    def test_a_batch_within_the_training_set_has_no_note(self):
+        status, out, err = run_main([EXAMPLE, "--json", "--runs-dir", ""])
+        self.assertEqual(status, 0, err)
+        self.assertFalse(any("larger than" in n for n in json.loads(out)["notes"]))
+
+
+class Options(unittest.TestCase):
+    """Every option is range-checked before anything is read: exit 2 with the option named."""
+
+    BAD = [(["--price", "H100=1e400"], "--price H100=1e400"), (["--price", "H100=-1"], "--price H100=-1"),
+           (["--price", "H100=nan"], "--price H100=nan"), (["--price", "H100=inf"], "--price H100=inf"),
+           (["--price", "H100=1e9"], "--price H100=1e9"), (["--price", "=2"], "--price =2"),
+           (["--price", "A999=1"], "no GPU 'A999'"), (["--gpu", "A999"], "--gpu a999"),
+           (["--margin", "nan"], "--margin nan"), (["--margin", "-0.1"], "--margin -0.1"),
+           (["--mfu", "inf"], "--mfu inf"), (["--mfu", "0"], "--mfu 0"),
+           (["--context-gib", "nan"], "--context-gib nan"), (["--context-gib", "1e400"], "--context-gib inf"),
+           (["--context-gib", "-1"], "--context-gib -1"),
+           (["--step-floor-ms", "nan"], "--step-floor-ms nan"), (["--step-floor-ms", "1e300"], "--step-floor-ms"),
+           (["--launch-us", "nan"], "--launch-us nan"), (["--launch-us", "-5"], "--launch-us -5"),
+           (["--graph-launch-us", "inf"], "--graph-launch-us inf"), (["--kernel-us", "1e20"], "--kernel-us"),
+           (["--host-ram-gib", "0"], "--host-ram-gib 0"), (["--host-ram-gib", "nan"], "--host-ram-gib nan"),
+           (["--host-ram-gib", "1e400"], "--host-ram-gib inf"), (["--precision", "fp8"], "--precision")]
+
+    def test_bad_values_are_usage_errors(self):
+        for args, named in self.BAD:
+            for first in ([EXAMPLE], ["--check"], [Path("/nonexistent/measure.json")]):
+                status, out, err = run_main(first + args)
+                self.assertEqual(status, 2, (first, args, err))
+                self.assertIn(named, err, (first, args))
+                self.assertEqual(out, "", args)
+
+    def test_check_passes_good_options(self):
+        status, out, err = run_main(["--check", "--price", "H100=2.5", "--gpu", "T4", "--margin", "0.2",
+                                     "--host-ram-gib", "64", "--price", "T4=0"])
+        self.assertEqual((status, out, err), (0, "", ""))
+        status, _, err = run_main([])
+        self.assertEqual(status, 2)
+        self.assertIn("MEASURE.json", err)
+
+    def test_ember_checks_before_measuring(self):
+        # tools/ember plan refuses a bad planner option before it builds or measures anything.
+        text = (ROOT / "tools" / "ember").read_text()
+        body = text[text.index("cmd_plan() {"):text.index("cmd_bs_find() {")]
+        self.assertLess(body.index("plan.py\" --check"), body.index("cmd_build"), "check before the build")
 
 
 class GpuTable(unittest.TestCase):

@@ -193,12 +193,17 @@ double train_flops_per_sample(train::Task& task, double* forward_macs) {
 
 /// Autograd nodes of one training step's forward on a batch (each launches a
 /// kernel or a few, forward and backward): what bounds a small model's GPU
-/// step time from below. The model runs in train mode, as in training.
+/// step time from below. The model runs in train mode, as in training, on
+/// the batch's first two samples (the graph is the same at any batch; a
+/// whole batch might not fit the host: see plan.host_memory_gib).
 int64_t forward_graph_nodes(train::Task& task) {
   data::Loader& loader = task.train_loader();
   loader.start_epoch(0, 0);
   std::optional<data::Batch> batch = loader.next();
   if (!batch || batch->size() == 0) return 0;
+  const int64_t n = std::min<int64_t>(batch->size(), 2);
+  for (torch::Tensor* t : {&batch->input, &batch->target, &batch->index})
+    if (t->defined() && t->dim() > 0) *t = t->narrow(0, 0, n);
   const train::StepOutput out = task.training_step(*batch);
   std::unordered_set<const torch::autograd::Node*> seen;
   std::vector<const torch::autograd::Node*> todo;
@@ -255,9 +260,11 @@ int64_t available_memory(const torch::Device& device) {
 /// what the task holds once built; the optimizer's state bytes go to *opt_bytes.
 /// `limit` > 0 (CPU): allocations beyond it throw c10::OutOfMemoryError, so
 /// that a size too large fails fast instead of filling the host's memory.
+/// `cap` > 0 (CPU): the meter's limit in force before and after the probe
+/// (bytes since the meter started: the task's build counts too).
 int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const torch::Device& device,
                    core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
-                   int64_t* opt_bytes, int64_t limit = 0) {
+                   int64_t* opt_bytes, int64_t limit = 0, int64_t cap = 0) {
   const core::Config c = with_batch(config, batch);
   std::unique_ptr<train::Task> task = spec.make_task(c, device);
   train::TrainerOptions o = probe_options(c, *task, steps);
@@ -269,11 +276,12 @@ int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const tor
   meter.reset_peak();
   struct Unlimit {  // also when the fit throws
     core::MemoryMeter& m;
+    int64_t cap;
     ~Unlimit() {
-      if (m.device().is_cpu()) m.set_limit(0);
+      if (m.device().is_cpu()) m.set_limit(cap);
     }
-  } unlimit{meter};
-  if (limit > 0 && device.is_cpu()) meter.set_limit(before + limit);
+  } unlimit{meter, cap};
+  if (limit > 0 && device.is_cpu()) meter.set_limit(cap > 0 ? std::min(before + limit, cap) : before + limit);
   const train::FitResult fit = trainer.fit(*task);
   if (opt_bytes) *opt_bytes = opt->bytes;
   // A graph's pool stays reserved while the short last batch and evaluation
@@ -316,12 +324,55 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   core::write_file_atomic(path, j.dump(2) + "\n");
 }
 
+/// "1.50 GiB", "24.0 MiB": bytes for a message.
+std::string human_bytes(double bytes) {
+  return bytes >= (1 << 30) ? fmt::format("{:.2f} GiB", bytes / (1 << 30))
+                            : fmt::format("{:.1f} MiB", bytes / kMiB);
+}
+
+/// True for an allocation that failed: the meter's limit or the GPU's
+/// (c10::OutOfMemoryError), LibTorch's CPU allocator (a c10::Error naming
+/// it), operator new.
+bool out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) || dynamic_cast<const std::bad_alloc*>(&e)) return true;
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error &&
+         std::string(c10_error->what_without_backtrace()).find("DefaultCPUAllocator") != std::string::npos;
+}
+
+/// The first line of an error's message, without LibTorch's backtrace.
+std::string first_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+/// Share of the host's MemAvailable the CPU measurement may fill with tensors
+/// (plan.host_memory_gib=0): the rest for the process itself, BLAS and the OS.
+constexpr double kHostMemoryShare = 0.9;
+
+/// Bytes of tensors the CPU measurement may hold (the meter's limit): plan.host_memory_gib,
+/// else kHostMemoryShare x MemAvailable; 0 (no limit) on a GPU, whose own allocator refuses.
+int64_t host_memory_cap(const core::Config& c, const torch::Device& device, std::string* what) {
+  if (!device.is_cpu()) return 0;
+  const double gib = c.get_float("plan.host_memory_gib");
+  if (gib > 0) {
+    *what = fmt::format("plan.host_memory_gib={}", gib);
+    return static_cast<int64_t>(gib * (1 << 30));
+  }
+  const int64_t available = available_memory(device);
+  *what =
+      fmt::format("{:.0f}% of the host's available {:.2f} GiB (MemAvailable; plan.host_memory_gib sets it)",
+                  100 * kHostMemoryShare, available / double(1 << 30));
+  return static_cast<int64_t>(kHostMemoryShare * static_cast<double>(available));
+}
+
 int measure(const RecipeSpec& spec, core::Config& config, const std::string& out) {
   const torch::Device device = start_tool(config);
-  const int64_t batch = config.get_int("data.batch_size");
+  const int64_t config_batch = config.get_int("data.batch_size");
+  int64_t batch = config_batch;  // the batch the run really uses: at most the training set
+  int64_t speed_batch = batch;   // the batch timed: the largest that fits the host when batch does not
   const int64_t steps = config.get_int("plan.steps");
-  const int64_t small = std::min(config.get_int("plan.probe_small"), batch);
-  const int64_t large = std::max(std::min(config.get_int("plan.probe_large"), batch), small + 1);
   const amp::Precision run_precision = amp::parse_precision(config.get_string("trainer.precision"));
   nlohmann::json j;
   j["schema"] = 1;
@@ -329,7 +380,6 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
   j["device"] = device.str();
   j["device_name"] = core::describe_device(device);
   j["threads"] = at::get_num_threads();
-  j["batch_size"] = batch;
   j["epochs"] = config.get_int("trainer.epochs");
   j["accumulate_grad_batches"] = config.get_int("trainer.accumulate_grad_batches");
   j["precision"] = amp::to_string(run_precision);
@@ -338,7 +388,38 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
 
   {
     core::MemoryMeter meter(device);  // from before the data loads: the dataset's bytes are seen
-    std::unique_ptr<train::Task> task = spec.make_task(config, device);
+    // On the CPU, tensors past the cap are refused at once: a model or batch larger than the host
+    // fails here with what it needed, instead of swapping or meeting the kernel's OOM killer.
+    std::string cap_source;
+    const int64_t cap = host_memory_cap(config, device, &cap_source);
+    if (cap > 0) meter.set_limit(cap);
+    j["host_memory_limit_bytes"] = cap;
+    std::unique_ptr<train::Task> task;
+    try {
+      task = spec.make_task(config, device);
+    } catch (const std::exception& e) {
+      if (!out_of_memory(e)) throw;
+      ember::detail::fail(
+          "[plan] {}'s model and data do not fit this host's memory: their tensors reached {} of the "
+          "{} the measurement may use ({}) when the build failed ({}). The planner measures by "
+          "building the model on this machine: measure it on a host with more memory than its parameters "
+          "(4 bytes each in fp32) and the loaded dataset, or measure a smaller model of the same family "
+          "(fewer or narrower layers) and scale parameter_bytes, gradient_bytes and optimizer_state_bytes "
+          "by the parameter ratio",
+          spec.name, human_bytes(meter.peak()), human_bytes(cap), cap_source, first_line(e));
+    }
+    {  // A batch larger than the training set holds all of it (the last batch is short, drop_last off).
+      const int64_t train_samples = task->train_loader().num_samples();
+      if (train_samples > 0 && batch > train_samples) {
+        batch = speed_batch = train_samples;
+        std::cerr << fmt::format(
+            "[plan] data.batch_size={} is larger than the {} training samples: planned for batches of {}\n",
+            config_batch, train_samples, batch);
+        config.set_override(fmt::format("data.batch_size={}", batch));
+      }
+    }
+    j["batch_size"] = batch;
+    j["config_batch_size"] = config_batch;
     torch::nn::Module& model = *task->model();
     const int64_t param_bytes = tensor_bytes(model.parameters());
     const int64_t buffer_bytes = tensor_bytes(model.buffers());
@@ -387,25 +468,73 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
     std::vector<amp::Precision> precisions;
     for (const std::string& name : split_list(config.get_string("plan.precisions")))
       precisions.push_back(amp::parse_precision(name));
+    // Probes that do not fit the host are halved (the line through two smaller ones extrapolates
+    // as well); below batches 1 and 2 nothing is left to measure.
+    const int64_t small = std::min(config.get_int("plan.probe_small"), batch);
+    const int64_t large = std::max(std::min(config.get_int("plan.probe_large"), batch), small + 1);
+    double most_needed = 0;  // the largest fixed + batch x per-sample over the precisions
     for (const amp::Precision p : precisions) {
       nlohmann::json probes = nlohmann::json::array();
       int64_t peaks[2] = {0, 0};
-      const int64_t sizes[2] = {small, large};
-      for (int i = 0; i < 2; ++i) {
-        peaks[i] = probe_peak(spec, config, device, meter, sizes[i], p, steps, &opt_bytes);
+      int64_t sizes[2] = {small, large};
+      for (int i = 0; i < 2;) {
+        try {
+          peaks[i] = probe_peak(spec, config, device, meter, sizes[i], p, steps, &opt_bytes, 0, cap);
+        } catch (const std::exception& e) {
+          if (!out_of_memory(e)) throw;
+          if (sizes[1] <= 2)
+            ember::detail::fail(
+                "[plan] {}'s training state does not fit this host's memory: a training step at batch {} "
+                "({}) failed past the {} the measurement may use ({}), of which the model and data "
+                "hold {}; parameters {}, their gradients {}, and the optimizer's "
+                "state (momentum: as much again as the gradients, Adam: twice) come on top ({}). Measure "
+                "on a host with more memory, or a smaller model of the same family and scale by the "
+                "parameter ratio",
+                spec.name, sizes[i], amp::to_string(p), human_bytes(cap), cap_source, human_bytes(held),
+                human_bytes(param_bytes), human_bytes(j["gradient_bytes"].get<double>()), first_line(e));
+          sizes[1] = std::max<int64_t>(sizes[1] / 2, 2);
+          sizes[0] = std::max<int64_t>(std::min(sizes[0], sizes[1] / 2), 1);
+          std::cerr << fmt::format(
+              "[plan] {}: out of the host's {} ({}); measuring at batches {} and {} instead\n",
+              amp::to_string(p), human_bytes(cap), cap_source, sizes[0], sizes[1]);
+          probes = nlohmann::json::array();
+          i = 0;
+          continue;
+        }
         probes.push_back({{"batch", sizes[i]}, {"peak_bytes", peaks[i]}});
         std::cerr << fmt::format("[plan] {} batch {}: training loop peak {:.1f} MiB\n", amp::to_string(p),
                                  sizes[i], peaks[i] / kMiB);
+        ++i;
       }
-      const double per_sample = static_cast<double>(peaks[1] - peaks[0]) / static_cast<double>(large - small);
-      const double fixed = static_cast<double>(peaks[0]) - per_sample * static_cast<double>(small);
+      const double per_sample =
+          static_cast<double>(peaks[1] - peaks[0]) / static_cast<double>(sizes[1] - sizes[0]);
+      const double fixed = static_cast<double>(peaks[0]) - per_sample * static_cast<double>(sizes[0]);
       memory[amp::to_string(p)] = {
           {"probes", probes}, {"fixed_bytes", fixed}, {"per_sample_bytes", per_sample}};
+      if (sizes[1] != large) memory[amp::to_string(p)]["probes_reduced_from"] = {small, large};
+      most_needed = std::max(most_needed, fixed + per_sample * static_cast<double>(batch));
+      // The speed is timed at the largest batch the host holds by this line (without the meter).
+      if (cap > 0 && per_sample > 0) {
+        const double fits = (static_cast<double>(cap - held) - fixed) / per_sample;
+        if (fits < static_cast<double>(speed_batch))
+          speed_batch =
+              std::min(std::max<int64_t>(fits > 0 ? static_cast<int64_t>(fits) : 0, sizes[1]), batch);
+      }
     }
     j["optimizer_state_bytes"] = opt_bytes;
     j["memory"] = memory;
+    if (speed_batch < batch)
+      std::cerr << fmt::format(
+          "[plan] batch {} needs about {} with the model and data, more than the {} this "
+          "host may use ({}): the memory at batch {} is extrapolated from the probes, the speed and the "
+          "operators are measured at batch {}\n",
+          batch, human_bytes(most_needed + static_cast<double>(held)), human_bytes(cap), cap_source, batch,
+          speed_batch);
     // plan.verify: the config's own batch and precision, measured, against the line through the probes.
-    if (config.get_bool("plan.verify")) {
+    if (config.get_bool("plan.verify") && speed_batch < batch) {
+      j["verify"] = {{"batch", batch}, {"skipped", "the batch does not fit this host's memory"}};
+      std::cerr << fmt::format("[plan] plan.verify: batch {} does not fit this host; not checked\n", batch);
+    } else if (config.get_bool("plan.verify")) {
       const std::string p = amp::to_string(run_precision);
       EMBER_CHECK_KIND(kConfig, memory.contains(p),
                        "plan.verify: trainer.precision={} is not among plan.precisions={}", p,
@@ -413,7 +542,8 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
       const nlohmann::json& m = memory[p];
       const double predicted =
           m["fixed_bytes"].get<double>() + m["per_sample_bytes"].get<double>() * static_cast<double>(batch);
-      const int64_t measured = probe_peak(spec, config, device, meter, batch, run_precision, steps, nullptr);
+      const int64_t measured =
+          probe_peak(spec, config, device, meter, batch, run_precision, steps, nullptr, 0, cap);
       j["verify"] = {{"batch", batch},
                      {"precision", p},
                      {"predicted_peak_bytes", predicted},
@@ -434,7 +564,7 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
   // every device: a real replay runs no operator to count, an emulated one runs the graph's.
   {
     const auto count = [&](bool graph) {
-      core::Config c = config;
+      core::Config c = with_batch(config, speed_batch);
       c.set_override(fmt::format("trainer.cuda_graph={}", graph ? "true" : "false"));
       std::unique_ptr<train::Task> task = spec.make_task(c, device);
       train::TrainerOptions o = probe_options(c, *task, 0);
@@ -467,8 +597,9 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
 
   // Speed at the config's batch and precision, without the meter's per-allocation cost.
   {
-    std::unique_ptr<train::Task> task = spec.make_task(config, device);
-    train::TrainerOptions o = probe_options(config, *task, 0);
+    const core::Config c = with_batch(config, speed_batch);
+    std::unique_ptr<train::Task> task = spec.make_task(c, device);
+    train::TrainerOptions o = probe_options(c, *task, 0);
     const int64_t warmup = untimed_steps(o), timed = config.get_int("plan.timed_steps");
     train::Trainer trainer(o.max_steps(warmup + timed));
     auto clock = std::make_shared<StepClock>(warmup, warmup + timed, o.cuda_graph());
@@ -476,7 +607,7 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
     trainer.fit(*task);
     const double sps = clock->seconds > 0 ? static_cast<double>(clock->samples) / clock->seconds : 0;
     nlohmann::json measured = {
-        {"batch", batch},
+        {"batch", speed_batch},
         {"samples_per_second", json_number(sps)},
         {"step_seconds", json_number(clock->steps > 0 ? clock->seconds / clock->steps : NAN)},
         {"timed_steps", clock->steps},
@@ -494,7 +625,7 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
       measured["mfu"] = nullptr;
     }
     j["measured"] = measured;
-    std::cerr << fmt::format("[plan] speed at batch {}: {:.0f} samples/s\n", batch, sps);
+    std::cerr << fmt::format("[plan] speed at batch {}: {:.0f} samples/s\n", speed_batch, sps);
   }
   write_json(out, j);
   return 0;
@@ -642,17 +773,21 @@ void declare_tool_keys(core::Config& c) {
             "widths)");
   c.declare("plan.verify", false,
             "tools/ember plan: also measure at data.batch_size and print predicted vs measured memory");
+  c.declare("plan.host_memory_gib", 0.0,
+            "tools/ember plan: tensor memory the CPU measurement may use; a model or probe past it is "
+            "refused, probes then shrink (0 = 90% of the host's MemAvailable)",
+            core::Bounds::between(0, 1 << 20));
   c.declare("bs_find.margin", 0.10,
             "tools/ember bs-find: share of the memory budget the recommended batch leaves free",
             core::Bounds::from_below(0, 1));
   c.declare("bs_find.budget_gib", 0.0,
             "tools/ember bs-find: memory the training loop may use (0 = what the GPU has free, or the host's "
             "MemAvailable, less what the model and data hold)",
-            core::Bounds::at_least(0));
+            core::Bounds::between(0, 1 << 20));
   c.declare("bs_find.gpu_memory_gib", 0.0,
             "tools/ember bs-find: cap the CUDA caching allocator at this many GiB, to size for a smaller GPU "
             "(0 = the whole GPU)",
-            core::Bounds::at_least(0));
+            core::Bounds::between(0, 1 << 20));
   c.declare("bs_find.start", 1, "tools/ember bs-find: first batch size tried (then doubled)",
             core::Bounds::between(1, 1 << 24));
   c.declare("bs_find.max_batch", 0, "tools/ember bs-find: largest batch tried (0 = the training set's size)",
@@ -673,6 +808,42 @@ void declare_tool_keys(core::Config& c) {
   c.declare("lr_find.divergence", 4.0,
             "tools/ember lr-find: stop once the smoothed loss passes this x its minimum",
             core::Bounds{1.0, std::numeric_limits<double>::infinity(), true});
+  // Keys that bound each other, refused with the others before any work (exit 2).
+  c.add_check([](const core::Config& config) {
+    const double min_lr = config.get_float("lr_find.min_lr"), max_lr = config.get_float("lr_find.max_lr");
+    EMBER_CHECK_KIND(kConfig, min_lr < max_lr,
+                     "[lr-find] lr_find.min_lr={} must be below lr_find.max_lr={} (the sweep rises from one "
+                     "to the other)",
+                     min_lr, max_lr);
+    const int64_t small = config.get_int("plan.probe_small"), large = config.get_int("plan.probe_large");
+    EMBER_CHECK_KIND(kConfig, small < large,
+                     "[plan] plan.probe_small={} must be below plan.probe_large={} (memory is fitted "
+                     "through two different batch sizes)",
+                     small, large);
+    const int64_t start = config.get_int("bs_find.start"), max_batch = config.get_int("bs_find.max_batch");
+    EMBER_CHECK_KIND(kConfig, max_batch == 0 || start <= max_batch,
+                     "[bs-find] bs_find.start={} is above bs_find.max_batch={}; lower bs_find.start or raise "
+                     "bs_find.max_batch (0 = the training set's size)",
+                     start, max_batch);
+    const std::vector<std::string> names = split_list(config.get_string("plan.precisions"));
+    EMBER_CHECK_KIND(kConfig, !names.empty(),
+                     "[plan] plan.precisions is empty; name one or more of fp32, tf32, bf16-mixed, "
+                     "fp16-mixed");
+    bool has_run_precision = false;
+    const amp::Precision run = amp::parse_precision(config.get_string("trainer.precision"));
+    for (const std::string& name : names) {
+      try {
+        has_run_precision |= amp::parse_precision(name) == run;
+      } catch (const Error& e) {
+        ember::detail::fail(ErrorKind::kConfig, "[plan] plan.precisions={}: {}",
+                            config.get_string("plan.precisions"), e.what());
+      }
+    }
+    EMBER_CHECK_KIND(kConfig, !config.get_bool("plan.verify") || has_run_precision,
+                     "[plan] plan.verify checks trainer.precision={}, which is not among plan.precisions={}; "
+                     "add it there",
+                     config.get_string("trainer.precision"), config.get_string("plan.precisions"));
+  });
 }
 
 int run_tool(const RecipeSpec& spec, core::Config& config, const CommandLine& cl) {
