@@ -161,3 +161,67 @@ TEST(RunFolder, AResumeWithChangedKeysRefusesOrSaysWhatChanged) {
   EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("trainer.epochs", constant));
   EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("trainer.max_steps", constant));
 }
+
+// Issue 29 (item 8a): resuming from another run's folder compares the keys
+// with that run's config.toml, by the same rules as a resume in place.
+TEST(RunFolder, AResumeFromAnotherRunsFolderComparesWithItsConfig) {
+  const std::string a = test_util::temp_dir("source_a"), b = test_util::temp_dir("target_b");
+  claim_run_folder(a, config_for(a), "r");
+  train::write_file_atomic(a + "/checkpoints/last.pt", "weights");
+  for (const std::string& from : {a, a + "/checkpoints", a + "/checkpoints/last.pt"}) {
+    core::Config changed = config_for(b);
+    changed.set_override("trainer.resume=" + from);
+    changed.set_override("data.batch_size=64");
+    const std::string m = claim_error(b, changed);
+    EXPECT_NE(m.find("data.batch_size: 32 -> 64"), std::string::npos) << from << ": " << m;
+    EXPECT_NE(m.find(a + "/config.toml"), std::string::npos) << m;
+    EXPECT_NE(m.find("run.dir=" + b + " trainer.resume=" + from + " run.allow_changes=true"),
+              std::string::npos)
+        << m;
+    EXPECT_FALSE(core::is_file(b + "/config.toml")) << "nothing written on a refusal";
+  }
+  core::Config allowed = config_for(b);
+  allowed.set_override("trainer.resume=" + a);
+  allowed.set_override("data.batch_size=64");
+  allowed.set_override("run.allow_changes=true");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(claim_error(b, allowed), "");
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("data.batch_size: 32 -> 64"), std::string::npos);
+  EXPECT_NE(train::read_file(b + "/config.toml").find("batch_size = 64"), std::string::npos);
+}
+
+// Issue 29 (item 8b): only Ember's run folders are moved aside; a folder
+// that merely holds a config.toml is the user's and is left alone.
+TEST(RunFolder, AFolderWithAConfigTomlIsNotARunFolderUnlessEmberWroteIt) {
+  const std::string mine = test_util::temp_dir("users_own");
+  train::write_file_atomic(mine + "/config.toml", "[data]\nbatch_size = 32\n");
+  train::write_file_atomic(mine + "/notes.md", "my notes");
+  for (const char* key : {"trainer.resume=auto", "run.overwrite=true"}) {
+    core::Config c = config_for(mine);
+    c.set_override(key);
+    const std::string m = claim_error(mine, c);
+    EXPECT_NE(m.find("is not an Ember run folder"), std::string::npos) << key << ": " << m;
+    EXPECT_NE(m.find("choose another run.dir"), std::string::npos) << m;
+    EXPECT_EQ(core::list_dir(mine), (std::vector<std::string>{"config.toml", "notes.md"})) << key;
+  }
+  // Ember's own: config.toml carries its first line; a folder of an older
+  // Ember without it is still known by a sealed checkpoint.
+  const std::string run = test_util::temp_dir("embers_own");
+  claim_run_folder(run, config_for(run), "r");
+  EXPECT_EQ(train::read_file(run + "/config.toml").rfind("# Ember run folder", 0), 0u);
+  train::write_file_atomic(run + "/metrics.jsonl", "{}\n");
+  core::Config c = config_for(run);
+  c.set_override("trainer.resume=auto");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(claim_error(run, c), "");
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("holds no checkpoint"), std::string::npos);
+  const std::string old = test_util::temp_dir("older_ember");
+  train::write_file_atomic(old + "/config.toml", "[data]\nbatch_size = 32\n");
+  train::write_file_atomic(old + "/checkpoints/prev.pt", train::seal_checkpoint("archive"));
+  core::Config over = config_for(old);
+  over.set_override("run.overwrite=true");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(claim_error(old, over), "");
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(replaced_folders(old).size(), 1u);
+}

@@ -197,3 +197,84 @@ TEST(Checkpoint, ImpossibleCountersOrWrongPartsAreRefused) {
   e = resume(forged_checkpoint(task, trainer, 1, 8, torch::ones({groups}, torch::kInt32)));
   EXPECT_NE(e.find(std::to_string(groups) + " base learning rates (Int)"), std::string::npos) << e;
 }
+
+// Issue 29 (item 3): after a fallback to prev.pt the damaged last.pt is moved
+// aside at once, so the next save cannot rotate it onto the good prev.pt.
+TEST(Checkpoint, AFallbackMovesTheDamagedLatestAsideAndKeepsTheGoodPrevious) {
+  const std::string dir = test_util::temp_dir("fallback_keep");
+  test_util::BlobTask task({});
+  train::TrainerOptions o;
+  o.epochs(2).run_dir(dir);
+  train::Trainer(o).fit(task);
+  const std::string last = dir + "/checkpoints/last.pt", prev = dir + "/checkpoints/prev.pt";
+  const std::string good_prev = train::read_file(prev);
+  std::string bytes = train::read_file(last);
+  bytes.resize(bytes.size() - 100);  // truncated
+  train::write_file_atomic(last, bytes);
+  testing::internal::CaptureStderr();
+  test_util::BlobTask again({});
+  o.resume("auto");  // epoch 2 again from prev.pt, then one save
+  const train::FitResult r = train::Trainer(o).fit(again);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.resumed_from, prev);
+  const std::string aside = dir + "/checkpoints/last.pt.damaged-1";
+  EXPECT_EQ(train::read_file(aside), bytes) << "the damaged file is kept, aside";
+  EXPECT_NE(err.find("moved the damaged " + last + " to " + aside), std::string::npos) << err;
+  EXPECT_EQ(train::read_file(prev), good_prev) << "the good previous checkpoint stays";
+  EXPECT_NO_THROW(train::unseal_checkpoint(train::read_file(last), last)) << "a new good latest";
+}
+
+// Issue 29 (item 8c): a sealed checkpoint with NaN weights or optimizer state
+// is refused naming the tensor; on resume from a run folder it is passed over
+// for the one before it, as a damaged file is.
+TEST(Checkpoint, NonFiniteWeightsOrStateAreRefusedNamingTheTensor) {
+  const std::string dir = test_util::temp_dir("ckpt_nonfinite");
+  test_util::BlobTask task({});
+  train::TrainerOptions o;
+  o.epochs(1);
+  train::Trainer trainer(o);
+  trainer.fit(task);
+  const auto groups = static_cast<int64_t>(trainer.optimizer()->param_groups().size());
+  const torch::Tensor lrs = torch::full({groups}, 0.1, torch::kFloat64);
+  const std::string good = forged_checkpoint(task, trainer, 1, 8, lrs);
+  const auto refused = [&](const std::string& bytes) {
+    test_util::write_bytes(dir + "/bad.pt", bytes);
+    test_util::BlobTask fresh({});
+    train::TrainerOptions r;
+    r.epochs(2).resume(dir + "/bad.pt");
+    return test_util::error_of([&] { train::Trainer(r).fit(fresh); });
+  };
+  {
+    torch::NoGradGuard no_grad;
+    task.net()->fc2->bias[1] = std::numeric_limits<float>::quiet_NaN();
+  }
+  std::string e = refused(forged_checkpoint(task, trainer, 1, 8, lrs));
+  EXPECT_NE(e.find("model tensor 'fc2.bias' is not finite"), std::string::npos) << e;
+  {
+    torch::NoGradGuard no_grad;
+    task.net()->fc2->bias[1] = 0.0;
+  }
+  for (auto& [key, state] : trainer.optimizer()->state()) {
+    (void)key;
+    train::for_each_state_tensor(*state, [](torch::Tensor& t) {
+      if (t.defined()) t.fill_(std::numeric_limits<float>::infinity());
+    });
+  }
+  e = refused(forged_checkpoint(task, trainer, 1, 8, lrs));
+  EXPECT_NE(e.find("optimizer state"), std::string::npos) << e;
+  EXPECT_NE(e.find("is not finite"), std::string::npos) << e;
+  // A run folder whose latest holds them resumes from the one before it.
+  const std::string run = test_util::temp_dir("ckpt_nonfinite_run");
+  train::make_dirs(run + "/checkpoints");
+  test_util::write_bytes(run + "/checkpoints/prev.pt", good);
+  test_util::write_bytes(run + "/checkpoints/last.pt", forged_checkpoint(task, trainer, 1, 8, lrs));
+  test_util::BlobTask fresh({});
+  train::TrainerOptions r;
+  r.epochs(2).run_dir(run).resume("auto");
+  testing::internal::CaptureStderr();
+  const train::FitResult fit = train::Trainer(r).fit(fresh);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(fit.resumed_from, run + "/checkpoints/prev.pt");
+  EXPECT_NE(said.find("is not finite"), std::string::npos) << said;
+  EXPECT_TRUE(core::is_file(run + "/checkpoints/last.pt.damaged-1")) << said;
+}

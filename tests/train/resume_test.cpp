@@ -215,3 +215,160 @@ TEST(ExactResume, ACallbackDeclaresWhetherItsStateIsNeededToResume) {
       << required;
   EXPECT_EQ(steps, 0);
 }
+
+// Issue 29 (item 1): an optimizer option changed on resume (the recipes'
+// run.allow_changes=true) is the one training uses: the loaded param-group
+// options and base rates give way to the configured ones, and the schedule
+// continues from the new base rate at the resumed step.
+namespace {
+struct OptimizerCase {
+  train::OptimizerKind kind;
+  bool fused;
+};
+
+/// The first optimizer step this callback sees: group 0's options, and the
+/// summed absolute change of the parameters it made.
+struct FirstStep : train::Callback {
+  std::string name() const override { return "first_step"; }
+  void on_before_optimizer_step(train::Trainer& t, torch::optim::Optimizer& opt) override {
+    if (seen) return;
+    seen = true;
+    options = opt.param_groups().front().options().clone();
+    no_decay_weight_decay = opt.param_groups().back().options().clone();
+    before = test_util::snapshot(*t.task()->model());
+  }
+  void on_step_end(train::Trainer& t, const train::StepInfo&) override {
+    if (update >= 0) return;
+    const auto after = test_util::snapshot(*t.task()->model());
+    update = 0;
+    for (size_t i = 0; i < after.size(); ++i) update += (after[i] - before[i]).abs().sum().item<double>();
+  }
+  bool seen = false;
+  std::unique_ptr<torch::optim::OptimizerOptions> options, no_decay_weight_decay;
+  std::vector<torch::Tensor> before;
+  double update = -1;
+};
+
+train::TrainerOptions optimizer_options(const OptimizerCase& c) {
+  train::TrainerOptions o;
+  o.epochs(1);
+  o.optimizer().kind(c.kind).fused(c.fused).lr(0.1).momentum(0.9).weight_decay(5e-4).beta1(0.9).beta2(0.999);
+  o.schedule(std::make_shared<train::StepSchedule>(2, 0.5));  // halves the rate every 2 steps
+  return o;
+}
+
+/// Resumes `checkpoint` (8 steps in) for one more epoch with `o`, writing nothing.
+std::shared_ptr<FirstStep> resume_first_step(train::TrainerOptions o, const std::string& checkpoint) {
+  auto first = std::make_shared<FirstStep>();
+  o.epochs(2).run_dir("").resume(checkpoint);
+  BlobTask task(other_init());
+  const auto r = train::Trainer(o).add_callback(first).fit(task);
+  EXPECT_EQ(r.resumed_at_step, 8);
+  return first;
+}
+
+void expect_changed_options_apply(const OptimizerCase& c, const std::string& name) {
+  SCOPED_TRACE(name);
+  const std::string dir = test_util::temp_dir("resume_changed_" + name);
+  {
+    BlobTask task({});
+    train::TrainerOptions o = optimizer_options(c);
+    o.run_dir(dir);
+    train::Trainer(o).fit(task);
+  }
+  const std::string checkpoint = dir + "/checkpoints/last.pt";
+  // Every option changed: the first resumed step runs with the configured ones.
+  train::TrainerOptions changed = optimizer_options(c);
+  changed.optimizer().lr(0.001).momentum(0.5).weight_decay(0.01).beta1(0.8).beta2(0.99).eps(1e-6);
+  const auto all = resume_first_step(changed, checkpoint);
+  ASSERT_TRUE(all->seen);
+  EXPECT_DOUBLE_EQ(all->options->get_lr(), 0.001 / 16) << "step 8 of a step schedule from the new base";
+  if (c.kind == train::OptimizerKind::kSgd) {
+    const auto& sgd = static_cast<const torch::optim::SGDOptions&>(*all->options);
+    EXPECT_DOUBLE_EQ(sgd.momentum(), 0.5);
+    EXPECT_DOUBLE_EQ(sgd.weight_decay(), 0.01);
+    EXPECT_DOUBLE_EQ(static_cast<const torch::optim::SGDOptions&>(*all->no_decay_weight_decay).weight_decay(),
+                     0.0)
+        << "the no-decay group keeps no decay";
+  } else {
+    const auto& adamw = static_cast<const torch::optim::AdamWOptions&>(*all->options);
+    EXPECT_DOUBLE_EQ(std::get<0>(adamw.betas()), 0.8);
+    EXPECT_DOUBLE_EQ(std::get<1>(adamw.betas()), 0.99);
+    EXPECT_DOUBLE_EQ(adamw.eps(), 1e-6);
+    EXPECT_DOUBLE_EQ(adamw.weight_decay(), 0.01);
+    EXPECT_DOUBLE_EQ(
+        static_cast<const torch::optim::AdamWOptions&>(*all->no_decay_weight_decay).weight_decay(), 0.0);
+  }
+  // Only the rate changed: the same step (same state, batch, dropout) moves
+  // the weights 100 times less. Both updates are linear in the rate.
+  const auto same = resume_first_step(optimizer_options(c), checkpoint);
+  train::TrainerOptions lower = optimizer_options(c);
+  lower.optimizer().lr(0.001);
+  const auto low = resume_first_step(lower, checkpoint);
+  ASSERT_GT(same->update, 0);
+  EXPECT_NEAR(low->update / same->update, 0.01, 1e-4);
+}
+}  // namespace
+
+TEST(ExactResume, ChangedOptimizerOptionsApplyAfterLoading) {
+  expect_changed_options_apply({train::OptimizerKind::kSgd, true}, "sgd_fused");
+  expect_changed_options_apply({train::OptimizerKind::kSgd, false}, "sgd_libtorch");
+  expect_changed_options_apply({train::OptimizerKind::kAdamW, true}, "adamw_fused");
+  expect_changed_options_apply({train::OptimizerKind::kAdamW, false}, "adamw_libtorch");
+}
+
+// Issue 29 (item 8a): a checkpoint of another optimizer, or of the same
+// optimizer over other parameters, is a config error before LibTorch reads it.
+TEST(ExactResume, AnotherOptimizersCheckpointIsAConfigError) {
+  const std::string dir = test_util::temp_dir("resume_other_optim");
+  {
+    BlobTask task({});
+    train::TrainerOptions o = optimizer_options({train::OptimizerKind::kSgd, true});
+    o.run_dir(dir);
+    train::Trainer(o).fit(task);
+  }
+  const auto resume_with = [&](train::TrainerOptions o) {
+    o.epochs(2).run_dir("").resume(dir + "/checkpoints/last.pt");
+    BlobTask task({});
+    try {
+      train::Trainer(o).fit(task);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (const auto kind : {train::OptimizerKind::kAdamW, train::OptimizerKind::kAdam}) {
+    const std::string e = resume_with(optimizer_options({kind, false}));
+    EXPECT_NE(e.find("holds the state of a sgd optimizer"), std::string::npos) << e;
+    EXPECT_NE(e.find(std::string("this run's is ") + train::to_string(kind)), std::string::npos) << e;
+    EXPECT_EQ(e.find("INTERNAL ASSERT"), std::string::npos) << e;
+  }
+  train::TrainerOptions one_group = optimizer_options({train::OptimizerKind::kSgd, true});
+  one_group.optimizer().decay_all_parameters(true);  // 1 parameter group, not 2
+  const std::string e = resume_with(one_group);
+  EXPECT_NE(e.find("2 parameter groups"), std::string::npos) << e;
+  EXPECT_EQ(resume_with(optimizer_options({train::OptimizerKind::kSgd, false})), "accepted")
+      << "fused and LibTorch's SGD share their state";
+}
+
+// Issue 29 (item 10): in a data-parallel run the trainer's notes come once, from rank 0.
+TEST(ExactResume, NotesComeFromRankZeroOnly) {
+  struct Rank : train::Distribution {
+    explicit Rank(int64_t r) : r_(r) {}
+    int64_t world_size() const override { return 2; }
+    int64_t rank() const override { return r_; }
+    int64_t r_;
+  };
+  for (int64_t rank : {0, 1}) {
+    const std::string dir = test_util::temp_dir("resume_notes" + std::to_string(rank));
+    train::TrainerOptions o = options(dir);
+    o.epochs(1).resume("auto").distribution(std::make_shared<Rank>(rank));
+    BlobTask task({});
+    testing::internal::CaptureStderr();
+    train::Trainer(o).fit(task);
+    const std::string said = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(said.find("no checkpoint at") != std::string::npos, rank == 0)
+        << "rank " << rank << ": " << said;
+  }
+}

@@ -13,11 +13,15 @@
 
 #include "core/check.h"
 #include "ember/core/file.h"
+#include "ember/train/checkpoint.h"
 
 namespace ember::recipe {
 namespace {
 
 constexpr const char* kLockName = "run.lock";
+// config.toml's first line in a folder Ember made: only such folders (and
+// those with an Ember checkpoint) are Ember's to move aside.
+constexpr const char* kConfigHeader = "# Ember run folder: the keys of this run";
 
 std::string utc_now(const char* format) {
   const std::time_t t = std::time(nullptr);
@@ -174,11 +178,55 @@ bool has_checkpoint(const std::string& dir) {
   return core::is_file(dir + "/checkpoints/last.pt") || core::is_file(dir + "/checkpoints/prev.pt");
 }
 
-// A resume continues the run in `dir`: compare its keys with the saved ones.
-void compare_with_saved_config(const std::string& dir, const core::Config& config,
+// Whether `dir` is a run folder Ember made: its config.toml starts with
+// kConfigHeader, or (a folder of an Ember older than the header) it holds a
+// file with Ember's checkpoint trailer. A user's own folder with a
+// config.toml is neither.
+bool is_ember_run_folder(const std::string& dir) {
+  if (core::is_file(dir + "/config.toml") &&
+      core::read_file(dir + "/config.toml").rfind(kConfigHeader, 0) == 0)
+    return true;
+  return train::has_checkpoint_trailer(dir + "/checkpoints/last.pt") ||
+         train::has_checkpoint_trailer(dir + "/checkpoints/prev.pt");
+}
+
+// config.toml's content: the header line, then the keys.
+std::string config_text(const core::Config& config, const std::string& recipe) {
+  return fmt::format("{} ({}, {}); Ember moves this folder's files aside only when this line is here\n{}",
+                     kConfigHeader, recipe, utc_now("%Y-%m-%d %H:%M:%S UTC"), config.to_toml());
+}
+
+// The run folder holding the checkpoint that trainer.resume=`resume` names:
+// a run folder itself, its checkpoints/ folder, or a file in either.
+std::string source_run_folder(const std::string& resume) {
+  const auto parent = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    const auto slash = p.find_last_of('/');
+    return slash == std::string::npos ? std::string(".") : p.substr(0, slash);
+  };
+  const auto name = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    const auto slash = p.find_last_of('/');
+    return slash == std::string::npos ? p : p.substr(slash + 1);
+  };
+  std::string folder = core::is_dir(resume) ? resume : parent(resume);
+  if (name(folder) == "checkpoints" && !core::is_dir(folder + "/checkpoints")) folder = parent(folder);
+  return folder;
+}
+
+// A resume continues the run whose checkpoint it loads, in `dir` or in
+// another folder `source`: compare the keys with `source`'s config.toml.
+void compare_with_saved_config(const std::string& source, const std::string& dir, const core::Config& config,
                                const std::string& recipe) {
-  const std::string saved_path = dir + "/config.toml";
-  if (!core::is_file(saved_path)) return;
+  const std::string saved_path = source + "/config.toml";
+  if (!core::is_file(saved_path)) {
+    if (source != dir)
+      std::cerr << fmt::format(
+          "[run] note: {} holds no config.toml; the keys cannot be compared with those of "
+          "the run that wrote the checkpoint\n",
+          source);
+    return;
+  }
   core::Config saved = config;
   try {
     saved.merge_toml_file(saved_path);
@@ -202,14 +250,18 @@ void compare_with_saved_config(const std::string& dir, const core::Config& confi
         "[run] resuming {} with keys that change the data order or the schedule ({}): the run "
         "would continue at the saved position of a different run. Resume with the saved keys "
         "(drop these overrides: {} holds them), start a new run in another run.dir, or pass "
-        "run.allow_changes=true to continue anyway ({} run.dir={} trainer.resume=auto "
+        "run.allow_changes=true to continue anyway ({} run.dir={} trainer.resume={} "
         "run.allow_changes=true)",
-        dir, join(unsafe, 6), saved_path, recipe, dir);
+        source == dir ? dir : "from " + source, join(unsafe, 6), saved_path, recipe, dir,
+        config.get_string("trainer.resume"));
   std::vector<std::string> all = unsafe;
   all.insert(all.end(), safe.begin(), safe.end());
   if (!all.empty()) {
-    std::cerr << fmt::format("[run] resuming with changed keys: {}\n", join(all, 20));
-    core::write_file_atomic(dir + "/config.resume-" + utc_now("%Y%m%d-%H%M%S") + ".toml", config.to_toml());
+    std::cerr << fmt::format("[run] resuming {}with changed keys: {}\n",
+                             source == dir ? "" : "from " + source + " ", join(all, 20));
+    if (source == dir)  // (another folder's run is not this run's to write; dir's config.toml is this run's)
+      core::write_file_atomic(dir + "/config.resume-" + utc_now("%Y%m%d-%H%M%S") + ".toml",
+                              config_text(config, recipe));
   }
 }
 
@@ -221,30 +273,35 @@ void claim_run_folder(const std::string& dir, const core::Config& config, const 
       resume == "auto" || resume == dir || resume.compare(0, dir.size() + 1, dir + "/") == 0;
   const std::vector<std::string> previous = previous_run_files(dir);
   if (resumes_here && has_checkpoint(dir)) {
-    compare_with_saved_config(dir, config, recipe);
-    if (!core::is_file(dir + "/config.toml")) core::write_file_atomic(dir + "/config.toml", config.to_toml());
+    compare_with_saved_config(dir, dir, config, recipe);
+    if (!core::is_file(dir + "/config.toml"))
+      core::write_file_atomic(dir + "/config.toml", config_text(config, recipe));
     return;
   }
+  // A resume from another run's folder: the same comparison, with that run's keys.
+  if (!resume.empty() && !resumes_here)
+    compare_with_saved_config(source_run_folder(resume), dir, config, recipe);
   if (!previous.empty()) {
-    const bool looks_like_run = core::is_file(dir + "/config.toml") || core::is_dir(dir + "/checkpoints");
+    const bool ember_run = is_ember_run_folder(dir);
+    const auto refuse_foreign = [&](const char* why) {
+      EMBER_CHECK_KIND(kConfig, ember_run,
+                       "[run] {}: run.dir={} is not an Ember run folder (it holds {}; Ember's own have a "
+                       "config.toml that starts with \"{}\" or an Ember checkpoint in checkpoints/), and "
+                       "Ember moves nothing of yours: choose another run.dir, or empty this folder yourself",
+                       why, dir, join(previous, 4), kConfigHeader);
+    };
     if (resume == "auto") {  // a run that left no checkpoint: its files would mix with this one's
-      EMBER_CHECK_KIND(kConfig, looks_like_run,
-                       "[run] run.dir={} is not an empty folder nor an Ember run folder ({}); choose another "
-                       "run.dir",
-                       dir, join(previous, 4));
+      refuse_foreign("trainer.resume=auto found no checkpoint");
       std::cerr << fmt::format(
           "[run] trainer.resume=auto: {} holds no checkpoint; its files ({}) move to {} and a fresh run "
           "starts\n",
           dir, join(previous, 4), move_aside(dir));
     } else if (config.get_bool("run.overwrite")) {
-      EMBER_CHECK_KIND(
-          kConfig, looks_like_run,
-          "[run] run.overwrite=true: {} is not an Ember run folder ({}); it is left alone: choose "
-          "another run.dir",
-          dir, join(previous, 4));
+      refuse_foreign("run.overwrite=true");
       std::cerr << fmt::format("[run] run.overwrite=true: the previous run's files move to {}\n",
                                move_aside(dir));
     } else {
+      refuse_foreign("a fresh run");
       ember::detail::fail(ErrorKind::kConfig,
                           "[run] run.dir={} holds a previous run ({}): continue it with `{} run.dir={} "
                           "trainer.resume=auto`, or start over with `{} run.dir={} run.overwrite=true` (its "
@@ -252,7 +309,7 @@ void claim_run_folder(const std::string& dir, const core::Config& config, const 
                           dir, join(previous, 4), recipe, dir, recipe, dir, dir);
     }
   }
-  core::write_file_atomic(dir + "/config.toml", config.to_toml());
+  core::write_file_atomic(dir + "/config.toml", config_text(config, recipe));
 }
 
 }  // namespace ember::recipe

@@ -6,13 +6,23 @@
 // position, counters, base learning rates, the epoch's running sums, the CPU
 // and CUDA RNG states), "callbacks" (one archive per callback, by name) and,
 // for fp16-mixed, "grad_scaler".
+//
+// Loading (issue 29): the model's and the optimizer's floating-point tensors
+// must be finite (a latest file that fails this is passed over for prev.pt,
+// as a damaged one is); the optimizer state must be of this run's optimizer
+// kind, group count, parameter count and shapes (else a config error, before
+// LibTorch reads it); and the optimizer options in force afterwards are this
+// run's (a resume with run.allow_changes=true changes optim.* on purpose):
+// the loaded param-group options and base rates give way to them.
 #include <torch/torch.h>
 
 #include <zlib.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -65,7 +75,152 @@ std::string checkpoint_problem(const std::string& bytes) {
   return "";
 }
 
+// LibTorch's name of an InputArchive failure, short.
+std::string short_what(const std::exception& e) {
+  return std::string(e.what()).substr(0, 200);
+}
+
+// The parameters of the optimizer state saved in an optimizer archive:
+// the state key (a TensorImpl address at save time) of parameter j of group i.
+struct SavedGroups {
+  std::vector<std::vector<std::string>> keys;  // [group][parameter]
+  std::string kind;                            // "sgd", "adam or adamw", ... ; "" if unknown
+};
+
+SavedGroups saved_groups(torch::serialize::InputArchive& optim) {
+  SavedGroups out;
+  torch::serialize::InputArchive groups;
+  torch::Tensor size;
+  if (!optim.try_read("param_groups", groups) || !groups.try_read("param_groups/size", size)) return out;
+  for (int64_t i = 0; i < size.item<int64_t>(); ++i) {
+    torch::serialize::InputArchive group, options;
+    torch::Tensor n;
+    std::vector<std::string> keys;
+    if (groups.try_read("param_groups/" + std::to_string(i), group) && group.try_read("params/size", n)) {
+      for (int64_t j = 0; j < n.item<int64_t>(); ++j) {
+        c10::IValue key;
+        keys.push_back(
+            group.try_read("params/" + std::to_string(j), key) && key.isString() ? key.toStringRef() : "");
+      }
+      if (i == 0 && group.try_read("options", options)) {  // the fields each kind's options serialize
+        c10::IValue v;
+        if (options.try_read("nesterov", v))
+          out.kind = "sgd";
+        else if (options.try_read("betas", v))
+          out.kind = "adam or adamw";
+        else if (options.try_read("centered", v))
+          out.kind = "rmsprop";
+        else if (options.try_read("lr_decay", v))
+          out.kind = "adagrad";
+      }
+    }
+    out.keys.push_back(std::move(keys));
+  }
+  return out;
+}
+
+// The first floating-point tensor in `archive` and the archives nested in it
+// that is not finite, as its dotted key; "" if none.
+std::string first_nonfinite_in(torch::serialize::InputArchive& archive, const std::string& prefix) {
+  for (const std::string& key : archive.keys()) {
+    torch::Tensor t;  // fresh per read: a defined tensor would be set_() in place
+    if (archive.try_read(key, t)) {
+      if (t.defined() && t.is_floating_point() && !torch::isfinite(t).all().item<bool>()) return prefix + key;
+      continue;
+    }
+    torch::serialize::InputArchive nested;
+    if (archive.try_read(key, nested))
+      if (std::string found = first_nonfinite_in(nested, prefix + key + "."); !found.empty()) return found;
+  }
+  return "";
+}
+
+// Why the parsed checkpoint `root` cannot be resumed from for its content
+// (a model or optimizer tensor that is not finite), "" if it can. Names
+// state tensors by the parameter they belong to (`names`: this run's
+// parameter names by group and index).
+std::string content_problem(torch::serialize::InputArchive& root,
+                            const std::vector<std::vector<std::string>>& names) {
+  torch::serialize::InputArchive model, optim, state;
+  if (root.try_read("model", model))
+    if (const std::string bad = first_nonfinite_in(model, ""); !bad.empty())
+      return fmt::format("its model tensor '{}' is not finite (NaN or infinite)", bad);
+  if (!root.try_read("optimizer", optim) || !optim.try_read("state", state)) return "";
+  const SavedGroups groups = saved_groups(optim);
+  for (const std::string& key : state.keys()) {
+    torch::serialize::InputArchive one;
+    if (!state.try_read(key, one)) continue;
+    const std::string bad = first_nonfinite_in(one, "");
+    if (bad.empty()) continue;
+    std::string owner = "a parameter";
+    for (size_t i = 0; i < groups.keys.size(); ++i)
+      for (size_t j = 0; j < groups.keys[i].size(); ++j)
+        if (groups.keys[i][j] == key)
+          owner = i < names.size() && j < names[i].size() ? fmt::format("parameter '{}'", names[i][j])
+                                                          : fmt::format("parameter {} of group {}", j, i);
+    return fmt::format("its optimizer state '{}' of {} is not finite (NaN or infinite)", bad, owner);
+  }
+  return "";
+}
+
+// "sgd", "adam", "adamw", ... : the kind of `optimizer`, by its options' type
+// (Ember's fused optimizers share LibTorch's options and state).
+std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
+  if (optimizer.param_groups().empty()) return "";
+  const torch::optim::OptimizerOptions* o = &optimizer.param_groups().front().options();
+  if (dynamic_cast<const torch::optim::SGDOptions*>(o)) return "sgd";
+  if (dynamic_cast<const torch::optim::AdamWOptions*>(o)) return "adamw";
+  if (dynamic_cast<const torch::optim::AdamOptions*>(o)) return "adam";
+  if (dynamic_cast<const torch::optim::RMSpropOptions*>(o)) return "rmsprop";
+  if (dynamic_cast<const torch::optim::AdagradOptions*>(o)) return "adagrad";
+  if (dynamic_cast<const torch::optim::LBFGSOptions*>(o)) return "lbfgs";
+  return "";
+}
+
+// "momentum 0.9 -> 0.5" for each option other than the rate that differs
+// between `was` and `now` (SGD, Adam, AdamW; others compare nothing).
+std::vector<std::string> option_changes(const torch::optim::OptimizerOptions& was,
+                                        const torch::optim::OptimizerOptions& now) {
+  std::vector<std::string> out;
+  const auto field = [&](const char* name, auto a, auto b) {
+    if (a != b) out.push_back(fmt::format("{} {} -> {}", name, a, b));
+  };
+  const auto adam_like = [&](const auto& a, const auto& b) {
+    field("beta1", std::get<0>(a.betas()), std::get<0>(b.betas()));
+    field("beta2", std::get<1>(a.betas()), std::get<1>(b.betas()));
+    field("eps", a.eps(), b.eps());
+    field("weight_decay", a.weight_decay(), b.weight_decay());
+    field("amsgrad", a.amsgrad(), b.amsgrad());
+  };
+  using namespace torch::optim;
+  const auto* sgd_was = dynamic_cast<const SGDOptions*>(&was);
+  const auto* sgd_now = dynamic_cast<const SGDOptions*>(&now);
+  const auto* adam_was = dynamic_cast<const AdamOptions*>(&was);
+  const auto* adam_now = dynamic_cast<const AdamOptions*>(&now);
+  const auto* adamw_was = dynamic_cast<const AdamWOptions*>(&was);
+  const auto* adamw_now = dynamic_cast<const AdamWOptions*>(&now);
+  if (sgd_was && sgd_now) {
+    field("momentum", sgd_was->momentum(), sgd_now->momentum());
+    field("dampening", sgd_was->dampening(), sgd_now->dampening());
+    field("weight_decay", sgd_was->weight_decay(), sgd_now->weight_decay());
+    field("nesterov", sgd_was->nesterov(), sgd_now->nesterov());
+  } else if (adam_was && adam_now) {
+    adam_like(*adam_was, *adam_now);
+  } else if (adamw_was && adamw_now) {
+    adam_like(*adamw_was, *adamw_now);
+  }
+  return out;
+}
+
 }  // namespace
+
+bool has_checkpoint_trailer(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in || in.tellg() < static_cast<std::streamoff>(kTrailerBytes)) return false;
+  char magic[sizeof kTrailerMagic];
+  in.seekg(-static_cast<std::streamoff>(kTrailerBytes), std::ios::end);
+  return in.read(magic, sizeof magic) && std::memcmp(magic, kTrailerMagic, sizeof magic) == 0;
+}
 
 std::string seal_checkpoint(std::string archive) {
   const uint64_t length = archive.size();
@@ -90,40 +245,79 @@ std::string previous_checkpoint_path(const std::string& path) {
   return path + ".prev";
 }
 
-std::string Trainer::find_resume_checkpoint(std::string& bytes) const {
+std::string Trainer::find_resume_checkpoint(torch::serialize::InputArchive& root) {
+  damaged_latest_.clear();
   const std::string& resume = options_.resume();
   if (resume.empty()) return "";
+  const bool speaks = options_.distribution()->is_writer();  // notes once per run, from rank 0
   std::string latest = resume;
   if (resume == "auto") {
     latest = options_.run_dir() + "/checkpoints/last.pt";
   } else if (core::is_dir(resume)) {  // a run folder, or its checkpoints/ folder
     latest = core::is_dir(resume + "/checkpoints") ? resume + "/checkpoints/last.pt" : resume + "/last.pt";
   }
+  // This run's parameter names by group and index, to name a state tensor.
+  std::vector<std::vector<std::string>> names;
+  std::map<const c10::TensorImpl*, std::string> name_of;
+  for (const auto& p : task_->model()->named_parameters())
+    name_of.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  for (const auto& g : optimizer_->param_groups()) {
+    names.emplace_back();
+    for (const auto& p : g.params())
+      names.back().push_back(name_of.count(p.unsafeGetTensorImpl()) ? name_of[p.unsafeGetTensorImpl()] : "?");
+  }
   // The latest checkpoint, else the one it replaced (a crash between the two
-  // renames of a save, or a damaged latest file).
+  // renames of a save, or a latest file that is damaged or holds non-finite
+  // values).
   const std::string previous = previous_checkpoint_path(latest);
   std::vector<std::string> problems;
   for (const std::string& path : {latest, previous}) {
     if (!core::is_file(path)) continue;
-    bytes = read_file(path);
-    const std::string problem = checkpoint_problem(bytes);
+    std::string problem;
+    {
+      const std::string bytes = read_file(path);
+      problem = checkpoint_problem(bytes);
+      if (problem.empty()) {
+        try {
+          root.load_from(bytes.data(), bytes.size() - kTrailerBytes);  // the archive's tensors are copies
+        } catch (const std::exception& e) {
+          detail::fail(ErrorKind::kCheckpoint,
+                       "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
+                       "checkpoint ({}); remove it or point trainer.resume at another one",
+                       path, short_what(e));
+        }
+      }
+    }
     if (problem.empty()) {
-      if (!problems.empty())
-        std::cerr << fmt::format("[train::Trainer] warning: {}; resuming from the one before it, {}\n",
-                                 problems.front(), path);
+      try {
+        problem = content_problem(root, names);
+      } catch (const std::exception& e) {
+        detail::fail(ErrorKind::kCheckpoint,
+                     "[train::Trainer] cannot read checkpoint {}: a part of it is damaged or of another kind "
+                     "({}); remove it or point trainer.resume at another one",
+                     path, short_what(e));
+      }
+    }
+    if (problem.empty()) {
+      if (!problems.empty()) {
+        damaged_latest_ = latest;
+        if (speaks)
+          std::cerr << fmt::format("[train::Trainer] warning: {}; resuming from the one before it, {}\n",
+                                   problems.front(), path);
+      }
       return path;
     }
     problems.push_back(fmt::format("checkpoint {} cannot be used: {}", path, problem));
   }
-  bytes.clear();
   if (!problems.empty())
     detail::fail(ErrorKind::kCheckpoint,
                  "[train::Trainer] {}; no usable checkpoint to resume from: start a fresh run in another "
                  "run.dir (or with run.overwrite=true, which moves this folder's contents aside)",
                  fmt::join(problems, "; "));
   if (resume == "auto") {
-    std::cerr << fmt::format(
-        "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", latest);
+    if (speaks)
+      std::cerr << fmt::format(
+          "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", latest);
     return "";
   }
   detail::fail(
@@ -131,6 +325,22 @@ std::string Trainer::find_resume_checkpoint(std::string& bytes) const {
       "[train::Trainer] trainer.resume={}: no such checkpoint (give a checkpoint file, a run folder, "
       "or auto to resume from run.dir when it holds one)",
       resume);
+}
+
+void Trainer::move_damaged_checkpoint_aside(const std::string& ckpt_path) {
+  std::error_code ec;
+  if (damaged_latest_.empty() || ckpt_path.empty() ||
+      !std::filesystem::equivalent(damaged_latest_, ckpt_path, ec))
+    return;  // none, or another run's file: not this run's to move
+  std::string aside;
+  for (int n = 1; aside.empty() || core::is_file(aside) || core::is_dir(aside); ++n)
+    aside = fmt::format("{}.damaged-{}", ckpt_path, n);
+  core::rename_path(ckpt_path, aside);
+  std::cerr << fmt::format(
+      "[train::Trainer] moved the damaged {} to {}, so that the next save keeps {} until a new checkpoint "
+      "is written; inspect or delete it (the storage may be failing)\n",
+      ckpt_path, aside, previous_checkpoint_path(ckpt_path));
+  damaged_latest_.clear();
 }
 
 namespace {
@@ -149,6 +359,7 @@ void Trainer::save_checkpoint(const std::string& path) {
   task_->model()->save(model_archive);
   optimizer_->save(optim_archive);
   state.write("format", torch::IValue(int64_t{1}));
+  state.write("optimizer", torch::IValue(optimizer_kind(*optimizer_)));
   state.write("epoch", torch::IValue(epoch_));
   state.write("batch", torch::IValue(batch_));
   state.write("global_step", torch::IValue(global_step_));
@@ -187,16 +398,11 @@ void Trainer::save_checkpoint(const std::string& path) {
   last_checkpoint_ = path;
 }
 
-void Trainer::load_checkpoint(const std::string& path, std::string_view archive) {
-  torch::serialize::InputArchive root;
-  try {
-    root.load_from(archive.data(), archive.size());
-  } catch (const std::exception& e) {
-    detail::fail(ErrorKind::kCheckpoint,
-                 "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
-                 "checkpoint ({}); remove it or point trainer.resume at another one",
-                 path, std::string(e.what()).substr(0, 200));
-  }
+void Trainer::load_checkpoint(const std::string& path, torch::serialize::InputArchive& root) {
+  const bool speaks = options_.distribution()->is_writer();
+  // This run's optimizer options, which win over the loaded ones below.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> configured;
+  for (const auto& g : optimizer_->param_groups()) configured.push_back(g.options().clone());
   torch::serialize::InputArchive model_archive, optim_archive, state, callbacks;
   try {
     root.read("model", model_archive);
@@ -228,14 +434,18 @@ void Trainer::load_checkpoint(const std::string& path, std::string_view archive)
         "register, and the checkpoint cannot load without it (the state changes the model: a pruning "
         "plan, say): register it again (recipes: keep its keys, e.g. prune.*, as they were)",
         path, key);
-    std::cerr << fmt::format(
-        "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
-        "not have; it is ignored\n",
-        path, key);
+    if (speaks)
+      std::cerr << fmt::format(
+          "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
+          "not have; it is ignored\n",
+          path, key);
   }
   try {
     task_->model()->load(model_archive);
+    check_optimizer_state_fits(path, optim_archive, state);
     optimizer_->load(optim_archive);
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
     detail::fail(ErrorKind::kCheckpoint,
                  "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
@@ -255,9 +465,9 @@ void Trainer::load_checkpoint(const std::string& path, std::string_view archive)
     if (root.try_read("grad_scaler", scaler)) {  // else: from an fp32/bf16 run, start fresh
       grad_scaler_->load(scaler);
       const amp::GradScalerOptions& want = options_.grad_scaler();
-      if (want.growth_factor() != grad_scaler_->get_growth_factor() ||
-          want.backoff_factor() != grad_scaler_->get_backoff_factor() ||
-          want.growth_interval() != grad_scaler_->get_growth_interval())
+      if (speaks && (want.growth_factor() != grad_scaler_->get_growth_factor() ||
+                     want.backoff_factor() != grad_scaler_->get_backoff_factor() ||
+                     want.growth_interval() != grad_scaler_->get_growth_interval()))
         std::cerr << fmt::format(
             "[train::Trainer] note: the checkpoint's loss-scaling settings (growth_factor {}, backoff_factor "
             "{}, "
@@ -299,6 +509,25 @@ void Trainer::load_checkpoint(const std::string& path, std::string_view archive)
       "parameter groups; was it written by a different recipe or config?",
       path, lrs.numel(), c10::toString(lrs.scalar_type()), optimizer_->param_groups().size());
   base_lrs_.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
+  // This run's optimizer options apply from here on: LibTorch's load put the
+  // checkpoint's in the groups, and the base rates come from the checkpoint.
+  // A changed rate becomes the schedule's base: the schedule continues from
+  // it at the resumed step.
+  std::vector<std::string> changes;
+  auto& groups = optimizer_->param_groups();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    std::vector<std::string> group = option_changes(groups[i].options(), *configured[i]);
+    if (base_lrs_[i] != configured[i]->get_lr())
+      group.insert(group.begin(), fmt::format("lr {} -> {}", base_lrs_[i], configured[i]->get_lr()));
+    if (!group.empty()) changes.push_back(fmt::format("group {}: {}", i, fmt::join(group, ", ")));
+    groups[i].set_options(configured[i]->clone());
+    base_lrs_[i] = configured[i]->get_lr();
+  }
+  if (speaks && !changes.empty())
+    std::cerr << fmt::format(
+        "[train::Trainer] note: this run's optimizer options differ from checkpoint {} ({}); this run's "
+        "apply from step {} on (a rate is the schedule's base rate)\n",
+        path, fmt::join(changes, "; "), global_step_);
   const auto params = task_->model()->parameters();
   const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
   for (auto [key, sum] : {std::pair{"epoch_loss_sum", &epoch_sums_.loss_sum},
@@ -319,6 +548,51 @@ void Trainer::load_checkpoint(const std::string& path, std::string_view archive)
     }
   }
   last_checkpoint_ = path;
+}
+
+void Trainer::check_optimizer_state_fits(const std::string& path, torch::serialize::InputArchive& optim,
+                                         torch::serialize::InputArchive& trainer_state) const {
+  const auto refuse = [&](const std::string& what) {
+    detail::fail(ErrorKind::kConfig,
+                 "[train::Trainer] checkpoint {} {}: resume with the optimizer settings that wrote it "
+                 "(optim.*, as in its run's config.toml), or start a fresh run in another run.dir",
+                 path, what);
+  };
+  const std::string now = optimizer_kind(*optimizer_);
+  const SavedGroups saved = saved_groups(optim);
+  c10::IValue kind;  // written since issue 29; before, only the options' fields tell (adam = adamw)
+  const std::string was =
+      trainer_state.try_read("optimizer", kind) && kind.isString() ? kind.toStringRef() : saved.kind;
+  const bool same_kind = was == now || (was == "adam or adamw" && (now == "adam" || now == "adamw"));
+  if (!was.empty() && !now.empty() && !same_kind)
+    refuse(fmt::format("holds the state of a {} optimizer; this run's is {} (optim.name)", was, now));
+  const auto& groups = optimizer_->param_groups();
+  if (saved.keys.size() != groups.size())
+    refuse(
+        fmt::format("holds an optimizer with {} parameter groups; this run's has {} (changed optim.groups or "
+                    "optim.decay_all_parameters, or another model?)",
+                    saved.keys.size(), groups.size()));
+  torch::serialize::InputArchive state;
+  const bool has_state = optim.try_read("state", state);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto& params = groups[i].params();
+    if (saved.keys[i].size() != params.size())
+      refuse(fmt::format("holds {} parameters in optimizer group {}; this run's has {} (another model?)",
+                         saved.keys[i].size(), i, params.size()));
+    for (size_t j = 0; j < params.size() && has_state; ++j) {
+      torch::serialize::InputArchive one;
+      if (!state.try_read(saved.keys[i][j], one)) continue;  // no state yet for this parameter
+      for (const std::string& key : one.keys()) {
+        torch::Tensor t;
+        if (!one.try_read(key, t) || !t.defined() || t.dim() == 0) continue;  // (a step count)
+        if (t.sizes() != params[j].sizes())
+          refuse(fmt::format(
+              "holds optimizer state '{}' of shape [{}] for parameter {} of group {}, whose shape "
+              "is [{}] (another model?)",
+              key, fmt::join(t.sizes(), ", "), j, i, fmt::join(params[j].sizes(), ", ")));
+      }
+    }
+  }
 }
 
 }  // namespace ember::train

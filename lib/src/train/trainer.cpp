@@ -341,11 +341,11 @@ FitResult Trainer::fit(Task& task) {
   stop_requested_ = false;
   stop_reason_.clear();
 
-  std::string resume_bytes;
-  const std::string resume_path = find_resume_checkpoint(resume_bytes);
+  torch::serialize::InputArchive resume_archive;
+  const std::string resume_path = find_resume_checkpoint(resume_archive);
   if (!resume_path.empty()) {
     try {
-      load_checkpoint(resume_path, unseal_checkpoint(resume_bytes, resume_path));
+      load_checkpoint(resume_path, resume_archive);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {  // LibTorch's, on a part of the archive of the wrong type or shape
@@ -355,11 +355,12 @@ FitResult Trainer::fit(Task& task) {
           "remove it or point trainer.resume at another one",
           resume_path, core::message_of(e).substr(0, 300));
     }
-    resume_bytes = std::string();  // the archive's tensors are copies
+    resume_archive = torch::serialize::InputArchive();
     result.resumed_from = resume_path;
     result.resumed_at_step = global_step_;
-    std::cerr << fmt::format("[train::Trainer] resuming from {}: epoch {}, batch {}, step {}\n", resume_path,
-                             epoch_, batch_, global_step_);
+    if (dist.is_writer())
+      std::cerr << fmt::format("[train::Trainer] resuming from {}: epoch {}, batch {}, step {}\n",
+                               resume_path, epoch_, batch_, global_step_);
   }
   apply_schedule();  // the rate of the next step (global_step_)
   if (options_.channels_last()) to_channels_last(*model, *optimizer_);
@@ -387,6 +388,8 @@ FitResult Trainer::fit(Task& task) {
   // Every rank reads checkpoints to resume; one writes them.
   const std::string ckpt_path =
       options_.run_dir().empty() || !dist.is_writer() ? "" : options_.run_dir() + "/checkpoints/last.pt";
+  move_damaged_checkpoint_aside(
+      ckpt_path);            // after a fallback: the next save must not rotate it onto prev.pt
   if (!ckpt_path.empty()) {  // a previous writer killed mid-save leaves its temporary file
     const int removed = core::remove_temporaries(options_.run_dir() + "/checkpoints");
     if (removed > 0)

@@ -31,6 +31,11 @@ std::string seal_checkpoint(std::string archive);
 /// damaged (the CRC differs).
 std::string_view unseal_checkpoint(const std::string& bytes, const std::string& path);
 
+/// Whether the file at `path` ends with an Ember checkpoint trailer (its
+/// magic only: the CRC is not checked, the file is not read whole). The run
+/// folder code tells Ember's folders by it.
+bool has_checkpoint_trailer(const std::string& path);
+
 /// Where save_checkpoint keeps the checkpoint it replaces: "prev.pt" beside
 /// "last.pt", else "<path>.prev".
 std::string previous_checkpoint_path(const std::string& path);

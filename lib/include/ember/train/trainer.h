@@ -190,9 +190,17 @@ class Trainer {
 
  private:
   // Checkpoint I/O (train/checkpoint.cpp). find_resume_checkpoint: the
-  // verified checkpoint options().resume names ("" = none), its file in `bytes`.
-  std::string find_resume_checkpoint(std::string& bytes) const;
-  void load_checkpoint(const std::string& path, std::string_view archive);
+  // verified checkpoint options().resume names ("" = none), parsed into
+  // `root`; a latest file it passed over for the previous one is kept in
+  // damaged_latest_, which move_damaged_checkpoint_aside renames when it is
+  // the file this run saves to (the writer, before its first save).
+  std::string find_resume_checkpoint(torch::serialize::InputArchive& root);
+  void load_checkpoint(const std::string& path, torch::serialize::InputArchive& root);
+  void move_damaged_checkpoint_aside(const std::string& ckpt_path);
+  // A config error unless the optimizer archive `optim` is of this run's
+  // optimizer kind, group count, parameter count and shapes.
+  void check_optimizer_state_fits(const std::string& path, torch::serialize::InputArchive& optim,
+                                  torch::serialize::InputArchive& trainer_state) const;
   void apply_schedule();
   void reduce_across_processes(PassSums& sums) const;
   // trainer.cuda_graph: what the graph needs, checked before the first step and before capture.
@@ -220,6 +228,7 @@ class Trainer {
   std::string stop_reason_;
   std::atomic<bool> stop_requested_{false};
   std::string last_checkpoint_;
+  std::string damaged_latest_;  // see find_resume_checkpoint
 };
 
 /// Number of parameters (elements) of a module, trainable or not; a tensor
