@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "data/image_folder_internal.h"
 
@@ -311,8 +312,8 @@ TEST(ImageFolder, ImagesDeclaringTooManyPixelsAreRefusedBeforeDecoding) {
   for (const char* ext : {".jpg", ".png", ".bmp"}) {
     const std::string bytes = encode(random_image(30, 40, 3), ext);
     int64_t w = 0, h = 0;
-    ASSERT_TRUE(
-        data::detail::image_size_of(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &w, &h))
+    ASSERT_EQ(
+        data::detail::image_size_of(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &w, &h), "")
         << ext;
     EXPECT_EQ(w, 40) << ext;
     EXPECT_EQ(h, 30) << ext;
@@ -341,6 +342,177 @@ TEST(ImageFolder, ImagesDeclaringTooManyPixelsAreRefusedBeforeDecoding) {
   write_bytes(root + "/b/other.png", forged);
   const std::string e = load_error(root, ImageFolderOptions({8, 8}));
   EXPECT_TRUE(contains(e, "declares 100000x100000 pixels")) << e;
+}
+
+namespace {
+
+std::string le16(uint32_t v) {
+  return {static_cast<char>(v), static_cast<char>(v >> 8)};
+}
+std::string le32(uint32_t v) {
+  return le16(v) + le16(v >> 16);
+}
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+/// A PNG chunk: length, type, data, CRC-32 of type and data.
+std::string png_chunk(const std::string& type, const std::string& data) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (const char c : type + data) {
+    crc ^= static_cast<uint8_t>(c);
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return be32(static_cast<uint32_t>(data.size())) + type + data + be32(~crc);
+}
+
+/// A little-endian TIFF header whose first IFD declares width x height, 8-bit gray, one strip.
+std::string tiff_header(uint32_t width, uint32_t height) {
+  const auto entry = [](uint16_t tag, uint16_t type, uint32_t value) {
+    return le16(tag) + le16(type) + le32(1) + le32(value);
+  };
+  return std::string("II*\0", 4) + le32(8) + le16(6) + entry(256, 4, width) + entry(257, 4, height) +
+         entry(258, 3, 8) + entry(262, 3, 1) + entry(273, 4, 8 + 2 + 6 * 12 + 4) + entry(279, 4, 16) +
+         le32(0) + std::string(16, '\x55');
+}
+
+/// A BMP with the 12-byte OS/2 1.x header (16-bit width and height), 24-bit, every pixel RGB (1, 2, 3).
+std::string bmp_core(uint16_t width, uint16_t height) {
+  const uint32_t pitch = (width * 3u + 3u) & ~3u;
+  std::string pixels;
+  for (uint32_t y = 0; y < height; ++y) {
+    std::string row;
+    for (uint32_t x = 0; x < width; ++x) row += "\x03\x02\x01";  // B, G, R
+    row.resize(pitch, '\0');
+    pixels += row;
+  }
+  return "BM" + le32(26 + static_cast<uint32_t>(pixels.size())) + le32(0) + le32(26) + le32(12) +
+         le16(width) + le16(height) + le16(1) + le16(24) + pixels;
+}
+
+}  // namespace
+
+TEST(ImageFolder, ContentOtherThanJpegPngOrBmpIsRefusedBeforeDecoding) {
+  SKIP_WITHOUT_OPENCV();
+  // OpenCV picks its decoder by content, not by name. Small files declaring
+  // 60000 x 60000 pixels (10.8 GB decoded) in formats whose header Ember does
+  // not read, under the names of formats it does, and genuine small images of
+  // other formats this OpenCV reads (decoded whole, whatever their size,
+  // before they were refused).
+  std::vector<std::tuple<std::string, std::string, std::string>> hostile = {
+      {"ppm.png", "P6\n60000 60000\n255\n" + std::string(64, '\x7f'), "PNM"},
+      {"tiff.jpg", tiff_header(60000, 60000), "TIFF"},
+      {"small_ppm.bmp", "P6\n2 2\n255\n" + std::string(12, '\x40'), "PNM"},
+  };
+#if EMBER_WITH_OPENCV
+  const std::vector<std::pair<std::string, std::string>> others = {
+      {".pgm", "PNM"},          {".tiff", "TIFF"},     {".webp", "WebP"}, {".sr", "Sun raster"},
+      {".hdr", "Radiance HDR"}, {".jp2", "JPEG 2000"}, {".pfm", "PFM"},   {".pam", "PAM"}};
+  const cv::Mat image(6, 5, CV_8UC3, cv::Scalar(10, 20, 30));
+  for (const auto& [ext, format] : others) {
+    std::vector<uchar> buf;
+    try {
+      if (!cv::imencode(ext, image, buf)) continue;
+    } catch (const cv::Exception&) {
+      continue;  // no encoder for it in this OpenCV
+    }
+    ASSERT_FALSE(cv::imdecode(buf, cv::IMREAD_COLOR).empty()) << ext << ": this OpenCV decodes it";
+    hostile.emplace_back("other" + ext.substr(1) + ".png", std::string(buf.begin(), buf.end()), format);
+  }
+#endif
+  ASSERT_GE(hostile.size(), 6u);
+  for (const auto& [name, bytes, format] : hostile)
+    EXPECT_EQ(data::detail::content_format(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+              format)
+        << name;
+  // on_error=fail: each alone names the file, the content and the way out.
+  for (const auto& [name, bytes, format] : hostile) {
+    const std::string root = test_util::temp_dir("imgf_content_one");
+    write_image(root + "/a/good.png", solid(8, 8, 1, 2, 3));
+    write_bytes(root + "/a/" + name, bytes);
+    const std::string e = load_error(root, ImageFolderOptions({8, 8}));
+    EXPECT_TRUE(contains(e, root + "/a/" + name + ": content is " + format + ", not JPEG, PNG or BMP")) << e;
+    EXPECT_TRUE(contains(e, "(pass on_error=skip to skip unreadable images)")) << e;
+  }
+  // on_error=skip: each is skipped with its reason; JPEG, PNG and BMP content
+  // loads under any of their names (ImageNet's training set holds a PNG named .JPEG).
+  const std::string root = test_util::temp_dir("imgf_content_all");
+  write_image(root + "/a/good.png", solid(8, 8, 1, 2, 3));
+  train::make_dirs(root + "/b");
+  write_bytes(root + "/b/png_named.jpg", encode(solid(8, 8, 4, 5, 6), ".png"));
+  write_bytes(root + "/b/bmp_named.png", encode(solid(8, 8, 7, 8, 9), ".bmp"));
+  write_bytes(root + "/b/jpg_named.bmp", encode(solid(8, 8, 100, 100, 100), ".jpg"));
+  for (const auto& [name, bytes, format] : hostile) write_bytes(root + "/b/" + name, bytes);
+  const ImageFolder f =
+      data::load_image_folder(root, ImageFolderOptions({8, 8}).on_error(OnError::kSkip).threads(2));
+  EXPECT_EQ(f.files, (std::vector<std::string>{root + "/a/good.png", root + "/b/bmp_named.png",
+                                               root + "/b/jpg_named.bmp", root + "/b/png_named.jpg"}));
+  ASSERT_EQ(f.data.size(), 4);
+  EXPECT_TRUE(all_near(f, 1, 7, 8, 9));
+  EXPECT_TRUE(all_near(f, 2, 100, 100, 100, 4));
+  EXPECT_TRUE(all_near(f, 3, 4, 5, 6));
+  ASSERT_EQ(f.skipped.size(), hostile.size());
+  for (const auto& [name, bytes, format] : hostile) {
+    const std::string reason = root + "/b/" + name + ": content is " + format + ", not JPEG, PNG or BMP";
+    EXPECT_EQ(std::count_if(f.skipped.begin(), f.skipped.end(),
+                            [&](const std::string& s) { return s.rfind(reason, 0) == 0; }),
+              1)
+        << name;
+  }
+}
+
+TEST(ImageFolder, DeclaredSizeIsReadWhereTheDecoderReadsIt) {
+  SKIP_WITHOUT_OPENCV();
+  // Each file is a 40 x 30 image (1200 pixels) its decoder accepts; the size
+  // must be found however the header states it.
+  const std::string jpeg = encode(solid(30, 40, 90, 90, 90), ".jpg");
+  ASSERT_EQ(jpeg.substr(2, 2), "\xFF\xE0");  // APP0 (JFIF) after SOI
+  const size_t after_app0 = 4 + ((static_cast<uint8_t>(jpeg[4]) << 8) | static_cast<uint8_t>(jpeg[5]));
+  std::string bmp_top_down = encode(solid(30, 40, 1, 2, 3), ".bmp");
+  const int32_t minus_30 = -30;
+  bmp_top_down.replace(22, 4, le32(static_cast<uint32_t>(minus_30)));  // rows stored top-down
+  const std::vector<std::pair<std::string, std::string>> sized = {
+      // libjpeg skips bytes between segments (with a warning).
+      {"stray.jpg", jpeg.substr(0, after_app0) + "stray" + jpeg.substr(after_app0)},
+      {"os2.bmp", bmp_core(40, 30)},  // 12-byte header: 16-bit width and height
+      {"top_down.bmp", bmp_top_down},
+  };
+  for (const auto& [name, bytes] : sized) {
+    const std::string root = test_util::temp_dir("imgf_sized");
+    train::make_dirs(root + "/a");
+    write_bytes(root + "/a/" + name, bytes);
+    const std::string e = load_error(root, ImageFolderOptions({8, 8}).max_pixels(1199));
+    EXPECT_TRUE(contains(e, name + ": declares 40x30 pixels, more than data.max_pixels=1199")) << e;
+    const ImageFolder f = data::load_image_folder(root, ImageFolderOptions({8, 8}).max_pixels(1200));
+    ASSERT_EQ(f.data.size(), 1) << name;
+    EXPECT_TRUE(all_near(f, 0, name == "stray.jpg" ? 90 : 1, name == "stray.jpg" ? 90 : 2,
+                         name == "stray.jpg" ? 90 : 3, 4))
+        << name;
+  }
+  // Headers that do not declare one size where the decoder reads it are refused.
+  const std::string png = encode(solid(30, 40, 1, 2, 3), ".png");
+  std::string sof = jpeg.substr(jpeg.find("\xFF\xC0"));
+  sof = sof.substr(0, 2 + ((static_cast<uint8_t>(sof[2]) << 8) | static_cast<uint8_t>(sof[3])));
+  std::string bmp_v2 = encode(solid(30, 40, 1, 2, 3), ".bmp");
+  bmp_v2.replace(14, 4, le32(20));
+  const std::vector<std::tuple<std::string, std::string, std::string>> refused = {
+      // The PNG specification puts IHDR first; libpng skips an unknown
+      // ancillary chunk before it.
+      {"late_ihdr.png", png.substr(0, 8) + png_chunk("ruSt", "x") + png.substr(8),
+       "the first chunk is not IHDR"},
+      {"two_sofs.jpg", jpeg.substr(0, after_app0) + sof + jpeg.substr(after_app0), "a second frame header"},
+      {"no_sof.jpg", std::string(jpeg).erase(jpeg.find(sof), sof.size()), "no frame header"},
+      {"v2.bmp", bmp_v2, "info header of 20 bytes"},
+  };
+  for (const auto& [name, bytes, reason] : refused) {
+    const std::string root = test_util::temp_dir("imgf_unsized");
+    train::make_dirs(root + "/a");
+    write_bytes(root + "/a/" + name, bytes);
+    const std::string e = load_error(root, ImageFolderOptions({8, 8}));
+    EXPECT_TRUE(contains(e, name + ": ")) << e;
+    EXPECT_TRUE(contains(e, reason)) << name << ": " << e;
+  }
 }
 
 TEST(ImageFolder, FolderAndOptionErrorsNameThePath) {

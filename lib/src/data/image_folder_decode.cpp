@@ -81,13 +81,13 @@ std::string decode_into(const std::string& path, int64_t H, int64_t W, ResizeMod
   if (!in) return fmt::format("read error after {} of {} bytes", static_cast<int64_t>(in.gcount()), size);
   const std::string truncated = truncation_of(bytes.data(), bytes.size());
   if (!truncated.empty()) return truncated;
-  // Refused before decoding: a small file can declare an image of gigabytes
-  // (OpenCV's own ceiling, 2^30 pixels, still means 3 GiB per thread).
-  int64_t width = 0, height = 0;
-  if (image_size_of(bytes.data(), bytes.size(), &width, &height) &&
-      (width > max_pixels || height > max_pixels || width * height > max_pixels))
-    return fmt::format("declares {}x{} pixels, more than data.max_pixels={}: refused before decoding", width,
-                       height, max_pixels);
+  // Refused before decoding: a small file can declare an image of gigabytes,
+  // per decoding thread, in a format OpenCV picks by content whatever the
+  // name. OpenCV's own ceiling (OPENCV_IO_MAX_IMAGE_PIXELS, 2^30 pixels: 3 GiB
+  // decoded) is no second guard Ember can set: libopencv_imgcodecs reads it
+  // into a static when it is loaded, before main.
+  const std::string refused = bound_refusal(bytes.data(), bytes.size(), max_pixels);
+  if (!refused.empty()) return refused;
   const cv::Mat encoded(1, static_cast<int>(bytes.size()), CV_8UC1, bytes.data());
   // IMREAD_COLOR: always 8-bit, 3-channel BGR (gray is replicated, alpha dropped).
   const cv::Mat bgr = cv::imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);

@@ -78,13 +78,28 @@ void write_cache(const std::string& path, const std::string& key, const ImageFol
 // ---- image_sniff.cpp
 
 /// Why `p` is not a whole JPEG, PNG or BMP ("" when it is whole, or is
-/// another format, which is left to the decoder). Told apart by content, not
+/// another format, which bound_refusal refuses). Told apart by content, not
 /// by the extension.
 std::string truncation_of(const uint8_t* p, size_t n);
 
-/// The width and height a JPEG (its frame header), PNG (IHDR) or BMP (its
-/// info header) declares; false for another format or a header too short.
-bool image_size_of(const uint8_t* p, size_t n, int64_t* width, int64_t* height);
+/// The format of `p` by its first bytes: "JPEG", "PNG" or "BMP" exactly when
+/// OpenCV's imdecode would give it to that decoder; the name of another
+/// format OpenCV or common tools read ("TIFF", "WebP", "PNM", ...); "" for
+/// none of those.
+std::string content_format(const uint8_t* p, size_t n);
+
+/// Reads the width and height that a JPEG (its one frame header before the
+/// first scan), PNG (IHDR, the first chunk) or BMP (its info header)
+/// declares, where the decoder reads them. "" on success, or why there is no
+/// such size (the file must not be decoded: a decoder could find another).
+std::string image_size_of(const uint8_t* p, size_t n, int64_t* width, int64_t* height);
+
+/// Why `p` must not be decoded, whatever its file name: content other than
+/// JPEG, PNG or BMP (OpenCV decodes TIFF, WebP, PNM, ... by content, and
+/// Ember does not read their sizes), no size where the decoder reads it, an
+/// empty size, or more pixels (either side, or width x height) than
+/// `max_pixels`. "" when it may be decoded.
+std::string bound_refusal(const uint8_t* p, size_t n, int64_t max_pixels);
 
 // ---- image_folder_decode.cpp
 
