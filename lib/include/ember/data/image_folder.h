@@ -12,6 +12,12 @@
 // alpha channel is dropped, as PIL's convert("RGB") does); EXIF orientation is
 // ignored, as torchvision's default loader ignores it.
 //
+// Files are found by extension but decoded by content, which must be JPEG,
+// PNG or BMP under any of those names (ImageNet holds a PNG named .JPEG):
+// those are the formats whose declared size Ember reads before decoding
+// (max_pixels). Any other content (TIFF, WebP, PNM... which OpenCV would
+// decode whatever its size) is refused as unreadable (on_error).
+//
 // Decoding needs OpenCV (CMake option EMBER_OPENCV); an Ember built without it
 // can still load a dataset from a valid cache file.
 
@@ -39,7 +45,7 @@ enum class ResizeMode {
 };
 
 /// What to do with a file that cannot be read or decoded (corrupt, truncated,
-/// not an image).
+/// not an image, not JPEG, PNG or BMP content, larger than max_pixels).
 enum class OnError {
   kFail,  ///< throw ember::Error naming the file
   kSkip,  ///< leave the file out and list it in ImageFolder::skipped
@@ -80,7 +86,7 @@ struct ImageFolderOptions {
   /// atomically (temporary file + rename).
   TORCH_ARG(std::string, cache) = "";
   /// File name extensions that count as images, case-insensitive, with or
-  /// without the dot.
+  /// without the dot. The content must still be JPEG, PNG or BMP, whatever the extension.
   TORCH_ARG(std::vector<std::string>, extensions) = {".jpg", ".jpeg", ".png", ".bmp"};
 };
 
