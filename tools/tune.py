@@ -1385,13 +1385,18 @@ def parse_args(argv):
     parser.add_argument("--enqueue", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                         help="a point to try first (once per study); repeatable; keys not given are sampled")
     args = parser.parse_args(argv)
-    if args.trials < 1:
-        parser.error("--trials N: N must be >= 1")
-    if args.parallel < 1:
-        parser.error("--parallel P: P must be >= 1")
+    # Each bound says what the option can mean: a study of at most a million
+    # trials, at most 1024 at a time, a seed the samplers take (numpy's 32-bit
+    # seeds; the driver adds the trials done to it).
+    if not 1 <= args.trials <= 1_000_000:
+        parser.error(f"--trials {args.trials}: N must be in [1, 1000000]")
+    if not 1 <= args.parallel <= 1024:
+        parser.error(f"--parallel {args.parallel}: P must be in [1, 1024]")
     for name in ("startup_trials", "pruner_startup", "pruner_warmup"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0")
+        if not 0 <= getattr(args, name) <= 1_000_000:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be in [0, 1000000]")
+    if not 0 <= args.seed <= 2**31 - 1:
+        parser.error(f"--seed {args.seed}: must be in [0, 2147483647]")
     return args
 
 

@@ -177,6 +177,12 @@ def main():
                              says=['params."optim.lr"', "finite"])
         refused_up_front(env, "high = inf", good.replace("high = 0.4", "high = inf"), says=["finite"])
 
+        # The driver's own options: each out of range is a usage error (exit 2), before anything runs.
+        for option in (("--trials", "0"), ("--trials", str(10**12)), ("--parallel", "0"),
+                       ("--parallel", "100000"), ("--seed", "-1"), ("--seed", str(2**40)),
+                       ("--startup-trials", "-3"), ("--pruner-warmup", str(10**15))):
+            refused_up_front(env, " ".join(option), good, *option, says=[option[0], option[1]])
+
         # Types and ranges from --help (the recipe has no --check).
         refused_up_front(env, "low outside (0, inf)", good.replace("low = 0.01", "low = 0.0"),
                          says=['params."optim.lr"', "low = 0.0", "> 0"])
