@@ -80,6 +80,26 @@ check(same(s["inference_speedup"], step["infer_ms_before"] / step["infer_ms_afte
 print("resume ok")
 PY
 
+# With accumulation the fine-tuning's cosine spans its optimizer steps (batches
+# / k), not its batches: the last step's rate is near the schedule's end (0),
+# not halfway down (issue 30: it spanned k times too many steps).
+"$bin" "${args[@]}" run.dir="$out/accum" finetune.epochs=1 trainer.accumulate_grad_batches=2 \
+  trainer.log_every=1 >"$out/accum.out" 2>"$out/accum.err" || { cat "$out/accum.err"; fail "accumulation run"; }
+python3 - "$out/accum" <<'PY'
+import json, pathlib, sys
+def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
+    if not ok:
+        raise AssertionError(what)
+run = pathlib.Path(sys.argv[1])
+cfg = (run / "config.toml").read_text()
+base = float([l for l in cfg.split("[finetune]")[1].splitlines() if l.startswith("lr = ")][0].split("=")[1])
+steps = [json.loads(l) for l in (run / "finetune" / "metrics.jsonl").read_text().splitlines()]
+steps = [r for r in steps if r["kind"] == "step"]
+check(len(steps) == 8, f"2000 samples / 128 = 16 batches, 8 optimizer steps: {len(steps)}")
+check(steps[-1]["lr"] < 0.1 * base, f"the last step's rate {steps[-1]['lr']} is not near the end of the cosine (base {base})")
+print("accumulation: the fine-tuning schedule spans its", len(steps), "steps; last rate", steps[-1]["lr"])
+PY
+
 # Bad input fails fast with a clear message.
 if "$bin" "${args[@]}" run.dir="$out/bad" prune.importance=l3 >"$out/bad.out" 2>"$out/bad.err"; then
   fail "prune.importance=l3 was accepted"

@@ -28,7 +28,7 @@ void check_prune_finetune_config(const core::Config& c) {
 
 void prune_and_finetune(train::Task& task, const core::Config& c, const train::FitResult& dense,
                         RunSummary& summary) {
-  const int64_t steps_per_epoch = task.train_loader().num_batches();
+  const int64_t steps_per_epoch = train::steps_per_epoch(c, task);  // optimizer steps: accumulation included
   train::TrainerOptions o = train::trainer_options_from_config(c, steps_per_epoch);
   // One process (check_prune_finetune_config): Ctrl-C saves a checkpoint, as in the dense phase.
   o.epochs(c.get_int("finetune.epochs")).run_dir(c.get_string("run.dir") + "/finetune").handle_signals(true);

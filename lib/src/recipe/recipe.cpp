@@ -78,9 +78,7 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
   // The data is read (and checked: data.val_size against the training set...)
   // before the run folder is claimed: a refused command leaves nothing there.
   std::unique_ptr<train::Task> task = spec.make_task(config, p.device);
-  const int64_t k = std::max<int64_t>(config.get_int("trainer.accumulate_grad_batches"), 1);
-  const int64_t steps_per_epoch = (task->train_loader().num_batches() + k - 1) / k;
-  train::TrainerOptions options = train::trainer_options_from_config(config, steps_per_epoch);
+  train::TrainerOptions options = train::trainer_options_for_task(config, *task);
   options.run_dir(p.run_dir);
   if (p.group)  // a stop must be agreed by every rank: torchrun ends the group on a signal
     options.distribution(dist::make_distribution(p.group));

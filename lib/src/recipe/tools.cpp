@@ -80,9 +80,8 @@ core::Config with_batch(const core::Config& config, int64_t batch) {
 /// With trainer.cuda_graph, at least until two steps after the capture (an
 /// emulated graph on the CPU: the same step, bookkeeping and operators).
 train::TrainerOptions probe_options(const core::Config& c, train::Task& task, int64_t steps) {
-  const int64_t k = std::max<int64_t>(c.get_int("trainer.accumulate_grad_batches"), 1);
-  const int64_t per_epoch = std::max<int64_t>((task.train_loader().num_batches() + k - 1) / k, 1);
-  train::TrainerOptions o = train::trainer_options_from_config(c, per_epoch);
+  train::TrainerOptions o =
+      train::trainer_options_from_config(c, std::max<int64_t>(train::steps_per_epoch(c, task), 1));
   if (o.cuda_graph()) {
     steps = std::max<int64_t>(steps, train::kCudaGraphWarmupSteps + 3);
     const auto params = task.model()->parameters();
@@ -712,9 +711,7 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
 int find_lr(const RecipeSpec& spec, core::Config& config, const std::string& out) {
   const torch::Device device = start_tool(config);
   std::unique_ptr<train::Task> task = spec.make_task(config, device);
-  const int64_t k = std::max<int64_t>(config.get_int("trainer.accumulate_grad_batches"), 1);
-  const train::TrainerOptions options =
-      train::trainer_options_from_config(config, (task->train_loader().num_batches() + k - 1) / k);
+  const train::TrainerOptions options = train::trainer_options_for_task(config, *task);
   const train::LrFinderOptions f = train::LrFinderOptions()
                                        .min_lr(config.get_float("lr_find.min_lr"))
                                        .max_lr(config.get_float("lr_find.max_lr"))

@@ -153,6 +153,15 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
   return o;
 }
 
+int64_t steps_per_epoch(const core::Config& c, Task& task) {
+  const int64_t k = std::max<int64_t>(c.get_int("trainer.accumulate_grad_batches"), 1);
+  return (task.train_loader().num_batches() + k - 1) / k;
+}
+
+TrainerOptions trainer_options_for_task(const core::Config& c, Task& task) {
+  return trainer_options_from_config(c, steps_per_epoch(c, task));
+}
+
 std::optional<EarlyStoppingOptions> early_stopping_options_from_config(const core::Config& c) {
   const int64_t patience = c.get_int("early_stop.patience");
   if (patience == 0) return std::nullopt;

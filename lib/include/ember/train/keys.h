@@ -29,6 +29,12 @@ void declare_trainer_keys(core::Config& config, const TrainerOptions& defaults =
 /// into steps. run_dir, schedule-independent runner settings (signals,
 /// distribution) are left at their defaults for the caller.
 TrainerOptions trainer_options_from_config(const core::Config& config, int64_t steps_per_epoch);
+/// Optimizer steps per epoch of training `task`: its training loader's
+/// batches over trainer.accumulate_grad_batches, rounded up (a last, shorter
+/// window is a step too), as Trainer::fit steps.
+int64_t steps_per_epoch(const core::Config& config, Task& task);
+/// trainer_options_from_config with the steps per epoch of `task`.
+TrainerOptions trainer_options_for_task(const core::Config& config, Task& task);
 
 /// The early-stopping options, or nullopt when early_stop.patience is 0.
 std::optional<EarlyStoppingOptions> early_stopping_options_from_config(const core::Config& config);
