@@ -276,26 +276,17 @@ std::string Trainer::find_resume_checkpoint(torch::serialize::InputArchive& root
     std::string problem;
     {
       const std::string bytes = read_file(path);
-      problem = checkpoint_problem(bytes);
+      problem = checkpoint_problem(bytes);  // the seal: length and CRC
       if (problem.empty()) {
-        try {
-          root.load_from(bytes.data(), bytes.size() - kTrailerBytes);  // the archive's tensors are copies
+        try {  // the archive (its tensors are copies), then its values
+          root.load_from(bytes.data(), bytes.size() - kTrailerBytes);
+          problem = content_problem(root, names);
         } catch (const std::exception& e) {
           detail::fail(ErrorKind::kCheckpoint,
                        "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
                        "checkpoint ({}); remove it or point trainer.resume at another one",
                        path, short_what(e));
         }
-      }
-    }
-    if (problem.empty()) {
-      try {
-        problem = content_problem(root, names);
-      } catch (const std::exception& e) {
-        detail::fail(ErrorKind::kCheckpoint,
-                     "[train::Trainer] cannot read checkpoint {}: a part of it is damaged or of another kind "
-                     "({}); remove it or point trainer.resume at another one",
-                     path, short_what(e));
       }
     }
     if (problem.empty()) {

@@ -118,7 +118,7 @@ void check_trainer_options(const TrainerOptions& options, c10::DeviceType device
       refuse_cuda_graph(fmt::format("the model would be on {}, not on a CUDA device (trainer.device=cuda{})",
                                     c10::DeviceTypeName(device, /*lower_case=*/true),
                                     torch::cuda::is_available() ? "" : "; this machine has none"));
-    if (options.accumulate_grad_batches() > 1)
+    if (options.accumulate_grad_batches() != 1)
       refuse_cuda_graph("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
     if (options.detect_anomaly()) refuse_cuda_graph("trainer.detect_anomaly reads the device in every step");
     if (world_size > 1)
@@ -134,9 +134,8 @@ void check_trainer_options(const TrainerOptions& options, c10::DeviceType device
 }
 
 void Trainer::check_cuda_graph_options(const FitSetup& setup) const {
-  check_trainer_options(options_, setup.device_type, options_.distribution()->world_size());
-  if (setup.accumulate != 1)
-    refuse_cuda_graph("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
+  check_trainer_options(options_, setup.device_type,
+                        options_.distribution()->world_size());  // accumulation too
   if (!setup.fused) refuse_cuda_graph("the step needs one of Ember's fused optimizers (optim.fused=true)");
   if (!setup.sync_free)
     refuse_cuda_graph("the step must be sync-free (TrainerOptions::sync_free_steps unset or true)");
