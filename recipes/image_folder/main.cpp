@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
       std::cerr << fmt::format("[image_folder] {}: {} images in {} classes{}\n", dir, f.data.size(),
                                f.classes.size(),
                                f.cache_status == data::CacheStatus::kLoaded ? " (from the cache)" : "");
-      for (const auto& s : f.skipped) std::cerr << "[image_folder] skipped " << s << "\n";
+      for (const auto& s : f.skipped) std::cerr << fmt::format("[image_folder] skipped {}\n", s);
       return f;
     };
     data::ImageFolder train = load(c.get_string("data.train_split")),

@@ -176,7 +176,7 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
       kWhere, root, cache.empty() ? "" : fmt::format(" (and the cache is of no use: {})", cache_message));
 #else
   if (cache_status == CacheStatus::kCorrupt)
-    std::cerr << kWhere << " cache " << cache_message << "; decoding the images and rewriting it\n";
+    std::cerr << fmt::format("{} cache {}; decoding the images and rewriting it\n", kWhere, cache_message);
   if (!cache.empty()) check_cache_writable(cache);
   std::vector<std::string> errors;
   torch::Tensor inputs = decode_all(root, scan, options, errors);

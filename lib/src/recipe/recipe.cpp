@@ -2,9 +2,11 @@
 // fit -> test -> summary, and the exit status from the error's kind.
 #include "ember/recipe/recipe.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <iostream>
+#include <string_view>
 
 #include "core/check.h"
 #include "core/message.h"
@@ -43,6 +45,12 @@ namespace {
 using detail::Processes;
 
 using core::message_of;
+
+// One write per line: the ranks of a data-parallel run share one stderr, and
+// a line written in pieces interleaves with the other ranks' lines.
+void print_error(std::string_view message) {
+  std::cerr << fmt::format("error: {}\n", message);
+}
 
 // A device out of memory (LibTorch's typed error): the allocator's numbers and what to try.
 std::string out_of_memory_message(const c10::OutOfMemoryError& e, const core::Config& config) {
@@ -124,7 +132,7 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
                              spec.name, fit.stop_reason, trainer.last_checkpoint(), p.run_dir);
     return 130;
   }
-  if (!fit.stop_reason.empty()) std::cerr << spec.name << ": " << fit.stop_reason << "\n";
+  if (!fit.stop_reason.empty()) std::cerr << fmt::format("{}: {}\n", spec.name, fit.stop_reason);
 
   RunSummary summary = detail::summarize(spec.name, p, options, fit, *task->model());
   summary.monitor = mon->summary().as_map();
@@ -179,7 +187,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       return 0;
     }
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    print_error(e.what());
     return 2;
   }
   // In a data-parallel run, a failed rank leaves at once: the group's
@@ -197,13 +205,13 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     if (!command_line.tool.empty()) return detail::run_tool(spec, config, command_line);
     return train_recipe(spec, config, group);
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    print_error(e.what());
     return leave(exit_status(e));
   } catch (const c10::OutOfMemoryError& e) {
-    std::cerr << "error: " << out_of_memory_message(e, config) << "\n";
+    print_error(out_of_memory_message(e, config));
     return leave(1);
   } catch (const std::exception& e) {
-    std::cerr << "error: " << message_of(e) << "\n";
+    print_error(message_of(e));
     return leave(1);
   }
 }

@@ -1,6 +1,7 @@
 #include "ember/train/lr_finder.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -89,7 +90,8 @@ class StateRestore {
     try {
       restore();
     } catch (const std::exception& e) {
-      std::cerr << "[train::find_lr] could not restore the model after the sweep: " << e.what() << "\n";
+      std::cerr << fmt::format("[train::find_lr] could not restore the model after the sweep: {}\n",
+                               e.what());
     }
   }
   void restore() {
