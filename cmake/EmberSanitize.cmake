@@ -10,7 +10,7 @@
 #
 # LibTorch itself is not instrumented (it is the wheel's binary): ASan still
 # sees every allocation (its malloc is replaced process-wide) but not LibTorch's
-# own out-of-bounds accesses. tools/sanitize/ holds the run-time options and
+# own out-of-bounds accesses. tools/dev/sanitize/ holds the run-time options and
 # suppressions, with the reason for each.
 set(EMBER_SANITIZE "" CACHE STRING
     "Compile and link Ember's targets with these sanitizers, e.g. address,undefined")

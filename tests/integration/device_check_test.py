@@ -1,4 +1,4 @@
-"""The GPU check stays alive: tools/device_check.py in CPU mode on this build tree.
+"""The GPU check stays alive: tools/dev/device_check.py in CPU mode on this build tree.
 
     python device_check_test.py --build BUILD_DIR --work DIR
 
@@ -41,7 +41,7 @@ def check(ok, what):
         raise AssertionError(what)
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECK = ROOT / "tools" / "device_check.py"
+CHECK = ROOT / "tools" / "dev" / "device_check.py"
 FILES = {"device_check.txt", "device_check.jsonl", "logs.tar.gz"}
 
 
@@ -152,7 +152,7 @@ def main():
         check(r["status"] == want, (r, text))
     check(any(r["tier"] == 3 for r in steps), "tier 3 rows are listed too")
     check([r["tier"] for r in steps] == sorted(r["tier"] for r in steps), "rows run tier by tier")
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "dev"))
     import device_check as dc
     planned = sum(s["estimate"] for s in dc.STEPS if s["tier"] in (1, 2)) + dc.SETUP_ESTIMATE
     check(planned <= dc.DEFAULT_BUDGET,
@@ -205,7 +205,7 @@ def main():
     print(f"3. SIGTERM: exit 143, results and logs written, {statuses.count('not run (interrupted)')} rows not run")
 
     # 4. What the pack carries loads on the GPU machine (OpenCV aside: the pack's build has none).
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "device_pack.py"), "--check-needed", str(build),
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "dev" / "device_pack.py"), "--check-needed", str(build),
                         "--venv-python", sys.executable, "--allow", "libopencv_"], capture_output=True, text=True)
     check(r.returncode == 0, r.stdout + r.stderr)
     print("4. " + r.stdout.strip().splitlines()[-1])

@@ -7,7 +7,7 @@ plans from) on every image recipe, `--find-batch-size` and `--find-lr`.
   line through them) is within 15% of the peak measured at the recipe's own
   batch size, for fashion_mnist, cifar_resnet, image_folder (needs OpenCV)
   and prune_finetune; with the model and data held, too.
-- tools/plan.py plans from a real measurement (--json).
+- tools/plan/plan.py plans from a real measurement (--json).
 - data.batch_size past the training set is measured and planned at the
   training set's size, and says so.
 - A host smaller than the measurement (plan.host_memory_gib): the probes shrink
@@ -15,7 +15,7 @@ plans from) on every image recipe, `--find-batch-size` and `--find-lr`.
 - bs-find against a CPU memory budget: the size it reports fits and the
   next size it tried does not; lr-find writes a curve and prints optim.lr=.
 
-Usage: plan_test.py --bin-dir DIR --data-root FASHION_MNIST --plan tools/plan.py
+Usage: plan_test.py --bin-dir DIR --data-root FASHION_MNIST --plan tools/plan/plan.py
                     --lr-plot tools/lr_plot.py --work DIR
 """
 import argparse

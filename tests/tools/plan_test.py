@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/plan.py: the arithmetic against hand computations, and the plan's shape.
+"""tools/plan/plan.py: the arithmetic against hand computations, and the plan's shape.
 
 1. Ring all-reduce time and scaling efficiency, numbers written out.
 2. Largest batch: the bytes that fit, one sample short, none at all.
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tests" / "tools" / "plan_measure_example.json"
 GPUS = ROOT / "tools" / "plan" / "gpus.toml"
 
-_spec = importlib.util.spec_from_file_location("plan", ROOT / "tools" / "plan.py")
+_spec = importlib.util.spec_from_file_location("plan", ROOT / "tools" / "plan" / "plan.py")
 plan = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(plan)
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from device_check import BENCHES, RECIPES, TESTS  # what the check runs, so what the pack carries
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 TRAVEL_LIMIT = 64 * MIB      # the device tool's limit on what travels
 SPARE = 8 * MIB              # kept free of it

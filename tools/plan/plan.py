@@ -2,12 +2,12 @@
 """Which GPU to rent for a recipe: memory fit, time and cost per epoch, feeding, data-parallel.
 
     tools/ember plan RECIPE [key=value ...] [--price GPU=USD ...]   (measures here, then runs this)
-    python3 tools/plan.py MEASURE.json [--gpus tools/plan/gpus.toml] [--price GPU=USD_PER_HOUR ...]
+    python3 tools/plan/plan.py MEASURE.json [--gpus tools/plan/gpus.toml] [--price GPU=USD_PER_HOUR ...]
                           [--margin 0.10] [--mfu X] [--runs-dir runs] [--context-gib 0.5]
                           [--step-floor-ms 1] [--launch-us 5] [--graph-launch-us 10] [--kernel-us 2]
                           [--host-ram-gib 16] [--gpu NAME ...]
                           [--precision P ...] [--json] [--check]
-    python3 tools/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
+    python3 tools/plan/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
 
 --price takes a table name (H100-SXM) or a family (H100: every H100 row); an
 exact name wins over its family. --gpu and --precision narrow the rows shown.
@@ -231,7 +231,7 @@ PCIE_GB_S = {3: 16.0, 4: 32.0, 5: 64.0}  # x16, per direction (the datasheets' b
 NETWORKS = (("25 GbE", 25 / 8), ("100 GbE", 100 / 8), ("400G IB", 400 / 8))  # GB/s per GPU, one NIC each
 GPU_FIELDS = ("memory_gib", "hbm_gb_s", "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops",
               "nvlink_gb_s", "pcie_gen")
-DEFAULT_GPUS = Path(__file__).resolve().parent / "plan" / "gpus.toml"
+DEFAULT_GPUS = Path(__file__).resolve().parent / "gpus.toml"
 # Largest values the options take: beyond them a number is a typo, and the arithmetic overflows.
 MAX_GIB = 2.0**20  # --context-gib, --host-ram-gib: 1 PiB (the recipe keys' *_gib bound)
 MAX_USD_PER_HOUR = 1e4  # --price: the dearest cloud GPU rents for ~$10/h; a node of 8 for under $100/h
@@ -445,7 +445,7 @@ def load_measurement(path):
         raise PlanError(f"{path}: a JSON {type(m).__name__}, expected an object")
     if m.get("schema") != 1:
         raise PlanError(f"{_where(path, 'schema')}: {json.dumps(m.get('schema'))}, this plan.py reads "
-                        f"schema 1 (update tools/plan.py or remeasure)")
+                        f"schema 1 (update tools/plan/plan.py or remeasure)")
     for key in ("recipe", "device", "precision"):
         if not isinstance(m.get(key), str):
             raise PlanError(f"{_where(path, key)}: expected a string, got {json.dumps(m.get(key))}")
@@ -1175,7 +1175,7 @@ def render(plan):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description="GPU-rental plan from a `RECIPE --measure` file; the top of "
-                                            "tools/plan.py documents the model, its constants and both JSON "
+                                            "tools/plan/plan.py documents the model, its constants and both JSON "
                                             "formats (tools/ember plan --help prints it).")
     p.add_argument("measurement", type=Path, nargs="?", help="MEASURE.json written by `RECIPE --measure`")
     p.add_argument("--gpus", type=Path, default=DEFAULT_GPUS, help="GPU table (default: tools/plan/gpus.toml)")
@@ -1201,7 +1201,7 @@ def parse_args(argv):
                         f"(default {GRAPH_LAUNCH_US:g})")
     p.add_argument("--kernel-us", type=float, default=KERNEL_US,
                    help=f"least device time of one kernel, e.g. a node inside a CUDA graph, us (default "
-                        f"{KERNEL_US:g}: an assumption, see KERNEL_US in tools/plan.py)")
+                        f"{KERNEL_US:g}: an assumption, see KERNEL_US in tools/plan/plan.py)")
     p.add_argument("--host-ram-gib", type=float, default=DEFAULT_HOST_RAM_GIB,
                    help=f"host RAM per GPU of the instance, GiB (default {DEFAULT_HOST_RAM_GIB:g})")
     p.add_argument("--gpu", action="append", default=[], metavar="NAME", help="only this GPU; repeatable")

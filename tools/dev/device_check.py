@@ -73,7 +73,7 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACK = ROOT / ".device"
 RESULT_FILES = ("device_check.txt", "device_check.jsonl", "logs.tar.gz")
 DEFAULT_BUDGET = 520  # tiers 1 + 2 inside a 540 s command, with time for start-up and the tarball
@@ -875,7 +875,7 @@ def plan_vs_run(c: Check):
     if (bf16_run / "summary.json").exists():
         (calib / "fashion_mnist-bf16").mkdir(parents=True, exist_ok=True)
         shutil.copy(bf16_run / "summary.json", calib / "fashion_mnist-bf16" / "summary.json")
-    rc, out = c.run([c.python, ROOT / "tools" / "plan.py", work / "cpu.json", "--json", "--runs-dir", calib],
+    rc, out = c.run([c.python, ROOT / "tools" / "plan" / "plan.py", work / "cpu.json", "--json", "--runs-dir", calib],
                     "plan_json.log")
     try:
         plan = json.loads(out[out.index("{"):])
