@@ -23,7 +23,13 @@
 // device; Ember sums the per-device inf flags on the device first).
 // step_async() with an optimizer that skips on the device
 // (ScalingAwareOptimizer: Ember's fused SGD, Adam and AdamW) has no host sync
-// at all. Gradients must be fp32 (fp32 master weights), as in PyTorch.
+// at all. Gradients must not be fp16 where the scaler unscales them itself:
+// unscale_(), and step() of an optimizer that is not scaling-aware refuse
+// them (fp32 master weights, as in PyTorch). step() or step_async() of a
+// ScalingAwareOptimizer without unscale_() first only checks the gradients
+// for inf/NaN and lets its kernels divide by the scale: fp16 gradients are
+// allowed there, as PyTorch's fused optimizers allow them. (The Trainer
+// calls unscale_() at every step, so its gradients must not be fp16.)
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>

@@ -65,8 +65,15 @@ struct EvalResult {
 /// Phases follow each other without gaps within an epoch, so their durations
 /// add up to the training time (validation and checkpoints excluded).
 enum class StepPhase {
-  kData,       ///< waiting for the loader's next batch
-  kForward,    ///< Task::training_step: device copy, augmentation, forward, loss
+  /// loader.next(): the batch's gather, host transform and copy to the device
+  /// (done ahead by the loader's prefetch thread when it has one: then the
+  /// wait for it), and the device transform (GPU augmentation); then, with
+  /// trainer.channels_last, the input made NHWC.
+  kData,
+  /// on_before_forward and Task::training_step under autocast: the task's own
+  /// work on the batch (ClassificationTask: mixup/CutMix), forward, loss. With
+  /// trainer.cuda_graph the whole step (inputs copied into the graph, replay).
+  kForward,
   kBackward,   ///< backward (and the trainer's bookkeeping of the batch)
   kOptimizer,  ///< unscale, clip, on_before_optimizer_step, step, zero_grad, schedule
   kCallbacks,  ///< on_step_end of every callback (logging, checkpoints by step...)
