@@ -30,8 +30,8 @@ of the score, far above float32 rounding, so the comparison cannot flip on a tie
 
 MODEL defaults to the parity set, and then the KNOWN_DIFFERENCES models (where
 the two tools define pruning differently) run too, at L1 0.5, and must still
-differ: a difference that disappears fails the test, so the list (and the
-README) is updated. Naming models runs only those, in every setting.
+differ: a difference that disappears fails the test, so the list (and
+docs/pruning.md) is updated. Naming models runs only those, in every setting.
 """
 import copy
 import json
@@ -371,7 +371,7 @@ def main():
             except Mismatch as e:
                 print(f"{name}: still differs, as documented: {str(e).splitlines()[0][:160]}")
                 continue
-            failed.append(f"{name} (now matches Torch-Pruning: move it to PARITY_SET and update the README)")
+            failed.append(f"{name} (now matches Torch-Pruning: move it to PARITY_SET and update docs/pruning.md)")
             print(f"{name}: MATCHES Torch-Pruning, but KNOWN_DIFFERENCES says it differs")
     if failed:
         sys.exit(f"parity.py: {len(failed)} checks failed: {failed}")

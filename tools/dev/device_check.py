@@ -22,7 +22,7 @@ Rows run in a fixed priority order, tier by tier:
   tier 2, the GPU findings' tools and the speed goal: memory eager vs CUDA
           graph (plan --measure), lr-find on speedrun_gpu.toml (CUDA graphs),
           the CNN step at batch 128 with CUDA graphs against Python eager and
-          torch.compile (the README's GPU speed goal);
+          torch.compile (the GPU speed goal, tools/README.md);
   tier 3, what a second call has time for, most important first: the GPU
           speed run (5 seeds, its goal judged), the augmentation kernel's
           bandwidth, the monitoring overhead, the mixed-precision GPT bench
@@ -483,7 +483,7 @@ def goal_numbers(goals):
 
 
 def speed_goals(n):
-    """The README's GPU speed goal, from speed_numbers(): the CNN at batch 128 with CUDA graphs
+    """The GPU speed goal (tools/README.md, tier 2), from speed_numbers(): the CNN at batch 128 with CUDA graphs
     >= 2x Python eager and >= 1x torch.compile (reduce-overhead). Python eager is taken at its best
     settings, like for like: the faster of its default optimizer and fused=True (Ember's is fused)."""
     cnn = dict(n.get("cnn b128", {}))
@@ -1160,7 +1160,7 @@ SPEED_GOAL_ROW = "speed goal: CNN b128, CUDA graphs vs Python eager and compile 
 
 @step(SPEED_GOAL_ROW, 2, 70)
 def speed_goal(c: Check):
-    """The README's GPU speed goal, on the one case it names: FashionNet at batch 128, Ember with
+    """The GPU speed goal (tools/README.md, tier 2), on the one case it names: FashionNet at batch 128, Ember with
     CUDA graphs against Python eager (fused=True beside it) and torch.compile reduce-overhead;
     3 interleaved reps, each side's ember process started anew (~3 s), torch.compile cold once
     (~20 s) then from Inductor's cache."""
@@ -1324,7 +1324,7 @@ SPEED_TABLE_ROW = ("speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Pyth
 
 @step(SPEED_TABLE_ROW, 3, 300)
 def speed_table(c: Check):
-    """The README's GPU speed table: 6 cases x 6 sides x 2 reps. Each ember side is a process (~3 s
+    """The GPU speed table (docs/training.md, "Measured"): 6 cases x 6 sides x 2 reps. Each ember side is a process (~3 s
     to start), each torch.compile a fresh compile (~20 s cold per case, ~5 s from the cache): more
     than a 200 s second call has, so it runs last, or in a call of its own."""
     js = c.work / "speed_gpu.json"
