@@ -20,6 +20,9 @@ shared/):
    scripts, tests), names text the top README.md has (a heading, or the link
    text of its map to the rest of the documentation).
 
+5. the README's driver table (rows starting with `| \`COMMAND`) lists every
+   command of `tools/ember` (the patterns of its final `case`).
+
 Links inside code blocks and code spans are not links. Exit 0 when all hold,
 1 with one line per broken reference otherwise.
 """
@@ -148,6 +151,18 @@ def check_readme_refs(root, files, errors):
                               "does not have (a heading, or a link text of its map)")
 
 
+def check_driver_table(root, errors):
+    driver = root / "tools" / "ember"
+    if not driver.is_file():
+        return
+    commands = re.findall(r"^  ([a-z][a-z-]*)\) ", driver.read_text(encoding="utf-8"), re.M)
+    check(commands, "tools/ember: no command found in its case statement (has its layout changed?)")
+    rows = [line for line in (root / "README.md").read_text(encoding="utf-8").split("\n") if line.startswith("| `")]
+    for c in commands:
+        if not any(re.search(rf"`{re.escape(c)}[ `]", row.split("|")[1]) for row in rows):
+            errors.append(f"README.md: the driver table has no row for `tools/ember {c}`")
+
+
 def main(argv):
     root = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
     check((root / "README.md").is_file(), f"{root}: no README.md (pass the repository's root)")
@@ -157,6 +172,7 @@ def main(argv):
     for rel in markdown:
         check_markdown(root, rel, errors)
     check_readme_refs(root, files, errors)
+    check_driver_table(root, errors)
     for e in errors:
         print(e)
     print(f"docs check: {len(markdown)} Markdown files, {len(errors)} broken reference(s)")
