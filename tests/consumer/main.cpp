@@ -35,7 +35,7 @@ int main() {
   config.set_override("trainer.epochs=5");
   torch::manual_seed(0);
   XTask task;
-  ember::train::TrainerOptions options = ember::train::trainer_options_from_config(config, 8);
+  ember::train::TrainerOptions options = ember::train::trainer_options_from_config(config);
   ember::train::Trainer trainer(options);
   trainer.fit(task);
   const double acc = trainer.test(task).accuracy;

@@ -108,5 +108,6 @@ TEST(Distribution, AStopOnAnotherRankStopsThisOne) {
   BlobTask task({});
   const train::FitResult r = train::Trainer(options(twin, "")).fit(task);
   EXPECT_EQ(r.epochs_completed, 1);
+  EXPECT_EQ(r.stop_cause, train::StopCause::kOtherRank);
   EXPECT_EQ(r.stop_reason, "stopped by another rank");
 }

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <csignal>
+
 #include "train/test_task.h"
 
 using namespace ember;
@@ -134,6 +137,7 @@ TEST(Trainer, EarlyStoppingStopsAfterPatience) {
   const auto r = train::Trainer(o).add_callback(es).fit(task);
   EXPECT_EQ(r.epochs_completed, 3);  // best at epoch 1, then 2 epochs without improvement
   EXPECT_TRUE(r.stopped_early);
+  EXPECT_EQ(r.stop_cause, train::StopCause::kRequest);
   EXPECT_NE(r.stop_reason.find("did not improve"), std::string::npos) << r.stop_reason;
 }
 
@@ -144,7 +148,38 @@ TEST(Trainer, MaxStepsStopsMidEpoch) {
   const auto r = train::Trainer(o).fit(task);
   EXPECT_EQ(r.steps, 11);
   EXPECT_EQ(r.epochs_completed, 1);
+  EXPECT_EQ(r.stop_cause, train::StopCause::kMaxSteps);
   EXPECT_EQ(r.stop_reason, "max_steps reached");
+}
+
+// The stop token (TrainerOptions::stop_signal): what a program's signal
+// handler sets. The fit stops at that step's end with a checkpoint of the
+// exact position; the library installs no handler of its own.
+TEST(Trainer, AStopTokenStopsAtTheStepWithACheckpoint) {
+  BlobTask task({});
+  std::atomic<int> token{0};
+  const std::string dir = test_util::temp_dir("stop_token");
+  train::TrainerOptions o = quiet(5);
+  o.run_dir(dir).stop_signal(&token);
+  struct Raise : train::Callback {
+    std::atomic<int>* token = nullptr;
+    void (*handler)(int) = nullptr;  // SIGTERM's during fit
+    std::string name() const override { return "raise"; }
+    void on_step_end(train::Trainer&, const train::StepInfo& info) override {
+      if (info.step == 1) std::signal(SIGTERM, handler = std::signal(SIGTERM, SIG_DFL));
+      if (info.step == 3) token->store(SIGTERM);
+    }
+  };
+  auto raise = std::make_shared<Raise>();
+  raise->token = &token;
+  train::Trainer trainer(o);
+  const auto r = trainer.add_callback(raise).fit(task);
+  EXPECT_EQ(raise->handler, SIG_DFL) << "fit installed a signal handler";
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_EQ(r.stop_cause, train::StopCause::kSignal);
+  EXPECT_EQ(r.stop_reason, "terminated (SIGTERM)");
+  EXPECT_EQ(trainer.last_checkpoint(), dir + "/checkpoints/last.pt");
+  EXPECT_TRUE(core::is_file(dir + "/checkpoints/last.pt"));
 }
 
 TEST(Trainer, MaxStepsZeroTakesNoStep) {
@@ -155,6 +190,7 @@ TEST(Trainer, MaxStepsZeroTakesNoStep) {
   const auto r = train::Trainer(o).fit(task);
   EXPECT_EQ(r.steps, 0);
   EXPECT_EQ(r.epochs_completed, 0);
+  EXPECT_EQ(r.stop_cause, train::StopCause::kMaxSteps);
   EXPECT_EQ(r.stop_reason, "max_steps reached");
   EXPECT_TRUE(torch::equal(before, task.model()->parameters().front()));
 }

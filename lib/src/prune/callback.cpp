@@ -16,6 +16,7 @@
 #include "ember/amp/autocast.h"
 #include "ember/amp/precision.h"
 #include "ember/core/file.h"
+#include "ember/core/snapshot.h"
 #include "ember/train/trainer.h"
 
 namespace ember::prune {
@@ -23,54 +24,6 @@ namespace ember::prune {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// What ModelStateGuard does with gradients.
-enum class Grads {
-  kRestore,  ///< set them aside, start from none, put them back
-  kKeep,     ///< leave them alone (gradients collected inside stay)
-};
-
-/// Saves what measuring or gradient collection may change (buffers such as
-/// batch-norm statistics, train/eval modes, RNG state, gradients) and puts it
-/// back on destruction. The model must keep its shapes meanwhile.
-class ModelStateGuard {
- public:
-  ModelStateGuard(torch::nn::Module& model, Grads grads) {
-    torch::NoGradGuard ng;
-    for (auto& b : model.buffers()) buffers_.emplace_back(b, b.clone());
-    if (grads == Grads::kRestore)
-      for (auto& p : model.parameters()) {
-        grads_.emplace_back(p, p.grad());
-        p.mutable_grad() = torch::Tensor();
-      }
-    for (auto& m : model.modules()) modes_.emplace_back(m, m->is_training());
-    cpu_rng_ = at::detail::getDefaultCPUGenerator().get_state();
-    if (torch::cuda::is_available())
-      for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(torch::cuda::device_count()); ++i)
-        cuda_rng_.push_back(at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, i)).get_state());
-  }
-  ~ModelStateGuard() {
-    torch::NoGradGuard ng;
-    for (auto& [b, saved] : buffers_) b.copy_(saved);
-    for (auto& [p, g] : grads_) p.mutable_grad() = g;
-    for (auto& [m, training] : modes_) m->train(training);
-    at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    cpu.set_state(cpu_rng_);
-    for (size_t i = 0; i < cuda_rng_.size(); ++i) {
-      at::Generator gen =
-          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-      gen.set_state(cuda_rng_[i]);
-    }
-  }
-  ModelStateGuard(const ModelStateGuard&) = delete;
-  ModelStateGuard& operator=(const ModelStateGuard&) = delete;
-
- private:
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers_, grads_;
-  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
-  torch::Tensor cpu_rng_;
-  std::vector<torch::Tensor> cuda_rng_;
-};
 
 torch::Device device_of(torch::nn::Module& model) {
   const auto params = model.parameters();
@@ -97,7 +50,9 @@ double median(std::vector<double> v) {
 Timing time_steps(const train::Trainer& trainer, train::Task& task, const data::Batch& batch, int64_t steps) {
   if (steps <= 0) return {};
   auto model = task.model();
-  ModelStateGuard guard(*model, Grads::kRestore);
+  // Measuring changes buffers (batch-norm statistics), modes and the RNG; the gradients are set aside.
+  const core::ModelSnapshot guard(*model,
+                                  core::ModelSnapshotOptions().parameters(false).set_aside_grads(true));
   const torch::Device device = device_of(*model);
   const auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -253,7 +208,8 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
               "data-parallel run would prune different channels: use l1, l2 or bn_scale there");
   if (options_.pruner().importance() == Importance::kTaylor) {
     // Gradients of a few training batches; batch-norm statistics and RNG are put back afterwards.
-    ModelStateGuard state(*model, Grads::kKeep);
+    const core::ModelSnapshot state(
+        *model, core::ModelSnapshotOptions().parameters(false));  // gradients collected here stay
     model->train();
     data::Loader& loader = task.train_loader();
     loader.start_epoch(epoch, 0);

@@ -80,8 +80,7 @@ void claim_processes_folder(Processes& p, const core::Config& config, const std:
 
 void check_before_work(const core::Config& config, int64_t world_size) {
   const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
-  train::check_trainer_options(train::trainer_options_from_config(config, /*steps_per_epoch=*/1),
-                               device.type(), world_size);
+  train::check_trainer_options(train::trainer_options_from_config(config), device.type(), world_size);
 }
 
 }  // namespace ember::recipe::detail

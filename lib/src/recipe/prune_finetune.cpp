@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "ember/monitor/keys.h"
 #include "ember/train/keys.h"
+#include "recipe/stop_signals.h"
 
 namespace ember::recipe {
 
@@ -28,22 +29,27 @@ void check_prune_finetune_config(const core::Config& c) {
 
 void prune_and_finetune(train::Task& task, const core::Config& c, const train::FitResult& dense,
                         RunSummary& summary) {
-  const int64_t steps_per_epoch = train::steps_per_epoch(c, task);  // optimizer steps: accumulation included
-  train::TrainerOptions o = train::trainer_options_from_config(c, steps_per_epoch);
+  train::TrainerOptions o = train::trainer_options_from_config(c);
   // One process (check_prune_finetune_config): Ctrl-C saves a checkpoint, as in the dense phase.
-  o.epochs(c.get_int("finetune.epochs")).run_dir(c.get_string("run.dir") + "/finetune").handle_signals(true);
+  o.epochs(c.get_int("finetune.epochs"))
+      .run_dir(c.get_string("run.dir") + "/finetune")
+      .stop_signal(detail::stop_signal_flag());
   o.optimizer().lr(c.get_float("finetune.lr"));
-  o.schedule(train::make_schedule(train::ScheduleOptions()
-                                      .kind(train::ScheduleKind::kCosine)
-                                      .total_steps(std::max<int64_t>(1, o.epochs() * steps_per_epoch))));
+  // A cosine over the fine-tuning run, which fit measures in optimizer steps (accumulation included).
+  o.epoch_schedule(
+      train::EpochScheduleOptions().shape(train::ScheduleOptions().kind(train::ScheduleKind::kCosine)));
   prune::PruningCallbackOptions po = prune::pruning_options_from_config(c);
   po.epochs({0});
   auto pruning = std::make_shared<prune::PruningCallback>(po);
   train::Trainer trainer(o);
   monitor::add_monitoring(trainer, c, o.run_dir());
   trainer.add_callback(pruning);
-  const train::FitResult fit = trainer.fit(task);
-  if (fit.interrupted) {
+  train::FitResult fit;
+  {
+    const detail::ScopedStopSignals signals;
+    fit = trainer.fit(task);
+  }
+  if (fit.stop_cause == train::StopCause::kSignal) {
     summary.stop_reason = "fine-tuning " + fit.stop_reason + "; resume with trainer.resume=auto";
     return;
   }

@@ -18,6 +18,7 @@
 #include "ember/monitor/telemetry.h"
 #include "ember/train/keys.h"
 #include "recipe/runner.h"
+#include "recipe/stop_signals.h"
 
 namespace ember::recipe {
 
@@ -86,12 +87,12 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
   // The data is read (and checked: data.val_size against the training set...)
   // before the run folder is claimed: a refused command leaves nothing there.
   std::unique_ptr<train::Task> task = spec.make_task(config, p.device);
-  train::TrainerOptions options = train::trainer_options_for_task(config, *task);
+  train::TrainerOptions options = train::trainer_options_from_config(config);
   options.run_dir(p.run_dir);
   if (p.group)  // a stop must be agreed by every rank: torchrun ends the group on a signal
     options.distribution(dist::make_distribution(p.group));
-  else  // Ctrl-C saves a checkpoint
-    options.handle_signals(true);
+  else  // Ctrl-C saves a checkpoint (the handlers are installed around fit)
+    options.stop_signal(detail::stop_signal_flag());
   train::Trainer trainer(options);
   detail::claim_processes_folder(p, config, spec.name);
   // Only the writer (rank 0) reports and writes; the other ranks train silently.
@@ -112,6 +113,7 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
         p.group ? fmt::format(" x {} ranks ({})", p.env.world_size, p.group->backend()) : "", p.run_dir);
   train::FitResult fit;
   try {
+    const detail::ScopedStopSignals signals(!p.group);
     fit = trainer.fit(*task);
   } catch (const Error&) {
     throw;  // Ember's own errors say what went wrong, and their kind
@@ -127,7 +129,7 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
       throw Error(ErrorKind::kDistributed, *why);
     throw Error(fmt::format("[recipe] rank {}: {}", p.env.rank, message_of(e)));
   }
-  if (fit.interrupted) {
+  if (fit.stop_cause == train::StopCause::kSignal) {
     std::cerr << fmt::format("{}: {}; checkpoint saved to {}\nresume with: run.dir={} trainer.resume=auto\n",
                              spec.name, fit.stop_reason, trainer.last_checkpoint(), p.run_dir);
     return 130;

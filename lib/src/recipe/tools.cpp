@@ -80,8 +80,7 @@ core::Config with_batch(const core::Config& config, int64_t batch) {
 /// With trainer.cuda_graph, at least until two steps after the capture (an
 /// emulated graph on the CPU: the same step, bookkeeping and operators).
 train::TrainerOptions probe_options(const core::Config& c, train::Task& task, int64_t steps) {
-  train::TrainerOptions o =
-      train::trainer_options_from_config(c, std::max<int64_t>(train::steps_per_epoch(c, task), 1));
+  train::TrainerOptions o = train::trainer_options_from_config(c);
   if (o.cuda_graph()) {
     steps = std::max<int64_t>(steps, train::kCudaGraphWarmupSteps + 3);
     const auto params = task.model()->parameters();
@@ -711,7 +710,7 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
 int find_lr(const RecipeSpec& spec, core::Config& config, const std::string& out) {
   const torch::Device device = start_tool(config);
   std::unique_ptr<train::Task> task = spec.make_task(config, device);
-  const train::TrainerOptions options = train::trainer_options_for_task(config, *task);
+  const train::TrainerOptions options = train::trainer_options_from_config(config);
   const train::LrFinderOptions f = train::LrFinderOptions()
                                        .min_lr(config.get_float("lr_find.min_lr"))
                                        .max_lr(config.get_float("lr_find.max_lr"))

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "core/check.h"
 #include "ember/version.h"
 
@@ -28,14 +30,38 @@ void check_inputs(const torch::Tensor& logits, const torch::Tensor& targets) {
               c10::toString(targets.scalar_type()));
   EMBER_CHECK(logits.device() == targets.device(), "[train::count_correct] logits on {} but targets on {}",
               logits.device().str(), targets.device().str());
+  EMBER_CHECK(logits.size(0) == 0 || logits.size(1) > 0,
+              "[train::count_correct] logits [{}, 0] have no classes", logits.size(0));
+}
+
+// Rows of x [n, c] whose first arg-max (NaN counts as the largest, as
+// torch.argmax) equals the target. A plain loop: no dispatcher round-trips.
+template <typename T>
+int64_t count_on_host(const T* x, const int64_t* y, int64_t n, int64_t c) {
+  int64_t correct = 0;
+  for (int64_t i = 0; i < n; ++i, x += c) {
+    int64_t best = 0;
+    for (int64_t j = 1; j < c && !std::isnan(x[best]); ++j)
+      if (x[j] > x[best] || std::isnan(x[j])) best = j;
+    correct += best == y[i];
+  }
+  return correct;
 }
 
 }  // namespace
 
 torch::Tensor count_correct_reference(const torch::Tensor& logits, const torch::Tensor& targets) {
   check_inputs(logits, targets);
-  if (logits.size(0) == 0) return torch::zeros({}, logits.options().dtype(torch::kInt64));
-  return logits.argmax(1).eq(targets.to(torch::kInt64)).sum();
+  // fp32 and fp64 as they are, the half types widened (exactly) to fp64.
+  const bool as_is = logits.scalar_type() == torch::kFloat || logits.scalar_type() == torch::kDouble;
+  const torch::Tensor x = logits.to(torch::kCPU, as_is ? logits.scalar_type() : torch::kDouble).contiguous();
+  const torch::Tensor y = targets.to(torch::kCPU, torch::kInt64).contiguous();
+  const int64_t n = x.size(0), c = x.size(1);
+  const int64_t correct = n == 0 ? 0
+                          : x.scalar_type() == torch::kFloat
+                              ? count_on_host(x.data_ptr<float>(), y.data_ptr<int64_t>(), n, c)
+                              : count_on_host(x.data_ptr<double>(), y.data_ptr<int64_t>(), n, c);
+  return torch::tensor(correct, torch::TensorOptions().dtype(torch::kInt64)).to(logits.device());
 }
 
 torch::Tensor count_correct(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -27,6 +27,8 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/message.h"
+#include "ember/core/snapshot.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/trainer.h"
 #include "train/device_steps.h"
@@ -318,238 +320,111 @@ std::string Trainer::find_resume_checkpoint(torch::serialize::InputArchive& root
       resume);
 }
 
-void Trainer::move_damaged_checkpoint_aside(const std::string& ckpt_path) {
+void Trainer::prepare_checkpoints(const std::string& ckpt_path) {
+  if (ckpt_path.empty()) return;
+  // After a fallback to the previous checkpoint, the next save must not rotate the damaged latest onto it.
   std::error_code ec;
-  if (damaged_latest_.empty() || ckpt_path.empty() ||
-      !std::filesystem::equivalent(damaged_latest_, ckpt_path, ec))
-    return;  // none, or another run's file: not this run's to move
-  std::string aside;
-  for (int n = 1; aside.empty() || core::is_file(aside) || core::is_dir(aside); ++n)
-    aside = fmt::format("{}.damaged-{}", ckpt_path, n);
-  core::rename_path(ckpt_path, aside);
-  std::cerr << fmt::format(
-      "[train::Trainer] moved the damaged {} to {}, so that the next save keeps {} until a new checkpoint "
-      "is written; inspect or delete it (the storage may be failing)\n",
-      ckpt_path, aside, previous_checkpoint_path(ckpt_path));
-  damaged_latest_.clear();
+  if (!damaged_latest_.empty() && std::filesystem::equivalent(damaged_latest_, ckpt_path, ec)) {
+    std::string aside;
+    for (int n = 1; aside.empty() || core::is_file(aside) || core::is_dir(aside); ++n)
+      aside = fmt::format("{}.damaged-{}", ckpt_path, n);
+    core::rename_path(ckpt_path, aside);
+    std::cerr << fmt::format(
+        "[train::Trainer] moved the damaged {} to {}, so that the next save keeps {} until a new checkpoint "
+        "is written; inspect or delete it (the storage may be failing)\n",
+        ckpt_path, aside, previous_checkpoint_path(ckpt_path));
+  }
+  damaged_latest_.clear();  // (another run's file otherwise: not this run's to move)
+  // A previous writer killed mid-save leaves its temporary file.
+  const std::string folder = ckpt_path.substr(0, ckpt_path.find_last_of('/'));
+  if (const int removed = core::remove_temporaries(folder); removed > 0)
+    std::cerr << fmt::format(
+        "[train::Trainer] removed {} unfinished checkpoint file(s) of a killed run from {}\n", removed,
+        folder);
 }
 
 namespace {
+
 // In a callback's checkpoint archive: Callback::checkpoint_state_required() at save time.
 constexpr const char* kRequiredKey = "ember.required";
-}  // namespace
 
-void Trainer::save_checkpoint(const std::string& path) {
-  EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
-  // Never replace a good checkpoint with broken weights.
-  if (const std::string bad = divergence::first_nonfinite_tensor(*task_->model()); !bad.empty())
-    detail::fail(ErrorKind::kDiverged, "{}", divergence::weights_message(bad, global_step_, path));
-  if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);  // exact in the file
-  torch::serialize::OutputArchive root;
-  torch::serialize::OutputArchive model_archive, optim_archive, state, callbacks;
-  task_->model()->save(model_archive);
-  optimizer_->save(optim_archive);
-  state.write("format", torch::IValue(int64_t{1}));
-  state.write("optimizer", torch::IValue(optimizer_kind(*optimizer_)));
-  state.write("epoch", torch::IValue(epoch_));
-  state.write("batch", torch::IValue(batch_));
-  state.write("global_step", torch::IValue(global_step_));
-  state.write("skipped_steps", torch::IValue(skipped_steps_));
-  state.write("epoch_samples", torch::IValue(epoch_sums_.samples));
-  state.write("base_lrs", torch::tensor(base_lrs_, torch::kFloat64));
-  if (epoch_sums_.loss_sum.defined()) state.write("epoch_loss_sum", epoch_sums_.loss_sum.cpu());
-  if (epoch_sums_.correct.defined()) state.write("epoch_correct", epoch_sums_.correct.cpu());
-  // RNG: the CPU generator and every CUDA generator that was initialised.
-  state.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
-  if (torch::cuda::is_available()) {
-    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
-      at::Generator gen =
-          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-      state.write("rng_cuda_" + std::to_string(i), gen.get_state());
-    }
-  }
-  for (auto& cb : callbacks_) {
-    torch::serialize::OutputArchive a;
-    cb->on_checkpoint_save(*this, a);
-    if (cb->checkpoint_state_required()) a.write(kRequiredKey, torch::IValue(true));
-    callbacks.write(cb->name(), a);
-  }
-  root.write("model", model_archive);
-  root.write("optimizer", optim_archive);
-  root.write("trainer", state);
-  root.write("callbacks", callbacks);
-  if (grad_scaler_) {
-    torch::serialize::OutputArchive scaler;
-    grad_scaler_->save(scaler);
-    root.write("grad_scaler", scaler);
-  }
-  std::ostringstream bytes;
-  root.save_to(bytes);
-  write_file_atomic(path, seal_checkpoint(bytes.str()), previous_checkpoint_path(path));
-  last_checkpoint_ = path;
+// The fit state's part of a checkpoint ("trainer"), with the optimizer's kind.
+void write_fit_state(torch::serialize::OutputArchive& out, const FitState& s,
+                     const torch::optim::Optimizer& optimizer) {
+  out.write("format", torch::IValue(int64_t{1}));
+  out.write("optimizer", torch::IValue(optimizer_kind(optimizer)));
+  out.write("epoch", torch::IValue(s.epoch));
+  out.write("batch", torch::IValue(s.batch));
+  out.write("global_step", torch::IValue(s.global_step));
+  out.write("skipped_steps", torch::IValue(s.skipped_steps));
+  out.write("epoch_samples", torch::IValue(s.epoch_sums.samples));
+  out.write("base_lrs", torch::tensor(s.base_lrs, torch::kFloat64));
+  if (s.epoch_sums.loss_sum.defined()) out.write("epoch_loss_sum", s.epoch_sums.loss_sum.cpu());
+  if (s.epoch_sums.correct.defined()) out.write("epoch_correct", s.epoch_sums.correct.cpu());
+  core::RngState::capture().write(out);  // the CPU generator and every CUDA device's
 }
 
-void Trainer::load_checkpoint(const std::string& path, torch::serialize::InputArchive& root) {
-  const bool speaks = options_.distribution()->is_writer();
-  // This run's optimizer options, which win over the loaded ones below.
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> configured;
-  for (const auto& g : optimizer_->param_groups()) configured.push_back(g.options().clone());
-  torch::serialize::InputArchive model_archive, optim_archive, state, callbacks;
-  try {
-    root.read("model", model_archive);
-    root.read("optimizer", optim_archive);
-    root.read("trainer", state);
-    root.read("callbacks", callbacks);
-  } catch (const std::exception& e) {
-    detail::fail(ErrorKind::kCheckpoint,
-                 "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
-                 "trainer.resume at another one",
-                 path, std::string(e.what()).substr(0, 200));
-  }
-  // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
-  std::set<std::string> registered;
-  for (auto& cb : callbacks_) {
-    registered.insert(cb->name());
-    torch::serialize::InputArchive a;
-    if (callbacks.try_read(cb->name(), a)) cb->on_checkpoint_load(*this, a);
-  }
-  for (const std::string& key : callbacks.keys()) {
-    torch::serialize::InputArchive unread;
-    if (registered.count(key) || !callbacks.try_read(key, unread) || unread.keys().empty()) continue;
-    // E.g. a pruned model's weights would load into the full-size layers (the archive resizes tensors),
-    // silently.
-    torch::IValue required;
-    EMBER_CHECK_KIND(
-        kCheckpoint, !unread.try_read(kRequiredKey, required) || !required.toBool(),
-        "[train::Trainer] checkpoint {} holds the state of callback '{}', which this run does not "
-        "register, and the checkpoint cannot load without it (the state changes the model: a pruning "
-        "plan, say): register it again (recipes: keep its keys, e.g. prune.*, as they were)",
-        path, key);
-    if (speaks)
-      std::cerr << fmt::format(
-          "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
-          "not have; it is ignored\n",
-          path, key);
-  }
-  try {
-    task_->model()->load(model_archive);
-    check_optimizer_state_fits(path, optim_archive, state);
-    optimizer_->load(optim_archive);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    detail::fail(ErrorKind::kCheckpoint,
-                 "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
-                 "written by a different recipe or config?",
-                 path, std::string(e.what()).substr(0, 300));
-  }
+// The fit state in a checkpoint's "trainer" archive, checked: counters a run
+// can be at, a finite fp64 base rate per parameter group of this run. The
+// epoch's sums go to `device`.
+FitState read_fit_state(torch::serialize::InputArchive& in, const std::string& path, size_t groups,
+                        const torch::Device& device) {
+  FitState s;
   torch::IValue v;
-  state.read("epoch", v);
-  epoch_ = v.toInt();
-  state.read("batch", v);
-  batch_ = v.toInt();
-  state.read("global_step", v);
-  global_step_ = v.toInt();
-  skipped_steps_ = state.try_read("skipped_steps", v) ? v.toInt() : 0;
-  if (grad_scaler_) {
-    torch::serialize::InputArchive scaler;
-    if (root.try_read("grad_scaler", scaler)) {  // else: from an fp32/bf16 run, start fresh
-      grad_scaler_->load(scaler);
-      const amp::GradScalerOptions& want = options_.grad_scaler();
-      if (speaks && (want.growth_factor() != grad_scaler_->get_growth_factor() ||
-                     want.backoff_factor() != grad_scaler_->get_backoff_factor() ||
-                     want.growth_interval() != grad_scaler_->get_growth_interval()))
-        std::cerr << fmt::format(
-            "[train::Trainer] note: the checkpoint's loss-scaling settings (growth_factor {}, backoff_factor "
-            "{}, "
-            "growth_interval {}) replace the configured ones ({}, {}, {}), as PyTorch's GradScaler does on "
-            "load\n",
-            grad_scaler_->get_growth_factor(), grad_scaler_->get_backoff_factor(),
-            grad_scaler_->get_growth_interval(), want.growth_factor(), want.backoff_factor(),
-            want.growth_interval());
-    }
-  }
-  state.read("epoch_samples", v);
-  epoch_sums_ = {};
-  epoch_sums_.samples = v.toInt();
-  // A fresh tensor per read: InputArchive::read assigns into a defined tensor with set_().
-  const auto read_tensor = [&](const char* key) {
-    torch::Tensor t;
-    state.read(key, t);
-    return t;
+  const auto read_int = [&](const char* key, bool required) {
+    if (in.try_read(key, v)) return v.toInt();
+    EMBER_CHECK_KIND(kCheckpoint, !required,
+                     "[train::Trainer] checkpoint {} has no '{}' in its trainer state", path, key);
+    return int64_t{0};
   };
+  s.epoch = read_int("epoch", true);
+  s.batch = read_int("batch", true);
+  s.global_step = read_int("global_step", true);
+  s.skipped_steps = read_int("skipped_steps", false);  // (older checkpoints)
+  s.epoch_sums.samples = read_int("epoch_samples", true);
+  // A fresh tensor per read: InputArchive::read assigns into a defined tensor with set_().
   const auto try_read_tensor = [&](const std::string& key) {
     torch::Tensor t;
-    return state.try_read(key, t) ? t : torch::Tensor();
+    return in.try_read(key, t) ? t : torch::Tensor();
   };
-  const torch::Tensor lrs = read_tensor("base_lrs");
+  const torch::Tensor lrs = try_read_tensor("base_lrs");
   // A sealed checkpoint is the one Ember wrote, unless a bug or a hand made
   // it: counters a run cannot be at would index past the data or the schedule.
   EMBER_CHECK_KIND(
       kCheckpoint,
-      epoch_ >= 0 && batch_ >= 0 && global_step_ >= 0 && skipped_steps_ >= 0 && epoch_sums_.samples >= 0,
+      s.epoch >= 0 && s.batch >= 0 && s.global_step >= 0 && s.skipped_steps >= 0 && s.epoch_sums.samples >= 0,
       "[train::Trainer] checkpoint {} holds impossible counters (epoch {}, batch {}, step {}, "
       "skipped {}, samples {}); it was not written by this Trainer",
-      path, epoch_, batch_, global_step_, skipped_steps_, epoch_sums_.samples);
+      path, s.epoch, s.batch, s.global_step, s.skipped_steps, s.epoch_sums.samples);
   EMBER_CHECK_KIND(
       kCheckpoint,
-      lrs.scalar_type() == torch::kFloat64 && lrs.dim() == 1 &&
-          lrs.numel() == static_cast<int64_t>(optimizer_->param_groups().size()) &&
-          lrs.isfinite().all().item<bool>(),
+      lrs.defined() && lrs.scalar_type() == torch::kFloat64 && lrs.dim() == 1 &&
+          lrs.numel() == static_cast<int64_t>(groups) && lrs.isfinite().all().item<bool>(),
       "[train::Trainer] checkpoint {} holds {} base learning rates ({}) for an optimizer with {} "
       "parameter groups; was it written by a different recipe or config?",
-      path, lrs.numel(), c10::toString(lrs.scalar_type()), optimizer_->param_groups().size());
-  base_lrs_.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
-  // This run's optimizer options apply from here on: LibTorch's load put the
-  // checkpoint's in the groups, and the base rates come from the checkpoint.
-  // A changed rate becomes the schedule's base: the schedule continues from
-  // it at the resumed step.
-  std::vector<std::string> changes;
-  auto& groups = optimizer_->param_groups();
-  for (size_t i = 0; i < groups.size(); ++i) {
-    std::vector<std::string> group = option_changes(groups[i].options(), *configured[i]);
-    if (base_lrs_[i] != configured[i]->get_lr())
-      group.insert(group.begin(), fmt::format("lr {} -> {}", base_lrs_[i], configured[i]->get_lr()));
-    if (!group.empty()) changes.push_back(fmt::format("group {}: {}", i, fmt::join(group, ", ")));
-    groups[i].set_options(configured[i]->clone());
-    base_lrs_[i] = configured[i]->get_lr();
-  }
-  if (speaks && !changes.empty())
-    std::cerr << fmt::format(
-        "[train::Trainer] note: this run's optimizer options differ from checkpoint {} ({}); this run's "
-        "apply from step {} on (a rate is the schedule's base rate)\n",
-        path, fmt::join(changes, "; "), global_step_);
-  const auto params = task_->model()->parameters();
-  const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
-  for (auto [key, sum] : {std::pair{"epoch_loss_sum", &epoch_sums_.loss_sum},
-                          std::pair{"epoch_correct", &epoch_sums_.correct}}) {
+      path, lrs.defined() ? lrs.numel() : 0, lrs.defined() ? c10::toString(lrs.scalar_type()) : "none",
+      groups);
+  s.base_lrs.assign(lrs.data_ptr<double>(), lrs.data_ptr<double>() + lrs.numel());
+  for (auto [key, sum] : {std::pair{"epoch_loss_sum", &s.epoch_sums.loss_sum},
+                          std::pair{"epoch_correct", &s.epoch_sums.correct}}) {
     const torch::Tensor t = try_read_tensor(key);
     if (t.defined()) *sum = t.to(device);
   }
-  at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
-  cpu_gen.set_state(read_tensor("rng_cpu"));
-  if (torch::cuda::is_available()) {
-    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
-      const torch::Tensor rng = try_read_tensor("rng_cuda_" + std::to_string(i));
-      if (rng.defined()) {
-        at::Generator gen = at::globalContext().defaultGenerator(
-            torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-        gen.set_state(rng);
-      }
-    }
-  }
-  last_checkpoint_ = path;
+  return s;
 }
 
-void Trainer::check_optimizer_state_fits(const std::string& path, torch::serialize::InputArchive& optim,
-                                         torch::serialize::InputArchive& trainer_state) const {
+// A config error unless the optimizer archive `optim` is of `optimizer`'s
+// kind, group count, parameter count and shapes.
+void check_optimizer_state_fits(const std::string& path, const torch::optim::Optimizer& optimizer,
+                                torch::serialize::InputArchive& optim,
+                                torch::serialize::InputArchive& trainer_state) {
   const auto refuse = [&](const std::string& what) {
     detail::fail(ErrorKind::kConfig,
                  "[train::Trainer] checkpoint {} {}: resume with the optimizer settings that wrote it "
                  "(optim.*, as in its run's config.toml), or start a fresh run in another run.dir",
                  path, what);
   };
-  const std::string now = optimizer_kind(*optimizer_);
+  const std::string now = optimizer_kind(optimizer);
   const SavedGroups saved = saved_groups(optim);
   c10::IValue kind;  // written since issue 29; before, only the options' fields tell (adam = adamw)
   const std::string was =
@@ -557,7 +432,7 @@ void Trainer::check_optimizer_state_fits(const std::string& path, torch::seriali
   const bool same_kind = was == now || (was == "adam or adamw" && (now == "adam" || now == "adamw"));
   if (!was.empty() && !now.empty() && !same_kind)
     refuse(fmt::format("holds the state of a {} optimizer; this run's is {} (optim.name)", was, now));
-  const auto& groups = optimizer_->param_groups();
+  const auto& groups = optimizer.param_groups();
   if (saved.keys.size() != groups.size())
     refuse(
         fmt::format("holds an optimizer with {} parameter groups; this run's has {} (changed optim.groups or "
@@ -583,6 +458,180 @@ void Trainer::check_optimizer_state_fits(const std::string& path, torch::seriali
               key, fmt::join(t.sizes(), ", "), j, i, fmt::join(params[j].sizes(), ", ")));
       }
     }
+  }
+}
+
+// The model's weights and the optimizer's state, after checking that the state fits.
+void load_weights(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                  torch::serialize::InputArchive& model_archive,
+                  torch::serialize::InputArchive& optim_archive,
+                  torch::serialize::InputArchive& trainer_state) {
+  try {
+    model.load(model_archive);
+    check_optimizer_state_fits(path, optimizer, optim_archive, trainer_state);
+    optimizer.load(optim_archive);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    detail::fail(ErrorKind::kCheckpoint,
+                 "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
+                 "written by a different recipe or config?",
+                 path, std::string(e.what()).substr(0, 300));
+  }
+}
+
+// The checkpoint's loss-scaling state; its settings win, as PyTorch's GradScaler's do on load.
+void load_grad_scaler(torch::serialize::InputArchive& root, amp::GradScaler& scaler,
+                      const amp::GradScalerOptions& want, bool speaks) {
+  torch::serialize::InputArchive archive;
+  if (!root.try_read("grad_scaler", archive)) return;  // from an fp32/bf16 run: start fresh
+  scaler.load(archive);
+  if (speaks && (want.growth_factor() != scaler.get_growth_factor() ||
+                 want.backoff_factor() != scaler.get_backoff_factor() ||
+                 want.growth_interval() != scaler.get_growth_interval()))
+    std::cerr << fmt::format(
+        "[train::Trainer] note: the checkpoint's loss-scaling settings (growth_factor {}, backoff_factor {}, "
+        "growth_interval {}) replace the configured ones ({}, {}, {}), as PyTorch's GradScaler does on "
+        "load\n",
+        scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval(),
+        want.growth_factor(), want.backoff_factor(), want.growth_interval());
+}
+
+// This run's optimizer options apply after a load: LibTorch's load put the
+// checkpoint's in the groups, and the base rates came from the checkpoint. A
+// changed rate becomes the schedule's base: the schedule continues from it at
+// the resumed step. Returns the changes, "group i: lr a -> b, ..." per group.
+std::vector<std::string> apply_configured_options(
+    torch::optim::Optimizer& optimizer,
+    const std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>& configured,
+    std::vector<double>& base_lrs) {
+  std::vector<std::string> changes;
+  auto& groups = optimizer.param_groups();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    std::vector<std::string> group = option_changes(groups[i].options(), *configured[i]);
+    if (base_lrs[i] != configured[i]->get_lr())
+      group.insert(group.begin(), fmt::format("lr {} -> {}", base_lrs[i], configured[i]->get_lr()));
+    if (!group.empty()) changes.push_back(fmt::format("group {}: {}", i, fmt::join(group, ", ")));
+    groups[i].set_options(configured[i]->clone());
+    base_lrs[i] = configured[i]->get_lr();
+  }
+  return changes;
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint(const std::string& path) {
+  EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
+  // Never replace a good checkpoint with broken weights.
+  if (const std::string bad = divergence::first_nonfinite_tensor(*task_->model()); !bad.empty())
+    detail::fail(ErrorKind::kDiverged, "{}", divergence::weights_message(bad, state_.global_step, path));
+  if (device_steps_)
+    state_.skipped_steps = device_steps_->read_skipped(state_.global_step);  // exact in the file
+  torch::serialize::OutputArchive root, model, optim, state, callbacks;
+  task_->model()->save(model);
+  optimizer_->save(optim);
+  write_fit_state(state, state_, *optimizer_);
+  for (auto& cb : callbacks_) {
+    torch::serialize::OutputArchive a;
+    cb->on_checkpoint_save(*this, a);
+    if (cb->checkpoint_state_required()) a.write(kRequiredKey, torch::IValue(true));
+    callbacks.write(cb->name(), a);
+  }
+  root.write("model", model);
+  root.write("optimizer", optim);
+  root.write("trainer", state);
+  root.write("callbacks", callbacks);
+  if (grad_scaler_) {
+    torch::serialize::OutputArchive scaler;
+    grad_scaler_->save(scaler);
+    root.write("grad_scaler", scaler);
+  }
+  std::ostringstream bytes;
+  root.save_to(bytes);
+  write_file_atomic(path, seal_checkpoint(bytes.str()), previous_checkpoint_path(path));
+  last_checkpoint_ = path;
+}
+
+void Trainer::resume(FitResult& result) {
+  torch::serialize::InputArchive archive;
+  const std::string path = find_resume_checkpoint(archive);
+  if (path.empty()) return;
+  try {
+    load_checkpoint(path, archive);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // LibTorch's, on a part of the archive of the wrong type or shape
+    detail::fail(
+        ErrorKind::kCheckpoint,
+        "[train::Trainer] cannot read checkpoint {}: a part of it is damaged or of another kind ({}); "
+        "remove it or point trainer.resume at another one",
+        path, core::message_of(e).substr(0, 300));
+  }
+  result.resumed_from = path;
+  result.resumed_at_step = state_.global_step;
+  if (options_.distribution()->is_writer())
+    std::cerr << fmt::format("[train::Trainer] resuming from {}: epoch {}, batch {}, step {}\n", path,
+                             state_.epoch, state_.batch, state_.global_step);
+}
+
+void Trainer::load_checkpoint(const std::string& path, torch::serialize::InputArchive& root) {
+  const bool speaks = options_.distribution()->is_writer();
+  // This run's optimizer options, which win over the loaded ones.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> configured;
+  for (const auto& g : optimizer_->param_groups()) configured.push_back(g.options().clone());
+  torch::serialize::InputArchive model, optim, trainer_state, callbacks;
+  try {
+    root.read("model", model);
+    root.read("optimizer", optim);
+    root.read("trainer", trainer_state);
+    root.read("callbacks", callbacks);
+  } catch (const std::exception& e) {
+    detail::fail(ErrorKind::kCheckpoint,
+                 "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
+                 "trainer.resume at another one",
+                 path, std::string(e.what()).substr(0, 200));
+  }
+  // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
+  load_callback_states(path, callbacks);
+  load_weights(path, *task_->model(), *optimizer_, model, optim, trainer_state);
+  const auto params = task_->model()->parameters();
+  state_ = read_fit_state(trainer_state, path, optimizer_->param_groups().size(),
+                          params.empty() ? torch::Device(torch::kCPU) : params.front().device());
+  if (grad_scaler_) load_grad_scaler(root, *grad_scaler_, options_.grad_scaler(), speaks);
+  const std::vector<std::string> changes = apply_configured_options(*optimizer_, configured, state_.base_lrs);
+  if (speaks && !changes.empty())
+    std::cerr << fmt::format(
+        "[train::Trainer] note: this run's optimizer options differ from checkpoint {} ({}); this run's "
+        "apply from step {} on (a rate is the schedule's base rate)\n",
+        path, fmt::join(changes, "; "), state_.global_step);
+  core::RngState::read(trainer_state).restore();
+  last_checkpoint_ = path;
+}
+
+void Trainer::load_callback_states(const std::string& path, torch::serialize::InputArchive& callbacks) {
+  std::set<std::string> registered;
+  for (auto& cb : callbacks_) {
+    registered.insert(cb->name());
+    torch::serialize::InputArchive a;
+    if (callbacks.try_read(cb->name(), a)) cb->on_checkpoint_load(*this, a);
+  }
+  for (const std::string& key : callbacks.keys()) {
+    torch::serialize::InputArchive unread;
+    if (registered.count(key) || !callbacks.try_read(key, unread) || unread.keys().empty()) continue;
+    // E.g. a pruned model's weights would load into the full-size layers (the archive resizes tensors),
+    // silently.
+    torch::IValue required;
+    EMBER_CHECK_KIND(
+        kCheckpoint, !unread.try_read(kRequiredKey, required) || !required.toBool(),
+        "[train::Trainer] checkpoint {} holds the state of callback '{}', which this run does not "
+        "register, and the checkpoint cannot load without it (the state changes the model: a pruning "
+        "plan, say): register it again (recipes: keep its keys, e.g. prune.*, as they were)",
+        path, key);
+    if (options_.distribution()->is_writer())
+      std::cerr << fmt::format(
+          "[train::Trainer] note: checkpoint {} has state of callback '{}', which this run does "
+          "not have; it is ignored\n",
+          path, key);
   }
 }
 

@@ -146,11 +146,9 @@ StepResult GraphStep::eager_on_fresh_gradients(const data::Batch& batch, const S
 }
 
 StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
-  Impl& s = *impl_;
   last_was_replay_ = false;
-  const bool emulated = options_.emulated();
   EMBER_CHECK(
-      emulated || (batch.input.defined() && batch.input.is_cuda()),
+      options_.emulated() || (batch.input.defined() && batch.input.is_cuda()),
       "[train::Trainer] trainer.cuda_graph: the batch is not on a CUDA device (it is on {}); CUDA graphs "
       "need the model and data on the GPU",
       batch.input.defined() ? batch.input.device().str() : "nowhere");
@@ -158,128 +156,92 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
   std::optional<c10::cuda::CUDAGuard> device_guard;
   if (batch.input.defined() && batch.input.is_cuda()) device_guard.emplace(batch.input.device());
 #endif
-  if (captured_) {
-    if (!same_layout(batch.input, s.statics.input) || !same_layout(batch.target, s.statics.target))
-      return eager_on_fresh_gradients(batch, step);  // another shape (a short last batch)
-    s.statics.input.copy_(batch.input, /*non_blocking=*/true);
-    if (batch.target.defined()) s.statics.target.copy_(batch.target, /*non_blocking=*/true);
-    s.statics.index = batch.index;  // host data: never read inside the graph
-    s.statics.epoch = batch.epoch;
-    {
-      RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);
-      if (emulated) {
-        const StepResult r = eager_on_fresh_gradients(s.statics, step);
-        torch::NoGradGuard no_grad;
-        write_into(s.result.out.loss, r.out.loss);
-        write_into(s.result.out.output, r.out.output);
-        write_into(s.result.out.target, r.out.target);
-        write_into(s.result.skip_flag, r.skip_flag);
-      } else {
-#if EMBER_WITH_CUDA_KERNELS
-        s.graph->replay();
-#endif
-      }
-    }
-    ++replays_;
-    last_was_replay_ = true;
-    return s.result;
-  }
-
+  if (captured_) return replay(batch, step);
   // Warm-up: real steps (on the capture stream), at least warmup_steps, and
   // until a batch comes with the shape of the step before (never capture the
   // short last batch of an epoch, nor a shape no eager step has run).
-  const std::vector<int64_t> shape = batch.input.sizes().vec();
-  if (eager_steps_ < options_.warmup_steps() || shape != last_eager_shape_) {
-    StepResult r;
-#if EMBER_WITH_CUDA_KERNELS
-    // The first step on the current stream: what it makes to keep (the loss
-    // scale, optimizer state, the loop's sums) is then allocated there, not in
-    // side-stream segments that the release before capture could not hand back.
-    if (!emulated && eager_steps_ > 0) {
-      s.on_side_stream(batch, [&] { r = step(batch); });
-      used_on_current_stream(r);
-    }
-    if (!emulated && eager_steps_ == 0) r = step(batch);
-#endif
-    if (emulated) r = step(batch);
-    options_.zero_grad()();
-    ++eager_steps_;
-    last_eager_shape_ = shape;
-    if (eager_steps_ == 8 * options_.warmup_steps())
-      std::cerr << fmt::format(
-          "[train::Trainer] trainer.cuda_graph: no two steps in a row had batches of one shape in {} steps, "
-          "so nothing was captured and every step runs eagerly (an epoch of few batches with a short last "
-          "one?); another data.batch_size (or TensorLoaderOptions::drop_last) lets a graph capture\n",
-          eager_steps_);
-    return r;
-  }
+  if (eager_steps_ < options_.warmup_steps() || batch.input.sizes().vec() != last_eager_shape_)
+    return warm_up(batch, step);
+  return capture(batch, step);
+}
 
-  // Capture, then replay once: the replay is this step.
+StepResult GraphStep::replay(const data::Batch& batch, const StepFn& step) {
+  Impl& s = *impl_;
+  const bool emulated = options_.emulated();
+  if (!same_layout(batch.input, s.statics.input) || !same_layout(batch.target, s.statics.target))
+    return eager_on_fresh_gradients(batch, step);  // another shape (a short last batch)
+  s.statics.input.copy_(batch.input, /*non_blocking=*/true);
+  if (batch.target.defined()) s.statics.target.copy_(batch.target, /*non_blocking=*/true);
+  s.statics.index = batch.index;  // host data: never read inside the graph
+  s.statics.epoch = batch.epoch;
+  {
+    RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);
+    if (emulated) {
+      const StepResult r = eager_on_fresh_gradients(s.statics, step);
+      torch::NoGradGuard no_grad;
+      write_into(s.result.out.loss, r.out.loss);
+      write_into(s.result.out.output, r.out.output);
+      write_into(s.result.out.target, r.out.target);
+      write_into(s.result.skip_flag, r.skip_flag);
+    } else {
+#if EMBER_WITH_CUDA_KERNELS
+      s.graph->replay();
+#endif
+    }
+  }
+  ++replays_;
+  last_was_replay_ = true;
+  return s.result;
+}
+
+StepResult GraphStep::warm_up(const data::Batch& batch, const StepFn& step) {
+  Impl& s = *impl_;
+  const bool emulated = options_.emulated();
+  (void)s;
+  const std::vector<int64_t> shape = batch.input.sizes().vec();
+  StepResult r;
+#if EMBER_WITH_CUDA_KERNELS
+  // The first step on the current stream: what it makes to keep (the loss
+  // scale, optimizer state, the loop's sums) is then allocated there, not in
+  // side-stream segments that the release before capture could not hand back.
+  if (!emulated && eager_steps_ > 0) {
+    s.on_side_stream(batch, [&] { r = step(batch); });
+    used_on_current_stream(r);
+  }
+  if (!emulated && eager_steps_ == 0) r = step(batch);
+#endif
+  if (emulated) r = step(batch);
+  options_.zero_grad()();
+  ++eager_steps_;
+  last_eager_shape_ = shape;
+  if (eager_steps_ == 8 * options_.warmup_steps())
+    std::cerr << fmt::format(
+        "[train::Trainer] trainer.cuda_graph: no two steps in a row had batches of one shape in {} steps, "
+        "so nothing was captured and every step runs eagerly (an epoch of few batches with a short last "
+        "one?); another data.batch_size (or TensorLoaderOptions::drop_last) lets a graph capture\n",
+        eager_steps_);
+  return r;
+}
+
+void GraphStep::take_statics(const data::Batch& batch) {
+  Impl& s = *impl_;
+  s.statics.input = batch.input.clone();
+  s.statics.target = batch.target.defined() ? batch.target.clone() : torch::Tensor();
+  s.statics.index = batch.index;
+  s.statics.epoch = batch.epoch;
+}
+
+// Capture, then replay once: the replay is this step.
+StepResult GraphStep::capture(const data::Batch& batch, const StepFn& step) {
+  Impl& s = *impl_;
   if (options_.before_capture()) options_.before_capture()();
-  const auto take_statics = [&] {
-    s.statics.input = batch.input.clone();
-    s.statics.target = batch.target.defined() ? batch.target.clone() : torch::Tensor();
-    s.statics.index = batch.index;
-    s.statics.epoch = batch.epoch;
-  };
-  if (emulated) {
-    take_statics();
+  if (options_.emulated()) {
+    take_statics(batch);
     options_.zero_grad()();
     RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);
     s.result = step(s.statics);
   } else {
-#if EMBER_WITH_CUDA_KERNELS
-    const c10::DeviceIndex device = batch.input.device().index();
-    // The warm-up's blocks are cached for the side stream, where nothing will
-    // use them again: the graph allocates from its own pool. Hand them back
-    // (one sync) so that the run does not hold two steps' activations.
-    c10::cuda::CUDACachingAllocator::emptyCache();
-    int64_t reserved_before = 0;
-    s.on_side_stream(batch, [&] {
-      RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);  // the capture's operators are the graph's
-      take_statics();
-      // Backward then writes the gradients into the graph's pool, where every
-      // replay rewrites them.
-      options_.zero_grad()();
-      auto graph = std::make_unique<at::cuda::CUDAGraph>();
-      const bool cache = at::autocast::is_autocast_cache_enabled();
-      at::autocast::set_autocast_cache_enabled(false);
-      // A pool of known id: a failed capture must stop the allocator routing to it.
-      const auto pool = at::cuda::graph_pool_handle();
-      reserved_before = Impl::reserved(device);
-      // Thread-local: the loader's thread keeps copying batches while this thread
-      // captures. CUDAGraph registers the device's default generator (dropout's
-      // Philox seed and offset), and each replay advances its offset.
-      graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-      const auto abandon = [&] {
-        at::autocast::set_autocast_cache_enabled(cache);
-        try {
-          graph->capture_end();
-        } catch (...) {  // capture was already invalid: the first error is the one to report
-        }
-        try {  // (capture_end may have thrown before it ended the allocator's routing)
-          c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
-        } catch (...) {  // it had: nothing routes to the pool any more
-        }
-      };
-      try {
-        s.result = step(s.statics);
-        graph->capture_end();
-      } catch (const c10::OutOfMemoryError&) {
-        abandon();
-        throw;  // as out of memory, unchanged: the batch-size search counts it as too large
-      } catch (const std::exception& e) {
-        abandon();
-        capture_failed(e);
-      }
-      at::autocast::set_autocast_cache_enabled(cache);
-      graph->replay();  // capture only recorded; the statics hold this batch already
-      s.graph = std::move(graph);
-    });
-    for (torch::Tensor* t : {&s.statics.input, &s.statics.target})
-      if (t->defined()) t->record_stream(c10::cuda::getCurrentCUDAStream(t->device().index()));
-    pool_bytes_ = std::max<int64_t>(Impl::reserved(device) - reserved_before, 0);
-#endif
+    capture_on_device(batch, step);
   }
   // Callbacks read the outputs, nothing differentiates them: the capture's autograd graph can go.
   for (torch::Tensor* t : {&s.result.out.loss, &s.result.out.output, &s.result.out.target})
@@ -290,6 +252,65 @@ StepResult GraphStep::run(const data::Batch& batch, const StepFn& step) {
   ++replays_;
   if (options_.after_capture()) options_.after_capture()();
   return s.result;
+}
+
+void GraphStep::capture_on_device(const data::Batch& batch, const StepFn& step) {
+#if EMBER_WITH_CUDA_KERNELS
+  Impl& s = *impl_;
+  const c10::DeviceIndex device = batch.input.device().index();
+  // The warm-up's blocks are cached for the side stream, where nothing will
+  // use them again: the graph allocates from its own pool. Hand them back
+  // (one sync) so that the run does not hold two steps' activations.
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  int64_t reserved_before = 0;
+  s.on_side_stream(batch, [&] {
+    RECORD_USER_SCOPE(core::OpCounter::kGraphReplayScope);  // the capture's operators are the graph's
+    take_statics(batch);
+    // Backward then writes the gradients into the graph's pool, where every
+    // replay rewrites them.
+    options_.zero_grad()();
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    const bool cache = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);
+    // A pool of known id: a failed capture must stop the allocator routing to it.
+    const auto pool = at::cuda::graph_pool_handle();
+    reserved_before = Impl::reserved(device);
+    // Thread-local: the loader's thread keeps copying batches while this thread
+    // captures. CUDAGraph registers the device's default generator (dropout's
+    // Philox seed and offset), and each replay advances its offset.
+    graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    const auto abandon = [&] {
+      at::autocast::set_autocast_cache_enabled(cache);
+      try {
+        graph->capture_end();
+      } catch (...) {  // capture was already invalid: the first error is the one to report
+      }
+      try {  // (capture_end may have thrown before it ended the allocator's routing)
+        c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+      } catch (...) {  // it had: nothing routes to the pool any more
+      }
+    };
+    try {
+      s.result = step(s.statics);
+      graph->capture_end();
+    } catch (const c10::OutOfMemoryError&) {
+      abandon();
+      throw;  // as out of memory, unchanged: the batch-size search counts it as too large
+    } catch (const std::exception& e) {
+      abandon();
+      capture_failed(e);
+    }
+    at::autocast::set_autocast_cache_enabled(cache);
+    graph->replay();  // capture only recorded; the statics hold this batch already
+    s.graph = std::move(graph);
+  });
+  for (torch::Tensor* t : {&s.statics.input, &s.statics.target})
+    if (t->defined()) t->record_stream(c10::cuda::getCurrentCUDAStream(t->device().index()));
+  pool_bytes_ = std::max<int64_t>(Impl::reserved(device) - reserved_before, 0);
+#else
+  (void)batch;
+  (void)step;
+#endif
 }
 
 }  // namespace ember::train

@@ -110,6 +110,12 @@ class GraphStep {
 
  private:
   struct Impl;
+  // run()'s three cases: a replay (or an eager step of another shape), a warm-up step, the capture.
+  StepResult replay(const data::Batch& batch, const StepFn& step);
+  StepResult warm_up(const data::Batch& batch, const StepFn& step);
+  StepResult capture(const data::Batch& batch, const StepFn& step);
+  void capture_on_device(const data::Batch& batch, const StepFn& step);  // CUDA: the real capture
+  void take_statics(const data::Batch& batch);                           // the captured step's input tensors
   StepResult eager_on_fresh_gradients(const data::Batch& batch, const StepFn& step);
 
   std::unique_ptr<Impl> impl_;

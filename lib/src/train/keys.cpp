@@ -67,14 +67,16 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
   c.declare("optim.fused", o.fused(),
             "Ember's fused optimizer (ATen's fused kernels, no host sync); false = LibTorch's");
 
-  // Lengths in epochs here (the options count steps): see trainer_options_from_config.
-  const ScheduleOptions s;
+  // Lengths in epochs (EpochScheduleOptions): Trainer::fit turns them into steps.
+  const EpochScheduleOptions es_defaults;
+  const ScheduleOptions& s = es_defaults.shape();
   c.declare("sched.name", to_string(s.kind()), "constant, step, cosine or onecycle");
-  c.declare("sched.warmup_epochs", 0.0, "linear warm-up length in epochs (fractions allowed)",
-            Bounds::between(0, kMaxEpochs));
+  c.declare("sched.warmup_epochs", es_defaults.warmup_epochs(),
+            "linear warm-up length in epochs (fractions allowed)", Bounds::between(0, kMaxEpochs));
   c.declare("sched.warmup_start_factor", s.warmup_start_factor(),
             "warm-up starts at this fraction of the rate", Bounds::between(0, 1));
-  c.declare("sched.step_epochs", 1.0, "step: epochs between decays", Bounds{0.0, kMaxEpochs, true});
+  c.declare("sched.step_epochs", es_defaults.step_epochs(), "step: epochs between decays",
+            Bounds{0.0, kMaxEpochs, true});
   c.declare("sched.gamma", s.gamma(), "step: decay factor", Bounds{0.0, 1.0, true});
   c.declare("sched.min_factor", s.min_factor(), "cosine: final rate as a fraction of the base rate",
             Bounds::between(0, 1));
@@ -92,12 +94,12 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
   c.declare("early_stop.min_delta", e.min_delta(), "smallest change that counts as an improvement",
             Bounds::at_least(0));
   c.add_check([](const core::Config& config) {  // names (optimizer, schedule...) and rules across keys
-    trainer_options_from_config(config, 1);
+    trainer_options_from_config(config);
     early_stopping_options_from_config(config);
   });
 }
 
-TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_per_epoch) {
+TrainerOptions trainer_options_from_config(const core::Config& c) {
   TrainerOptions o;
   o.epochs(c.get_int("trainer.epochs"))
       .max_steps(c.get_int("trainer.max_steps"))
@@ -127,39 +129,18 @@ TrainerOptions trainer_options_from_config(const core::Config& c, int64_t steps_
                   .eps(c.get_float("optim.eps"))
                   .fused(c.get_bool("optim.fused")));
 
-  const auto to_steps = [&](double epochs) {
-    return static_cast<int64_t>(std::llround(epochs * steps_per_epoch));
-  };
-  ScheduleOptions s;
-  s.kind(c.get_parsed("sched.name", parse_schedule_kind))
-      .warmup_steps(to_steps(c.get_float("sched.warmup_epochs")))
-      .warmup_start_factor(c.get_float("sched.warmup_start_factor"))
-      .step_size(std::max<int64_t>(1, to_steps(c.get_float("sched.step_epochs"))))
-      .gamma(c.get_float("sched.gamma"))
-      .min_factor(c.get_float("sched.min_factor"))
-      .pct_start(c.get_float("sched.pct_start"))
-      .div_factor(c.get_float("sched.div_factor"))
-      .final_div_factor(c.get_float("sched.final_div_factor"));
-  EMBER_CHECK_KIND(kData, steps_per_epoch >= 1,
-                   "[train] the training data gives no batch (an empty dataset?)");
-  EMBER_CHECK_KIND(
-      kConfig, o.epochs() <= static_cast<int64_t>(kMaxSteps) / steps_per_epoch,
-      "[config] trainer.epochs={} x {} steps per epoch is more than {:g} steps: lower trainer.epochs",
-      o.epochs(), steps_per_epoch, kMaxSteps);
-  int64_t total = o.epochs() * steps_per_epoch;
-  if (o.max_steps() > 0) total = std::min(total, o.max_steps());
-  s.total_steps(std::max<int64_t>(2, total - s.warmup_steps()));
-  o.schedule(make_schedule(s));
+  o.epoch_schedule(EpochScheduleOptions()
+                       .shape(ScheduleOptions()
+                                  .kind(c.get_parsed("sched.name", parse_schedule_kind))
+                                  .warmup_start_factor(c.get_float("sched.warmup_start_factor"))
+                                  .gamma(c.get_float("sched.gamma"))
+                                  .min_factor(c.get_float("sched.min_factor"))
+                                  .pct_start(c.get_float("sched.pct_start"))
+                                  .div_factor(c.get_float("sched.div_factor"))
+                                  .final_div_factor(c.get_float("sched.final_div_factor")))
+                       .warmup_epochs(c.get_float("sched.warmup_epochs"))
+                       .step_epochs(c.get_float("sched.step_epochs")));
   return o;
-}
-
-int64_t steps_per_epoch(const core::Config& c, Task& task) {
-  const int64_t k = std::max<int64_t>(c.get_int("trainer.accumulate_grad_batches"), 1);
-  return (task.train_loader().num_batches() + k - 1) / k;
-}
-
-TrainerOptions trainer_options_for_task(const core::Config& c, Task& task) {
-  return trainer_options_from_config(c, steps_per_epoch(c, task));
 }
 
 std::optional<EarlyStoppingOptions> early_stopping_options_from_config(const core::Config& c) {

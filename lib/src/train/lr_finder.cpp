@@ -1,23 +1,15 @@
 #include "ember/train/lr_finder.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
-#include <iostream>
 #include <limits>
-#include <map>
 
 #include "core/check.h"
+#include "ember/core/snapshot.h"
 #include "ember/train/optim.h"
-#include "ember/version.h"
-
-#if EMBER_WITH_CUDA_KERNELS
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
 
 namespace ember::train {
 namespace {
@@ -69,62 +61,6 @@ class Recorder : public Callback {
   LrFinderOptions o_;
   LrFinderResult& r_;
   double avg_ = 0, best_ = INFINITY;
-};
-
-/// Parameters, buffers, train/eval mode and random generators, put back by
-/// restore() (or, on an error, by the destructor, which reports a failure
-/// instead of throwing).
-class StateRestore {
- public:
-  explicit StateRestore(torch::nn::Module& model) : model_(model), training_(model.is_training()) {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : model.named_parameters()) tensors_.emplace_back(p.key(), p.value().detach().clone());
-    for (const auto& b : model.named_buffers()) tensors_.emplace_back(b.key(), b.value().detach().clone());
-    cpu_rng_ = at::detail::getDefaultCPUGenerator().get_state();
-#if EMBER_WITH_CUDA_KERNELS
-    if (torch::cuda::is_available()) cuda_rng_ = at::cuda::detail::getDefaultCUDAGenerator().get_state();
-#endif
-  }
-  ~StateRestore() {
-    if (done_) return;
-    try {
-      restore();
-    } catch (const std::exception& e) {
-      std::cerr << fmt::format("[train::find_lr] could not restore the model after the sweep: {}\n",
-                               e.what());
-    }
-  }
-  void restore() {
-    done_ = true;
-    torch::NoGradGuard no_grad;
-    std::map<std::string, torch::Tensor> now;
-    for (const auto& p : model_.named_parameters()) now[p.key()] = p.value();
-    for (const auto& b : model_.named_buffers()) now[b.key()] = b.value();
-    for (const auto& [name, saved] : tensors_) {
-      const auto it = now.find(name);
-      EMBER_CHECK(it != now.end() && it->second.sizes() == saved.sizes(),
-                  "[train::find_lr] the model changed during the sweep ({} {}); it cannot be restored", name,
-                  it == now.end() ? "is gone" : "changed shape");
-      it->second.copy_(saved);
-    }
-    for (auto& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
-    model_.train(training_);
-    at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    cpu.set_state(cpu_rng_);
-#if EMBER_WITH_CUDA_KERNELS
-    if (cuda_rng_.defined()) {
-      at::Generator cuda = at::cuda::detail::getDefaultCUDAGenerator();
-      cuda.set_state(cuda_rng_);
-    }
-#endif
-  }
-
- private:
-  torch::nn::Module& model_;
-  bool training_;
-  bool done_ = false;
-  std::vector<std::pair<std::string, torch::Tensor>> tensors_;
-  torch::Tensor cpu_rng_, cuda_rng_;
 };
 
 /// The bias-corrected exponential moving average of `v` with factor `beta`.
@@ -209,7 +145,7 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
                    f.divergence());
   auto model = task.model();
   EMBER_CHECK(model != nullptr, "[train::find_lr] the task returned no model");
-  StateRestore restore(*model);
+  core::ModelSnapshot restore(*model, core::ModelSnapshotOptions().clear_grads(true));
 
   LrFinderResult r;
   r.smoothing =
@@ -244,7 +180,7 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
   const FitResult fit = trainer.fit(task);
   restore.restore();
   r.stop_reason =
-      fit.stop_reason == "max_steps reached" ? fmt::format("completed {} steps", fit.steps) : fit.stop_reason;
+      fit.stop_cause == StopCause::kMaxSteps ? fmt::format("completed {} steps", fit.steps) : fit.stop_reason;
   r.smoothed = zero_lag_curve(r.losses, r.online, r.smoothing, f.divergence());
   r.suggested_index = steepest_descent_index(r.lrs, r.smoothed);
   if (r.suggested_index >= 0) r.suggested_lr = r.lrs[r.suggested_index];

@@ -142,11 +142,22 @@ void save_safetensors(const std::string& path, const torch::nn::Module& module,
   save_safetensors(path, tensors, metadata);
 }
 
-NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+
+struct Entry {  // a tensor's entry in the header
+  std::string name;
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+// Opens `path` and reads its header: the JSON object, with its length in
+// `header_size` and the file's in `file_size`.
+nlohmann::json read_header(std::ifstream& in, const std::string& path, uint64_t& file_size,
+                           uint64_t& header_size) {
   EMBER_CHECK(in.good(), "[train::load_safetensors] {}: cannot open: {}", path, std::strerror(errno));
   in.seekg(0, std::ios::end);
-  const auto file_size = static_cast<uint64_t>(in.tellg());
+  file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
   EMBER_CHECK(
       file_size >= 8,
@@ -155,7 +166,7 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
       path, file_size);
   unsigned char size_bytes[8];
   in.read(reinterpret_cast<char*>(size_bytes), 8);
-  const uint64_t header_size = read_u64_le(size_bytes);
+  header_size = read_u64_le(size_bytes);
   EMBER_CHECK(header_size > 0 && header_size <= kMaxHeaderBytes,
               "[train::load_safetensors] {}: header length {} is not in 1..{} (not a safetensors file?)",
               path, header_size, kMaxHeaderBytes);
@@ -191,67 +202,52 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
   EMBER_CHECK(duplicate.empty(), "[train::load_safetensors] {}: the header names '{}' twice", path,
               duplicate);
 
-  if (metadata != nullptr) metadata->clear();
-  struct Entry {
-    std::string name;
-    c10::ScalarType dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") {
-      EMBER_CHECK(info.is_object(), "[train::load_safetensors] {}: \"__metadata__\" is not an object", path);
-      for (const auto& [key, value] : info.items()) {
-        EMBER_CHECK(value.is_string(),
-                    "[train::load_safetensors] {}: metadata '{}' is {}, expected a string (the format allows "
-                    "only string values)",
-                    path, key, value.type_name());
-        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
-      }
-      continue;
-    }
-    const std::string& tensor_name = name;  // C++17 lambdas cannot capture a structured binding (clang)
-    const auto bad = [&](const std::string& what) { bad_entry(path, tensor_name, what); };
-    if (!info.is_object()) bad("expected an object with dtype, shape and data_offsets");
-    const auto dtype_it = info.find("dtype");
-    if (dtype_it == info.end() || !dtype_it->is_string()) bad("missing dtype (a string like \"F32\")");
-    const auto dtype = dtype_of(dtype_it->get<std::string>());
-    if (!dtype)
-      bad(fmt::format("dtype {} is not supported; supported: {}", dtype_it->get<std::string>(), kDtypeList));
+  return header;
+}
 
-    const auto shape_it = info.find("shape");
-    if (shape_it == info.end() || !shape_it->is_array()) bad("missing shape (an array of sizes)");
-    Entry entry{name, *dtype, {}, 0, 0};
-    uint64_t bytes = c10::elementSize(*dtype);
-    for (const auto& dim : *shape_it) {
-      if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-        bad(fmt::format("shape {} has an entry that is not a non-negative integer", shape_it->dump()));
-      const uint64_t d = dim.get<uint64_t>();
-      if (__builtin_mul_overflow(bytes, d, &bytes)) bad(fmt::format("shape {} overflows", shape_it->dump()));
-      entry.shape.push_back(static_cast<int64_t>(d));
-    }
+// The entry of tensor `name`, checked: a supported dtype, a shape of
+// non-negative sizes, data_offsets that span exactly its bytes.
+Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& info) {
+  const std::string& tensor_name = name;
+  const auto bad = [&](const std::string& what) { bad_entry(path, tensor_name, what); };
+  if (!info.is_object()) bad("expected an object with dtype, shape and data_offsets");
+  const auto dtype_it = info.find("dtype");
+  if (dtype_it == info.end() || !dtype_it->is_string()) bad("missing dtype (a string like \"F32\")");
+  const auto dtype = dtype_of(dtype_it->get<std::string>());
+  if (!dtype)
+    bad(fmt::format("dtype {} is not supported; supported: {}", dtype_it->get<std::string>(), kDtypeList));
 
-    const auto offsets_it = info.find("data_offsets");
-    if (offsets_it == info.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
-        !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned())
-      bad("missing data_offsets (an array [begin, end] of byte offsets)");
-    entry.begin = (*offsets_it)[0].get<uint64_t>();
-    entry.end = (*offsets_it)[1].get<uint64_t>();
-    if (entry.end < entry.begin)
-      bad(fmt::format("data_offsets {} end before they begin", offsets_it->dump()));
-    if (entry.end - entry.begin != bytes)
-      bad(fmt::format("data_offsets {} span {} bytes, but shape {} of {} takes {}", offsets_it->dump(),
-                      entry.end - entry.begin, shape_it->dump(), dtype_it->get<std::string>(), bytes));
-    entries.push_back(std::move(entry));
+  const auto shape_it = info.find("shape");
+  if (shape_it == info.end() || !shape_it->is_array()) bad("missing shape (an array of sizes)");
+  Entry entry{name, *dtype, {}, 0, 0};
+  uint64_t bytes = c10::elementSize(*dtype);
+  for (const auto& dim : *shape_it) {
+    if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      bad(fmt::format("shape {} has an entry that is not a non-negative integer", shape_it->dump()));
+    const uint64_t d = dim.get<uint64_t>();
+    if (__builtin_mul_overflow(bytes, d, &bytes)) bad(fmt::format("shape {} overflows", shape_it->dump()));
+    entry.shape.push_back(static_cast<int64_t>(d));
   }
 
-  // The byte ranges must tile the data part: sorted by offset, each begins
-  // where the previous ends, the last ends at the end of the file.
+  const auto offsets_it = info.find("data_offsets");
+  if (offsets_it == info.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
+      !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned())
+    bad("missing data_offsets (an array [begin, end] of byte offsets)");
+  entry.begin = (*offsets_it)[0].get<uint64_t>();
+  entry.end = (*offsets_it)[1].get<uint64_t>();
+  if (entry.end < entry.begin) bad(fmt::format("data_offsets {} end before they begin", offsets_it->dump()));
+  if (entry.end - entry.begin != bytes)
+    bad(fmt::format("data_offsets {} span {} bytes, but shape {} of {} takes {}", offsets_it->dump(),
+                    entry.end - entry.begin, shape_it->dump(), dtype_it->get<std::string>(), bytes));
+  return entry;
+}
+
+// The byte ranges must tile the data part: sorted by offset, each begins
+// where the previous ends, the last ends at the end of the file.
+void check_tiling(const std::string& path, std::vector<Entry>& entries, uint64_t data_size) {
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  const uint64_t data_size = file_size - 8 - header_size;
   uint64_t expected = 0;
   for (const Entry& e : entries) {
     EMBER_CHECK(
@@ -271,7 +267,11 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
       "[train::load_safetensors] {}: the tensors cover {} bytes but the data part has {} (trailing bytes "
       "or a missing entry)",
       path, expected, data_size);
+}
 
+// The tensors' bytes, read into CPU tensors (BOOL bytes checked).
+NamedTensors read_tensors(std::ifstream& in, const std::string& path, const std::vector<Entry>& entries,
+                          uint64_t header_size) {
   NamedTensors tensors;
   tensors.reserve(entries.size());
   for (const Entry& e : entries) {
@@ -293,6 +293,32 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
     tensors.emplace_back(e.name, std::move(t));
   }
   return tensors;
+}
+
+}  // namespace
+
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t file_size = 0, header_size = 0;
+  const nlohmann::json header = read_header(in, path, file_size, header_size);
+  if (metadata != nullptr) metadata->clear();
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      EMBER_CHECK(info.is_object(), "[train::load_safetensors] {}: \"__metadata__\" is not an object", path);
+      for (const auto& [key, value] : info.items()) {
+        EMBER_CHECK(value.is_string(),
+                    "[train::load_safetensors] {}: metadata '{}' is {}, expected a string (the format allows "
+                    "only string values)",
+                    path, key, value.type_name());
+        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(path, name, info));
+  }
+  check_tiling(path, entries, file_size - 8 - header_size);
+  return read_tensors(in, path, entries, header_size);
 }
 
 }  // namespace ember::train

@@ -119,4 +119,15 @@ std::shared_ptr<Schedule> make_schedule(const ScheduleOptions& o) {
   return s;
 }
 
+ScheduleOptions EpochScheduleOptions::in_steps(int64_t steps_per_epoch, int64_t run_steps) const {
+  const auto to_steps = [&](double epochs) {
+    return static_cast<int64_t>(std::llround(epochs * static_cast<double>(steps_per_epoch)));
+  };
+  ScheduleOptions s = shape();
+  s.warmup_steps(to_steps(warmup_epochs()))
+      .step_size(std::max<int64_t>(1, to_steps(step_epochs())))
+      .total_steps(std::max<int64_t>(2, run_steps - s.warmup_steps()));
+  return s;
+}
+
 }  // namespace ember::train

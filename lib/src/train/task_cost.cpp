@@ -6,42 +6,13 @@
 #include <vector>
 
 #include "ember/core/model_cost.h"
+#include "ember/core/snapshot.h"
 
 namespace ember::train {
-namespace {
-
-/// LibTorch's default CPU and CUDA generators, put back when it ends.
-class RngRestore {
- public:
-  RngRestore() {
-    cpu_ = at::detail::getDefaultCPUGenerator().get_state();
-    if (torch::cuda::is_available())
-      for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i)
-        cuda_.push_back(at::globalContext()
-                            .defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)))
-                            .get_state());
-  }
-  ~RngRestore() {
-    at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    cpu.set_state(cpu_);
-    for (size_t i = 0; i < cuda_.size(); ++i) {
-      at::Generator gen =
-          at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-      gen.set_state(cuda_[i]);
-    }
-  }
-  RngRestore(const RngRestore&) = delete;
-  RngRestore& operator=(const RngRestore&) = delete;
-
- private:
-  torch::Tensor cpu_;
-  std::vector<torch::Tensor> cuda_;
-};
-
-}  // namespace
 
 double forward_macs_per_sample(Task& task) {
-  const RngRestore rng;
+  // Drawing the batch may use the random generators (augmentation): the run must not see it.
+  const core::ModelSnapshot rng(*task.model(), core::ModelSnapshotOptions().parameters(false).buffers(false));
   data::Loader* loader = task.val_loader() ? task.val_loader() : task.test_loader();
   if (!loader) loader = &task.train_loader();
   loader->start_epoch(0, 0);

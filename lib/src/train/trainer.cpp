@@ -14,12 +14,12 @@
 #include "ember/amp/precision.h"
 #include "ember/core/file.h"
 #include "ember/train/accuracy.h"
-#include "ember/train/checkpoint.h"
-#include "ember/train/clip_grad.h"
 #include "ember/train/fused_optim.h"
 #include "train/device_steps.h"
 #include "train/divergence.h"
+#include "train/fit_plan.h"
 #include "train/graph_step.h"
+#include "train/optimizer_step.h"
 
 namespace ember::train {
 namespace {
@@ -28,34 +28,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// The one process-wide state Ember keeps: which stop signal arrived. A signal
-// handler can do nothing else safely; fit() installs and restores it.
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void ember_on_stop_signal(int sig) {
-  g_stop_signal = sig;
-  std::signal(sig, SIG_DFL);  // a second Ctrl-C kills at once
-}
-
-class ScopedStopSignals {
- public:
-  explicit ScopedStopSignals(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-    g_stop_signal = 0;
-    old_int_ = std::signal(SIGINT, ember_on_stop_signal);
-    old_term_ = std::signal(SIGTERM, ember_on_stop_signal);
-  }
-  ~ScopedStopSignals() {
-    if (!enabled_) return;
-    std::signal(SIGINT, old_int_);
-    std::signal(SIGTERM, old_term_);
-  }
-
- private:
-  bool enabled_;
-  void (*old_int_)(int) = SIG_DFL;
-  void (*old_term_)(int) = SIG_DFL;
-};
 
 c10::DeviceType device_type_of(torch::nn::Module& model) {
   const auto params = model.parameters();
@@ -85,61 +57,31 @@ void input_channels_last(data::Batch& batch) {
     batch.input = batch.input.contiguous(at::MemoryFormat::ChannelsLast);
 }
 
+// The divergence verdict on what the watch read: a streak of `patience`
+// non-finite losses stops the run (ErrorKind::kDiverged).
+void fail_if_diverged(const divergence::DivergenceWatch::State& st, int64_t patience, int64_t epoch,
+                      const std::string& last_checkpoint) {
+  if (patience <= 0 || st.streak < patience) return;
+  detail::fail(
+      ErrorKind::kDiverged,
+      "[train::Trainer] training diverged: the loss has been NaN or infinite for {} optimizer steps in a "
+      "row, since step {} (epoch {}); {}; {}{}",
+      st.streak, st.step - st.streak + 1, epoch + 1,
+      st.last_finite_step < 0 ? std::string("no finite loss was seen in this run")
+                              : fmt::format("the last finite loss was {:.6g}, at step {}",
+                                            st.last_finite_loss, st.last_finite_step),
+      last_checkpoint.empty() ? std::string("no checkpoint was written")
+                              : fmt::format("the last checkpoint, {}, is kept", last_checkpoint),
+      divergence::advice());
+}
+
 void check_loss(const StepOutput& out, const char* where) {
   EMBER_CHECK(out.loss.defined() && out.loss.numel() == 1,
               "[train::Trainer] {} must return a scalar loss, got {}", where,
               out.loss.defined() ? fmt::format("shape [{}]", fmt::join(out.loss.sizes(), ", ")) : "none");
 }
 
-// The host reads the device state (divergence watch, skipped count) without
-// a sync every this many steps when nothing else asks sooner.
-constexpr int64_t kReadEvery = DeviceSteps::kWindow / 4;
-
 }  // namespace
-
-struct Trainer::FitSetup {
-  c10::DeviceType device_type = c10::kCPU;
-  int64_t accumulate = 1;
-  bool fused = false;      // one of Ember's fused optimizers
-  bool sync_free = false;  // TrainerOptions::sync_free_steps, resolved
-};
-
-namespace {
-
-[[noreturn]] void refuse_cuda_graph(const std::string& why) {
-  detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: {}; or set it to false", why);
-}
-
-}  // namespace
-
-void check_trainer_options(const TrainerOptions& options, c10::DeviceType device, int64_t world_size) {
-  if (options.cuda_graph()) {
-    if (device != c10::kCUDA && !options.emulate_cuda_graph())
-      refuse_cuda_graph(fmt::format("the model would be on {}, not on a CUDA device (trainer.device=cuda{})",
-                                    c10::DeviceTypeName(device, /*lower_case=*/true),
-                                    torch::cuda::is_available() ? "" : "; this machine has none"));
-    if (options.accumulate_grad_batches() != 1)
-      refuse_cuda_graph("the graph holds one whole optimizer step: set trainer.accumulate_grad_batches=1");
-    if (options.detect_anomaly()) refuse_cuda_graph("trainer.detect_anomaly reads the device in every step");
-    if (world_size > 1)
-      refuse_cuda_graph(
-          "data-parallel gradient reduction runs from autograd hooks outside a graph (one process only)");
-  }
-  const std::string& resume = options.resume();
-  EMBER_CHECK_KIND(
-      kConfig, resume.empty() || resume == "auto" || core::is_file(resume) || core::is_dir(resume),
-      "[train::Trainer] trainer.resume={}: no such file or folder (give a checkpoint file, a run "
-      "folder, or auto to resume from run.dir when it holds one)",
-      resume);
-}
-
-void Trainer::check_cuda_graph_options(const FitSetup& setup) const {
-  check_trainer_options(options_, setup.device_type,
-                        options_.distribution()->world_size());  // accumulation too
-  if (!setup.fused) refuse_cuda_graph("the step needs one of Ember's fused optimizers (optim.fused=true)");
-  if (!setup.sync_free)
-    refuse_cuda_graph("the step must be sync-free (TrainerOptions::sync_free_steps unset or true)");
-}
 
 void Trainer::check_callbacks_capturable() const {
   std::vector<std::string> refused;
@@ -161,38 +103,6 @@ void Trainer::check_callbacks_capturable() const {
         "trainer.cuda_graph=false",
         fmt::join(refused, ", "));
 }
-
-namespace {
-
-// The number of rows of CPU logits [N, C] (fp32 or fp64, contiguous) whose
-// first arg-max (NaN counts as the largest, as torch.argmax) equals the
-// target; -1 for any other layout. A plain loop: no dispatcher round-trips.
-template <typename T>
-int64_t host_correct(const T* x, const torch::Tensor& targets, int64_t n, int64_t c) {
-  const torch::Tensor t = targets.to(torch::kInt64).contiguous();
-  const int64_t* y = t.data_ptr<int64_t>();
-  int64_t correct = 0;
-  for (int64_t i = 0; i < n; ++i, x += c) {
-    int64_t best = 0;
-    for (int64_t j = 1; j < c && !std::isnan(x[best]); ++j)
-      if (x[j] > x[best] || std::isnan(x[j])) best = j;
-    correct += best == y[i];
-  }
-  return correct;
-}
-
-int64_t count_correct_on_host(const torch::Tensor& logits, const torch::Tensor& targets) {
-  if (!logits.is_cpu() || !targets.is_cpu() || !logits.is_contiguous() || logits.size(1) == 0 ||
-      !c10::isIntegralType(targets.scalar_type(), /*includeBool=*/false))
-    return -1;
-  if (logits.scalar_type() == torch::kFloat)
-    return host_correct(logits.data_ptr<float>(), targets, logits.size(0), logits.size(1));
-  if (logits.scalar_type() == torch::kDouble)
-    return host_correct(logits.data_ptr<double>(), targets, logits.size(0), logits.size(1));
-  return -1;
-}
-
-}  // namespace
 
 namespace {
 bool is_classification(const StepOutput& out) {
@@ -224,17 +134,12 @@ void PassSums::clear() {
 
 void PassSums::add(const StepOutput& out, int64_t batch_size) {
   torch::NoGradGuard no_grad;
-  const bool classified = is_classification(out);
   if (out.loss.is_cpu()) {  // read on the host (free on the CPU), summed in place: no tensor ops
     if (!loss_sum.defined()) loss_sum = torch::zeros({}, torch::kFloat64);
     loss_sum.data_ptr<double>()[0] += out.loss.item<double>() * static_cast<double>(batch_size);
-    const int64_t c = classified ? count_correct_on_host(out.output.detach(), out.target) : -1;
-    if (c >= 0) {
+    if (is_classification(out)) {
       if (!correct.defined()) correct = torch::zeros({}, torch::kInt64);
-      correct.data_ptr<int64_t>()[0] += c;
-    } else if (classified) {
-      const torch::Tensor n = count_correct(out.output.detach(), out.target);
-      correct = correct.defined() ? correct + n : n;
+      correct.data_ptr<int64_t>()[0] += count_correct(out.output.detach(), out.target).item<int64_t>();
     }
     samples += batch_size;
     return;
@@ -291,7 +196,13 @@ Trainer& Trainer::add_callback(std::shared_ptr<Callback> callback) {
 }
 
 void Trainer::request_stop(const std::string& reason) {
-  if (!stop_requested_.exchange(true)) stop_reason_ = reason;
+  stop(StopCause::kRequest, reason);
+}
+
+void Trainer::stop(StopCause cause, const std::string& reason) {
+  if (stop_requested_.exchange(true)) return;  // the first reason stands
+  stop_cause_ = cause;
+  stop_reason_ = reason;
 }
 
 void Trainer::reduce_across_processes(PassSums& sums) const {
@@ -310,394 +221,364 @@ void Trainer::reduce_across_processes(PassSums& sums) const {
 }
 
 void Trainer::apply_schedule() {
-  if (!options_.schedule()) return;
+  if (!schedule_) return;
   auto& groups = optimizer_->param_groups();
   for (size_t i = 0; i < groups.size(); ++i)
-    groups[i].options().set_lr(options_.schedule()->lr_at(global_step_ - skipped_steps_, base_lrs_[i]));
+    groups[i].options().set_lr(
+        schedule_->lr_at(state_.global_step - state_.skipped_steps, state_.base_lrs[i]));
 }
 
-FitResult Trainer::fit(Task& task) {
+void Trainer::phase(StepPhase p) {
+  for (auto& cb : callbacks_) cb->on_step_phase(*this, p);
+}
+
+struct Trainer::Fit {
+  FitPlan plan;
+  std::shared_ptr<torch::nn::Module> model;
+  data::Loader* loader = nullptr;
+  std::optional<amp::MatmulPrecisionGuard> matmul_precision;  // tf32 for this fit only
+  std::vector<torch::Tensor> params;                          // trainable
+  std::unique_ptr<OptimizerStep> step;
+  // Divergence: the loss is recorded on the device each step, read without a
+  // sync every plan.read_every steps (one read behind), and read exactly at
+  // epoch ends and before each checkpoint. A graph step records with tensor
+  // ops on any device (the record is captured with the step).
+  std::optional<divergence::DivergenceWatch> watch;
+  std::unique_ptr<GraphStep> graph;
+  GraphStep::StepFn whole_step;  // what the graph captures
   FitResult result;
+  Clock::time_point start, epoch_start;
+  double val_seconds = 0.0;
+  // The optimizer step in progress.
+  double lr = 0.0;          // the first group's rate, read before the step's first batch runs
+  torch::Tensor step_loss;  // the micro-batches' losses, each weighted by its share
+  int64_t step_samples = 0;
+  bool replayed = false;  // a graph replay
+};
+
+FitResult Trainer::fit(Task& task) {
+  const std::unique_ptr<Fit> run = begin_fit(task);
+  Fit& f = *run;
+  for (auto& cb : callbacks_) cb->on_fit_start(*this);
+  if (f.plan.graph) make_graph(f, task);
+  f.start = Clock::now();
+  if (options_.max_steps() >= 0 && state_.global_step >= options_.max_steps())
+    stop(StopCause::kMaxSteps, "max_steps reached");
+
+  while (state_.epoch < options_.epochs() && !stop_requested_) {
+    begin_epoch(f);
+    while (state_.batch < f.plan.batches_per_epoch) {
+      phase(StepPhase::kData);
+      std::optional<data::Batch> batch = f.loader->next();
+      EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", state_.batch,
+                  f.plan.batches_per_epoch);
+      if (options_.channels_last()) input_channels_last(*batch);
+      phase(StepPhase::kForward);
+      f.lr = optimizer_->param_groups().front().options().get_lr();
+      std::optional<StepTaken> taken = f.graph ? graph_batch(f, *batch) : eager_batch(f, *batch);
+      if (!taken) continue;  // accumulating
+      end_step(f, *taken);
+      if (stop_requested_ && state_.batch < f.plan.batches_per_epoch) break;
+    }
+    if (state_.batch < f.plan.batches_per_epoch) {  // stopped mid-epoch: save the exact position
+      check_divergence(f);
+      checkpoint_now(f);
+      break;
+    }
+    end_epoch(f, task);
+  }
+  return end_fit(f);
+}
+
+std::unique_ptr<Trainer::Fit> Trainer::begin_fit(Task& task) {
+  auto f = std::make_unique<Fit>();
   task_ = &task;
-  auto model = task.model();
-  EMBER_CHECK(model != nullptr, "[train::Trainer] the task returned no model");
+  f->model = task.model();
+  EMBER_CHECK(f->model != nullptr, "[train::Trainer] the task returned no model");
   optimizer_ = task.make_optimizer();
-  if (!optimizer_) optimizer_ = make_optimizer(*model, options_.optimizer());
-  base_lrs_.clear();
-  for (auto& g : optimizer_->param_groups()) base_lrs_.push_back(g.options().get_lr());
-  epoch_ = batch_ = global_step_ = skipped_steps_ = 0;
-  const amp::Precision precision = options_.precision();
-  Distribution& dist = *options_.distribution();
-  FitSetup setup;
-  setup.device_type = device_type_of(*model);
-  setup.accumulate = options_.accumulate_grad_batches();
-  const c10::DeviceType device_type = setup.device_type;
-  amp::check_precision_supported(precision, device_type);
-  const amp::MatmulPrecisionGuard matmul_precision(precision, device_type);
-  grad_scaler_ =
-      amp::needs_grad_scaler(precision) ? std::make_unique<amp::GradScaler>(options_.grad_scaler()) : nullptr;
-  epoch_sums_ = {};
+  if (!optimizer_) optimizer_ = make_optimizer(*f->model, options_.optimizer());
+  state_ = FitState();
+  for (auto& g : optimizer_->param_groups()) state_.base_lrs.push_back(g.options().get_lr());
+  f->loader = &task.train_loader();
+  f->plan = plan_fit(options_, *f->model, *optimizer_, f->loader->num_batches());
+  const FitPlan& plan = f->plan;
+  schedule_ = plan.schedule;
+  f->matmul_precision.emplace(plan.precision, plan.device.type());
+  grad_scaler_ = plan.loss_scaling ? std::make_unique<amp::GradScaler>(options_.grad_scaler()) : nullptr;
   stop_requested_ = false;
+  stop_cause_ = StopCause::kNone;
   stop_reason_.clear();
 
-  torch::serialize::InputArchive resume_archive;
-  const std::string resume_path = find_resume_checkpoint(resume_archive);
-  if (!resume_path.empty()) {
-    try {
-      load_checkpoint(resume_path, resume_archive);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {  // LibTorch's, on a part of the archive of the wrong type or shape
-      detail::fail(
-          ErrorKind::kCheckpoint,
-          "[train::Trainer] cannot read checkpoint {}: a part of it is damaged or of another kind ({}); "
-          "remove it or point trainer.resume at another one",
-          resume_path, core::message_of(e).substr(0, 300));
-    }
-    resume_archive = torch::serialize::InputArchive();
-    result.resumed_from = resume_path;
-    result.resumed_at_step = global_step_;
-    if (dist.is_writer())
-      std::cerr << fmt::format("[train::Trainer] resuming from {}: epoch {}, batch {}, step {}\n",
-                               resume_path, epoch_, batch_, global_step_);
-  }
-  apply_schedule();  // the rate of the next step (global_step_)
-  if (options_.channels_last()) to_channels_last(*model, *optimizer_);
-  auto* fused = dynamic_cast<FusedOptimizer*>(optimizer_.get());
-  setup.fused = fused != nullptr;
-  const bool graph_mode = options_.cuda_graph();
-  const bool emulated_graph = graph_mode && options_.emulate_cuda_graph();
-  setup.sync_free =
-      options_.sync_free_steps().value_or((device_type == c10::kCUDA || emulated_graph) && fused != nullptr);
-  EMBER_CHECK_KIND(
-      kConfig, !setup.sync_free || fused != nullptr,
-      "[train::Trainer] sync-free steps need one of Ember's fused optimizers (optim.fused=true, or "
-      "a task optimizer from ember/train/fused_optim.h)");
-  if (graph_mode) check_cuda_graph_options(setup);
+  resume(f->result);
+  apply_schedule();  // the rate of the next step (state_.global_step)
+  if (options_.channels_last()) to_channels_last(*f->model, *optimizer_);
   device_steps_.reset();
-  // Rates on the device only when the host cannot know them: a step can be
-  // skipped on the device (loss scaling), or the rate must be a tensor that a
-  // graph reads. Otherwise the fused optimizer takes the host's fp64 rates.
-  if (setup.sync_free && (graph_mode || (grad_scaler_ && grad_scaler_->is_enabled()))) {
-    const auto params0 = model->parameters();
-    const torch::Device device = params0.empty() ? torch::Device(torch::kCPU) : params0.front().device();
-    device_steps_ = std::make_unique<DeviceSteps>(*fused, *optimizer_, options_.schedule().get(), base_lrs_,
-                                                  device, global_step_, skipped_steps_);
-  }
-  // Every rank reads checkpoints to resume; one writes them.
-  const std::string ckpt_path =
-      options_.run_dir().empty() || !dist.is_writer() ? "" : options_.run_dir() + "/checkpoints/last.pt";
-  move_damaged_checkpoint_aside(
-      ckpt_path);            // after a fallback: the next save must not rotate it onto prev.pt
-  if (!ckpt_path.empty()) {  // a previous writer killed mid-save leaves its temporary file
-    const int removed = core::remove_temporaries(options_.run_dir() + "/checkpoints");
-    if (removed > 0)
-      std::cerr << fmt::format(
-          "[train::Trainer] removed {} unfinished checkpoint file(s) of a killed run from {}\n", removed,
-          options_.run_dir() + "/checkpoints");
-  }
-  // Divergence: the loss is recorded on the device each step, read without a
-  // sync every `read_every` steps (one read behind), and read exactly at epoch
-  // ends and before each checkpoint. A graph step records with tensor ops on
-  // any device (the record is captured with the step).
-  divergence::DivergenceWatch watch(graph_mode ? divergence::DivergenceWatch::Record::kTensorOps
-                                               : divergence::DivergenceWatch::Record::kAuto);
-  const int64_t patience = options_.nonfinite_patience();
-  const int64_t read_every = patience > 0 ? std::min<int64_t>(patience, 8) : kReadEvery;
-  const auto fail_if_diverged = [&](const divergence::DivergenceWatch::State& st) {
-    if (patience <= 0 || st.streak < patience) return;
-    detail::fail(
-        ErrorKind::kDiverged,
-        "[train::Trainer] training diverged: the loss has been NaN or infinite for {} optimizer steps in "
-        "a row, since step {} (epoch {}); {}; {}{}",
-        st.streak, st.step - st.streak + 1, epoch_ + 1,
-        st.last_finite_step < 0 ? std::string("no finite loss was seen in this run")
-                                : fmt::format("the last finite loss was {:.6g}, at step {}",
-                                              st.last_finite_loss, st.last_finite_step),
-        last_checkpoint_.empty() ? std::string("no checkpoint was written")
-                                 : fmt::format("the last checkpoint, {}, is kept", last_checkpoint_),
-        divergence::advice());
-  };
-  // Exact, with a sync: epoch ends, stops and checkpoints.
-  const auto check_divergence = [&] {
-    if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);
-    if (patience > 0) fail_if_diverged(watch.read());
-  };
-  // Every read_every steps, no sync: what the last request brought (if it has
-  // arrived), then a new request.
-  const auto read_without_sync = [&] {
-    if (patience > 0) {
-      // Data-parallel: each rank waits for the request made read_every steps
-      // ago (done by now) rather than polling, so that every rank judges the
-      // same records at the same step and all stop together (exit 3 each).
-      const auto st = dist.world_size() > 1 ? watch.wait_read() : watch.poll_read();
-      if (st) fail_if_diverged(*st);
-      watch.request_read();
-    }
-    if (device_steps_) {
-      if (const auto skipped = device_steps_->poll_read()) skipped_steps_ = *skipped;
-      device_steps_->request_read(global_step_);
-    }
-  };
-  // trainer.detect_anomaly: before the optimizer step, the loss and (without
-  // loss scaling, whose infinite gradients are routine) every gradient.
-  const auto check_step_anomaly = [&](const torch::Tensor& loss) {
-    const double l = loss.item<double>();
-    const std::string grads = grad_scaler_ ? "" : divergence::nonfinite_gradients(*model);
-    if (std::isfinite(l) && grads.empty()) return;
-    detail::fail(
-        ErrorKind::kDiverged,
-        "[train::Trainer] trainer.detect_anomaly: at step {} (epoch {}, batch {}) the loss is {}{}; the "
-        "step was not applied{}",
-        global_step_ + 1, epoch_ + 1, batch_, l,
-        grads.empty() ? std::string() : fmt::format(" and the gradients of {} are not finite", grads),
-        divergence::advice());
-  };
-  const auto checkpoint_now = [&] {  // after check_divergence(): the loss is read once per save
-    // The writer refuses to save non-finite weights (kDiverged). The replicas
-    // of a data-parallel run are identical: every rank checks and stops with it.
-    if (ckpt_path.empty() && dist.world_size() > 1 && !options_.run_dir().empty()) {
-      const std::string writers = options_.run_dir() + "/checkpoints/last.pt";
-      if (const std::string bad = divergence::first_nonfinite_tensor(*model); !bad.empty())
-        detail::fail(ErrorKind::kDiverged, "{}", divergence::weights_message(bad, global_step_, writers));
-      last_checkpoint_ = writers;  // what the writer saved now: every rank's diagnosis names it
-    }
-    if (!ckpt_path.empty()) save_checkpoint(ckpt_path);
-  };
-
-  ScopedStopSignals signals(options_.handle_signals());
-  data::Loader& loader = task.train_loader();
-  const int64_t num_batches = loader.num_batches();
-  const int64_t k = setup.accumulate;
-  auto params = trainable_parameters(*model);
+  if (plan.device_lrs)
+    device_steps_ = std::make_unique<DeviceSteps>(*plan.fused, *optimizer_, schedule_.get(), state_.base_lrs,
+                                                  plan.device, state_.global_step, state_.skipped_steps);
+  prepare_checkpoints(plan.checkpoint_path);
+  f->watch.emplace(plan.graph ? divergence::DivergenceWatch::Record::kTensorOps
+                              : divergence::DivergenceWatch::Record::kAuto);
+  f->params = trainable_parameters(*f->model);
+  f->step =
+      std::make_unique<OptimizerStep>(plan, *optimizer_, grad_scaler_.get(), device_steps_.get(), f->params,
+                                      options_.clip_grad_norm(), [this](torch::optim::Optimizer& o) {
+                                        for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, o);
+                                      });
   // Every process must continue from the same point (a rank that found another
   // checkpoint, or none, would drift silently) with as many batches per epoch
   // (else the epoch-end sums would wait forever).
-  dist.check_same("resume position (epoch, step, skipped steps, batches per epoch)",
-                  fmt::format("{} {} {} {}", epoch_, global_step_, skipped_steps_, num_batches));
+  options_.distribution()->check_same("resume position (epoch, step, skipped steps, batches per epoch)",
+                                      fmt::format("{} {} {} {}", state_.epoch, state_.global_step,
+                                                  state_.skipped_steps, plan.batches_per_epoch));
+  return f;
+}
 
-  for (auto& cb : callbacks_) cb->on_fit_start(*this);
-  const auto phase = [this](StepPhase p) {
-    for (auto& cb : callbacks_) cb->on_step_phase(*this, p);
-  };
-  const auto backward = [&](const torch::Tensor& loss) {
-    if (grad_scaler_)
-      grad_scaler_->scale(loss).backward();
-    else
-      loss.backward();
-  };
-  // trainer.cuda_graph: one sync-free optimizer step on one batch, with the
-  // loop's device bookkeeping, as GraphStep captures it: device work only,
-  // nothing on the host that a replay would have to repeat.
-  const GraphStep::StepFn whole_step = [&](const data::Batch& b) {
-    const MicroBatch micro{0, 1};
-    for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
+void Trainer::make_graph(Fit& f, Task& task) {
+  if (const std::string why = task.cuda_graph_blocker(); !why.empty())
+    detail::fail(ErrorKind::kConfig,
+                 "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be captured: {}; or set "
+                 "trainer.cuda_graph=false",
+                 why);
+  // One sync-free optimizer step on one batch, with the loop's device
+  // bookkeeping, as GraphStep captures it: device work only, nothing on the
+  // host that a replay would have to repeat.
+  f.whole_step = [this, &f](const data::Batch& b) {
     StepResult r;
-    r.out = amp::run_with_precision(precision, device_type, [&] { return task.training_step(b); });
-    check_loss(r.out, "training_step");
-    for (auto& cb : callbacks_) cb->on_before_backward(*this, r.out, micro);
-    backward(r.out.loss);
-    if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
-    if (options_.clip_grad_norm() > 0) clip_grad_norm_(params, options_.clip_grad_norm());
-    for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
-    if (grad_scaler_) {
-      r.skip_flag = grad_scaler_->step_async(*optimizer_);
-      grad_scaler_->update();
-    } else {
-      optimizer_->step();
-    }
+    r.out = forward(f, b, MicroBatch{0, 1});
+    for (auto& cb : callbacks_) cb->on_before_backward(*this, r.out, MicroBatch{0, 1});
+    grad_scaler_ ? grad_scaler_->scale(r.out.loss).backward() : r.out.loss.backward();
+    r.skip_flag = (*f.step)().skip_flag;
     r.out.loss = r.out.loss.detach();
-    epoch_sums_.add_tensors(r.out, b.size());
-    if (device_steps_) device_steps_->advance(r.skip_flag);
-    if (patience > 0) watch.record(r.out.loss, global_step_ + 1);
+    state_.epoch_sums.add_tensors(r.out, b.size());
+    if (f.plan.patience > 0) f.watch->record(r.out.loss, state_.global_step + 1);
     return r;
   };
-  std::unique_ptr<GraphStep> graph;
-  if (graph_mode) {
-    if (const std::string why = task.cuda_graph_blocker(); !why.empty())
-      detail::fail(ErrorKind::kConfig,
-                   "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be "
-                   "captured: {}; or set trainer.cuda_graph=false",
-                   why);
-    int64_t state_tensors = 0;  // (the graph lives inside this fit: its hooks may hold references)
-    graph = std::make_unique<GraphStep>(
-        GraphStepOptions()
-            .warmup_steps(kCudaGraphWarmupSteps)
-            .emulated(emulated_graph)
-            .before_capture([this, fused, &state_tensors] {
-              check_callbacks_capturable();
-              fused->materialize_state();  // a state tensor made in the capture would restart at each replay
-              state_tensors = fused->state_tensor_count();
-            })
-            .after_capture([fused, &state_tensors] {
-              const int64_t made = fused->state_tensor_count() - state_tensors;
-              EMBER_CHECK(made == 0,
-                          "[train::Trainer] trainer.cuda_graph: the optimizer made {} state tensor(s) inside "
-                          "the captured step, which every replay would make again from zero; its "
-                          "materialize_state() must make all of its state",
-                          made);
-            })
-            .zero_grad([this] { optimizer_->zero_grad(/*set_to_none=*/true); }),
-        params);
+  FusedOptimizer* fused = f.plan.fused;
+  auto state_tensors = std::make_shared<int64_t>(0);  // (the graph lives inside this fit)
+  f.graph = std::make_unique<GraphStep>(
+      GraphStepOptions()
+          .warmup_steps(kCudaGraphWarmupSteps)
+          .emulated(f.plan.emulated_graph)
+          .before_capture([this, fused, state_tensors] {
+            check_callbacks_capturable();
+            fused->materialize_state();  // a state tensor made in the capture would restart at each replay
+            *state_tensors = fused->state_tensor_count();
+          })
+          .after_capture([fused, state_tensors] {
+            const int64_t made = fused->state_tensor_count() - *state_tensors;
+            EMBER_CHECK(
+                made == 0,
+                "[train::Trainer] trainer.cuda_graph: the optimizer made {} state tensor(s) inside the "
+                "captured step, which every replay would make again from zero; its "
+                "materialize_state() must make all of its state",
+                made);
+          })
+          .zero_grad([this] { optimizer_->zero_grad(/*set_to_none=*/true); }),
+      f.params);
+}
+
+void Trainer::begin_epoch(Fit& f) {
+  if (state_.batch == 0) state_.epoch_sums.clear();
+  for (auto& cb : callbacks_) cb->on_epoch_start(*this, state_.epoch);
+  f.epoch_start = Clock::now();
+  f.model->train();
+  if (!f.graph) optimizer_->zero_grad(/*set_to_none=*/true);  // (a graph keeps its gradients: GraphStep)
+  f.loader->start_epoch(state_.epoch, state_.batch);
+  f.step_loss = torch::Tensor();
+  f.step_samples = 0;
+}
+
+StepOutput Trainer::forward(Fit& f, const data::Batch& batch, const MicroBatch& micro) {
+  for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
+  StepOutput out = amp::run_with_precision(f.plan.precision, f.plan.device.type(),
+                                           [&] { return task_->training_step(batch); });
+  check_loss(out, "training_step");
+  return out;
+}
+
+std::optional<StepTaken> Trainer::eager_batch(Fit& f, const data::Batch& batch) {
+  const int64_t window_start = state_.batch - state_.batch % f.plan.accumulate;
+  const int64_t window = std::min(f.plan.accumulate, f.plan.batches_per_epoch - window_start);
+  const MicroBatch micro{state_.batch - window_start, window};
+  StepOutput out = forward(f, batch, micro);
+  phase(StepPhase::kBackward);
+  for (auto& cb : callbacks_) cb->on_before_backward(*this, out, micro);
+  // Without accumulation, no extra autograd node and division.
+  const torch::Tensor loss = window == 1 ? out.loss : out.loss / static_cast<double>(window);
+  grad_scaler_ ? grad_scaler_->scale(loss).backward() : loss.backward();
+  {
+    torch::NoGradGuard no_grad;
+    f.step_loss = f.step_loss.defined() ? f.step_loss + loss.detach() : loss.detach();
   }
-  const auto fit_start = Clock::now();
-  double val_seconds = 0.0;
-  if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) request_stop("max_steps reached");
+  state_.epoch_sums.add(out, batch.size());
+  f.step_samples += batch.size();
+  ++state_.batch;
+  if (state_.batch - window_start < window) return std::nullopt;  // accumulating
 
-  while (epoch_ < options_.epochs() && !stop_requested_) {
-    if (batch_ == 0) epoch_sums_.clear();
-    for (auto& cb : callbacks_) cb->on_epoch_start(*this, epoch_);
-    const auto epoch_start = Clock::now();
-    model->train();
-    if (!graph) optimizer_->zero_grad(/*set_to_none=*/true);  // (a graph keeps its gradients: GraphStep)
-    loader.start_epoch(epoch_, batch_);
-
-    torch::Tensor step_loss;  // sum of micro-batch losses weighted by their share
-    int64_t step_samples = 0;
-    while (batch_ < num_batches) {
-      const int64_t window_start = batch_ - batch_ % k;
-      const int64_t window = std::min(k, num_batches - window_start);
-      phase(StepPhase::kData);
-      std::optional<data::Batch> batch = loader.next();
-      EMBER_CHECK(batch.has_value(), "[train::Trainer] the loader ended after {} of {} batches", batch_,
-                  num_batches);
-      if (options_.channels_last()) input_channels_last(*batch);
-
-      phase(StepPhase::kForward);
-      const MicroBatch micro{batch_ - window_start, window};
-      const double lr = optimizer_->param_groups().front().options().get_lr();
-      bool stepped = true;
-      bool replayed = false;
-      if (graph) {  // the whole step with its bookkeeping, captured once and replayed (window == 1)
-        const StepResult r = graph->run(*batch, whole_step);
-        replayed = graph->last_was_replay();
-        step_loss = r.out.loss;  // the graph's: StepInfo's tensors are valid until the next step
-        epoch_sums_.samples += batch->size();
-        step_samples = batch->size();
-        ++batch_;
-        ++global_step_;
-        if (device_steps_) device_steps_->check_window(global_step_);
-      } else {
-        for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
-        StepOutput out =
-            amp::run_with_precision(precision, device_type, [&] { return task.training_step(*batch); });
-        check_loss(out, "training_step");
-        phase(StepPhase::kBackward);
-        for (auto& cb : callbacks_) cb->on_before_backward(*this, out, micro);
-        if (window == 1) {  // no accumulation: skip the extra autograd node and division
-          backward(out.loss);
-          step_loss = out.loss.detach();
-        } else {
-          backward(out.loss / static_cast<double>(window));
-          torch::NoGradGuard ng;
-          const torch::Tensor share = out.loss.detach() / static_cast<double>(window);
-          step_loss = step_loss.defined() ? step_loss + share : share;
-        }
-        epoch_sums_.add(out, batch->size());
-        step_samples += batch->size();
-        ++batch_;
-        if (batch_ - window_start < window) continue;  // accumulating
-
-        // Once per effective batch: unscale (inf/NaN check), clip, step or skip, update the scale.
-        phase(StepPhase::kOptimizer);
-        // The loss the divergence checks judge. Data-parallel: the mean over
-        // ranks (one scalar all-reduce), so that every rank sees a non-finite
-        // loss of any rank and reaches the same verdict at the same step.
-        torch::Tensor judged_loss = step_loss;
-        if (dist.world_size() > 1 && (patience > 0 || options_.detect_anomaly())) {
-          torch::Tensor sum = step_loss.detach().to(torch::kFloat32).reshape({1}).clone();
-          dist.all_reduce_sum(sum);
-          judged_loss = sum.div(static_cast<double>(dist.world_size())).reshape({});
-        }
-        if (options_.detect_anomaly()) check_step_anomaly(judged_loss);
-        if (grad_scaler_) grad_scaler_->unscale_(*optimizer_);
-        if (options_.clip_grad_norm() > 0) clip_grad_norm_(params, options_.clip_grad_norm());
-        for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, *optimizer_);
-        torch::Tensor skip_flag;  // sync-free: > 0 on the device when the step was skipped
-        if (grad_scaler_ && setup.sync_free) {
-          skip_flag = grad_scaler_->step_async(*optimizer_);  // decided on the device
-          grad_scaler_->update();
-        } else if (grad_scaler_) {
-          stepped = grad_scaler_->step(*optimizer_);  // the one host sync of an fp16-mixed step
-          grad_scaler_->update();
-        } else {
-          optimizer_->step();
-        }
-        optimizer_->zero_grad(/*set_to_none=*/true);
-        ++global_step_;
-        if (!stepped) ++skipped_steps_;
-        if (device_steps_) device_steps_->after_step(skip_flag, global_step_);
-        if (patience > 0) watch.record(judged_loss, global_step_);
-      }
-      if (global_step_ % read_every == 0 && (patience > 0 || device_steps_)) read_without_sync();
-      apply_schedule();
-      StepInfo info{
-          epoch_, global_step_, batch_, step_samples, lr, step_loss, !stepped, skipped_steps_,
-          // The scaler's own tensor (update() works in place at the next step); none when off.
-          grad_scaler_ && grad_scaler_->is_enabled() ? grad_scaler_->scale_tensor() : torch::Tensor(),
-          replayed};
-      result.samples += step_samples;
-      step_loss = torch::Tensor();
-      step_samples = 0;
-      phase(StepPhase::kCallbacks);
-      for (auto& cb : callbacks_) cb->on_step_end(*this, info);
-      if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps())
-        request_stop("max_steps reached");
-      if (g_stop_signal != 0) {
-        result.interrupted = true;
-        request_stop(g_stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
-      }
-      if (stop_requested_ && batch_ < num_batches) break;
-    }
-    const bool epoch_done = batch_ >= num_batches;
-    if (!epoch_done) {  // stopped mid-epoch: save the exact position
-      check_divergence();
-      checkpoint_now();
-      break;
-    }
-    check_divergence();
-    if (dist.world_size() > 1) reduce_across_processes(epoch_sums_);
-    const EvalResult train_result = epoch_sums_.result(seconds_since(epoch_start));
-    result.last_train = train_result;
-    for (auto& cb : callbacks_) cb->on_epoch_end(*this, epoch_, train_result);
-
-    const int64_t finished = epoch_;
-    ++epoch_;
-    batch_ = 0;
-    epoch_sums_.clear();
-    if (options_.val_every() > 0 && task.val_loader() && (finished + 1) % options_.val_every() == 0) {
-      const auto v0 = Clock::now();
-      result.last_val = evaluate(task, *task.val_loader());
-      val_seconds += seconds_since(v0);
-      for (auto& cb : callbacks_) cb->on_validation_end(*this, finished, result.last_val);
-    }
-    // Data-parallel: a stop requested on any rank at the epoch's end (early
-    // stopping) stops every rank, so none is left waiting in a collective.
-    if (dist.any(stop_requested_) && !stop_requested_) request_stop("stopped by another rank");
-    const bool last = epoch_ >= options_.epochs() || stop_requested_;
-    if ((options_.checkpoint_every() > 0 && epoch_ % options_.checkpoint_every() == 0) || last)
-      checkpoint_now();
+  phase(StepPhase::kOptimizer);
+  // The loss the divergence checks judge. Data-parallel: the mean over ranks
+  // (one scalar all-reduce), so that every rank sees a non-finite loss of any
+  // rank and reaches the same verdict at the same step.
+  torch::Tensor judged = f.step_loss;
+  if (f.plan.judge_across_ranks) {
+    Distribution& dist = *options_.distribution();
+    torch::Tensor sum = f.step_loss.detach().to(torch::kFloat32).reshape({1}).clone();
+    dist.all_reduce_sum(sum);
+    judged = sum.div(static_cast<double>(dist.world_size())).reshape({});
   }
+  if (options_.detect_anomaly()) check_step_anomaly(f, judged);
+  const StepTaken taken = (*f.step)();
+  optimizer_->zero_grad(/*set_to_none=*/true);
+  ++state_.global_step;
+  if (!taken.stepped) ++state_.skipped_steps;
+  if (device_steps_) device_steps_->check_window(state_.global_step);
+  if (f.plan.patience > 0) f.watch->record(judged, state_.global_step);
+  return taken;
+}
 
-  if (device_steps_) skipped_steps_ = device_steps_->read_skipped(global_step_);
-  result.train_seconds = seconds_since(fit_start) - val_seconds;
-  result.epochs_completed = epoch_;
-  result.steps = global_step_;
-  result.skipped_steps = skipped_steps_;
+StepTaken Trainer::graph_batch(Fit& f, const data::Batch& batch) {
+  // The whole step with its bookkeeping, captured once and replayed (no accumulation).
+  const StepResult r = f.graph->run(batch, f.whole_step);
+  f.replayed = f.graph->last_was_replay();
+  f.step_loss = r.out.loss;  // the graph's: StepInfo's tensors are valid until the next step
+  state_.epoch_sums.samples += batch.size();
+  f.step_samples = batch.size();
+  ++state_.batch;
+  ++state_.global_step;
+  if (device_steps_) device_steps_->check_window(state_.global_step);
+  StepTaken taken;
+  taken.skip_flag = r.skip_flag;
+  return taken;
+}
+
+void Trainer::end_step(Fit& f, const StepTaken& taken) {
+  if (state_.global_step % f.plan.read_every == 0 && (f.plan.patience > 0 || device_steps_))
+    read_without_sync(f);
+  apply_schedule();
+  StepInfo info;
+  info.epoch = state_.epoch;
+  info.step = state_.global_step;
+  info.batch = state_.batch;
+  info.samples = f.step_samples;
+  info.lr = f.lr;
+  info.loss = f.step_loss;
+  info.skipped = !taken.stepped;
+  info.skipped_steps = state_.skipped_steps;
+  // The scaler's own tensor (update() works in place at the next step); none when off.
+  if (grad_scaler_ && grad_scaler_->is_enabled()) info.loss_scale = grad_scaler_->scale_tensor();
+  info.graph_replay = f.graph && f.replayed;
+  f.result.samples += f.step_samples;
+  f.step_loss = torch::Tensor();
+  f.step_samples = 0;
+  phase(StepPhase::kCallbacks);
+  for (auto& cb : callbacks_) cb->on_step_end(*this, info);
+  if (options_.max_steps() >= 0 && state_.global_step >= options_.max_steps())
+    stop(StopCause::kMaxSteps, "max_steps reached");
+  if (const std::atomic<int>* token = options_.stop_signal()) {
+    if (const int sig = token->load(std::memory_order_relaxed); sig != 0)
+      stop(StopCause::kSignal, sig == SIGINT    ? "interrupted (SIGINT)"
+                               : sig == SIGTERM ? "terminated (SIGTERM)"
+                                                : fmt::format("stopped by signal {}", sig));
+  }
+}
+
+void Trainer::end_epoch(Fit& f, Task& task) {
+  check_divergence(f);
+  Distribution& dist = *options_.distribution();
+  if (dist.world_size() > 1) reduce_across_processes(state_.epoch_sums);
+  f.result.last_train = state_.epoch_sums.result(seconds_since(f.epoch_start));
+  for (auto& cb : callbacks_) cb->on_epoch_end(*this, state_.epoch, f.result.last_train);
+
+  const int64_t finished = state_.epoch;
+  ++state_.epoch;
+  state_.batch = 0;
+  state_.epoch_sums.clear();
+  if (options_.val_every() > 0 && task.val_loader() && (finished + 1) % options_.val_every() == 0) {
+    const auto v0 = Clock::now();
+    f.result.last_val = evaluate(task, *task.val_loader());
+    f.val_seconds += seconds_since(v0);
+    for (auto& cb : callbacks_) cb->on_validation_end(*this, finished, f.result.last_val);
+  }
+  // Data-parallel: a stop requested on any rank at the epoch's end (early
+  // stopping) stops every rank, so none is left waiting in a collective.
+  if (dist.any(stop_requested_) && !stop_requested_) stop(StopCause::kOtherRank, "stopped by another rank");
+  const bool last = state_.epoch >= options_.epochs() || stop_requested_;
+  if ((options_.checkpoint_every() > 0 && state_.epoch % options_.checkpoint_every() == 0) || last)
+    checkpoint_now(f);
+}
+
+FitResult Trainer::end_fit(Fit& f) {
+  if (device_steps_) state_.skipped_steps = device_steps_->read_skipped(state_.global_step);
+  FitResult& result = f.result;
+  result.train_seconds = seconds_since(f.start) - f.val_seconds;
+  result.epochs_completed = state_.epoch;
+  result.steps = state_.global_step;
+  result.skipped_steps = state_.skipped_steps;
   result.stopped_early = stop_requested_;
+  result.stop_cause = stop_cause_;
   result.stop_reason = stop_reason_;
-  if (graph) {
-    result.graph_replays = graph->replays();
-    result.graph_pool_bytes = graph->pool_bytes();
+  if (f.graph) {
+    result.graph_replays = f.graph->replays();
+    result.graph_pool_bytes = f.graph->pool_bytes();
   }
   for (auto& cb : callbacks_) cb->on_fit_end(*this);
   task_ = nullptr;
   grad_scaler_.reset();
   if (device_steps_) {  // the optimizer goes back to its groups' learning rates
-    fused->lr_tensors().clear();
+    f.plan.fused->lr_tensors().clear();
     device_steps_.reset();
   }
   return result;
+}
+
+void Trainer::check_divergence(Fit& f) {  // exact, with a sync: epoch ends, stops and checkpoints
+  if (device_steps_) state_.skipped_steps = device_steps_->read_skipped(state_.global_step);
+  if (f.plan.patience > 0) fail_if_diverged(f.watch->read(), f.plan.patience, state_.epoch, last_checkpoint_);
+}
+
+void Trainer::read_without_sync(
+    Fit& f) {  // what the last request brought (if it arrived), then a new request
+  if (f.plan.patience > 0) {
+    // Data-parallel: each rank waits for the request made read_every steps
+    // ago (done by now) rather than polling, so that every rank judges the
+    // same records at the same step and all stop together (exit 3 each).
+    const auto st = options_.distribution()->world_size() > 1 ? f.watch->wait_read() : f.watch->poll_read();
+    if (st) fail_if_diverged(*st, f.plan.patience, state_.epoch, last_checkpoint_);
+    f.watch->request_read();
+  }
+  if (device_steps_) {
+    if (const auto skipped = device_steps_->poll_read()) state_.skipped_steps = *skipped;
+    device_steps_->request_read(state_.global_step);
+  }
+}
+
+// trainer.detect_anomaly: before the optimizer step, the loss and (without
+// loss scaling, whose infinite gradients are routine) every gradient.
+void Trainer::check_step_anomaly(Fit& f, const torch::Tensor& loss) {
+  const double l = loss.item<double>();
+  const std::string grads = grad_scaler_ ? "" : divergence::nonfinite_gradients(*f.model);
+  if (std::isfinite(l) && grads.empty()) return;
+  detail::fail(
+      ErrorKind::kDiverged,
+      "[train::Trainer] trainer.detect_anomaly: at step {} (epoch {}, batch {}) the loss is {}{}; the "
+      "step was not applied{}",
+      state_.global_step + 1, state_.epoch + 1, state_.batch, l,
+      grads.empty() ? std::string() : fmt::format(" and the gradients of {} are not finite", grads),
+      divergence::advice());
+}
+
+void Trainer::checkpoint_now(Fit& f) {  // after check_divergence(): the loss is read once per save
+  // The writer refuses to save non-finite weights (kDiverged). The replicas
+  // of a data-parallel run are identical: every rank checks and stops with it.
+  const Distribution& dist = *options_.distribution();
+  if (f.plan.checkpoint_path.empty() && dist.world_size() > 1 && !options_.run_dir().empty()) {
+    const std::string writers = options_.run_dir() + "/checkpoints/last.pt";
+    if (const std::string bad = divergence::first_nonfinite_tensor(*f.model); !bad.empty())
+      detail::fail(ErrorKind::kDiverged, "{}", divergence::weights_message(bad, state_.global_step, writers));
+    last_checkpoint_ = writers;  // what the writer saved now: every rank's diagnosis names it
+  }
+  if (!f.plan.checkpoint_path.empty()) save_checkpoint(f.plan.checkpoint_path);
 }
 
 EvalResult Trainer::evaluate(Task& task, data::Loader& loader) {

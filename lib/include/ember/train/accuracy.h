@@ -11,10 +11,12 @@ namespace ember::train {
 /// targets: [N] integer class indices. Ties pick the lowest index and NaN
 /// counts as the maximum, as torch::argmax does. CUDA tensors run a fused
 /// kernel (one warp per row, no [N] intermediate); CPU tensors run the
-/// reference (argmax, eq, sum).
+/// reference. The Trainer counts with it on every device.
 torch::Tensor count_correct(const torch::Tensor& logits, const torch::Tensor& targets);
 
-/// The CPU reference of count_correct, on any device (used as test oracle).
+/// The reference of count_correct: a loop on the host over each row (any
+/// device: the tensors are copied to the CPU, the count returned on theirs).
+/// The CPU path of count_correct and the CUDA kernel's test oracle.
 torch::Tensor count_correct_reference(const torch::Tensor& logits, const torch::Tensor& targets);
 
 }  // namespace ember::train

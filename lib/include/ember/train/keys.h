@@ -6,7 +6,7 @@
 //   ember::core::Config config;
 //   ember::train::declare_trainer_keys(config);            // or with a recipe's own defaults
 //   config.set_override("trainer.epochs=5");
-//   auto options = ember::train::trainer_options_from_config(config, loader.num_batches());
+//   auto options = ember::train::trainer_options_from_config(config);
 
 #include <cstdint>
 #include <optional>
@@ -24,17 +24,11 @@ namespace ember::train {
 void declare_trainer_keys(core::Config& config, const TrainerOptions& defaults = TrainerOptions(),
                           const std::optional<EarlyStoppingOptions>& early_stopping = std::nullopt);
 
-/// TrainerOptions from those keys (bad values are config errors).
-/// `steps_per_epoch` (optimizer steps) turns the epoch-based sched.* lengths
-/// into steps. run_dir, schedule-independent runner settings (signals,
-/// distribution) are left at their defaults for the caller.
-TrainerOptions trainer_options_from_config(const core::Config& config, int64_t steps_per_epoch);
-/// Optimizer steps per epoch of training `task`: its training loader's
-/// batches over trainer.accumulate_grad_batches, rounded up (a last, shorter
-/// window is a step too), as Trainer::fit steps.
-int64_t steps_per_epoch(const core::Config& config, Task& task);
-/// trainer_options_from_config with the steps per epoch of `task`.
-TrainerOptions trainer_options_for_task(const core::Config& config, Task& task);
+/// TrainerOptions from those keys (bad values are config errors). The sched.*
+/// lengths stay in epochs (TrainerOptions::epoch_schedule): fit turns them into
+/// steps. run_dir and the runner's settings (stop signal, distribution) are
+/// left at their defaults for the caller.
+TrainerOptions trainer_options_from_config(const core::Config& config);
 
 /// The early-stopping options, or nullopt when early_stop.patience is 0.
 std::optional<EarlyStoppingOptions> early_stopping_options_from_config(const core::Config& config);

@@ -101,8 +101,8 @@ enum class ScheduleKind { kConstant, kStep, kCosine, kOneCycle };
 ScheduleKind parse_schedule_kind(const std::string& name);
 const char* to_string(ScheduleKind kind);
 
-/// A schedule and its settings (the sched.* config keys). Lengths are in
-/// optimizer steps; trainer_options_from_config converts epochs to steps.
+/// A schedule and its settings, lengths in optimizer steps (the sched.* config
+/// keys give them in epochs: EpochScheduleOptions).
 struct ScheduleOptions {
   TORCH_ARG(ScheduleKind, kind) = ScheduleKind::kConstant;
   /// Linear warm-up steps before the schedule (0 = none).
@@ -127,5 +127,23 @@ struct ScheduleOptions {
 
 /// The schedule `options` describe.
 std::shared_ptr<Schedule> make_schedule(const ScheduleOptions& options);
+
+/// A schedule with its lengths in epochs (the sched.* config keys), for
+/// TrainerOptions::epoch_schedule: Trainer::fit turns it into steps once it
+/// knows the optimizer steps per epoch (the loader's batches over the
+/// accumulation) and the run's length.
+struct EpochScheduleOptions {
+  /// In steps: the warm-up and step lengths rounded to whole steps (a step
+  /// length at least 1); cosine and onecycle span the run's `run_steps` less
+  /// the warm-up (at least 2).
+  ScheduleOptions in_steps(int64_t steps_per_epoch, int64_t run_steps) const;
+  /// Kind, warm-up start factor, gamma, min_factor and the onecycle factors;
+  /// its lengths in steps are set by in_steps().
+  TORCH_ARG(ScheduleOptions, shape);
+  /// Linear warm-up, in epochs (fractions allowed).
+  TORCH_ARG(double, warmup_epochs) = 0.0;
+  /// step: epochs between decays.
+  TORCH_ARG(double, step_epochs) = 1.0;
+};
 
 }  // namespace ember::train

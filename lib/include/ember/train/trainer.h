@@ -22,6 +22,10 @@
 
 namespace ember::train {
 class DeviceSteps;
+struct StepTaken;
+
+/// TrainerOptions::stop_signal: a flag a signal handler sets (0 = go on).
+using StopToken = const std::atomic<int>*;
 
 struct TrainerOptions {
   /// Passes over the training data.
@@ -41,8 +45,9 @@ struct TrainerOptions {
   /// Run folder (checkpoints/); "" = write nothing.
   TORCH_ARG(std::string, run_dir);
   /// "" = start fresh; "auto" = <run_dir>/checkpoints/last.pt if present (a note on stderr when it is
-  /// not: the run starts fresh); else a checkpoint path, which must exist. FitResult::resumed_from and
-  /// resumed_at_step say what was loaded.
+  /// not: the run starts fresh); else a checkpoint file, or a run folder (or its checkpoints/ folder)
+  /// whose last.pt is used; it must exist. FitResult::resumed_from and resumed_at_step say what was
+  /// loaded.
   TORCH_ARG(std::string, resume);
   /// Validate every N epochs (0 = never).
   TORCH_ARG(int64_t, val_every) = 1;
@@ -61,11 +66,13 @@ struct TrainerOptions {
   /// (one sync per step); the first non-finite one stops the run before the
   /// optimizer step, naming the parameters whose gradients went non-finite.
   TORCH_ARG(bool, detect_anomaly) = false;
-  /// Stop cleanly, after saving a checkpoint, on SIGINT/SIGTERM: fit() installs
-  /// handlers for its duration and restores the previous ones. Off by default,
-  /// as a library should leave a program's signals alone; the recipe runner
-  /// turns it on for one-process runs.
-  TORCH_ARG(bool, handle_signals) = false;
+  /// A stop token: when the value turns non-zero (the program's own SIGINT or
+  /// SIGTERM handler stores the signal's number), fit stops at the next step
+  /// boundary after saving a checkpoint, with StopCause::kSignal. nullptr =
+  /// none. The library installs no signal handler: the program decides (the
+  /// recipe runner sets one for its runs). Must outlive fit; std::atomic<int>
+  /// is lock-free, so a handler may store to it.
+  TORCH_ARG(StopToken, stop_signal) = nullptr;
   /// Used when the Task does not build its own optimizer.
   TORCH_ARG(OptimizerOptions, optimizer);
   /// Sync-free optimizer steps: no step waits for the GPU. fp16-mixed's skip
@@ -102,8 +109,11 @@ struct TrainerOptions {
   /// logic (warm-up, state made before capture, gradients, bookkeeping in the
   /// step, ops outside the graph) runs without a GPU. Not a speed-up.
   TORCH_ARG(bool, emulate_cuda_graph) = false;
-  /// Learning-rate schedule over optimizer steps; nullptr = constant.
+  /// Learning-rate schedule over optimizer steps; nullptr = constant (or epoch_schedule).
   TORCH_ARG(std::shared_ptr<Schedule>, schedule);
+  /// A schedule in epochs (the sched.* keys), resolved by fit into steps from
+  /// the loader's batches and accumulate_grad_batches; give it or `schedule`, not both.
+  TORCH_ARG(std::optional<EpochScheduleOptions>, epoch_schedule);
   /// The other processes of a data-parallel run (sums of the epoch metrics,
   /// the writing rank, agreement on stops and the resume position); the
   /// default is one process.
@@ -127,6 +137,27 @@ struct PassSums {
   EvalResult result(double seconds) const;
 };
 
+/// Where a fit is and what it has summed: what a checkpoint holds besides the
+/// model, the optimizer, the loss scaler and the callbacks' states
+/// (train/checkpoint.cpp writes and reads it).
+struct FitState {
+  int64_t epoch = 0;  ///< the next batch to run is (epoch, batch)
+  int64_t batch = 0;
+  int64_t global_step = 0;       ///< optimizer steps done, skipped ones included
+  int64_t skipped_steps = 0;     ///< the schedule advances by global_step - skipped_steps
+  PassSums epoch_sums;           ///< the current epoch's training sums (a resumed epoch reports the same)
+  std::vector<double> base_lrs;  ///< the schedule's base rate of each parameter group
+};
+
+/// Why a fit stopped before its last epoch (FitResult::stop_cause).
+enum class StopCause {
+  kNone,       ///< it ran every epoch
+  kMaxSteps,   ///< TrainerOptions::max_steps was reached
+  kRequest,    ///< Trainer::request_stop (early stopping, a finder, a callback)
+  kSignal,     ///< TrainerOptions::stop_signal turned non-zero (a checkpoint was saved)
+  kOtherRank,  ///< data-parallel: another rank stopped at the epoch's end
+};
+
 struct FitResult {
   int64_t epochs_completed = 0;  ///< whole epochs done (including any before a resume)
   int64_t steps = 0;             ///< optimizer steps done, skipped ones included (also before a resume)
@@ -135,9 +166,9 @@ struct FitResult {
   std::string resumed_from;      ///< the checkpoint this fit resumed from ("" = a fresh run)
   int64_t resumed_at_step = -1;  ///< the optimizer step that checkpoint was at (-1 = a fresh run)
   double train_seconds = 0.0;    ///< wall time in the training loop of this process (no validation)
-  bool stopped_early = false;    ///< a stop was requested (early stopping, signal, max_steps)
-  bool interrupted = false;      ///< stopped by SIGINT/SIGTERM (a checkpoint was saved)
-  std::string stop_reason;
+  bool stopped_early = false;    ///< stop_cause is not kNone
+  StopCause stop_cause = StopCause::kNone;
+  std::string stop_reason;  ///< in words, for people ("" = kNone)
   EvalResult last_train;
   EvalResult last_val;
   int64_t graph_replays = 0;     ///< trainer.cuda_graph: steps run as replays of the graph
@@ -173,12 +204,14 @@ class Trainer {
   void save_checkpoint(const std::string& path);
 
   const TrainerOptions& options() const { return options_; }
-  int64_t epoch() const { return epoch_; }
-  int64_t global_step() const { return global_step_; }
+  /// Where the current (or last) fit is: position, counters, the epoch's sums, base rates.
+  const FitState& state() const { return state_; }
+  int64_t epoch() const { return state_.epoch; }
+  int64_t global_step() const { return state_.global_step; }
   /// Optimizer steps skipped by the GradScaler so far (inf/NaN gradients).
   /// Exact at epoch ends, checkpoints and after fit; during an epoch with
   /// sync-free steps, as of the host's last read of the device.
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t skipped_steps() const { return state_.skipped_steps; }
   /// The loss scaler of the current fit (fp16-mixed only; nullptr otherwise).
   amp::GradScaler* grad_scaler() { return grad_scaler_.get(); }
   /// The optimizer of the current fit (nullptr outside fit).
@@ -189,42 +222,50 @@ class Trainer {
   const std::string& last_checkpoint() const { return last_checkpoint_; }
 
  private:
+  // One fit's plan, optimizer step, divergence watch, graph and progress
+  // (train/trainer.cpp); fit() runs the loop over it.
+  struct Fit;
+  std::unique_ptr<Fit> begin_fit(Task& task);
+  void make_graph(Fit& f, Task& task);
+  void begin_epoch(Fit& f);
+  StepOutput forward(Fit& f, const data::Batch& batch, const MicroBatch& micro);
+  std::optional<StepTaken> eager_batch(Fit& f, const data::Batch& batch);
+  StepTaken graph_batch(Fit& f, const data::Batch& batch);
+  void end_step(Fit& f, const StepTaken& taken);
+  void end_epoch(Fit& f, Task& task);
+  FitResult end_fit(Fit& f);
+  void read_without_sync(Fit& f);
+  void check_divergence(Fit& f);
+  void check_step_anomaly(Fit& f, const torch::Tensor& loss);
+  void checkpoint_now(Fit& f);
+  void stop(StopCause cause, const std::string& reason);
+  void apply_schedule();
+  void reduce_across_processes(PassSums& sums) const;
+  void check_callbacks_capturable() const;
+  void phase(StepPhase p);
+
   // Checkpoint I/O (train/checkpoint.cpp). find_resume_checkpoint: the
   // verified checkpoint options().resume names ("" = none), parsed into
   // `root`; a latest file it passed over for the previous one is kept in
-  // damaged_latest_, which move_damaged_checkpoint_aside renames when it is
-  // the file this run saves to (the writer, before its first save).
+  // damaged_latest_, which prepare_checkpoints renames when it is the file
+  // this run saves to (the writer, before its first save).
+  void resume(FitResult& result);
   std::string find_resume_checkpoint(torch::serialize::InputArchive& root);
   void load_checkpoint(const std::string& path, torch::serialize::InputArchive& root);
-  void move_damaged_checkpoint_aside(const std::string& ckpt_path);
-  // A config error unless the optimizer archive `optim` is of this run's
-  // optimizer kind, group count, parameter count and shapes.
-  void check_optimizer_state_fits(const std::string& path, torch::serialize::InputArchive& optim,
-                                  torch::serialize::InputArchive& trainer_state) const;
-  void apply_schedule();
-  void reduce_across_processes(PassSums& sums) const;
-  // trainer.cuda_graph: what the graph needs, checked before the first step and before capture.
-  struct FitSetup;  // what fit() resolved before its first step (trainer.cpp)
-  void check_cuda_graph_options(const FitSetup& setup) const;
-  void check_callbacks_capturable() const;
+  void load_callback_states(const std::string& path, torch::serialize::InputArchive& callbacks);
+  void prepare_checkpoints(const std::string& ckpt_path);
 
   TrainerOptions options_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   Task* task_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<amp::GradScaler> grad_scaler_;
-  std::vector<double> base_lrs_;
+  std::shared_ptr<Schedule> schedule_;  // the fit plan's, in steps
   // Sync-free steps: the skipped count and learning rates on the device (train/device_steps.h).
   std::unique_ptr<DeviceSteps> device_steps_;
+  FitState state_;
 
-  // Loop position: the next batch to run is (epoch_, batch_).
-  int64_t epoch_ = 0;
-  int64_t batch_ = 0;
-  int64_t global_step_ = 0;
-  int64_t skipped_steps_ = 0;  // the schedule advances by global_step_ - skipped_steps_
-  // Training sums of the current epoch (checkpointed, so a resumed epoch reports the same).
-  PassSums epoch_sums_;
-
+  StopCause stop_cause_ = StopCause::kNone;
   std::string stop_reason_;
   std::atomic<bool> stop_requested_{false};
   std::string last_checkpoint_;
