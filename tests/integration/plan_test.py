@@ -208,7 +208,7 @@ def main():
     run([sys.executable, a.lr_plot, a.work / "lr.json", "--out", a.work / "lr.png"])
     check((a.work / "lr.png").stat().st_size > 10000, "no plot")
     # The rules are stated where users look (no build needed for --help).
-    ember = pathlib.Path(a.plan).resolve().parent / "ember"
+    ember = HERE.parent.parent / "tools" / "ember"  # the driver, beside tools/plan/
     helps = {tool: run(["bash", ember, tool, "--help"]).stdout for tool in ("lr-find", "bs-find")}
     check("falls fastest against log10(lr)" in helps["lr-find"] and "valley" in helps["lr-find"], helps["lr-find"])
     check("bisection" in helps["bs-find"] and "bs_find.margin" in helps["bs-find"], helps["bs-find"])

@@ -229,6 +229,21 @@ TEST(LrFinder, RunsOnACudaGraphConfig) {
   EXPECT_GT(r.suggested_lr, 0);
 }
 
+// A recipe's options carry the sched.* schedule in epochs: the sweep replaces it.
+TEST(LrFinder, ReplacesTheConfiguredEpochSchedule) {
+  test_util::BlobTask task({});
+  const train::LrFinderResult r =
+      train::find_lr(task,
+                     train::TrainerOptions()
+                         .optimizer(train::OptimizerOptions(0.1))
+                         .epoch_schedule(train::EpochScheduleOptions().shape(
+                             train::ScheduleOptions().kind(train::ScheduleKind::kCosine))),
+                     train::LrFinderOptions().min_lr(1e-4).max_lr(1e-2).steps(12));
+  ASSERT_EQ(r.lrs.size(), 12u);
+  EXPECT_DOUBLE_EQ(r.lrs.front(), 1e-4);
+  EXPECT_NEAR(r.lrs.back(), 1e-2, 1e-12);  // the sweep's last rate, not a cosine's
+}
+
 TEST(LrFinderCuda, RunsOnACudaGraphConfig) {
   EMBER_REQUIRE_CUDA();
   test_util::BlobTask::Options o;

@@ -161,6 +161,7 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
                      "[train::find_lr] the optimizer's learning rate must be > 0, got {}", first_base);
   }
   options.schedule(std::make_shared<ExponentialSweep>(f, first_base))
+      .epoch_schedule(std::nullopt)  // (the config's schedule gives way to the sweep)
       .run_dir("")
       .resume("")
       .epochs(std::numeric_limits<int32_t>::max())
