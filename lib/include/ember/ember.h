@@ -28,6 +28,7 @@
 #include "ember/models/char_gpt.h"
 #include "ember/models/cifar_resnet.h"
 #include "ember/models/fashion_net.h"
+#include "ember/models/keys.h"
 #include "ember/monitor/keys.h"
 #include "ember/monitor/monitor.h"
 #include "ember/monitor/nvml.h"
