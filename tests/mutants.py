@@ -89,6 +89,12 @@ MUTANTS = (
            ("char_gpt", "cifar_resnet", "fashion_mnist", "image_folder"),
            r"integration\.(char_gpt|cifar_resnet|fashion_mnist|image_folder)_subset",
            "a recipe prints its error message, then aborts (SIGABRT) instead of exiting 1"),
+    Mutant("record_drops_world_size", "lib/src/recipe/run_folder.cpp",
+           "  record.set_override(\"dist.world_size=\" + std::to_string(context.world_size()));\n",
+           "  (void)context.world_size();\n",
+           ("ember_tests",), r"RunFolder\.|RunContextTest\.",
+           "config.toml records the config's dist.world_size, not the launcher's: a resume on another number "
+           "of processes is not refused"),
     Mutant("scaler_never_backs_off", "lib/src/amp/grad_scaler.cpp",
            "                         options_.backoff_factor(), options_.growth_interval());",
            "                         /*backoff_factor=*/1.0, options_.growth_interval());",

@@ -22,7 +22,7 @@ using models::SampleOptions;
 
 class CharGptTask : public train::Task {
  public:
-  CharGptTask(const core::Config& c, torch::Device device) : block_(c.get_int("data.block_size")) {
+  CharGptTask(const core::Config& c, const recipe::RunContext& ctx) : block_(c.get_int("data.block_size")) {
     const std::string path = c.get_string("data.path");
     int64_t stride = c.get_int("data.stride");
     if (stride == 0) stride = block_;
@@ -51,27 +51,16 @@ class CharGptTask : public train::Task {
                               path, n, block_, stride, val_fraction, min_train,
                               val_fraction > 0 ? fmt::format(" and {} to validate on", block_ + 1) : ""));
 
-    CharGptOptions mo;
-    mo.block_size(block_)
-        .n_layer(c.get_int("model.n_layer"))
-        .n_head(c.get_int("model.n_head"))
-        .n_embd(c.get_int("model.n_embd"))
-        .dropout(c.get_float("model.dropout"));
-    if (mo.n_layer() < 1 || mo.n_head() < 1 || mo.n_embd() % std::max<int64_t>(mo.n_head(), 1) != 0)
-      throw Error(ErrorKind::kConfig,
-                  fmt::format("[char_gpt] model.n_layer={} and model.n_head={} must be >= 1, and "
-                              "model.n_embd={} a multiple of n_head",
-                              mo.n_layer(), mo.n_head(), mo.n_embd()));
-    net_ = CharGpt(mo);
-    net_->to(device);
+    net_ = CharGpt(models::char_gpt_options_from_config(c).block_size(block_));
+    net_->to(ctx.device());
 
     auto opts = data::TensorLoaderOptions()
-                    .batch_size(c.get_int("data.batch_size"))
-                    .seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
+                    .batch_size(recipe::train_batch_size(c, ctx))
+                    .seed(ctx.seed())
                     .prefetch(c.get_int("data.prefetch"))
-                    .device(device)
-                    .num_replicas(c.get_int("dist.world_size"))  // data-parallel: this rank's shard
-                    .rank(c.get_int("dist.rank"));
+                    .device(ctx.device())
+                    .num_replicas(ctx.world_size())  // data-parallel: this rank's shard
+                    .rank(ctx.rank());
     auto eval_opts = opts;  // every rank validates on all windows
     eval_opts.batch_size(c.get_int("data.eval_batch_size")).shuffle(false).num_replicas(1).rank(0);
     train_ = std::make_unique<data::TensorLoader>(
@@ -111,8 +100,8 @@ class CharGptTask : public train::Task {
 };
 
 /// After training: validation bits per byte, tokens/s, MFU, and a text sample.
-void finish(train::Task& task, const core::Config& c, const train::FitResult& fit,
-            recipe::RunSummary& summary) {
+void finish(train::Task& task, const core::Config& c, const recipe::RunContext& ctx,
+            const train::FitResult& fit, recipe::RunSummary& summary) {
   auto& t = dynamic_cast<CharGptTask&>(task);
   CharGpt& net = t.net();
   const torch::Device device = net->wte->weight.device();
@@ -125,8 +114,7 @@ void finish(train::Task& task, const core::Config& c, const train::FitResult& fi
       val.samples > 0 && !fit.stopped_early && val_every > 0 && fit.epochs_completed % val_every == 0;
   if (t.val_loader() && !current) {
     // Evaluate as training did (autocast for *-mixed).
-    train::Trainer evaluator{
-        train::TrainerOptions().precision(amp::parse_precision(c.get_string("trainer.precision")))};
+    train::Trainer evaluator{train::TrainerOptions().precision(ctx.precision())};
     val = evaluator.evaluate(task, *t.val_loader());
   }
   if (val.samples > 0) {
@@ -142,8 +130,7 @@ void finish(train::Task& task, const core::Config& c, const train::FitResult& fi
   // The Monitor's peak (datasheet on a GPU, a measured matmul on the CPU, or mfu.peak_tflops).
   const auto peak = summary.monitor.find("peak_flops");
   if (peak != summary.monitor.end() && fit.samples > 0) {
-    const std::string math =
-        core::to_string(amp::math_type(amp::parse_precision(c.get_string("trainer.precision"))));
+    const std::string math = core::to_string(amp::math_type(ctx.precision()));
     summary.extra["mfu"] = flops_per_token * tokens_per_second / peak->second;
     std::cerr << fmt::format(
         "char_gpt: {:.3g} FLOPs/token x {:.0f} tokens/s = {:.3g} TFLOP/s of {:.3g} peak ({})\n",
@@ -153,20 +140,16 @@ void finish(train::Task& task, const core::Config& c, const train::FitResult& fi
                                            : "datasheet " + math);
   }
 
-  SampleOptions so;
-  so.length(c.get_int("sample.length"))
-      .temperature(c.get_float("sample.temperature"))
-      .top_k(c.get_int("sample.top_k"));
+  const SampleOptions so = models::sample_options_from_config(c);
   const std::string prompt = c.get_string("sample.prompt");
   if (so.length() > 0) {
-    const torch::Generator gen =
-        at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.get_int("trainer.seed")));
+    const torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed());
     const std::string text = prompt + net->generate(prompt, so, gen);
     std::cout << fmt::format(
                      "--- char_gpt sample ({} bytes after the prompt, temperature {}, top_k {}) ---\n",
                      so.length(), so.temperature(), so.top_k())
               << text << (text.empty() || text.back() != '\n' ? "\n" : "") << "--- end of sample ---\n";
-    train::write_file_atomic(c.get_string("run.dir") + "/sample.txt", text);
+    train::write_file_atomic(ctx.run_dir() + "/sample.txt", text);
   }
 }
 
@@ -179,7 +162,8 @@ int main(int argc, char** argv) {
   spec.declare = [](core::Config& c) {
     c.declare("data.path", "/usr/share/games/fortunes",
               "a text file, or a folder whose regular files without an extension are concatenated by name");
-    c.declare("data.block_size", 128, "context length in bytes (T)", core::Bounds::between(1, 1 << 16));
+    c.declare("data.block_size", CharGptOptions().block_size(), "context length in bytes (T)",
+              core::Bounds::between(1, 1 << 16));
     c.declare("data.stride", 0, "bytes between the starts of training windows (0 = block_size)",
               core::Bounds::between(0, 1 << 30));
     c.declare("data.val_fraction", 0.1, "the last fraction of the text, held out for validation (0 = none)",
@@ -188,26 +172,21 @@ int main(int argc, char** argv) {
     c.declare("data.eval_batch_size", 64, "validation windows per batch", core::Bounds::between(1, 1 << 20));
     c.declare("data.prefetch", -1, "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)",
               core::Bounds::between(-1, 64));
-    c.declare("model.n_layer", 4, "transformer blocks", core::Bounds::between(1, 256));
-    c.declare("model.n_head", 4, "attention heads (must divide n_embd)", core::Bounds::between(1, 256));
-    c.declare("model.n_embd", 128, "width of the residual stream", core::Bounds::between(1, 1 << 15));
-    c.declare("model.dropout", 0.0, "dropout on embeddings, attention and residual branches",
-              core::Bounds::from_below(0, 1));
+    models::declare_char_gpt_keys(c);
     prune::declare_pruning_keys(
         c, prune::PruningCallbackOptions().pruner(prune::PrunerOptions().ignored_layers({"wte"})));
-    c.declare("sample.length", 300, "bytes generated after training (0 = no sample)",
-              core::Bounds::between(0, 1 << 20));
-    c.declare("sample.temperature", 0.8, "sampling temperature (0 = greedy)", core::Bounds::between(0, 100));
-    c.declare("sample.top_k", 40, "sample among the k most likely bytes (0 = all)",
-              core::Bounds::between(0, 256));
+    models::declare_sample_keys(c);
     c.declare("sample.prompt", "Q:", "text the sample starts from");
   };
-  spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<CharGptTask>(c, d); };
+  spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
+    return std::make_unique<CharGptTask>(c, ctx);
+  };
   // Structured pruning of the MLP hidden size (prune.epochs=[...] turns it on).
   // The token embedding is ignored, which keeps the residual stream's width;
   // attention heads are left alone by the tracer (the q/k/v view splits channels).
   // Always registered: without steps it still replays a checkpoint's plan on resume.
-  spec.add_callbacks = [](train::Trainer& trainer, train::Task&, const core::Config& c) {
+  spec.add_callbacks = [](train::Trainer& trainer, train::Task&, const core::Config& c,
+                          const recipe::RunContext&) {
     trainer.add_callback(std::make_shared<prune::PruningCallback>(prune::pruning_options_from_config(c)));
   };
   spec.finish = finish;

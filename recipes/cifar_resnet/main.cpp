@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   spec.declare = [](core::Config& c) {
     c.declare("data.root", "data/cifar-10-batches-bin",
               "folder with the CIFAR binary files (or its parent); see recipes/cifar_resnet/README.md");
-    c.declare("data.variant", "cifar10", "cifar10 | cifar100 (fine labels)");
+    data::declare_cifar_keys(c);
     recipe::declare_classification_keys(
         c, recipe::ClassificationOptions().batch_size(256).resident(true).augment(
                augment::AugmentOptions()
@@ -25,25 +25,14 @@ int main(int argc, char** argv) {
                    .hflip(0.5)
                    .mean({0.4914, 0.4822, 0.4465})
                    .std({0.2470, 0.2435, 0.2616})));
-    c.declare("model.width", 16, "channels of the first stage (the others have 2x and 4x)",
-              core::Bounds::between(1, 1 << 12));
-    c.declare("model.blocks", 3, "basic blocks per stage (3 = ResNet-20, 5 = ResNet-32, 9 = ResNet-56)",
-              core::Bounds::between(1, 64));
+    models::declare_cifar_resnet_keys(c);  // ResNet-20
   };
-  spec.make_task = [](const core::Config& c, torch::Device device) {
-    const std::string variant = c.get_string("data.variant");
-    if (variant != "cifar10" && variant != "cifar100")
-      throw Error(ErrorKind::kConfig,
-                  "[cifar_resnet] data.variant must be cifar10 or cifar100, got \"" + variant + "\"");
-    data::CifarOptions co;
-    co.variant(variant == "cifar10" ? data::CifarVariant::kCifar10 : data::CifarVariant::kCifar100);
-    const int64_t classes = variant == "cifar10" ? 10 : 100;
-    models::CifarResNet net(models::CifarResNetOptions()
-                                .width(c.get_int("model.width"))
-                                .blocks(c.get_int("model.blocks"))
-                                .num_classes(classes));
+  spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
+    const data::CifarOptions co = data::cifar_options_from_config(c);
+    const int64_t classes = data::cifar_num_classes(co);
+    models::CifarResNet net(models::cifar_resnet_options_from_config(c).num_classes(classes));
     const std::string root = c.get_string("data.root");
-    return recipe::ClassificationTask::from_config(c, device, torch::nn::AnyModule(net),
+    return recipe::ClassificationTask::from_config(c, ctx, torch::nn::AnyModule(net),
                                                    {data::load_cifar(root, data::Split::kTrain, co),
                                                     data::load_cifar(root, data::Split::kTest, co), classes});
   };

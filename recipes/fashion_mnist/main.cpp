@@ -19,22 +19,13 @@ int main(int argc, char** argv) {
     recipe::declare_classification_keys(
         c, recipe::ClassificationOptions().augment(
                augment::AugmentOptions().padding(2).mean({models::kFashionMean}).std({models::kFashionStd})));
-    const models::FashionNetOptions m;
-    c.declare("model.width", m.width(), "channels of the first conv block (the second has 2x)",
-              core::Bounds::between(1, 1 << 12));
-    c.declare("model.hidden", m.hidden(), "units of the hidden linear layer",
-              core::Bounds::between(1, 1 << 16));
-    c.declare("model.dropout", m.dropout(), "dropout before each linear layer",
-              core::Bounds::from_below(0, 1));
+    models::declare_fashion_net_keys(c);
   };
-  spec.make_task = [](const core::Config& c, torch::Device device) {
-    models::FashionNet net(models::FashionNetOptions()
-                               .width(c.get_int("model.width"))
-                               .hidden(c.get_int("model.hidden"))
-                               .dropout(c.get_float("model.dropout")));
+  spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
+    models::FashionNet net(models::fashion_net_options_from_config(c));
     const std::string root = c.get_string("data.root");
     return recipe::ClassificationTask::from_config(
-        c, device, torch::nn::AnyModule(net),
+        c, ctx, torch::nn::AnyModule(net),
         {data::load_mnist(root, data::Split::kTrain), data::load_mnist(root, data::Split::kTest), 10});
   };
   return recipe::run_recipe(argc, argv, spec);

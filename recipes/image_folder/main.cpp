@@ -33,11 +33,9 @@ int main(int argc, char** argv) {
                    .hflip(0.5)
                    .mean({0.485, 0.456, 0.406})
                    .std({0.229, 0.224, 0.225})));
-    c.declare("model.width", 32, "channels of the first stage (the others have 2x and 4x)",
-              core::Bounds::between(1, 1 << 12));
-    c.declare("model.blocks", 2, "basic blocks per stage", core::Bounds::between(1, 64));
+    models::declare_cifar_resnet_keys(c, models::CifarResNetOptions().width(32).blocks(2));
   };
-  spec.make_task = [](const core::Config& c, torch::Device device) {
+  spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
     const auto load = [&](const std::string& split) {
       const std::string dir = c.get_string("data.root") + "/" + split;
       data::ImageFolder f = data::load_image_folder(dir, data::image_folder_options_from_config(c, split));
@@ -56,11 +54,8 @@ int main(int argc, char** argv) {
                               c.get_string("data.train_split"), c.get_string("data.test_split"),
                               train.classes.size(), test.classes.size()));
     const auto classes = static_cast<int64_t>(train.classes.size());
-    models::CifarResNet net(models::CifarResNetOptions()
-                                .width(c.get_int("model.width"))
-                                .blocks(c.get_int("model.blocks"))
-                                .num_classes(classes));
-    return recipe::ClassificationTask::from_config(c, device, torch::nn::AnyModule(net),
+    models::CifarResNet net(models::cifar_resnet_options_from_config(c).num_classes(classes));
+    return recipe::ClassificationTask::from_config(c, ctx, torch::nn::AnyModule(net),
                                                    {std::move(train.data), std::move(test.data), classes});
   };
   return recipe::run_recipe(argc, argv, spec);

@@ -19,19 +19,15 @@ int main(int argc, char** argv) {
     c.declare("data.root", "/usr/share/datasets/fashion-mnist",
               "folder with the four IDX files (.gz or plain)");
     recipe::declare_classification_keys(c, recipe::ClassificationOptions());
-    c.declare("model.width", 16, "channels of the first stage (then 2x, 4x)",
-              core::Bounds::between(1, 1 << 12));
-    c.declare("model.blocks", 2, "basic blocks per stage", core::Bounds::between(1, 64));
+    models::declare_cifar_resnet_keys(c, models::CifarResNetOptions().blocks(2));
     recipe::declare_prune_finetune_keys(c, prune::PruningCallbackOptions().eval("test"));
   };
-  spec.make_task = [](const core::Config& c, torch::Device device) {
-    models::CifarResNet net(models::CifarResNetOptions()
-                                .width(c.get_int("model.width"))
-                                .blocks(c.get_int("model.blocks"))
-                                .in_channels(1));
+  spec.check = recipe::check_prune_finetune_launch;
+  spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
+    models::CifarResNet net(models::cifar_resnet_options_from_config(c).in_channels(1));
     const std::string root = c.get_string("data.root");
     return recipe::ClassificationTask::from_config(
-        c, device, torch::nn::AnyModule(net),
+        c, ctx, torch::nn::AnyModule(net),
         {data::load_mnist(root, data::Split::kTrain), data::load_mnist(root, data::Split::kTest), 10});
   };
   spec.finish = recipe::prune_and_finetune;

@@ -113,3 +113,28 @@ TEST(Cifar, CorruptOrMissingFilesAreClearErrors) {
       data::write_cifar_bin(dir + "/x.bin", {torch::zeros({2, 28, 28}, torch::kUInt8), torch::zeros({2})}),
       Error);
 }
+
+TEST(Cifar, VariantIsAnEnumParsedOnceAtTheConfigBoundary) {
+  for (const CifarVariant v : {CifarVariant::kCifar10, CifarVariant::kCifar100})
+    EXPECT_EQ(data::parse_cifar_variant(data::to_string(v)), v);
+  EXPECT_EQ(data::cifar_num_classes(CifarOptions()), 10);
+  EXPECT_EQ(data::cifar_num_classes(CifarOptions().variant(CifarVariant::kCifar100)), 100);
+  EXPECT_EQ(
+      data::cifar_num_classes(CifarOptions().variant(CifarVariant::kCifar100).label(CifarLabel::kCoarse)),
+      20);
+  core::Config c;
+  data::declare_cifar_keys(c);
+  EXPECT_EQ(c.get_string("data.variant"), "cifar10") << "CifarOptions' default";
+  c.set_override("data.variant=cifar100");
+  EXPECT_EQ(data::cifar_options_from_config(c).variant(), CifarVariant::kCifar100);
+  c.set_override("data.variant=cifar1000");
+  try {
+    c.validate();  // before any work
+    ADD_FAILURE() << "cifar1000 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("data.variant=\"cifar1000\""), std::string::npos) << m;
+    EXPECT_NE(m.find("choose cifar10 or cifar100"), std::string::npos) << m;
+  }
+}

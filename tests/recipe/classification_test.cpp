@@ -120,14 +120,11 @@ TEST(Classification, TaskSplitsShardsAndNormalisesEvaluationData) {
   recipe::declare_classification_keys(
       c, recipe::ClassificationOptions().batch_size(10).eval_batch_size(7).augment(
              AugmentOptions().hflip(0.5).mean({0.5, 0.5, 0.5}).std({0.25, 0.25, 0.25})));
-  c.declare("trainer.seed", 3, "");
-  c.declare("dist.world_size", 1, "");
-  c.declare("dist.rank", 0, "");
   c.set_override("data.val_size=12");
   c.set_override("data.train_subset=52");
   torch::manual_seed(0);
-  auto task =
-      recipe::ClassificationTask::from_config(c, torch::kCPU, torch::nn::AnyModule(TinyNet()), images(60, 9));
+  auto task = recipe::ClassificationTask::from_config(c, recipe::RunContext().seed(3),
+                                                      torch::nn::AnyModule(TinyNet()), images(60, 9));
   EXPECT_EQ(task->train_loader().num_samples(), 40) << "52 kept, the last 12 held out";
   ASSERT_NE(task->val_loader(), nullptr);
   EXPECT_EQ(task->val_loader()->num_samples(), 12);
@@ -152,16 +149,34 @@ TEST(Classification, TaskSplitsShardsAndNormalisesEvaluationData) {
   EXPECT_TRUE(torch::equal(a.target, b.target));
 }
 
+TEST(Classification, TheContextGivesDeviceSeedShardAndAToolsBatchSize) {
+  core::Config c;
+  recipe::declare_classification_keys(c, recipe::ClassificationOptions().batch_size(10));
+  const recipe::RunContext ctx = recipe::RunContext().seed(9).world_size(4).rank(3);
+  recipe::ClassificationOptions o = recipe::classification_options_from_config(c, ctx);
+  EXPECT_EQ(o.batch_size(), 10) << "data.batch_size";
+  EXPECT_EQ(o.seed(), 9u);
+  EXPECT_EQ(o.world_size(), 4);
+  EXPECT_EQ(o.rank(), 3);
+  EXPECT_EQ(o.device(), torch::Device(torch::kCPU));
+  recipe::RunContext probe = ctx;
+  probe.batch_size(3);  // a recipe tool's probe
+  o = recipe::classification_options_from_config(c, probe);
+  EXPECT_EQ(o.batch_size(), 3);
+  EXPECT_EQ(c.get_int("data.batch_size"), 10) << "the config is not written";
+  auto task =
+      recipe::ClassificationTask::from_config(c, probe, torch::nn::AnyModule(TinyNet()), images(48, 8));
+  EXPECT_EQ(task->train_loader().num_samples(), 12) << "rank 3 of 4";
+  EXPECT_EQ(task->train_loader().num_batches(), 4) << "batches of 3";
+}
+
 TEST(Classification, LabelSmoothingTrainsOnSoftTargetsAndEvaluatesOnLabels) {
   core::Config c;
   recipe::declare_classification_keys(c, recipe::ClassificationOptions().batch_size(8));
-  c.declare("trainer.seed", 0, "");
-  c.declare("dist.world_size", 2, "");
-  c.declare("dist.rank", 1, "");
   c.set_override("augment.mix.label_smoothing=0.2");
   torch::manual_seed(0);
-  auto task =
-      recipe::ClassificationTask::from_config(c, torch::kCPU, torch::nn::AnyModule(TinyNet()), images(32, 8));
+  auto task = recipe::ClassificationTask::from_config(c, recipe::RunContext().world_size(2).rank(1),
+                                                      torch::nn::AnyModule(TinyNet()), images(32, 8));
   EXPECT_EQ(task->train_loader().num_samples(), 16) << "rank 1 of 2 trains on half";
   EXPECT_EQ(task->test_loader()->num_samples(), 8) << "every rank tests on all";
   task->train_loader().start_epoch(0, 0);

@@ -162,6 +162,38 @@ TEST(RunFolder, AResumeWithChangedKeysRefusesOrSaysWhatChanged) {
   EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("trainer.max_steps", constant));
 }
 
+// The record is the config with the runner's decisions written in (the
+// config itself is not written): config.toml holds the folder and the
+// launcher's world size, and a resume on another number of processes (another
+// data order) is refused as any other change of the data order.
+TEST(RunFolder, TheRecordHoldsTheRunnersFolderAndWorldSizeAndAResumeComparesThem) {
+  const std::string dir = test_util::temp_dir("recorded");
+  core::Config c;
+  recipe::declare_recipe_keys(c);
+  c.declare("data.batch_size", 32, "");
+  const recipe::RunContext two = recipe::RunContext().run_dir(dir).world_size(2).rank(0);
+  const core::Config record = recipe::recorded_config(c, two);
+  EXPECT_EQ(record.get_string("run.dir"), dir);
+  EXPECT_EQ(record.get_int("dist.world_size"), 2);
+  EXPECT_EQ(c.get_string("run.dir"), "") << "a copy: the config keeps what the user gave";
+  EXPECT_EQ(c.get_int("dist.world_size"), 1);
+  claim_run_folder(dir, record, "r");
+  const std::string saved = train::read_file(dir + "/config.toml");
+  EXPECT_NE(saved.find("dir = '" + dir + "'"), std::string::npos) << saved;
+  EXPECT_NE(saved.find("world_size = 2"), std::string::npos) << saved;
+  train::write_file_atomic(dir + "/checkpoints/last.pt", "weights");
+
+  c.set_override("trainer.resume=auto");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(claim_error(dir, recipe::recorded_config(c, two)), "") << "the same run, resumed";
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  const std::string m = claim_error(dir, recipe::recorded_config(c, recipe::RunContext().run_dir(dir)));
+  EXPECT_NE(m.find("dist.world_size: 2 -> 1"), std::string::npos) << m;
+  // A user's run.dir is recorded as written.
+  c.set_override("run.dir=" + dir);
+  EXPECT_EQ(recipe::recorded_config(c, two).get_string("run.dir"), dir);
+}
+
 // Issue 29 (item 8a): resuming from another run's folder compares the keys
 // with that run's config.toml, by the same rules as a resume in place.
 TEST(RunFolder, AResumeFromAnotherRunsFolderComparesWithItsConfig) {

@@ -41,6 +41,21 @@ std::vector<std::string> split_files(const CifarOptions& o, Split split) {
 
 }  // namespace
 
+CifarVariant parse_cifar_variant(const std::string& name) {
+  if (name == "cifar10") return CifarVariant::kCifar10;
+  if (name == "cifar100") return CifarVariant::kCifar100;
+  detail::fail(ErrorKind::kConfig,
+               "[data::CifarVariant] unknown CIFAR variant '{}'; choose cifar10 or cifar100", name);
+}
+
+const char* to_string(CifarVariant variant) {
+  return variant == CifarVariant::kCifar100 ? "cifar100" : "cifar10";
+}
+
+int64_t cifar_num_classes(const CifarOptions& options) {
+  return format_of(options).classes;
+}
+
 TensorDataset read_cifar_bin(const std::string& path, const CifarOptions& options) {
   const Format layout = format_of(options);
   const int64_t record = layout.label_bytes + kImageBytes;

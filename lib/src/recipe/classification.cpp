@@ -48,16 +48,13 @@ void declare_classification_keys(core::Config& c, const ClassificationOptions& d
             "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)", Bounds::between(-1, 64));
   c.declare("data.resident", d.resident(), "on a GPU, keep the uint8 dataset in device memory");
   augment::declare_augment_keys(c, d.augment(), d.mix());
-  c.add_check([](const core::Config& config) { classification_options_from_config(config, torch::kCPU); });
+  c.add_check([](const core::Config& config) { classification_options_from_config(config, RunContext()); });
 }
 
-ClassificationOptions classification_options_from_config(const core::Config& c, const torch::Device& device) {
+ClassificationOptions classification_options_from_config(const core::Config& c, const RunContext& context) {
   ClassificationOptions o;
-  o.device(device)
-      .seed(static_cast<uint64_t>(c.get_int("trainer.seed")))
-      .world_size(c.get_int("dist.world_size"))
-      .rank(c.get_int("dist.rank"));
-  o.batch_size(c.get_int("data.batch_size"))
+  o.device(context.device()).seed(context.seed()).world_size(context.world_size()).rank(context.rank());
+  o.batch_size(train_batch_size(c, context))
       .eval_batch_size(c.get_int("data.eval_batch_size"))
       .train_subset(c.get_int("data.train_subset"))
       .test_subset(c.get_int("data.test_subset"))
@@ -128,11 +125,11 @@ ClassificationTask::ClassificationTask(torch::nn::AnyModule model, Classificatio
 }
 
 std::unique_ptr<ClassificationTask> ClassificationTask::from_config(const core::Config& c,
-                                                                    torch::Device device,
+                                                                    const RunContext& context,
                                                                     torch::nn::AnyModule model,
                                                                     ClassificationData data) {
   return std::make_unique<ClassificationTask>(std::move(model), std::move(data),
-                                              classification_options_from_config(c, device));
+                                              classification_options_from_config(c, context));
 }
 
 std::string ClassificationTask::cuda_graph_blocker() const {

@@ -1,13 +1,14 @@
 // The recipe runner's processes and run folder: host settings, device,
-// process group (data-parallel runs launched by torchrun), run.dir shared by
-// every rank (locked and claimed by the writer: ember/recipe/run_folder.h),
-// dist.* keys, seed, config.toml.
+// process group (data-parallel runs launched by torchrun), the run folder
+// shared by every rank (locked and claimed by the writer:
+// ember/recipe/run_folder.h), seed: the RunContext; config.toml.
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <ctime>
 
 #include "core/check.h"
+#include "ember/amp/precision.h"
 #include "ember/core/device.h"
 #include "ember/core/file.h"
 #include "ember/dist/keys.h"
@@ -34,53 +35,62 @@ void start_host(const core::Config& config) {
     at::set_num_threads(static_cast<int>(config.get_int("trainer.threads")));
 }
 
-Processes start_processes(core::Config& config, const std::string& recipe_name) {
+RunContext context_from_config(const core::Config& config) {
+  return RunContext()
+      .device(core::resolve_device(config.get_string("trainer.device")))
+      .seed(static_cast<uint64_t>(config.get_int("trainer.seed")))
+      .precision(config.get_parsed("trainer.precision", amp::parse_precision));
+}
+
+Processes start_processes(const core::Config& config, const std::string& recipe_name) {
   Processes p;
   p.env = dist::launch_env();
   start_host(config);
-  p.device = core::resolve_device(config.get_string("trainer.device"));
-  const std::string fresh_dir = "run.dir=runs/" + recipe_name + "-" + timestamp();
+  RunContext& ctx = p.context;
+  ctx = context_from_config(config);
+  ctx.run_dir(config.get_string("run.dir"));
+  const std::string fresh_dir = "runs/" + recipe_name + "-" + timestamp();
+  // The ranks are the launcher's, never the config's (its dist.world_size and
+  // dist.rank are recorded, not read: a saved config.toml holds a previous
+  // run's). One process alone trains on all the data: rank 0 of 1.
   if (p.env.distributed()) {
+    ctx.rank(p.env.rank).world_size(p.env.world_size);
     // One GPU per rank: cuda:LOCAL_RANK (trainer.device=cpu keeps every rank on the CPU).
-    if (p.device.is_cuda())
-      p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.env.local_rank));
-    p.group = dist::ProcessGroup::create(p.env, dist::process_group_options_from_config(config, p.device));
+    if (ctx.device().is_cuda())
+      ctx.device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.env.local_rank)));
+    p.group =
+        dist::ProcessGroup::create(p.env, dist::process_group_options_from_config(config, ctx.device()));
     // Rank 0 names the run folder, so that every rank uses (and hashes) the same.
-    if (config.get_string("run.dir").empty()) {
+    if (ctx.run_dir().empty()) {
       const std::string key = "ember/run_dir";
       if (p.env.rank == 0) {
-        config.set_override(fresh_dir);
-        const std::string d = config.get_string("run.dir");
-        p.group->store().set(key, std::vector<uint8_t>(d.begin(), d.end()));
+        ctx.run_dir(fresh_dir);
+        p.group->store().set(key, std::vector<uint8_t>(fresh_dir.begin(), fresh_dir.end()));
       } else {
         const std::vector<uint8_t> d = p.group->store().get(key);
-        config.set_override("run.dir=" + std::string(d.begin(), d.end()));
+        ctx.run_dir(std::string(d.begin(), d.end()));
       }
     }
-    config.set_override("dist.world_size=" + std::to_string(p.env.world_size));
+    // The ranks train with one config: what the user gave (the folder rank 0
+    // named and the launcher's world size are the same everywhere by construction).
     p.group->check_same_everywhere("config", config.to_toml());
-    config.set_override("dist.rank=" + std::to_string(p.env.rank));
-  } else {
-    // Always from the launcher, never from a saved config.toml: one process
-    // trains on all the data.
-    config.set_override("dist.world_size=1");
-    config.set_override("dist.rank=0");
-    if (config.get_string("run.dir").empty()) config.set_override(fresh_dir);
+  } else if (ctx.run_dir().empty()) {
+    ctx.run_dir(fresh_dir);
   }
-  p.run_dir = config.get_string("run.dir");
-  torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));
+  torch::manual_seed(ctx.seed());
   return p;
 }
 
 void claim_processes_folder(Processes& p, const core::Config& config, const std::string& recipe_name) {
   if (!p.writer()) return;  // the one process that writes the folder holds it
-  p.lock = std::make_shared<RunFolderLock>(p.run_dir);
-  claim_run_folder(p.run_dir, config, recipe_name);
+  p.lock = std::make_shared<RunFolderLock>(p.context.run_dir());
+  claim_run_folder(p.context.run_dir(), recorded_config(config, p.context), recipe_name);
 }
 
-void check_before_work(const core::Config& config, int64_t world_size) {
+void check_before_work(const RecipeSpec& spec, const core::Config& config, int64_t world_size) {
   const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
   train::check_trainer_options(train::trainer_options_from_config(config), device.type(), world_size);
+  if (spec.check) spec.check(config, world_size);
 }
 
 }  // namespace ember::recipe::detail

@@ -17,22 +17,20 @@ void declare_prune_finetune_keys(core::Config& c, const prune::PruningCallbackOp
   c.declare("finetune.epochs", 3, "fine-tuning epochs after pruning", core::Bounds::between(0, 1e6));
   c.declare("finetune.lr", 0.02, "fine-tuning learning rate (cosine to 0, fresh optimizer)",
             core::Bounds::positive());
-  c.add_check(check_prune_finetune_config);
 }
 
-void check_prune_finetune_config(const core::Config& c) {
-  EMBER_CHECK_KIND(kConfig, c.get_int("dist.world_size") == 1,
+void check_prune_finetune_launch(const core::Config&, int64_t world_size) {
+  EMBER_CHECK_KIND(kConfig, world_size == 1,
                    "[prune_finetune] runs in one process: its fine-tuning fit is not data-parallel yet "
                    "(start it without torchrun / --nproc)");
-  prune::pruning_options_from_config(c);
 }
 
-void prune_and_finetune(train::Task& task, const core::Config& c, const train::FitResult& dense,
-                        RunSummary& summary) {
+void prune_and_finetune(train::Task& task, const core::Config& c, const RunContext& context,
+                        const train::FitResult& dense, RunSummary& summary) {
   train::TrainerOptions o = train::trainer_options_from_config(c);
-  // One process (check_prune_finetune_config): Ctrl-C saves a checkpoint, as in the dense phase.
+  // One process (check_prune_finetune_launch): Ctrl-C saves a checkpoint, as in the dense phase.
   o.epochs(c.get_int("finetune.epochs"))
-      .run_dir(c.get_string("run.dir") + "/finetune")
+      .run_dir(context.run_dir() + "/finetune")
       .stop_signal(detail::stop_signal_flag());
   o.optimizer().lr(c.get_float("finetune.lr"));
   // A cosine over the fine-tuning run, which fit measures in optimizer steps (accumulation included).

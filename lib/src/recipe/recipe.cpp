@@ -53,8 +53,9 @@ void print_error(std::string_view message) {
   std::cerr << fmt::format("error: {}\n", message);
 }
 
-// A device out of memory (LibTorch's typed error): the allocator's numbers and what to try.
-std::string out_of_memory_message(const c10::OutOfMemoryError& e, const core::Config& config) {
+// A device out of memory (LibTorch's typed error): the allocator's numbers and
+// what to try. `dir`: the run folder ("" before there is one, and in the tools).
+std::string out_of_memory_message(const c10::OutOfMemoryError& e, const std::string& dir) {
   std::string what = e.what_without_backtrace();
   what = what.substr(0, what.find('\n'));
   std::string memory;
@@ -66,7 +67,6 @@ std::string out_of_memory_message(const c10::OutOfMemoryError& e, const core::Co
           " The caching allocator held {:.2f} GiB in tensors ({:.2f} GiB reserved, peak {:.2f} GiB).",
           m.allocated / kGiB, m.reserved / kGiB, m.peak_allocated / kGiB);
   }
-  const std::string dir = config.get_string("run.dir");
   return fmt::format(
       "out of memory: {}.{} Try a smaller data.batch_size (trainer.accumulate_grad_batches=N keeps the "
       "effective "
@@ -78,17 +78,24 @@ std::string out_of_memory_message(const c10::OutOfMemoryError& e, const core::Co
                                 dir, dir));
 }
 
+// What run_recipe needs of a run that failed: the data-parallel group this
+// process joined (kept alive through the error), the run folder to name.
+struct Started {
+  std::shared_ptr<dist::ProcessGroup> group;
+  std::string run_dir;
+};
+
 // Trains, tests and writes the run folder; returns the exit status.
-// `group`: set once this process has joined a data-parallel group (the
-// caller keeps it alive through an error: see run_recipe).
-int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<dist::ProcessGroup>& group) {
+// `started`: set once the processes have started.
+int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& started) {
   Processes p = detail::start_processes(config, spec.name);
-  group = p.group;
+  const RunContext& ctx = p.context;
+  started = {p.group, ctx.run_dir()};
   // The data is read (and checked: data.val_size against the training set...)
   // before the run folder is claimed: a refused command leaves nothing there.
-  std::unique_ptr<train::Task> task = spec.make_task(config, p.device);
+  std::unique_ptr<train::Task> task = spec.make_task(config, ctx);
   train::TrainerOptions options = train::trainer_options_from_config(config);
-  options.run_dir(p.run_dir);
+  options.run_dir(ctx.run_dir());
   if (p.group)  // a stop must be agreed by every rank: torchrun ends the group on a signal
     options.distribution(dist::make_distribution(p.group));
   else  // Ctrl-C saves a checkpoint (the handlers are installed around fit)
@@ -97,11 +104,11 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
   detail::claim_processes_folder(p, config, spec.name);
   // Only the writer (rank 0) reports and writes; the other ranks train silently.
   const std::shared_ptr<monitor::Monitor> mon =
-      p.writer() ? monitor::add_monitoring(trainer, config, p.run_dir)
+      p.writer() ? monitor::add_monitoring(trainer, config, ctx.run_dir())
                  : std::make_shared<monitor::Monitor>(monitor::MonitorOptions{});
   if (auto es = train::early_stopping_options_from_config(config))
     trainer.add_callback(std::make_shared<train::EarlyStopping>(*es));
-  if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config);
+  if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config, ctx);
   if (p.group)  // last: after callbacks that change the model (pruning)
     trainer.add_callback(
         std::make_shared<dist::DistributedDataParallel>(p.group, dist::ddp_options_from_config(config)));
@@ -109,8 +116,8 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
   if (p.writer())
     std::cerr << fmt::format(
         "{}: {} parameters on {}{}, run folder {}\n", spec.name, train::count_parameters(*task->model()),
-        core::describe_device(p.device),
-        p.group ? fmt::format(" x {} ranks ({})", p.env.world_size, p.group->backend()) : "", p.run_dir);
+        core::describe_device(ctx.device()),
+        p.group ? fmt::format(" x {} ranks ({})", ctx.world_size(), p.group->backend()) : "", ctx.run_dir());
   train::FitResult fit;
   try {
     const detail::ScopedStopSignals signals(!p.group);
@@ -127,11 +134,11 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
       throw Error(ErrorKind::kDistributed, p.group->explain_failure(message_of(e)));
     if (std::optional<std::string> why = p.group->explain_peer_failure(message_of(e)))
       throw Error(ErrorKind::kDistributed, *why);
-    throw Error(fmt::format("[recipe] rank {}: {}", p.env.rank, message_of(e)));
+    throw Error(fmt::format("[recipe] rank {}: {}", ctx.rank(), message_of(e)));
   }
   if (fit.stop_cause == train::StopCause::kSignal) {
     std::cerr << fmt::format("{}: {}; checkpoint saved to {}\nresume with: run.dir={} trainer.resume=auto\n",
-                             spec.name, fit.stop_reason, trainer.last_checkpoint(), p.run_dir);
+                             spec.name, fit.stop_reason, trainer.last_checkpoint(), ctx.run_dir());
     return 130;
   }
   if (!fit.stop_reason.empty()) std::cerr << fmt::format("{}: {}\n", spec.name, fit.stop_reason);
@@ -146,9 +153,9 @@ int train_recipe(const RecipeSpec& spec, core::Config& config, std::shared_ptr<d
     summary.test_loss = test.loss;
     summary.test_accuracy = test.accuracy;
   }
-  if (spec.finish) spec.finish(*task, config, fit, summary);
-  write_summary(p.run_dir + "/summary.json", summary);
-  std::cout << detail::result_line(summary, task->test_loader() != nullptr, p.run_dir);
+  if (spec.finish) spec.finish(*task, config, ctx, fit, summary);
+  write_summary(ctx.run_dir() + "/summary.json", summary);
+  std::cout << detail::result_line(summary, task->test_loader() != nullptr, ctx.run_dir());
   return 0;
 }
 
@@ -178,12 +185,10 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
       std::cout << detail::usage(spec, config);
       return 0;
     }
-    // The run's processes as the launcher set them (start_processes sets them
-    // again), so that the checks that depend on them run before any work.
-    const int64_t world_size = dist::launch_env().world_size;
-    config.set_override("dist.world_size=" + std::to_string(world_size));
     config.validate();  // every value, before the run folder, the data and the process group
-    if (cl.tool.empty() || cl.check) detail::check_before_work(config, world_size);
+    // The config is complete: nothing writes into it from here on; what the
+    // runner decides goes to the RunContext.
+    if (cl.tool.empty() || cl.check) detail::check_before_work(spec, config, dist::launch_env().world_size);
     if (cl.check) {
       std::cout << spec.name << ": config ok\n";
       return 0;
@@ -194,9 +199,9 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
   }
   // In a data-parallel run, a failed rank leaves at once: the group's
   // destructor would wait for peers that are gone.
-  std::shared_ptr<dist::ProcessGroup> group;
+  Started started;
   const auto leave = [&](int status) {
-    if (group) {
+    if (started.group) {
       std::cout.flush();
       std::cerr.flush();
       std::_Exit(status);
@@ -205,12 +210,12 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
   };
   try {
     if (!command_line.tool.empty()) return detail::run_tool(spec, config, command_line);
-    return train_recipe(spec, config, group);
+    return train_recipe(spec, config, started);
   } catch (const Error& e) {
     print_error(e.what());
     return leave(exit_status(e));
   } catch (const c10::OutOfMemoryError& e) {
-    print_error(out_of_memory_message(e, config));
+    print_error(out_of_memory_message(e, started.run_dir));
     return leave(1);
   } catch (const std::exception& e) {
     print_error(message_of(e));

@@ -117,6 +117,15 @@ RunFolderLock::~RunFolderLock() {
   ::close(fd_);
 }
 
+core::Config recorded_config(const core::Config& config, const RunContext& context) {
+  core::Config record = config;
+  if (config.get_string("run.dir") != context.run_dir())  // (a value the user gave stays as written)
+    record.set_override("run.dir=" + context.run_dir());
+  record.set_override("dist.world_size=" + std::to_string(context.world_size()));
+  record.set_override("dist.rank=" + std::to_string(context.rank()));
+  return record;
+}
+
 bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config& config) {
   // The run's length sets the schedule only where the schedule spans the run
   // (cosine, onecycle): with a constant or step schedule, training longer or

@@ -33,34 +33,38 @@ void apply_command_line(core::Config& config, const RecipeSpec& spec, const Comm
 /// The --help text: usage and every key with its default.
 std::string usage(const RecipeSpec& spec, const core::Config& config);
 
-/// This process's place in the run: its device, its process group
-/// (data-parallel runs launched by torchrun; null for one process), the run
-/// folder every rank shares.
+/// This process's place in the run: the launcher's environment, its process
+/// group (data-parallel runs launched by torchrun; null for one process), what
+/// the runner decided (context: device, rank, the run folder every rank shares...).
 struct Processes {
   dist::LaunchEnv env;
-  torch::Device device = torch::kCPU;
   std::shared_ptr<dist::ProcessGroup> group;
-  std::string run_dir;
-  std::shared_ptr<RunFolderLock> lock;  ///< the writer's hold on run_dir
+  RunContext context;
+  std::shared_ptr<RunFolderLock> lock;  ///< the writer's hold on context.run_dir()
   bool writer() const { return env.rank == 0; }
 };
 /// What can be refused before any work, beyond Config::validate(): the
-/// device (trainer.device=cuda on a machine without one) and the trainer
+/// device (trainer.device=cuda on a machine without one), the trainer
 /// options' own rules (train::check_trainer_options: trainer.cuda_graph's
-/// device, a trainer.resume path that does not exist). Throws Error(kConfig).
-/// `world_size`: the processes of the run (LaunchEnv).
-void check_before_work(const core::Config& config, int64_t world_size);
+/// device, a trainer.resume path that does not exist) and the recipe's own
+/// (spec.check). Throws Error(kConfig). `world_size`: the processes of the
+/// run (LaunchEnv).
+void check_before_work(const RecipeSpec& spec, const core::Config& config, int64_t world_size);
 
 /// This process's host settings from the config: glibc malloc (run.malloc_tuning), intra-op threads.
 void start_host(const core::Config& config);
+/// The context's values that come from the config alone: seed (trainer.seed),
+/// precision (trainer.precision) and device (trainer.device resolved); one
+/// process, no run folder. start_processes and the recipe tools start from it.
+RunContext context_from_config(const core::Config& config);
 /// Host settings (start_host), the device, the process group, the run
-/// folder's name (chosen by rank 0, shared through the store) and the dist.*
-/// keys; seeds LibTorch. Writes nothing: claim_processes_folder does, once
-/// everything that can be refused has been checked.
-Processes start_processes(core::Config& config, const std::string& recipe_name);
-/// The writer (rank 0) locks and claims the run folder (claim_run_folder:
-/// refuses a previous run's folder, compares a resume's keys, writes
-/// config.toml); the other ranks do nothing.
+/// folder's name (chosen by rank 0, shared through the store): the context;
+/// seeds LibTorch. Writes nothing, not even into `config`: claim_processes_folder
+/// does, once everything that can be refused has been checked.
+Processes start_processes(const core::Config& config, const std::string& recipe_name);
+/// The writer (rank 0) locks and claims the run folder (claim_run_folder with
+/// recorded_config: refuses a previous run's folder, compares a resume's keys,
+/// writes config.toml); the other ranks do nothing.
 void claim_processes_folder(Processes& processes, const core::Config& config, const std::string& recipe_name);
 
 /// The keys of the recipe tools: plan.*, bs_find.*, lr_find.*.

@@ -43,9 +43,9 @@ RunSummary summarize(const std::string& recipe, const Processes& p, const train:
   summary.train_seconds = fit.train_seconds;
   // All ranks together (each trained on an equal shard).
   summary.samples_per_second =
-      static_cast<double>(fit.samples * p.env.world_size) / std::max(fit.train_seconds, 1e-9);
-  if (p.group) summary.extra["world_size"] = static_cast<double>(p.env.world_size);
-  summary.device = p.device.str();
+      static_cast<double>(fit.samples * p.context.world_size()) / std::max(fit.train_seconds, 1e-9);
+  if (p.group) summary.extra["world_size"] = static_cast<double>(p.context.world_size());
+  summary.device = p.context.device().str();
   summary.precision = amp::to_string(options.precision());
   summary.parameters = train::count_parameters(model);  // after training: pruning may have shrunk it
   summary.stop_reason = fit.stop_reason;

@@ -69,10 +69,11 @@ std::string data_path(const core::Config& c) {
   return "";
 }
 
-/// The config with data.batch_size set.
-core::Config with_batch(const core::Config& config, int64_t batch) {
-  core::Config c = config;
-  c.set_override(fmt::format("data.batch_size={}", batch));
+/// The context with a training batch of `batch` (RunContext::batch_size: the task's in place of
+/// data.batch_size).
+RunContext with_batch(const RunContext& context, int64_t batch) {
+  RunContext c = context;
+  c.batch_size(batch);
   return c;
 }
 
@@ -260,12 +261,12 @@ int64_t available_memory(const torch::Device& device) {
 /// that a size too large fails fast instead of filling the host's memory.
 /// `cap` > 0 (CPU): the meter's limit in force before and after the probe
 /// (bytes since the meter started: the task's build counts too).
-int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const torch::Device& device,
+int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const RunContext& context,
                    core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
                    int64_t* opt_bytes, int64_t limit = 0, int64_t cap = 0) {
-  const core::Config c = with_batch(config, batch);
-  std::unique_ptr<train::Task> task = spec.make_task(c, device);
-  train::TrainerOptions o = probe_options(c, *task, steps);
+  const torch::Device device = context.device();
+  std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(context, batch).precision(precision));
+  train::TrainerOptions o = probe_options(config, *task, steps);
   o.precision(precision);
   train::Trainer trainer(o);
   auto opt = std::make_shared<OptimizerStateProbe>();
@@ -302,17 +303,17 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-/// Host settings, device and seed, as a run starts (start_processes, without
-/// the process group and the run folder).
-torch::Device start_tool(core::Config& config) {
+/// Host settings, device, seed and precision, as a run starts (start_processes,
+/// without the process group and the run folder): the tools' context, one
+/// process (rank 0 of 1) and no run folder.
+RunContext start_tool(const core::Config& config) {
   EMBER_CHECK_KIND(kConfig, !dist::launch_env().distributed(),
                    "the recipe tools (--measure, --find-batch-size, --find-lr) run in one process; "
                    "start them without torchrun");
   start_host(config);
-  config.set_override("dist.world_size=1");
-  config.set_override("dist.rank=0");
-  torch::manual_seed(static_cast<uint64_t>(config.get_int("trainer.seed")));
-  return core::resolve_device(config.get_string("trainer.device"));
+  const RunContext context = context_from_config(config);
+  torch::manual_seed(context.seed());
+  return context;
 }
 
 void write_json(const std::string& path, const nlohmann::json& j) {
@@ -366,12 +367,13 @@ int64_t host_memory_cap(const core::Config& c, const torch::Device& device, std:
 }
 
 int measure(const RecipeSpec& spec, core::Config& config, const std::string& out) {
-  const torch::Device device = start_tool(config);
+  const RunContext ctx = start_tool(config);
+  const torch::Device device = ctx.device();
   const int64_t config_batch = config.get_int("data.batch_size");
   int64_t batch = config_batch;  // the batch the run really uses: at most the training set
   int64_t speed_batch = batch;   // the batch timed: the largest that fits the host when batch does not
   const int64_t steps = config.get_int("plan.steps");
-  const amp::Precision run_precision = amp::parse_precision(config.get_string("trainer.precision"));
+  const amp::Precision run_precision = ctx.precision();
   nlohmann::json j;
   j["schema"] = 1;
   j["recipe"] = spec.name;
@@ -394,7 +396,7 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
     j["host_memory_limit_bytes"] = cap;
     std::unique_ptr<train::Task> task;
     try {
-      task = spec.make_task(config, device);
+      task = spec.make_task(config, ctx);
     } catch (const std::exception& e) {
       if (!out_of_memory(e)) throw;
       ember::detail::fail(
@@ -413,7 +415,6 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
         std::cerr << fmt::format(
             "[plan] data.batch_size={} is larger than the {} training samples: planned for batches of {}\n",
             config_batch, train_samples, batch);
-        config.set_override(fmt::format("data.batch_size={}", batch));
       }
     }
     j["batch_size"] = batch;
@@ -477,7 +478,7 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
       int64_t sizes[2] = {small, large};
       for (int i = 0; i < 2;) {
         try {
-          peaks[i] = probe_peak(spec, config, device, meter, sizes[i], p, steps, &opt_bytes, 0, cap);
+          peaks[i] = probe_peak(spec, config, ctx, meter, sizes[i], p, steps, &opt_bytes, 0, cap);
         } catch (const std::exception& e) {
           if (!out_of_memory(e)) throw;
           if (sizes[1] <= 2)
@@ -541,7 +542,7 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
       const double predicted =
           m["fixed_bytes"].get<double>() + m["per_sample_bytes"].get<double>() * static_cast<double>(batch);
       const int64_t measured =
-          probe_peak(spec, config, device, meter, batch, run_precision, steps, nullptr, 0, cap);
+          probe_peak(spec, config, ctx, meter, batch, run_precision, steps, nullptr, 0, cap);
       j["verify"] = {{"batch", batch},
                      {"precision", p},
                      {"predicted_peak_bytes", predicted},
@@ -562,11 +563,9 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
   // every device: a real replay runs no operator to count, an emulated one runs the graph's.
   {
     const auto count = [&](bool graph) {
-      core::Config c = with_batch(config, speed_batch);
-      c.set_override(fmt::format("trainer.cuda_graph={}", graph ? "true" : "false"));
-      std::unique_ptr<train::Task> task = spec.make_task(c, device);
-      train::TrainerOptions o = probe_options(c, *task, 0);
-      o.emulate_cuda_graph(graph);
+      std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(ctx, speed_batch));
+      train::TrainerOptions o = probe_options(config, *task, 0);
+      o.cuda_graph(graph).emulate_cuda_graph(graph);
       const int64_t first = untimed_steps(o), last = first + 4;
       train::Trainer trainer(o.max_steps(last));
       core::OpCounter counter;
@@ -595,9 +594,8 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
 
   // Speed at the config's batch and precision, without the meter's per-allocation cost.
   {
-    const core::Config c = with_batch(config, speed_batch);
-    std::unique_ptr<train::Task> task = spec.make_task(c, device);
-    train::TrainerOptions o = probe_options(c, *task, 0);
+    std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(ctx, speed_batch));
+    train::TrainerOptions o = probe_options(config, *task, 0);
     const int64_t warmup = untimed_steps(o), timed = config.get_int("plan.timed_steps");
     train::Trainer trainer(o.max_steps(warmup + timed));
     auto clock = std::make_shared<StepClock>(warmup, warmup + timed, o.cuda_graph());
@@ -630,7 +628,8 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
 }
 
 int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::string& out) {
-  const torch::Device device = start_tool(config);
+  const RunContext ctx = start_tool(config);
+  const torch::Device device = ctx.device();
   const double cap_gib = config.get_float("bs_find.gpu_memory_gib");
   if (cap_gib > 0) {  // a smaller GPU, emulated: the caching allocator refuses beyond the cap
     EMBER_CHECK_KIND(kConfig, device.is_cuda(),
@@ -645,14 +644,14 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
       config.set_override(fmt::format("bs_find.budget_gib={}", cap_gib));
 #endif
   }
-  const amp::Precision precision = amp::parse_precision(config.get_string("trainer.precision"));
+  const amp::Precision precision = ctx.precision();
   const int64_t steps = config.get_int("bs_find.steps");
   const int64_t available = available_memory(device);
   core::MemoryMeter meter(device);
   int64_t held = 0, max_batch = config.get_int("bs_find.max_batch");
   {  // what the task holds before training; the training set's size (a larger batch has nothing to fill it)
     const int64_t before = meter.current();
-    std::unique_ptr<train::Task> task = spec.make_task(config, device);
+    std::unique_ptr<train::Task> task = spec.make_task(config, ctx);
     held = meter.current() - before;
     if (max_batch <= 0) max_batch = task->train_loader().num_samples();
   }
@@ -666,7 +665,7 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
       [&](int64_t batch) {
         int64_t peak = 0;
         try {
-          peak = probe_peak(spec, config, device, meter, batch, precision, steps, nullptr, budget);
+          peak = probe_peak(spec, config, ctx, meter, batch, precision, steps, nullptr, budget);
         } catch (const c10::OutOfMemoryError&) {
           std::cerr << fmt::format("[bs-find] batch {:>6}: out of memory\n", batch);
           throw;  // find_batch_size counts it as too large
@@ -708,8 +707,9 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
 }
 
 int find_lr(const RecipeSpec& spec, core::Config& config, const std::string& out) {
-  const torch::Device device = start_tool(config);
-  std::unique_ptr<train::Task> task = spec.make_task(config, device);
+  const RunContext ctx = start_tool(config);
+  const torch::Device device = ctx.device();
+  std::unique_ptr<train::Task> task = spec.make_task(config, ctx);
   const train::TrainerOptions options = train::trainer_options_from_config(config);
   const train::LrFinderOptions f = train::LrFinderOptions()
                                        .min_lr(config.get_float("lr_find.min_lr"))

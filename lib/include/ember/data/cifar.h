@@ -10,14 +10,22 @@
 // (10000 records each); cifar-100-binary/train.bin (50000) and test.bin (10000).
 
 #include <torch/arg.h>
+
+#include <cstdint>
 #include <string>
 
+#include "ember/core/config.h"
 #include "ember/data/dataset.h"
 #include "ember/data/idx.h"  // Split
 
 namespace ember::data {
 
 enum class CifarVariant { kCifar10, kCifar100 };
+/// "cifar10", "cifar100" -> CifarVariant; anything else is a config error listing them.
+CifarVariant parse_cifar_variant(const std::string& name);
+/// "cifar10" or "cifar100".
+const char* to_string(CifarVariant variant);
+
 /// Which CIFAR-100 label to use as the target.
 enum class CifarLabel { kFine, kCoarse };
 
@@ -26,6 +34,17 @@ struct CifarOptions {
   /// CIFAR-100 only: fine (100 classes, default) or coarse (20 superclasses).
   TORCH_ARG(CifarLabel, label) = CifarLabel::kFine;
 };
+
+/// Classes of the targets `options` reads: 10 (CIFAR-10), 100 (CIFAR-100
+/// fine) or 20 (CIFAR-100 coarse).
+int64_t cifar_num_classes(const CifarOptions& options);
+
+/// data.variant (cifar10 | cifar100, fine labels), with its default from
+/// `defaults`; registers cifar_options_from_config with the config's checks.
+/// The folder key (data.root) is the recipe's.
+void declare_cifar_keys(core::Config& config, const CifarOptions& defaults = {});
+/// CifarOptions from data.variant (a name outside the choices is a config error).
+CifarOptions cifar_options_from_config(const core::Config& config);
 
 /// Reads one binary file. Images uint8 [N, 32, 32, 3] (NHWC, the layout the
 /// augmentation ops take), targets int64 [N]. Errors name the file and say

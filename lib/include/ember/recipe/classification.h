@@ -8,11 +8,11 @@
 //     c.declare("data.root", "/usr/share/datasets/fashion-mnist", "...");
 //     ember::recipe::declare_classification_keys(c, ember::recipe::ClassificationOptions().batch_size(128));
 //   };
-//   spec.make_task = [](const ember::core::Config& c, torch::Device device) {
+//   spec.make_task = [](const ember::core::Config& c, const ember::recipe::RunContext& ctx) {
 //     ember::models::FashionNet net;
 //     const std::string root = c.get_string("data.root");
 //     return ember::recipe::ClassificationTask::from_config(
-//         c, device, torch::nn::AnyModule(net),
+//         c, ctx, torch::nn::AnyModule(net),
 //         {ember::data::load_mnist(root, ember::data::Split::kTrain),
 //          ember::data::load_mnist(root, ember::data::Split::kTest), 10});
 //   };
@@ -35,6 +35,7 @@
 #include "ember/augment/mix.h"
 #include "ember/core/config.h"
 #include "ember/data/loader.h"
+#include "ember/recipe/run_context.h"
 #include "ember/train/task.h"
 
 namespace ember::recipe {
@@ -74,10 +75,10 @@ struct ClassificationOptions {
   TORCH_ARG(augment::MixOptions, mix);
   /// Where batches go (the model is moved there too).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
-  /// Seed of shuffling, augmentation and mixing (trainer.seed).
+  /// Seed of shuffling, augmentation and mixing (RunContext::seed: trainer.seed).
   TORCH_ARG(uint64_t, seed) = 0;
   /// Training is sharded over `world_size` processes, this one being `rank`
-  /// (dist.world_size, dist.rank); validation and test are not.
+  /// (RunContext::world_size, rank); validation and test are not.
   TORCH_ARG(int64_t, world_size) = 1;
   TORCH_ARG(int64_t, rank) = 0;
 };
@@ -85,10 +86,11 @@ struct ClassificationOptions {
 /// Declares data.{batch_size, eval_batch_size, train_subset, test_subset,
 /// val_size, prefetch, resident} and the augment.* keys with `defaults`.
 void declare_classification_keys(core::Config& config, const ClassificationOptions& defaults);
-/// ClassificationOptions from those keys, trainer.seed, dist.world_size and
-/// dist.rank, for `device` (bad values are config errors).
+/// ClassificationOptions from those keys and the run's context: its device,
+/// seed, rank and world size, and train_batch_size (a tool's batch, else
+/// data.batch_size). Bad values are config errors.
 ClassificationOptions classification_options_from_config(const core::Config& config,
-                                                         const torch::Device& device);
+                                                         const RunContext& context);
 
 /// A labelled dataset: uint8 images, int64 labels in [0, num_classes).
 struct ClassificationData {
@@ -104,8 +106,9 @@ class ClassificationTask : public train::Task {
   ClassificationTask(torch::nn::AnyModule model, ClassificationData data,
                      const ClassificationOptions& options);
 
-  /// With classification_options_from_config(config, device).
-  static std::unique_ptr<ClassificationTask> from_config(const core::Config& config, torch::Device device,
+  /// With classification_options_from_config(config, context).
+  static std::unique_ptr<ClassificationTask> from_config(const core::Config& config,
+                                                         const RunContext& context,
                                                          torch::nn::AnyModule model, ClassificationData data);
 
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }

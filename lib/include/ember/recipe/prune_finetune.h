@@ -9,6 +9,7 @@
 // speedups; one line on stdout compares the two accuracies.
 //
 //   spec.declare = [](core::Config& c) { ...; recipe::declare_prune_finetune_keys(c); };
+//   spec.check = recipe::check_prune_finetune_launch;
 //   spec.finish = recipe::prune_and_finetune;
 
 #include "ember/core/config.h"
@@ -19,18 +20,19 @@
 
 namespace ember::recipe {
 
-/// The prune.* keys (defaults from `pruning`) and finetune.epochs, finetune.lr;
-/// registers check_prune_finetune_config with the config's checks.
+/// The prune.* keys (defaults from `pruning`; their values are checked by
+/// Config::validate) and finetune.epochs, finetune.lr.
 void declare_prune_finetune_keys(
     core::Config& config, const prune::PruningCallbackOptions& pruning = prune::PruningCallbackOptions());
 
-/// Fails on bad prune.* values or a data-parallel launch (the fine-tuning fit
-/// runs in one process); Config::validate runs it before the dense training.
-void check_prune_finetune_config(const core::Config& config);
+/// Fails on a data-parallel launch, `world_size` > 1 (the fine-tuning fit
+/// runs in one process): a RecipeSpec::check, which the runner calls before
+/// the dense training.
+void check_prune_finetune_launch(const core::Config& config, int64_t world_size);
 
 /// The second phase, after the dense model was trained and tested (`summary`
-/// holds its test accuracy).
-void prune_and_finetune(train::Task& task, const core::Config& config, const train::FitResult& dense,
-                        RunSummary& summary);
+/// holds its test accuracy), in <context.run_dir()>/finetune.
+void prune_and_finetune(train::Task& task, const core::Config& config, const RunContext& context,
+                        const train::FitResult& dense, RunSummary& summary);
 
 }  // namespace ember::recipe

@@ -7,7 +7,9 @@
 //     spec.name = "fashion_mnist";
 //     spec.default_config = kDefaultConfig;   // the recipe's config.toml, embedded
 //     spec.declare = [](ember::core::Config& c) { c.declare("model.width", 32, "..."); };
-//     spec.make_task = [](const ember::core::Config& c, torch::Device d) { return ...; };
+//     spec.make_task = [](const ember::core::Config& c, const ember::recipe::RunContext& ctx) {
+//       return ...;  // on ctx.device(), this rank's shard (ctx.rank(), ctx.world_size())
+//     };
 //     return ember::recipe::run_recipe(argc, argv, spec);
 //   }
 //
@@ -28,6 +30,7 @@
 #include <string_view>
 
 #include "ember/core/config.h"
+#include "ember/recipe/run_context.h"
 #include "ember/train/task.h"
 #include "ember/train/trainer.h"
 
@@ -65,21 +68,33 @@ struct RunSummary {
 /// Writes summary.json atomically.
 void write_summary(const std::string& path, const RunSummary& summary);
 
+/// What a recipe adds to the runner. Each hook gets the resolved config (what
+/// the user asked for; not written after validation) and, where the run has
+/// begun, the RunContext (what the runner decided: device, rank, run folder...).
 struct RecipeSpec {
   std::string name;
   /// The recipe's default config (TOML text).
   std::string_view default_config;
   /// Declares the recipe's own keys (model.*, data.* ...).
   std::function<void(core::Config&)> declare;
-  /// Builds the task on `device` from the resolved config.
-  std::function<std::unique_ptr<train::Task>(const core::Config&, torch::Device)> make_task;
+  /// Optional: refuses, before any work (and under --check), a run this recipe
+  /// cannot do with `world_size` processes (the launcher's WORLD_SIZE); throws
+  /// Error(kConfig). prune_finetune: one process only.
+  std::function<void(const core::Config&, int64_t world_size)> check;
+  /// Builds the task on context.device(): this rank's shard of the training
+  /// data (context.rank(), context.world_size()), batches of
+  /// train_batch_size(config, context) (a recipe tool sets context.batch_size()).
+  std::function<std::unique_ptr<train::Task>(const core::Config&, const RunContext&)> make_task;
   /// Optional: adds the recipe's own callbacks (pruning...) after the
   /// standard ones (progress, metrics, early stopping).
-  std::function<void(train::Trainer&, train::Task&, const core::Config&)> add_callbacks;
+  std::function<void(train::Trainer&, train::Task&, const core::Config&, const RunContext&)> add_callbacks;
   /// Optional: runs after training and testing, before summary.json is
-  /// written. Adds recipe-specific numbers to `summary.extra` (printed on the
-  /// final line too) and prints recipe-specific output (e.g. a text sample).
-  std::function<void(train::Task&, const core::Config&, const train::FitResult&, RunSummary&)> finish;
+  /// written (on the writing rank only). Adds recipe-specific numbers to
+  /// `summary.extra` (printed on the final line too) and prints
+  /// recipe-specific output (e.g. a text sample; files go to context.run_dir()).
+  std::function<void(train::Task&, const core::Config&, const RunContext&, const train::FitResult&,
+                     RunSummary&)>
+      finish;
 };
 
 /// Parses the command line, trains, tests, writes the run folder, prints the

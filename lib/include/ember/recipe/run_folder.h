@@ -3,8 +3,9 @@
 // run never writes over a previous run's files, and a resumed run continues
 // the run it resumes (same data order and schedule) or says why not.
 //
-//   RunFolderLock lock(dir);                       // throws if another process holds it
-//   claim_run_folder(dir, config, "fashion_mnist"); // refuses, moves aside or compares configs
+//   RunFolderLock lock(ctx.run_dir());             // throws if another process holds it
+//   claim_run_folder(ctx.run_dir(), recorded_config(config, ctx), "fashion_mnist");
+//                                                  // refuses, moves aside or compares configs
 //
 // The recipe runner does both on the writing rank before any other work in
 // the folder (lib/src/recipe/processes.cpp).
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "ember/core/config.h"
+#include "ember/recipe/run_context.h"
 
 namespace ember::recipe {
 
@@ -37,6 +39,13 @@ class RunFolderLock {
   int fd_ = -1;
 };
 
+/// The keys a run folder records (config.toml) and a resume compares:
+/// `config` with the runner's decisions written in: run.dir (the folder it
+/// runs in), dist.world_size and dist.rank. A copy: the run itself reads
+/// `config`, which keeps what the user gave, and `context`. `config` holds the
+/// keys of declare_recipe_keys.
+core::Config recorded_config(const core::Config& config, const RunContext& context);
+
 /// Keys a resumed run may change: they change neither what is trained nor in
 /// what order (output, monitoring, devices and threads, where the data is
 /// read from, early stopping), and trainer.epochs / trainer.max_steps when
@@ -44,8 +53,9 @@ class RunFolderLock {
 /// A change of any other key refuses the resume unless run.allow_changes=true.
 bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config& config);
 
-/// Prepares `dir` for a run with `config` (the resolved keys: run.overwrite,
-/// run.allow_changes, trainer.resume), before anything is written there:
+/// Prepares `dir` for a run with `config` (the keys as recorded_config gives
+/// them: run.overwrite, run.allow_changes, trainer.resume), before anything is
+/// written there:
 /// - a fresh run (trainer.resume empty, or a checkpoint of another folder) in
 ///   a folder holding a previous run's files refuses with both commands (resume
 ///   or overwrite); with run.overwrite=true the previous contents move to

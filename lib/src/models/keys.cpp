@@ -1,0 +1,73 @@
+// The models' config keys: model.* and sample.*.
+#include "ember/models/keys.h"
+
+#include "core/check.h"
+
+namespace ember::models {
+
+using core::Bounds;
+
+void declare_cifar_resnet_keys(core::Config& c, const CifarResNetOptions& d) {
+  c.declare("model.width", d.width(), "channels of the first stage (the others have 2x and 4x)",
+            Bounds::between(1, 1 << 12));
+  c.declare("model.blocks", d.blocks(),
+            "basic blocks per stage (3 = ResNet-20, 5 = ResNet-32, 9 = ResNet-56)", Bounds::between(1, 64));
+}
+
+CifarResNetOptions cifar_resnet_options_from_config(const core::Config& c) {
+  return CifarResNetOptions().width(c.get_int("model.width")).blocks(c.get_int("model.blocks"));
+}
+
+void declare_fashion_net_keys(core::Config& c, const FashionNetOptions& d) {
+  c.declare("model.width", d.width(), "channels of the first conv block (the second has 2x)",
+            Bounds::between(1, 1 << 12));
+  c.declare("model.hidden", d.hidden(), "units of the hidden linear layer", Bounds::between(1, 1 << 16));
+  c.declare("model.dropout", d.dropout(), "dropout before each linear layer", Bounds::from_below(0, 1));
+}
+
+FashionNetOptions fashion_net_options_from_config(const core::Config& c) {
+  return FashionNetOptions()
+      .width(c.get_int("model.width"))
+      .hidden(c.get_int("model.hidden"))
+      .dropout(c.get_float("model.dropout"));
+}
+
+void declare_char_gpt_keys(core::Config& c, const CharGptOptions& d) {
+  c.declare("model.n_layer", d.n_layer(), "transformer blocks", Bounds::between(1, 256));
+  c.declare("model.n_head", d.n_head(), "attention heads (must divide n_embd)", Bounds::between(1, 256));
+  c.declare("model.n_embd", d.n_embd(), "width of the residual stream", Bounds::between(1, 1 << 15));
+  c.declare("model.dropout", d.dropout(), "dropout on embeddings, attention and residual branches",
+            Bounds::from_below(0, 1));
+  c.add_check([](const core::Config& config) { char_gpt_options_from_config(config); });
+}
+
+CharGptOptions char_gpt_options_from_config(const core::Config& c) {
+  CharGptOptions o;
+  o.n_layer(c.get_int("model.n_layer"))
+      .n_head(c.get_int("model.n_head"))
+      .n_embd(c.get_int("model.n_embd"))
+      .dropout(c.get_float("model.dropout"));
+  EMBER_CHECK_KIND(kConfig, o.n_layer() >= 1 && o.n_head() >= 1 && o.n_embd() % o.n_head() == 0,
+                   "[models::CharGpt] model.n_layer={} and model.n_head={} must be >= 1, and model.n_embd={} "
+                   "a multiple of n_head",
+                   o.n_layer(), o.n_head(), o.n_embd());
+  return o;
+}
+
+void declare_sample_keys(core::Config& c, const SampleOptions& d) {
+  c.declare("sample.length", d.length(), "bytes generated after training (0 = no sample)",
+            Bounds::between(0, 1 << 20));
+  c.declare("sample.temperature", d.temperature(), "sampling temperature (0 = greedy)",
+            Bounds::between(0, 100));
+  c.declare("sample.top_k", d.top_k(), "sample among the k most likely bytes (0 = all)",
+            Bounds::between(0, 256));
+}
+
+SampleOptions sample_options_from_config(const core::Config& c) {
+  return SampleOptions()
+      .length(c.get_int("sample.length"))
+      .temperature(c.get_float("sample.temperature"))
+      .top_k(c.get_int("sample.top_k"));
+}
+
+}  // namespace ember::models
