@@ -7,6 +7,7 @@
 #include <ember/recipe/prune_finetune.h>
 #include <ember/recipe/recipe.h>
 #include <ember/recipe/run_folder.h>
+#include <ember/train/scheduler.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -233,7 +234,8 @@ TEST(RunFolder, AFolderWithAConfigTomlIsNotARunFolderUnlessEmberWroteIt) {
 
 namespace {
 // Every key of every recipe: the keys the library declares for them, and
-// each recipe's own (declared in recipes/*/main.cpp, mirrored here).
+// each recipe's own, mirrored here as recipes/*/main.cpp declares them (a key
+// there that gets OnResume::kMayChange gets it here too).
 core::Config every_recipes_keys() {
   core::Config c;
   recipe::declare_recipe_keys(c);
@@ -311,4 +313,51 @@ TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndSt
                           "data.block_size", "plan.steps", "lr_find.steps", "bs_find.steps"})
     EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume(key, c)) << key;
   EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("trainer.progress_x", c)) << "not declared";
+}
+
+// The rule is the key's own declaration: a recipe's key declared with
+// OnResume::kMayChange may change on resume, the same key declared without
+// it refuses the resume.
+TEST(RunFolder, AResumeMayChangeTheKeysDeclaredSo) {
+  const auto config = [](const std::string& dir, core::OnResume on_resume) {
+    core::Config c = config_for(dir);
+    c.declare("report.every", 5, "", core::Bounds::at_least(1), on_resume);
+    return c;
+  };
+  for (const core::OnResume on_resume : {core::OnResume::kMayChange, core::OnResume::kMustMatch}) {
+    const bool may = on_resume == core::OnResume::kMayChange;
+    const std::string dir = test_util::temp_dir(may ? "declared_safe" : "declared_unsafe");
+    claim_run_folder(dir, config(dir, on_resume), "r");
+    train::write_file_atomic(dir + "/checkpoints/last.pt", "weights");
+    core::Config changed = config(dir, on_resume);
+    changed.set_override("trainer.resume=auto");
+    changed.set_override("report.every=7");
+    EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("report.every", changed), may);
+    testing::internal::CaptureStderr();
+    const std::string m = claim_error(dir, changed);
+    const std::string said = testing::internal::GetCapturedStderr();
+    if (may) {
+      EXPECT_EQ(m, "");
+      EXPECT_NE(said.find("resuming with changed keys: report.every: 5 -> 7"), std::string::npos) << said;
+    } else {
+      EXPECT_NE(m.find("change the data order or the schedule (report.every: 5 -> 7)"), std::string::npos)
+          << m;
+    }
+  }
+}
+
+// trainer.epochs and trainer.max_steps follow sched.name's ScheduleKind.
+TEST(RunFolder, TheRunsLengthMayChangeUnlessTheScheduleSpansTheRun) {
+  for (const train::ScheduleKind kind : {train::ScheduleKind::kConstant, train::ScheduleKind::kStep,
+                                         train::ScheduleKind::kCosine, train::ScheduleKind::kOneCycle}) {
+    core::Config c = config_for(test_util::temp_dir("length"));
+    c.set_override(std::string("sched.name=") + train::to_string(kind));
+    const bool spans = kind == train::ScheduleKind::kCosine || kind == train::ScheduleKind::kOneCycle;
+    EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("trainer.epochs", c), !spans) << train::to_string(kind);
+    EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("trainer.max_steps", c), !spans)
+        << train::to_string(kind);
+  }
+  core::Config no_schedule;  // a program without sched.*: a constant rate
+  no_schedule.declare("trainer.epochs", 3, "");
+  EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("trainer.epochs", no_schedule));
 }
