@@ -178,16 +178,18 @@ int main(int argc, char** argv) {
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
     c.declare("data.path", "/usr/share/games/fortunes",
-              "a text file, or a folder whose regular files without an extension are concatenated by name");
+              "a text file, or a folder whose regular files without an extension are concatenated by name",
+              core::OnResume::kMayChange);
     c.declare("data.block_size", 128, "context length in bytes (T)", core::Bounds::between(1, 1 << 16));
     c.declare("data.stride", 0, "bytes between the starts of training windows (0 = block_size)",
               core::Bounds::between(0, 1 << 30));
     c.declare("data.val_fraction", 0.1, "the last fraction of the text, held out for validation (0 = none)",
               core::Bounds::from_below(0, 1));
     c.declare("data.batch_size", 16, "training windows per batch", core::Bounds::between(1, 1 << 20));
-    c.declare("data.eval_batch_size", 64, "validation windows per batch", core::Bounds::between(1, 1 << 20));
+    c.declare("data.eval_batch_size", 64, "validation windows per batch", core::Bounds::between(1, 1 << 20),
+              core::OnResume::kMayChange);
     c.declare("data.prefetch", -1, "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)",
-              core::Bounds::between(-1, 64));
+              core::Bounds::between(-1, 64), core::OnResume::kMayChange);
     c.declare("model.n_layer", 4, "transformer blocks", core::Bounds::between(1, 256));
     c.declare("model.n_head", 4, "attention heads (must divide n_embd)", core::Bounds::between(1, 256));
     c.declare("model.n_embd", 128, "width of the residual stream", core::Bounds::between(1, 1 << 15));
@@ -195,12 +197,15 @@ int main(int argc, char** argv) {
               core::Bounds::from_below(0, 1));
     prune::declare_pruning_keys(
         c, prune::PruningCallbackOptions().pruner(prune::PrunerOptions().ignored_layers({"wte"})));
+    // The text sample after training: a resumed run may change it.
+    constexpr auto kMayChange = core::OnResume::kMayChange;
     c.declare("sample.length", 300, "bytes generated after training (0 = no sample)",
-              core::Bounds::between(0, 1 << 20));
-    c.declare("sample.temperature", 0.8, "sampling temperature (0 = greedy)", core::Bounds::between(0, 100));
+              core::Bounds::between(0, 1 << 20), kMayChange);
+    c.declare("sample.temperature", 0.8, "sampling temperature (0 = greedy)", core::Bounds::between(0, 100),
+              kMayChange);
     c.declare("sample.top_k", 40, "sample among the k most likely bytes (0 = all)",
-              core::Bounds::between(0, 256));
-    c.declare("sample.prompt", "Q:", "text the sample starts from");
+              core::Bounds::between(0, 256), kMayChange);
+    c.declare("sample.prompt", "Q:", "text the sample starts from", kMayChange);
   };
   spec.make_task = [](const core::Config& c, torch::Device d) { return std::make_unique<CharGptTask>(c, d); };
   // Structured pruning of the MLP hidden size (prune.epochs=[...] turns it on).

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
     c.declare("data.root", "data/cifar-10-batches-bin",
-              "folder with the CIFAR binary files (or its parent); see recipes/cifar_resnet/README.md");
+              "folder with the CIFAR binary files (or its parent); see recipes/cifar_resnet/README.md",
+              core::OnResume::kMayChange);
     c.declare("data.variant", "cifar10", "cifar10 | cifar100 (fine labels)");
     recipe::declare_classification_keys(
         c, recipe::ClassificationOptions().batch_size(256).resident(true).augment(

@@ -17,12 +17,12 @@ int main(int argc, char** argv) {
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
     c.declare("data.root", "/usr/share/datasets/fashion-mnist",
-              "folder with the four IDX files (.gz or plain)");
+              "folder with the four IDX files (.gz or plain)", core::OnResume::kMayChange);
     recipe::declare_classification_keys(c, recipe::ClassificationOptions());
     c.declare("model.width", 16, "channels of the first stage (then 2x, 4x)",
               core::Bounds::between(1, 1 << 12));
     c.declare("model.blocks", 2, "basic blocks per stage", core::Bounds::between(1, 64));
-    recipe::declare_prune_finetune_keys(c, prune::PruningCallbackOptions().eval("test"));
+    recipe::declare_prune_finetune_keys(c, prune::PruningCallbackOptions().eval(prune::EvalSplit::kTest));
   };
   spec.make_task = [](const core::Config& c, torch::Device device) {
     models::CifarResNet net(models::CifarResNetOptions()

@@ -244,11 +244,11 @@ core::Config every_recipes_keys() {
   recipe::declare_prune_finetune_keys(c, prune::PruningCallbackOptions());
   // The recipes' own keys (data.eval_batch_size and data.prefetch of char_gpt
   // are declared above, by declare_classification_keys).
-  c.declare("data.root", "", "");
+  c.declare("data.root", "", "", core::OnResume::kMayChange);
   c.declare("data.variant", "cifar10", "");
   c.declare("data.train_split", "train", "");
   c.declare("data.test_split", "val", "");
-  c.declare("data.path", "", "");
+  c.declare("data.path", "", "", core::OnResume::kMayChange);
   c.declare("data.block_size", 128, "");
   c.declare("data.stride", 0, "");
   c.declare("data.val_fraction", 0.1, "");
@@ -256,10 +256,10 @@ core::Config every_recipes_keys() {
        {"model.width", "model.blocks", "model.hidden", "model.n_layer", "model.n_head", "model.n_embd"})
     c.declare(key, 1, "");
   c.declare("model.dropout", 0.0, "");
-  c.declare("sample.length", 300, "");
-  c.declare("sample.temperature", 0.8, "");
-  c.declare("sample.top_k", 40, "");
-  c.declare("sample.prompt", "Q:", "");
+  c.declare("sample.length", 300, "", core::OnResume::kMayChange);
+  c.declare("sample.temperature", 0.8, "", core::OnResume::kMayChange);
+  c.declare("sample.top_k", 40, "", core::OnResume::kMayChange);
+  c.declare("sample.prompt", "Q:", "", core::OnResume::kMayChange);
   return c;
 }
 

@@ -118,31 +118,6 @@ RunFolderLock::~RunFolderLock() {
   ::close(fd_);
 }
 
-namespace {
-
-// Keys a resume may change whose declarations do not say
-// OnResume::kMayChange yet. A name ending in '.' stands for every key under
-// it. Delete an entry once its declaration says kMayChange (the test
-// RunFolder.TheKeysAResumeMayChange... checks the whole set).
-constexpr const char* kMayChangeNotYetDeclared[] = {
-    // lib/src/recipe/recipe.cpp
-    "run.", "trainer.device", "trainer.threads",
-    // lib/src/train/keys.cpp
-    "trainer.resume", "trainer.nonfinite_patience", "trainer.detect_anomaly", "trainer.val_every",
-    "trainer.checkpoint_every", "early_stop.",
-    // lib/src/recipe/classification.cpp and recipes/char_gpt/main.cpp
-    "data.eval_batch_size", "data.prefetch", "data.resident",
-    // recipes/*/main.cpp
-    "data.root", "data.path", "sample."};
-
-bool may_change_not_yet_declared(const std::string& key) {
-  for (const std::string s : kMayChangeNotYetDeclared)
-    if (s.back() == '.' ? key.compare(0, s.size(), s) == 0 : key == s) return true;
-  return false;
-}
-
-}  // namespace
-
 bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config& config) {
   // The run's length sets the schedule only where the schedule spans the run
   // (cosine, onecycle): with a constant or step schedule, training longer or
@@ -162,7 +137,7 @@ bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config&
     return false;
   }
   if (!config.has(key)) return false;
-  return config.on_resume(key) == core::OnResume::kMayChange || may_change_not_yet_declared(key);
+  return config.on_resume(key) == core::OnResume::kMayChange;
 }
 
 namespace {

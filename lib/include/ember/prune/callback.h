@@ -72,11 +72,6 @@ struct PruningCallbackOptions {
   TORCH_ARG(EvalSplit, eval) = EvalSplit::kVal;
   /// Print the report of each step.
   TORCH_ARG(bool, verbose) = true;
-
- public:
-  /// eval(parse_eval_split(name)): kept while recipes/prune_finetune/main.cpp
-  /// passes "test"; use the enum.
-  PruningCallbackOptions& eval(const char* name) { return eval(parse_eval_split(name)); }
 };
 
 /// One pruning step during training.
