@@ -239,6 +239,17 @@ MUTANTS = (
            "",
            ("ember_tests", "ember_parity_grad_scaler"), r"GradScaler|FusedOptim\.|parity\.grad_scaler_fused$",
            "step_async does not hand the scale to the fused kernels: steps use gradients x scale"),
+    # Decisions on enums, not on names the code wrote itself.
+    Mutant("resume_flag_ignored", "lib/src/recipe/run_folder.cpp",
+           "config.on_resume(key) == core::OnResume::kMayChange",
+           "config.on_resume(key) == core::OnResume::kMustMatch",
+           ("ember_tests",), r"RunFolder\.",
+           "a resume may change exactly the keys declared kMustMatch: a new data order is accepted, a new log interval refused"),
+    Mutant("prune_eval_on_val_for_test", "lib/src/prune/callback.cpp",
+           "      eval_loader = task.test_loader();\n",
+           "      eval_loader = task.val_loader();\n",
+           ("ember_tests",), r"PruningCallback\.",
+           "prune.eval=test evaluates the pruned model on the validation data"),
 )
 
 

@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
     c.declare("data.path", "/usr/share/games/fortunes",
-              "a text file, or a folder whose regular files without an extension are concatenated by name");
+              "a text file, or a folder whose regular files without an extension are concatenated by name",
+              core::OnResume::kMayChange);
     c.declare("data.block_size", CharGptOptions().block_size(), "context length in bytes (T)",
               core::Bounds::between(1, 1 << 16));
     c.declare("data.stride", 0, "bytes between the starts of training windows (0 = block_size)",
@@ -169,14 +170,15 @@ int main(int argc, char** argv) {
     c.declare("data.val_fraction", 0.1, "the last fraction of the text, held out for validation (0 = none)",
               core::Bounds::from_below(0, 1));
     c.declare("data.batch_size", 16, "training windows per batch", core::Bounds::between(1, 1 << 20));
-    c.declare("data.eval_batch_size", 64, "validation windows per batch", core::Bounds::between(1, 1 << 20));
+    c.declare("data.eval_batch_size", 64, "validation windows per batch", core::Bounds::between(1, 1 << 20),
+              core::OnResume::kMayChange);
     c.declare("data.prefetch", -1, "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)",
-              core::Bounds::between(-1, 64));
+              core::Bounds::between(-1, 64), core::OnResume::kMayChange);
     models::declare_char_gpt_keys(c);
     prune::declare_pruning_keys(
         c, prune::PruningCallbackOptions().pruner(prune::PrunerOptions().ignored_layers({"wte"})));
     models::declare_sample_keys(c);
-    c.declare("sample.prompt", "Q:", "text the sample starts from");
+    c.declare("sample.prompt", "Q:", "text the sample starts from", core::OnResume::kMayChange);
   };
   spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
     return std::make_unique<CharGptTask>(c, ctx);

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
     c.declare("data.root", "data/cifar-10-batches-bin",
-              "folder with the CIFAR binary files (or its parent); see recipes/cifar_resnet/README.md");
+              "folder with the CIFAR binary files (or its parent); see recipes/cifar_resnet/README.md",
+              core::OnResume::kMayChange);
     data::declare_cifar_keys(c);
     recipe::declare_classification_keys(
         c, recipe::ClassificationOptions().batch_size(256).resident(true).augment(

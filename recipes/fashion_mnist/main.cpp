@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
     c.declare("data.root", "/usr/share/datasets/fashion-mnist",
-              "folder with the four IDX files (.gz or plain)");
+              "folder with the four IDX files (.gz or plain)", core::OnResume::kMayChange);
     // Augmentation off by default (the default run's numbers in README.md):
     // only normalisation. augment.toml turns on padded crops and flips.
     recipe::declare_classification_keys(

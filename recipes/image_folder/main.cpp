@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
     c.declare("data.root", "data/images",
-              "folder holding the split folders, each root/<split>/<class>/<images>");
+              "folder holding the split folders, each root/<split>/<class>/<images>",
+              core::OnResume::kMayChange);
     c.declare("data.train_split", "train", "sub-folder of data.root to train on");
     c.declare("data.test_split", "val", "sub-folder of data.root to test on");
     data::declare_image_folder_keys(c, data::ImageFolderOptions({72, 72}));

@@ -17,10 +17,10 @@ int main(int argc, char** argv) {
   spec.default_config = kDefaultConfig;
   spec.declare = [](core::Config& c) {
     c.declare("data.root", "/usr/share/datasets/fashion-mnist",
-              "folder with the four IDX files (.gz or plain)");
+              "folder with the four IDX files (.gz or plain)", core::OnResume::kMayChange);
     recipe::declare_classification_keys(c, recipe::ClassificationOptions());
     models::declare_cifar_resnet_keys(c, models::CifarResNetOptions().blocks(2));
-    recipe::declare_prune_finetune_keys(c, prune::PruningCallbackOptions().eval("test"));
+    recipe::declare_prune_finetune_keys(c, prune::PruningCallbackOptions().eval(prune::EvalSplit::kTest));
   };
   spec.check = recipe::check_prune_finetune_launch;
   spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {

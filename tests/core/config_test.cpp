@@ -240,6 +240,33 @@ TEST(Config, ChecksRunOnValidate) {
 #define EMBER_TEST_ASAN 1
 #endif
 
+TEST(Config, EachKeySaysWhetherAResumeMayChangeIt) {
+  using ember::core::Bounds;
+  using ember::core::OnResume;
+  Config c = make();
+  for (const std::string& key : c.keys()) EXPECT_EQ(c.on_resume(key), OnResume::kMustMatch) << key;
+  c.declare("out.flag", true, "", OnResume::kMayChange);
+  c.declare("out.count", 5, "", OnResume::kMayChange);  // an int, not the bool overload's
+  c.declare("out.wide", int64_t{1} << 40, "", Bounds::at_least(0), OnResume::kMayChange);
+  c.declare("out.rate", 0.5, "", OnResume::kMayChange);
+  c.declare("out.bounded_rate", 0.5, "", Bounds::between(0, 1), OnResume::kMayChange);
+  c.declare("out.name", "x", "", OnResume::kMayChange);
+  c.declare("out.text", std::string("y"), "", OnResume::kMayChange);
+  c.declare("out.list", std::vector<double>{1.0}, "", Bounds(), OnResume::kMayChange);
+  c.declare("out.bounded_count", 3, "", Bounds::between(1, 4));
+  for (const char* key : {"out.flag", "out.count", "out.wide", "out.rate", "out.bounded_rate", "out.name",
+                          "out.text", "out.list"})
+    EXPECT_EQ(c.on_resume(key), OnResume::kMayChange) << key;
+  EXPECT_EQ(c.on_resume("out.bounded_count"), OnResume::kMustMatch);
+  EXPECT_EQ(c.get_int("out.count"), 5);
+  EXPECT_EQ(c.get_int("out.wide"), int64_t{1} << 40);
+  EXPECT_DOUBLE_EQ(c.get_float("out.rate"), 0.5);
+  EXPECT_NE(error_of([&] { c.set_override("out.bounded_rate=2"); }).find("in [0, 1]"), std::string::npos);
+  EXPECT_NE(error_of([&] { c.on_resume("out.nope"); }).find("unknown key 'out.nope'"), std::string::npos);
+  Config copy = c;  // the flag travels with the key
+  EXPECT_EQ(copy.on_resume("out.flag"), OnResume::kMayChange);
+}
+
 TEST(HostMalloc, TuningIsAcceptedByGlibc) {
 #if defined(EMBER_TEST_ASAN)
   GTEST_SKIP() << "AddressSanitizer replaces glibc's malloc, whose mallopt this tunes";

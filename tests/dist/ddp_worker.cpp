@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
       dist::ProcessGroupOptions po;
       po.timeout(std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
       po.device(torch::Device(a.device));
-      po.backend(a.backend);
+      po.backend(dist::parse_backend(a.backend));
       group = dist::ProcessGroup::create(env, po);
       group->check_same_everywhere("config", a.config_tag);
       o.distribution(dist::make_distribution(group));

@@ -19,6 +19,7 @@ namespace ember {
 namespace {
 
 using monitor::Record;
+using monitor::RecordKind;
 using test_util::BlobTask;
 using train::StepPhase;
 using Clock = std::chrono::steady_clock;
@@ -52,7 +53,7 @@ std::vector<std::string> read_lines(const std::string& path) {
 struct Capture : monitor::MetricsWriter {
   void write(const Record& r) override { records.push_back(r); }
   std::vector<Record> records;
-  std::vector<Record> of(const std::string& kind) const {
+  std::vector<Record> of(RecordKind kind) const {
     std::vector<Record> out;
     for (const auto& r : records)
       if (r.kind == kind) out.push_back(r);
@@ -225,7 +226,7 @@ TEST(Monitor, StepBreakdownAddsUpToTheMeasuredStepTime) {
   trainer.add_callback(clock).add_callback(mon);
   trainer.fit(task);
 
-  const auto steps = capture->of("step");
+  const auto steps = capture->of(RecordKind::kStep);
   ASSERT_EQ(steps.size(), 5u);  // 8 batches per epoch, a record every 3 steps (one spans the epoch end)
   for (const auto& r : steps) {
     EXPECT_GE(r.get("data_ms"), 6.0) << "the loader sleeps 6 ms per batch";
@@ -283,7 +284,7 @@ TEST(Monitor, AFailingWriterIsDroppedAndTrainingGoesOn) {
   trainer.add_callback(mon);
   EXPECT_EQ(trainer.fit(task).steps, 8);
   EXPECT_EQ(failing->calls, 2);
-  EXPECT_EQ(capture->of("step").size(), 4u);
+  EXPECT_EQ(capture->of(RecordKind::kStep).size(), 4u);
   EXPECT_NE(read_stream(o.stream()).find("[test] disk full; that writer is off"), std::string::npos);
 }
 
@@ -301,7 +302,7 @@ TEST(Monitor, MfuIsFlopsTimesThroughputOverPeak) {
   train::Trainer trainer(to);
   trainer.add_callback(mon);
   trainer.fit(task);
-  const auto steps = capture->of("step");
+  const auto steps = capture->of(RecordKind::kStep);
   ASSERT_EQ(steps.size(), 2u);
   for (const auto& r : steps) {
     ASSERT_GT(r.get("samples_per_second"), 0);
@@ -442,7 +443,7 @@ TEST(MonitorWriters, CsvWithOtherColumnsIsAnError) {
   const std::string dir = test_util::temp_dir("monitor_csv");
   test_util::write_bytes(dir + "/m.csv", "kind,epoch,step,time,foo\n");
   const std::string err =
-      test_util::error_of([&] { monitor::CsvWriter(dir + "/m.csv", {"step"}, {"loss"}, 0.0); });
+      test_util::error_of([&] { monitor::CsvWriter(dir + "/m.csv", {RecordKind::kStep}, {"loss"}, 0.0); });
   EXPECT_NE(err.find("m.csv has other columns"), std::string::npos) << err;
 }
 
@@ -451,7 +452,7 @@ TEST(MonitorWriters, JsonlValuesIntegersNullsAndRounding) {
   {
     monitor::JsonlWriter w(dir + "/m.jsonl", 100.0);
     Record r;
-    r.kind = "step";
+    r.kind = RecordKind::kStep;
     r.epoch = 1;
     r.step = 7;
     r.wall_time = 101.25;
@@ -469,7 +470,7 @@ TEST(MonitorWriters, AppendingAfterACrashStartsANewLine) {
   {
     monitor::JsonlWriter w(dir + "/m.jsonl", 0.0);
     Record r;
-    r.kind = "val";
+    r.kind = RecordKind::kVal;
     w.write(r);
   }
   const auto lines = read_lines(dir + "/m.jsonl");
@@ -478,15 +479,51 @@ TEST(MonitorWriters, AppendingAfterACrashStartsANewLine) {
   EXPECT_EQ(nlohmann::json::parse(lines[2]).at("kind"), "val");
 }
 
+// The kinds are the files' text: metrics.jsonl's "kind", the CSVs' first column.
+TEST(MonitorWriters, RecordKindNamesAreTheFilesKinds) {
+  for (const auto& [kind, name] :
+       std::vector<std::pair<RecordKind, std::string>>{{RecordKind::kStep, "step"},
+                                                       {RecordKind::kTrainEpoch, "train_epoch"},
+                                                       {RecordKind::kVal, "val"}}) {
+    EXPECT_EQ(monitor::to_string(kind), name);
+    EXPECT_EQ(monitor::parse_record_kind(name), kind);
+  }
+  try {
+    monitor::parse_record_kind("epoch");
+    ADD_FAILURE() << "an unknown kind was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kData);
+    EXPECT_NE(std::string(e.what()).find("'epoch'; expected step, train_epoch or val"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(MonitorWriters, CsvWritesTheRecordsOfItsKindsOnly) {
+  const std::string dir = test_util::temp_dir("monitor_csv_kinds");
+  {
+    monitor::CsvWriter w(dir + "/m.csv", {RecordKind::kTrainEpoch, RecordKind::kVal}, {"loss"}, 0.0);
+    for (const RecordKind kind :
+         {RecordKind::kStep, RecordKind::kTrainEpoch, RecordKind::kStep, RecordKind::kVal}) {
+      Record r;
+      r.kind = kind;
+      r.add("loss", 0.5);
+      w.write(r);
+    }
+  }
+  EXPECT_EQ(read_lines(dir + "/m.csv"),
+            (std::vector<std::string>{"kind,epoch,step,time,loss", "train_epoch,0,0,0.000,0.5",
+                                      "val,0,0,0.000,0.5"}));
+}
+
 TEST(MonitorWriters, TensorBoardTags) {
   using monitor::TensorBoardScalars;
-  EXPECT_EQ(TensorBoardScalars::tag_of("step", "loss"), "train/loss");
-  EXPECT_EQ(TensorBoardScalars::tag_of("step", "samples_per_second"), "train/samples_per_second");
-  EXPECT_EQ(TensorBoardScalars::tag_of("step", "data_ms"), "time/data_ms");
-  EXPECT_EQ(TensorBoardScalars::tag_of("step", "gpu_mem_reserved_mib"), "gpu/mem_reserved_mib");
-  EXPECT_EQ(TensorBoardScalars::tag_of("step", "rss_mib"), "host/rss_mib");
-  EXPECT_EQ(TensorBoardScalars::tag_of("train_epoch", "accuracy"), "epoch/train_accuracy");
-  EXPECT_EQ(TensorBoardScalars::tag_of("val", "loss"), "epoch/val_loss");
+  EXPECT_EQ(TensorBoardScalars::tag_of(RecordKind::kStep, "loss"), "train/loss");
+  EXPECT_EQ(TensorBoardScalars::tag_of(RecordKind::kStep, "samples_per_second"), "train/samples_per_second");
+  EXPECT_EQ(TensorBoardScalars::tag_of(RecordKind::kStep, "data_ms"), "time/data_ms");
+  EXPECT_EQ(TensorBoardScalars::tag_of(RecordKind::kStep, "gpu_mem_reserved_mib"), "gpu/mem_reserved_mib");
+  EXPECT_EQ(TensorBoardScalars::tag_of(RecordKind::kStep, "rss_mib"), "host/rss_mib");
+  EXPECT_EQ(TensorBoardScalars::tag_of(RecordKind::kTrainEpoch, "accuracy"), "epoch/train_accuracy");
+  EXPECT_EQ(TensorBoardScalars::tag_of(RecordKind::kVal, "loss"), "epoch/val_loss");
 }
 
 TEST(Progress, PlainLinesWithoutControlCharactersWhenNotATerminal) {

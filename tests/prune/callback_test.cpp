@@ -137,7 +137,8 @@ TEST(PruningCallback, SparsityShrinksBatchNormScalesUntilPruning) {
     NormBlobTask task;
     train::Trainer t(trainer_options(3, ""));
     // The pruning step is scheduled after the run ends: only the regulariser acts.
-    t.add_callback(std::make_shared<PruningCallback>(options({10}, 0.5).sparsity_l1(l1).eval("none")));
+    t.add_callback(
+        std::make_shared<PruningCallback>(options({10}, 0.5).sparsity_l1(l1).eval(EvalSplit::kNone)));
     t.fit(task);
     return task.gamma().abs().sum().item<double>();
   };
@@ -184,6 +185,59 @@ TEST(PruningCallback, ConfigKeysRoundTrip) {
   EXPECT_EQ(o.pruner().round_to(), 8);
   c.set_override("prune.epochs=[1.5]");
   EXPECT_THROW(pruning_options_from_config(c), Error);
+}
+
+TEST(PruningCallback, EvalSplitNamesRoundTripAndOthersAreConfigErrors) {
+  for (const EvalSplit split : {EvalSplit::kVal, EvalSplit::kTest, EvalSplit::kNone})
+    EXPECT_EQ(parse_eval_split(to_string(split)), split);
+  EXPECT_STREQ(to_string(EvalSplit::kVal), "val");
+  EXPECT_STREQ(to_string(EvalSplit::kTest), "test");
+  EXPECT_STREQ(to_string(EvalSplit::kNone), "none");
+  core::Config c;
+  declare_pruning_keys(c);
+  EXPECT_EQ(c.get_string("prune.eval"), "val");
+  EXPECT_EQ(pruning_options_from_config(c).eval(), EvalSplit::kVal);
+  c.set_override("prune.eval=test");
+  EXPECT_EQ(pruning_options_from_config(c).eval(), EvalSplit::kTest);
+  c.set_override("prune.eval=validation");
+  try {
+    c.validate();
+    ADD_FAILURE() << "prune.eval=validation was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(std::string(e.what()).find("prune.eval=\"validation\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("choose val, test or none"), std::string::npos) << e.what();
+  }
+  core::Config test_default;
+  declare_pruning_keys(test_default, PruningCallbackOptions().eval(EvalSplit::kTest));
+  EXPECT_EQ(test_default.get_string("prune.eval"), "test");
+}
+
+// BlobTask with a test set of its own (64 samples; validation has 128).
+class SplitBlobTask : public BlobTask {
+ public:
+  SplitBlobTask() : BlobTask(deterministic()) {
+    test_ = std::make_unique<data::TensorLoader>(test_util::make_blobs(64, 3),
+                                                 data::TensorLoaderOptions().batch_size(32).shuffle(false));
+  }
+  data::Loader* test_loader() override { return test_.get(); }
+
+ private:
+  std::unique_ptr<data::TensorLoader> test_;
+};
+
+TEST(PruningCallback, EvalPicksTheDataEvaluatedAroundAStep) {
+  for (const auto& [split, samples] : std::vector<std::pair<EvalSplit, int64_t>>{
+           {EvalSplit::kVal, 128}, {EvalSplit::kTest, 64}, {EvalSplit::kNone, 0}}) {
+    SplitBlobTask task;
+    train::Trainer t(trainer_options(2, ""));
+    auto cb = std::make_shared<PruningCallback>(options({1}, 0.5).timing_steps(0).eval(split));
+    t.add_callback(cb);
+    t.fit(task);
+    ASSERT_EQ(cb->reports().size(), 1u);
+    EXPECT_EQ(cb->reports()[0].eval_before.samples, samples) << to_string(split);
+    EXPECT_EQ(cb->reports()[0].eval_after.samples, samples) << to_string(split);
+  }
 }
 
 }  // namespace

@@ -2,10 +2,16 @@
 #include <ember/core/config.h>
 #include <ember/core/error.h>
 #include <ember/core/file.h>
+#include <ember/data/image_folder.h>
+#include <ember/recipe/classification.h>
+#include <ember/recipe/prune_finetune.h>
 #include <ember/recipe/recipe.h>
 #include <ember/recipe/run_folder.h>
+#include <ember/train/scheduler.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "train/test_task.h"
 
@@ -256,4 +262,134 @@ TEST(RunFolder, AFolderWithAConfigTomlIsNotARunFolderUnlessEmberWroteIt) {
   EXPECT_EQ(claim_error(old, over), "");
   testing::internal::GetCapturedStderr();
   EXPECT_EQ(replaced_folders(old).size(), 1u);
+}
+
+namespace {
+// Every key of every recipe: the keys the library declares for them, and
+// each recipe's own, mirrored here as recipes/*/main.cpp declares them (a key
+// there that gets OnResume::kMayChange gets it here too).
+core::Config every_recipes_keys() {
+  core::Config c;
+  recipe::declare_recipe_keys(c);
+  recipe::declare_classification_keys(c, recipe::ClassificationOptions());
+  data::declare_image_folder_keys(c, data::ImageFolderOptions({72, 72}));
+  recipe::declare_prune_finetune_keys(c, prune::PruningCallbackOptions());
+  // The recipes' own keys (data.eval_batch_size and data.prefetch of char_gpt
+  // are declared above, by declare_classification_keys).
+  c.declare("data.root", "", "", core::OnResume::kMayChange);
+  c.declare("data.variant", "cifar10", "");
+  c.declare("data.train_split", "train", "");
+  c.declare("data.test_split", "val", "");
+  c.declare("data.path", "", "", core::OnResume::kMayChange);
+  c.declare("data.block_size", 128, "");
+  c.declare("data.stride", 0, "");
+  c.declare("data.val_fraction", 0.1, "");
+  for (const char* key :
+       {"model.width", "model.blocks", "model.hidden", "model.n_layer", "model.n_head", "model.n_embd"})
+    c.declare(key, 1, "");
+  c.declare("model.dropout", 0.0, "");
+  c.declare("sample.length", 300, "", core::OnResume::kMayChange);
+  c.declare("sample.temperature", 0.8, "", core::OnResume::kMayChange);
+  c.declare("sample.top_k", 40, "", core::OnResume::kMayChange);
+  c.declare("sample.prompt", "Q:", "", core::OnResume::kMayChange);
+  return c;
+}
+
+std::vector<std::string> safe_keys(const core::Config& c) {
+  std::vector<std::string> out;
+  for (const std::string& key : c.keys())
+    if (recipe::key_is_safe_to_change_on_resume(key, c)) out.push_back(key);
+  return out;
+}
+}  // namespace
+
+// The keys a resume may change, over every key of every recipe;
+// the list is what run_folder.cpp's hand-written list gave before the keys
+// carried the rule themselves.
+TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndStops) {
+  core::Config c = every_recipes_keys();
+  const std::vector<std::string> always = {
+      // output and monitoring
+      "mfu.flops_per_sample", "mfu.peak_tflops", "monitor.csv", "monitor.data_wait_warning",
+      "monitor.histogram_every", "monitor.nvml", "monitor.step_timing", "monitor.tensorboard", "prune.eval",
+      "prune.timing_steps", "run.allow_changes", "run.dir", "run.malloc_tuning", "run.overwrite",
+      "sample.length", "sample.prompt", "sample.temperature", "sample.top_k", "trainer.checkpoint_every",
+      "trainer.log_every", "trainer.profile_steps", "trainer.profile_wait", "trainer.progress",
+      "trainer.val_every",
+      // when to stop
+      "early_stop.min_delta", "early_stop.monitor", "early_stop.patience", "trainer.detect_anomaly",
+      "trainer.nonfinite_patience", "trainer.resume",
+      // where and how fast it runs; where the data is read from
+      "data.cache_dir", "data.eval_batch_size", "data.path", "data.prefetch", "data.resident", "data.root",
+      "data.threads", "dist.backend", "dist.rank", "dist.timeout_s", "trainer.device", "trainer.threads"};
+  const auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  // A schedule that spans the run (cosine, onecycle): the run's length is part of it.
+  for (const char* schedule : {"cosine", "onecycle"}) {
+    c.set_override(std::string("sched.name=") + schedule);
+    EXPECT_EQ(safe_keys(c), sorted(always)) << schedule;
+  }
+  // A constant or step schedule: a longer or shorter run continues the same run.
+  std::vector<std::string> with_length = always;
+  with_length.insert(with_length.end(), {"trainer.epochs", "trainer.max_steps"});
+  for (const char* schedule : {"constant", "step"}) {
+    c.set_override(std::string("sched.name=") + schedule);
+    EXPECT_EQ(safe_keys(c), sorted(with_length)) << schedule;
+  }
+  // Everything else changes what is trained or in what order.
+  for (const char* key : {"data.batch_size", "data.val_size", "data.size", "augment.crop", "optim.lr",
+                          "sched.name", "trainer.seed", "trainer.precision", "dist.world_size",
+                          "dist.bucket_cap_mb", "prune.epochs", "prune.seed", "finetune.lr", "model.width",
+                          "data.block_size", "plan.steps", "lr_find.steps", "bs_find.steps"})
+    EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume(key, c)) << key;
+  EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("trainer.progress_x", c)) << "not declared";
+}
+
+// The rule is the key's own declaration: a recipe's key declared with
+// OnResume::kMayChange may change on resume, the same key declared without
+// it refuses the resume.
+TEST(RunFolder, AResumeMayChangeTheKeysDeclaredSo) {
+  const auto config = [](const std::string& dir, core::OnResume on_resume) {
+    core::Config c = config_for(dir);
+    c.declare("report.every", 5, "", core::Bounds::at_least(1), on_resume);
+    return c;
+  };
+  for (const core::OnResume on_resume : {core::OnResume::kMayChange, core::OnResume::kMustMatch}) {
+    const bool may = on_resume == core::OnResume::kMayChange;
+    const std::string dir = test_util::temp_dir(may ? "declared_safe" : "declared_unsafe");
+    claim_run_folder(dir, config(dir, on_resume), "r");
+    train::write_file_atomic(dir + "/checkpoints/last.pt", "weights");
+    core::Config changed = config(dir, on_resume);
+    changed.set_override("trainer.resume=auto");
+    changed.set_override("report.every=7");
+    EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("report.every", changed), may);
+    testing::internal::CaptureStderr();
+    const std::string m = claim_error(dir, changed);
+    const std::string said = testing::internal::GetCapturedStderr();
+    if (may) {
+      EXPECT_EQ(m, "");
+      EXPECT_NE(said.find("resuming with changed keys: report.every: 5 -> 7"), std::string::npos) << said;
+    } else {
+      EXPECT_NE(m.find("change the data order or the schedule (report.every: 5 -> 7)"), std::string::npos)
+          << m;
+    }
+  }
+}
+
+// trainer.epochs and trainer.max_steps follow sched.name's ScheduleKind.
+TEST(RunFolder, TheRunsLengthMayChangeUnlessTheScheduleSpansTheRun) {
+  for (const train::ScheduleKind kind : {train::ScheduleKind::kConstant, train::ScheduleKind::kStep,
+                                         train::ScheduleKind::kCosine, train::ScheduleKind::kOneCycle}) {
+    core::Config c = config_for(test_util::temp_dir("length"));
+    c.set_override(std::string("sched.name=") + train::to_string(kind));
+    const bool spans = kind == train::ScheduleKind::kCosine || kind == train::ScheduleKind::kOneCycle;
+    EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("trainer.epochs", c), !spans) << train::to_string(kind);
+    EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("trainer.max_steps", c), !spans)
+        << train::to_string(kind);
+  }
+  core::Config no_schedule;  // a program without sched.*: a constant rate
+  no_schedule.declare("trainer.epochs", 3, "");
+  EXPECT_TRUE(recipe::key_is_safe_to_change_on_resume("trainer.epochs", no_schedule));
 }

@@ -338,7 +338,7 @@ int main(int argc, char** argv) {
     torch::Device device = core::resolve_device(a.device);
     if (device.is_cuda()) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
     dist::ProcessGroupOptions po;
-    po.backend(a.backend);
+    po.backend(dist::parse_backend(a.backend));
     po.device(device);
     group = dist::ProcessGroup::create(env, po);
     group->check_same_everywhere(

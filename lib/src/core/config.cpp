@@ -238,32 +238,36 @@ void check_bounds(const std::string& key, const ConfigValue& v, const Bounds& b,
 }
 }  // namespace
 
-Config& Config::declare_value(const std::string& key, ConfigValue value, std::string doc, Bounds bounds) {
+Config& Config::declare_value(const std::string& key, ConfigValue value, std::string doc, Bounds bounds,
+                              OnResume on_resume) {
   EMBER_CHECK_KIND(kConfig, !key.empty() && key.front() != '.' && key.back() != '.',
                    "[config] invalid key name '{}'", key);
   EMBER_CHECK_KIND(kConfig, !entries_.count(key), "[config] key '{}' declared twice", key);
   check_bounds(key, value, bounds, "its declared default");
-  entries_.emplace(key, ConfigEntry{value, value, std::move(doc), "default", bounds});
+  entries_.emplace(key, ConfigEntry{value, value, std::move(doc), "default", bounds, on_resume});
   return *this;
 }
 
-Config& Config::declare(const std::string& key, bool v, std::string doc) {
-  return declare_value(key, v, std::move(doc));
+Config& Config::declare(const std::string& key, bool v, std::string doc, OnResume on_resume) {
+  return declare_value(key, v, std::move(doc), {}, on_resume);
 }
-Config& Config::declare(const std::string& key, int64_t v, std::string doc, Bounds bounds) {
-  return declare_value(key, v, std::move(doc), bounds);
+Config& Config::declare(const std::string& key, int64_t v, std::string doc, Bounds bounds,
+                        OnResume on_resume) {
+  return declare_value(key, v, std::move(doc), bounds, on_resume);
 }
-Config& Config::declare(const std::string& key, double v, std::string doc, Bounds bounds) {
-  return declare_value(key, v, std::move(doc), bounds);
+Config& Config::declare(const std::string& key, double v, std::string doc, Bounds bounds,
+                        OnResume on_resume) {
+  return declare_value(key, v, std::move(doc), bounds, on_resume);
 }
-Config& Config::declare(const std::string& key, const char* v, std::string doc) {
-  return declare_value(key, std::string(v), std::move(doc));
+Config& Config::declare(const std::string& key, const char* v, std::string doc, OnResume on_resume) {
+  return declare_value(key, std::string(v), std::move(doc), {}, on_resume);
 }
-Config& Config::declare(const std::string& key, std::string v, std::string doc) {
-  return declare_value(key, std::move(v), std::move(doc));
+Config& Config::declare(const std::string& key, std::string v, std::string doc, OnResume on_resume) {
+  return declare_value(key, std::move(v), std::move(doc), {}, on_resume);
 }
-Config& Config::declare(const std::string& key, std::vector<double> v, std::string doc, Bounds bounds) {
-  return declare_value(key, std::move(v), std::move(doc), bounds);
+Config& Config::declare(const std::string& key, std::vector<double> v, std::string doc, Bounds bounds,
+                        OnResume on_resume) {
+  return declare_value(key, std::move(v), std::move(doc), bounds, on_resume);
 }
 
 ConfigEntry& Config::entry_for_update(const std::string& key, const std::string& source) {
@@ -476,6 +480,10 @@ void Config::validate() const {
 
 std::string Config::get_text(const std::string& key) const {
   return format_value(entry(key).value);
+}
+
+OnResume Config::on_resume(const std::string& key) const {
+  return entry(key).on_resume;
 }
 
 bool Config::get_bool(const std::string& key) const {

@@ -12,10 +12,12 @@ void declare_image_folder_keys(core::Config& c, const ImageFolderOptions& d) {
   c.declare("data.size", std::vector<double>(d.size().begin(), d.size().end()),
             "[H, W] images are decoded and stored at (shorter side + centre crop)",
             core::Bounds::between(1, 1 << 14));
-  c.declare("data.threads", d.threads(), "decoding threads (0 = all cores)", core::Bounds::between(0, 1024));
+  c.declare("data.threads", d.threads(), "decoding threads (0 = all cores)", core::Bounds::between(0, 1024),
+            core::OnResume::kMayChange);
   c.declare("data.on_error", d.on_error() == OnError::kSkip ? "skip" : "fail",
             "an unreadable image: fail (name it) or skip (list it and go on)");
-  c.declare("data.cache_dir", "", "folder for the decoded-dataset cache files (\"\" = no cache)");
+  c.declare("data.cache_dir", "", "folder for the decoded-dataset cache files (\"\" = no cache)",
+            core::OnResume::kMayChange);
   c.declare("data.max_pixels", d.max_pixels(), "images declaring more pixels are refused before decoding",
             core::Bounds::between(1, int64_t{1} << 32));
   c.add_check([](const core::Config& config) { image_folder_options_from_config(config, "train"); });

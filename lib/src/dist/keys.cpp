@@ -10,11 +10,12 @@ namespace ember::dist {
 using core::Bounds;
 
 void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupOptions& g) {
-  c.declare("dist.backend", g.backend(),
-            "data-parallel (under torchrun): gloo, nccl, or auto (nccl on CUDA, gloo on CPU)");
+  c.declare("dist.backend", to_string(g.backend()),
+            "data-parallel (under torchrun): gloo, nccl, or auto (nccl on CUDA, gloo on CPU)",
+            core::OnResume::kMayChange);
   c.declare("dist.timeout_s", std::chrono::duration<double>(g.timeout()).count(),
             "seconds before a silent or dead rank makes the others fail, naming it",
-            Bounds::between(1, 7 * 86400));
+            Bounds::between(1, 7 * 86400), core::OnResume::kMayChange);
   c.declare("dist.bucket_cap_mb", d.bucket_cap_mb().value_or(0.0),
             "gradient all-reduce bucket size in MiB (0 = PyTorch's: 25 MiB, the first bucket 1 MiB)",
             Bounds::between(0, 1 << 16));
@@ -26,9 +27,10 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
             "set by the launcher (WORLD_SIZE): ranks the training data is split between",
             Bounds::between(1, 1 << 20));
   c.declare("dist.rank", 0, "set by the launcher (RANK): this process's shard of the training data",
-            Bounds::between(0, (1 << 20) - 1));
+            Bounds::between(0, (1 << 20) - 1), core::OnResume::kMayChange);
   c.add_check([](const core::Config& config) {
     ddp_options_from_config(config);
+    process_group_options_from_config(config, torch::kCPU);  // dist.backend's name
     EMBER_CHECK_KIND(kConfig, config.get_int("dist.rank") < config.get_int("dist.world_size"),
                      "[dist] dist.rank={} must be below dist.world_size={}", config.get_int("dist.rank"),
                      config.get_int("dist.world_size"));
@@ -45,7 +47,7 @@ DdpOptions ddp_options_from_config(const core::Config& c) {
 
 ProcessGroupOptions process_group_options_from_config(const core::Config& c, const torch::Device& device) {
   ProcessGroupOptions o;
-  o.backend(c.get_string("dist.backend"));
+  o.backend(c.get_parsed("dist.backend", parse_backend));
   o.timeout(
       std::chrono::milliseconds(static_cast<int64_t>(std::llround(c.get_float("dist.timeout_s") * 1000))));
   o.device(device);

@@ -87,6 +87,26 @@ std::string heartbeat_key(int64_t rank) {
 
 }  // namespace
 
+Backend parse_backend(const std::string& name) {
+  if (name == "auto") return Backend::kAuto;
+  if (name == "gloo") return Backend::kGloo;
+  if (name == "nccl") return Backend::kNccl;
+  detail::fail(ErrorKind::kConfig, "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto",
+               name);
+}
+
+const char* to_string(Backend backend) {
+  switch (backend) {
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 LaunchEnv launch_env() {
   LaunchEnv e;
   e.world_size = env_int("WORLD_SIZE", 1);
@@ -188,24 +208,22 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
   EMBER_CHECK(size >= 1 && rank >= 0 && rank < size, "[dist::ProcessGroup] rank {} of {} is not a valid rank",
               rank, size);
   EMBER_CHECK(options.timeout().count() > 0, "[dist::ProcessGroup] dist.timeout_s must be > 0");
-  std::string backend = options.backend();
-  if (backend == "auto") backend = options.device().is_cuda() ? "nccl" : "gloo";
+  Backend backend = options.backend();
+  if (backend == Backend::kAuto) backend = options.device().is_cuda() ? Backend::kNccl : Backend::kGloo;
   EMBER_CHECK(
-      backend != "gloo" || !options.device().is_cuda(),
+      backend != Backend::kGloo || !options.device().is_cuda(),
       "[dist::ProcessGroup] dist.backend=gloo reduces CPU tensors only, but this rank trains on {}: use "
       "dist.backend=nccl (or auto) on GPUs, or trainer.device=cpu",
       options.device().str());
   EMBER_CHECK(
-      backend != "gloo" || EMBER_GLOO_LAYOUT_VERIFIED,
+      backend != Backend::kGloo || EMBER_GLOO_LAYOUT_VERIFIED,
       "[dist::ProcessGroup] Ember's Gloo route is verified for LibTorch 2.11 only (see "
       "lib/src/dist/gloo_shim/gloo/README.md): check the layout pins in process_group.cpp for this version");
   if (options.device().is_cuda() && !options.device().has_index())
     options.device(torch::Device(
         torch::kCUDA, static_cast<c10::DeviceIndex>(
                           rank % std::max<int64_t>(1, static_cast<int64_t>(torch::cuda::device_count())))));
-  EMBER_CHECK(backend == "gloo" || backend == "nccl",
-              "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto", options.backend());
-  EMBER_CHECK(backend == "gloo" || options.device().is_cuda(),
+  EMBER_CHECK(backend == Backend::kGloo || options.device().is_cuda(),
               "[dist::ProcessGroup] dist.backend=nccl needs a CUDA device, this rank trains on {}",
               options.device().str());
 
@@ -221,7 +239,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
   group->pg_ = c10::make_intrusive<c10d::ProcessGroup>(prefix, r, n);
   c10::intrusive_ptr<c10d::Backend> be;
   try {
-    if (backend == "gloo") {
+    if (backend == Backend::kGloo) {
       // Options and the transport device come from libtorch (create_default
       // honours GLOO_SOCKET_IFNAME); the group is constructed by libtorch's
       // exported constructor and used only through its Backend base.
@@ -253,7 +271,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
   } catch (const std::exception& ex) {
     throw Error(
         fmt::format("[dist::ProcessGroup] rank {} of {} could not connect the {} group within {} s: {}", rank,
-                    size, backend, options.timeout().count() / 1000.0, ex.what()));
+                    size, to_string(backend), options.timeout().count() / 1000.0, ex.what()));
   }
   group->pg_->setGroupName("0");
   group->start_heartbeat();

@@ -55,12 +55,14 @@ CharGptOptions char_gpt_options_from_config(const core::Config& c) {
 }
 
 void declare_sample_keys(core::Config& c, const SampleOptions& d) {
+  // The text sample after training: a resumed run may change it.
+  constexpr auto kMayChange = core::OnResume::kMayChange;
   c.declare("sample.length", d.length(), "bytes generated after training (0 = no sample)",
-            Bounds::between(0, 1 << 20));
+            Bounds::between(0, 1 << 20), kMayChange);
   c.declare("sample.temperature", d.temperature(), "sampling temperature (0 = greedy)",
-            Bounds::between(0, 100));
+            Bounds::between(0, 100), kMayChange);
   c.declare("sample.top_k", d.top_k(), "sample among the k most likely bytes (0 = all)",
-            Bounds::between(0, 256));
+            Bounds::between(0, 256), kMayChange);
 }
 
 SampleOptions sample_options_from_config(const core::Config& c) {

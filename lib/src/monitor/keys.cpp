@@ -9,28 +9,36 @@ namespace ember::monitor {
 using core::Bounds;
 
 void declare_monitor_keys(core::Config& c, const MonitorOptions& d, const ProfilerOptions& p) {
+  // Output only: a resumed run may change any of them.
+  constexpr auto kMayChange = core::OnResume::kMayChange;
   c.declare("trainer.log_every", d.log_every(),
-            "optimizer steps between step records (metrics.jsonl, CSV, TensorBoard)", Bounds::at_least(1));
-  c.declare("trainer.progress", true, "show the progress line");
+            "optimizer steps between step records (metrics.jsonl, CSV, TensorBoard)", Bounds::at_least(1),
+            kMayChange);
+  c.declare("trainer.progress", true, "show the progress line", kMayChange);
   c.declare("trainer.profile_steps", p.steps(),
-            "write a Chrome/Perfetto trace of N steps to <run.dir>/trace.json (0 = off)",
-            Bounds::at_least(0));
-  c.declare("trainer.profile_wait", p.wait(), "steps before the traced ones (warm-up)", Bounds::at_least(0));
-  c.declare("monitor.tensorboard", d.tensorboard(), "TensorBoard event files in <run.dir>/tensorboard");
-  c.declare("monitor.csv", d.csv(), "metrics_steps.csv and metrics_epochs.csv in the run folder");
+            "write a Chrome/Perfetto trace of N steps to <run.dir>/trace.json (0 = off)", Bounds::at_least(0),
+            kMayChange);
+  c.declare("trainer.profile_wait", p.wait(), "steps before the traced ones (warm-up)", Bounds::at_least(0),
+            kMayChange);
+  c.declare("monitor.tensorboard", d.tensorboard(), "TensorBoard event files in <run.dir>/tensorboard",
+            kMayChange);
+  c.declare("monitor.csv", d.csv(), "metrics_steps.csv and metrics_epochs.csv in the run folder", kMayChange);
   c.declare("monitor.histogram_every", d.histogram_every(),
-            "weight and gradient histograms to TensorBoard every N steps (0 = off)", Bounds::at_least(0));
+            "weight and gradient histograms to TensorBoard every N steps (0 = off)", Bounds::at_least(0),
+            kMayChange);
   c.declare("monitor.step_timing", d.step_timing(),
-            "step-time breakdown: data, forward, backward, optimizer, other");
-  c.declare("monitor.nvml", d.nvml(), "GPU utilisation, power, temperature and clocks through NVML");
+            "step-time breakdown: data, forward, backward, optimizer, other", kMayChange);
+  c.declare("monitor.nvml", d.nvml(), "GPU utilisation, power, temperature and clocks through NVML",
+            kMayChange);
   c.declare("monitor.data_wait_warning", d.data_wait_warning(),
             "warn when waiting for data takes more than this share of the step (0 = off)",
-            Bounds::between(0, 1));
+            Bounds::between(0, 1), kMayChange);
   c.declare("mfu.peak_tflops", d.peak_flops() / 1e12,
-            "peak TFLOP/s for MFU (0 = auto: GPU datasheet table, or a CPU matmul; < 0 = no MFU)");
+            "peak TFLOP/s for MFU (0 = auto: GPU datasheet table, or a CPU matmul; < 0 = no MFU)",
+            kMayChange);
   c.declare("mfu.flops_per_sample", d.flops_per_sample(),
             "training FLOPs per sample (0 = the task's count, else 3 x forward MACs x 2)",
-            Bounds::at_least(0));
+            Bounds::at_least(0), kMayChange);
   c.add_check([](const core::Config& config) { monitor_options_from_config(config, ""); });
 }
 

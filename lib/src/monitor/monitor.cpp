@@ -177,10 +177,11 @@ void Monitor::on_fit_start(train::Trainer& trainer) {
       writers_.push_back(std::make_shared<JsonlWriter>(options_.run_dir() + "/metrics.jsonl", fit_start_));
     if (options_.csv()) {
       writers_.push_back(std::make_shared<CsvWriter>(options_.run_dir() + "/metrics_steps.csv",
-                                                     std::set<std::string>{"step"}, step_columns(),
+                                                     std::set<RecordKind>{RecordKind::kStep}, step_columns(),
                                                      fit_start_));
       writers_.push_back(std::make_shared<CsvWriter>(
-          options_.run_dir() + "/metrics_epochs.csv", std::set<std::string>{"train_epoch", "val"},
+          options_.run_dir() + "/metrics_epochs.csv",
+          std::set<RecordKind>{RecordKind::kTrainEpoch, RecordKind::kVal},
           std::vector<std::string>{"loss", "accuracy", "seconds", "samples", "skipped_steps"}, fit_start_));
     }
     if (options_.tensorboard()) {
@@ -242,7 +243,7 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   ++interval_steps_;
   interval_samples_ += info.samples;
   if (options_.histogram_every() > 0 && tensorboard_ && info.step % options_.histogram_every() == 0)
-    write_histograms(trainer, info.step, "weights");
+    write_histograms(trainer, info.step, Histogram::kWeights);
   if (options_.log_every() <= 0 || info.step % options_.log_every() != 0) return;
 
   // The one host sync of the interval: the loss; the timer's events are then
@@ -253,7 +254,7 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   const double sps = static_cast<double>(interval_samples_) / seconds;
 
   Record r;
-  r.kind = "step";
+  r.kind = RecordKind::kStep;
   r.epoch = info.epoch + 1;
   r.step = info.step;
   r.wall_time = now;
@@ -310,11 +311,13 @@ void Monitor::on_step_end(train::Trainer& trainer, const train::StepInfo& info) 
   interval_since_ = std::chrono::steady_clock::now();  // writing the record is not training time
 }
 
-void Monitor::write_histograms(train::Trainer& trainer, int64_t step, const char* what) {
+void Monitor::write_histograms(train::Trainer& trainer, int64_t step, Histogram what) {
+  const bool weights = what == Histogram::kWeights;
   try {
     for (const auto& item : trainer.task()->model()->named_parameters()) {
-      const torch::Tensor t = what[0] == 'w' ? item.value().detach() : item.value().grad();
-      if (t.defined()) tensorboard_->add_histogram(std::string(what) + "/" + item.key(), t, step);
+      const torch::Tensor t = weights ? item.value().detach() : item.value().grad();
+      if (t.defined())
+        tensorboard_->add_histogram((weights ? "weights/" : "gradients/") + item.key(), t, step);
     }
   } catch (const std::exception& e) {
     std::fprintf(options_.stream(), "\nmonitor: warning: %s; TensorBoard is off for the rest of the run\n",
@@ -332,10 +335,10 @@ void Monitor::on_before_optimizer_step(train::Trainer& trainer, torch::optim::Op
   // Gradients are final here (unscaled, clipped) and gone by on_step_end.
   const int64_t step = trainer.global_step() + 1;  // the step being taken
   if (options_.histogram_every() <= 0 || !tensorboard_ || step % options_.histogram_every() != 0) return;
-  write_histograms(trainer, step, "gradients");
+  write_histograms(trainer, step, Histogram::kGradients);
 }
 
-Record Monitor::epoch_record(const char* kind, int64_t epoch, const train::EvalResult& r,
+Record Monitor::epoch_record(RecordKind kind, int64_t epoch, const train::EvalResult& r,
                              const train::Trainer& trainer) const {
   Record rec;
   rec.kind = kind;
@@ -344,8 +347,7 @@ Record Monitor::epoch_record(const char* kind, int64_t epoch, const train::EvalR
   rec.wall_time = unix_now();
   rec.add("loss", r.loss).add("accuracy", r.accuracy >= 0 ? r.accuracy : NAN).add("seconds", r.seconds);
   rec.add("samples", static_cast<double>(r.samples));
-  if (std::string(kind) == "train_epoch")
-    rec.add("skipped_steps", static_cast<double>(trainer.skipped_steps()));
+  if (kind == RecordKind::kTrainEpoch) rec.add("skipped_steps", static_cast<double>(trainer.skipped_steps()));
   return rec;
 }
 
@@ -353,11 +355,11 @@ void Monitor::on_epoch_end(train::Trainer& trainer, int64_t epoch, const train::
   if (timer_) timer_->pause();  // validation and checkpoints are not step time
   interval_seconds_ = interval_seconds();
   interval_since_.reset();
-  emit(epoch_record("train_epoch", epoch, train, trainer));
+  emit(epoch_record(RecordKind::kTrainEpoch, epoch, train, trainer));
 }
 
 void Monitor::on_validation_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& val) {
-  emit(epoch_record("val", epoch, val, trainer));
+  emit(epoch_record(RecordKind::kVal, epoch, val, trainer));
 }
 
 void Monitor::on_fit_end(train::Trainer&) {

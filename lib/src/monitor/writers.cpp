@@ -64,6 +64,26 @@ double Record::get(const std::string& name) const {
   return std::numeric_limits<double>::quiet_NaN();
 }
 
+RecordKind parse_record_kind(const std::string& name) {
+  if (name == "step") return RecordKind::kStep;
+  if (name == "train_epoch") return RecordKind::kTrainEpoch;
+  if (name == "val") return RecordKind::kVal;
+  detail::fail(ErrorKind::kData,
+               "[monitor::Record] unknown record kind '{}'; expected step, train_epoch or val", name);
+}
+
+const char* to_string(RecordKind kind) {
+  switch (kind) {
+    case RecordKind::kTrainEpoch:
+      return "train_epoch";
+    case RecordKind::kVal:
+      return "val";
+    case RecordKind::kStep:
+      break;
+  }
+  return "step";
+}
+
 JsonlWriter::JsonlWriter(const std::string& path, double time_origin)
     : path_(path), time_origin_(time_origin) {
   make_parent_dirs(path);
@@ -74,7 +94,7 @@ JsonlWriter::JsonlWriter(const std::string& path, double time_origin)
 
 void JsonlWriter::write(const Record& r) {
   nlohmann::ordered_json j;
-  j["kind"] = r.kind;
+  j["kind"] = to_string(r.kind);
   j["epoch"] = r.epoch;
   j["step"] = r.step;
   j["time"] = std::round((r.wall_time - time_origin_) * 1e3) / 1e3;
@@ -88,7 +108,7 @@ void JsonlWriter::flush() {
   out_.flush();
 }
 
-CsvWriter::CsvWriter(const std::string& path, std::set<std::string> kinds, std::vector<std::string> columns,
+CsvWriter::CsvWriter(const std::string& path, std::set<RecordKind> kinds, std::vector<std::string> columns,
                      double time_origin)
     : path_(path), kinds_(std::move(kinds)), columns_(std::move(columns)), time_origin_(time_origin) {
   std::string header = "kind,epoch,step,time";
@@ -111,7 +131,8 @@ CsvWriter::CsvWriter(const std::string& path, std::set<std::string> kinds, std::
 
 void CsvWriter::write(const Record& r) {
   if (!kinds_.count(r.kind)) return;
-  std::string line = fmt::format("{},{},{},{:.3f}", r.kind, r.epoch, r.step, r.wall_time - time_origin_);
+  std::string line =
+      fmt::format("{},{},{},{:.3f}", to_string(r.kind), r.epoch, r.step, r.wall_time - time_origin_);
   for (const auto& c : columns_) line += "," + csv_value(r.get(c));
   out_ << line << '\n';
   out_.flush();
@@ -127,10 +148,15 @@ TensorBoardScalars::TensorBoardScalars(std::shared_ptr<TensorBoardWriter> writer
   EMBER_CHECK(writer_ != nullptr, "[monitor::TensorBoardScalars] null writer");
 }
 
-std::string TensorBoardScalars::tag_of(const std::string& kind, const std::string& name) {
-  if (kind == "train_epoch") return "epoch/train_" + name;
-  if (kind == "val") return "epoch/val_" + name;
-  if (kind != "step") return kind + "/" + name;
+std::string TensorBoardScalars::tag_of(RecordKind kind, const std::string& name) {
+  switch (kind) {
+    case RecordKind::kTrainEpoch:
+      return "epoch/train_" + name;
+    case RecordKind::kVal:
+      return "epoch/val_" + name;
+    case RecordKind::kStep:
+      break;
+  }
   const auto ends_with = [&](const char* s) {
     const std::string suffix = s;
     return name.size() >= suffix.size() &&

@@ -100,6 +100,26 @@ nlohmann::json eval_json(const train::EvalResult& r) {
 
 }  // namespace
 
+EvalSplit parse_eval_split(const std::string& name) {
+  if (name == "val") return EvalSplit::kVal;
+  if (name == "test") return EvalSplit::kTest;
+  if (name == "none") return EvalSplit::kNone;
+  detail::fail(ErrorKind::kConfig,
+               "[prune::PruningCallback] unknown prune.eval '{}'; choose val, test or none", name);
+}
+
+const char* to_string(EvalSplit split) {
+  switch (split) {
+    case EvalSplit::kTest:
+      return "test";
+    case EvalSplit::kNone:
+      return "none";
+    case EvalSplit::kVal:
+      break;
+  }
+  return "val";
+}
+
 std::string PruningReport::table() const {
   std::string s = result.table();
   const auto speed = [](double before, double after) { return after > 0 ? before / after : 0.0; };
@@ -130,8 +150,6 @@ PruningCallback::PruningCallback(PruningCallbackOptions options) : options_(std:
   EMBER_CHECK(options_.target_macs() >= 0 && options_.target_macs() <= 1,
               "[prune::PruningCallback] prune.target_macs {} must be in [0, 1] (0 = use prune.ratio)",
               options_.target_macs());
-  EMBER_CHECK(options_.eval() == "val" || options_.eval() == "test" || options_.eval() == "none",
-              "[prune::PruningCallback] prune.eval '{}' must be val, test or none", options_.eval());
 }
 
 void PruningCallback::on_fit_start(train::Trainer& trainer) {
@@ -194,9 +212,17 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   const double progress = static_cast<double>(step + 1) / n;
   PruningReport report;
   report.epoch = epoch;
-  data::Loader* eval_loader = options_.eval() == "val"    ? task.val_loader()
-                              : options_.eval() == "test" ? task.test_loader()
-                                                          : nullptr;
+  data::Loader* eval_loader = nullptr;
+  switch (options_.eval()) {
+    case EvalSplit::kVal:
+      eval_loader = task.val_loader();
+      break;
+    case EvalSplit::kTest:
+      eval_loader = task.test_loader();
+      break;
+    case EvalSplit::kNone:
+      break;
+  }
   if (eval_loader) report.eval_before = trainer.evaluate(task, *eval_loader);
   const Timing before = time_steps(trainer, task, example_, options_.timing_steps());
 
@@ -359,8 +385,10 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
   c.declare("prune.sparsity_l1", d.sparsity_l1(),
             "L1 on batch-norm scales before pruning (network slimming; 0 = off)", core::Bounds::at_least(0));
   c.declare("prune.timing_steps", d.timing_steps(),
-            "steps timed before/after each pruning step (0 = no timing)", core::Bounds::at_least(0));
-  c.declare("prune.eval", d.eval(), "evaluate before/after each pruning step on: val | test | none");
+            "steps timed before/after each pruning step (0 = no timing)", core::Bounds::at_least(0),
+            core::OnResume::kMayChange);
+  c.declare("prune.eval", to_string(d.eval()),
+            "evaluate before/after each pruning step on: val | test | none", core::OnResume::kMayChange);
   c.declare("prune.seed", static_cast<int64_t>(d.pruner().seed()), "seed of random importance",
             core::Bounds::at_least(0));
   c.add_check([](const core::Config& config) { pruning_options_from_config(config); });
@@ -398,7 +426,7 @@ PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
       .taylor_batches(c.get_int("prune.taylor_batches"))
       .sparsity_l1(c.get_float("prune.sparsity_l1"))
       .timing_steps(c.get_int("prune.timing_steps"))
-      .eval(c.get_string("prune.eval"));
+      .eval(c.get_parsed("prune.eval", parse_eval_split));
   return o;
 }
 

@@ -37,7 +37,7 @@ augment::MixResult mix_batch(const data::Batch& batch, int64_t num_classes, cons
 void declare_classification_keys(core::Config& c, const ClassificationOptions& d) {
   c.declare("data.batch_size", d.batch_size(), "training batch size", Bounds::between(1, 1 << 24));
   c.declare("data.eval_batch_size", d.eval_batch_size(), "validation/test batch size",
-            Bounds::between(1, 1 << 24));
+            Bounds::between(1, 1 << 24), core::OnResume::kMayChange);
   c.declare("data.train_subset", d.train_subset(), "use the first N training images (0 = all)",
             Bounds::at_least(0));
   c.declare("data.test_subset", d.test_subset(), "use the first N test images (0 = all)",
@@ -45,8 +45,10 @@ void declare_classification_keys(core::Config& c, const ClassificationOptions& d
   c.declare("data.val_size", d.val_size(), "hold out the last N training images for validation",
             Bounds::at_least(0));
   c.declare("data.prefetch", d.prefetch(),
-            "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)", Bounds::between(-1, 64));
-  c.declare("data.resident", d.resident(), "on a GPU, keep the uint8 dataset in device memory");
+            "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)", Bounds::between(-1, 64),
+            core::OnResume::kMayChange);
+  c.declare("data.resident", d.resident(), "on a GPU, keep the uint8 dataset in device memory",
+            core::OnResume::kMayChange);
   augment::declare_augment_keys(c, d.augment(), d.mix());
   c.add_check([](const core::Config& config) { classification_options_from_config(config, RunContext()); });
 }

@@ -23,18 +23,23 @@
 namespace ember::recipe {
 
 void declare_recipe_keys(core::Config& c) {
-  c.declare("run.dir", "", "run folder; empty = runs/<recipe>-<timestamp>");
+  // Where the run goes and how it starts, where it runs: a resumed run may change them.
+  constexpr auto kMayChange = core::OnResume::kMayChange;
+  c.declare("run.dir", "", "run folder; empty = runs/<recipe>-<timestamp>", kMayChange);
   c.declare(
       "run.overwrite", false,
-      "start a fresh run in a folder holding a previous one (its files move to <run.dir>.replaced-<time>)");
+      "start a fresh run in a folder holding a previous one (its files move to <run.dir>.replaced-<time>)",
+      kMayChange);
   c.declare("run.allow_changes", false,
-            "resume although keys that change the data order or schedule differ from the saved config.toml");
+            "resume although keys that change the data order or schedule differ from the saved config.toml",
+            kMayChange);
   c.declare("run.malloc_tuning", true,
-            "keep freed host memory in glibc's heap (no page faults per step; see recipe/host_malloc.h)");
-  c.declare("trainer.device", "auto", "auto, cpu, cuda or cuda:N");
+            "keep freed host memory in glibc's heap (no page faults per step; see recipe/host_malloc.h)",
+            kMayChange);
+  c.declare("trainer.device", "auto", "auto, cpu, cuda or cuda:N", kMayChange);
   c.declare("trainer.seed", 0, "seed of initialisation, shuffling and dropout");
   c.declare("trainer.threads", 0, "CPU threads for LibTorch (0 = LibTorch's default)",
-            core::Bounds::between(0, 4096));
+            core::Bounds::between(0, 4096), kMayChange);
   train::declare_trainer_keys(c);
   monitor::declare_monitor_keys(c);
   dist::declare_dist_keys(c);

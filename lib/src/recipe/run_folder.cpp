@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "ember/core/file.h"
 #include "ember/train/checkpoint.h"
+#include "ember/train/scheduler.h"
 
 namespace ember::recipe {
 namespace {
@@ -131,25 +132,21 @@ bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config&
   // (cosine, onecycle): with a constant or step schedule, training longer or
   // shorter continues the same run.
   if (key == "trainer.epochs" || key == "trainer.max_steps") {
-    const std::string schedule = config.has("sched.name") ? config.get_string("sched.name") : "constant";
-    return schedule == "constant" || schedule == "step";
+    const train::ScheduleKind schedule = config.has("sched.name")
+                                             ? config.get_parsed("sched.name", train::parse_schedule_kind)
+                                             : train::ScheduleKind::kConstant;
+    switch (schedule) {
+      case train::ScheduleKind::kConstant:
+      case train::ScheduleKind::kStep:
+        return true;
+      case train::ScheduleKind::kCosine:
+      case train::ScheduleKind::kOneCycle:
+        return false;
+    }
+    return false;
   }
-  static const char* const kSafe[] = {
-      // output and monitoring
-      "run.", "monitor.", "mfu.", "trainer.progress", "trainer.log_every", "trainer.profile_steps",
-      "trainer.profile_wait", "trainer.checkpoint_every", "trainer.val_every", "sample.", "prune.eval",
-      "prune.timing_steps",
-      // when to stop
-      "trainer.resume", "trainer.nonfinite_patience", "trainer.detect_anomaly", "early_stop.",
-      // where and how fast it runs; where the data is read from
-      "trainer.device", "trainer.threads", "dist.backend", "dist.timeout_s", "dist.rank", "data.root",
-      "data.path", "data.prefetch", "data.resident", "data.threads", "data.cache_dir",
-      "data.eval_batch_size"};
-  for (const char* safe : kSafe) {
-    const std::string s = safe;
-    if (s.back() == '.' ? key.compare(0, s.size(), s) == 0 : key == s) return true;
-  }
-  return false;
+  if (!config.has(key)) return false;
+  return config.on_resume(key) == core::OnResume::kMayChange;
 }
 
 namespace {

@@ -773,7 +773,8 @@ void declare_tool_keys(core::Config& c) {
             "tools/ember plan: tensor memory the CPU measurement may use; a model or probe past it is "
             "refused, probes then shrink (0 = 90% of the host's MemAvailable)",
             core::Bounds::between(0, 1 << 20));
-  c.declare("bs_find.margin", 0.10,
+  const train::BatchSizeFinderOptions bs;  // budget_gib, max_batch: 0 = chosen here; steps: the tool's own
+  c.declare("bs_find.margin", bs.margin(),
             "tools/ember bs-find: share of the memory budget the recommended batch leaves free",
             core::Bounds::from_below(0, 1));
   c.declare("bs_find.budget_gib", 0.0,
@@ -784,24 +785,25 @@ void declare_tool_keys(core::Config& c) {
             "tools/ember bs-find: cap the CUDA caching allocator at this many GiB, to size for a smaller GPU "
             "(0 = the whole GPU)",
             core::Bounds::between(0, 1 << 20));
-  c.declare("bs_find.start", 1, "tools/ember bs-find: first batch size tried (then doubled)",
+  c.declare("bs_find.start", bs.start(), "tools/ember bs-find: first batch size tried (then doubled)",
             core::Bounds::between(1, 1 << 24));
   c.declare("bs_find.max_batch", 0, "tools/ember bs-find: largest batch tried (0 = the training set's size)",
             core::Bounds::between(0, 1 << 30));
   c.declare("bs_find.steps", 3,
             "tools/ember bs-find: training steps at each size (>= 2: optimizer state, then a steady step)",
             core::Bounds::between(2, 1000));
-  c.declare("lr_find.min_lr", 1e-7, "tools/ember lr-find: first learning rate of the sweep",
+  const train::LrFinderOptions lr;
+  c.declare("lr_find.min_lr", lr.min_lr(), "tools/ember lr-find: first learning rate of the sweep",
             core::Bounds::positive());
-  c.declare("lr_find.max_lr", 10.0, "tools/ember lr-find: last learning rate of the sweep",
+  c.declare("lr_find.max_lr", lr.max_lr(), "tools/ember lr-find: last learning rate of the sweep",
             core::Bounds::positive());
-  c.declare("lr_find.steps", 200, "tools/ember lr-find: optimizer steps of the sweep",
+  c.declare("lr_find.steps", lr.steps(), "tools/ember lr-find: optimizer steps of the sweep",
             core::Bounds::between(5, 1 << 20));
-  c.declare("lr_find.smoothing", 0.0,
+  c.declare("lr_find.smoothing", lr.smoothing(),
             "tools/ember lr-find: factor of the loss's exponential moving average (0 = a window of 5% of the "
             "steps)",
             core::Bounds::from_below(0, 1));
-  c.declare("lr_find.divergence", 4.0,
+  c.declare("lr_find.divergence", lr.divergence(),
             "tools/ember lr-find: stop once the smoothed loss passes this x its minimum",
             core::Bounds{1.0, std::numeric_limits<double>::infinity(), true});
   // Keys that bound each other, refused with the others before any work (exit 2).

@@ -19,6 +19,8 @@ constexpr double kMaxSteps = 1e12;
 
 void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
                           const std::optional<EarlyStoppingOptions>& es) {
+  // When to stop, validate and checkpoint: a resumed run may change them.
+  constexpr auto kMayChange = core::OnResume::kMayChange;
   c.declare("trainer.epochs", d.epochs(), "passes over the training data", Bounds::between(1, kMaxEpochs));
   c.declare("trainer.max_steps", d.max_steps(), "stop after this many optimizer steps (-1 = no limit)",
             Bounds::between(-1, kMaxSteps));
@@ -29,18 +31,21 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
   c.declare("trainer.precision", amp::to_string(d.precision()),
             "fp32, tf32 (CUDA), bf16-mixed or fp16-mixed (with loss scaling)");
   c.declare("trainer.resume", d.resume(),
-            "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path");
+            "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path", kMayChange);
   c.declare("trainer.nonfinite_patience", d.nonfinite_patience(),
-            "stop (exit 3) after N steps in a row with a NaN/infinite loss (0 = never)", Bounds::at_least(0));
+            "stop (exit 3) after N steps in a row with a NaN/infinite loss (0 = never)", Bounds::at_least(0),
+            kMayChange);
   c.declare("trainer.detect_anomaly", d.detect_anomaly(),
-            "check each step's loss and gradients (a host sync per step); name the first non-finite ones");
+            "check each step's loss and gradients (a host sync per step); name the first non-finite ones",
+            kMayChange);
   c.declare("trainer.channels_last", d.channels_last(),
             "channels-last (NHWC) model and inputs: faster convolutions (oneDNN, cuDNN)");
   c.declare("trainer.cuda_graph", d.cuda_graph(),
             "CUDA: capture the whole optimizer step as one CUDA graph and replay it (static shapes)");
-  c.declare("trainer.val_every", d.val_every(), "validate every N epochs (0 = never)", Bounds::at_least(0));
+  c.declare("trainer.val_every", d.val_every(), "validate every N epochs (0 = never)", Bounds::at_least(0),
+            kMayChange);
   c.declare("trainer.checkpoint_every", d.checkpoint_every(),
-            "checkpoint every N epochs (0 = at the end and on stop only)", Bounds::at_least(0));
+            "checkpoint every N epochs (0 = at the end and on stop only)", Bounds::at_least(0), kMayChange);
 
   const amp::GradScalerOptions& g = d.grad_scaler();
   c.declare("amp.init_scale", g.init_scale(), "fp16-mixed: initial loss scale", Bounds::positive());
@@ -89,10 +94,11 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
 
   const EarlyStoppingOptions e = es.value_or(EarlyStoppingOptions());
   c.declare("early_stop.patience", es ? e.patience() : int64_t{0},
-            "stop after N epochs without improvement (0 = off; needs validation data)", Bounds::at_least(0));
-  c.declare("early_stop.monitor", to_string(e.monitor()), "val_loss or val_accuracy");
+            "stop after N epochs without improvement (0 = off; needs validation data)", Bounds::at_least(0),
+            kMayChange);
+  c.declare("early_stop.monitor", to_string(e.monitor()), "val_loss or val_accuracy", kMayChange);
   c.declare("early_stop.min_delta", e.min_delta(), "smallest change that counts as an improvement",
-            Bounds::at_least(0));
+            Bounds::at_least(0), kMayChange);
   c.add_check([](const core::Config& config) {  // names (optimizer, schedule...) and rules across keys
     trainer_options_from_config(config);
     early_stopping_options_from_config(config);

@@ -46,6 +46,16 @@ struct Bounds {
   std::string describe() const;
 };
 
+/// Whether a run that continues another (a resume) may give a key another
+/// value than the run it continues had. recipe::claim_run_folder refuses a
+/// resume that changes a kMustMatch key (unless run.allow_changes=true) and
+/// lists the kMayChange ones it changes.
+enum class OnResume {
+  kMustMatch,  ///< the key changes what is trained or in what order (the default)
+  kMayChange,  ///< it does not: output, monitoring, devices and threads, where the data is
+               ///< read from, when to stop
+};
+
 /// One declared key.
 struct ConfigEntry {
   ConfigValue value;  ///< current value (starts as the default)
@@ -53,22 +63,41 @@ struct ConfigEntry {
   std::string doc;     ///< one line for --help
   std::string source;  ///< where the current value came from ("default", a file, "command line")
   Bounds bounds;       ///< numeric keys: the allowed values
+  OnResume on_resume = OnResume::kMustMatch;
 };
 
 class Config {
  public:
-  /// Declares a key. Declaring the same key twice is an error.
-  Config& declare(const std::string& key, bool default_value, std::string doc);
+  /// Declares a key. Declaring the same key twice is an error. The last
+  /// argument says whether a resumed run may change it.
+  Config& declare(const std::string& key, bool default_value, std::string doc,
+                  OnResume on_resume = OnResume::kMustMatch);
   /// Numeric keys take optional Bounds (the default must lie inside).
-  Config& declare(const std::string& key, int64_t default_value, std::string doc, Bounds bounds = {});
-  Config& declare(const std::string& key, int default_value, std::string doc, Bounds bounds = {}) {
-    return declare(key, static_cast<int64_t>(default_value), std::move(doc), bounds);
+  Config& declare(const std::string& key, int64_t default_value, std::string doc, Bounds bounds = {},
+                  OnResume on_resume = OnResume::kMustMatch);
+  Config& declare(const std::string& key, int default_value, std::string doc, Bounds bounds = {},
+                  OnResume on_resume = OnResume::kMustMatch) {
+    return declare(key, static_cast<int64_t>(default_value), std::move(doc), bounds, on_resume);
   }
-  Config& declare(const std::string& key, double default_value, std::string doc, Bounds bounds = {});
-  Config& declare(const std::string& key, const char* default_value, std::string doc);
-  Config& declare(const std::string& key, std::string default_value, std::string doc);
+  Config& declare(const std::string& key, double default_value, std::string doc, Bounds bounds = {},
+                  OnResume on_resume = OnResume::kMustMatch);
+  /// Unbounded numeric keys with an OnResume (without these, a number would
+  /// convert to the bool overload's default).
+  Config& declare(const std::string& key, int64_t default_value, std::string doc, OnResume on_resume) {
+    return declare(key, default_value, std::move(doc), Bounds(), on_resume);
+  }
+  Config& declare(const std::string& key, int default_value, std::string doc, OnResume on_resume) {
+    return declare(key, static_cast<int64_t>(default_value), std::move(doc), Bounds(), on_resume);
+  }
+  Config& declare(const std::string& key, double default_value, std::string doc, OnResume on_resume) {
+    return declare(key, default_value, std::move(doc), Bounds(), on_resume);
+  }
+  Config& declare(const std::string& key, const char* default_value, std::string doc,
+                  OnResume on_resume = OnResume::kMustMatch);
+  Config& declare(const std::string& key, std::string default_value, std::string doc,
+                  OnResume on_resume = OnResume::kMustMatch);
   Config& declare(const std::string& key, std::vector<double> default_value, std::string doc,
-                  Bounds bounds = {});
+                  Bounds bounds = {}, OnResume on_resume = OnResume::kMustMatch);
 
   /// Merges a TOML document; `source` names it in error messages.
   void merge_toml(std::string_view text, const std::string& source);
@@ -94,6 +123,8 @@ class Config {
   std::vector<double> get_float_list(const std::string& key) const;
   /// The value as it would be written on the command line (any type).
   std::string get_text(const std::string& key) const;
+  /// Whether a resumed run may change the key (as declared).
+  OnResume on_resume(const std::string& key) const;
   /// parse(get_string(key)) for a name (an enum's): an error it throws is
   /// rethrown as a config error that starts with the key and the value.
   template <typename Parse>
@@ -116,7 +147,8 @@ class Config {
   std::vector<std::string> keys() const;
 
  private:
-  Config& declare_value(const std::string& key, ConfigValue value, std::string doc, Bounds bounds = {});
+  Config& declare_value(const std::string& key, ConfigValue value, std::string doc, Bounds bounds,
+                        OnResume on_resume);
   const ConfigEntry& entry(const std::string& key) const;
   ConfigEntry& entry_for_update(const std::string& key, const std::string& source);
   std::map<std::string, ConfigEntry> entries_;

@@ -50,9 +50,18 @@ struct LaunchEnv {
 /// which variable.
 LaunchEnv launch_env();
 
+/// The library a process group's collectives run on (dist.backend).
+enum class Backend {
+  kAuto,  ///< NCCL when the group's device is CUDA, else Gloo
+  kGloo,  ///< CPU tensors
+  kNccl,  ///< CUDA tensors
+};
+/// "auto", "gloo", "nccl" -> Backend; anything else is a config error listing them.
+Backend parse_backend(const std::string& name);
+const char* to_string(Backend backend);
+
 struct ProcessGroupOptions {
-  /// "gloo", "nccl", or "auto": NCCL when `device` is CUDA, else Gloo.
-  TORCH_ARG(std::string, backend) = "auto";
+  TORCH_ARG(Backend, backend) = Backend::kAuto;
   /// Limit for connecting and for every collective; a rank that does not
   /// answer within it makes the others fail with an error naming it.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
@@ -72,8 +81,8 @@ class ProcessGroup {
 
   int64_t rank() const { return rank_; }
   int64_t size() const { return size_; }
-  /// "gloo" or "nccl".
-  const std::string& backend() const { return backend_; }
+  /// "gloo" or "nccl" (kAuto resolved), for messages and records.
+  std::string backend() const { return to_string(backend_); }
   const torch::Device& device() const { return options_.device(); }
   const ProcessGroupOptions& options() const { return options_; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& c10d() const { return pg_; }
@@ -115,7 +124,7 @@ class ProcessGroup {
   struct Heartbeat;
 
   int64_t rank_ = 0, size_ = 1;
-  std::string backend_;
+  Backend backend_ = Backend::kGloo;
   ProcessGroupOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

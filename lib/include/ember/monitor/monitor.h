@@ -118,10 +118,14 @@ class Monitor : public train::Callback {
   const MonitorOptions& options() const { return options_; }
 
  private:
+  /// What a histogram shows of each parameter.
+  enum class Histogram {
+    kWeights,    ///< tagged weights/<name>
+    kGradients,  ///< tagged gradients/<name>
+  };
   void emit(const Record& record);
-  /// `what`: "weights" or "gradients" (the TensorBoard tag prefix).
-  void write_histograms(train::Trainer& trainer, int64_t step, const char* what);
-  Record epoch_record(const char* kind, int64_t epoch, const train::EvalResult& r,
+  void write_histograms(train::Trainer& trainer, int64_t step, Histogram what);
+  Record epoch_record(RecordKind kind, int64_t epoch, const train::EvalResult& r,
                       const train::Trainer& trainer) const;
   void count_flops(train::Trainer& trainer);
   double interval_seconds() const;

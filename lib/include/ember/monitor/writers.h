@@ -17,8 +17,18 @@ namespace ember::monitor {
 
 class TensorBoardWriter;
 
+/// What a record is; to_string is its "kind" in the files.
+enum class RecordKind {
+  kStep,        ///< "step": every trainer.log_every optimizer steps
+  kTrainEpoch,  ///< "train_epoch": an epoch's training metrics
+  kVal,         ///< "val": a validation
+};
+/// "step", "train_epoch", "val" -> RecordKind; anything else is an error listing them.
+RecordKind parse_record_kind(const std::string& name);
+const char* to_string(RecordKind kind);
+
 struct Record {
-  std::string kind;        ///< "step", "train_epoch", "val" (writers pass unknown kinds through)
+  RecordKind kind = RecordKind::kStep;
   int64_t epoch = 0;       ///< 1-based
   int64_t step = 0;        ///< optimizer steps taken so far
   double wall_time = 0.0;  ///< Unix time, seconds
@@ -62,7 +72,7 @@ class JsonlWriter : public MetricsWriter {
 /// appended to (resume), one with another header is an error.
 class CsvWriter : public MetricsWriter {
  public:
-  CsvWriter(const std::string& path, std::set<std::string> kinds, std::vector<std::string> columns,
+  CsvWriter(const std::string& path, std::set<RecordKind> kinds, std::vector<std::string> columns,
             double time_origin);
   void write(const Record& record) override;
   void flush() override;
@@ -70,7 +80,7 @@ class CsvWriter : public MetricsWriter {
  private:
   std::string path_;
   std::ofstream out_;
-  std::set<std::string> kinds_;
+  std::set<RecordKind> kinds_;
   std::vector<std::string> columns_;
   double time_origin_;
 };
@@ -85,7 +95,7 @@ class TensorBoardScalars : public MetricsWriter {
   void write(const Record& record) override;
   void flush() override;
   /// The tag a record value is written under.
-  static std::string tag_of(const std::string& kind, const std::string& name);
+  static std::string tag_of(RecordKind kind, const std::string& name);
 
  private:
   std::shared_ptr<TensorBoardWriter> writer_;

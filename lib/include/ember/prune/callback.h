@@ -42,6 +42,16 @@
 
 namespace ember::prune {
 
+/// The data a pruning step evaluates the model on, before and after it (prune.eval).
+enum class EvalSplit {
+  kVal,   ///< the task's validation loader
+  kTest,  ///< the task's test loader
+  kNone,  ///< no evaluation
+};
+/// "val", "test", "none" -> EvalSplit; anything else is a config error listing them.
+EvalSplit parse_eval_split(const std::string& name);
+const char* to_string(EvalSplit split);
+
 struct PruningCallbackOptions {
   /// Epochs (0-based) at whose start a pruning step runs; empty = never.
   TORCH_ARG(std::vector<int64_t>, epochs) = {};
@@ -58,8 +68,8 @@ struct PruningCallbackOptions {
   TORCH_ARG(double, sparsity_l1) = 0.0;
   /// Timed steps before and after each pruning step (after 3 warm-up steps); 0 = no timing.
   TORCH_ARG(int64_t, timing_steps) = 10;
-  /// Evaluate before and after each pruning step: "val", "test" or "none".
-  TORCH_ARG(std::string, eval) = "val";
+  /// Evaluate before and after each pruning step on this data.
+  TORCH_ARG(EvalSplit, eval) = EvalSplit::kVal;
   /// Print the report of each step.
   TORCH_ARG(bool, verbose) = true;
 };

@@ -46,8 +46,9 @@ class RunFolderLock {
 /// keys of declare_recipe_keys.
 core::Config recorded_config(const core::Config& config, const RunContext& context);
 
-/// Keys a resumed run may change: they change neither what is trained nor in
-/// what order (output, monitoring, devices and threads, where the data is
+/// Keys a resumed run may change: those declared with
+/// core::OnResume::kMayChange (they change neither what is trained nor in
+/// what order: output, monitoring, devices and threads, where the data is
 /// read from, early stopping), and trainer.epochs / trainer.max_steps when
 /// `config`'s schedule does not span the run (sched.name constant or step).
 /// A change of any other key refuses the resume unless run.allow_changes=true.
