@@ -129,17 +129,17 @@ MUTANTS = (
     # caught on the CPU: the device-side skip runs the same code there, and the graph path runs
     # through an emulated graph (TrainerOptions::emulate_cuda_graph). What only a real CUDA graph can
     # show (state re-zeroed by replays, the pool, streams) is the device check's GraphStepCuda rows.
-    Mutant("fused_adam_skip_not_taken_back", "lib/src/train/fused_optim.cpp",
+    Mutant("fused_adam_skip_not_taken_back", "lib/src/optim/fused.cpp",
            "      if (inf) at::_foreach_sub_(l.steps, std::vector<torch::Tensor>(l.steps.size(), *inf));\n",
            "      (void)inf;\n",
            ("ember_tests",), r"FusedOptim\.",
            "a step skipped on the device still counts in Adam's step counts (bias correction drifts)"),
-    Mutant("fused_adam_state_not_made_ahead", "lib/src/train/fused_optim.cpp",
+    Mutant("fused_adam_state_not_made_ahead", "lib/src/optim/fused.cpp",
            "    for (const auto& p : group.params()) step_of(p, state_of(p, o));\n",
            "    (void)o;\n",
            ("ember_tests",), r"FusedOptim\.|GraphStep\.",
            "FusedAdam(W)::materialize_state makes nothing: a late parameter's state is made inside the capture"),
-    Mutant("fused_sgd_state_not_made_ahead", "lib/src/train/fused_optim.cpp",
+    Mutant("fused_sgd_state_not_made_ahead", "lib/src/optim/fused.cpp",
            "      st.momentum_buffer(torch::zeros_like(params[i], at::MemoryFormat::Preserve));\n",
            "      continue;\n",
            ("ember_tests",), r"FusedOptim\.|GraphStep\.",
@@ -198,8 +198,8 @@ MUTANTS = (
     # and the (emulated) graph share.
     Mutant("optimizer_step_clips_scaled_gradients", "lib/src/train/optimizer_step.cpp",
            "  if (scaler_) scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch\n"
-           "  if (max_grad_norm_ > 0) clip_grad_norm_(params_, max_grad_norm_);\n",
-           "  if (max_grad_norm_ > 0) clip_grad_norm_(params_, max_grad_norm_);\n"
+           "  if (max_grad_norm_ > 0) optim::clip_grad_norm_(params_, max_grad_norm_);\n",
+           "  if (max_grad_norm_ > 0) optim::clip_grad_norm_(params_, max_grad_norm_);\n"
            "  if (scaler_) scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch\n",
            ("ember_tests",), r"Precision\.",
            "fp16-mixed clips the scaled gradients, then unscales: the clip threshold is off by the loss scale"),

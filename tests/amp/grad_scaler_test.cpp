@@ -1,6 +1,6 @@
 #include <ember/amp/grad_scaler.h>
 #include <ember/core/error.h>
-#include <ember/train/clip_grad.h>
+#include <ember/optim/clip_grad.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -252,13 +252,13 @@ TEST(ClipGradNorm, MatchesLibTorchWithoutSync) {
     p1.push_back(a);
     p2.push_back(b);
   }
-  const torch::Tensor norm = ember::train::clip_grad_norm_(p1, 1.0);
+  const torch::Tensor norm = ember::optim::clip_grad_norm_(p1, 1.0);
   const double ref = torch::nn::utils::clip_grad_norm_(p2, 1.0);
   EXPECT_NEAR(norm.item<double>(), ref, 1e-5 * ref);
   for (size_t i = 0; i < p1.size(); ++i) EXPECT_TRUE(torch::allclose(p1[i].grad(), p2[i].grad(), 1e-6, 1e-7));
   // Below the limit: unchanged.
   const torch::Tensor before = p1[0].grad().clone();
-  ember::train::clip_grad_norm_(p1, 1e6);
+  ember::optim::clip_grad_norm_(p1, 1e6);
   EXPECT_TRUE(torch::equal(p1[0].grad(), before));
 }
 

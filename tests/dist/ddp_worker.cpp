@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
     task.rank_inject_ = env.rank == env.world_size - 1;  // the last rank sees inf
     train::TrainerOptions o;
     o.epochs(a.epochs).accumulate_grad_batches(a.accumulate).precision(amp::parse_precision(a.precision));
-    o.optimizer().kind(train::OptimizerKind::kSgd).lr(0.1).momentum(0.9).weight_decay(0.0);
+    o.optimizer().kind(optim::OptimizerKind::kSgd).lr(0.1).momentum(0.9).weight_decay(0.0);
     if (env.distributed() ||
         a.force_group) {  // force: a group of one (NCCL on one GPU initialises and trains)
       dist::ProcessGroupOptions po;

@@ -20,7 +20,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   task_options.prefetch = 0;
   test_util::BlobTask task(task_options);
   train::TrainerOptions options;
-  options.epochs(2).max_steps(0).run_dir(fuzz::scratch_dir() + "/run").resume(path).checkpoint_every(0);
+  options.epochs(2)
+      .max_steps(0)
+      .run_dir(fuzz::scratch_dir() + "/run")
+      .resume(train::ResumeFrom::checkpoint(path))
+      .checkpoint_every(0);
   return fuzz::run([&] {
     train::Trainer trainer(options);
     trainer.fit(task);

@@ -15,8 +15,8 @@
 // (weight decay 1e-2) instead, stepped with GradScaler::step_async (skips
 // decided on the device; the script compares with torch.optim.SGD/AdamW(fused=True)).
 #include <ember/amp/grad_scaler.h>
-#include <ember/train/clip_grad.h>
-#include <ember/train/fused_optim.h>
+#include <ember/optim/clip_grad.h>
+#include <ember/optim/fused.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -76,9 +76,9 @@ int main(int argc, char** argv) {
   const auto adam_options = torch::optim::AdamOptions(0.01);
   std::unique_ptr<torch::optim::Optimizer> a, b;
   if (fused) {
-    a = std::make_unique<ember::train::FusedSGD>(
+    a = std::make_unique<ember::optim::FusedSGD>(
         groups_a, torch::optim::SGDOptions(sgd_options).nesterov(true).weight_decay(1e-4));
-    b = std::make_unique<ember::train::FusedAdamW>(std::vector<torch::Tensor>{params[3]},
+    b = std::make_unique<ember::optim::FusedAdamW>(std::vector<torch::Tensor>{params[3]},
                                                    torch::optim::AdamWOptions(0.01).weight_decay(1e-2));
   } else {
     a = std::make_unique<torch::optim::SGD>(groups_a, sgd_options);
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
       scaler.scale(loss).backward();
     }
     scaler.unscale_(opt_a);
-    if (clip > 0) ember::train::clip_grad_norm_(params_a, clip);
+    if (clip > 0) ember::optim::clip_grad_norm_(params_a, clip);
     if (fused) {  // no host read in the step: the flags are read afterwards, for the record
       const torch::Tensor flag_a = scaler.step_async(opt_a), flag_b = scaler.step_async(opt_b);
       stepped_a.push_back(flag_a.item<float>() == 0.0f ? 1 : 0);

@@ -27,7 +27,7 @@ train::TrainerOptions trainer_options(int64_t epochs, const std::string& run_dir
   train::TrainerOptions o;
   o.epochs(epochs);
   o.run_dir(run_dir);
-  o.optimizer().kind(train::OptimizerKind::kSgd);
+  o.optimizer().kind(optim::OptimizerKind::kSgd);
   o.optimizer().lr(0.05);
   o.optimizer().momentum(0.9);
   return o;
@@ -95,7 +95,7 @@ TEST(PruningCallback, ResumeAfterPruningReplaysThePlanExactly) {
   BlobTask resumed(deterministic());
   EXPECT_EQ(resumed.net()->fc1->options.out_features(), 32);  // built at full size
   train::TrainerOptions o = trainer_options(4, dir_b);
-  o.resume("auto");
+  o.resume(train::ResumeFrom::latest());
   train::Trainer t(o);
   auto cb = std::make_shared<PruningCallback>(options({1}, 0.5));
   t.add_callback(cb);
@@ -156,7 +156,7 @@ TEST(PruningCallback, ResumingAPrunedRunWithoutTheCallbackIsAnError) {
   }
   BlobTask task(deterministic());
   train::TrainerOptions o = trainer_options(3, dir);
-  o.resume("auto");
+  o.resume(train::ResumeFrom::latest());
   const std::string err = test_util::error_of([&] { train::Trainer(o).fit(task); });
   EXPECT_NE(err.find("holds the state of callback 'pruning', which this run does not register"),
             std::string::npos)

@@ -3,11 +3,11 @@
 #include <ember/core/error.h>
 #include <ember/core/file.h>
 #include <ember/data/image_folder.h>
+#include <ember/optim/schedule.h>
 #include <ember/recipe/classification.h>
 #include <ember/recipe/prune_finetune.h>
 #include <ember/recipe/recipe.h>
 #include <ember/recipe/run_folder.h>
-#include <ember/train/scheduler.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -380,14 +380,14 @@ TEST(RunFolder, AResumeMayChangeTheKeysDeclaredSo) {
 
 // trainer.epochs and trainer.max_steps follow sched.name's ScheduleKind.
 TEST(RunFolder, TheRunsLengthMayChangeUnlessTheScheduleSpansTheRun) {
-  for (const train::ScheduleKind kind : {train::ScheduleKind::kConstant, train::ScheduleKind::kStep,
-                                         train::ScheduleKind::kCosine, train::ScheduleKind::kOneCycle}) {
+  for (const optim::ScheduleKind kind : {optim::ScheduleKind::kConstant, optim::ScheduleKind::kStep,
+                                         optim::ScheduleKind::kCosine, optim::ScheduleKind::kOneCycle}) {
     core::Config c = config_for(test_util::temp_dir("length"));
-    c.set_override(std::string("sched.name=") + train::to_string(kind));
-    const bool spans = kind == train::ScheduleKind::kCosine || kind == train::ScheduleKind::kOneCycle;
-    EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("trainer.epochs", c), !spans) << train::to_string(kind);
+    c.set_override(std::string("sched.name=") + optim::to_string(kind));
+    const bool spans = kind == optim::ScheduleKind::kCosine || kind == optim::ScheduleKind::kOneCycle;
+    EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("trainer.epochs", c), !spans) << optim::to_string(kind);
     EXPECT_EQ(recipe::key_is_safe_to_change_on_resume("trainer.max_steps", c), !spans)
-        << train::to_string(kind);
+        << optim::to_string(kind);
   }
   core::Config no_schedule;  // a program without sched.*: a constant rate
   no_schedule.declare("trainer.epochs", 3, "");

@@ -73,7 +73,7 @@ if not 0 <= float(config["optim.momentum"]) < 1:
 if config["optim.nesterov"] == "true" and float(config["optim.momentum"]) == 0:
     fail("optim.nesterov=true needs optim.momentum > 0")
 if config["optim.name"] not in ("sgd", "adam"):
-    print(f"error: [train::make_optimizer] unknown optimizer '{config['optim.name']}'; choose sgd or adam",
+    print(f"error: [optim::make_optimizer] unknown optimizer '{config['optim.name']}'; choose sgd or adam",
           file=sys.stderr)
     sys.exit(2)
 if check:

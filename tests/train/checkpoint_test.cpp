@@ -50,7 +50,7 @@ TEST(Checkpoint, DamagedCheckpointIsAClearErrorOnResume) {
   const std::string bytes = train::read_file(ckpt);
   ASSERT_GT(bytes.size(), 100u);
   train::write_file_atomic(ckpt, bytes.substr(0, bytes.size() / 2));
-  o.resume("auto");
+  o.resume(train::ResumeFrom::latest());
   o.epochs(2);
   try {
     test_util::BlobTask again({});
@@ -97,7 +97,7 @@ TEST(Checkpoint, ADamagedLatestFallsBackToThePreviousOne) {
   train::write_file_atomic(last, bytes);
   testing::internal::CaptureStderr();
   test_util::BlobTask again({});
-  o.epochs(3).resume("auto");
+  o.epochs(3).resume(train::ResumeFrom::latest());
   const train::FitResult r = train::Trainer(o).fit(again);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(r.resumed_from, prev);
@@ -117,7 +117,7 @@ TEST(Checkpoint, ResumeAcceptsARunFolderAndRemovesKilledWritesTemporaries) {
   test_util::write_bytes(dir + "/checkpoints/last.pt.tmp.Ab3xYz", "half a checkpoint");
   test_util::write_bytes(dir + "/checkpoints/notes.tmp.txt", "not ours");
   test_util::BlobTask again({});
-  o.epochs(2).resume(dir);  // the run folder itself
+  o.epochs(2).resume(train::ResumeFrom::checkpoint(dir));  // the run folder itself
   testing::internal::CaptureStderr();
   const train::FitResult r = train::Trainer(o).fit(again);
   const std::string err = testing::internal::GetCapturedStderr();
@@ -177,7 +177,7 @@ TEST(Checkpoint, ImpossibleCountersOrWrongPartsAreRefused) {
     test_util::write_bytes(dir + "/forged.pt", bytes);
     test_util::BlobTask fresh({});
     train::TrainerOptions r;
-    r.epochs(2).resume(dir + "/forged.pt");
+    r.epochs(2).resume(train::ResumeFrom::checkpoint(dir + "/forged.pt"));
     try {
       train::Trainer(r).fit(fresh);
     } catch (const Error& e) {
@@ -213,7 +213,7 @@ TEST(Checkpoint, AFallbackMovesTheDamagedLatestAsideAndKeepsTheGoodPrevious) {
   train::write_file_atomic(last, bytes);
   testing::internal::CaptureStderr();
   test_util::BlobTask again({});
-  o.resume("auto");  // epoch 2 again from prev.pt, then one save
+  o.resume(train::ResumeFrom::latest());  // epoch 2 again from prev.pt, then one save
   const train::FitResult r = train::Trainer(o).fit(again);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(r.resumed_from, prev);
@@ -241,7 +241,7 @@ TEST(Checkpoint, NonFiniteWeightsOrStateAreRefusedNamingTheTensor) {
     test_util::write_bytes(dir + "/bad.pt", bytes);
     test_util::BlobTask fresh({});
     train::TrainerOptions r;
-    r.epochs(2).resume(dir + "/bad.pt");
+    r.epochs(2).resume(train::ResumeFrom::checkpoint(dir + "/bad.pt"));
     return test_util::error_of([&] { train::Trainer(r).fit(fresh); });
   };
   {
@@ -256,7 +256,7 @@ TEST(Checkpoint, NonFiniteWeightsOrStateAreRefusedNamingTheTensor) {
   }
   for (auto& [key, state] : trainer.optimizer()->state()) {
     (void)key;
-    train::for_each_state_tensor(*state, [](torch::Tensor& t) {
+    optim::for_each_state_tensor(*state, [](torch::Tensor& t) {
       if (t.defined()) t.fill_(std::numeric_limits<float>::infinity());
     });
   }
@@ -270,7 +270,7 @@ TEST(Checkpoint, NonFiniteWeightsOrStateAreRefusedNamingTheTensor) {
   test_util::write_bytes(run + "/checkpoints/last.pt", forged_checkpoint(task, trainer, 1, 8, lrs));
   test_util::BlobTask fresh({});
   train::TrainerOptions r;
-  r.epochs(2).run_dir(run).resume("auto");
+  r.epochs(2).run_dir(run).resume(train::ResumeFrom::latest());
   testing::internal::CaptureStderr();
   const train::FitResult fit = train::Trainer(r).fit(fresh);
   const std::string said = testing::internal::GetCapturedStderr();

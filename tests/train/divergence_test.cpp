@@ -52,7 +52,7 @@ Error diverge(train::Trainer& t, train::Task& task) {
 int64_t resume_step(const std::string& dir) {
   BlobTask fresh({});
   train::TrainerOptions r;
-  r.epochs(1).run_dir(dir).resume("auto");
+  r.epochs(1).run_dir(dir).resume(train::ResumeFrom::latest());
   const int64_t step = train::Trainer(r).fit(fresh).resumed_at_step;
   EXPECT_EQ(train::divergence::first_nonfinite_tensor(*fresh.model()), "");
   return step;

@@ -197,7 +197,7 @@ TEST(LrFinder, PicksARateInTheKnownGoodRangeAndLeavesTheModelAsItWas) {
   const double good_lo = std::log(100.0) / (100.0 * lmin), good_hi = 2.0 / lmax;
   const std::vector<torch::Tensor> before = test_util::snapshot(*task.model());
   const train::LrFinderResult r =
-      train::find_lr(task, train::TrainerOptions().optimizer(train::OptimizerOptions(0.1)),
+      train::find_lr(task, train::TrainerOptions().optimizer(optim::OptimizerOptions(0.1)),
                      train::LrFinderOptions().min_lr(1e-5).max_lr(100).steps(150));
   EXPECT_GT(r.suggested_lr, good_lo) << "good range [" << good_lo << ", " << good_hi << ")";
   EXPECT_LT(r.suggested_lr, good_hi) << "good range [" << good_lo << ", " << good_hi << ")";
@@ -223,7 +223,7 @@ TEST(LrFinder, PicksARateInTheKnownGoodRangeAndLeavesTheModelAsItWas) {
 TEST(LrFinder, RunsOnACudaGraphConfig) {
   test_util::BlobTask task({});
   const train::LrFinderResult r =
-      train::find_lr(task, train::TrainerOptions().optimizer(train::OptimizerOptions(0.1)).cuda_graph(true),
+      train::find_lr(task, train::TrainerOptions().optimizer(optim::OptimizerOptions(0.1)).cuda_graph(true),
                      train::LrFinderOptions().min_lr(1e-4).max_lr(10).steps(30));
   EXPECT_GE(r.lrs.size(), 10u);
   EXPECT_GT(r.suggested_lr, 0);
@@ -235,9 +235,9 @@ TEST(LrFinder, ReplacesTheConfiguredEpochSchedule) {
   const train::LrFinderResult r =
       train::find_lr(task,
                      train::TrainerOptions()
-                         .optimizer(train::OptimizerOptions(0.1))
-                         .epoch_schedule(train::EpochScheduleOptions().shape(
-                             train::ScheduleOptions().kind(train::ScheduleKind::kCosine))),
+                         .optimizer(optim::OptimizerOptions(0.1))
+                         .epoch_schedule(optim::EpochScheduleOptions().shape(
+                             optim::ScheduleOptions().kind(optim::ScheduleKind::kCosine))),
                      train::LrFinderOptions().min_lr(1e-4).max_lr(1e-2).steps(12));
   ASSERT_EQ(r.lrs.size(), 12u);
   EXPECT_DOUBLE_EQ(r.lrs.front(), 1e-4);
@@ -251,7 +251,7 @@ TEST(LrFinderCuda, RunsOnACudaGraphConfig) {
   test_util::BlobTask task(o);
   const train::LrFinderResult r = train::find_lr(task,
                                                  train::TrainerOptions()
-                                                     .optimizer(train::OptimizerOptions(0.1))
+                                                     .optimizer(optim::OptimizerOptions(0.1))
                                                      .precision(amp::Precision::kBf16Mixed)
                                                      .cuda_graph(true),
                                                  train::LrFinderOptions().min_lr(1e-4).max_lr(10).steps(30));

@@ -14,7 +14,7 @@ using test_util::BlobTask;
 
 train::FitPlan plan_for(const train::TrainerOptions& o, BlobTask& task, bool fused = false) {
   static std::unique_ptr<torch::optim::Optimizer> optimizer;  // outlives the plan's pointer into it
-  optimizer = train::make_optimizer(*task.model(), train::OptimizerOptions(0.1).fused(fused));
+  optimizer = optim::make_optimizer(*task.model(), optim::OptimizerOptions(0.1).fused(fused));
   return train::plan_fit(o, *task.model(), *optimizer, task.train_loader().num_batches());
 }
 
@@ -36,14 +36,14 @@ TEST(FitPlan, AScheduleInEpochsSpansTheRunInOptimizerSteps) {
   BlobTask task({});
   train::TrainerOptions o;
   o.epochs(5).accumulate_grad_batches(3).epoch_schedule(
-      train::EpochScheduleOptions()
-          .shape(train::ScheduleOptions().kind(train::ScheduleKind::kCosine).min_factor(0.1))
+      optim::EpochScheduleOptions()
+          .shape(optim::ScheduleOptions().kind(optim::ScheduleKind::kCosine).min_factor(0.1))
           .warmup_epochs(1));
   const train::FitPlan plan = plan_for(o, task);
   ASSERT_NE(plan.schedule, nullptr);
   // 3 steps per epoch: a warm-up of 3 steps, then a cosine over the other 12.
-  const auto want = train::make_schedule(train::ScheduleOptions()
-                                             .kind(train::ScheduleKind::kCosine)
+  const auto want = optim::make_schedule(optim::ScheduleOptions()
+                                             .kind(optim::ScheduleKind::kCosine)
                                              .min_factor(0.1)
                                              .warmup_steps(3)
                                              .total_steps(12));
@@ -51,8 +51,8 @@ TEST(FitPlan, AScheduleInEpochsSpansTheRunInOptimizerSteps) {
   EXPECT_DOUBLE_EQ(plan.schedule->lr_at(15, 1.0), 0.1);  // the floor, reached at the run's last step
 
   // step: decays every step_epochs x steps per epoch.
-  o.epoch_schedule(train::EpochScheduleOptions()
-                       .shape(train::ScheduleOptions().kind(train::ScheduleKind::kStep).gamma(0.5))
+  o.epoch_schedule(optim::EpochScheduleOptions()
+                       .shape(optim::ScheduleOptions().kind(optim::ScheduleKind::kStep).gamma(0.5))
                        .step_epochs(2));
   const train::FitPlan step = plan_for(o, task);
   EXPECT_DOUBLE_EQ(step.schedule->lr_at(5, 1.0), 1.0);
@@ -65,7 +65,7 @@ TEST(FitPlan, TheTrainerStepsTheEpochScheduleWithAccumulation) {
   o.epochs(2).accumulate_grad_batches(3).val_every(0).checkpoint_every(0);
   o.optimizer().lr(0.05);
   o.epoch_schedule(
-      train::EpochScheduleOptions().shape(train::ScheduleOptions().kind(train::ScheduleKind::kCosine)));
+      optim::EpochScheduleOptions().shape(optim::ScheduleOptions().kind(optim::ScheduleKind::kCosine)));
   struct Rates : train::Callback {
     std::vector<double> lrs;
     std::string name() const override { return "rates"; }
@@ -76,7 +76,7 @@ TEST(FitPlan, TheTrainerStepsTheEpochScheduleWithAccumulation) {
   ASSERT_EQ(r.steps, 6);
   ASSERT_EQ(rates->lrs.size(), 6u);
   const auto want =
-      train::make_schedule(train::ScheduleOptions().kind(train::ScheduleKind::kCosine).total_steps(6));
+      optim::make_schedule(optim::ScheduleOptions().kind(optim::ScheduleKind::kCosine).total_steps(6));
   for (size_t s = 0; s < rates->lrs.size(); ++s) EXPECT_DOUBLE_EQ(rates->lrs[s], want->lr_at(s, 0.05)) << s;
   EXPECT_LT(rates->lrs.back(), 0.05 * 0.1);  // it decays within the run
 }
@@ -103,7 +103,7 @@ TEST(FitPlan, SyncFreeStepsAndRatesOnTheDevice) {
 TEST(FitPlan, RefusesWhatCannotRun) {
   BlobTask task({});
   train::TrainerOptions o;
-  o.schedule(std::make_shared<train::ConstantSchedule>()).epoch_schedule(train::EpochScheduleOptions());
+  o.schedule(std::make_shared<optim::ConstantSchedule>()).epoch_schedule(optim::EpochScheduleOptions());
   EXPECT_THROW(plan_for(o, task), Error);  // a schedule given both ways
   train::TrainerOptions graph;
   graph.cuda_graph(true);

@@ -49,13 +49,13 @@ BlobTask::Options blobs(torch::Device device, int64_t samples) {
 
 // Powers of two for the rates: the graph's fp32 rate tensors hold them exactly,
 // as the eager run's host rates.
-train::TrainerOptions run_options(bool graph, train::OptimizerKind kind, const std::string& precision) {
+train::TrainerOptions run_options(bool graph, optim::OptimizerKind kind, const std::string& precision) {
   train::TrainerOptions o;
   o.epochs(3).val_every(0).checkpoint_every(0).clip_grad_norm(1.0);
   o.precision(amp::parse_precision(precision));
   o.grad_scaler().init_scale(std::ldexp(1.0, 30)).growth_interval(4);  // fp16: skips first, then grows
   o.optimizer().kind(kind).lr(0.0625);
-  o.schedule(std::make_shared<train::StepSchedule>(8, 0.5));
+  o.schedule(std::make_shared<optim::StepSchedule>(8, 0.5));
   o.sync_free_steps(true);
   o.cuda_graph(graph);
   return o;
@@ -166,7 +166,7 @@ double ops_outside_per_replay(torch::Device device, bool emulate) {
 
 TEST(GraphStep, EmulatedGraphRunIsTheEagerRun) {
   for (const std::string precision : {"fp32", "fp16-mixed"}) {
-    const auto kind = train::OptimizerKind::kAdamW;
+    const auto kind = optim::OptimizerKind::kAdamW;
     // 250 samples: 7 batches of 32 and a short one of 26, which runs eagerly beside the graph.
     const RunResult eager = run<BlobTask>(torch::kCPU, 250, run_options(false, kind, precision));
     const RunResult graph = run<BlobTask>(torch::kCPU, 250, emulated(run_options(true, kind, precision)));
@@ -178,11 +178,11 @@ TEST(GraphStep, EmulatedGraphRunIsTheEagerRun) {
 }
 
 TEST(GraphStep, LateParameterStateIsMadeBeforeCapture) {
-  for (const auto kind : {train::OptimizerKind::kAdamW, train::OptimizerKind::kSgd}) {
+  for (const auto kind : {optim::OptimizerKind::kAdamW, optim::OptimizerKind::kSgd}) {
     const RunResult eager = run<LateParameterTask>(torch::kCPU, 256, run_options(false, kind, "fp32"));
     const RunResult graph =
         run<LateParameterTask>(torch::kCPU, 256, emulated(run_options(true, kind, "fp32")));
-    expect_same_run(eager, graph, train::to_string(kind));
+    expect_same_run(eager, graph, optim::to_string(kind));
     EXPECT_FALSE(torch::equal(graph.weights[4], torch::full({8}, 0.5))) << "the late parameter trained";
   }
 }
@@ -190,7 +190,7 @@ TEST(GraphStep, LateParameterStateIsMadeBeforeCapture) {
 TEST(GraphStep, GradientsStayTheGraphsAcrossEpochs) {
   torch::manual_seed(5);
   BlobTask task(blobs(torch::kCPU, 250));  // a short batch at each epoch's end
-  train::Trainer trainer(emulated(run_options(true, train::OptimizerKind::kSgd, "fp32")));
+  train::Trainer trainer(emulated(run_options(true, optim::OptimizerKind::kSgd, "fp32")));
   auto watch = std::make_shared<GradientWatch>();
   trainer.add_callback(watch);
   trainer.fit(task);
@@ -213,7 +213,7 @@ TEST(GraphStep, OpsOutsideTheGraphPerStep) {
 TEST(GraphStep, RefusesOptimizersThatMakeStateInsideTheCapture) {
   // An optimizer whose materialize_state() makes nothing: the late parameter's
   // state would be made inside the capture, and the Trainer says so.
-  struct Lazy : train::FusedAdamW {
+  struct Lazy : optim::FusedAdamW {
     using FusedAdamW::FusedAdamW;
     void materialize_state() override {}
   };
@@ -226,17 +226,17 @@ TEST(GraphStep, RefusesOptimizersThatMakeStateInsideTheCapture) {
   torch::manual_seed(5);
   LazyTask task(blobs(torch::kCPU, 256));
   const std::string msg = test_util::error_of(
-      [&] { train::Trainer(emulated(run_options(true, train::OptimizerKind::kAdamW, "fp32"))).fit(task); });
+      [&] { train::Trainer(emulated(run_options(true, optim::OptimizerKind::kAdamW, "fp32"))).fit(task); });
   EXPECT_NE(msg.find("state tensor(s) inside the captured step"), std::string::npos) << msg;
 }
 
 #if EMBER_WITH_CUDA_KERNELS
 TEST(GraphStepCuda, LateParameterMatchesEagerBitwise) {
   EMBER_REQUIRE_CUDA();
-  for (const auto kind : {train::OptimizerKind::kAdamW, train::OptimizerKind::kSgd}) {
+  for (const auto kind : {optim::OptimizerKind::kAdamW, optim::OptimizerKind::kSgd}) {
     const RunResult eager = run<LateParameterTask>(torch::kCUDA, 256, run_options(false, kind, "fp32"));
     const RunResult graph = run<LateParameterTask>(torch::kCUDA, 256, run_options(true, kind, "fp32"));
-    expect_same_run(eager, graph, train::to_string(kind));
+    expect_same_run(eager, graph, optim::to_string(kind));
   }
 }
 
@@ -244,7 +244,7 @@ TEST(GraphStepCuda, GradientsStayTheGraphsAcrossEpochs) {
   EMBER_REQUIRE_CUDA();
   torch::manual_seed(5);
   BlobTask task(blobs(torch::kCUDA, 250));
-  train::Trainer trainer(run_options(true, train::OptimizerKind::kSgd, "fp32"));
+  train::Trainer trainer(run_options(true, optim::OptimizerKind::kSgd, "fp32"));
   auto watch = std::make_shared<GradientWatch>();
   trainer.add_callback(watch);
   trainer.fit(task);
@@ -302,7 +302,7 @@ TEST(GraphStepCuda, MemoryProbeCoversAGraphRun) {
   namespace a = c10::cuda::CUDACachingAllocator;
   BlobTask::Options o = blobs(torch::kCUDA, 4096 + 100);  // 16 batches of 256 and a short one
   o.batch_size = 256;
-  train::TrainerOptions eager_options = run_options(false, train::OptimizerKind::kAdamW, "bf16-mixed");
+  train::TrainerOptions eager_options = run_options(false, optim::OptimizerKind::kAdamW, "bf16-mixed");
   eager_options.epochs(2).val_every(1);
   int64_t eager_allocated = 0;
   {

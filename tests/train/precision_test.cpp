@@ -84,7 +84,7 @@ TEST(Precision, Fp16MixedWithAccumulationAndClippingEqualsTheReferenceLoop) {
   // The reference: the documented PyTorch AMP recipe written out by hand.
   PoisonTask ref(poison, nullptr);
   auto model = ref.model();
-  auto optimizer = train::make_optimizer(*model, o.optimizer());
+  auto optimizer = optim::make_optimizer(*model, o.optimizer());
   amp::GradScaler scaler(o.grad_scaler());
   std::vector<torch::Tensor> params = model->parameters();
   data::Loader& loader = ref.train_loader();
@@ -104,7 +104,7 @@ TEST(Precision, Fp16MixedWithAccumulationAndClippingEqualsTheReferenceLoop) {
       scaler.scale(out.loss / static_cast<double>(window)).backward();
       if ((b + 1) % 3 == 0 || b + 1 == loader.num_batches()) {
         scaler.unscale_(*optimizer);
-        train::clip_grad_norm_(params, o.clip_grad_norm());
+        optim::clip_grad_norm_(params, o.clip_grad_norm());
         if (!scaler.step(*optimizer)) ++skipped;
         scaler.update();
         scales.push_back(scaler.get_scale());
@@ -121,7 +121,7 @@ TEST(Precision, Fp16MixedWithAccumulationAndClippingEqualsTheReferenceLoop) {
 
 TEST(Precision, ScheduleAdvancesOnlyWhenTheOptimizerStepped) {
   train::TrainerOptions o = opts("fp16-mixed");
-  o.schedule(std::make_shared<train::StepSchedule>(1, 0.5));
+  o.schedule(std::make_shared<optim::StepSchedule>(1, 0.5));
   train::Trainer trainer(o);
   PoisonTask task({0, 3}, &trainer);
   auto rec = std::make_shared<LrRecorder>();
@@ -179,7 +179,7 @@ TEST(Precision, Fp16MixedResumeIsExact) {
     train::TrainerOptions o = opts("fp16-mixed");
     o.epochs(3);
     o.run_dir(dir);
-    o.resume(resume ? "auto" : "");
+    o.resume(resume ? train::ResumeFrom::latest() : train::ResumeFrom::fresh());
     train::Trainer trainer(o);
     // The resumed arm starts from other weights: only the checkpoint can make it match.
     PoisonTask task({1, 5}, &trainer, resume ? 99 : 1234);

@@ -29,7 +29,7 @@ train::TrainerOptions options(const std::string& dir) {
   o.run_dir(dir);
   o.accumulate_grad_batches(2);  // 4 optimizer steps per epoch
   o.optimizer().lr(0.05);
-  o.schedule(std::make_shared<train::OneCycleSchedule>(train::OneCycleOptions(16)));
+  o.schedule(std::make_shared<optim::OneCycleSchedule>(optim::OneCycleOptions(16)));
   return o;
 }
 
@@ -64,7 +64,7 @@ std::vector<torch::Tensor> run_stopped(const std::string& name, int64_t stop_ste
   }
   BlobTask task(other_init());  // a fresh process builds the model from scratch too
   train::TrainerOptions o = options(dir);
-  o.resume("auto");
+  o.resume(train::ResumeFrom::latest());
   const auto r = train::Trainer(o).fit(task);
   EXPECT_EQ(r.resumed_from, dir + "/checkpoints/last.pt");
   EXPECT_EQ(r.resumed_at_step, *steps_before);
@@ -113,7 +113,7 @@ TEST(ExactResume, WithoutTheRngStateItWouldDiffer) {
   };
   BlobTask task({});
   train::TrainerOptions o = options(dir);
-  o.resume("auto");
+  o.resume(train::ResumeFrom::latest());
   const auto r = train::Trainer(o).add_callback(std::make_shared<ReseedAfterLoad>()).fit(task);
   ASSERT_EQ(r.resumed_at_step, 8) << "the guard needs a real resume";
   const auto other = test_util::snapshot(*task.model());
@@ -134,7 +134,7 @@ TEST(ExactResume, CallbackStateRoundTrips) {
   }
   auto es2 = std::make_shared<train::EarlyStopping>(
       train::EarlyStoppingOptions(5).monitor(train::EarlyStoppingMetric::kValAccuracy));
-  o.resume("auto");
+  o.resume(train::ResumeFrom::latest());
   BlobTask task(other_init());
   const auto r =
       train::Trainer(o).add_callback(es2).fit(task);  // already complete: loads state, trains nothing
@@ -148,7 +148,7 @@ TEST(ExactResume, AutoWithoutACheckpointSaysSoAndStartsFresh) {
   const std::string dir = test_util::temp_dir("resume_none");
   train::TrainerOptions o = options(dir);
   o.epochs(1);
-  o.resume("auto");
+  o.resume(train::ResumeFrom::latest());
   BlobTask task({});
   testing::internal::CaptureStderr();
   const auto r = train::Trainer(o).fit(task);
@@ -164,7 +164,7 @@ TEST(ExactResume, AutoWithoutACheckpointSaysSoAndStartsFresh) {
 
 TEST(ExactResume, AnExplicitCheckpointThatIsMissingIsAnError) {
   train::TrainerOptions o = options(test_util::temp_dir("resume_missing"));
-  o.resume(o.run_dir() + "/nowhere.pt");
+  o.resume(train::ResumeFrom::checkpoint(o.run_dir() + "/nowhere.pt"));
   BlobTask task({});
   const std::string error = test_util::error_of([&] { train::Trainer(o).fit(task); });
   EXPECT_NE(error.find("nowhere.pt: no such checkpoint"), std::string::npos) << error;
@@ -191,7 +191,7 @@ std::string resume_without_the_callback(bool required, int64_t* steps) {
     train::Trainer(o).add_callback(std::make_shared<Stateful>(required)).fit(task);
   }
   o.epochs(2);
-  o.resume("auto");
+  o.resume(train::ResumeFrom::latest());
   BlobTask task({});
   testing::internal::CaptureStderr();
   const std::string error = test_util::error_of([&] { *steps = train::Trainer(o).fit(task).steps; });
@@ -222,7 +222,7 @@ TEST(ExactResume, ACallbackDeclaresWhetherItsStateIsNeededToResume) {
 // continues from the new base rate at the resumed step.
 namespace {
 struct OptimizerCase {
-  train::OptimizerKind kind;
+  optim::OptimizerKind kind;
   bool fused;
 };
 
@@ -253,14 +253,14 @@ train::TrainerOptions optimizer_options(const OptimizerCase& c) {
   train::TrainerOptions o;
   o.epochs(1);
   o.optimizer().kind(c.kind).fused(c.fused).lr(0.1).momentum(0.9).weight_decay(5e-4).beta1(0.9).beta2(0.999);
-  o.schedule(std::make_shared<train::StepSchedule>(2, 0.5));  // halves the rate every 2 steps
+  o.schedule(std::make_shared<optim::StepSchedule>(2, 0.5));  // halves the rate every 2 steps
   return o;
 }
 
 /// Resumes `checkpoint` (8 steps in) for one more epoch with `o`, writing nothing.
 std::shared_ptr<FirstStep> resume_first_step(train::TrainerOptions o, const std::string& checkpoint) {
   auto first = std::make_shared<FirstStep>();
-  o.epochs(2).run_dir("").resume(checkpoint);
+  o.epochs(2).run_dir("").resume(train::ResumeFrom::checkpoint(checkpoint));
   BlobTask task(other_init());
   const auto r = train::Trainer(o).add_callback(first).fit(task);
   EXPECT_EQ(r.resumed_at_step, 8);
@@ -283,7 +283,7 @@ void expect_changed_options_apply(const OptimizerCase& c, const std::string& nam
   const auto all = resume_first_step(changed, checkpoint);
   ASSERT_TRUE(all->seen);
   EXPECT_DOUBLE_EQ(all->options->get_lr(), 0.001 / 16) << "step 8 of a step schedule from the new base";
-  if (c.kind == train::OptimizerKind::kSgd) {
+  if (c.kind == optim::OptimizerKind::kSgd) {
     const auto& sgd = static_cast<const torch::optim::SGDOptions&>(*all->options);
     EXPECT_DOUBLE_EQ(sgd.momentum(), 0.5);
     EXPECT_DOUBLE_EQ(sgd.weight_decay(), 0.01);
@@ -311,10 +311,10 @@ void expect_changed_options_apply(const OptimizerCase& c, const std::string& nam
 }  // namespace
 
 TEST(ExactResume, ChangedOptimizerOptionsApplyAfterLoading) {
-  expect_changed_options_apply({train::OptimizerKind::kSgd, true}, "sgd_fused");
-  expect_changed_options_apply({train::OptimizerKind::kSgd, false}, "sgd_libtorch");
-  expect_changed_options_apply({train::OptimizerKind::kAdamW, true}, "adamw_fused");
-  expect_changed_options_apply({train::OptimizerKind::kAdamW, false}, "adamw_libtorch");
+  expect_changed_options_apply({optim::OptimizerKind::kSgd, true}, "sgd_fused");
+  expect_changed_options_apply({optim::OptimizerKind::kSgd, false}, "sgd_libtorch");
+  expect_changed_options_apply({optim::OptimizerKind::kAdamW, true}, "adamw_fused");
+  expect_changed_options_apply({optim::OptimizerKind::kAdamW, false}, "adamw_libtorch");
 }
 
 // Issue 29 (item 8a): a checkpoint of another optimizer, or of the same
@@ -323,12 +323,12 @@ TEST(ExactResume, AnotherOptimizersCheckpointIsAConfigError) {
   const std::string dir = test_util::temp_dir("resume_other_optim");
   {
     BlobTask task({});
-    train::TrainerOptions o = optimizer_options({train::OptimizerKind::kSgd, true});
+    train::TrainerOptions o = optimizer_options({optim::OptimizerKind::kSgd, true});
     o.run_dir(dir);
     train::Trainer(o).fit(task);
   }
   const auto resume_with = [&](train::TrainerOptions o) {
-    o.epochs(2).run_dir("").resume(dir + "/checkpoints/last.pt");
+    o.epochs(2).run_dir("").resume(train::ResumeFrom::checkpoint(dir + "/checkpoints/last.pt"));
     BlobTask task({});
     try {
       train::Trainer(o).fit(task);
@@ -338,17 +338,17 @@ TEST(ExactResume, AnotherOptimizersCheckpointIsAConfigError) {
     }
     return std::string("accepted");
   };
-  for (const auto kind : {train::OptimizerKind::kAdamW, train::OptimizerKind::kAdam}) {
+  for (const auto kind : {optim::OptimizerKind::kAdamW, optim::OptimizerKind::kAdam}) {
     const std::string e = resume_with(optimizer_options({kind, false}));
     EXPECT_NE(e.find("holds the state of a sgd optimizer"), std::string::npos) << e;
-    EXPECT_NE(e.find(std::string("this run's is ") + train::to_string(kind)), std::string::npos) << e;
+    EXPECT_NE(e.find(std::string("this run's is ") + optim::to_string(kind)), std::string::npos) << e;
     EXPECT_EQ(e.find("INTERNAL ASSERT"), std::string::npos) << e;
   }
-  train::TrainerOptions one_group = optimizer_options({train::OptimizerKind::kSgd, true});
+  train::TrainerOptions one_group = optimizer_options({optim::OptimizerKind::kSgd, true});
   one_group.optimizer().decay_all_parameters(true);  // 1 parameter group, not 2
   const std::string e = resume_with(one_group);
   EXPECT_NE(e.find("2 parameter groups"), std::string::npos) << e;
-  EXPECT_EQ(resume_with(optimizer_options({train::OptimizerKind::kSgd, false})), "accepted")
+  EXPECT_EQ(resume_with(optimizer_options({optim::OptimizerKind::kSgd, false})), "accepted")
       << "fused and LibTorch's SGD share their state";
 }
 
@@ -363,7 +363,7 @@ TEST(ExactResume, NotesComeFromRankZeroOnly) {
   for (int64_t rank : {0, 1}) {
     const std::string dir = test_util::temp_dir("resume_notes" + std::to_string(rank));
     train::TrainerOptions o = options(dir);
-    o.epochs(1).resume("auto").distribution(std::make_shared<Rank>(rank));
+    o.epochs(1).resume(train::ResumeFrom::latest()).distribution(std::make_shared<Rank>(rank));
     BlobTask task({});
     testing::internal::CaptureStderr();
     train::Trainer(o).fit(task);
@@ -371,4 +371,18 @@ TEST(ExactResume, NotesComeFromRankZeroOnly) {
     EXPECT_EQ(said.find("no checkpoint at") != std::string::npos, rank == 0)
         << "rank " << rank << ": " << said;
   }
+}
+
+// trainer.resume's text and ResumeFrom: "" fresh, "auto" the run folder's
+// latest, anything else a path; to_string() gives the text back.
+TEST(ResumeFrom, TheConfigTextParsesToAKindAndBack) {
+  using train::ResumeFrom;
+  EXPECT_EQ(ResumeFrom::parse("").kind, ResumeFrom::Kind::kFresh);
+  EXPECT_EQ(ResumeFrom::parse("auto").kind, ResumeFrom::Kind::kLatest);
+  const ResumeFrom path = ResumeFrom::parse("runs/a/checkpoints/last.pt");
+  EXPECT_EQ(path.kind, ResumeFrom::Kind::kPath);
+  EXPECT_EQ(path.path, "runs/a/checkpoints/last.pt");
+  for (const char* text : {"", "auto", "runs/a", "./auto"})
+    EXPECT_EQ(ResumeFrom::parse(text).to_string(), text);
+  EXPECT_EQ(train::TrainerOptions().resume().kind, ResumeFrom::Kind::kFresh) << "a fresh run by default";
 }

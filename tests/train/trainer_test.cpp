@@ -106,8 +106,8 @@ TEST(Trainer, ScheduleSetsTheRateOfEveryStep) {
   BlobTask task({});
   auto rec = std::make_shared<Recorder>();
   train::TrainerOptions o = quiet(3);
-  o.schedule(std::make_shared<train::OneCycleSchedule>(
-      train::OneCycleOptions(24).pct_start(0.25).div_factor(10.0).final_div_factor(100.0)));
+  o.schedule(std::make_shared<optim::OneCycleSchedule>(
+      optim::OneCycleOptions(24).pct_start(0.25).div_factor(10.0).final_div_factor(100.0)));
   train::Trainer(o).add_callback(rec).fit(task);
   ASSERT_EQ(rec->lrs.size(), 24u);
   for (size_t s = 0; s < rec->lrs.size(); ++s)
@@ -256,7 +256,7 @@ class SharedTask : public BlobTask {
 TEST(Trainer, ATensorRegisteredTwiceIsTrainedAndClippedOnce) {
   SharedTask task;
   ASSERT_EQ(task.model()->parameters().size(), 5u) << "the premise: LibTorch lists the shared tensors twice";
-  const auto trainable = train::trainable_named_parameters(*task.model());
+  const auto trainable = optim::trainable_named_parameters(*task.model());
   ASSERT_EQ(trainable.size(), 2u);
   EXPECT_EQ(trainable[0].first, "first.weight");
   EXPECT_EQ(trainable[1].first, "first.bias");

@@ -98,7 +98,7 @@ class SyntheticTask : public train::Task {
 int raw_loop(const Args& a, SyntheticTask& task, const torch::Device& device,
              const train::TrainerOptions& o) {
   auto model = task.model();
-  auto optimizer = train::make_optimizer(*model, o.optimizer());
+  auto optimizer = optim::make_optimizer(*model, o.optimizer());
   const amp::Precision precision = amp::parse_precision(a.precision);
   const amp::MatmulPrecisionGuard matmul(precision, device.type());
   amp::GradScaler scaler(
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
     o.val_every(0);
     o.checkpoint_every(0);
     if (a.model == "gpt") {
-      o.optimizer().kind(train::OptimizerKind::kAdamW);
+      o.optimizer().kind(optim::OptimizerKind::kAdamW);
       o.optimizer().lr(1e-3);
       o.optimizer().weight_decay(0.1);
       o.optimizer().decay_all_parameters(true);  // as the PyTorch peer: AdamW(model.parameters(), ...)

@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
     const int64_t rounds = a.warmup_rounds + a.rounds, steps = rounds * kTrainerSettings;
     train::TrainerOptions o;
     o.epochs(rounds).distribution(dist::make_distribution(group));  // an epoch is a round
-    o.optimizer().kind(train::OptimizerKind::kSgd).lr(1e-4).momentum(0.0).nesterov(false).weight_decay(0.0);
+    o.optimizer().kind(optim::OptimizerKind::kSgd).lr(1e-4).momentum(0.0).nesterov(false).weight_decay(0.0);
     train::Trainer trainer(o);
     // 0: PyTorch's default buckets (25 MiB after a first one of 1 MiB).
     dist::DdpOptions bucketed_options;

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
         data::TensorLoaderOptions().batch_size(batch_size).seed(0).prefetch(prefetch));
     train::TrainerOptions o;
     o.epochs(epochs);
-    o.optimizer().kind(train::OptimizerKind::kSgd);
+    o.optimizer().kind(optim::OptimizerKind::kSgd);
     o.optimizer().lr(0.05).decay_all_parameters(true);  // as the PyTorch peer: SGD(model.parameters(), ...)
     train::Trainer trainer(o);
     trainer.add_callback(std::make_shared<EpochTimer>());

@@ -181,9 +181,9 @@ int main(int argc, char** argv) {
     o.cuda_graph(cuda_graph);
     o.optimizer().fused(parse_on_off("--fused", a.fused));
     if (a.model == "gpt") {
-      o.optimizer().kind(train::OptimizerKind::kAdamW).lr(1e-3).weight_decay(0.1);
+      o.optimizer().kind(optim::OptimizerKind::kAdamW).lr(1e-3).weight_decay(0.1);
     } else {
-      o.optimizer().kind(train::OptimizerKind::kSgd).lr(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4);
+      o.optimizer().kind(optim::OptimizerKind::kSgd).lr(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4);
     }
     o.optimizer().decay_all_parameters(true);  // as the PyTorch peer: optimizer(model.parameters(), ...)
     auto timer = std::make_shared<bench::StepTimer>(device.is_cuda());

@@ -294,120 +294,157 @@ namespace {
 // strings and comments, so refusing them here costs nothing valid except
 // non-ASCII quoted keys (Ember's keys are ASCII) and a non-ASCII character
 // right after a line-ending backslash.
-void check_toml_characters(std::string_view text, const std::string& source) {
+class TomlCharacterScan {
+ public:
+  TomlCharacterScan(std::string_view text, const std::string& source) : text_(text), source_(source) {}
+
+  void run() {
+    for (i_ = 0; i_ < text_.size(); ++i_) {
+      const auto c = static_cast<unsigned char>(text_[i_]);
+      check_byte(c);
+      if (after_line_backslash_ && c != ' ' && c != '\t' && c != '\n' && c != '\r')
+        after_line_backslash_ = false;
+      if (in_ == In::kCode)
+        code(c);
+      else
+        comment_or_string(c);
+      if (in_ == In::kCode && c != ' ' && c != '\t' && c != '\r') last_token_ = static_cast<char>(c);
+      if (text_[i_] == '\n') {
+        ++line_;
+        column_ = 1;
+      } else if ((static_cast<unsigned char>(text_[i_]) & 0xc0) != 0x80) {  // not a UTF-8 continuation byte
+        ++column_;
+      }
+    }
+  }
+
+ private:
   enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
-  In in = In::kCode;
-  bool key_context = true;            // before the '=' of a key/value pair, or in a [table] header
-  bool string_is_key = false;         // the string being read is a quoted key
-  bool after_line_backslash = false;  // in a multi-line string, skipping whitespace after "\<newline>"
-  std::vector<char> nesting;          // '[' arrays and '{' inline tables of the value being read
-  char last_token = '\n';             // the last character of code (not blank) before this one
-  int64_t line = 1, column = 1;
-  const auto fail_at = [&](const char* what, unsigned c) {
-    detail::fail(ErrorKind::kConfig, "[config] {}:{}:{}: {} (0x{:02x}){}", source, line, column, what, c,
+
+  [[noreturn]] void fail_at(const char* what, unsigned c) const {
+    detail::fail(ErrorKind::kConfig, "[config] {}:{}:{}: {} (0x{:02x}){}", source_, line_, column_, what, c,
                  c < 0x80 ? "; is this a text file?" : "");
-  };
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
+  }
+
+  // Control characters anywhere; non-ASCII where toml++ would ask whether it is whitespace.
+  void check_byte(unsigned c) const {
     if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
       fail_at("control character: TOML allows none but tab and newlines", c);
-    const bool in_string = in != In::kCode && in != In::kComment;
-    if (c >= 0x80 && (in == In::kCode || (in_string && string_is_key) || after_line_backslash))
-      fail_at(in == In::kCode ? "a non-ASCII character outside a string or comment"
-              : string_is_key
+    const bool in_string = in_ != In::kCode && in_ != In::kComment;
+    if (c >= 0x80 && (in_ == In::kCode || (in_string && string_is_key_) || after_line_backslash_))
+      fail_at(in_ == In::kCode ? "a non-ASCII character outside a string or comment"
+              : string_is_key_
                   ? "a non-ASCII character in a quoted key (Ember's keys are ASCII)"
                   : "a non-ASCII character right after a line-ending backslash (put an ASCII one first)",
               c);
-    const auto starts = [&](const char* s) { return text.compare(i, std::strlen(s), s) == 0; };
-    const auto skip = [&](size_t n) {  // past the rest of a delimiter, on this line
-      i += n;
-      column += static_cast<int64_t>(n);
-    };
-    if (after_line_backslash && c != ' ' && c != '\t' && c != '\n' && c != '\r') after_line_backslash = false;
-    switch (in) {
+  }
+
+  bool starts(const char* s) const { return text_.compare(i_, std::strlen(s), s) == 0; }
+  void skip(size_t n) {  // past the rest of a delimiter, on this line
+    i_ += n;
+    column_ += static_cast<int64_t>(n);
+  }
+
+  void code(unsigned c) {
+    if (c == '#') {
+      in_ = In::kComment;
+    } else if ((c == '"' || c == '\'') && std::strchr("\n=[{,.", last_token_) != nullptr) {
+      // A quote opens a string where a key or a value begins; inside a
+      // bare token (a = 1'2) toml++ reads on as the token, so do we.
+      string_is_key_ = key_context_;
+      const bool multi = starts(c == '"' ? "\"\"\"" : "'''");
+      in_ = c == '"' ? (multi ? In::kMultiBasic : In::kBasic) : (multi ? In::kMultiLiteral : In::kLiteral);
+      if (multi) skip(2);
+    } else if (c == '=') {
+      key_context_ = false;
+    } else if (c == '\n' && nesting_.empty()) {
+      key_context_ = true;
+    } else if (key_context_ && c == '[') {
+      table_header();
+    } else if (!key_context_ && (c == '[' || c == '{')) {
+      nesting_.push_back(static_cast<char>(c));
+      key_context_ = c == '{';
+    } else if (c == ']' && !nesting_.empty() && nesting_.back() == '[') {
+      nesting_.pop_back();
+    } else if (c == '}' && !nesting_.empty() && nesting_.back() == '{') {
+      nesting_.pop_back();
+      key_context_ = false;
+    } else if (c == ',' && !nesting_.empty() && nesting_.back() == '{') {
+      key_context_ = true;
+    }
+  }
+
+  // A table header: toml++ assumes (undefined behaviour when wrong) that a
+  // key follows "[" or "[[" and the blanks after it.
+  void table_header() const {
+    size_t j = i_ + 1 < text_.size() && text_[i_ + 1] == '[' ? i_ + 2 : i_ + 1;
+    while (j < text_.size() && (text_[j] == ' ' || text_[j] == '\t')) ++j;
+    const char k = j < text_.size() ? text_[j] : '\0';
+    if (!(std::isalnum(static_cast<unsigned char>(k)) || k == '_' || k == '-' || k == '"' || k == '\''))
+      fail_at("a table header must start with a key (a letter, digit, _ or -, or a quoted key)",
+              static_cast<unsigned char>(k));
+  }
+
+  void comment_or_string(unsigned c) {
+    switch (in_) {
       case In::kCode:
-        if (c == '#') {
-          in = In::kComment;
-        } else if ((c == '"' || c == '\'') && std::strchr("\n=[{,.", last_token) != nullptr) {
-          // A quote opens a string where a key or a value begins; inside a
-          // bare token (a = 1'2) toml++ reads on as the token, so do we.
-          string_is_key = key_context;
-          const bool multi = starts(c == '"' ? "\"\"\"" : "'''");
-          in = c == '"' ? (multi ? In::kMultiBasic : In::kBasic) : (multi ? In::kMultiLiteral : In::kLiteral);
-          if (multi) skip(2);
-        } else if (c == '=') {
-          key_context = false;
-        } else if (c == '\n' && nesting.empty()) {
-          key_context = true;
-        } else if (key_context && c == '[') {
-          // A table header: toml++ assumes (undefined behaviour when wrong)
-          // that a key follows "[" or "[[" and the blanks after it.
-          size_t j = i + 1 < text.size() && text[i + 1] == '[' ? i + 2 : i + 1;
-          while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
-          const char k = j < text.size() ? text[j] : '\0';
-          if (!(std::isalnum(static_cast<unsigned char>(k)) || k == '_' || k == '-' || k == '"' || k == '\''))
-            fail_at("a table header must start with a key (a letter, digit, _ or -, or a quoted key)",
-                    static_cast<unsigned char>(k));
-        } else if (!key_context && (c == '[' || c == '{')) {
-          nesting.push_back(static_cast<char>(c));
-          key_context = c == '{';
-        } else if (c == ']' && !nesting.empty() && nesting.back() == '[') {
-          nesting.pop_back();
-        } else if (c == '}' && !nesting.empty() && nesting.back() == '{') {
-          nesting.pop_back();
-          key_context = false;
-        } else if (c == ',' && !nesting.empty() && nesting.back() == '{') {
-          key_context = true;
-        }
         break;
       case In::kComment:
         if (c == '\n') {
-          in = In::kCode;
-          if (nesting.empty()) key_context = true;
+          in_ = In::kCode;
+          if (nesting_.empty()) key_context_ = true;
         }
         break;
       case In::kBasic:
-        if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') {
+        if (c == '\\' && i_ + 1 < text_.size() && text_[i_ + 1] != '\n') {
           skip(1);  // an escaped character (a control one is invalid TOML either way)
         } else if (c == '"' || c == '\n') {
-          in = In::kCode;
+          in_ = In::kCode;
         }
         break;
       case In::kLiteral:
-        if (c == '\'' || c == '\n') in = In::kCode;
+        if (c == '\'' || c == '\n') in_ = In::kCode;
         break;
       case In::kMultiBasic:
         if (c == '\\') {
-          size_t j = i + 1;
-          while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
-          if (j < text.size() && (text[j] == '\n' || text[j] == '\r')) {
-            after_line_backslash = true;
-          } else if (i + 1 < text.size()) {
+          size_t j = i_ + 1;
+          while (j < text_.size() && (text_[j] == ' ' || text_[j] == '\t')) ++j;
+          if (j < text_.size() && (text_[j] == '\n' || text_[j] == '\r')) {
+            after_line_backslash_ = true;
+          } else if (i_ + 1 < text_.size()) {
             skip(1);
           }
         } else if (starts("\"\"\"")) {
-          skip(2);
-          // Up to two more quotes belong to the string ("""a""""" is a"").
-          for (int extra = 0; extra < 2 && i + 1 < text.size() && text[i + 1] == '"'; ++extra) skip(1);
-          in = In::kCode;
+          close_multi_line('"');
         }
         break;
       case In::kMultiLiteral:
-        if (starts("'''")) {
-          skip(2);
-          for (int extra = 0; extra < 2 && i + 1 < text.size() && text[i + 1] == '\''; ++extra) skip(1);
-          in = In::kCode;
-        }
+        if (starts("'''")) close_multi_line('\'');
         break;
     }
-    if (in == In::kCode && c != ' ' && c != '\t' && c != '\r') last_token = static_cast<char>(c);
-    if (text[i] == '\n') {
-      ++line;
-      column = 1;
-    } else if ((static_cast<unsigned char>(text[i]) & 0xc0) != 0x80) {  // not a UTF-8 continuation byte
-      ++column;
-    }
   }
+
+  // Past a closing triple quote; up to two more quotes belong to the string ("""a""""" is a"").
+  void close_multi_line(char quote) {
+    skip(2);
+    for (int extra = 0; extra < 2 && i_ + 1 < text_.size() && text_[i_ + 1] == quote; ++extra) skip(1);
+    in_ = In::kCode;
+  }
+
+  std::string_view text_;
+  const std::string& source_;
+  size_t i_ = 0;
+  In in_ = In::kCode;
+  bool key_context_ = true;            // before the '=' of a key/value pair, or in a [table] header
+  bool string_is_key_ = false;         // the string being read is a quoted key
+  bool after_line_backslash_ = false;  // in a multi-line string, skipping whitespace after "\<newline>"
+  std::vector<char> nesting_;          // '[' arrays and '{' inline tables of the value being read
+  char last_token_ = '\n';             // the last character of code (not blank) before this one
+  int64_t line_ = 1, column_ = 1;
+};
+
+void check_toml_characters(std::string_view text, const std::string& source) {
+  TomlCharacterScan(text, source).run();
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 
 #include "core/check.h"
 #include "ember/amp/grad_scaler.h"
-#include "ember/train/optim.h"
+#include "ember/optim/optimizer.h"
 #include "ember/train/trainer.h"
 
 namespace ember::dist {
@@ -73,7 +73,7 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
   params_.clear();
   param_names_.clear();
   std::unordered_map<size_t, std::string> names;
-  for (const auto& [name, p] : train::trainable_named_parameters(model)) {
+  for (const auto& [name, p] : optim::trainable_named_parameters(model)) {
     names[params_.size()] = name;
     param_names_.push_back(name);
     params_.push_back(p);
@@ -123,7 +123,7 @@ void DistributedDataParallel::on_fit_start(train::Trainer& trainer) {
 void DistributedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
   // Pruning (registered earlier) may have resized parameters in place: the
   // reducer's buckets no longer fit them.
-  if (SameTensors{params_} != tensors_of(train::trainable_named_parameters(*trainer.task()->model())) ||
+  if (SameTensors{params_} != tensors_of(optim::trainable_named_parameters(*trainer.task()->model())) ||
       shapes_of(params_) != shapes_)
     build(trainer);
 }

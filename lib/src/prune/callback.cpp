@@ -98,6 +98,61 @@ nlohmann::json eval_json(const train::EvalResult& r) {
   return {{"loss", r.loss}, {"accuracy", r.accuracy}, {"samples", r.samples}};
 }
 
+/// The loader prune.eval names (nullptr: none).
+data::Loader* loader_of(train::Task& task, EvalSplit split) {
+  switch (split) {
+    case EvalSplit::kVal:
+      return task.val_loader();
+    case EvalSplit::kTest:
+      return task.test_loader();
+    case EvalSplit::kNone:
+      break;
+  }
+  return nullptr;
+}
+
+/// Taylor importance's gradients: `batches` training batches of `epoch`'s
+/// order, summed into the parameters' gradients; batch-norm statistics, modes
+/// and the RNG are put back afterwards.
+void collect_taylor_gradients(const train::Trainer& trainer, train::Task& task, int64_t epoch,
+                              int64_t batches) {
+  auto model = task.model();
+  const core::ModelSnapshot state(
+      *model,
+      core::ModelSnapshotOptions().parameters(false));  // gradients collected here stay
+  model->train();
+  data::Loader& loader = task.train_loader();
+  loader.start_epoch(epoch, 0);
+  const torch::Device device = device_of(*model);
+  for (int64_t i = 0; i < batches; ++i) {
+    std::optional<data::Batch> b = loader.next();
+    if (!b) break;
+    with_precision(trainer, device.type(), [&] { return task.training_step(*b); }).loss.backward();
+  }
+}
+
+/// One line of pruning.jsonl: pruning step `step` (from 1).
+nlohmann::json report_json(const PruningReport& report, int64_t step) {
+  nlohmann::json shapes = nlohmann::json::array();
+  for (const ShapeChange& c : report.result.changes)
+    shapes.push_back({{"name", c.name}, {"before", c.before}, {"after", c.after}});
+  return {{"epoch", report.epoch},
+          {"step", step},
+          {"ratio", report.ratio},
+          {"macs_before", report.result.before.macs},
+          {"macs_after", report.result.after.macs},
+          {"params_before", report.result.before.params},
+          {"params_after", report.result.after.params},
+          {"train_step_ms_before", report.train_step_ms_before},
+          {"train_step_ms_after", report.train_step_ms_after},
+          {"infer_ms_before", report.infer_ms_before},
+          {"infer_ms_after", report.infer_ms_after},
+          {"eval_before", eval_json(report.eval_before)},
+          {"eval_after", eval_json(report.eval_after)},
+          {"shapes", shapes},
+          {"warnings", report.result.warnings}};
+}
+
 }  // namespace
 
 EvalSplit parse_eval_split(const std::string& name) {
@@ -212,17 +267,7 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   const double progress = static_cast<double>(step + 1) / n;
   PruningReport report;
   report.epoch = epoch;
-  data::Loader* eval_loader = nullptr;
-  switch (options_.eval()) {
-    case EvalSplit::kVal:
-      eval_loader = task.val_loader();
-      break;
-    case EvalSplit::kTest:
-      eval_loader = task.test_loader();
-      break;
-    case EvalSplit::kNone:
-      break;
-  }
+  data::Loader* eval_loader = loader_of(task, options_.eval());
   if (eval_loader) report.eval_before = trainer.evaluate(task, *eval_loader);
   const Timing before = time_steps(trainer, task, example_, options_.timing_steps());
 
@@ -232,20 +277,8 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
               "[prune::PruningCallback] prune.importance=taylor takes gradients of this rank's shard, so the "
               "ranks of a "
               "data-parallel run would prune different channels: use l1, l2 or bn_scale there");
-  if (options_.pruner().importance() == Importance::kTaylor) {
-    // Gradients of a few training batches; batch-norm statistics and RNG are put back afterwards.
-    const core::ModelSnapshot state(
-        *model, core::ModelSnapshotOptions().parameters(false));  // gradients collected here stay
-    model->train();
-    data::Loader& loader = task.train_loader();
-    loader.start_epoch(epoch, 0);
-    const torch::Device device = device_of(*model);
-    for (int64_t i = 0; i < options_.taylor_batches(); ++i) {
-      std::optional<data::Batch> b = loader.next();
-      if (!b) break;
-      with_precision(trainer, device.type(), [&] { return task.training_step(*b); }).loss.backward();
-    }
-  }
+  if (options_.pruner().importance() == Importance::kTaylor)
+    collect_taylor_gradients(trainer, task, epoch, options_.taylor_batches());
   if (options_.target_macs() > 0) {
     report.result = pruner_->prune_to(Target::kMacs, 1.0 - (1.0 - options_.target_macs()) * progress,
                                       trainer.optimizer());
@@ -271,25 +304,7 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
       trainer.options().distribution()->is_writer();  // data-parallel: rank 0 writes and reports
   if (!dir.empty() && writer) {
     plan_.save(dir + "/pruning_plan.json");
-    nlohmann::json shapes = nlohmann::json::array();
-    for (const ShapeChange& c : report.result.changes)
-      shapes.push_back({{"name", c.name}, {"before", c.before}, {"after", c.after}});
-    const nlohmann::json j = {{"epoch", epoch},
-                              {"step", step + 1},
-                              {"ratio", report.ratio},
-                              {"macs_before", report.result.before.macs},
-                              {"macs_after", report.result.after.macs},
-                              {"params_before", report.result.before.params},
-                              {"params_after", report.result.after.params},
-                              {"train_step_ms_before", report.train_step_ms_before},
-                              {"train_step_ms_after", report.train_step_ms_after},
-                              {"infer_ms_before", report.infer_ms_before},
-                              {"infer_ms_after", report.infer_ms_after},
-                              {"eval_before", eval_json(report.eval_before)},
-                              {"eval_after", eval_json(report.eval_after)},
-                              {"shapes", shapes},
-                              {"warnings", report.result.warnings}};
-    std::ofstream(dir + "/pruning.jsonl", std::ios::app) << j.dump() << "\n";
+    std::ofstream(dir + "/pruning.jsonl", std::ios::app) << report_json(report, step + 1).dump() << "\n";
   }
   if (options_.verbose() && writer)
     std::cout << fmt::format(

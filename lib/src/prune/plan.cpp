@@ -15,7 +15,7 @@
 
 #include "core/check.h"
 #include "ember/core/file.h"
-#include "ember/train/optim.h"
+#include "ember/optim/optimizer.h"
 
 namespace ember::prune {
 
@@ -129,7 +129,7 @@ Plan Plan::load(const std::string& path) {
 namespace {
 
 bool supported_state(torch::optim::OptimizerParamState& state) {
-  return train::for_each_state_tensor(state, [](torch::Tensor&) {});
+  return optim::for_each_state_tensor(state, [](torch::Tensor&) {});
 }
 
 void check_state_type(torch::optim::OptimizerParamState& state, const std::string& name) {
@@ -178,7 +178,7 @@ void slice_state(torch::optim::OptimizerParamState& state, const std::string& na
                 old_sizes);
     t = t.index_select(dim, index.to(t.device()));
   };
-  if (!train::for_each_state_tensor(state, cut))
+  if (!optim::for_each_state_tensor(state, cut))
     check_state_type(state, name);  // throws: apply_plan validated this before changing anything
 }
 

@@ -35,7 +35,7 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const RunConte
   o.optimizer().lr(c.get_float("finetune.lr"));
   // A cosine over the fine-tuning run, which fit measures in optimizer steps (accumulation included).
   o.epoch_schedule(
-      train::EpochScheduleOptions().shape(train::ScheduleOptions().kind(train::ScheduleKind::kCosine)));
+      optim::EpochScheduleOptions().shape(optim::ScheduleOptions().kind(optim::ScheduleKind::kCosine)));
   prune::PruningCallbackOptions po = prune::pruning_options_from_config(c);
   po.epochs({0});
   auto pruning = std::make_shared<prune::PruningCallback>(po);

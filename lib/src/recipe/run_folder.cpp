@@ -13,8 +13,9 @@
 
 #include "core/check.h"
 #include "ember/core/file.h"
+#include "ember/optim/schedule.h"
 #include "ember/train/checkpoint.h"
-#include "ember/train/scheduler.h"
+#include "ember/train/trainer.h"
 
 namespace ember::recipe {
 namespace {
@@ -132,15 +133,15 @@ bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config&
   // (cosine, onecycle): with a constant or step schedule, training longer or
   // shorter continues the same run.
   if (key == "trainer.epochs" || key == "trainer.max_steps") {
-    const train::ScheduleKind schedule = config.has("sched.name")
-                                             ? config.get_parsed("sched.name", train::parse_schedule_kind)
-                                             : train::ScheduleKind::kConstant;
+    const optim::ScheduleKind schedule = config.has("sched.name")
+                                             ? config.get_parsed("sched.name", optim::parse_schedule_kind)
+                                             : optim::ScheduleKind::kConstant;
     switch (schedule) {
-      case train::ScheduleKind::kConstant:
-      case train::ScheduleKind::kStep:
+      case optim::ScheduleKind::kConstant:
+      case optim::ScheduleKind::kStep:
         return true;
-      case train::ScheduleKind::kCosine:
-      case train::ScheduleKind::kOneCycle:
+      case optim::ScheduleKind::kCosine:
+      case optim::ScheduleKind::kOneCycle:
         return false;
     }
     return false;
@@ -274,9 +275,12 @@ void compare_with_saved_config(const std::string& source, const std::string& dir
 }  // namespace
 
 void claim_run_folder(const std::string& dir, const core::Config& config, const std::string& recipe) {
-  const std::string resume = config.get_string("trainer.resume");
+  const train::ResumeFrom resume = train::ResumeFrom::parse(config.get_string("trainer.resume"));
+  using Kind = train::ResumeFrom::Kind;
+  const std::string& path = resume.path;
   const bool resumes_here =
-      resume == "auto" || resume == dir || resume.compare(0, dir.size() + 1, dir + "/") == 0;
+      resume.kind == Kind::kLatest ||
+      (resume.kind == Kind::kPath && (path == dir || path.compare(0, dir.size() + 1, dir + "/") == 0));
   const std::vector<std::string> previous = previous_run_files(dir);
   if (resumes_here && has_checkpoint(dir)) {
     compare_with_saved_config(dir, dir, config, recipe);
@@ -285,8 +289,8 @@ void claim_run_folder(const std::string& dir, const core::Config& config, const 
     return;
   }
   // A resume from another run's folder: the same comparison, with that run's keys.
-  if (!resume.empty() && !resumes_here)
-    compare_with_saved_config(source_run_folder(resume), dir, config, recipe);
+  if (resume.kind == Kind::kPath && !resumes_here)
+    compare_with_saved_config(source_run_folder(path), dir, config, recipe);
   if (!previous.empty()) {
     const bool ember_run = is_ember_run_folder(dir);
     const auto refuse_foreign = [&](const char* why) {
@@ -296,7 +300,7 @@ void claim_run_folder(const std::string& dir, const core::Config& config, const 
                        "Ember moves nothing of yours: choose another run.dir, or empty this folder yourself",
                        why, dir, join(previous, 4), kConfigHeader);
     };
-    if (resume == "auto") {  // a run that left no checkpoint: its files would mix with this one's
+    if (resume.kind == Kind::kLatest) {  // a run that left no checkpoint: its files would mix with this one's
       refuse_foreign("trainer.resume=auto found no checkpoint");
       std::cerr << fmt::format(
           "[run] trainer.resume=auto: {} holds no checkpoint; its files ({}) move to {} and a fresh run "

@@ -20,10 +20,10 @@
 #include "ember/core/memory.h"
 #include "ember/core/op_counter.h"
 #include "ember/dist/process_group.h"
+#include "ember/optim/optimizer.h"
 #include "ember/train/batch_size_finder.h"
 #include "ember/train/keys.h"
 #include "ember/train/lr_finder.h"
-#include "ember/train/optim.h"
 #include "ember/train/task_cost.h"
 #include "ember/version.h"
 #include "recipe/runner.h"
@@ -88,7 +88,7 @@ train::TrainerOptions probe_options(const core::Config& c, train::Task& task, in
     o.emulate_cuda_graph(params.empty() || !params.front().is_cuda());
   }
   o.run_dir("")
-      .resume("")
+      .resume(train::ResumeFrom::fresh())
       .max_steps(steps)
       .epochs(std::numeric_limits<int32_t>::max())
       .val_every(0)
@@ -107,7 +107,7 @@ class OptimizerStateProbe : public train::Callback {
  public:
   std::string name() const override { return "optimizer_state_probe"; }
   void on_fit_end(train::Trainer& trainer) override {
-    if (trainer.optimizer()) bytes = train::optimizer_state_bytes(*trainer.optimizer());
+    if (trainer.optimizer()) bytes = optim::optimizer_state_bytes(*trainer.optimizer());
   }
   int64_t bytes = 0;
 };
@@ -366,14 +366,27 @@ int64_t host_memory_cap(const core::Config& c, const torch::Device& device, std:
   return static_cast<int64_t>(kHostMemoryShare * static_cast<double>(available));
 }
 
-int measure(const RecipeSpec& spec, core::Config& config, const std::string& out) {
-  const RunContext ctx = start_tool(config);
+/// What `measure` keeps to and learns as it goes: the batch, the host's cap on
+/// the measurement's tensors, what the model and data hold, the report.
+struct Measurement {
+  const RecipeSpec& spec;
+  const core::Config& config;
+  const RunContext& ctx;
+  int64_t config_batch = 0;  // data.batch_size
+  int64_t batch = 0;         // the batch the run really uses: at most the training set
+  int64_t speed_batch = 0;   // the batch timed: the largest that fits the host when batch does not
+  int64_t steps = 0;         // plan.steps per memory probe
+  int64_t cap = 0;           // bytes of tensors the CPU measurement may hold (0: no limit)
+  std::string cap_source;    // where cap came from, for messages
+  int64_t held = 0;          // bytes the built task holds (model, buffers, resident data)
+  int64_t param_bytes = 0;
+  nlohmann::json j;  // the report
+};
+
+/// The report's first fields: what is measured, where, and the run's settings.
+nlohmann::json describe_measurement(const RecipeSpec& spec, const core::Config& config,
+                                    const RunContext& ctx) {
   const torch::Device device = ctx.device();
-  const int64_t config_batch = config.get_int("data.batch_size");
-  int64_t batch = config_batch;  // the batch the run really uses: at most the training set
-  int64_t speed_batch = batch;   // the batch timed: the largest that fits the host when batch does not
-  const int64_t steps = config.get_int("plan.steps");
-  const amp::Precision run_precision = ctx.precision();
   nlohmann::json j;
   j["schema"] = 1;
   j["recipe"] = spec.name;
@@ -382,248 +395,286 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
   j["threads"] = at::get_num_threads();
   j["epochs"] = config.get_int("trainer.epochs");
   j["accumulate_grad_batches"] = config.get_int("trainer.accumulate_grad_batches");
-  j["precision"] = amp::to_string(run_precision);
+  j["precision"] = amp::to_string(ctx.precision());
   j["optimizer"] = config.get_string("optim.name");
-  std::cerr << fmt::format("[plan] measuring {} on {}\n", spec.name, core::describe_device(device));
+  return j;
+}
 
-  {
-    core::MemoryMeter meter(device);  // from before the data loads: the dataset's bytes are seen
-    // On the CPU, tensors past the cap are refused at once: a model or batch larger than the host
-    // fails here with what it needed, instead of swapping or meeting the kernel's OOM killer.
-    std::string cap_source;
-    const int64_t cap = host_memory_cap(config, device, &cap_source);
-    if (cap > 0) meter.set_limit(cap);
-    j["host_memory_limit_bytes"] = cap;
-    std::unique_ptr<train::Task> task;
+/// The task, built under the meter's cap: one that does not fit says what to do.
+std::unique_ptr<train::Task> build_measured_task(Measurement& m, const core::MemoryMeter& meter) {
+  try {
+    return m.spec.make_task(m.config, m.ctx);
+  } catch (const std::exception& e) {
+    if (!out_of_memory(e)) throw;
+    ember::detail::fail(
+        "[plan] {}'s model and data do not fit this host's memory: their tensors reached {} of the "
+        "{} the measurement may use ({}) when the build failed ({}). The planner measures by "
+        "building the model on this machine: measure it on a host with more memory than its parameters "
+        "(4 bytes each in fp32) and the loaded dataset, or measure a smaller model of the same family "
+        "(fewer or narrower layers) and scale parameter_bytes, gradient_bytes and optimizer_state_bytes "
+        "by the parameter ratio",
+        m.spec.name, human_bytes(meter.peak()), human_bytes(m.cap), m.cap_source, first_line(e));
+  }
+}
+
+/// The model's and the data's sizes and the forward's cost, from the built
+/// task; a batch larger than the training set is cut to it.
+void measure_model_and_data(Measurement& m, train::Task& task, const core::MemoryMeter& meter) {
+  nlohmann::json& j = m.j;
+  const int64_t train_samples = task.train_loader().num_samples();
+  if (train_samples > 0 && m.batch > train_samples) {  // the batch holds all of it (drop_last off)
+    m.batch = m.speed_batch = train_samples;
+    std::cerr << fmt::format(
+        "[plan] data.batch_size={} is larger than the {} training samples: planned for batches of {}\n",
+        m.config_batch, train_samples, m.batch);
+  }
+  j["batch_size"] = m.batch;
+  j["config_batch_size"] = m.config_batch;
+  torch::nn::Module& model = *task.model();
+  const std::vector<torch::Tensor> trainable = optim::trainable_parameters(model);
+  m.param_bytes = tensor_bytes(model.parameters());
+  const int64_t buffer_bytes = tensor_bytes(model.buffers());
+  j["parameters"] = train::count_parameters(model);
+  int64_t trainable_count = 0;
+  for (const auto& p : trainable) trainable_count += p.numel();
+  j["trainable_parameters"] = trainable_count;
+  j["parameter_bytes"] = m.param_bytes;
+  j["buffer_bytes"] = buffer_bytes;
+  j["gradient_bytes"] = tensor_bytes(trainable);
+  // The dataset: what the loaded task holds beyond the model (CPU: counted; CUDA: estimated below).
+  m.held = meter.current();
+  data::Loader& train_loader = task.train_loader();
+  int64_t eval_samples = 0;
+  if (task.val_loader()) eval_samples += task.val_loader()->num_samples();
+  if (task.test_loader()) eval_samples += task.test_loader()->num_samples();
+  train_loader.start_epoch(0, 0);
+  double sample_bytes = 0;
+  if (std::optional<data::Batch> b = train_loader.next(); b && b->size() > 0)
+    sample_bytes = static_cast<double>(b->input.nbytes() + (b->target.defined() ? b->target.nbytes() : 0)) /
+                   static_cast<double>(b->size());
+  const std::string path = data_path(m.config);
+  int64_t entries = 1000000;  // a huge tree is not walked to the end for one report field
+  const int64_t samples = train_loader.num_samples() + eval_samples;
+  const bool cpu = m.ctx.device().is_cpu();
+  j["dataset"] = {
+      {"train_samples", train_loader.num_samples()},
+      {"eval_samples", eval_samples},
+      {"sample_bytes", sample_bytes},
+      {"disk_bytes", path.empty() ? 0 : disk_bytes(path, &entries)},
+      {"disk_path", path},
+      // The recipe keeps its data on the training device (data.resident): a GPU holds it too.
+      {"device_resident", m.config.has("data.resident") && m.config.get_bool("data.resident")},
+      {"resident_bytes", cpu ? std::max<int64_t>(m.held - m.param_bytes - buffer_bytes, 0)
+                             : static_cast<int64_t>(sample_bytes * static_cast<double>(samples))}};
+  double macs = 0;
+  j["train_flops_per_sample"] = train_flops_per_sample(task, &macs);
+  j["forward_macs_per_sample"] = macs;
+  j["forward_graph_nodes"] = forward_graph_nodes(task);
+  j["parameter_tensors"] = static_cast<int64_t>(trainable.size());
+}
+
+/// The training loop's peaks in `precision` at two batch sizes, {small,
+/// large}, halved while they do not fit the host (the line through two
+/// smaller ones extrapolates as well); below batches 1 and 2 nothing is left
+/// to measure. Returns the probes; `sizes` and `peaks` are the last pair.
+nlohmann::json probe_two_batches(Measurement& m, core::MemoryMeter& meter, amp::Precision precision,
+                                 int64_t sizes[2], int64_t peaks[2], int64_t* opt_bytes) {
+  nlohmann::json probes = nlohmann::json::array();
+  for (int i = 0; i < 2;) {
     try {
-      task = spec.make_task(config, ctx);
+      peaks[i] =
+          probe_peak(m.spec, m.config, m.ctx, meter, sizes[i], precision, m.steps, opt_bytes, 0, m.cap);
     } catch (const std::exception& e) {
       if (!out_of_memory(e)) throw;
-      ember::detail::fail(
-          "[plan] {}'s model and data do not fit this host's memory: their tensors reached {} of the "
-          "{} the measurement may use ({}) when the build failed ({}). The planner measures by "
-          "building the model on this machine: measure it on a host with more memory than its parameters "
-          "(4 bytes each in fp32) and the loaded dataset, or measure a smaller model of the same family "
-          "(fewer or narrower layers) and scale parameter_bytes, gradient_bytes and optimizer_state_bytes "
-          "by the parameter ratio",
-          spec.name, human_bytes(meter.peak()), human_bytes(cap), cap_source, first_line(e));
+      if (sizes[1] <= 2)
+        ember::detail::fail(
+            "[plan] {}'s training state does not fit this host's memory: a training step at batch {} "
+            "({}) failed past the {} the measurement may use ({}), of which the model and data "
+            "hold {}; parameters {}, their gradients {}, and the optimizer's "
+            "state (momentum: as much again as the gradients, Adam: twice) come on top ({}). Measure "
+            "on a host with more memory, or a smaller model of the same family and scale by the "
+            "parameter ratio",
+            m.spec.name, sizes[i], amp::to_string(precision), human_bytes(m.cap), m.cap_source,
+            human_bytes(m.held), human_bytes(m.param_bytes), human_bytes(m.j["gradient_bytes"].get<double>()),
+            first_line(e));
+      sizes[1] = std::max<int64_t>(sizes[1] / 2, 2);
+      sizes[0] = std::max<int64_t>(std::min(sizes[0], sizes[1] / 2), 1);
+      std::cerr << fmt::format(
+          "[plan] {}: out of the host's {} ({}); measuring at batches {} and {} instead\n",
+          amp::to_string(precision), human_bytes(m.cap), m.cap_source, sizes[0], sizes[1]);
+      probes = nlohmann::json::array();
+      i = 0;
+      continue;
     }
-    {  // A batch larger than the training set holds all of it (the last batch is short, drop_last off).
-      const int64_t train_samples = task->train_loader().num_samples();
-      if (train_samples > 0 && batch > train_samples) {
-        batch = speed_batch = train_samples;
-        std::cerr << fmt::format(
-            "[plan] data.batch_size={} is larger than the {} training samples: planned for batches of {}\n",
-            config_batch, train_samples, batch);
-      }
-    }
-    j["batch_size"] = batch;
-    j["config_batch_size"] = config_batch;
-    torch::nn::Module& model = *task->model();
-    const int64_t param_bytes = tensor_bytes(model.parameters());
-    const int64_t buffer_bytes = tensor_bytes(model.buffers());
-    j["parameters"] = train::count_parameters(model);
-    int64_t trainable = 0;
-    for (const auto& p : train::trainable_parameters(model)) trainable += p.numel();
-    j["trainable_parameters"] = trainable;
-    j["parameter_bytes"] = param_bytes;
-    j["buffer_bytes"] = buffer_bytes;
-    j["gradient_bytes"] = tensor_bytes(train::trainable_parameters(model));
-    // The dataset: what the loaded task holds beyond the model (CPU: counted; CUDA: estimated below).
-    const int64_t held = meter.current();
-    data::Loader& train_loader = task->train_loader();
-    int64_t eval_samples = 0;
-    if (task->val_loader()) eval_samples += task->val_loader()->num_samples();
-    if (task->test_loader()) eval_samples += task->test_loader()->num_samples();
-    train_loader.start_epoch(0, 0);
-    double sample_bytes = 0;
-    if (std::optional<data::Batch> b = train_loader.next(); b && b->size() > 0)
-      sample_bytes = static_cast<double>(b->input.nbytes() + (b->target.defined() ? b->target.nbytes() : 0)) /
-                     static_cast<double>(b->size());
-    const std::string path = data_path(config);
-    int64_t entries = 1000000;  // a huge tree is not walked to the end for one report field
-    const int64_t samples = train_loader.num_samples() + eval_samples;
-    j["dataset"] = {{"train_samples", train_loader.num_samples()},
-                    {"eval_samples", eval_samples},
-                    {"sample_bytes", sample_bytes},
-                    {"disk_bytes", path.empty() ? 0 : disk_bytes(path, &entries)},
-                    {"disk_path", path},
-                    // The recipe keeps its data on the training device (data.resident): a GPU holds it too.
-                    {"device_resident", config.has("data.resident") && config.get_bool("data.resident")},
-                    {"resident_bytes",
-                     device.is_cpu() ? std::max<int64_t>(held - param_bytes - buffer_bytes, 0)
-                                     : static_cast<int64_t>(sample_bytes * static_cast<double>(samples))}};
-    double macs = 0;
-    j["train_flops_per_sample"] = train_flops_per_sample(*task, &macs);
-    j["forward_macs_per_sample"] = macs;
-    j["forward_graph_nodes"] = forward_graph_nodes(*task);
-    j["parameter_tensors"] = static_cast<int64_t>(train::trainable_parameters(model).size());
-    task.reset();
+    probes.push_back({{"batch", sizes[i]}, {"peak_bytes", peaks[i]}});
+    std::cerr << fmt::format("[plan] {} batch {}: training loop peak {:.1f} MiB\n", amp::to_string(precision),
+                             sizes[i], peaks[i] / kMiB);
+    ++i;
+  }
+  return probes;
+}
 
-    // Memory of the training loop at two batch sizes, per precision; fp16-mixed has bf16-mixed's widths.
-    j["memory_method"] = meter.method();
-    int64_t opt_bytes = 0;
-    nlohmann::json memory = nlohmann::json::object();
-    std::vector<amp::Precision> precisions;
-    for (const std::string& name : split_list(config.get_string("plan.precisions")))
-      precisions.push_back(amp::parse_precision(name));
-    // Probes that do not fit the host are halved (the line through two smaller ones extrapolates
-    // as well); below batches 1 and 2 nothing is left to measure.
-    const int64_t small = std::min(config.get_int("plan.probe_small"), batch);
-    const int64_t large = std::max(std::min(config.get_int("plan.probe_large"), batch), small + 1);
-    double most_needed = 0;  // the largest fixed + batch x per-sample over the precisions
-    for (const amp::Precision p : precisions) {
-      nlohmann::json probes = nlohmann::json::array();
-      int64_t peaks[2] = {0, 0};
-      int64_t sizes[2] = {small, large};
-      for (int i = 0; i < 2;) {
-        try {
-          peaks[i] = probe_peak(spec, config, ctx, meter, sizes[i], p, steps, &opt_bytes, 0, cap);
-        } catch (const std::exception& e) {
-          if (!out_of_memory(e)) throw;
-          if (sizes[1] <= 2)
-            ember::detail::fail(
-                "[plan] {}'s training state does not fit this host's memory: a training step at batch {} "
-                "({}) failed past the {} the measurement may use ({}), of which the model and data "
-                "hold {}; parameters {}, their gradients {}, and the optimizer's "
-                "state (momentum: as much again as the gradients, Adam: twice) come on top ({}). Measure "
-                "on a host with more memory, or a smaller model of the same family and scale by the "
-                "parameter ratio",
-                spec.name, sizes[i], amp::to_string(p), human_bytes(cap), cap_source, human_bytes(held),
-                human_bytes(param_bytes), human_bytes(j["gradient_bytes"].get<double>()), first_line(e));
-          sizes[1] = std::max<int64_t>(sizes[1] / 2, 2);
-          sizes[0] = std::max<int64_t>(std::min(sizes[0], sizes[1] / 2), 1);
-          std::cerr << fmt::format(
-              "[plan] {}: out of the host's {} ({}); measuring at batches {} and {} instead\n",
-              amp::to_string(p), human_bytes(cap), cap_source, sizes[0], sizes[1]);
-          probes = nlohmann::json::array();
-          i = 0;
-          continue;
-        }
-        probes.push_back({{"batch", sizes[i]}, {"peak_bytes", peaks[i]}});
-        std::cerr << fmt::format("[plan] {} batch {}: training loop peak {:.1f} MiB\n", amp::to_string(p),
-                                 sizes[i], peaks[i] / kMiB);
-        ++i;
-      }
-      const double per_sample =
-          static_cast<double>(peaks[1] - peaks[0]) / static_cast<double>(sizes[1] - sizes[0]);
-      const double fixed = static_cast<double>(peaks[0]) - per_sample * static_cast<double>(sizes[0]);
-      memory[amp::to_string(p)] = {
-          {"probes", probes}, {"fixed_bytes", fixed}, {"per_sample_bytes", per_sample}};
-      if (sizes[1] != large) memory[amp::to_string(p)]["probes_reduced_from"] = {small, large};
-      most_needed = std::max(most_needed, fixed + per_sample * static_cast<double>(batch));
-      // The speed is timed at the largest batch the host holds by this line (without the meter).
-      if (cap > 0 && per_sample > 0) {
-        const double fits = (static_cast<double>(cap - held) - fixed) / per_sample;
-        if (fits < static_cast<double>(speed_batch))
-          speed_batch =
-              std::min(std::max<int64_t>(fits > 0 ? static_cast<int64_t>(fits) : 0, sizes[1]), batch);
-      }
-    }
-    j["optimizer_state_bytes"] = opt_bytes;
-    j["memory"] = memory;
-    if (speed_batch < batch)
-      std::cerr << fmt::format(
-          "[plan] batch {} needs about {} with the model and data, more than the {} this "
-          "host may use ({}): the memory at batch {} is extrapolated from the probes, the speed and the "
-          "operators are measured at batch {}\n",
-          batch, human_bytes(most_needed + static_cast<double>(held)), human_bytes(cap), cap_source, batch,
-          speed_batch);
-    // plan.verify: the config's own batch and precision, measured, against the line through the probes.
-    if (config.get_bool("plan.verify") && speed_batch < batch) {
-      j["verify"] = {{"batch", batch}, {"skipped", "the batch does not fit this host's memory"}};
-      std::cerr << fmt::format("[plan] plan.verify: batch {} does not fit this host; not checked\n", batch);
-    } else if (config.get_bool("plan.verify")) {
-      const std::string p = amp::to_string(run_precision);
-      EMBER_CHECK_KIND(kConfig, memory.contains(p),
-                       "plan.verify: trainer.precision={} is not among plan.precisions={}", p,
-                       config.get_string("plan.precisions"));
-      const nlohmann::json& m = memory[p];
-      const double predicted =
-          m["fixed_bytes"].get<double>() + m["per_sample_bytes"].get<double>() * static_cast<double>(batch);
-      const int64_t measured =
-          probe_peak(spec, config, ctx, meter, batch, run_precision, steps, nullptr, 0, cap);
-      j["verify"] = {{"batch", batch},
-                     {"precision", p},
-                     {"predicted_peak_bytes", predicted},
-                     {"measured_peak_bytes", measured},
-                     {"resident_bytes", held}};
-      std::cerr << fmt::format(
-          "[plan] check at batch {} ({}): predicted {:.1f} MiB, measured {:.1f} MiB ({:+.1f}%); with the "
-          "model "
-          "and data held before training: predicted {:.1f} MiB, measured {:.1f} MiB\n",
-          batch, p, predicted / kMiB, measured / kMiB,
-          100.0 * (predicted - measured) / std::max<double>(measured, 1), (predicted + held) / kMiB,
-          (measured + held) / kMiB);
+/// Memory of the training loop per precision of plan.precisions: a line
+/// (fixed + per-sample bytes) through two probes; fp16-mixed has bf16-mixed's
+/// widths. The timed batch shrinks to what the host holds by that line.
+void measure_memory(Measurement& m, core::MemoryMeter& meter) {
+  m.j["memory_method"] = meter.method();
+  int64_t opt_bytes = 0;
+  nlohmann::json memory = nlohmann::json::object();
+  const int64_t small = std::min(m.config.get_int("plan.probe_small"), m.batch);
+  const int64_t large = std::max(std::min(m.config.get_int("plan.probe_large"), m.batch), small + 1);
+  std::vector<amp::Precision> precisions;
+  for (const std::string& name : split_list(m.config.get_string("plan.precisions")))
+    precisions.push_back(amp::parse_precision(name));
+  double most_needed = 0;  // the largest fixed + batch x per-sample over the precisions
+  for (const amp::Precision p : precisions) {
+    int64_t sizes[2] = {small, large};
+    int64_t peaks[2] = {0, 0};
+    const nlohmann::json probes = probe_two_batches(m, meter, p, sizes, peaks, &opt_bytes);
+    const double per_sample =
+        static_cast<double>(peaks[1] - peaks[0]) / static_cast<double>(sizes[1] - sizes[0]);
+    const double fixed = static_cast<double>(peaks[0]) - per_sample * static_cast<double>(sizes[0]);
+    nlohmann::json& entry = memory[amp::to_string(p)];
+    entry = {{"probes", probes}, {"fixed_bytes", fixed}, {"per_sample_bytes", per_sample}};
+    if (sizes[1] != large) entry["probes_reduced_from"] = {small, large};
+    most_needed = std::max(most_needed, fixed + per_sample * static_cast<double>(m.batch));
+    // The speed is timed at the largest batch the host holds by this line (without the meter).
+    if (m.cap > 0 && per_sample > 0) {
+      const double fits = (static_cast<double>(m.cap - m.held) - fixed) / per_sample;
+      if (fits < static_cast<double>(m.speed_batch))
+        m.speed_batch =
+            std::min(std::max<int64_t>(fits > 0 ? static_cast<int64_t>(fits) : 0, sizes[1]), m.batch);
     }
   }
+  m.j["optimizer_state_bytes"] = opt_bytes;
+  m.j["memory"] = memory;
+  if (m.speed_batch < m.batch)
+    std::cerr << fmt::format(
+        "[plan] batch {} needs about {} with the model and data, more than the {} this "
+        "host may use ({}): the memory at batch {} is extrapolated from the probes, the speed and the "
+        "operators are measured at batch {}\n",
+        m.batch, human_bytes(most_needed + static_cast<double>(m.held)), human_bytes(m.cap), m.cap_source,
+        m.batch, m.speed_batch);
+}
 
-  // What a step launches: operators per optimizer step, eager and (trainer.cuda_graph) outside and
-  // inside the graph, 4 steps each after the warm-up (and the capture). The graph is emulated on
-  // every device: a real replay runs no operator to count, an emulated one runs the graph's.
-  {
-    const auto count = [&](bool graph) {
-      std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(ctx, speed_batch));
-      train::TrainerOptions o = probe_options(config, *task, 0);
-      o.cuda_graph(graph).emulate_cuda_graph(graph);
-      const int64_t first = untimed_steps(o), last = first + 4;
-      train::Trainer trainer(o.max_steps(last));
-      core::OpCounter counter;
-      auto ops = std::make_shared<StepOps>(counter, first, last);
-      trainer.add_callback(ops);
-      trainer.fit(*task);
-      return ops;
-    };
-    const bool graph = config.get_bool("trainer.cuda_graph");
-    const auto eager = count(false);
-    nlohmann::json step_ops = {{"eager", json_number(eager->outside)},
-                               {"graph_outside", nullptr},
-                               {"graph_inside", nullptr},
-                               {"data_loading", json_number(eager->data)}};
-    if (graph) {
-      const auto g = count(true);
-      step_ops["graph_outside"] = json_number(g->outside);
-      step_ops["graph_inside"] = g->replays > 0 ? json_number(g->inside) : nlohmann::json(nullptr);
-    }
-    j["step_ops"] = step_ops;
-    j["cuda_graph"] = graph;
-    j["optimizer_fused"] = config.get_bool("optim.fused");
-    j["memory_includes_graph_pool"] = graph && device.is_cuda();
-    std::cerr << fmt::format("[plan] operators per step: {}\n", step_ops.dump());
+/// plan.verify: the config's own batch and precision, measured, against the line through the probes.
+void verify_memory(Measurement& m, core::MemoryMeter& meter) {
+  if (!m.config.get_bool("plan.verify")) return;
+  if (m.speed_batch < m.batch) {
+    m.j["verify"] = {{"batch", m.batch}, {"skipped", "the batch does not fit this host's memory"}};
+    std::cerr << fmt::format("[plan] plan.verify: batch {} does not fit this host; not checked\n", m.batch);
+    return;
   }
+  const std::string p = amp::to_string(m.ctx.precision());
+  EMBER_CHECK_KIND(kConfig, m.j["memory"].contains(p),
+                   "plan.verify: trainer.precision={} is not among plan.precisions={}", p,
+                   m.config.get_string("plan.precisions"));
+  const nlohmann::json& line = m.j["memory"][p];
+  const double predicted = line["fixed_bytes"].get<double>() +
+                           line["per_sample_bytes"].get<double>() * static_cast<double>(m.batch);
+  const int64_t measured =
+      probe_peak(m.spec, m.config, m.ctx, meter, m.batch, m.ctx.precision(), m.steps, nullptr, 0, m.cap);
+  m.j["verify"] = {{"batch", m.batch},
+                   {"precision", p},
+                   {"predicted_peak_bytes", predicted},
+                   {"measured_peak_bytes", measured},
+                   {"resident_bytes", m.held}};
+  std::cerr << fmt::format(
+      "[plan] check at batch {} ({}): predicted {:.1f} MiB, measured {:.1f} MiB ({:+.1f}%); with the "
+      "model "
+      "and data held before training: predicted {:.1f} MiB, measured {:.1f} MiB\n",
+      m.batch, p, predicted / kMiB, measured / kMiB,
+      100.0 * (predicted - measured) / std::max<double>(measured, 1), (predicted + m.held) / kMiB,
+      (measured + m.held) / kMiB);
+}
 
-  // Speed at the config's batch and precision, without the meter's per-allocation cost.
-  {
-    std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(ctx, speed_batch));
-    train::TrainerOptions o = probe_options(config, *task, 0);
-    const int64_t warmup = untimed_steps(o), timed = config.get_int("plan.timed_steps");
-    train::Trainer trainer(o.max_steps(warmup + timed));
-    auto clock = std::make_shared<StepClock>(warmup, warmup + timed, o.cuda_graph());
-    trainer.add_callback(clock);
+/// What a step launches: operators per optimizer step, eager and (trainer.cuda_graph) outside and
+/// inside the graph, 4 steps each after the warm-up (and the capture). The graph is emulated on
+/// every device: a real replay runs no operator to count, an emulated one runs the graph's.
+void count_step_ops(Measurement& m) {
+  const auto count = [&](bool graph) {
+    std::unique_ptr<train::Task> task = m.spec.make_task(m.config, with_batch(m.ctx, m.speed_batch));
+    train::TrainerOptions o = probe_options(m.config, *task, 0);
+    o.cuda_graph(graph).emulate_cuda_graph(graph);
+    const int64_t first = untimed_steps(o), last = first + 4;
+    train::Trainer trainer(o.max_steps(last));
+    core::OpCounter counter;
+    auto ops = std::make_shared<StepOps>(counter, first, last);
+    trainer.add_callback(ops);
     trainer.fit(*task);
-    const double sps = clock->seconds > 0 ? static_cast<double>(clock->samples) / clock->seconds : 0;
-    nlohmann::json measured = {
-        {"batch", speed_batch},
-        {"samples_per_second", json_number(sps)},
-        {"step_seconds", json_number(clock->steps > 0 ? clock->seconds / clock->steps : NAN)},
-        {"timed_steps", clock->steps},
-        {"graph_replays_only", o.cuda_graph()}};
-    try {
-      const core::PeakFlops peak = core::peak_flops_info(device, amp::math_type(run_precision));
-      const double flops = j["train_flops_per_sample"].get<double>();
-      measured["peak_flops"] = peak.flops;
-      measured["peak_source"] = peak.source;
-      measured["mfu"] =
-          flops > 0 && sps > 0 ? json_number(flops * sps / peak.flops) : nlohmann::json(nullptr);
-    } catch (const Error& e) {
-      measured["peak_flops"] = nullptr;
-      measured["peak_source"] = e.what();
-      measured["mfu"] = nullptr;
-    }
-    j["measured"] = measured;
-    std::cerr << fmt::format("[plan] speed at batch {}: {:.0f} samples/s\n", speed_batch, sps);
+    return ops;
+  };
+  const bool graph = m.config.get_bool("trainer.cuda_graph");
+  const auto eager = count(false);
+  nlohmann::json step_ops = {{"eager", json_number(eager->outside)},
+                             {"graph_outside", nullptr},
+                             {"graph_inside", nullptr},
+                             {"data_loading", json_number(eager->data)}};
+  if (graph) {
+    const auto g = count(true);
+    step_ops["graph_outside"] = json_number(g->outside);
+    step_ops["graph_inside"] = g->replays > 0 ? json_number(g->inside) : nlohmann::json(nullptr);
   }
-  write_json(out, j);
+  m.j["step_ops"] = step_ops;
+  m.j["cuda_graph"] = graph;
+  m.j["optimizer_fused"] = m.config.get_bool("optim.fused");
+  m.j["memory_includes_graph_pool"] = graph && m.ctx.device().is_cuda();
+  std::cerr << fmt::format("[plan] operators per step: {}\n", step_ops.dump());
+}
+
+/// Speed at the config's batch (or the largest the host holds) and precision,
+/// without the meter's per-allocation cost; MFU against the device's peak.
+void measure_speed(Measurement& m) {
+  std::unique_ptr<train::Task> task = m.spec.make_task(m.config, with_batch(m.ctx, m.speed_batch));
+  train::TrainerOptions o = probe_options(m.config, *task, 0);
+  const int64_t warmup = untimed_steps(o), timed = m.config.get_int("plan.timed_steps");
+  train::Trainer trainer(o.max_steps(warmup + timed));
+  auto clock = std::make_shared<StepClock>(warmup, warmup + timed, o.cuda_graph());
+  trainer.add_callback(clock);
+  trainer.fit(*task);
+  const double sps = clock->seconds > 0 ? static_cast<double>(clock->samples) / clock->seconds : 0;
+  nlohmann::json measured = {
+      {"batch", m.speed_batch},
+      {"samples_per_second", json_number(sps)},
+      {"step_seconds", json_number(clock->steps > 0 ? clock->seconds / clock->steps : NAN)},
+      {"timed_steps", clock->steps},
+      {"graph_replays_only", o.cuda_graph()}};
+  try {
+    const core::PeakFlops peak = core::peak_flops_info(m.ctx.device(), amp::math_type(m.ctx.precision()));
+    const double flops = m.j["train_flops_per_sample"].get<double>();
+    measured["peak_flops"] = peak.flops;
+    measured["peak_source"] = peak.source;
+    measured["mfu"] = flops > 0 && sps > 0 ? json_number(flops * sps / peak.flops) : nlohmann::json(nullptr);
+  } catch (const Error& e) {
+    measured["peak_flops"] = nullptr;
+    measured["peak_source"] = e.what();
+    measured["mfu"] = nullptr;
+  }
+  m.j["measured"] = measured;
+  std::cerr << fmt::format("[plan] speed at batch {}: {:.0f} samples/s\n", m.speed_batch, sps);
+}
+
+int measure(const RecipeSpec& spec, core::Config& config, const std::string& out) {
+  const RunContext ctx = start_tool(config);
+  Measurement m{spec, config, ctx};
+  m.config_batch = m.batch = m.speed_batch = config.get_int("data.batch_size");
+  m.steps = config.get_int("plan.steps");
+  m.j = describe_measurement(spec, config, ctx);
+  std::cerr << fmt::format("[plan] measuring {} on {}\n", spec.name, core::describe_device(ctx.device()));
+  {
+    core::MemoryMeter meter(ctx.device());  // from before the data loads: the dataset's bytes are seen
+    // On the CPU, tensors past the cap are refused at once: a model or batch larger than the host
+    // fails here with what it needed, instead of swapping or meeting the kernel's OOM killer.
+    m.cap = host_memory_cap(config, ctx.device(), &m.cap_source);
+    if (m.cap > 0) meter.set_limit(m.cap);
+    m.j["host_memory_limit_bytes"] = m.cap;
+    measure_model_and_data(m, *build_measured_task(m, meter), meter);  // the task is freed after
+    measure_memory(m, meter);
+    verify_memory(m, meter);
+  }
+  count_step_ops(m);
+  measure_speed(m);
+  write_json(out, m.j);
   return 0;
 }
 

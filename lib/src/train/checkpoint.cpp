@@ -249,14 +249,15 @@ std::string previous_checkpoint_path(const std::string& path) {
 
 std::string Trainer::find_resume_checkpoint(torch::serialize::InputArchive& root) {
   damaged_latest_.clear();
-  const std::string& resume = options_.resume();
-  if (resume.empty()) return "";
+  const ResumeFrom& resume = options_.resume();
+  if (resume.kind == ResumeFrom::Kind::kFresh) return "";
   const bool speaks = options_.distribution()->is_writer();  // notes once per run, from rank 0
-  std::string latest = resume;
-  if (resume == "auto") {
+  std::string latest = resume.path;
+  if (resume.kind == ResumeFrom::Kind::kLatest) {
     latest = options_.run_dir() + "/checkpoints/last.pt";
-  } else if (core::is_dir(resume)) {  // a run folder, or its checkpoints/ folder
-    latest = core::is_dir(resume + "/checkpoints") ? resume + "/checkpoints/last.pt" : resume + "/last.pt";
+  } else if (core::is_dir(resume.path)) {  // a run folder, or its checkpoints/ folder
+    const std::string& dir = resume.path;
+    latest = core::is_dir(dir + "/checkpoints") ? dir + "/checkpoints/last.pt" : dir + "/last.pt";
   }
   // This run's parameter names by group and index, to name a state tensor.
   std::vector<std::vector<std::string>> names;
@@ -307,7 +308,7 @@ std::string Trainer::find_resume_checkpoint(torch::serialize::InputArchive& root
                  "[train::Trainer] {}; no usable checkpoint to resume from: start a fresh run in another "
                  "run.dir (or with run.overwrite=true, which moves this folder's contents aside)",
                  fmt::join(problems, "; "));
-  if (resume == "auto") {
+  if (resume.kind == ResumeFrom::Kind::kLatest) {
     if (speaks)
       std::cerr << fmt::format(
           "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", latest);
@@ -317,7 +318,7 @@ std::string Trainer::find_resume_checkpoint(torch::serialize::InputArchive& root
       ErrorKind::kCheckpoint,
       "[train::Trainer] trainer.resume={}: no such checkpoint (give a checkpoint file, a run folder, "
       "or auto to resume from run.dir when it holds one)",
-      resume);
+      resume.path);
 }
 
 void Trainer::prepare_checkpoints(const std::string& ckpt_path) {

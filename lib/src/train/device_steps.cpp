@@ -7,9 +7,9 @@
 
 namespace ember::train {
 
-DeviceSteps::DeviceSteps(FusedOptimizer& fused, torch::optim::Optimizer& optimizer, const Schedule* schedule,
-                         std::vector<double> base_lrs, const c10::Device& device, int64_t global_step,
-                         int64_t skipped)
+DeviceSteps::DeviceSteps(optim::FusedOptimizer& fused, torch::optim::Optimizer& optimizer,
+                         const optim::Schedule* schedule, std::vector<double> base_lrs,
+                         const c10::Device& device, int64_t global_step, int64_t skipped)
     : fused_(fused), schedule_(schedule), base_lrs_(std::move(base_lrs)), device_(device) {
   const auto groups = static_cast<int64_t>(base_lrs_.size());
   EMBER_CHECK(groups == static_cast<int64_t>(optimizer.param_groups().size()) && groups > 0,

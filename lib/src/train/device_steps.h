@@ -27,8 +27,8 @@
 #include <optional>
 #include <vector>
 
-#include "ember/train/fused_optim.h"
-#include "ember/train/scheduler.h"
+#include "ember/optim/fused.h"
+#include "ember/optim/schedule.h"
 #include "train/host_read.h"
 
 namespace ember::train {
@@ -37,8 +37,9 @@ class DeviceSteps {
  public:
   /// `optimizer` gets its lr_tensors() set here; `global_step` and `skipped`
   /// are the loop's counters (from a checkpoint when resuming).
-  DeviceSteps(FusedOptimizer& fused, torch::optim::Optimizer& optimizer, const Schedule* schedule,
-              std::vector<double> base_lrs, const c10::Device& device, int64_t global_step, int64_t skipped);
+  DeviceSteps(optim::FusedOptimizer& fused, torch::optim::Optimizer& optimizer,
+              const optim::Schedule* schedule, std::vector<double> base_lrs, const c10::Device& device,
+              int64_t global_step, int64_t skipped);
 
   /// After an optimizer step, on the device only (a CUDA graph captures it):
   /// `flag` is GradScaler::step_async's (> 0 = the step was skipped),
@@ -71,8 +72,8 @@ class DeviceSteps {
   void move_window(int64_t real_step);
   void feed();
 
-  FusedOptimizer& fused_;
-  const Schedule* schedule_;
+  optim::FusedOptimizer& fused_;
+  const optim::Schedule* schedule_;
   std::vector<double> base_lrs_;
   c10::Device device_;
   torch::Tensor lr_;     // [1, groups] fp32: the learning rates of the next step; lr_tensors() are views

@@ -33,12 +33,13 @@ void check_trainer_options(const TrainerOptions& options, c10::DeviceType device
       refuse_cuda_graph(
           "data-parallel gradient reduction runs from autograd hooks outside a graph (one process only)");
   }
-  const std::string& resume = options.resume();
+  const ResumeFrom& resume = options.resume();
   EMBER_CHECK_KIND(
-      kConfig, resume.empty() || resume == "auto" || core::is_file(resume) || core::is_dir(resume),
+      kConfig,
+      resume.kind != ResumeFrom::Kind::kPath || core::is_file(resume.path) || core::is_dir(resume.path),
       "[train::Trainer] trainer.resume={}: no such file or folder (give a checkpoint file, a run "
       "folder, or auto to resume from run.dir when it holds one)",
-      resume);
+      resume.path);
 }
 
 FitPlan plan_fit(const TrainerOptions& options, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
@@ -51,7 +52,7 @@ FitPlan plan_fit(const TrainerOptions& options, torch::nn::Module& model, torch:
   amp::check_precision_supported(plan.precision, device_type);
   plan.loss_scaling = amp::needs_grad_scaler(plan.precision);
 
-  plan.fused = dynamic_cast<FusedOptimizer*>(&optimizer);
+  plan.fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer);
   plan.graph = options.cuda_graph();
   plan.emulated_graph = plan.graph && options.emulate_cuda_graph();
   plan.sync_free = options.sync_free_steps().value_or((device_type == c10::kCUDA || plan.emulated_graph) &&
@@ -59,7 +60,7 @@ FitPlan plan_fit(const TrainerOptions& options, torch::nn::Module& model, torch:
   EMBER_CHECK_KIND(
       kConfig, !plan.sync_free || plan.fused != nullptr,
       "[train::Trainer] sync-free steps need one of Ember's fused optimizers (optim.fused=true, or "
-      "a task optimizer from ember/train/fused_optim.h)");
+      "a task optimizer from ember/optim/fused.h)");
   const Distribution& dist = *options.distribution();
   if (plan.graph) {
     check_trainer_options(options, device_type, dist.world_size());  // accumulation, anomaly, processes
@@ -89,7 +90,7 @@ FitPlan plan_fit(const TrainerOptions& options, torch::nn::Module& model, torch:
                 "[train::Trainer] TrainerOptions has both a schedule and an epoch_schedule; give one");
     EMBER_CHECK_KIND(kData, plan.steps_per_epoch >= 1,
                      "[train] the training data gives no batch (an empty dataset?)");
-    plan.schedule = make_schedule(in_epochs->in_steps(plan.steps_per_epoch, plan.run_steps));
+    plan.schedule = optim::make_schedule(in_epochs->in_steps(plan.steps_per_epoch, plan.run_steps));
   }
 
   plan.patience = options.nonfinite_patience();

@@ -14,8 +14,8 @@
 #include <string>
 
 #include "ember/amp/precision.h"
-#include "ember/train/fused_optim.h"
-#include "ember/train/scheduler.h"
+#include "ember/optim/fused.h"
+#include "ember/optim/schedule.h"
 #include "ember/train/trainer.h"
 
 namespace ember::train {
@@ -23,11 +23,11 @@ namespace ember::train {
 struct FitPlan {
   torch::Device device{torch::kCPU};  ///< the model's (its first parameter's; CPU without parameters)
   amp::Precision precision = amp::Precision::kFp32;
-  bool loss_scaling = false;        ///< fp16-mixed: a GradScaler scales the loss
-  FusedOptimizer* fused = nullptr;  ///< the optimizer, when it is one of Ember's fused ones
-  bool sync_free = false;           ///< TrainerOptions::sync_free_steps, resolved
-  bool graph = false;               ///< trainer.cuda_graph
-  bool emulated_graph = false;      ///< ... with capture and replay emulated
+  bool loss_scaling = false;               ///< fp16-mixed: a GradScaler scales the loss
+  optim::FusedOptimizer* fused = nullptr;  ///< the optimizer, when it is one of Ember's fused ones
+  bool sync_free = false;                  ///< TrainerOptions::sync_free_steps, resolved
+  bool graph = false;                      ///< trainer.cuda_graph
+  bool emulated_graph = false;             ///< ... with capture and replay emulated
   /// The learning rates live on the device (DeviceSteps): a step can be
   /// skipped there (loss scaling) or a graph reads them.
   bool device_lrs = false;
@@ -35,9 +35,9 @@ struct FitPlan {
   int64_t batches_per_epoch = 0;  ///< the training loader's
   int64_t steps_per_epoch = 0;    ///< batches over the accumulation, rounded up (a short last window steps)
   int64_t run_steps = 0;          ///< epochs x steps per epoch, or max_steps when sooner
-  std::shared_ptr<Schedule> schedule;  ///< in optimizer steps; nullptr = constant
-  int64_t patience = 0;                ///< divergence: non-finite steps in a row that stop (0 = never)
-  int64_t read_every = 0;              ///< the host reads the device's step state every this many steps
+  std::shared_ptr<optim::Schedule> schedule;  ///< in optimizer steps; nullptr = constant
+  int64_t patience = 0;                       ///< divergence: non-finite steps in a row that stop (0 = never)
+  int64_t read_every = 0;  ///< the host reads the device's step state every this many steps
   /// Data-parallel with divergence checks: the judged loss is the mean over ranks.
   bool judge_across_ranks = false;
   std::string

@@ -1,10 +1,9 @@
-// The training loop's config keys (trainer.*, amp.*, optim.*, sched.*, early_stop.*).
+// The training loop's config keys (trainer.*, amp.*, early_stop.*; optim.* and sched.* from optim/keys.cpp).
 #include "ember/train/keys.h"
 
-#include <cmath>
 #include <limits>
 
-#include "core/check.h"
+#include "ember/optim/keys.h"
 
 namespace ember::train {
 
@@ -30,7 +29,7 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
             Bounds::at_least(0));
   c.declare("trainer.precision", amp::to_string(d.precision()),
             "fp32, tf32 (CUDA), bf16-mixed or fp16-mixed (with loss scaling)");
-  c.declare("trainer.resume", d.resume(),
+  c.declare("trainer.resume", d.resume().to_string(),
             "'' fresh, 'auto' = <run.dir>/checkpoints/last.pt if present, or a path", kMayChange);
   c.declare("trainer.nonfinite_patience", d.nonfinite_patience(),
             "stop (exit 3) after N steps in a row with a NaN/infinite loss (0 = never)", Bounds::at_least(0),
@@ -56,41 +55,9 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
   c.declare("amp.growth_interval", g.growth_interval(), "fp16-mixed: clean steps before the scale grows",
             Bounds::at_least(1));
 
-  const OptimizerOptions& o = d.optimizer();
-  c.declare("optim.name", to_string(o.kind()), "sgd, adam or adamw");
-  c.declare("optim.lr", o.lr(), "base learning rate", Bounds::positive());
-  c.declare("optim.momentum", o.momentum(), "SGD momentum", Bounds::from_below(0, 1));
-  c.declare("optim.nesterov", o.nesterov(), "SGD Nesterov momentum");
-  c.declare("optim.weight_decay", o.weight_decay(), "weight decay (decoupled for adamw)",
-            Bounds::at_least(0));
-  c.declare(
-      "optim.decay_all_parameters", o.decay_all_parameters(),
-      "weight decay also on biases, norm weights and embeddings (false: weight matrices and kernels only)");
-  c.declare("optim.beta1", o.beta1(), "Adam beta1", Bounds::from_below(0, 1));
-  c.declare("optim.beta2", o.beta2(), "Adam beta2", Bounds::from_below(0, 1));
-  c.declare("optim.eps", o.eps(), "Adam epsilon", Bounds::positive());
-  c.declare("optim.fused", o.fused(),
-            "Ember's fused optimizer (ATen's fused kernels, no host sync); false = LibTorch's");
-
+  optim::declare_optimizer_keys(c, d.optimizer());
   // Lengths in epochs (EpochScheduleOptions): Trainer::fit turns them into steps.
-  const EpochScheduleOptions es_defaults;
-  const ScheduleOptions& s = es_defaults.shape();
-  c.declare("sched.name", to_string(s.kind()), "constant, step, cosine or onecycle");
-  c.declare("sched.warmup_epochs", es_defaults.warmup_epochs(),
-            "linear warm-up length in epochs (fractions allowed)", Bounds::between(0, kMaxEpochs));
-  c.declare("sched.warmup_start_factor", s.warmup_start_factor(),
-            "warm-up starts at this fraction of the rate", Bounds::between(0, 1));
-  c.declare("sched.step_epochs", es_defaults.step_epochs(), "step: epochs between decays",
-            Bounds{0.0, kMaxEpochs, true});
-  c.declare("sched.gamma", s.gamma(), "step: decay factor", Bounds{0.0, 1.0, true});
-  c.declare("sched.min_factor", s.min_factor(), "cosine: final rate as a fraction of the base rate",
-            Bounds::between(0, 1));
-  c.declare("sched.pct_start", s.pct_start(), "onecycle: fraction of the cycle spent warming up",
-            Bounds{0.0, 1.0, true, true});
-  c.declare("sched.div_factor", s.div_factor(), "onecycle: initial rate = lr / div_factor",
-            Bounds::at_least(1));
-  c.declare("sched.final_div_factor", s.final_div_factor(),
-            "onecycle: final rate = initial / final_div_factor", Bounds::at_least(1));
+  optim::declare_schedule_keys(c);
 
   const EarlyStoppingOptions e = es.value_or(EarlyStoppingOptions());
   c.declare("early_stop.patience", es ? e.patience() : int64_t{0},
@@ -112,7 +79,7 @@ TrainerOptions trainer_options_from_config(const core::Config& c) {
       .accumulate_grad_batches(c.get_int("trainer.accumulate_grad_batches"))
       .clip_grad_norm(c.get_float("trainer.clip_grad_norm"))
       .precision(c.get_parsed("trainer.precision", amp::parse_precision))
-      .resume(c.get_string("trainer.resume"))
+      .resume(ResumeFrom::parse(c.get_string("trainer.resume")))
       .nonfinite_patience(c.get_int("trainer.nonfinite_patience"))
       .detect_anomaly(c.get_bool("trainer.detect_anomaly"))
       .channels_last(c.get_bool("trainer.channels_last"))
@@ -124,28 +91,8 @@ TrainerOptions trainer_options_from_config(const core::Config& c) {
                     .growth_factor(c.get_float("amp.growth_factor"))
                     .backoff_factor(c.get_float("amp.backoff_factor"))
                     .growth_interval(c.get_int("amp.growth_interval")));
-  o.optimizer(OptimizerOptions(c.get_float("optim.lr"))
-                  .kind(c.get_parsed("optim.name", parse_optimizer_kind))
-                  .momentum(c.get_float("optim.momentum"))
-                  .nesterov(c.get_bool("optim.nesterov"))
-                  .weight_decay(c.get_float("optim.weight_decay"))
-                  .decay_all_parameters(c.get_bool("optim.decay_all_parameters"))
-                  .beta1(c.get_float("optim.beta1"))
-                  .beta2(c.get_float("optim.beta2"))
-                  .eps(c.get_float("optim.eps"))
-                  .fused(c.get_bool("optim.fused")));
-
-  o.epoch_schedule(EpochScheduleOptions()
-                       .shape(ScheduleOptions()
-                                  .kind(c.get_parsed("sched.name", parse_schedule_kind))
-                                  .warmup_start_factor(c.get_float("sched.warmup_start_factor"))
-                                  .gamma(c.get_float("sched.gamma"))
-                                  .min_factor(c.get_float("sched.min_factor"))
-                                  .pct_start(c.get_float("sched.pct_start"))
-                                  .div_factor(c.get_float("sched.div_factor"))
-                                  .final_div_factor(c.get_float("sched.final_div_factor")))
-                       .warmup_epochs(c.get_float("sched.warmup_epochs"))
-                       .step_epochs(c.get_float("sched.step_epochs")));
+  o.optimizer(optim::optimizer_options_from_config(c));
+  o.epoch_schedule(optim::epoch_schedule_options_from_config(c));
   return o;
 }
 

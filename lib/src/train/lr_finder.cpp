@@ -9,13 +9,13 @@
 
 #include "core/check.h"
 #include "ember/core/snapshot.h"
-#include "ember/train/optim.h"
+#include "ember/optim/optimizer.h"
 
 namespace ember::train {
 namespace {
 
 /// lr(step) = min x ratio^(step / (steps - 1)) for the first group; the others keep their ratio.
-class ExponentialSweep : public Schedule {
+class ExponentialSweep : public optim::Schedule {
  public:
   ExponentialSweep(const LrFinderOptions& o, double first_base) : o_(o), first_base_(first_base) {}
   double lr_at(int64_t step, double base_lr) const override {
@@ -155,7 +155,7 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
   double first_base = 1.0;
   {
     std::unique_ptr<torch::optim::Optimizer> probe = task.make_optimizer();
-    if (!probe) probe = make_optimizer(*model, options.optimizer());
+    if (!probe) probe = optim::make_optimizer(*model, options.optimizer());
     if (!probe->param_groups().empty()) first_base = probe->param_groups().front().options().get_lr();
     EMBER_CHECK_KIND(kConfig, first_base > 0,
                      "[train::find_lr] the optimizer's learning rate must be > 0, got {}", first_base);
@@ -163,7 +163,7 @@ LrFinderResult find_lr(Task& task, TrainerOptions options, const LrFinderOptions
   options.schedule(std::make_shared<ExponentialSweep>(f, first_base))
       .epoch_schedule(std::nullopt)  // (the config's schedule gives way to the sweep)
       .run_dir("")
-      .resume("")
+      .resume(ResumeFrom::fresh())
       .epochs(std::numeric_limits<int32_t>::max())
       .max_steps(f.steps())
       .val_every(0)

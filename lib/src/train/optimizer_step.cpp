@@ -1,6 +1,6 @@
 #include "train/optimizer_step.h"
 
-#include "ember/train/clip_grad.h"
+#include "ember/optim/clip_grad.h"
 #include "train/fit_plan.h"
 
 namespace ember::train {
@@ -19,7 +19,7 @@ OptimizerStep::OptimizerStep(const FitPlan& plan, torch::optim::Optimizer& optim
 StepTaken OptimizerStep::operator()() {
   StepTaken taken;
   if (scaler_) scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch
-  if (max_grad_norm_ > 0) clip_grad_norm_(params_, max_grad_norm_);
+  if (max_grad_norm_ > 0) optim::clip_grad_norm_(params_, max_grad_norm_);
   hooks_(optimizer_);
   if (scaler_ && sync_free_) {
     taken.skip_flag = scaler_->step_async(optimizer_);  // decided on the device

@@ -13,8 +13,8 @@
 #include "ember/amp/autocast.h"
 #include "ember/amp/precision.h"
 #include "ember/core/file.h"
+#include "ember/optim/fused.h"
 #include "ember/train/accuracy.h"
-#include "ember/train/fused_optim.h"
 #include "train/device_steps.h"
 #include "train/divergence.h"
 #include "train/fit_plan.h"
@@ -45,7 +45,7 @@ void to_channels_last(torch::nn::Module& model, torch::optim::Optimizer& optimiz
   for (auto& b : model.buffers()) convert(b);
   for (auto& [key, state] : optimizer.state()) {  // (a resumed run's state is loaded contiguous)
     (void)key;
-    for_each_state_tensor(*state, [](torch::Tensor& t) {
+    optim::for_each_state_tensor(*state, [](torch::Tensor& t) {
       if (t.defined() && t.dim() == 4) t = t.contiguous(at::MemoryFormat::ChannelsLast);
     });
   }
@@ -82,6 +82,24 @@ void check_loss(const StepOutput& out, const char* where) {
 }
 
 }  // namespace
+
+ResumeFrom ResumeFrom::parse(const std::string& text) {
+  if (text.empty()) return fresh();
+  if (text == "auto") return latest();
+  return checkpoint(text);
+}
+
+std::string ResumeFrom::to_string() const {
+  switch (kind) {
+    case Kind::kFresh:
+      return "";
+    case Kind::kLatest:
+      return "auto";
+    case Kind::kPath:
+      break;
+  }
+  return path;
+}
 
 void Trainer::check_callbacks_capturable() const {
   std::vector<std::string> refused;
@@ -182,7 +200,7 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
               options_.clip_grad_norm());
   if (amp::needs_grad_scaler(options_.precision()))
     amp::GradScaler check(options_.grad_scaler());  // validates the options
-  EMBER_CHECK(options_.resume() != "auto" || !options_.run_dir().empty(),
+  EMBER_CHECK(options_.resume().kind != ResumeFrom::Kind::kLatest || !options_.run_dir().empty(),
               "[train::Trainer] trainer.resume=auto needs a run folder (run.dir)");
   if (!options_.distribution()) options_.distribution(single_process());
 }
@@ -296,7 +314,7 @@ std::unique_ptr<Trainer::Fit> Trainer::begin_fit(Task& task) {
   f->model = task.model();
   EMBER_CHECK(f->model != nullptr, "[train::Trainer] the task returned no model");
   optimizer_ = task.make_optimizer();
-  if (!optimizer_) optimizer_ = make_optimizer(*f->model, options_.optimizer());
+  if (!optimizer_) optimizer_ = optim::make_optimizer(*f->model, options_.optimizer());
   state_ = FitState();
   for (auto& g : optimizer_->param_groups()) state_.base_lrs.push_back(g.options().get_lr());
   f->loader = &task.train_loader();
@@ -319,7 +337,7 @@ std::unique_ptr<Trainer::Fit> Trainer::begin_fit(Task& task) {
   prepare_checkpoints(plan.checkpoint_path);
   f->watch.emplace(plan.graph ? divergence::DivergenceWatch::Record::kTensorOps
                               : divergence::DivergenceWatch::Record::kAuto);
-  f->params = trainable_parameters(*f->model);
+  f->params = optim::trainable_parameters(*f->model);
   f->step =
       std::make_unique<OptimizerStep>(plan, *optimizer_, grad_scaler_.get(), device_steps_.get(), f->params,
                                       options_.clip_grad_norm(), [this](torch::optim::Optimizer& o) {
@@ -354,7 +372,7 @@ void Trainer::make_graph(Fit& f, Task& task) {
     if (f.plan.patience > 0) f.watch->record(r.out.loss, state_.global_step + 1);
     return r;
   };
-  FusedOptimizer* fused = f.plan.fused;
+  optim::FusedOptimizer* fused = f.plan.fused;
   auto state_tensors = std::make_shared<int64_t>(0);  // (the graph lives inside this fit)
   f.graph = std::make_unique<GraphStep>(
       GraphStepOptions()

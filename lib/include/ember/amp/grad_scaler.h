@@ -10,7 +10,7 @@
 //     { ember::amp::AutocastGuard ac(torch::kCUDA, torch::kHalf); loss = ...; }
 //     scaler.scale(loss).backward();
 //     scaler.unscale_(optimizer);                   // optional: before clipping
-//     ember::train::clip_grad_norm_(params, 1.0);  // no host sync
+//     ember::optim::clip_grad_norm_(params, 1.0);  // no host sync
 //     bool stepped = scaler.step(optimizer);        // skipped on inf/NaN
 //     scaler.update();
 //   }

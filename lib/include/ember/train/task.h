@@ -37,7 +37,7 @@ class Task {
   virtual StepOutput evaluation_step(const data::Batch& batch) { return training_step(batch); }
 
   /// The optimizer; nullptr (the default) lets the Trainer build one with
-  /// train::make_optimizer from TrainerOptions::optimizer (an OptimizerOptions).
+  /// optim::make_optimizer from TrainerOptions::optimizer (an OptimizerOptions).
   virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer() { return nullptr; }
   /// Why training_step cannot be captured in a CUDA graph (TrainerOptions::
   /// cuda_graph), "" when it can: a step that reads the device or draws host

@@ -14,10 +14,10 @@
 
 #include "ember/amp/grad_scaler.h"
 #include "ember/amp/precision.h"
+#include "ember/optim/optimizer.h"
+#include "ember/optim/schedule.h"
 #include "ember/train/callback.h"
 #include "ember/train/distribution.h"
-#include "ember/train/optim.h"
-#include "ember/train/scheduler.h"
 #include "ember/train/task.h"
 
 namespace ember::train {
@@ -26,6 +26,26 @@ struct StepTaken;
 
 /// TrainerOptions::stop_signal: a flag a signal handler sets (0 = go on).
 using StopToken = const std::atomic<int>*;
+
+/// Where a fit starts: TrainerOptions::resume.
+struct ResumeFrom {
+  enum class Kind {
+    kFresh,   ///< a fresh run
+    kLatest,  ///< <run_dir>/checkpoints/last.pt if present; else a fresh run, with a note on stderr
+    kPath,    ///< a checkpoint file, or a run folder (or its checkpoints/ folder) whose last.pt is used
+  };
+  static ResumeFrom fresh() { return {}; }
+  static ResumeFrom latest() { return {Kind::kLatest, ""}; }
+  /// `path` must exist when the fit starts.
+  static ResumeFrom checkpoint(std::string path) { return {Kind::kPath, std::move(path)}; }
+  /// trainer.resume's text: "" fresh, "auto" latest, anything else a path.
+  static ResumeFrom parse(const std::string& text);
+  /// The trainer.resume text parse() reads back.
+  std::string to_string() const;
+
+  Kind kind = Kind::kFresh;
+  std::string path;  ///< kPath only
+};
 
 struct TrainerOptions {
   /// Passes over the training data.
@@ -44,11 +64,9 @@ struct TrainerOptions {
   TORCH_ARG(amp::GradScalerOptions, grad_scaler);
   /// Run folder (checkpoints/); "" = write nothing.
   TORCH_ARG(std::string, run_dir);
-  /// "" = start fresh; "auto" = <run_dir>/checkpoints/last.pt if present (a note on stderr when it is
-  /// not: the run starts fresh); else a checkpoint file, or a run folder (or its checkpoints/ folder)
-  /// whose last.pt is used; it must exist. FitResult::resumed_from and resumed_at_step say what was
-  /// loaded.
-  TORCH_ARG(std::string, resume);
+  /// Where to start (ResumeFrom: fresh by default, the run folder's latest checkpoint, or a
+  /// given one). FitResult::resumed_from and resumed_at_step say what was loaded.
+  TORCH_ARG(ResumeFrom, resume);
   /// Validate every N epochs (0 = never).
   TORCH_ARG(int64_t, val_every) = 1;
   /// Checkpoint every N epochs (0 = only at the end and when stopped by a signal or request).
@@ -74,7 +92,7 @@ struct TrainerOptions {
   /// is lock-free, so a handler may store to it.
   TORCH_ARG(StopToken, stop_signal) = nullptr;
   /// Used when the Task does not build its own optimizer.
-  TORCH_ARG(OptimizerOptions, optimizer);
+  TORCH_ARG(optim::OptimizerOptions, optimizer);
   /// Sync-free optimizer steps: no step waits for the GPU. fp16-mixed's skip
   /// decision stays on the device (GradScaler::step_async), and so, with loss
   /// scaling or CUDA graphs, does the schedule's learning rate (an fp32 tensor
@@ -85,7 +103,7 @@ struct TrainerOptions {
   /// StepInfo::skipped is then false and StepInfo::skipped_steps the count as
   /// of the last read, and a learning rate set on a parameter group by hand is
   /// not used (the schedule's is). Needs a fused optimizer
-  /// (ember/train/fused_optim.h). Unset: on for CUDA with a fused optimizer
+  /// (ember/optim/fused.h). Unset: on for CUDA with a fused optimizer
   /// (and for an emulated CUDA graph), off otherwise.
   TORCH_ARG(std::optional<bool>, sync_free_steps) = std::nullopt;
   /// Channels-last memory format (NHWC) for the model's 4-D parameters and
@@ -102,7 +120,7 @@ struct TrainerOptions {
   /// target tensors (index and epoch stay those of the captured batch);
   /// callbacks with in-step hooks must
   /// declare them capturable (Callback::step_hooks_capturable). A replay is
-  /// bit-identical to the eager step. README "CUDA graphs" has the details.
+  /// bit-identical to the eager step. docs/training.md ("Whole-step CUDA graphs") has the details.
   TORCH_ARG(bool, cuda_graph) = false;
   /// Tests and tools: with cuda_graph, run the graph path on any device with
   /// capture and replay emulated by eager steps (train/graph_step.h), so its
@@ -110,10 +128,10 @@ struct TrainerOptions {
   /// step, ops outside the graph) runs without a GPU. Not a speed-up.
   TORCH_ARG(bool, emulate_cuda_graph) = false;
   /// Learning-rate schedule over optimizer steps; nullptr = constant (or epoch_schedule).
-  TORCH_ARG(std::shared_ptr<Schedule>, schedule);
+  TORCH_ARG(std::shared_ptr<optim::Schedule>, schedule);
   /// A schedule in epochs (the sched.* keys), resolved by fit into steps from
   /// the loader's batches and accumulate_grad_batches; give it or `schedule`, not both.
-  TORCH_ARG(std::optional<EpochScheduleOptions>, epoch_schedule);
+  TORCH_ARG(std::optional<optim::EpochScheduleOptions>, epoch_schedule);
   /// The other processes of a data-parallel run (sums of the epoch metrics,
   /// the writing rank, agreement on stops and the resume position); the
   /// default is one process.
@@ -260,7 +278,7 @@ class Trainer {
   Task* task_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<amp::GradScaler> grad_scaler_;
-  std::shared_ptr<Schedule> schedule_;  // the fit plan's, in steps
+  std::shared_ptr<optim::Schedule> schedule_;  // the fit plan's, in steps
   // Sync-free steps: the skipped count and learning rates on the device (train/device_steps.h).
   std::unique_ptr<DeviceSteps> device_steps_;
   FitState state_;

@@ -1,11 +1,11 @@
-#include "ember/train/scheduler.h"
+#include "ember/optim/schedule.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
 
-namespace ember::train {
+namespace ember::optim {
 namespace {
 constexpr double kPi = 3.14159265358979323846;
 double cos_anneal(double start, double end, double pct) {
@@ -14,8 +14,8 @@ double cos_anneal(double start, double end, double pct) {
 }  // namespace
 
 StepSchedule::StepSchedule(int64_t step_size, double gamma) : step_size_(step_size), gamma_(gamma) {
-  EMBER_CHECK(step_size > 0, "[train::StepSchedule] step_size must be positive, got {}", step_size);
-  EMBER_CHECK(gamma > 0, "[train::StepSchedule] gamma must be positive, got {}", gamma);
+  EMBER_CHECK(step_size > 0, "[optim::StepSchedule] step_size must be positive, got {}", step_size);
+  EMBER_CHECK(gamma > 0, "[optim::StepSchedule] gamma must be positive, got {}", gamma);
 }
 
 double StepSchedule::lr_at(int64_t step, double base_lr) const {
@@ -24,9 +24,9 @@ double StepSchedule::lr_at(int64_t step, double base_lr) const {
 
 CosineSchedule::CosineSchedule(int64_t total_steps, double min_factor)
     : total_steps_(total_steps), min_factor_(min_factor) {
-  EMBER_CHECK(total_steps > 0, "[train::CosineSchedule] total_steps must be positive, got {}", total_steps);
+  EMBER_CHECK(total_steps > 0, "[optim::CosineSchedule] total_steps must be positive, got {}", total_steps);
   EMBER_CHECK(min_factor >= 0 && min_factor <= 1,
-              "[train::CosineSchedule] min_factor must be in [0, 1], got {}", min_factor);
+              "[optim::CosineSchedule] min_factor must be in [0, 1], got {}", min_factor);
 }
 
 double CosineSchedule::lr_at(int64_t step, double base_lr) const {
@@ -36,12 +36,12 @@ double CosineSchedule::lr_at(int64_t step, double base_lr) const {
 }
 
 OneCycleSchedule::OneCycleSchedule(OneCycleOptions options) : options_(options) {
-  EMBER_CHECK(options.total_steps() > 1, "[train::OneCycleSchedule] total_steps must be > 1, got {}",
+  EMBER_CHECK(options.total_steps() > 1, "[optim::OneCycleSchedule] total_steps must be > 1, got {}",
               options.total_steps());
   EMBER_CHECK(options.pct_start() > 0 && options.pct_start() < 1,
-              "[train::OneCycleSchedule] pct_start must be in (0, 1), got {}", options.pct_start());
+              "[optim::OneCycleSchedule] pct_start must be in (0, 1), got {}", options.pct_start());
   EMBER_CHECK(options.div_factor() > 0 && options.final_div_factor() > 0,
-              "[train::OneCycleSchedule] div_factor and final_div_factor must be positive");
+              "[optim::OneCycleSchedule] div_factor and final_div_factor must be positive");
 }
 
 double OneCycleSchedule::lr_at(int64_t step, double base_lr) const {
@@ -56,10 +56,10 @@ double OneCycleSchedule::lr_at(int64_t step, double base_lr) const {
 
 WarmupSchedule::WarmupSchedule(int64_t warmup_steps, double start_factor, std::shared_ptr<Schedule> after)
     : warmup_steps_(warmup_steps), start_factor_(start_factor), after_(std::move(after)) {
-  EMBER_CHECK(warmup_steps >= 0, "[train::WarmupSchedule] warmup_steps must be >= 0");
+  EMBER_CHECK(warmup_steps >= 0, "[optim::WarmupSchedule] warmup_steps must be >= 0");
   EMBER_CHECK(start_factor > 0 && start_factor <= 1,
-              "[train::WarmupSchedule] start_factor must be in (0, 1], got {}", start_factor);
-  EMBER_CHECK(after_ != nullptr, "[train::WarmupSchedule] needs a schedule to hand over to");
+              "[optim::WarmupSchedule] start_factor must be in (0, 1], got {}", start_factor);
+  EMBER_CHECK(after_ != nullptr, "[optim::WarmupSchedule] needs a schedule to hand over to");
 }
 
 double WarmupSchedule::lr_at(int64_t step, double base_lr) const {
@@ -77,7 +77,7 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "cosine") return ScheduleKind::kCosine;
   if (name == "onecycle") return ScheduleKind::kOneCycle;
   detail::fail(ErrorKind::kConfig,
-               "[train::make_schedule] unknown schedule '{}'; choose constant, step, cosine or onecycle",
+               "[optim::make_schedule] unknown schedule '{}'; choose constant, step, cosine or onecycle",
                name);
 }
 
@@ -130,4 +130,4 @@ ScheduleOptions EpochScheduleOptions::in_steps(int64_t steps_per_epoch, int64_t 
   return s;
 }
 
-}  // namespace ember::train
+}  // namespace ember::optim

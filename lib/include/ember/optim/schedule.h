@@ -22,7 +22,7 @@
 #include <memory>
 #include <string>
 
-namespace ember::train {
+namespace ember::optim {
 
 class Schedule {
  public:
@@ -146,4 +146,4 @@ struct EpochScheduleOptions {
   TORCH_ARG(double, step_epochs) = 1.0;
 };
 
-}  // namespace ember::train
+}  // namespace ember::optim

@@ -4,7 +4,7 @@
 // one multi-tensor kernel per device and dtype, on the CPU one vectorised loop
 // per tensor, as Python's torch.optim.SGD/Adam/AdamW(fused=True).
 //
-//   ember::train::FusedAdamW opt(ember::train::trainable_parameters(*model),
+//   ember::optim::FusedAdamW opt(ember::optim::trainable_parameters(*model),
 //                                torch::optim::AdamWOptions(3e-4).weight_decay(0.1));
 //   loss.backward();
 //   opt.step();
@@ -41,7 +41,7 @@
 
 #include "ember/amp/grad_scaler.h"
 
-namespace ember::train {
+namespace ember::optim {
 
 /// What Ember's fused optimizers share: learning-rate tensors, the
 /// device-side skip, and state made ahead of the first step.
@@ -138,4 +138,4 @@ class FusedAdamW : public fused_impl::FusedAdamBase<torch::optim::AdamW, torch::
       : FusedAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 };
 
-}  // namespace ember::train
+}  // namespace ember::optim

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-namespace ember::train {
+namespace ember::optim {
 
 /// Clips the global L2 norm of `parameters`' gradients to `max_norm` on the
 /// device, without a host sync (torch::nn::utils::clip_grad_norm_ returns a
@@ -16,4 +16,4 @@ namespace ember::train {
 /// inf/NaN and the gradients NaN, as in PyTorch; a GradScaler step then skips.
 torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm);
 
-}  // namespace ember::train
+}  // namespace ember::optim

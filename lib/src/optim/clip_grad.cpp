@@ -1,14 +1,14 @@
-#include "ember/train/clip_grad.h"
+#include "ember/optim/clip_grad.h"
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
 #include "core/check.h"
 
-namespace ember::train {
+namespace ember::optim {
 
 torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm) {
-  EMBER_CHECK(max_norm >= 0, "[train::clip_grad_norm_] max_norm must be >= 0, got {}", max_norm);
+  EMBER_CHECK(max_norm >= 0, "[optim::clip_grad_norm_] max_norm must be >= 0, got {}", max_norm);
   torch::NoGradGuard no_grad;
   // Group by (device, dtype) for the foreach kernels, in order of first
   // appearance, as PyTorch's _group_tensors_by_device_and_dtype does.
@@ -34,4 +34,4 @@ torch::Tensor clip_grad_norm_(const std::vector<torch::Tensor>& parameters, doub
   return total;
 }
 
-}  // namespace ember::train
+}  // namespace ember::optim

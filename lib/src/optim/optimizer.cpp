@@ -1,5 +1,5 @@
 // Optimizers from typed options; parameter groups and the default weight-decay rule.
-#include "ember/train/optim.h"
+#include "ember/optim/optimizer.h"
 
 #include <torch/nn/modules/embedding.h>
 #include <torch/optim.h>
@@ -7,16 +7,16 @@
 #include <unordered_set>
 
 #include "core/check.h"
-#include "ember/train/fused_optim.h"
+#include "ember/optim/fused.h"
 
-namespace ember::train {
+namespace ember::optim {
 
 OptimizerKind parse_optimizer_kind(const std::string& name) {
   if (name == "sgd") return OptimizerKind::kSgd;
   if (name == "adam") return OptimizerKind::kAdam;
   if (name == "adamw") return OptimizerKind::kAdamW;
   detail::fail(ErrorKind::kConfig,
-               "[train::make_optimizer] unknown optimizer '{}'; choose sgd, adam or adamw", name);
+               "[optim::make_optimizer] unknown optimizer '{}'; choose sgd, adam or adamw", name);
 }
 
 const char* to_string(OptimizerKind kind) {
@@ -66,9 +66,9 @@ std::unordered_set<const c10::TensorImpl*> embedding_tables(const torch::nn::Mod
 }  // namespace
 
 std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model, const OptimizerOptions& o) {
-  EMBER_CHECK_KIND(kConfig, o.lr() > 0, "[train::make_optimizer] optim.lr must be positive, got {}", o.lr());
+  EMBER_CHECK_KIND(kConfig, o.lr() > 0, "[optim::make_optimizer] optim.lr must be positive, got {}", o.lr());
   EMBER_CHECK_KIND(kConfig, o.weight_decay() >= 0,
-                   "[train::make_optimizer] optim.weight_decay must be >= 0, got {}", o.weight_decay());
+                   "[optim::make_optimizer] optim.weight_decay must be >= 0, got {}", o.weight_decay());
   // Groups: each of o.groups(), split into decayed and not; then the rest, likewise.
   const size_t n_custom = o.groups().size();
   std::vector<ParamGroupPlan> plans(2 * (n_custom + 1));
@@ -77,7 +77,7 @@ std::vector<ParamGroupPlan> plan_param_groups(const torch::nn::Module& model, co
     const double lr = custom && custom->lr() ? *custom->lr() : o.lr();
     const double wd = custom && custom->weight_decay() ? *custom->weight_decay() : o.weight_decay();
     EMBER_CHECK(lr > 0 && wd >= 0,
-                "[train::make_optimizer] parameter group {}: lr {} must be > 0 and weight decay {} >= 0", g,
+                "[optim::make_optimizer] parameter group {}: lr {} must be > 0 and weight decay {} >= 0", g,
                 lr, wd);
     plans[2 * g].lr = plans[2 * g + 1].lr = lr;
     plans[2 * g].weight_decay = wd;
@@ -122,7 +122,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model
   switch (o.kind()) {
     case OptimizerKind::kSgd:
       EMBER_CHECK_KIND(kConfig, !o.nesterov() || o.momentum() > 0,
-                       "[train::make_optimizer] Nesterov SGD needs optim.momentum > 0");
+                       "[optim::make_optimizer] Nesterov SGD needs optim.momentum > 0");
       return build<optim::SGD, FusedSGD, optim::SGDOptions>(plans, o.lr(), o.fused(),
                                                             [&](const ParamGroupPlan& p) {
                                                               return optim::SGDOptions(p.lr)
@@ -147,7 +147,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model
                                                                         .weight_decay(p.weight_decay);
                                                                   });
   }
-  detail::fail("[train::make_optimizer] unknown optimizer kind {}", static_cast<int>(o.kind()));
+  detail::fail("[optim::make_optimizer] unknown optimizer kind {}", static_cast<int>(o.kind()));
 }
 
 bool for_each_state_tensor(torch::optim::OptimizerParamState& state,
@@ -185,4 +185,4 @@ int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
   return bytes;
 }
 
-}  // namespace ember::train
+}  // namespace ember::optim

@@ -1,10 +1,10 @@
 #include <ember/core/error.h>
-#include <ember/train/scheduler.h>
+#include <ember/optim/schedule.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-using namespace ember::train;
+using namespace ember::optim;
 using ember::Error;
 using ember::ErrorKind;
 

@@ -1,4 +1,4 @@
-// Ember's fused optimizers (ember/train/fused_optim.h) against LibTorch's own,
+// Ember's fused optimizers (ember/optim/fused.h) against LibTorch's own,
 // their device-side skip and learning-rate tensors, checkpoints in LibTorch's
 // format, and the Trainer's sync-free steps and channels-last mode, on the CPU.
 // Bitwise parity with Python's fused=True optimizers is parity.grad_scaler_fused;
@@ -81,27 +81,27 @@ TEST(FusedOptim, MatchesLibTorchOptimizersWithinRounding) {
   };
   const auto sgd = o::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-2);
   check(
-      "sgd nesterov", [&](const Params& p) { return make<train::FusedSGD>(p, sgd); },
+      "sgd nesterov", [&](const Params& p) { return make<optim::FusedSGD>(p, sgd); },
       [&](const Params& p) { return make<o::SGD>(p, sgd); });
   const auto heavy = o::SGDOptions(0.05).momentum(0.8).weight_decay(1e-3);
   check(
-      "sgd momentum", [&](const Params& p) { return make<train::FusedSGD>(p, heavy); },
+      "sgd momentum", [&](const Params& p) { return make<optim::FusedSGD>(p, heavy); },
       [&](const Params& p) { return make<o::SGD>(p, heavy); });
   const auto plain = o::SGDOptions(0.1);
   check(
-      "sgd plain", [&](const Params& p) { return make<train::FusedSGD>(p, plain); },
+      "sgd plain", [&](const Params& p) { return make<optim::FusedSGD>(p, plain); },
       [&](const Params& p) { return make<o::SGD>(p, plain); });
   const auto adam = o::AdamOptions(1e-2).weight_decay(1e-2);
   check(
-      "adam", [&](const Params& p) { return make<train::FusedAdam>(p, adam); },
+      "adam", [&](const Params& p) { return make<optim::FusedAdam>(p, adam); },
       [&](const Params& p) { return make<o::Adam>(p, adam); });
   const auto ams = o::AdamOptions(1e-2).amsgrad(true).betas({0.8, 0.99});
   check(
-      "adam amsgrad", [&](const Params& p) { return make<train::FusedAdam>(p, ams); },
+      "adam amsgrad", [&](const Params& p) { return make<optim::FusedAdam>(p, ams); },
       [&](const Params& p) { return make<o::Adam>(p, ams); });
   const auto adamw = o::AdamWOptions(1e-2).weight_decay(0.1);
   check(
-      "adamw", [&](const Params& p) { return make<train::FusedAdamW>(p, adamw); },
+      "adamw", [&](const Params& p) { return make<optim::FusedAdamW>(p, adamw); },
       [&](const Params& p) { return make<o::AdamW>(p, adamw); });
 }
 
@@ -109,7 +109,7 @@ TEST(FusedOptim, CheckpointsInLibTorchFormatBothWays) {
   namespace o = torch::optim;
   const auto options = o::AdamWOptions(1e-2).weight_decay(0.05);
   Params straight(2), resumed(2), into_libtorch(2);
-  auto a = make<train::FusedAdamW>(straight, options);
+  auto a = make<optim::FusedAdamW>(straight, options);
   run_steps({{&straight, a.get()}}, 0, 7);
   std::stringstream bytes;
   {
@@ -128,7 +128,7 @@ TEST(FusedOptim, CheckpointsInLibTorchFormatBothWays) {
     resumed.all[i].copy_(straight.all[i]);
     into_libtorch.all[i].copy_(straight.all[i]);
   }
-  auto b = make<train::FusedAdamW>(resumed, options);
+  auto b = make<optim::FusedAdamW>(resumed, options);
   auto c = make<o::AdamW>(into_libtorch, options);
   for (torch::optim::Optimizer* opt : {b.get(), c.get()}) {
     bytes.seekg(0);
@@ -144,9 +144,9 @@ TEST(FusedOptim, CheckpointsInLibTorchFormatBothWays) {
 TEST(FusedOptim, SkipsOnTheFlagAndDividesByTheScale) {
   namespace o = torch::optim;
   Params skipped(3), scaled(3), plain(3);
-  auto s = make<train::FusedAdam>(skipped, o::AdamOptions(1e-2));
-  auto c = make<train::FusedAdam>(scaled, o::AdamOptions(1e-2));
-  auto p = make<train::FusedAdam>(plain, o::AdamOptions(1e-2));
+  auto s = make<optim::FusedAdam>(skipped, o::AdamOptions(1e-2));
+  auto c = make<optim::FusedAdam>(scaled, o::AdamOptions(1e-2));
+  auto p = make<optim::FusedAdam>(plain, o::AdamOptions(1e-2));
   run_steps({{&skipped, s.get()}, {&scaled, c.get()}, {&plain, p.get()}}, 0, 3);
   const std::vector<torch::Tensor> before = {skipped.all[0].detach().clone(),
                                              skipped.all[2].detach().clone()};
@@ -154,8 +154,8 @@ TEST(FusedOptim, SkipsOnTheFlagAndDividesByTheScale) {
     for (auto& t : params->all) t.mutable_grad() = torch::ones_like(t) * 0.25;
   for (auto& t : scaled.all) t.mutable_grad().mul_(8.0);  // as if scaled by 8 and not unscaled
   const auto flag = [](float v) { return std::optional<torch::Tensor>(torch::full({}, v)); };
-  dynamic_cast<train::FusedAdam&>(*s).step_on_device(flag(1.0f), std::nullopt);
-  dynamic_cast<train::FusedAdam&>(*c).step_on_device(flag(0.0f), flag(8.0f));
+  dynamic_cast<optim::FusedAdam&>(*s).step_on_device(flag(1.0f), std::nullopt);
+  dynamic_cast<optim::FusedAdam&>(*c).step_on_device(flag(0.0f), flag(8.0f));
   p->step();
   EXPECT_TRUE(torch::equal(skipped.all[0], before[0]) && torch::equal(skipped.all[2], before[1]))
       << "found_inf != 0: nothing changes";
@@ -173,8 +173,8 @@ TEST(FusedOptim, SkipsOnTheFlagAndDividesByTheScale) {
 TEST(FusedOptim, DeviceSkipLeavesSgdMomentumAndAdamCountsAsTheyWere) {
   namespace o = torch::optim;
   Params sgd_params(6), adam_params(6);
-  auto sgd = make<train::FusedSGD>(sgd_params, o::SGDOptions(0.1).momentum(0.9));
-  auto adam = make<train::FusedAdamW>(adam_params, o::AdamWOptions(1e-2));
+  auto sgd = make<optim::FusedSGD>(sgd_params, o::SGDOptions(0.1).momentum(0.9));
+  auto adam = make<optim::FusedAdamW>(adam_params, o::AdamWOptions(1e-2));
   run_steps({{&sgd_params, sgd.get()}, {&adam_params, adam.get()}}, 0, 2);
   const torch::Tensor buf =
       static_cast<o::SGDParamState&>(*sgd->state().at(sgd_params.all[0].unsafeGetTensorImpl()))
@@ -184,8 +184,8 @@ TEST(FusedOptim, DeviceSkipLeavesSgdMomentumAndAdamCountsAsTheyWere) {
   for (auto* params : {&sgd_params, &adam_params})
     for (auto& t : params->all) t.mutable_grad() = torch::ones_like(t);
   const auto inf = std::optional<torch::Tensor>(torch::ones({}));
-  dynamic_cast<train::FusedSGD&>(*sgd).step_on_device(inf, std::nullopt);
-  dynamic_cast<train::FusedAdamW&>(*adam).step_on_device(inf, std::nullopt);
+  dynamic_cast<optim::FusedSGD&>(*sgd).step_on_device(inf, std::nullopt);
+  dynamic_cast<optim::FusedAdamW&>(*adam).step_on_device(inf, std::nullopt);
   EXPECT_TRUE(
       torch::equal(static_cast<o::SGDParamState&>(*sgd->state().at(sgd_params.all[0].unsafeGetTensorImpl()))
                        .momentum_buffer(),
@@ -213,14 +213,14 @@ TEST(FusedOptim, MaterializedStateStepsAsLazyState) {
     Params lazy(7), made(7);
     auto a = make_opt(lazy);
     auto b = make_opt(made);
-    auto& fused = dynamic_cast<train::FusedOptimizer&>(*b);
+    auto& fused = dynamic_cast<optim::FusedOptimizer&>(*b);
     fused.materialize_state();
     const int64_t count = fused.state_tensor_count();
     EXPECT_GE(count, 4) << what;
     std::vector<void*> where;
     for (auto& [key, state] : b->state()) {
       (void)key;
-      train::for_each_state_tensor(*state, [&](torch::Tensor& t) {
+      optim::for_each_state_tensor(*state, [&](torch::Tensor& t) {
         if (t.defined()) where.push_back(t.data_ptr());
       });
     }
@@ -230,38 +230,38 @@ TEST(FusedOptim, MaterializedStateStepsAsLazyState) {
     std::vector<void*> after;
     for (auto& [key, state] : b->state()) {
       (void)key;
-      train::for_each_state_tensor(*state, [&](torch::Tensor& t) {
+      optim::for_each_state_tensor(*state, [&](torch::Tensor& t) {
         if (t.defined()) after.push_back(t.data_ptr());
       });
     }
     EXPECT_EQ(where, after) << what << ": the state tensors are the ones made ahead";
   };
   check("sgd momentum",
-        [](const Params& p) { return make<train::FusedSGD>(p, o::SGDOptions(0.1).momentum(0.9)); });
+        [](const Params& p) { return make<optim::FusedSGD>(p, o::SGDOptions(0.1).momentum(0.9)); });
   check("sgd nesterov", [](const Params& p) {
-    return make<train::FusedSGD>(p, o::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3));
+    return make<optim::FusedSGD>(p, o::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3));
   });
   check("adamw",
-        [](const Params& p) { return make<train::FusedAdamW>(p, o::AdamWOptions(1e-2).weight_decay(0.1)); });
+        [](const Params& p) { return make<optim::FusedAdamW>(p, o::AdamWOptions(1e-2).weight_decay(0.1)); });
   check("adam amsgrad",
-        [](const Params& p) { return make<train::FusedAdam>(p, o::AdamOptions(1e-2).amsgrad(true)); });
+        [](const Params& p) { return make<optim::FusedAdam>(p, o::AdamOptions(1e-2).amsgrad(true)); });
 }
 
 TEST(FusedOptim, MaterializeRefusesSgdDampeningWithoutABuffer) {
   Params p(8);
-  auto sgd = make<train::FusedSGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9).dampening(0.1));
+  auto sgd = make<optim::FusedSGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9).dampening(0.1));
   const std::string msg =
-      test_util::error_of([&] { dynamic_cast<train::FusedSGD&>(*sgd).materialize_state(); });
+      test_util::error_of([&] { dynamic_cast<optim::FusedSGD&>(*sgd).materialize_state(); });
   EXPECT_NE(msg.find("dampening"), std::string::npos) << msg;
 }
 
 TEST(FusedOptim, LearningRateTensorsReplaceTheGroupsRates) {
   namespace o = torch::optim;
   Params with_tensors(4), with_values(4);
-  auto a = make<train::FusedSGD>(with_tensors, o::SGDOptions(0.5).momentum(0.9));  // rates 0.5 and 0.25
-  auto b = make<train::FusedSGD>(with_values, o::SGDOptions(0.125).momentum(0.9));
+  auto a = make<optim::FusedSGD>(with_tensors, o::SGDOptions(0.5).momentum(0.9));  // rates 0.5 and 0.25
+  auto b = make<optim::FusedSGD>(with_values, o::SGDOptions(0.125).momentum(0.9));
   static_cast<o::SGDOptions&>(b->param_groups()[1].options()).lr(0.375);
-  auto& fused = dynamic_cast<train::FusedSGD&>(*a);
+  auto& fused = dynamic_cast<optim::FusedSGD&>(*a);
   fused.lr_tensors() = {torch::full({}, 0.125f), torch::full({}, 0.375f)};
   run_steps({{&with_tensors, a.get()}, {&with_values, b.get()}}, 0, 5);
   expect_equal(with_tensors, with_values, "lr_tensors() in place of the groups' lr");
@@ -271,14 +271,14 @@ TEST(FusedOptim, LearningRateTensorsReplaceTheGroupsRates) {
 
 TEST(FusedOptim, MakeOptimizerBuildsFusedByDefault) {
   BlobTask task({});
-  auto fused = train::make_optimizer(*task.model(), train::OptimizerOptions(0.1));
-  EXPECT_NE(dynamic_cast<train::FusedSGD*>(fused.get()), nullptr);
+  auto fused = optim::make_optimizer(*task.model(), optim::OptimizerOptions(0.1));
+  EXPECT_NE(dynamic_cast<optim::FusedSGD*>(fused.get()), nullptr);
   auto adamw =
-      train::make_optimizer(*task.model(), train::OptimizerOptions(0.1).kind(train::OptimizerKind::kAdamW));
-  EXPECT_NE(dynamic_cast<train::FusedAdamW*>(adamw.get()), nullptr);
+      optim::make_optimizer(*task.model(), optim::OptimizerOptions(0.1).kind(optim::OptimizerKind::kAdamW));
+  EXPECT_NE(dynamic_cast<optim::FusedAdamW*>(adamw.get()), nullptr);
   EXPECT_EQ(adamw->param_groups().size(), 2u) << "decayed and not decayed, as LibTorch's";
-  auto libtorch = train::make_optimizer(*task.model(), train::OptimizerOptions(0.1).fused(false));
-  EXPECT_EQ(dynamic_cast<train::FusedSGD*>(libtorch.get()), nullptr);
+  auto libtorch = optim::make_optimizer(*task.model(), optim::OptimizerOptions(0.1).fused(false));
+  EXPECT_EQ(dynamic_cast<optim::FusedSGD*>(libtorch.get()), nullptr);
   EXPECT_NE(dynamic_cast<torch::optim::SGD*>(libtorch.get()), nullptr);
 }
 
@@ -288,13 +288,13 @@ namespace {
 // overflow and are skipped, and a step schedule: the skipped steps must not
 // advance it. Rates and factors are powers of two so that the fp32 rate
 // tensors of sync-free steps hold them exactly.
-train::TrainerOptions skipping_options(bool sync_free, train::OptimizerKind kind) {
+train::TrainerOptions skipping_options(bool sync_free, optim::OptimizerKind kind) {
   train::TrainerOptions o;
   o.epochs(3).val_every(0).checkpoint_every(0);
   o.precision(amp::Precision::kFp16Mixed);
   o.grad_scaler().init_scale(std::ldexp(1.0, 24)).growth_interval(3);
   o.optimizer().lr(0.125).kind(kind);
-  o.schedule(std::make_shared<train::StepSchedule>(4, 0.5));
+  o.schedule(std::make_shared<optim::StepSchedule>(4, 0.5));
   o.sync_free_steps(sync_free);
   return o;
 }
@@ -302,13 +302,13 @@ train::TrainerOptions skipping_options(bool sync_free, train::OptimizerKind kind
 // The largest relative weight difference between a host-bookkeeping run and
 // a sync-free run of skipping_options with a cosine schedule at lr 0.1: rates
 // fp32 cannot hold. Prints it.
-double cosine_rate_difference(const BlobTask::Options& to, train::OptimizerKind kind,
+double cosine_rate_difference(const BlobTask::Options& to, optim::OptimizerKind kind,
                               int64_t schedule_steps) {
   BlobTask host_task(to), device_task(to);
   const auto options = [&](bool sync_free) {
     train::TrainerOptions o = skipping_options(sync_free, kind);
     o.optimizer().lr(0.1);
-    return o.schedule(std::make_shared<train::CosineSchedule>(schedule_steps, 0.05));
+    return o.schedule(std::make_shared<optim::CosineSchedule>(schedule_steps, 0.05));
   };
   const auto host = train::Trainer(options(false)).fit(host_task);
   const auto device = train::Trainer(options(true)).fit(device_task);
@@ -318,7 +318,7 @@ double cosine_rate_difference(const BlobTask::Options& to, train::OptimizerKind 
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i)
     worst = std::max(worst, ((a[i] - b[i]).abs() / (a[i].abs() + 1e-3)).max().item<double>());
-  std::cout << "[ rates    ] " << train::to_string(kind) << ": largest relative weight difference " << worst
+  std::cout << "[ rates    ] " << optim::to_string(kind) << ": largest relative weight difference " << worst
             << "\n";
   return worst;
 }
@@ -326,7 +326,7 @@ double cosine_rate_difference(const BlobTask::Options& to, train::OptimizerKind 
 }  // namespace
 
 TEST(FusedOptim, SyncFreeStepsGiveTheSameRunAsHostSteps) {
-  for (const auto kind : {train::OptimizerKind::kSgd, train::OptimizerKind::kAdamW}) {
+  for (const auto kind : {optim::OptimizerKind::kSgd, optim::OptimizerKind::kAdamW}) {
     BlobTask::Options to;
     to.dropout = false;
     to.prefetch = 0;
@@ -339,7 +339,7 @@ TEST(FusedOptim, SyncFreeStepsGiveTheSameRunAsHostSteps) {
     EXPECT_EQ(device.steps, host.steps);
     const auto a = test_util::snapshot(*host_task.model()), b = test_util::snapshot(*device_task.model());
     for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_TRUE(torch::equal(a[i], b[i])) << train::to_string(kind) << ": tensor " << i;
+      EXPECT_TRUE(torch::equal(a[i], b[i])) << optim::to_string(kind) << ": tensor " << i;
   }
 }
 
@@ -353,9 +353,9 @@ TEST(FusedOptim, SyncFreeStepsKeepTheScheduleAcrossWindowMoves) {
   to.samples = 64;  // 2 steps per epoch
   BlobTask host_task(to), device_task(to);
   const auto options = [](bool sync_free) {
-    train::TrainerOptions o = skipping_options(sync_free, train::OptimizerKind::kSgd);
+    train::TrainerOptions o = skipping_options(sync_free, optim::OptimizerKind::kSgd);
     o.epochs(700).optimizer().lr(0.5);
-    return o.schedule(std::make_shared<train::StepSchedule>(200, 0.5));  // powers of two: fp32 holds them
+    return o.schedule(std::make_shared<optim::StepSchedule>(200, 0.5));  // powers of two: fp32 holds them
   };
   const auto host = train::Trainer(options(false)).fit(host_task);
   const auto device = train::Trainer(options(true)).fit(device_task);
@@ -370,9 +370,9 @@ TEST(FusedOptim, SyncFreeStepsKeepTheScheduleAcrossWindowMoves) {
 // the window's last row, and the rates stay the schedule's.
 TEST(FusedOptim, DeviceStepsNeverFeedPastTheWindow) {
   Params p(9);
-  auto opt = make<train::FusedSGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
-  auto& fused = dynamic_cast<train::FusedOptimizer&>(*opt);
-  const train::StepSchedule schedule(100, 0.5);
+  auto opt = make<optim::FusedSGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
+  auto& fused = dynamic_cast<optim::FusedOptimizer&>(*opt);
+  const optim::StepSchedule schedule(100, 0.5);
   const std::vector<double> base{0.5, 0.25};
   train::DeviceSteps steps(fused, *opt, &schedule, base, torch::kCPU, 0, 0);
   const int64_t n = 3 * train::DeviceSteps::kWindow;
@@ -387,7 +387,7 @@ TEST(FusedOptim, DeviceStepsNeverFeedPastTheWindow) {
 // Without loss scaling nothing can skip: sync-free steps take the host's fp64
 // rates, and give the host-bookkeeping run bit for bit with any schedule.
 TEST(FusedOptim, SyncFreeStepsWithoutScalingUseTheHostsRates) {
-  for (const auto kind : {train::OptimizerKind::kSgd, train::OptimizerKind::kAdamW}) {
+  for (const auto kind : {optim::OptimizerKind::kSgd, optim::OptimizerKind::kAdamW}) {
     BlobTask::Options to;
     to.prefetch = 0;
     BlobTask host_task(to), device_task(to);
@@ -395,7 +395,7 @@ TEST(FusedOptim, SyncFreeStepsWithoutScalingUseTheHostsRates) {
       train::TrainerOptions o;
       o.epochs(3).val_every(0).checkpoint_every(0).precision(amp::Precision::kBf16Mixed);
       o.optimizer().lr(0.1).kind(kind);
-      o.schedule(std::make_shared<train::CosineSchedule>(24, 0.05));  // rates fp32 cannot hold
+      o.schedule(std::make_shared<optim::CosineSchedule>(24, 0.05));  // rates fp32 cannot hold
       return o.sync_free_steps(sync_free);
     };
     torch::manual_seed(1);
@@ -404,7 +404,7 @@ TEST(FusedOptim, SyncFreeStepsWithoutScalingUseTheHostsRates) {
     train::Trainer(options(true)).fit(device_task);
     const auto a = test_util::snapshot(*host_task.model()), b = test_util::snapshot(*device_task.model());
     for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_TRUE(torch::equal(a[i], b[i])) << train::to_string(kind) << ": tensor " << i;
+      EXPECT_TRUE(torch::equal(a[i], b[i])) << optim::to_string(kind) << ": tensor " << i;
   }
 }
 
@@ -418,13 +418,13 @@ TEST(FusedOptim, SyncFreeRatesWithinFp32RoundingOfHostRates) {
   BlobTask::Options to;
   to.dropout = false;
   to.prefetch = 0;
-  EXPECT_EQ(cosine_rate_difference(to, train::OptimizerKind::kSgd, 24), 0.0) << "fp32 math either way";
-  EXPECT_LT(cosine_rate_difference(to, train::OptimizerKind::kAdamW, 24), 1e-5);
+  EXPECT_EQ(cosine_rate_difference(to, optim::OptimizerKind::kSgd, 24), 0.0) << "fp32 math either way";
+  EXPECT_LT(cosine_rate_difference(to, optim::OptimizerKind::kAdamW, 24), 1e-5);
 }
 
 TEST(FusedOptim, SyncFreeStepsRefuseLibTorchOptimizers) {
   BlobTask task({});
-  auto o = skipping_options(true, train::OptimizerKind::kSgd);
+  auto o = skipping_options(true, optim::OptimizerKind::kSgd);
   o.optimizer().fused(false);
   const std::string msg = test_util::error_of([&] { train::Trainer(o).fit(task); });
   EXPECT_NE(msg.find("fused"), std::string::npos) << msg;
@@ -503,16 +503,16 @@ train::TrainerOptions graph_options(bool graph, const std::string& precision) {
   o.epochs(3).val_every(0).checkpoint_every(0);
   o.precision(amp::parse_precision(precision));
   o.clip_grad_norm(1.0);
-  o.optimizer().kind(train::OptimizerKind::kAdamW).lr(4e-3);
+  o.optimizer().kind(optim::OptimizerKind::kAdamW).lr(4e-3);
   o.grad_scaler().init_scale(std::ldexp(1.0, 40)).growth_interval(5);  // skips first, then grows
-  o.schedule(std::make_shared<train::StepSchedule>(16, 0.5));
+  o.schedule(std::make_shared<optim::StepSchedule>(16, 0.5));
   o.cuda_graph(graph);
   return o;
 }
 
 }  // namespace
 
-// What the README promises: with the default options (divergence watch on,
+// What docs/training.md ("Sync-free steps") promises: with the default options (divergence watch on,
 // fp16-mixed's loss scaling, a fused optimizer) no step syncs with the host;
 // the reads come at epoch ends only (the skipped count, the watch, the epoch's
 // loss and accuracy) and once at the start (the watch's first record). Twice
@@ -549,9 +549,9 @@ TEST(FusedOptimCuda, DefaultOptionsDoNotSyncPerStep) {
 // in ATen's FusedSgdKernel.cu): within fp32 roundings.
 TEST(FusedOptimCuda, SyncFreeRatesWithinFp32RoundingOfHostRates) {
   EMBER_REQUIRE_CUDA();
-  EXPECT_EQ(cosine_rate_difference(cuda_blobs(false), train::OptimizerKind::kAdamW, 64), 0.0)
+  EXPECT_EQ(cosine_rate_difference(cuda_blobs(false), optim::OptimizerKind::kAdamW, 64), 0.0)
       << "AdamW on CUDA: fp32 rates either way";
-  EXPECT_LT(cosine_rate_difference(cuda_blobs(false), train::OptimizerKind::kSgd, 64), 1e-5);
+  EXPECT_LT(cosine_rate_difference(cuda_blobs(false), optim::OptimizerKind::kSgd, 64), 1e-5);
 }
 
 TEST(FusedOptimCuda, GraphStepsEqualEagerStepsBitwise) {
@@ -589,7 +589,9 @@ TEST(FusedOptimCuda, GraphRunResumesAsTheEagerRun) {
   torch::manual_seed(3);
   BlobTask second(cuda_blobs(true));
   torch::manual_seed(12345);  // the checkpoint restores the generator
-  const auto r = train::Trainer(graph_options(true, "fp16-mixed").run_dir(dir).resume("auto")).fit(second);
+  const auto r =
+      train::Trainer(graph_options(true, "fp16-mixed").run_dir(dir).resume(train::ResumeFrom::latest()))
+          .fit(second);
   EXPECT_EQ(r.resumed_at_step, 40);
   const auto a = test_util::snapshot(*straight_task.model()), b = test_util::snapshot(*second.model());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;

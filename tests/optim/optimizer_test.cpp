@@ -19,7 +19,7 @@ struct Mixed : torch::nn::Module {
   torch::nn::LayerNorm norm{nullptr};
 };
 
-std::vector<std::string> names_of(const train::ParamGroupPlan& g) {
+std::vector<std::string> names_of(const optim::ParamGroupPlan& g) {
   return g.names;
 }
 
@@ -27,7 +27,7 @@ std::vector<std::string> names_of(const train::ParamGroupPlan& g) {
 
 TEST(Optimizer, NoWeightDecayOnBiasesNormsAndEmbeddingsByDefault) {
   Mixed m;
-  const auto groups = train::plan_param_groups(m, train::OptimizerOptions(0.1).weight_decay(0.01));
+  const auto groups = optim::plan_param_groups(m, optim::OptimizerOptions(0.1).weight_decay(0.01));
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(names_of(groups[0]), (std::vector<std::string>{"fc.weight", "head.weight"}));
   EXPECT_EQ(groups[0].weight_decay, 0.01);
@@ -36,7 +36,7 @@ TEST(Optimizer, NoWeightDecayOnBiasesNormsAndEmbeddingsByDefault) {
   EXPECT_EQ(groups[1].weight_decay, 0.0);
 
   const auto all =
-      train::plan_param_groups(m, train::OptimizerOptions(0.1).weight_decay(0.01).decay_all_parameters(true));
+      optim::plan_param_groups(m, optim::OptimizerOptions(0.1).weight_decay(0.01).decay_all_parameters(true));
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0].params.size(), 7u);
 }
@@ -44,11 +44,11 @@ TEST(Optimizer, NoWeightDecayOnBiasesNormsAndEmbeddingsByDefault) {
 TEST(Optimizer, GroupsTakeTheirOwnRateAndDecayAndTheScheduleScalesEach) {
   Mixed m;
   const auto head =
-      train::ParamGroupOptions([](const std::string& name) { return name.rfind("head.", 0) == 0; })
+      optim::ParamGroupOptions([](const std::string& name) { return name.rfind("head.", 0) == 0; })
           .lr(0.5)
           .weight_decay(0.2);  // explicit: applies to the head's bias too
-  auto opt = train::make_optimizer(
-      m, train::OptimizerOptions(0.1).kind(train::OptimizerKind::kAdamW).weight_decay(0.01).groups({head}));
+  auto opt = optim::make_optimizer(
+      m, optim::OptimizerOptions(0.1).kind(optim::OptimizerKind::kAdamW).weight_decay(0.01).groups({head}));
   auto& groups = opt->param_groups();
   ASSERT_EQ(groups.size(), 3u);  // head (all decayed: explicit), the rest decayed, the rest not
   const auto& h = static_cast<const torch::optim::AdamWOptions&>(groups[0].options());
@@ -63,8 +63,8 @@ TEST(Optimizer, GroupsTakeTheirOwnRateAndDecayAndTheScheduleScalesEach) {
     using BlobTask::BlobTask;
     std::unique_ptr<torch::optim::Optimizer> make_optimizer() override {
       const auto fc2 =
-          train::ParamGroupOptions([](const std::string& n) { return n.rfind("fc2.", 0) == 0; }).lr(0.01);
-      return train::make_optimizer(*model(), train::OptimizerOptions(0.1).groups({fc2}));
+          optim::ParamGroupOptions([](const std::string& n) { return n.rfind("fc2.", 0) == 0; }).lr(0.01);
+      return optim::make_optimizer(*model(), optim::OptimizerOptions(0.1).groups({fc2}));
     }
   } two(test_util::BlobTask::Options{});
   struct LastRates : train::Callback {
@@ -77,7 +77,7 @@ TEST(Optimizer, GroupsTakeTheirOwnRateAndDecayAndTheScheduleScalesEach) {
   };
   auto rec = std::make_shared<LastRates>();
   train::TrainerOptions o;
-  o.epochs(1).max_steps(2).schedule(std::make_shared<train::StepSchedule>(1, 0.5));
+  o.epochs(1).max_steps(2).schedule(std::make_shared<optim::StepSchedule>(1, 0.5));
   train::Trainer(o).add_callback(rec).fit(two);
   // fc2.weight, fc2.bias (its own rate; decayed and not), fc1.weight, fc1.bias.
   ASSERT_EQ(rec->rates.size(), 4u);
@@ -88,12 +88,12 @@ TEST(Optimizer, GroupsTakeTheirOwnRateAndDecayAndTheScheduleScalesEach) {
 }
 
 TEST(Optimizer, NamesAndBadValuesAreConfigErrors) {
-  EXPECT_EQ(train::parse_optimizer_kind("adamw"), train::OptimizerKind::kAdamW);
-  EXPECT_STREQ(train::to_string(train::OptimizerKind::kSgd), "sgd");
+  EXPECT_EQ(optim::parse_optimizer_kind("adamw"), optim::OptimizerKind::kAdamW);
+  EXPECT_STREQ(optim::to_string(optim::OptimizerKind::kSgd), "sgd");
   for (auto bad :
-       {std::function<void()>([] { train::parse_optimizer_kind("lion"); }), std::function<void()>([] {
+       {std::function<void()>([] { optim::parse_optimizer_kind("lion"); }), std::function<void()>([] {
           Mixed m;
-          train::make_optimizer(m, train::OptimizerOptions(-1.0));
+          optim::make_optimizer(m, optim::OptimizerOptions(-1.0));
         })}) {
     try {
       bad();
@@ -102,4 +102,45 @@ TEST(Optimizer, NamesAndBadValuesAreConfigErrors) {
       EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
     }
   }
+}
+
+// optim/ without the Trainer: its keys declared alone on a bare config, their
+// defaults from the options structs, read back into an optimizer and a
+// schedule in steps.
+TEST(OptimKeys, DeclaredAloneReadBackIntoAnOptimizerAndASchedule) {
+  core::Config c;
+  optim::declare_optimizer_keys(c, optim::OptimizerOptions(3e-4).kind(optim::OptimizerKind::kAdamW));
+  optim::declare_schedule_keys(c);
+  EXPECT_EQ(c.get_string("optim.name"), "adamw");
+  EXPECT_DOUBLE_EQ(c.get_float("optim.lr"), 3e-4);
+  EXPECT_DOUBLE_EQ(c.get_float("optim.weight_decay"), optim::OptimizerOptions().weight_decay());
+  EXPECT_EQ(c.get_string("sched.name"), "constant");
+  EXPECT_FALSE(c.has("trainer.epochs")) << "the loop's keys are train/'s";
+
+  c.set_override("optim.weight_decay=0.1");
+  c.set_override("optim.fused=false");
+  c.set_override("sched.name=cosine");
+  c.set_override("sched.warmup_epochs=0.5");
+  c.validate();
+  const optim::OptimizerOptions o = optim::optimizer_options_from_config(c);
+  EXPECT_EQ(o.kind(), optim::OptimizerKind::kAdamW);
+  EXPECT_DOUBLE_EQ(o.weight_decay(), 0.1);
+  EXPECT_FALSE(o.fused());
+  Mixed m;
+  const auto opt = optim::make_optimizer(m, o);
+  ASSERT_NE(dynamic_cast<torch::optim::AdamW*>(opt.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<optim::FusedAdamW*>(opt.get()), nullptr) << "optim.fused=false: LibTorch's own";
+
+  // 10 steps per epoch, 40 in the run: 5 warm-up steps, then a cosine over the other 35.
+  const optim::ScheduleOptions s = optim::epoch_schedule_options_from_config(c).in_steps(10, 40);
+  EXPECT_EQ(s.kind(), optim::ScheduleKind::kCosine);
+  EXPECT_EQ(s.warmup_steps(), 5);
+  EXPECT_EQ(s.total_steps(), 35);
+  const auto schedule = optim::make_schedule(s);
+  EXPECT_NEAR(schedule->lr_at(0, 1.0), s.warmup_start_factor(), 1e-12);
+  EXPECT_NEAR(schedule->lr_at(5, 1.0), 1.0, 1e-12);
+  EXPECT_NEAR(schedule->lr_at(40, 1.0), s.min_factor(), 1e-12);
+
+  c.set_override("optim.name=lion");
+  EXPECT_THROW(c.validate(), Error) << "an unknown optimizer is a config error at validation";
 }

@@ -1,8 +1,8 @@
 #pragma once
 // Optimizers from typed options, with parameter groups.
 //
-//   auto opt = ember::train::make_optimizer(*model, ember::train::OptimizerOptions(3e-4)
-//                                                       .kind(ember::train::OptimizerKind::kAdamW)
+//   auto opt = ember::optim::make_optimizer(*model, ember::optim::OptimizerOptions(3e-4)
+//                                                       .kind(ember::optim::OptimizerKind::kAdamW)
 //                                                       .weight_decay(0.1));
 //
 // By default weight decay applies only to weight matrices and convolution
@@ -10,7 +10,7 @@
 // 2 dimensions) or embedding tables, as GPT-style training and timm do; the
 // optimizer then has two groups, decayed first. OptimizerOptions::groups
 // gives chosen parameters (by name) their own learning rate or weight decay.
-// By default the optimizer is Ember's fused one (ember/train/fused_optim.h:
+// By default the optimizer is Ember's fused one (ember/optim/fused.h:
 // ATen's fused kernels, no host sync, LibTorch's state and checkpoints);
 // OptimizerOptions::fused(false) gives LibTorch's own.
 
@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-namespace ember::train {
+namespace ember::optim {
 
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 /// "sgd", "adam", "adamw" -> OptimizerKind; anything else is a config error listing them.
@@ -110,4 +110,4 @@ bool for_each_state_tensor(torch::optim::OptimizerParamState& state,
 /// 0 before the first step, which allocates them. Other optimizers count 0.
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer);
 
-}  // namespace ember::train
+}  // namespace ember::optim

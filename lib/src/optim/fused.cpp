@@ -1,5 +1,5 @@
 // Fused SGD, Adam and AdamW on ATen's _fused_sgd_/_fused_adam_/_fused_adamw_.
-#include "ember/train/fused_optim.h"
+#include "ember/optim/fused.h"
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -10,7 +10,7 @@
 
 #include "core/check.h"
 
-namespace ember::train {
+namespace ember::optim {
 namespace {
 
 using torch::optim::OptimizerParamGroup;
@@ -24,10 +24,10 @@ BucketKey bucket_key(const torch::Tensor& p) {
 
 void check_grad(const torch::Tensor& p, const torch::Tensor& grad, const char* who) {
   EMBER_CHECK(!grad.is_sparse(),
-              "[train::{}] sparse gradients are not supported by the fused kernels; use "
+              "[optim::{}] sparse gradients are not supported by the fused kernels; use "
               "LibTorch's optimizer (optim.fused=false)",
               who);
-  EMBER_CHECK(p.is_floating_point(), "[train::{}] parameters must be floating point, got {}", who,
+  EMBER_CHECK(p.is_floating_point(), "[optim::{}] parameters must be floating point, got {}", who,
               c10::toString(p.scalar_type()));
 }
 
@@ -57,7 +57,7 @@ void with_lr(const std::vector<torch::Tensor>& lr_tensors, size_t g, double lr, 
   if (g < lr_tensors.size() && lr_tensors[g].defined()) {
     const torch::Tensor& t = lr_tensors[g];
     EMBER_CHECK(t.device() == device && t.scalar_type() == torch::kFloat32 && t.numel() == 1,
-                "[train::{}] lr_tensors()[{}] must be one fp32 value on {}, got {} of {} values on {}", who,
+                "[optim::{}] lr_tensors()[{}] must be one fp32 value on {}, got {} of {} values on {}", who,
                 g, device.str(), c10::toString(t.scalar_type()), t.numel(), t.device().str());
     f(t);
   } else {
@@ -74,7 +74,7 @@ torch::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
 
 void check_lr_tensor_count(const std::vector<torch::Tensor>& lr_tensors, size_t groups, const char* who) {
   EMBER_CHECK(lr_tensors.empty() || lr_tensors.size() == groups,
-              "[train::{}] lr_tensors() has {} tensors for {} parameter groups (give one per group, or none)",
+              "[optim::{}] lr_tensors() has {} tensors for {} parameter groups (give one per group, or none)",
               who, lr_tensors.size(), groups);
 }
 
@@ -156,7 +156,7 @@ void FusedSGD::materialize_state() {
       // 0.
       EMBER_CHECK_KIND(
           kConfig, o.dampening() == 0.0,
-          "[train::FusedSGD] parameter {} of group {} has no momentum buffer yet, and with "
+          "[optim::FusedSGD] parameter {} of group {} has no momentum buffer yet, and with "
           "dampening {} its first step (buf = grad) cannot be taken on a buffer made ahead; "
           "give it a gradient during the eager warm-up, use dampening 0, or run without CUDA graphs",
           i, g, o.dampening());
@@ -320,4 +320,4 @@ template class FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions, torc
 template class FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>;
 
 }  // namespace fused_impl
-}  // namespace ember::train
+}  // namespace ember::optim
