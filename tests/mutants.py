@@ -246,8 +246,8 @@ MUTANTS = (
            ("ember_tests",), r"RunFolder\.",
            "a resume may change exactly the keys declared kMustMatch: a new data order is accepted, a new log interval refused"),
     Mutant("prune_eval_on_val_for_test", "lib/src/prune/callback.cpp",
-           "      eval_loader = task.test_loader();\n",
-           "      eval_loader = task.val_loader();\n",
+           "    case EvalSplit::kTest:\n      return task.test_loader();\n",
+           "    case EvalSplit::kTest:\n      return task.val_loader();\n",
            ("ember_tests",), r"PruningCallback\.",
            "prune.eval=test evaluates the pruned model on the validation data"),
 )
