@@ -202,8 +202,8 @@ std::string image_size_of(const uint8_t* p, size_t n, int64_t* width, int64_t* h
 }
 
 std::string bound_refusal(const uint8_t* p, size_t n, int64_t max_pixels) {
-  const std::string format = content_format(p, n);
-  if (format != "JPEG" && format != "PNG" && format != "BMP") {
+  const std::string format = content_format(p, n);         // a name, for the messages
+  if (!is_bmp(p, n) && !is_jpeg(p, n) && !is_png(p, n)) {  // as content_format tells them apart
     std::string first;
     for (size_t i = 0; i < std::min<size_t>(n, 8); ++i) first += fmt::format(" {:02X}", p[i]);
     return fmt::format(

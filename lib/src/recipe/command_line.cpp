@@ -21,9 +21,11 @@ CommandLine parse_command_line(int argc, char** argv) {
       cl.config_file = arg.substr(9);
     } else if (arg == "--measure" || arg == "--find-batch-size" || arg == "--find-lr") {
       EMBER_CHECK_KIND(kConfig, i + 1 < argc, "{} needs the JSON file to write", arg);
-      EMBER_CHECK_KIND(kConfig, cl.tool.empty(), "{}: only one of --measure, --find-batch-size, --find-lr",
-                       arg);
-      cl.tool = arg.substr(2);
+      EMBER_CHECK_KIND(kConfig, cl.tool == Tool::kNone,
+                       "{}: only one of --measure, --find-batch-size, --find-lr", arg);
+      cl.tool = arg == "--measure"   ? Tool::kMeasure
+                : arg == "--find-lr" ? Tool::kFindLr
+                                     : Tool::kFindBatchSize;
       cl.tool_out = argv[++i];
     } else if (arg.rfind("--", 0) == 0) {
       ember::detail::fail(ErrorKind::kConfig, "unknown option {} (try --help)", arg);

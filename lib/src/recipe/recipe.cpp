@@ -193,7 +193,8 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     config.validate();  // every value, before the run folder, the data and the process group
     // The config is complete: nothing writes into it from here on; what the
     // runner decides goes to the RunContext.
-    if (cl.tool.empty() || cl.check) detail::check_before_work(spec, config, dist::launch_env().world_size);
+    if (cl.tool == detail::Tool::kNone || cl.check)
+      detail::check_before_work(spec, config, dist::launch_env().world_size);
     if (cl.check) {
       std::cout << spec.name << ": config ok\n";
       return 0;
@@ -214,7 +215,7 @@ int run_recipe(int argc, char** argv, const RecipeSpec& spec) {
     return status;
   };
   try {
-    if (!command_line.tool.empty()) return detail::run_tool(spec, config, command_line);
+    if (command_line.tool != detail::Tool::kNone) return detail::run_tool(spec, config, command_line);
     return train_recipe(spec, config, started);
   } catch (const Error& e) {
     print_error(e.what());

@@ -17,14 +17,22 @@
 
 namespace ember::recipe::detail {
 
+/// What a recipe's process does instead of training (tools.cpp).
+enum class Tool {
+  kNone,           ///< train
+  kMeasure,        ///< --measure: what `tools/ember plan` plans from
+  kFindBatchSize,  ///< --find-batch-size
+  kFindLr,         ///< --find-lr
+};
+
 /// RECIPE [--config FILE] [--help] [--check] [--measure|--find-batch-size|--find-lr FILE] [key=value ...];
 /// a bad command line is a config error.
 struct CommandLine {
   std::string config_file;  ///< "" = the recipe's default config
   std::vector<std::string> overrides;
   bool help = false;
-  bool check = false;    ///< --check: validate the config (check_before_work), do nothing else
-  std::string tool;      ///< "" = train; else "measure", "find-batch-size" or "find-lr" (tools.cpp)
+  bool check = false;  ///< --check: validate the config (check_before_work), do nothing else
+  Tool tool = Tool::kNone;
   std::string tool_out;  ///< the JSON file the tool writes
 };
 CommandLine parse_command_line(int argc, char** argv);

@@ -896,10 +896,17 @@ void declare_tool_keys(core::Config& c) {
 }
 
 int run_tool(const RecipeSpec& spec, core::Config& config, const CommandLine& cl) {
-  if (cl.tool == "measure") return measure(spec, config, cl.tool_out);
-  if (cl.tool == "find-batch-size") return find_batch_size(spec, config, cl.tool_out);
-  if (cl.tool == "find-lr") return find_lr(spec, config, cl.tool_out);
-  ember::detail::fail(ErrorKind::kConfig, "unknown tool --{}", cl.tool);
+  switch (cl.tool) {
+    case Tool::kMeasure:
+      return measure(spec, config, cl.tool_out);
+    case Tool::kFindBatchSize:
+      return find_batch_size(spec, config, cl.tool_out);
+    case Tool::kFindLr:
+      return find_lr(spec, config, cl.tool_out);
+    case Tool::kNone:
+      break;
+  }
+  ember::detail::fail("[recipe] run_tool called without a tool (the runner trains instead)");
 }
 
 }  // namespace ember::recipe::detail

@@ -84,9 +84,49 @@ std::string short_what(const std::exception& e) {
 
 // The parameters of the optimizer state saved in an optimizer archive:
 // the state key (a TensorImpl address at save time) of parameter j of group i.
+// The kind of optimizer whose state a checkpoint holds, and this run's.
+enum class StateKind { kUnknown, kSgd, kAdam, kAdamW, kAdamOrAdamW, kRmsprop, kAdagrad, kLbfgs };
+
+// The name written in a checkpoint ("optimizer") and shown in messages.
+const char* to_string(StateKind kind) {
+  switch (kind) {
+    case StateKind::kSgd:
+      return "sgd";
+    case StateKind::kAdam:
+      return "adam";
+    case StateKind::kAdamW:
+      return "adamw";
+    case StateKind::kAdamOrAdamW:  // a checkpoint from before issue 29: Adam's and AdamW's options look alike
+      return "adam or adamw";
+    case StateKind::kRmsprop:
+      return "rmsprop";
+    case StateKind::kAdagrad:
+      return "adagrad";
+    case StateKind::kLbfgs:
+      return "lbfgs";
+    case StateKind::kUnknown:
+      break;
+  }
+  return "";
+}
+
+// A checkpoint's "optimizer" name read back; kUnknown for one Ember never writes.
+StateKind parse_state_kind(const std::string& name) {
+  for (const StateKind k : {StateKind::kSgd, StateKind::kAdam, StateKind::kAdamW, StateKind::kRmsprop,
+                            StateKind::kAdagrad, StateKind::kLbfgs})
+    if (name == to_string(k)) return k;
+  return StateKind::kUnknown;
+}
+
+// Whether state saved by a `was` optimizer loads into a `now` one (unknown: not decided here).
+bool same_state_kind(StateKind was, StateKind now) {
+  if (was == StateKind::kUnknown || now == StateKind::kUnknown || was == now) return true;
+  return was == StateKind::kAdamOrAdamW && (now == StateKind::kAdam || now == StateKind::kAdamW);
+}
+
 struct SavedGroups {
   std::vector<std::vector<std::string>> keys;  // [group][parameter]
-  std::string kind;                            // "sgd", "adam or adamw", ... ; "" if unknown
+  StateKind kind = StateKind::kUnknown;        // by the first group's option fields
 };
 
 SavedGroups saved_groups(torch::serialize::InputArchive& optim) {
@@ -107,13 +147,13 @@ SavedGroups saved_groups(torch::serialize::InputArchive& optim) {
       if (i == 0 && group.try_read("options", options)) {  // the fields each kind's options serialize
         c10::IValue v;
         if (options.try_read("nesterov", v))
-          out.kind = "sgd";
+          out.kind = StateKind::kSgd;
         else if (options.try_read("betas", v))
-          out.kind = "adam or adamw";
+          out.kind = StateKind::kAdamOrAdamW;
         else if (options.try_read("centered", v))
-          out.kind = "rmsprop";
+          out.kind = StateKind::kRmsprop;
         else if (options.try_read("lr_decay", v))
-          out.kind = "adagrad";
+          out.kind = StateKind::kAdagrad;
       }
     }
     out.keys.push_back(std::move(keys));
@@ -165,18 +205,18 @@ std::string content_problem(torch::serialize::InputArchive& root,
   return "";
 }
 
-// "sgd", "adam", "adamw", ... : the kind of `optimizer`, by its options' type
-// (Ember's fused optimizers share LibTorch's options and state).
-std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
-  if (optimizer.param_groups().empty()) return "";
+// The kind of `optimizer`, by its options' type (Ember's fused optimizers
+// share LibTorch's options and state).
+StateKind optimizer_kind(const torch::optim::Optimizer& optimizer) {
+  if (optimizer.param_groups().empty()) return StateKind::kUnknown;
   const torch::optim::OptimizerOptions* o = &optimizer.param_groups().front().options();
-  if (dynamic_cast<const torch::optim::SGDOptions*>(o)) return "sgd";
-  if (dynamic_cast<const torch::optim::AdamWOptions*>(o)) return "adamw";
-  if (dynamic_cast<const torch::optim::AdamOptions*>(o)) return "adam";
-  if (dynamic_cast<const torch::optim::RMSpropOptions*>(o)) return "rmsprop";
-  if (dynamic_cast<const torch::optim::AdagradOptions*>(o)) return "adagrad";
-  if (dynamic_cast<const torch::optim::LBFGSOptions*>(o)) return "lbfgs";
-  return "";
+  if (dynamic_cast<const torch::optim::SGDOptions*>(o)) return StateKind::kSgd;
+  if (dynamic_cast<const torch::optim::AdamWOptions*>(o)) return StateKind::kAdamW;
+  if (dynamic_cast<const torch::optim::AdamOptions*>(o)) return StateKind::kAdam;
+  if (dynamic_cast<const torch::optim::RMSpropOptions*>(o)) return StateKind::kRmsprop;
+  if (dynamic_cast<const torch::optim::AdagradOptions*>(o)) return StateKind::kAdagrad;
+  if (dynamic_cast<const torch::optim::LBFGSOptions*>(o)) return StateKind::kLbfgs;
+  return StateKind::kUnknown;
 }
 
 // "momentum 0.9 -> 0.5" for each option other than the rate that differs
@@ -353,7 +393,7 @@ constexpr const char* kRequiredKey = "ember.required";
 void write_fit_state(torch::serialize::OutputArchive& out, const FitState& s,
                      const torch::optim::Optimizer& optimizer) {
   out.write("format", torch::IValue(int64_t{1}));
-  out.write("optimizer", torch::IValue(optimizer_kind(optimizer)));
+  out.write("optimizer", torch::IValue(std::string(to_string(optimizer_kind(optimizer)))));
   out.write("epoch", torch::IValue(s.epoch));
   out.write("batch", torch::IValue(s.batch));
   out.write("global_step", torch::IValue(s.global_step));
@@ -425,14 +465,15 @@ void check_optimizer_state_fits(const std::string& path, const torch::optim::Opt
                  "(optim.*, as in its run's config.toml), or start a fresh run in another run.dir",
                  path, what);
   };
-  const std::string now = optimizer_kind(optimizer);
+  const StateKind now = optimizer_kind(optimizer);
   const SavedGroups saved = saved_groups(optim);
   c10::IValue kind;  // written since issue 29; before, only the options' fields tell (adam = adamw)
-  const std::string was =
-      trainer_state.try_read("optimizer", kind) && kind.isString() ? kind.toStringRef() : saved.kind;
-  const bool same_kind = was == now || (was == "adam or adamw" && (now == "adam" || now == "adamw"));
-  if (!was.empty() && !now.empty() && !same_kind)
-    refuse(fmt::format("holds the state of a {} optimizer; this run's is {} (optim.name)", was, now));
+  const StateKind was = trainer_state.try_read("optimizer", kind) && kind.isString()
+                            ? parse_state_kind(kind.toStringRef())
+                            : saved.kind;
+  if (!same_state_kind(was, now))
+    refuse(fmt::format("holds the state of a {} optimizer; this run's is {} (optim.name)", to_string(was),
+                       to_string(now)));
   const auto& groups = optimizer.param_groups();
   if (saved.keys.size() != groups.size())
     refuse(
