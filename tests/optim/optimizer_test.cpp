@@ -144,3 +144,21 @@ TEST(OptimKeys, DeclaredAloneReadBackIntoAnOptimizerAndASchedule) {
   c.set_override("optim.name=lion");
   EXPECT_THROW(c.validate(), Error) << "an unknown optimizer is a config error at validation";
 }
+
+// declare_trainer_keys takes the schedule's defaults from its TrainerOptions,
+// as it does every other key's (it declared EpochScheduleOptions()'s whatever
+// the caller gave).
+TEST(OptimKeys, TheTrainersScheduleDefaultsComeFromItsOptions) {
+  core::Config c;
+  train::declare_trainer_keys(
+      c, train::TrainerOptions().epoch_schedule(
+             optim::EpochScheduleOptions()
+                 .shape(optim::ScheduleOptions().kind(optim::ScheduleKind::kCosine).min_factor(0.05))
+                 .warmup_epochs(2)));
+  EXPECT_EQ(c.get_string("sched.name"), "cosine");
+  EXPECT_DOUBLE_EQ(c.get_float("sched.warmup_epochs"), 2.0);
+  EXPECT_DOUBLE_EQ(c.get_float("sched.min_factor"), 0.05);
+  core::Config plain;
+  train::declare_trainer_keys(plain);
+  EXPECT_EQ(plain.get_string("sched.name"), "constant") << "no schedule given: EpochScheduleOptions()'s";
+}

@@ -57,7 +57,7 @@ void declare_trainer_keys(core::Config& c, const TrainerOptions& d,
 
   optim::declare_optimizer_keys(c, d.optimizer());
   // Lengths in epochs (EpochScheduleOptions): Trainer::fit turns them into steps.
-  optim::declare_schedule_keys(c);
+  optim::declare_schedule_keys(c, d.epoch_schedule().value_or(optim::EpochScheduleOptions()));
 
   const EarlyStoppingOptions e = es.value_or(EarlyStoppingOptions());
   c.declare("early_stop.patience", es ? e.patience() : int64_t{0},
