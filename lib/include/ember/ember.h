@@ -25,6 +25,7 @@
 #include "ember/dist/distribution.h"
 #include "ember/dist/keys.h"
 #include "ember/dist/process_group.h"
+#include "ember/dist/sharding.h"
 #include "ember/models/char_gpt.h"
 #include "ember/models/cifar_resnet.h"
 #include "ember/models/fashion_net.h"

@@ -19,6 +19,9 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
   c.declare("dist.bucket_cap_mb", d.bucket_cap_mb().value_or(0.0),
             "gradient all-reduce bucket size in MiB (0 = PyTorch's: 25 MiB, the first bucket 1 MiB)",
             Bounds::between(0, 1 << 16));
+  c.declare("dist.sharding", std::string(to_string(Sharding::kNone)),
+            "what each rank keeps 1/N of: none (plain DDP), optimizer (its state, ZeRO-1), gradients (+ "
+            "gradients, ZeRO-2), parameters (+ the model's blocks' parameters, ZeRO-3)");
   c.declare("dist.find_unused_parameters", d.find_unused_parameters(),
             "allow parameters that get no gradient in a step (slower)");
   c.declare("dist.broadcast_buffers", d.broadcast_buffers(),
@@ -30,6 +33,7 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
             Bounds::between(0, (1 << 20) - 1), core::OnResume::kMayChange);
   c.add_check([](const core::Config& config) {
     ddp_options_from_config(config);
+    sharding_options_from_config(config);
     process_group_options_from_config(config, torch::kCPU);  // dist.backend's name
     EMBER_CHECK_KIND(kConfig, config.get_int("dist.rank") < config.get_int("dist.world_size"),
                      "[dist] dist.rank={} must be below dist.world_size={}", config.get_int("dist.rank"),
@@ -43,6 +47,13 @@ DdpOptions ddp_options_from_config(const core::Config& c) {
   if (cap != 0) o.bucket_cap_mb(cap);
   return o.find_unused_parameters(c.get_bool("dist.find_unused_parameters"))
       .broadcast_buffers(c.get_bool("dist.broadcast_buffers"));
+}
+
+ShardingOptions sharding_options_from_config(const core::Config& c) {
+  ShardingOptions o;
+  o.stage(c.get_parsed("dist.sharding", parse_sharding));
+  if (const double cap = c.get_float("dist.bucket_cap_mb"); cap != 0) o.bucket_cap_mb(cap);
+  return o.broadcast_buffers(c.get_bool("dist.broadcast_buffers"));
 }
 
 ProcessGroupOptions process_group_options_from_config(const core::Config& c, const torch::Device& device) {

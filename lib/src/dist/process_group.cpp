@@ -395,6 +395,73 @@ void ProcessGroup::broadcast_(torch::Tensor& tensor, int64_t src) {
   collective("broadcast", [&] { pg_->broadcast(t, o)->wait(); });
 }
 
+ProcessGroup::Pending& ProcessGroup::Pending::operator=(Pending&& other) noexcept {
+  if (this != &other) {
+    if (work_) {
+      try {
+        work_->wait();
+      } catch (const std::exception&) {
+      }
+    }
+    group_ = other.group_;
+    what_ = other.what_;
+    work_ = std::move(other.work_);
+  }
+  return *this;
+}
+
+ProcessGroup::Pending::~Pending() {
+  if (!work_) return;
+  try {
+    work_->wait();  // the work writes into tensors its caller is about to free
+  } catch (const std::exception&) {
+  }
+}
+
+void ProcessGroup::Pending::wait() {
+  if (!work_) return;
+  const c10::intrusive_ptr<c10d::Work> work = std::move(work_);
+  group_->collective(what_, [&] { work->wait(); });
+}
+
+namespace {
+c10d::ReduceOp reduce_op(ProcessGroup::Reduce op) {
+  return c10d::ReduceOp(op == ProcessGroup::Reduce::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM);
+}
+}  // namespace
+
+ProcessGroup::Pending ProcessGroup::start_all_reduce(torch::Tensor& tensor, Reduce op) {
+  std::vector<torch::Tensor> t{tensor};
+  c10d::AllreduceOptions o;
+  o.reduceOp = reduce_op(op);
+  c10::intrusive_ptr<c10d::Work> work;
+  collective("all-reduce", [&] { work = pg_->allreduce(t, o); });
+  return Pending(this, "all-reduce", std::move(work));
+}
+
+ProcessGroup::Pending ProcessGroup::start_reduce_scatter(torch::Tensor& output, torch::Tensor& input,
+                                                         Reduce op) {
+  EMBER_CHECK(input.is_contiguous() && output.is_contiguous() && input.numel() == output.numel() * size_,
+              "[dist::ProcessGroup] reduce-scatter of {} elements into {} on {} ranks: the input must be "
+              "world_size times the output, both contiguous",
+              input.numel(), output.numel(), size_);
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = reduce_op(op);
+  c10::intrusive_ptr<c10d::Work> work;
+  collective("reduce-scatter", [&] { work = pg_->_reduce_scatter_base(output, input, o); });
+  return Pending(this, "reduce-scatter", std::move(work));
+}
+
+ProcessGroup::Pending ProcessGroup::start_all_gather(torch::Tensor& output, torch::Tensor& input) {
+  EMBER_CHECK(input.is_contiguous() && output.is_contiguous() && output.numel() == input.numel() * size_,
+              "[dist::ProcessGroup] all-gather of {} elements into {} on {} ranks: the output must be "
+              "world_size times the input, both contiguous",
+              input.numel(), output.numel(), size_);
+  c10::intrusive_ptr<c10d::Work> work;
+  collective("all-gather", [&] { work = pg_->_allgather_base(output, input, c10d::AllgatherOptions{}); });
+  return Pending(this, "all-gather", std::move(work));
+}
+
 void ProcessGroup::barrier() {
   collective("barrier", [&] { pg_->barrier()->wait(); });
 }

@@ -289,7 +289,7 @@ int64_t FusedAdamBase<Base, Options, State>::state_tensor_count() const {
 }
 
 template <typename Base, typename Options, typename State>
-void FusedAdamBase<Base, Options, State>::save(torch::serialize::OutputArchive& archive) const {
+void FusedAdamBase<Base, Options, State>::write_step_counts() const {
   // LibTorch's format keeps the count on the host; bring it up to date (the
   // states are this optimizer's own, so writing them here is logically const),
   // with one read of the device.
@@ -307,7 +307,18 @@ void FusedAdamBase<Base, Options, State>::save(torch::serialize::OutputArchive& 
     for (size_t i = 0; i < entry.first.size(); ++i)
       static_cast<State&>(*this->state_.find(entry.first[i])->second).step(static_cast<int64_t>(v[i]));
   }
+}
+
+template <typename Base, typename Options, typename State>
+void FusedAdamBase<Base, Options, State>::save(torch::serialize::OutputArchive& archive) const {
+  write_step_counts();
   Base::save(archive);
+}
+
+template <typename Base, typename Options, typename State>
+void FusedAdamBase<Base, Options, State>::settle_state() {
+  write_step_counts();
+  steps_.clear();  // made again from AdamParamState::step() at the next step
 }
 
 template <typename Base, typename Options, typename State>

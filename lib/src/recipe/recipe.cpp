@@ -114,9 +114,14 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   if (auto es = train::early_stopping_options_from_config(config))
     trainer.add_callback(std::make_shared<train::EarlyStopping>(*es));
   if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config, ctx);
-  if (p.group)  // last: after callbacks that change the model (pruning)
-    trainer.add_callback(
-        std::make_shared<dist::DistributedDataParallel>(p.group, dist::ddp_options_from_config(config)));
+  if (p.group) {  // last: after callbacks that change the model (pruning)
+    const dist::ShardingOptions sharding = dist::sharding_options_from_config(config);
+    if (sharding.stage() == dist::Sharding::kNone)
+      trainer.add_callback(
+          std::make_shared<dist::DistributedDataParallel>(p.group, dist::ddp_options_from_config(config)));
+    else
+      trainer.add_callback(std::make_shared<dist::ShardedDataParallel>(p.group, sharding));
+  }
 
   if (p.writer())
     std::cerr << fmt::format(

@@ -377,10 +377,10 @@ struct Measurement {
   int64_t speed_batch = 0;   // the batch timed: the largest that fits the host when batch does not
   int64_t steps = 0;         // plan.steps per memory probe
   int64_t cap = 0;           // bytes of tensors the CPU measurement may hold (0: no limit)
-  std::string cap_source;    // where cap came from, for messages
+  std::string cap_source{};  // where cap came from, for messages
   int64_t held = 0;          // bytes the built task holds (model, buffers, resident data)
   int64_t param_bytes = 0;
-  nlohmann::json j;  // the report
+  nlohmann::json j{};  // the report
 };
 
 /// The report's first fields: what is measured, where, and the run's settings.

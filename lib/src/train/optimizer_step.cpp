@@ -7,7 +7,7 @@ namespace ember::train {
 
 OptimizerStep::OptimizerStep(const FitPlan& plan, torch::optim::Optimizer& optimizer, amp::GradScaler* scaler,
                              DeviceSteps* device_steps, std::vector<torch::Tensor> params,
-                             double clip_grad_norm, std::function<void(torch::optim::Optimizer&)> hooks)
+                             double clip_grad_norm, Hooks hooks)
     : optimizer_(optimizer),
       scaler_(scaler),
       device_steps_(device_steps),
@@ -19,8 +19,9 @@ OptimizerStep::OptimizerStep(const FitPlan& plan, torch::optim::Optimizer& optim
 StepTaken OptimizerStep::operator()() {
   StepTaken taken;
   if (scaler_) scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch
-  if (max_grad_norm_ > 0) optim::clip_grad_norm_(params_, max_grad_norm_);
-  hooks_(optimizer_);
+  if (max_grad_norm_ > 0 && !(hooks_.clip && hooks_.clip(max_grad_norm_)))
+    optim::clip_grad_norm_(params_, max_grad_norm_);
+  hooks_.before_step(optimizer_);
   if (scaler_ && sync_free_) {
     taken.skip_flag = scaler_->step_async(optimizer_);  // decided on the device
     scaler_->update();

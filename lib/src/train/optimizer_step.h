@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "ember/amp/grad_scaler.h"
@@ -32,12 +33,19 @@ struct StepTaken {
 
 class OptimizerStep {
  public:
-  /// The hooks run the callbacks' on_before_optimizer_step. `scaler` and
-  /// `device_steps` may be null (no loss scaling; rates on the host); all
-  /// outlive the step.
+  /// The callbacks' part of a step.
+  struct Hooks {
+    /// Clips by the global norm when a callback holds the gradients in shards
+    /// (Callback::clip_grad_norm); nullopt: the step clips `params` itself.
+    std::function<std::optional<torch::Tensor>(double max_norm)> clip;
+    /// The callbacks' on_before_optimizer_step.
+    std::function<void(torch::optim::Optimizer&)> before_step;
+  };
+  /// `scaler` and `device_steps` may be null (no loss scaling; rates on the
+  /// host); all outlive the step.
   OptimizerStep(const FitPlan& plan, torch::optim::Optimizer& optimizer, amp::GradScaler* scaler,
                 DeviceSteps* device_steps, std::vector<torch::Tensor> params, double clip_grad_norm,
-                std::function<void(torch::optim::Optimizer&)> hooks);
+                Hooks hooks);
 
   StepTaken operator()();
 
@@ -48,7 +56,7 @@ class OptimizerStep {
   std::vector<torch::Tensor> params_;
   double max_grad_norm_;
   bool sync_free_;
-  std::function<void(torch::optim::Optimizer&)> hooks_;
+  Hooks hooks_;
 };
 
 }  // namespace ember::train

@@ -338,11 +338,17 @@ std::unique_ptr<Trainer::Fit> Trainer::begin_fit(Task& task) {
   f->watch.emplace(plan.graph ? divergence::DivergenceWatch::Record::kTensorOps
                               : divergence::DivergenceWatch::Record::kAuto);
   f->params = optim::trainable_parameters(*f->model);
-  f->step =
-      std::make_unique<OptimizerStep>(plan, *optimizer_, grad_scaler_.get(), device_steps_.get(), f->params,
-                                      options_.clip_grad_norm(), [this](torch::optim::Optimizer& o) {
-                                        for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, o);
-                                      });
+  OptimizerStep::Hooks hooks;
+  hooks.clip = [this](double max_norm) -> std::optional<torch::Tensor> {
+    for (auto& cb : callbacks_)
+      if (auto norm = cb->clip_grad_norm(*this, max_norm)) return norm;
+    return std::nullopt;
+  };
+  hooks.before_step = [this](torch::optim::Optimizer& o) {
+    for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, o);
+  };
+  f->step = std::make_unique<OptimizerStep>(plan, *optimizer_, grad_scaler_.get(), device_steps_.get(),
+                                            f->params, options_.clip_grad_norm(), std::move(hooks));
   // Every process must continue from the same point (a rank that found another
   // checkpoint, or none, would drift silently) with as many batches per epoch
   // (else the epoch-end sums would wait forever).
@@ -587,6 +593,7 @@ void Trainer::check_step_anomaly(Fit& f, const torch::Tensor& loss) {
 }
 
 void Trainer::checkpoint_now(Fit& f) {  // after check_divergence(): the loss is read once per save
+  for (auto& cb : callbacks_) cb->on_checkpoint_gather(*this);
   // The writer refuses to save non-finite weights (kDiverged). The replicas
   // of a data-parallel run are identical: every rank checks and stops with it.
   const Distribution& dist = *options_.distribution();
@@ -597,6 +604,7 @@ void Trainer::checkpoint_now(Fit& f) {  // after check_divergence(): the loss is
     last_checkpoint_ = writers;  // what the writer saved now: every rank's diagnosis names it
   }
   if (!f.plan.checkpoint_path.empty()) save_checkpoint(f.plan.checkpoint_path);
+  for (auto& cb : callbacks_) cb->on_checkpoint_written(*this);
 }
 
 EvalResult Trainer::evaluate(Task& task, data::Loader& loader) {

@@ -6,6 +6,7 @@
 #include "ember/core/config.h"
 #include "ember/dist/ddp.h"
 #include "ember/dist/process_group.h"
+#include "ember/dist/sharding.h"
 
 namespace ember::dist {
 
@@ -13,6 +14,8 @@ void declare_dist_keys(core::Config& config, const DdpOptions& ddp = {},
                        const ProcessGroupOptions& group = {});
 
 DdpOptions ddp_options_from_config(const core::Config& config);
+/// dist.sharding (its stage; kNone = plain DDP), dist.bucket_cap_mb, dist.broadcast_buffers.
+ShardingOptions sharding_options_from_config(const core::Config& config);
 /// The group's options for a rank training on `device`.
 ProcessGroupOptions process_group_options_from_config(const core::Config& config,
                                                       const torch::Device& device);

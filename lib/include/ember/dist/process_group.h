@@ -96,6 +96,40 @@ class ProcessGroup {
   void broadcast_(torch::Tensor& tensor, int64_t src);
   void barrier();
 
+  /// How a reduction combines the ranks' values.
+  enum class Reduce { kSum, kMax };
+  /// A collective started and not yet waited for (overlaps with backward).
+  /// wait() throws ember::Error (kDistributed) explaining a failure, as the
+  /// group's blocking collectives do; a Pending never waited for is waited
+  /// for (errors ignored) on destruction, so its tensors outlive the work.
+  class Pending {
+   public:
+    Pending() = default;
+    Pending(Pending&&) noexcept = default;
+    Pending& operator=(Pending&& other) noexcept;
+    ~Pending();
+    void wait();
+    bool started() const { return work_ != nullptr; }
+
+   private:
+    friend class ProcessGroup;
+    Pending(ProcessGroup* group, const char* what, c10::intrusive_ptr<c10d::Work> work)
+        : group_(group), what_(what), work_(std::move(work)) {}
+    ProcessGroup* group_ = nullptr;
+    const char* what_ = "";
+    c10::intrusive_ptr<c10d::Work> work_;
+  };
+  /// Starts an all-reduce of `tensor` in place.
+  Pending start_all_reduce(torch::Tensor& tensor, Reduce op = Reduce::kSum);
+  /// Starts a reduce-scatter: `input` (world_size x output.numel() elements,
+  /// contiguous) is reduced over ranks and this rank receives chunk rank() in
+  /// `output`. Gloo implements it by all-reducing a copy of `input` (correct,
+  /// twice the traffic); NCCL natively.
+  Pending start_reduce_scatter(torch::Tensor& output, torch::Tensor& input, Reduce op = Reduce::kSum);
+  /// Starts an all-gather: every rank's `input` lands in `output` (world_size x
+  /// input.numel() elements, contiguous) at chunk rank. `input` must not alias `output`.
+  Pending start_all_gather(torch::Tensor& output, torch::Tensor& input);
+
   /// Every rank passes its `value` (e.g. a hash of its config); an error on
   /// every rank names the ranks whose value differs from rank 0's, so ranks
   /// started with different settings refuse to train together.

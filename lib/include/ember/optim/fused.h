@@ -72,6 +72,13 @@ class FusedOptimizer : public amp::ScalingAwareOptimizer {
   /// State tensors this optimizer holds now (all parameters, all kinds,
   /// Adam's device step counts included): a step that makes state changes it.
   virtual int64_t state_tensor_count() const = 0;
+  /// Makes Optimizer::state() the whole state: what the optimizer keeps on
+  /// the device per parameter (Adam's step counts) is written into it (one
+  /// read of the device) and forgotten, to be made again from the state at
+  /// the next step. Call it before changing the groups' parameters or their
+  /// state by hand (dist::ShardedDataParallel does): the device copies are
+  /// keyed by parameter.
+  virtual void settle_state() {}
 
  protected:
   std::vector<torch::Tensor> lr_tensors_;
@@ -107,6 +114,7 @@ class FusedAdamBase : public Base, public FusedOptimizer {
   /// the device), then LibTorch's format.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  void settle_state() override;
 
  private:
   // Per parameter (the key of Optimizer::state()): the step count as a 0-dim
@@ -115,6 +123,8 @@ class FusedAdamBase : public Base, public FusedOptimizer {
   // The state of `p` (made when missing) and its step-count tensor.
   State& state_of(const torch::Tensor& p, const Options& o);
   torch::Tensor& step_of(const torch::Tensor& p, const State& st);
+  // Writes the device step counts into the states (one read of the device).
+  void write_step_counts() const;
 };
 }  // namespace fused_impl
 

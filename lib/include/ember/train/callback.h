@@ -18,7 +18,7 @@
 //       at an accumulation boundary (every k-th batch, or the epoch's last):
 //         on_step_phase(kOptimizer)
 //         unscale gradients (fp16-mixed; inf/NaN check, once per effective batch)
-//         clip gradients (if trainer.clip_grad_norm > 0; no host sync)
+//         clip gradients (if trainer.clip_grad_norm > 0; no host sync; clip_grad_norm may take it over)
 //         on_before_optimizer_step      <- gradients are final (unscaled, clipped) here
 //         optimizer.step(), skipped on inf/NaN gradients (fp16-mixed)
 //         loss-scale update (fp16-mixed); zero grads
@@ -30,7 +30,9 @@
 //     validation (every trainer.val_every epochs, if the task has val data)
 //     on_validation_end                 <- validation metrics
 //     checkpoint written (every trainer.checkpoint_every epochs and at a stop)
-//       on_checkpoint_save for each callback, in registration order
+//       on_checkpoint_gather            <- every rank (sharded state made whole)
+//       on_checkpoint_save for each callback, in registration order (the writer)
+//       on_checkpoint_written           <- every rank
 //   on_fit_end                          <- also after a stop request
 // On resume, on_checkpoint_load runs (before on_fit_start) ahead of loading
 // the model's weights and the optimizer state.
@@ -47,6 +49,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace ember::train {
@@ -139,6 +142,14 @@ class Callback {
     default_hooks_ |= kOptimizerHook;
   }
   virtual void on_step_end(Trainer& trainer, const StepInfo& info) {}
+  /// Clipping by the global norm (trainer.clip_grad_norm > 0), in the
+  /// optimizer step after unscaling: a callback that holds each rank's share
+  /// of the gradients (dist::ShardedDataParallel) clips them itself, by the
+  /// norm over all ranks, and returns that norm; the first callback that
+  /// returns one replaces the loop's own clipping. Default: nullopt.
+  virtual std::optional<torch::Tensor> clip_grad_norm(Trainer& trainer, double max_norm) {
+    return std::nullopt;
+  }
   virtual void on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& train) {}
   virtual void on_validation_end(Trainer& trainer, int64_t epoch, const EvalResult& val) {}
   virtual void on_fit_end(Trainer& trainer) {}
@@ -149,6 +160,13 @@ class Callback {
   /// loaded, so a callback can give the freshly built model the checkpoint's
   /// architecture (pruning does).
   virtual void on_checkpoint_load(Trainer& trainer, torch::serialize::InputArchive& archive) {}
+  /// On every rank, around each checkpoint the loop writes (the writer saves
+  /// between the two; on_checkpoint_save runs there): a callback that keeps
+  /// the model or the optimizer in shards across ranks makes them whole for
+  /// the writer in on_checkpoint_gather (a collective) and puts its shards
+  /// back in on_checkpoint_written.
+  virtual void on_checkpoint_gather(Trainer& trainer) {}
+  virtual void on_checkpoint_written(Trainer& trainer) {}
   /// Whether a checkpoint holding this callback's state can be resumed only
   /// with the callback registered: true when the state changes the model (a
   /// pruning plan reshapes it before the weights load). The checkpoint records

@@ -204,6 +204,8 @@ class Trainer {
 
   /// Registers a callback; callbacks run in registration order.
   Trainer& add_callback(std::shared_ptr<Callback> callback);
+  /// The callbacks registered, in order.
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
 
   /// Trains `task` for options().epochs (resuming first if options().resume says so).
   FitResult fit(Task& task);

@@ -1,0 +1,127 @@
+#pragma once
+// Sharded data parallelism (ZeRO stages 1-3, FSDP-style) on c10d: each of N
+// ranks keeps 1/N of what plain DDP replicates, chosen by one option:
+//
+//   Sharding::kOptimizer  (ZeRO-1) the optimizer state: each rank steps only
+//       its shard of the parameters; gradients are all-reduced as in DDP and
+//       the updated shards all-gathered after the step.
+//   Sharding::kGradients  (ZeRO-2) also the gradients: each bucket's gradients
+//       are reduce-scattered as soon as backward has produced them (the
+//       collective overlaps the rest of backward) and each rank keeps the
+//       sum for its shard only. With accumulation every micro-batch is
+//       reduced (the full gradients are never kept), unlike DDP's no_sync.
+//   Sharding::kParameters (ZeRO-3) also the parameters of the model's blocks
+//       (a core::BlockModel: CharGpt, CifarResNet): a block's full parameters
+//       are all-gathered just before its forward, freed after it, gathered
+//       again just before its backward and freed once its gradients are
+//       reduced. Parameters outside the blocks (embeddings, the head) stay
+//       whole, as with kGradients.
+//
+// How: the parameters are laid out in units (buckets of about bucket_cap_mb,
+// or one unit per block for kParameters), each one flat buffer padded to a
+// multiple of N; rank r owns the r-th 1/N of every unit. The optimizer the
+// Trainer built keeps its type, groups and options (the schedule still sets
+// its rates), but from on_fit_start to on_fit_end its parameters are this
+// rank's pieces of the model's parameters (1-D views into the shard) with
+// their state sliced alike. That works for optimizers whose state is
+// elementwise: SGD, Adam, AdamW (Ember's fused ones too), RMSprop, Adagrad.
+//
+// Exactly as DDP: rank 0's parameters and buffers are broadcast at the start;
+// gradients are averaged over ranks; trainer.clip_grad_norm clips by the
+// global norm over every rank's shard (this callback computes it); with
+// fp16-mixed the GradScaler's inf/NaN flags are max-reduced so every rank
+// skips the same steps; batch-norm statistics come from rank 0.
+//
+// Checkpoints hold no shards: around each checkpoint the writer gathers the
+// whole model and the optimizer state of every parameter, in LibTorch's own
+// format. A sharded run's checkpoint therefore resumes at any world size,
+// with or without sharding, and exports as one model file; the cost is the
+// whole state passing through rank 0 at each save. After fit the model and
+// the optimizer are whole again on every rank.
+//
+// Limits (each refused with its reason): CUDA graphs; pruning (it resizes
+// parameters that live in shards); a parameter the optimizer does not hold,
+// or an optimizer whose state is not elementwise. A parameter that gets no
+// gradient in a step counts as a zero gradient (its piece still steps, as
+// with weight decay under DDP's find_unused_parameters).
+//
+//   trainer.add_callback(std::make_shared<dist::ShardedDataParallel>(
+//       group, dist::ShardingOptions().stage(dist::Sharding::kGradients)));
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ember/dist/process_group.h"
+#include "ember/train/callback.h"
+
+namespace ember::dist {
+
+enum class Sharding {
+  kNone,        ///< plain DDP: everything replicated
+  kOptimizer,   ///< ZeRO-1: optimizer state sharded
+  kGradients,   ///< ZeRO-2: + gradients
+  kParameters,  ///< ZeRO-3: + the blocks' parameters
+};
+/// "none", "optimizer", "gradients", "parameters"; anything else is a config error listing them.
+Sharding parse_sharding(const std::string& name);
+const char* to_string(Sharding sharding);
+
+struct ShardingOptions {
+  TORCH_ARG(Sharding, stage) = Sharding::kOptimizer;
+  /// Unit (bucket) size in MiB: parameters are grouped into units of about
+  /// this size, each reduced as one collective (kParameters: one unit per
+  /// block, plus units of this size for the parameters outside the blocks).
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  /// Batch-norm statistics from rank 0 before each step's first forward and at epoch ends.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+};
+
+/// Bytes this rank holds for training, by kind (the benchmark and tests count them).
+struct ShardedBytes {
+  int64_t parameters = 0;       ///< model parameters resident between steps (whole or shard)
+  int64_t gradients = 0;        ///< gradient buffers kept between steps
+  int64_t optimizer_state = 0;  ///< the optimizer's state tensors
+};
+
+class ShardedDataParallel : public train::Callback {
+ public:
+  ShardedDataParallel(std::shared_ptr<ProcessGroup> group, ShardingOptions options = {});
+  ~ShardedDataParallel() override;
+
+  std::string name() const override { return "sharded_data_parallel"; }
+  void on_fit_start(train::Trainer& trainer) override;
+  void on_epoch_start(train::Trainer& trainer, int64_t epoch) override;
+  void on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) override;
+  void on_before_backward(train::Trainer& trainer, const train::StepOutput& out,
+                          const train::MicroBatch& micro) override;
+  std::optional<torch::Tensor> clip_grad_norm(train::Trainer& trainer, double max_norm) override;
+  void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;
+  void on_step_end(train::Trainer& trainer, const train::StepInfo& info) override;
+  void on_epoch_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& train) override;
+  void on_checkpoint_gather(train::Trainer& trainer) override;
+  void on_checkpoint_written(train::Trainer& trainer) override;
+  void on_fit_end(train::Trainer& trainer) override;
+
+  const ShardingOptions& options() const { return options_; }
+  /// What this rank holds now (during fit: its shards).
+  ShardedBytes resident_bytes() const;
+  /// The units in layout order: their parameters (indices into the model's
+  /// trainable parameters, optim::trainable_parameters) and padded elements.
+  std::vector<std::pair<std::vector<size_t>, int64_t>> units() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  ShardingOptions options_;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace ember::dist
