@@ -509,7 +509,8 @@ class Plans(unittest.TestCase):
         self.assertFalse(eight["pays"])
         self.assertAlmostEqual(eight["speedup"], 8 * eight["efficiency"])
         rec = result["recommendation"]
-        self.assertEqual(set(rec), {"gpu", "precision", "text", "reasons"})
+        self.assertEqual(set(rec), {"gpu", "precision", "world_size", "sharding", "activation_checkpoint", "text",
+                                    "reasons"})
         self.assertEqual(rec["gpu"], "T4")  # all launch-bound, no prices: the smallest GPU
         self.assertTrue(any("one GPU" in r for r in rec["reasons"]))
 
