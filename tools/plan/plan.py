@@ -1266,10 +1266,12 @@ def activation_models(m, precision):
                                   f"({macs_how}) x {checkpointed_blocks(count or model['every'], model['every'])}"
                                   f"/{count or model['every']} of the blocks per sample")
         elif mode == "light":
-            if base is not None and float(base["per_sample_bytes"]) > model["per_sample_bytes"]:
-                model["recomputed_bytes_per_sample"] = float(base["per_sample_bytes"]) - model["per_sample_bytes"]
+            # What it drops: measured, the difference from no checkpointing; estimated, the share.
+            if not model["estimated"] and base is not None:
+                model["recomputed_bytes_per_sample"] = max(float(base["per_sample_bytes"]) - model["per_sample_bytes"],
+                                                           0.0)
             elif count:
-                inside = float(block_bytes) if block_bytes is not None else model["per_sample_bytes"]
+                inside = float(block_bytes) if block_bytes is not None else float(base["per_sample_bytes"])
                 model["recomputed_bytes_per_sample"] = LIGHT_RECOMPUTED_SHARE * inside
             model["recompute"] = ("the dropped bytes read and written once more at the board's memory bandwidth "
                                   "(hbm_gb_s)")
