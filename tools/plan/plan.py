@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Which GPU to rent for a recipe: memory fit, time and cost per epoch, feeding, data-parallel.
+"""Which GPU to rent for a recipe: memory fit, time and cost per epoch, feeding, data-parallel,
+sharding and activation checkpointing.
 
     tools/ember plan RECIPE [key=value ...] [--price GPU=USD ...]   (measures here, then runs this)
     python3 tools/plan/plan.py MEASURE.json [--gpus tools/plan/gpus.toml] [--price GPU=USD_PER_HOUR ...]
                           [--margin 0.10] [--mfu X] [--runs-dir runs] [--context-gib 0.5]
                           [--step-floor-ms 1] [--launch-us 5] [--graph-launch-us 10] [--kernel-us 2]
                           [--host-ram-gib 16] [--gpu NAME ...]
-                          [--precision P ...] [--json] [--check]
+                          [--precision P ...] [--world-size N] [--sharding S ...]
+                          [--activation-checkpoint M ...] [--link L] [--json] [--check]
     python3 tools/plan/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
+    python3 tools/plan/plan.py m.json --world-size 8 --sharding all --activation-checkpoint all
 
 --price takes a table name (H100-SXM) or a family (H100: every H100 row); an
 exact name wins over its family. --gpu and --precision narrow the rows shown.
@@ -24,7 +27,14 @@ GPU of the table (tools/plan/gpus.toml, editable) and prints:
   2. feeding: host RAM the dataset and loader need, host-to-device and storage
      read rates at the fastest GPU's samples/s;
   3. data-parallel on 2/4/8 GPUs over NVLink, PCIe and networks;
-  4. a one-line recommendation and its reasons.
+  4. sharding and activation checkpointing (shown at --world-size N > 1, or
+     when the measurement allows checkpointing): per GPU, for each dist.sharding
+     stage (--sharding: none, optimizer, gradients, parameters; all by default)
+     and checkpointing mode (--activation-checkpoint: none, full, light), the
+     memory at the config's batch and its parts, the largest batch, the bytes
+     each GPU sends per optimizer step and their time on the link (--link), the
+     step and epoch with recomputation, the cost of a run on N GPUs;
+  5. a one-line recommendation and its reasons.
 --json prints the same as one JSON object (keys below, under "JSON output").
 
 The model (every constant is a flag or a documented default)
@@ -104,6 +114,89 @@ The model (every constant is a flag or a documented default)
                 (it never lowers the cost: n GPUs at efficiency e cost 1/e).
                 When nothing fits the batch: the GPU with the largest batch and
                 the accumulation that keeps the effective batch.
+                With section 4 shown, at --world-size N > 1 (or on one GPU when
+                the plain batch fits none): the same rule over its rows (GPU,
+                precision, stage, mode) with the cost of all N GPUs; equal costs
+                go to less sharding, then less recomputation. None fits the
+                batch: the row with the largest batch, with accumulation. None
+                fits one sample: the least memory there is (ZeRO-3, the mode
+                with the least activations, the largest GPU) and the smallest
+                power-of-two --world-size at which it would fit.
+
+Configurations (section 4; the rows a GPU row can check against its measured peak)
+  One precision per GPU: its row of section 1 with the fastest epoch (ties: the
+  config's own), or each --precision asked. Per GPU at world size N, batch b:
+  memory(b)   = context + buffers [+ resident dataset] + parameters + gradients
+                + optimizer state + gathered + communication buffers + other + b*A_mode
+    state       parameter_bytes, gradient_bytes, optimizer_state_bytes as
+                measured; each stage splits one more of them 1/N: optimizer
+                (ZeRO-1) the optimizer state, gradients (ZeRO-2) also the
+                gradients, parameters (ZeRO-3) also the parameters. Split is
+                bytes/N x N sum(ceil(u/N)) / sum(u) over the pieces u (elements)
+                of sharding.unit_elements: each piece padded to a multiple of N
+                (without them one piece, its padding left out). This reproduces
+                the ZeRO paper's figure 1 (7.5B parameters, 64 GPUs, 2+2+12
+                bytes each: 120, 31.4, 16.6, 1.9 GB).
+    gathered    ZeRO-3 only: sharding.gathered_parameter_bytes; else the
+                GATHER_PREFETCH_UNITS (2) largest pieces: the block running and
+                the next one prefetched, blocks.largest_parameter_bytes each,
+                what lies outside the blocks one more piece; without blocks the
+                whole model (gathered at once).
+    comm buffers  N > 1. DDP and ZeRO-1 all-reduce through DDP's buckets: a copy
+                of the gradients (PyTorch's gradient_as_bucket_view=false; 0 when
+                the measurement says gradient_as_bucket_view true). ZeRO-2/3:
+                the full gradients of one piece before its reduce-scatter,
+                sharding.transient_gradient_bytes, else the largest piece's,
+                else one 25 MiB bucket.
+    other       F_mode - gradient_bytes - optimizer_state_bytes (at least 0):
+                F is taken to hold all gradients and the optimizer state (a
+                step's peak is in backward with the state allocated); the rest
+                of F (workspaces, autocast's weight copies) is not sharded.
+    A_mode      per-sample activation bytes with checkpointing (below).
+  A_mode      none: A as measured. full / light: measured when the measurement
+              has memory.PRECISION.activation_checkpoint.MODE (probes, or F and
+              A); else estimated from "none" and the model's blocks, labelled
+              "estimated", with L = blocks.count, S = block_activation_bytes_per_sample
+              (of A, what the blocks save; absent: all of A), X = block_input_
+              bytes_per_sample (all blocks' inputs), B = largest_block_activation_
+              bytes_per_sample (absent: S / L):
+                full (every block, model.activation_checkpoint_every=1): each
+                  checkpointed block keeps its input instead of what it saves, and
+                  the block recomputed in backward holds its activations again:
+                  A - c S/L + c X/L + B, c = ceil(L / every) blocks checkpointed;
+                light (norms and activations recomputed): the blocks drop the
+                  share s = LIGHT_RECOMPUTED_SHARE (12/34: Korthikanti et al. 2022
+                  count a transformer layer's saved activations as 34 bytes a
+                  token a hidden unit, the layer norms' outputs 4 and the GELU's
+                  output 8) of S, and the block in backward holds its share
+                  again: A - s S + s B.
+              A model without blocks (no core::BlockModel) has only "none" unless
+              measured. Under the graph rule A_mode counts twice, as A does.
+  communication  bytes each GPU sends per optimizer step of a micro-batches, ring
+              collectives ((N-1)/N of the buffer for a reduce-scatter or an
+              all-gather, twice that for an all-reduce); P = the trainable
+              parameters' bytes, G = gradient_bytes:
+                none (DDP)          all-reduce G once per step          = 2 (N-1)/N G
+                optimizer (ZeRO-1)  all-reduce G + all-gather P per step = 2 (N-1)/N G + (N-1)/N P
+                gradients (ZeRO-2)  reduce-scatter G every micro-batch + all-gather P per step
+                                    = a (N-1)/N G + (N-1)/N P (DDP's volume when a = 1 and P = G)
+                parameters (ZeRO-3) every micro-batch: all-gather P before each block's
+                                    forward and again before its backward, reduce-scatter G
+                                    = a (2 (N-1)/N P + (N-1)/N G) (1.5x DDP when a = 1)
+              time = bytes / link bandwidth (per GPU, per direction), no latency
+              term and no overlap with compute: an upper bound. --link auto:
+              NVLink (else the board's PCIe) within a node of GPUS_PER_NODE (8),
+              400G InfiniBand beyond (a ring is as fast as its slowest hop).
+  time        per micro-batch: max(math, step floor) as in section 1, times
+              the recomputation factor of full checkpointing, 1 + 2 M_blocks
+              c/L / train_flops_per_sample (one more forward of the checkpointed
+              blocks: 2 FLOPs a MAC; M_blocks = blocks.forward_macs_per_sample,
+              else forward_macs_per_sample: an upper bound); light adds its
+              dropped bytes read and written once more at the board's hbm_gb_s
+              (norms and activations are memory-bound; their FLOPs do not
+              count). Step = a (micro-batch + its communication) + the step's
+              communication; epoch = ceil(train_samples / (N b)) micro-batches.
+              Cost per run = epochs x epoch x N GPUs x USD per GPU-hour.
 
 MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
   schema 1; recipe; device ("cpu" or "cuda:0"); device_name; threads
@@ -167,6 +260,29 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
              measured_peak_bytes, resident_bytes}: the fit checked at the
              config's batch (plan.verify=true); shown when present; {batch,
              skipped} when that batch does not fit the measuring host
+  Sharding and activation checkpointing (optional; section 4 reads them, and
+  estimates what is missing as "Configurations" says):
+  blocks: {count, parameter_bytes, largest_parameter_bytes,
+           forward_macs_per_sample}: the model's repeated blocks
+                         (core::BlockModel::blocks()): how many; the bytes of the
+                         parameters inside them, all together and the largest
+                         block's; their forward MACs per sample, all together
+  sharding: {unit_elements: [elements, ...], gathered_parameter_bytes,
+             transient_gradient_bytes}: the pieces dist.sharding splits one by
+                         one (each padded to a multiple of N); the parameter
+                         bytes ZeRO-3 holds gathered at its peak besides its
+                         shard; the full gradient bytes ZeRO-2/3 hold before a
+                         reduce-scatter
+  gradient_as_bucket_view (bool, default false): dist.gradient_as_bucket_view
+  activation_checkpoint ("none", "full" or "light"; default "none"),
+  activation_checkpoint_every (k; 0 = off): the measured config's own mode,
+                         which memory.PRECISION's F and A then are
+  memory.PRECISION also: activation_checkpoint: {MODE: {probes, fixed_bytes,
+                         per_sample_bytes, every}} measured with that mode
+                         (fixed_bytes optional: the unchecked F);
+                         block_activation_bytes_per_sample (of A, what the blocks
+                         save), block_input_bytes_per_sample (the blocks' inputs,
+                         all together), largest_block_activation_bytes_per_sample
 
 JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
   "assumptions": {..., step_floor_seconds, step_floor (how), step_launches {cuda_graph,
@@ -179,7 +295,19 @@ JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
   "data_parallel": {rule, gradient_bytes, gpus: [{gpu, precision, step_seconds,
             links: [{link, gb_s, counts: [{n, allreduce_seconds, efficiency,
             speedup, pays}]}]}]},
-  "recommendation": {gpu, precision, text, reasons}, "notes": [...]}
+  "configurations": {shown, world_size, link, shardings, activation_checkpoints,
+            state: {STAGE: {parameters, gradients, optimizer_state, gathered_parameters,
+                    communication_buffers, how, communication: {collectives: [{op, of, per,
+                    bytes}], micro_batch_bytes, step_bytes, bytes_per_step}}},
+            activations: {PRECISION: {MODE: {available, fixed_bytes, per_sample_bytes,
+                    estimated, source, every, recompute_factor, recomputed_bytes_per_sample,
+                    recompute} or {available: false, why}}},
+            rows: [{gpu, precision, sharding, activation_checkpoint, world_size,
+                    memory_needed_bytes, memory_parts, fits, largest_batch, link, link_gb_s,
+                    communication_bytes, communication_seconds, compute_seconds,
+                    recompute_seconds, step_seconds, epoch_seconds, usd_per_run, ...}]},
+  "recommendation": {gpu, precision, world_size, sharding, activation_checkpoint, text,
+            reasons}, "notes": [...]}
 Seconds, bytes and USD are plain numbers; null = not applicable (no price, no fit).
 
 Options are checked before anything is read: a value out of range (NaN, an
