@@ -1044,6 +1044,13 @@ class ConfigRecommendation(unittest.TestCase):
             r, _, _ = self.recommend(dict(m, batch_size=1), "--world-size", str(size), "--sharding", "parameters")
             self.assertEqual(any(x["fits"] for x in r["configurations"]["rows"]), fits, size)
         self.assertIn("Recommendation: no configuration at 2 GPUs", text)
+        # Stages or modes left out: the plan names the one that would fit, not a larger world.
+        m = block_model(params=3e9, per_sample=60e9, batch=2)
+        _, rec, _ = self.recommend(m, "--world-size", "2", "--sharding", "none", "--activation-checkpoint", "none")
+        self.assertIsNone(rec["gpu"])
+        self.assertIn("among the stages and modes asked for", rec["text"])
+        self.assertIn("(--sharding parameters --activation-checkpoint full)", rec["text"])
+        self.assertNotIn("--world-size", rec["text"])
 
     def test_batch_too_big_everywhere_suggests_accumulation(self):
         m = block_model(params=1e9, per_sample=10e9, batch=64)

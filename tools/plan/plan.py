@@ -131,10 +131,10 @@ Configurations (section 4; the rows a GPU row can check against its measured pea
     state       parameter_bytes, gradient_bytes, optimizer_state_bytes as
                 measured; each stage splits one more of them 1/N: optimizer
                 (ZeRO-1) the optimizer state, gradients (ZeRO-2) also the
-                gradients, parameters (ZeRO-3) also the parameters. Split is
-                bytes/N x N sum(ceil(u/N)) / sum(u) over the pieces u (elements)
-                of sharding.unit_elements: each piece padded to a multiple of N
-                (without them one piece, its padding left out). This reproduces
+                gradients, parameters (ZeRO-3) also the parameters. A split
+                state's share is bytes x sum(ceil(u/N)) / sum(u) over the pieces u
+                (elements) of sharding.unit_elements, each padded to a multiple
+                of N (without them bytes / N: one piece, its padding left out). This reproduces
                 the ZeRO paper's figure 1 (7.5B parameters, 64 GPUs, 2+2+12
                 bytes each: 120, 31.4, 16.6, 1.9 GB).
     gathered    ZeRO-3 only: sharding.gathered_parameter_bytes; else the
@@ -1678,9 +1678,17 @@ def _recommend_no_fit(m, crows, gpus, acts, context_bytes, margin, result, reaso
         mode = next(k for k, v in acts[precision].items() if v is act)
         parts = config_fixed_parts(m, "parameters", n, act, context_bytes)
         need = sum(parts.values()) + act["per_sample_bytes"]
+        budget = memory_budget(biggest["memory_gib"], margin)
+        if need <= budget:  # outside the stages and modes asked for
+            fits = largest_batch(budget, need - act["per_sample_bytes"], act["per_sample_bytes"], 0, 0)
+            what = (f"sharding parameters (ZeRO-3) with activation checkpointing {mode}" if n > 1
+                    else f"activation checkpointing {mode}")
+            flags = ("--sharding parameters " if n > 1 else "") + f"--activation-checkpoint {mode}"
+            text += (f" among the stages and modes asked for; {what} needs {fmt_bytes(need)} for one sample on "
+                     f"{biggest['name']} ({fmt_bytes(budget)} usable) and fits batch {fits} there ({flags})")
+            return result(None, text)
         text += (f": the least, sharding parameters (ZeRO-3) with activation checkpointing {mode}, needs "
-                 f"{fmt_bytes(need)} for one sample on {biggest['name']} "
-                 f"({fmt_bytes(memory_budget(biggest['memory_gib'], margin))} usable)")
+                 f"{fmt_bytes(need)} for one sample on {biggest['name']} ({fmt_bytes(budget)} usable)")
         more = least_memory_world_size(m, biggest, act, context_bytes, margin, 1, max(2 * n, 2))
         if more is not None:
             at_batch = least_memory_world_size(m, biggest, act, context_bytes, margin, batch, more)
