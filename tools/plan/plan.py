@@ -1345,7 +1345,8 @@ def activation_models(m, precision):
             e = measured[mode]
             fixed = e.get("fixed_bytes")
             if fixed is None:  # F barely moves with checkpointing: the unchecked run's
-                fixed = base.get("fixed_bytes") if base and base.get("fixed_bytes") is not None else entry["fixed_bytes"]
+                unchecked = base.get("fixed_bytes") if base else None
+                fixed = unchecked if unchecked is not None else entry["fixed_bytes"]
             every = (e.get("every") or 1) if mode == "full" else None
             model = {"available": True, "fixed_bytes": float(fixed), "per_sample_bytes": float(e["per_sample_bytes"]),
                      "estimated": False, "every": every,
