@@ -1030,6 +1030,24 @@ class ConfigRecommendation(unittest.TestCase):
         result, rec, _ = self.recommend(block_model(params=1e9, per_sample=1e9))
         self.assertEqual((rec["activation_checkpoint"], rec["sharding"]), ("none", "none"))
 
+    def test_data_parallel_needs_room_for_ddp_buckets(self):
+        """On one GPU the plan recommends data-parallel where it pays and runs an hour; DDP's bucket copy
+        of the gradients must fit beside the batch too, else it says to plan sharding."""
+        m = block_model(params=3e9, per_sample=1e9, batch=8)
+        m["dataset"]["train_samples"] = 10_000_000  # a long run: several GPUs are worth it
+        fits = self.recommend(m, "--activation-checkpoint", "none")[1]
+        self.assertGreater(fits["world_size"], 1)  # 69.5 GB with the buckets: room for them
+        # 77.3 GB usable less 0.5 context, 12 parameters, 37 F leave 27.8 GB for activations alone, 15.8 beside
+        # the 12 GB of buckets: batch 20 fits one GPU, not DDP.
+        tight = dict(m, batch_size=20)
+        rec = self.recommend(tight, "--activation-checkpoint", "none")[1]
+        self.assertEqual(rec["world_size"], 1)
+        self.assertIn("DDP's buckets", " ".join(rec["reasons"]))
+        self.assertIn("plan sharding with --world-size", " ".join(rec["reasons"]))
+        # With gradient_as_bucket_view the buckets are the gradients: data-parallel again.
+        view = self.recommend(dict(tight, gradient_as_bucket_view=True), "--activation-checkpoint", "none")[1]
+        self.assertGreater(view["world_size"], 1)
+
     def test_nothing_fits(self):
         # 100B parameters on 2 GPUs: even ZeRO-3 holds 200 GB of moments a GPU.
         m = block_model(params=100e9, blocks=80)

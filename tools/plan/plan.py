@@ -111,7 +111,9 @@ The model (every constant is a flag or a documented default)
                 fastest per epoch, and among rows within 5% of it (launch-bound
                 ones tie) the smallest GPU (lowest top peak). Several GPUs only
                 when data-parallel pays and a run on one takes an hour or more
-                (it never lowers the cost: n GPUs at efficiency e cost 1/e).
+                (it never lowers the cost: n GPUs at efficiency e cost 1/e), and
+                DDP's buckets (a copy of the gradients, see "comm buffers") fit
+                beside the batch; else it says to plan sharding at that count.
                 When nothing fits the batch: the GPU with the largest batch and
                 the accumulation that keeps the effective batch.
                 With section 4 shown, at --world-size N > 1 (or on one GPU when
@@ -1218,7 +1220,12 @@ def recommend(m, rows, dp, config_precision):
             c, _, link = max(options, key=lambda t: (t[0]["n"], t[1]))
             scaling = (f"up to {c['n']} GPUs over {link['link']} (efficiency {c['efficiency']:.2f}: "
                        f"{c['speedup']:.1f}x faster, {1 / c['efficiency'] - 1:.0%} dearer per run)")
-            if run_seconds(pick) >= DP_WORTH_SECONDS:
+            buckets = 0.0 if m.get("gradient_as_bucket_view") is True else m["gradient_bytes"]
+            if run_seconds(pick) >= DP_WORTH_SECONDS and pick.memory_needed_bytes + buckets > pick.memory_budget_bytes:
+                reasons.append(f"data-parallel would pay {scaling}, but DDP's buckets (a copy of the gradients, "
+                               f"{fmt_bytes(buckets)}) do not fit beside batch {batch}: plan sharding with "
+                               f"--world-size {c['n']}")
+            elif run_seconds(pick) >= DP_WORTH_SECONDS:
                 gpus_used, via = c["n"], f" over {link['link']}"
                 reasons.append(f"data-parallel pays {scaling}")
             else:
