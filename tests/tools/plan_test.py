@@ -15,6 +15,16 @@
 7. The calibrated MFU from fake run folders (CUDA runs only, precision preferred).
 8. --json: valid JSON (no NaN), every documented key; the text output's sections.
 9. gpus.toml's peaks equal Ember's C++ table (lib/src/core/flops.cpp).
+10. Sharding: the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB (7.5B parameters, 64
+    GPUs); 1/N with padding per piece; bytes sent per stage (ZeRO-2 = DDP,
+    ZeRO-3 = 1.5x DDP; accumulation); links; the memory parts (DDP's bucket
+    copy, ZeRO-3's gathered blocks); one GPU's configuration = the plan's row.
+11. Checkpointing: the estimates by hand, measured fields winning, the graph
+    rule, nothing estimated without blocks.
+12. The recommendation at N GPUs: plain DDP when it fits, else the cheapest
+    stage; checkpointing on one GPU; accumulation; nothing fits (and the world
+    size that would); data-parallel only where DDP's buckets fit.
+13. Options: bad values exit 2; tools/ember forwards every planner option.
 
     python3 tests/tools/plan_test.py [-v]
 """
