@@ -15,6 +15,16 @@
 7. The calibrated MFU from fake run folders (CUDA runs only, precision preferred).
 8. --json: valid JSON (no NaN), every documented key; the text output's sections.
 9. gpus.toml's peaks equal Ember's C++ table (lib/src/core/flops.cpp).
+10. Sharding: the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB (7.5B parameters, 64
+    GPUs); 1/N with padding per piece; bytes sent per stage (ZeRO-2 = DDP,
+    ZeRO-3 = 1.5x DDP; accumulation); links; the memory parts (DDP's bucket
+    copy, ZeRO-3's gathered blocks); one GPU's configuration = the plan's row.
+11. Checkpointing: the estimates by hand, measured fields winning, the graph
+    rule, nothing estimated without blocks.
+12. The recommendation at N GPUs: plain DDP when it fits, else the cheapest
+    stage; checkpointing on one GPU; accumulation; nothing fits (and the world
+    size that would); data-parallel only where DDP's buckets fit.
+13. Options: bad values exit 2; tools/ember forwards every planner option.
 
     python3 tests/tools/plan_test.py [-v]
 """
@@ -509,7 +519,8 @@ class Plans(unittest.TestCase):
         self.assertFalse(eight["pays"])
         self.assertAlmostEqual(eight["speedup"], 8 * eight["efficiency"])
         rec = result["recommendation"]
-        self.assertEqual(set(rec), {"gpu", "precision", "text", "reasons"})
+        self.assertEqual(set(rec), {"gpu", "precision", "world_size", "sharding", "activation_checkpoint", "text",
+                                    "reasons"})
         self.assertEqual(rec["gpu"], "T4")  # all launch-bound, no prices: the smallest GPU
         self.assertTrue(any("one GPU" in r for r in rec["reasons"]))
 
@@ -605,6 +616,480 @@ class Plans(unittest.TestCase):
         status, _, _ = run_main([EXAMPLE, "--margin", "1.5"])
         self.assertEqual(status, 2)
 
+    def test_bad_scaling_fields(self):
+        """The optional fields of sharding and checkpointing are checked like the rest: exit 1 naming them."""
+        cases = [(lambda m: m.update(blocks={"count": 0}), "blocks: 'count'"),
+                 (lambda m: m.update(blocks=[4]), "blocks: expected an object"),
+                 (lambda m: m.update(blocks={"count": 4, "parameter_bytes": 1e12}), "more than the model's"),
+                 (lambda m: m.update(blocks={"count": 4, "parameter_bytes": 10, "largest_parameter_bytes": 20}),
+                  "largest_parameter_bytes"),
+                 (lambda m: m.update(sharding={"unit_elements": [3, 0]}), "'unit_elements'"),
+                 (lambda m: m.update(sharding={"unit_elements": []}), "'unit_elements'"),
+                 (lambda m: m.update(sharding={"gathered_parameter_bytes": -1}), "'gathered_parameter_bytes'"),
+                 (lambda m: m.update(gradient_as_bucket_view="no"), "'gradient_as_bucket_view'"),
+                 (lambda m: m.update(activation_checkpoint="half"), "'activation_checkpoint'"),
+                 (lambda m: m.update(activation_checkpoint_every=-1), "'activation_checkpoint_every'"),
+                 (lambda m: m["memory"]["fp32"].update(activation_checkpoint={"half": {}}),
+                  "memory.fp32.activation_checkpoint"),
+                 (lambda m: m["memory"]["fp32"].update(activation_checkpoint={"full": {"per_sample_bytes": 0}}),
+                  "memory.fp32.activation_checkpoint.full"),
+                 (lambda m: m["memory"]["fp32"].update(activation_checkpoint={"full": {"probes": []}}),
+                  "memory.fp32.activation_checkpoint.full"),
+                 (lambda m: m["memory"]["fp32"].update(block_input_bytes_per_sample="many"),
+                  "'block_input_bytes_per_sample'")]
+        for change, named in cases:
+            m = json.loads(EXAMPLE.read_text())
+            change(m)
+            status, _, err = run_main([write_json(self.dir, "bad.json", m), "--runs-dir", ""])
+            self.assertEqual(status, 1, (named, err))
+            self.assertIn(named, err)
+
+
+def block_model(params=3e9, blocks=32, outside=0.1e9, batch=8, accumulate=1, per_sample=1e9, other_fixed=1e9,
+                **fields):
+    """A transformer-like measurement trained with AdamW in bf16-mixed with fp32 parameters, as Ember
+    keeps them: `params` parameters, `outside` of them outside the `blocks` equal blocks; 4 bytes
+    each for the parameters and the gradients, 8 for Adam's moments. F = gradients + moments +
+    `other_fixed`; A = `per_sample`, of which the blocks save 90% and their inputs are 5%."""
+    m = json.loads(EXAMPLE.read_text())
+    p_bytes = 4 * params
+    inside = params - outside
+    macs = 2e9 * params / 1e9 * 1000  # 2 MACs per parameter per token, 1000 tokens
+    m.update(recipe="gpt", batch_size=batch, epochs=1, accumulate_grad_batches=accumulate, optimizer="adamw",
+             precision="bf16-mixed", parameters=params, trainable_parameters=params, parameter_bytes=p_bytes,
+             buffer_bytes=0, gradient_bytes=p_bytes, optimizer_state_bytes=2 * p_bytes,
+             forward_macs_per_sample=macs, train_flops_per_sample=6 * macs,
+             blocks={"count": blocks, "parameter_bytes": 4 * inside, "largest_parameter_bytes": 4 * inside / blocks,
+                     "forward_macs_per_sample": macs * inside / params})
+    m["memory"] = {"bf16-mixed": {"probes": [], "fixed_bytes": 3 * p_bytes + other_fixed,
+                                  "per_sample_bytes": per_sample,
+                                  "block_activation_bytes_per_sample": 0.9 * per_sample,
+                                  "block_input_bytes_per_sample": 0.05 * per_sample}}
+    m["dataset"] = {"train_samples": 100_000, "eval_samples": 1_000, "sample_bytes": 8000.0, "disk_bytes": 8e8,
+                    "disk_path": "/data/tokens", "resident_bytes": 8e8}
+    m.update(fields)
+    return m
+
+
+class Sharding(unittest.TestCase):
+    """dist.sharding: the model state split 1/N, padded per piece, and what each stage sends."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def plan_json(self, m, *extra):
+        status, out, err = run_main([write_json(self.dir, "m.json", m), "--json", "--runs-dir", "", *extra])
+        self.assertEqual(status, 0, err)
+        return json.loads(out)
+
+    def test_zero_paper_figure(self):
+        """Rajbhandari et al. 2020 (ZeRO), figure 1: 7.5B parameters on 64 GPUs, mixed-precision Adam,
+        2 + 2 + 12 bytes a parameter (fp16 parameters and gradients; fp32 parameters, momentum and
+        variance as optimizer state): 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU."""
+        psi = 7.5e9
+        paper = {"none": 120.0, "optimizer": 31.4, "gradients": 16.6, "parameters": 1.9}
+        for stage, gb in paper.items():
+            state = plan.model_state_bytes(2 * psi, 2 * psi, 12 * psi, stage, 64)
+            self.assertEqual(round(state["total"] / 1e9, 1), gb, stage)
+        # The formulas: 16 psi; 4 psi + 12 psi / 64; 2 psi + 14 psi / 64; 16 psi / 64.
+        self.assertAlmostEqual(plan.model_state_bytes(2 * psi, 2 * psi, 12 * psi, "optimizer", 64)["total"],
+                               4 * psi + 12 * psi / 64)
+        self.assertAlmostEqual(plan.model_state_bytes(2 * psi, 2 * psi, 12 * psi, "gradients", 64)["total"],
+                               2 * psi + 14 * psi / 64)
+        # The same through the plan: a measurement with the paper's bytes, planned at 64 GPUs.
+        m = block_model(params=psi, parameter_bytes=2 * psi, gradient_bytes=2 * psi, optimizer_state_bytes=12 * psi)
+        del m["blocks"]  # the state alone: no blocks needed
+        state = self.plan_json(m, "--world-size", "64", "--gpu", "H200")["configurations"]["state"]
+        for stage, gb in paper.items():
+            total = state[stage]["parameters"] + state[stage]["gradients"] + state[stage]["optimizer_state"]
+            self.assertEqual(round(total / 1e9, 1), gb, stage)
+
+    def test_one_over_n_with_padding(self):
+        # 17 elements of 4 bytes in pieces of 10 and 7, over 4 ranks: ceil(10/4) + ceil(7/4) = 3 + 2 = 5
+        # elements a rank (20 bytes), not 17/4 = 4.25.
+        self.assertEqual(plan.padded_elements([10, 7], 4), 5)
+        self.assertAlmostEqual(plan.shard_bytes(68, 4, [10, 7]), 20.0)
+        self.assertAlmostEqual(plan.shard_bytes(68, 4), 17.0)  # one piece: the padding is left out
+        self.assertEqual(plan.shard_bytes(68, 1, [10, 7]), 68.0)  # one rank holds everything
+        # Pieces that divide evenly scale exactly 1/N; any pieces hold at most one element more each.
+        for n in (2, 4, 8, 16):
+            self.assertAlmostEqual(plan.shard_bytes(4 * 4096, n, [1024, 3072]), 4 * 4096 / n)
+            units = [1000, 333, 7]
+            self.assertLessEqual(plan.shard_bytes(4 * 1340, n, units), 4 * (1340 / n + len(units)))
+            self.assertGreaterEqual(plan.shard_bytes(4 * 1340, n, units), 4 * 1340 / n)
+        # Each stage splits one more state; the rest stay whole.
+        full = dict(parameters=100.0, gradients=200.0, optimizer_state=400.0)
+        for stage, split in (("none", set()), ("optimizer", {"optimizer_state"}),
+                             ("gradients", {"optimizer_state", "gradients"}),
+                             ("parameters", {"optimizer_state", "gradients", "parameters"})):
+            state = plan.model_state_bytes(100, 200, 400, stage, 4)
+            for key, value in full.items():
+                self.assertAlmostEqual(state[key], value / 4 if key in split else value, msg=(stage, key))
+        # Through the plan: the measurement's pieces pad what each GPU holds.
+        m = block_model(params=1000, outside=100, sharding={"unit_elements": [600, 399, 1]})
+        state = self.plan_json(m, "--world-size", "8", "--gpu", "H100-SXM")["configurations"]["state"]
+        elements = 75 + 50 + 1  # ceil(600/8) + ceil(399/8) + ceil(1/8)
+        self.assertAlmostEqual(state["gradients"]["gradients"], 4 * elements)
+        self.assertAlmostEqual(state["parameters"]["optimizer_state"], 8 * elements)
+        self.assertAlmostEqual(state["optimizer"]["gradients"], 4000)  # ZeRO-1 keeps whole gradients
+
+    def test_communication_per_stage(self):
+        b, n = 1e9, 8
+        ring = 7 / 8 * b  # (n-1)/n of the buffer: one reduce-scatter or all-gather
+        self.assertAlmostEqual(plan.collective_bytes("all-reduce", b, n), 2 * ring)
+        self.assertAlmostEqual(plan.collective_bytes("all-gather", b, n), ring)
+        # An all-reduce's bytes over the link are the data-parallel table's time.
+        self.assertAlmostEqual(plan.collective_bytes("all-reduce", b, n) / 450e9, plan.allreduce_seconds(b, n, 450e9))
+        volume = {s: plan.communication(s, n, b, b)["bytes_per_step"] for s in plan.SHARDING}
+        self.assertAlmostEqual(volume["none"], 2 * ring)  # DDP: all-reduce
+        self.assertAlmostEqual(volume["optimizer"], 3 * ring)  # + all-gather of the updated parameters
+        self.assertAlmostEqual(volume["gradients"], volume["none"])  # reduce-scatter + all-gather = DDP's
+        self.assertAlmostEqual(volume["parameters"], 1.5 * volume["none"])  # 2 all-gathers + reduce-scatter
+        # Accumulation of 4: ZeRO-2 and ZeRO-3 reduce-scatter (and ZeRO-3 gathers) every micro-batch,
+        # DDP and ZeRO-1 communicate at the last one only.
+        acc = {s: plan.communication(s, n, b, b, accumulate=4)["bytes_per_step"] for s in plan.SHARDING}
+        self.assertAlmostEqual(acc["none"], 2 * ring)
+        self.assertAlmostEqual(acc["optimizer"], 3 * ring)
+        self.assertAlmostEqual(acc["gradients"], 4 * ring + ring)
+        self.assertAlmostEqual(acc["parameters"], 4 * 3 * ring)
+        # Parameters and gradients of other widths: each collective moves its own buffer.
+        mixed = plan.communication("gradients", n, 2e9, 4e9)
+        self.assertAlmostEqual(mixed["bytes_per_step"], 7 / 8 * 4e9 + 7 / 8 * 2e9)
+        self.assertEqual({c["of"] for c in mixed["collectives"]}, {"gradients", "parameters"})
+        for s in plan.SHARDING:
+            self.assertEqual(plan.communication(s, 1, b, b)["bytes_per_step"], 0.0)  # one GPU sends nothing
+
+    def test_links_and_times_in_the_rows(self):
+        m = block_model(accumulate=2)
+        for n, link, name, gb_s in ((8, "auto", "NVLink", 450.0), (16, "auto", "400G IB", 50.0),
+                                    (8, "pcie", "PCIe Gen5", 64.0), (8, "25gbe", "25 GbE", 3.125)):
+            rows = self.plan_json(m, "--world-size", str(n), "--link", link, "--gpu", "H100-SXM",
+                                  "--activation-checkpoint", "none")["configurations"]["rows"]
+            self.assertEqual(len(rows), 4)  # one per stage
+            for r in rows:
+                self.assertEqual((r["link"], r["link_gb_s"]), (name, gb_s))
+                sent = plan.communication(r["sharding"], n, 4 * 3e9, 4 * 3e9, 2)["bytes_per_step"]
+                self.assertAlmostEqual(r["communication_bytes"], sent)
+                self.assertAlmostEqual(r["communication_seconds"], sent / (gb_s * 1e9))
+                self.assertAlmostEqual(r["step_seconds"], r["compute_seconds"] + r["communication_seconds"])
+        # A board without NVLink communicates over PCIe, also when NVLink is asked for.
+        rows = self.plan_json(m, "--world-size", "4", "--link", "nvlink", "--gpu", "L40S")["configurations"]["rows"]
+        self.assertEqual({r["link"] for r in rows}, {"PCIe Gen4 (no NVLink)"})
+
+    def test_memory_parts(self):
+        """The parts of a GPU's memory, at N = 8 on an H100 at batch 8: what each stage keeps whole and
+        split, DDP's bucket copy of the gradients, ZeRO-3's two gathered pieces."""
+        m = block_model()
+        p = 4 * 3e9  # parameter bytes = gradient bytes; Adam: 2p
+        rows = self.plan_json(m, "--world-size", "8", "--gpu", "H100-SXM", "--activation-checkpoint", "none")
+        parts = {r["sharding"]: r["memory_parts"] for r in rows["configurations"]["rows"]}
+        self.assertAlmostEqual(parts["none"]["communication_buffers"], p)  # gradient_as_bucket_view off
+        self.assertAlmostEqual(parts["optimizer"]["optimizer_state"], 2 * p / 8)
+        self.assertAlmostEqual(parts["gradients"]["gradients"], p / 8)
+        self.assertAlmostEqual(parts["parameters"]["parameters"], p / 8)
+        # Two pieces gathered: the part outside the blocks (0.4 GB) and one block (11.6 GB / 32).
+        self.assertAlmostEqual(parts["parameters"]["gathered_parameters"], 4 * 0.1e9 + 4 * 2.9e9 / 32)
+        self.assertEqual(parts["none"]["gathered_parameters"], 0.0)
+        # ZeRO-2/3 hold the largest piece's gradients before its reduce-scatter.
+        self.assertAlmostEqual(parts["gradients"]["communication_buffers"], 4 * 0.1e9)
+        for stage, part in parts.items():
+            self.assertAlmostEqual(part["other_fixed"], 1e9)  # F less the gradients and moments it holds
+            self.assertAlmostEqual(part["activations"], 8 * 1e9)
+            self.assertAlmostEqual(part["context"], 0.5 * GIB)
+        needed = {r["sharding"]: r["memory_needed_bytes"] for r in rows["configurations"]["rows"]}
+        self.assertAlmostEqual(needed["none"], 0.5 * GIB + p + p + p + 2 * p + 1e9 + 8e9)
+        self.assertAlmostEqual(needed["none"] - needed["optimizer"], 2 * p * 7 / 8)
+        # With gradient_as_bucket_view the buckets are the gradients: no copy.
+        view = self.plan_json(dict(m, gradient_as_bucket_view=True), "--world-size", "8", "--gpu", "H100-SXM",
+                              "--activation-checkpoint", "none")["configurations"]["rows"]
+        self.assertAlmostEqual(needed["none"] - view[0]["memory_needed_bytes"], p)
+        # Measured transients replace the estimates.
+        measured = dict(m, sharding={"gathered_parameter_bytes": 123.0, "transient_gradient_bytes": 45.0})
+        state = self.plan_json(measured, "--world-size", "8", "--gpu", "H100-SXM")["configurations"]["state"]
+        self.assertEqual((state["parameters"]["gathered_parameters"], state["parameters"]["communication_buffers"]),
+                         (123.0, 45.0))
+        self.assertEqual(state["parameters"]["how"]["gathered_parameters"], "measured")
+        # Without blocks ZeRO-3 gathers the whole model, and a reduce-scatter holds one 25 MiB bucket.
+        bare = dict(m)
+        del bare["blocks"]
+        state = self.plan_json(bare, "--world-size", "8", "--gpu", "H100-SXM")["configurations"]["state"]
+        self.assertAlmostEqual(state["parameters"]["gathered_parameters"], p)
+        self.assertAlmostEqual(state["gradients"]["communication_buffers"], 25 * 2**20)
+
+    def test_one_gpu_rows_are_the_single_gpu_plan(self):
+        """At --world-size 1 without sharding or checkpointing a configuration is the plan's own row:
+        the same memory, largest batch, step and epoch."""
+        m = block_model(accumulate=2)
+        result = self.plan_json(m, "--precision", "bf16-mixed")
+        singles = {r["gpu"]: r for r in result["rows"]}
+        configs = [r for r in result["configurations"]["rows"] if r["activation_checkpoint"] == "none"]
+        self.assertEqual(len(configs), len(singles))
+        for c in configs:
+            s = singles[c["gpu"]]
+            self.assertEqual(c["sharding"], "none")
+            self.assertAlmostEqual(c["memory_needed_bytes"], s["memory_needed_bytes"], places=3)
+            self.assertEqual(c["largest_batch"], s["largest_batch"])
+            self.assertAlmostEqual(c["step_seconds"], s["step_seconds"])
+            self.assertAlmostEqual(c["epoch_seconds"], s["epoch_seconds"])
+            self.assertEqual(c["communication_bytes"], 0.0)
+
+
+class Checkpointing(unittest.TestCase):
+    """Activations per sample with checkpointing: measured when the measurement has them, else estimated
+    from the blocks and said so."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def plan(self, m, *extra):
+        path = write_json(self.dir, "m.json", m)
+        status, out, err = run_main([path, "--json", "--runs-dir", "", *extra])
+        self.assertEqual(status, 0, err)
+        status, text, err = run_main([path, "--runs-dir", "", *extra])
+        self.assertEqual(status, 0, err)
+        return json.loads(out), text
+
+    def test_estimates_by_hand(self):
+        # A = 1000 bytes a sample, 4 blocks saving 800 of them, their inputs 40 (10 each).
+        # Every block checkpointed: 1000 - 800 + 40 + one block's 200 while it is recomputed = 440.
+        self.assertAlmostEqual(plan.full_checkpoint_per_sample_bytes(1000, 4, 1, 800, 40), 440)
+        # Every 2nd (blocks 0 and 2): 1000 - 400 + 20 + 200 = 820.
+        self.assertEqual(plan.checkpointed_blocks(4, 2), 2)
+        self.assertAlmostEqual(plan.full_checkpoint_per_sample_bytes(1000, 4, 2, 800, 40), 820)
+        self.assertEqual(plan.checkpointed_blocks(5, 2), 3)  # blocks 0, 2, 4
+        # The largest block, when known, is the one held while it is recomputed.
+        self.assertAlmostEqual(plan.full_checkpoint_per_sample_bytes(1000, 4, 1, 800, 40, 350), 590)
+        # One block alone saves nothing: its input is kept and all of it comes back.
+        self.assertAlmostEqual(plan.full_checkpoint_per_sample_bytes(1000, 1, 1, 800, 40), 1040)
+        # Light: the blocks drop 12/34 of what they save, the one in backward holds it again.
+        s = 12 / 34
+        self.assertAlmostEqual(plan.LIGHT_RECOMPUTED_SHARE, s)
+        self.assertAlmostEqual(plan.light_checkpoint_per_sample_bytes(1000, 4, 800), 1000 - s * 800 + s * 200)
+        self.assertAlmostEqual(plan.light_checkpoint_per_sample_bytes(1000, 4, 800, 0.5), 1000 - 400 + 100)
+        # Time: full recomputes the checkpointed blocks' forward, 2 x MACs of 6 x MACs to train.
+        self.assertAlmostEqual(plan.recompute_factor("full", 6e9, 1e9, 4, 1), 1 + 2 / 6)
+        self.assertAlmostEqual(plan.recompute_factor("full", 6e9, 1e9, 4, 2), 1 + 2 / 6 / 2)
+        self.assertEqual(plan.recompute_factor("light", 6e9, 1e9, 4, 1), 1.0)
+        # Light's recomputation is memory-bound: 8 samples x 1 MB read and written at 2 TB/s = 8 us.
+        self.assertAlmostEqual(plan.light_recompute_seconds(8, 1e6, 2e12), 8e-6)
+
+    def test_estimated_from_the_blocks(self):
+        m = block_model(params=1e9, per_sample=2e9, blocks=20)
+        result, text = self.plan(m, "--gpu", "H100-SXM")
+        acts = result["configurations"]["activations"]["bf16-mixed"]
+        a0, inside, inputs = 2e9, 0.9 * 2e9, 0.05 * 2e9
+        self.assertEqual(acts["none"]["per_sample_bytes"], a0)
+        self.assertFalse(acts["none"]["estimated"])
+        self.assertAlmostEqual(acts["full"]["per_sample_bytes"], a0 - inside + inputs + inside / 20)
+        self.assertAlmostEqual(acts["light"]["per_sample_bytes"],
+                               a0 - plan.LIGHT_RECOMPUTED_SHARE * inside + plan.LIGHT_RECOMPUTED_SHARE * inside / 20)
+        self.assertTrue(acts["full"]["estimated"] and acts["light"]["estimated"])
+        macs = m["blocks"]["forward_macs_per_sample"]
+        self.assertAlmostEqual(acts["full"]["recompute_factor"], 1 + 2 * macs / m["train_flops_per_sample"])
+        self.assertIn("estimated", acts["full"]["source"])
+        # The rows: less memory, a larger batch, a longer step.
+        rows = {r["activation_checkpoint"]: r for r in result["configurations"]["rows"]}
+        self.assertLess(rows["full"]["memory_needed_bytes"], rows["light"]["memory_needed_bytes"])
+        self.assertLess(rows["light"]["memory_needed_bytes"], rows["none"]["memory_needed_bytes"])
+        self.assertAlmostEqual(rows["none"]["memory_needed_bytes"] - rows["full"]["memory_needed_bytes"],
+                               8 * (a0 - acts["full"]["per_sample_bytes"]))
+        self.assertGreater(rows["full"]["largest_batch"], rows["none"]["largest_batch"])
+        none_step = rows["none"]["step_seconds"]
+        self.assertAlmostEqual(rows["full"]["step_seconds"], none_step * acts["full"]["recompute_factor"])
+        self.assertAlmostEqual(rows["full"]["recompute_seconds"], rows["full"]["step_seconds"] - none_step)
+        # Light: the dropped bytes once more through HBM (H100-SXM: 3,350 GB/s).
+        dropped = plan.LIGHT_RECOMPUTED_SHARE * inside
+        self.assertAlmostEqual(rows["light"]["recompute_seconds"], 2 * 8 * dropped / 3350e9)
+        # The text labels them.
+        self.assertRegex(text, r"bf16-mixed\s+full\s+A .*estimated: 20 blocks keep their inputs")
+        self.assertRegex(text, r"bf16-mixed\s+none\s+A .*measured")
+
+    def test_measured_fields_win(self):
+        m = block_model(params=1e9, per_sample=2e9)
+        m["memory"]["bf16-mixed"]["activation_checkpoint"] = {
+            "full": {"fixed_bytes": 12.5e9, "per_sample_bytes": 0.7e9, "every": 1},
+            "light": {"probes": [{"batch": 2, "peak_bytes": 16e9}, {"batch": 6, "peak_bytes": 22e9}]}}
+        result, text = self.plan(m, "--gpu", "H100-SXM")
+        acts = result["configurations"]["activations"]["bf16-mixed"]
+        self.assertEqual((acts["full"]["per_sample_bytes"], acts["full"]["fixed_bytes"]), (0.7e9, 12.5e9))
+        self.assertAlmostEqual(acts["light"]["per_sample_bytes"], 1.5e9)  # (22 - 16) / 4, fitted from the probes
+        self.assertAlmostEqual(acts["light"]["fixed_bytes"], 13e9)
+        for mode in ("full", "light"):
+            self.assertFalse(acts[mode]["estimated"])
+            self.assertTrue(acts[mode]["source"].startswith("measured"))
+        # Light recomputes what it saved: 2.0 - 1.5 GB a sample.
+        self.assertAlmostEqual(acts["light"]["recomputed_bytes_per_sample"], 0.5e9)
+        self.assertNotRegex(text, r"full\s+A .*estimated")
+        # A run measured with checkpointing on: its own entry is that mode, and "none" cannot be estimated.
+        on = block_model(params=1e9, per_sample=0.7e9, activation_checkpoint="full", activation_checkpoint_every=2)
+        acts = self.plan(on, "--gpu", "H100-SXM")[0]["configurations"]["activations"]["bf16-mixed"]
+        self.assertEqual(acts["full"]["per_sample_bytes"], 0.7e9)
+        self.assertEqual(acts["full"]["every"], 2)
+        self.assertFalse(acts["none"]["available"])
+        self.assertIn("trains with full checkpointing", acts["none"]["why"])
+
+    def test_graph_pool_doubles_every_mode(self):
+        m = block_model(params=1e9, per_sample=2e9)
+        plain = self.plan(m, "--gpu", "H100-SXM")[0]["configurations"]["activations"]["bf16-mixed"]
+        graph = self.plan(dict(m, cuda_graph=True), "--gpu", "H100-SXM")[0]["configurations"]["activations"]
+        for mode, a in graph["bf16-mixed"].items():
+            self.assertAlmostEqual(a["per_sample_bytes"], 2 * plain[mode]["per_sample_bytes"], msg=mode)
+
+    def test_without_blocks_nothing_is_estimated(self):
+        result, text = self.plan(small_model())
+        acts = result["configurations"]["activations"]["fp32"]
+        self.assertFalse(acts["full"]["available"] or acts["light"]["available"])
+        self.assertFalse(result["configurations"]["shown"])  # one GPU, nothing to compare: no section
+        self.assertNotIn("Sharding and activation checkpointing", text)
+        self.assertIn("(sharding: --world-size N", text)
+        # Asking for a mode the measurement cannot give is bad input, naming what is missing.
+        status, _, err = run_main([EXAMPLE, "--runs-dir", "", "--activation-checkpoint", "full"])
+        self.assertEqual(status, 1)
+        self.assertIn("--activation-checkpoint full", err)
+        self.assertIn("names no blocks", err)
+        # Blocks without their inputs: light is estimated, full is not.
+        m = block_model()
+        del m["memory"]["bf16-mixed"]["block_input_bytes_per_sample"]
+        acts = self.plan(m, "--gpu", "H100-SXM")[0]["configurations"]["activations"]["bf16-mixed"]
+        self.assertTrue(acts["light"]["available"])
+        self.assertFalse(acts["full"]["available"])
+        self.assertIn("block_input_bytes_per_sample", acts["full"]["why"])
+
+
+class ConfigRecommendation(unittest.TestCase):
+    """The recommendation at --world-size N: the cheapest configuration where the batch fits."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def recommend(self, m, *extra):
+        path = write_json(self.dir, "m.json", m)
+        status, out, err = run_main([path, "--json", "--runs-dir", "", "--gpu", "H100-SXM", *extra])
+        self.assertEqual(status, 0, err)
+        result = json.loads(out)
+        status, text, err = run_main([path, "--runs-dir", "", "--gpu", "H100-SXM", *extra])
+        self.assertEqual(status, 0, err)
+        return result, result["recommendation"], text
+
+    def fits(self, result):
+        return {r["sharding"]: r["fits"] for r in result["configurations"]["rows"]}
+
+    def test_plain_ddp_when_it_fits(self):
+        # 3B parameters: 12 GB each of parameters, gradients and DDP's bucket copy, 24 GB of moments, 1 GB
+        # other, 8 x 1 GB of activations, the context: 69.5 GB < 90% of 80 GiB (77.3 GB).
+        for price in ([], ["--price", "H100-SXM=3"]):
+            result, rec, text = self.recommend(block_model(params=3e9), "--world-size", "8",
+                                               "--activation-checkpoint", "none", *price)
+            self.assertTrue(self.fits(result)["none"])
+            self.assertEqual((rec["sharding"], rec["activation_checkpoint"], rec["world_size"]), ("none", "none", 8))
+            self.assertIn("plain DDP and no checkpointing fit", " ".join(rec["reasons"]))
+            self.assertIn("sharding none (DDP)", rec["text"])
+            self.assertRegex(text, r"bf16-mixed\s+none\s+none\s.*<- recommended")
+
+    def test_least_sharding_that_fits_and_is_cheapest(self):
+        # 4B parameters: DDP needs 16 x 5 + 1 + 8 + 0.5 GB = 89.5 GB, over 77.3; ZeRO-1 and ZeRO-2 fit.
+        m = block_model(params=4e9)
+        result, rec, text = self.recommend(m, "--world-size", "8", "--activation-checkpoint", "none",
+                                           "--price", "H100-SXM=3")
+        self.assertEqual(self.fits(result), {"none": False, "optimizer": True, "gradients": True, "parameters": True})
+        # Without accumulation ZeRO-2 sends DDP's volume, ZeRO-1 half as much again: ZeRO-2 is cheaper.
+        self.assertEqual(rec["sharding"], "gradients")
+        reasons = " ".join(rec["reasons"])
+        self.assertRegex(reasons, r"sharding none \(DDP\), activation checkpointing none needs [0-9.]+ GiB: more than")
+        self.assertIn("set dist.sharding=gradients", reasons)
+        # With 4 micro-batches ZeRO-2 reduce-scatters 4 times: ZeRO-1, at the last one only, is cheaper.
+        result, rec, _ = self.recommend(dict(m, accumulate_grad_batches=4), "--world-size", "8",
+                                        "--activation-checkpoint", "none", "--price", "H100-SXM=3")
+        self.assertEqual(rec["sharding"], "optimizer")
+        costs = {r["sharding"]: r["usd_per_run"] for r in result["configurations"]["rows"] if r["fits"]}
+        self.assertEqual(min(costs, key=costs.get), "optimizer")
+        # 14B parameters: only ZeRO-3 fits.
+        result, rec, _ = self.recommend(block_model(params=14e9), "--world-size", "8",
+                                        "--activation-checkpoint", "none")
+        self.assertEqual(self.fits(result), {"none": False, "optimizer": False, "gradients": False, "parameters": True})
+        self.assertEqual(rec["sharding"], "parameters")
+
+    def test_checkpointing_when_the_batch_does_not_fit_one_gpu(self):
+        # 1B parameters, 13 GB of activations a sample: 59.8 GB of an H100's 77.3 are left for them,
+        # so batch 8 fits only with full checkpointing (2.3 GB a sample); light (9.0 GB) does not.
+        m = block_model(params=1e9, per_sample=13e9)
+        result, rec, text = self.recommend(m)
+        rows = {r["activation_checkpoint"]: r for r in result["configurations"]["rows"]}
+        self.assertEqual({k: r["fits"] for k, r in rows.items()}, {"none": False, "full": True, "light": False})
+        self.assertEqual((rec["activation_checkpoint"], rec["world_size"]), ("full", 1))
+        self.assertIn("set model.activation_checkpoint_every=1", " ".join(rec["reasons"]))
+        self.assertIn("to recompute activations", " ".join(rec["reasons"]))
+        # At batch 5 light fits too (45 GB; none needs 65) and is cheaper (no FLOPs recomputed): it wins.
+        result, rec, _ = self.recommend(block_model(params=1e9, per_sample=13e9, batch=5))
+        fits = {r["activation_checkpoint"]: r["fits"] for r in result["configurations"]["rows"]}
+        self.assertEqual(fits, {"none": False, "full": True, "light": True})
+        self.assertEqual(rec["activation_checkpoint"], "light")
+        # Where the plain batch fits one GPU, checkpointing only costs time: the usual recommendation.
+        result, rec, _ = self.recommend(block_model(params=1e9, per_sample=1e9))
+        self.assertEqual((rec["activation_checkpoint"], rec["sharding"]), ("none", "none"))
+
+    def test_data_parallel_needs_room_for_ddp_buckets(self):
+        """On one GPU the plan recommends data-parallel where it pays and runs an hour; DDP's bucket copy
+        of the gradients must fit beside the batch too, else it says to plan sharding."""
+        m = block_model(params=3e9, per_sample=1e9, batch=8)
+        m["dataset"]["train_samples"] = 10_000_000  # a long run: several GPUs are worth it
+        fits = self.recommend(m, "--activation-checkpoint", "none")[1]
+        self.assertGreater(fits["world_size"], 1)  # 69.5 GB with the buckets: room for them
+        # 77.3 GB usable less 0.5 context, 12 parameters, 37 F leave 27.8 GB for activations alone, 15.8 beside
+        # the 12 GB of buckets: batch 20 fits one GPU, not DDP.
+        tight = dict(m, batch_size=20)
+        rec = self.recommend(tight, "--activation-checkpoint", "none")[1]
+        self.assertEqual(rec["world_size"], 1)
+        self.assertIn("DDP's buckets", " ".join(rec["reasons"]))
+        self.assertIn("plan sharding with --world-size", " ".join(rec["reasons"]))
+        # With gradient_as_bucket_view the buckets are the gradients: data-parallel again.
+        view = self.recommend(dict(tight, gradient_as_bucket_view=True), "--activation-checkpoint", "none")[1]
+        self.assertGreater(view["world_size"], 1)
+
+    def test_nothing_fits(self):
+        # 100B parameters on 2 GPUs: even ZeRO-3 holds 200 GB of moments a GPU.
+        m = block_model(params=100e9, blocks=80)
+        result, rec, text = self.recommend(m, "--world-size", "2")
+        self.assertTrue(all(r["largest_batch"] == 0 for r in result["configurations"]["rows"]))
+        self.assertIsNone(rec["gpu"])
+        self.assertIn("no configuration at 2 GPUs fits even one sample", rec["text"])
+        found = re.search(r"fit one sample at --world-size (\d+)", rec["text"])
+        self.assertTrue(found, rec["text"])
+        n = int(found.group(1))
+        # It is the smallest power of two that does: ZeRO-3 with the least activations fits there, not at n/2.
+        for size, fits in ((n, True), (n // 2, False)):
+            r, _, _ = self.recommend(dict(m, batch_size=1), "--world-size", str(size), "--sharding", "parameters")
+            self.assertEqual(any(x["fits"] for x in r["configurations"]["rows"]), fits, size)
+        self.assertIn("Recommendation: no configuration at 2 GPUs", text)
+        # Stages or modes left out: the plan names the one that would fit, not a larger world.
+        m = block_model(params=3e9, per_sample=60e9, batch=2)
+        _, rec, _ = self.recommend(m, "--world-size", "2", "--sharding", "none", "--activation-checkpoint", "none")
+        self.assertIsNone(rec["gpu"])
+        self.assertIn("among the stages and modes asked for", rec["text"])
+        self.assertIn("(--sharding parameters --activation-checkpoint full)", rec["text"])
+        self.assertNotIn("--world-size", rec["text"])
+
+    def test_batch_too_big_everywhere_suggests_accumulation(self):
+        m = block_model(params=1e9, per_sample=10e9, batch=64)
+        result, rec, _ = self.recommend(m, "--world-size", "8")
+        self.assertFalse(any(r["fits"] for r in result["configurations"]["rows"]))
+        best = max(r["largest_batch"] for r in result["configurations"]["rows"])
+        self.assertGreater(best, 0)
+        accumulate = math.ceil(64 / best)
+        self.assertIn(f"trainer.accumulate_grad_batches={accumulate}", " ".join(rec["reasons"]))
+
 
 class RealBatch(unittest.TestCase):
     """A data.batch_size larger than the training set is planned at the batch the run really uses."""
@@ -667,7 +1152,14 @@ class Options(unittest.TestCase):
            (["--launch-us", "nan"], "--launch-us nan"), (["--launch-us", "-5"], "--launch-us -5"),
            (["--graph-launch-us", "inf"], "--graph-launch-us inf"), (["--kernel-us", "1e20"], "--kernel-us"),
            (["--host-ram-gib", "0"], "--host-ram-gib 0"), (["--host-ram-gib", "nan"], "--host-ram-gib nan"),
-           (["--host-ram-gib", "1e400"], "--host-ram-gib inf"), (["--precision", "fp8"], "--precision")]
+           (["--host-ram-gib", "1e400"], "--host-ram-gib inf"), (["--precision", "fp8"], "--precision"),
+           (["--world-size", "0"], "--world-size"), (["--world-size", "-8"], "--world-size"),
+           (["--world-size", "1.5"], "--world-size"), (["--world-size", "eight"], "--world-size"),
+           (["--world-size", "1e9"], "--world-size"), (["--world-size", "65537"], "--world-size"),
+           (["--sharding", "zero4"], "--sharding"), (["--sharding", "ZeRO-1"], "--sharding"),
+           (["--activation-checkpoint", "half"], "--activation-checkpoint"), (["--link", "wifi"], "--link"),
+           (["--sharding", "optimizer"], "--world-size N with N > 1"),
+           (["--world-size", "1", "--sharding", "parameters"], "--world-size N with N > 1")]
 
     def test_bad_values_are_usage_errors(self):
         for args, named in self.BAD:
@@ -684,6 +1176,31 @@ class Options(unittest.TestCase):
         status, _, err = run_main([])
         self.assertEqual(status, 2)
         self.assertIn("MEASURE.json", err)
+
+    def test_scaling_options_accepted(self):
+        for args in (["--world-size", "8", "--sharding", "optimizer", "--sharding", "gradients"],
+                     ["--world-size", "65536", "--sharding", "all", "--link", "400g-ib"],
+                     ["--sharding", "none", "--activation-checkpoint", "light", "--activation-checkpoint", "none"]):
+            status, out, err = run_main(["--check"] + args)
+            self.assertEqual((status, out, err), (0, "", ""), args)
+        # The stages and modes asked for, in the order of least split first; all = every one.
+        args = plan.parse_args(["m.json", "--world-size", "4", "--sharding", "parameters", "--sharding", "none"])
+        self.assertEqual(args.sharding, ["none", "parameters"])
+        self.assertEqual(plan.parse_args(["m.json", "--world-size", "4"]).sharding, list(plan.SHARDING))
+        self.assertEqual(plan.parse_args(["m.json"]).sharding, ["none"])  # one GPU: nothing to split
+        self.assertEqual(plan.parse_args(["m.json", "--activation-checkpoint", "all", "--activation-checkpoint",
+                                          "full"]).activation_checkpoint, list(plan.CHECKPOINT_MODES))
+
+    def test_ember_forwards_every_planner_option(self):
+        source = (ROOT / "tools" / "plan" / "plan.py").read_text()
+        options = set(re.findall(r'p\.add_argument\("(--[a-z-]+)"', source)) - {"--check"}  # ember runs --check
+        self.assertIn("--world-size", options)
+        text = (ROOT / "tools" / "ember").read_text()
+        body = text[text.index("cmd_plan() {"):text.index("cmd_bs_find() {")]
+        for option in options:
+            self.assertRegex(body, rf"[|(\s]{re.escape(option)}[|)]", f"tools/ember plan does not forward {option}")
+            if option not in ("--json", "--no-color"):
+                self.assertIn(f"{option}=*", body, option)
 
     def test_ember_checks_before_measuring(self):
         # tools/ember plan refuses a bad planner option before it builds or measures anything.

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Which GPU to rent for a recipe: memory fit, time and cost per epoch, feeding, data-parallel.
+"""Which GPU to rent for a recipe: memory fit, time and cost per epoch, feeding, data-parallel,
+sharding and activation checkpointing.
 
     tools/ember plan RECIPE [key=value ...] [--price GPU=USD ...]   (measures here, then runs this)
     python3 tools/plan/plan.py MEASURE.json [--gpus tools/plan/gpus.toml] [--price GPU=USD_PER_HOUR ...]
                           [--margin 0.10] [--mfu X] [--runs-dir runs] [--context-gib 0.5]
                           [--step-floor-ms 1] [--launch-us 5] [--graph-launch-us 10] [--kernel-us 2]
                           [--host-ram-gib 16] [--gpu NAME ...]
-                          [--precision P ...] [--json] [--check]
+                          [--precision P ...] [--world-size N] [--sharding S ...]
+                          [--activation-checkpoint M ...] [--link L] [--json] [--check]
     python3 tools/plan/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
+    python3 tools/plan/plan.py m.json --world-size 8 --sharding all --activation-checkpoint all
 
 --price takes a table name (H100-SXM) or a family (H100: every H100 row); an
 exact name wins over its family. --gpu and --precision narrow the rows shown.
@@ -24,7 +27,14 @@ GPU of the table (tools/plan/gpus.toml, editable) and prints:
   2. feeding: host RAM the dataset and loader need, host-to-device and storage
      read rates at the fastest GPU's samples/s;
   3. data-parallel on 2/4/8 GPUs over NVLink, PCIe and networks;
-  4. a one-line recommendation and its reasons.
+  4. sharding and activation checkpointing (shown at --world-size N > 1, or
+     when the measurement allows checkpointing): per GPU, for each dist.sharding
+     stage (--sharding: none, optimizer, gradients, parameters; all by default)
+     and checkpointing mode (--activation-checkpoint: none, full, light), the
+     memory at the config's batch and its parts, the largest batch, the bytes
+     each GPU sends per optimizer step and their time on the link (--link), the
+     step and epoch with recomputation, the cost of a run on N GPUs;
+  5. a one-line recommendation and its reasons.
 --json prints the same as one JSON object (keys below, under "JSON output").
 
 The model (every constant is a flag or a documented default)
@@ -101,9 +111,94 @@ The model (every constant is a flag or a documented default)
                 fastest per epoch, and among rows within 5% of it (launch-bound
                 ones tie) the smallest GPU (lowest top peak). Several GPUs only
                 when data-parallel pays and a run on one takes an hour or more
-                (it never lowers the cost: n GPUs at efficiency e cost 1/e).
+                (it never lowers the cost: n GPUs at efficiency e cost 1/e), and
+                DDP's buckets (a copy of the gradients, see "comm buffers") fit
+                beside the batch; else it says to plan sharding at that count.
                 When nothing fits the batch: the GPU with the largest batch and
                 the accumulation that keeps the effective batch.
+                With section 4 shown, at --world-size N > 1 (or on one GPU when
+                the plain batch fits none): the same rule over its rows (GPU,
+                precision, stage, mode) with the cost of all N GPUs; equal costs
+                go to less sharding, then less recomputation. None fits the
+                batch: the row with the largest batch, with accumulation. None
+                fits one sample: the least memory there is (ZeRO-3, the mode
+                with the least activations, the largest GPU) and the smallest
+                power-of-two --world-size at which it would fit.
+
+Configurations (section 4; the rows a GPU row can check against its measured peak)
+  One precision per GPU: its row of section 1 with the fastest epoch (ties: the
+  config's own), or each --precision asked. Per GPU at world size N, batch b:
+  memory(b)   = context + buffers [+ resident dataset] + parameters + gradients
+                + optimizer state + gathered + communication buffers + other + b*A_mode
+    state       parameter_bytes, gradient_bytes, optimizer_state_bytes as
+                measured; each stage splits one more of them 1/N: optimizer
+                (ZeRO-1) the optimizer state, gradients (ZeRO-2) also the
+                gradients, parameters (ZeRO-3) also the parameters. A split
+                state's share is bytes x sum(ceil(u/N)) / sum(u) over the pieces u
+                (elements) of sharding.unit_elements, each padded to a multiple
+                of N (without them bytes / N: one piece, its padding left out). This reproduces
+                the ZeRO paper's figure 1 (7.5B parameters, 64 GPUs, 2+2+12
+                bytes each: 120, 31.4, 16.6, 1.9 GB).
+    gathered    ZeRO-3 only: sharding.gathered_parameter_bytes; else the
+                GATHER_PREFETCH_UNITS (2) largest pieces: the block running and
+                the next one prefetched, blocks.largest_parameter_bytes each,
+                what lies outside the blocks one more piece; without blocks the
+                whole model (gathered at once).
+    comm buffers  N > 1. DDP and ZeRO-1 all-reduce through DDP's buckets: a copy
+                of the gradients (PyTorch's gradient_as_bucket_view=false; 0 when
+                the measurement says gradient_as_bucket_view true). ZeRO-2/3:
+                the full gradients of one piece before its reduce-scatter,
+                sharding.transient_gradient_bytes, else the largest piece's,
+                else one 25 MiB bucket.
+    other       F_mode - gradient_bytes - optimizer_state_bytes (at least 0):
+                F is taken to hold all gradients and the optimizer state (a
+                step's peak is in backward with the state allocated); the rest
+                of F (workspaces, autocast's weight copies) is not sharded.
+    A_mode      per-sample activation bytes with checkpointing (below).
+  A_mode      none: A as measured. full / light: measured when the measurement
+              has memory.PRECISION.activation_checkpoint.MODE (probes, or F and
+              A); else estimated from "none" and the model's blocks, labelled
+              "estimated", with L = blocks.count, S = block_activation_bytes_per_sample
+              (of A, what the blocks save; absent: all of A), X = block_input_
+              bytes_per_sample (all blocks' inputs), B = largest_block_activation_
+              bytes_per_sample (absent: S / L):
+                full (every block, model.activation_checkpoint_every=1): each
+                  checkpointed block keeps its input instead of what it saves, and
+                  the block recomputed in backward holds its activations again:
+                  A - c S/L + c X/L + B, c = ceil(L / every) blocks checkpointed;
+                light (norms and activations recomputed): the blocks drop the
+                  share s = LIGHT_RECOMPUTED_SHARE (12/34: Korthikanti et al. 2022
+                  count a transformer layer's saved activations as 34 bytes a
+                  token a hidden unit, the layer norms' outputs 4 and the GELU's
+                  output 8) of S, and the block in backward holds its share
+                  again: A - s S + s B.
+              A model without blocks (no core::BlockModel) has only "none" unless
+              measured. Under the graph rule A_mode counts twice, as A does.
+  communication  bytes each GPU sends per optimizer step of a micro-batches, ring
+              collectives ((N-1)/N of the buffer for a reduce-scatter or an
+              all-gather, twice that for an all-reduce); P = the trainable
+              parameters' bytes, G = gradient_bytes:
+                none (DDP)          all-reduce G once per step          = 2 (N-1)/N G
+                optimizer (ZeRO-1)  all-reduce G + all-gather P per step = 2 (N-1)/N G + (N-1)/N P
+                gradients (ZeRO-2)  reduce-scatter G every micro-batch + all-gather P per step
+                                    = a (N-1)/N G + (N-1)/N P (DDP's volume when a = 1 and P = G)
+                parameters (ZeRO-3) every micro-batch: all-gather P before each block's
+                                    forward and again before its backward, reduce-scatter G
+                                    = a (2 (N-1)/N P + (N-1)/N G) (1.5x DDP when a = 1)
+              time = bytes / link bandwidth (per GPU, per direction), no latency
+              term and no overlap with compute: an upper bound. --link auto:
+              NVLink (else the board's PCIe) within a node of GPUS_PER_NODE (8),
+              400G InfiniBand beyond (a ring is as fast as its slowest hop).
+  time        per micro-batch: max(math, step floor) as in section 1, times
+              the recomputation factor of full checkpointing, 1 + 2 M_blocks
+              c/L / train_flops_per_sample (one more forward of the checkpointed
+              blocks: 2 FLOPs a MAC; M_blocks = blocks.forward_macs_per_sample,
+              else forward_macs_per_sample: an upper bound); light adds its
+              dropped bytes read and written once more at the board's hbm_gb_s
+              (norms and activations are memory-bound; their FLOPs do not
+              count). Step = a (micro-batch + its communication) + the step's
+              communication; epoch = ceil(train_samples / (N b)) micro-batches.
+              Cost per run = epochs x epoch x N GPUs x USD per GPU-hour.
 
 MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
   schema 1; recipe; device ("cpu" or "cuda:0"); device_name; threads
@@ -167,6 +262,29 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
              measured_peak_bytes, resident_bytes}: the fit checked at the
              config's batch (plan.verify=true); shown when present; {batch,
              skipped} when that batch does not fit the measuring host
+  Sharding and activation checkpointing (optional; section 4 reads them, and
+  estimates what is missing as "Configurations" says):
+  blocks: {count, parameter_bytes, largest_parameter_bytes,
+           forward_macs_per_sample}: the model's repeated blocks
+                         (core::BlockModel::blocks()): how many; the bytes of the
+                         parameters inside them, all together and the largest
+                         block's; their forward MACs per sample, all together
+  sharding: {unit_elements: [elements, ...], gathered_parameter_bytes,
+             transient_gradient_bytes}: the pieces dist.sharding splits one by
+                         one (each padded to a multiple of N); the parameter
+                         bytes ZeRO-3 holds gathered at its peak besides its
+                         shard; the full gradient bytes ZeRO-2/3 hold before a
+                         reduce-scatter
+  gradient_as_bucket_view (bool, default false): dist.gradient_as_bucket_view
+  activation_checkpoint ("none", "full" or "light"; default "none"),
+  activation_checkpoint_every (k; 0 = off): the measured config's own mode,
+                         which memory.PRECISION's F and A then are
+  memory.PRECISION also: activation_checkpoint: {MODE: {probes, fixed_bytes,
+                         per_sample_bytes, every}} measured with that mode
+                         (fixed_bytes optional: the unchecked F);
+                         block_activation_bytes_per_sample (of A, what the blocks
+                         save), block_input_bytes_per_sample (the blocks' inputs,
+                         all together), largest_block_activation_bytes_per_sample
 
 JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
   "assumptions": {..., step_floor_seconds, step_floor (how), step_launches {cuda_graph,
@@ -179,7 +297,19 @@ JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
   "data_parallel": {rule, gradient_bytes, gpus: [{gpu, precision, step_seconds,
             links: [{link, gb_s, counts: [{n, allreduce_seconds, efficiency,
             speedup, pays}]}]}]},
-  "recommendation": {gpu, precision, text, reasons}, "notes": [...]}
+  "configurations": {shown, world_size, link, shardings, activation_checkpoints,
+            state: {STAGE: {parameters, gradients, optimizer_state, gathered_parameters,
+                    communication_buffers, how, communication: {collectives: [{op, of, per,
+                    bytes}], micro_batch_bytes, step_bytes, bytes_per_step}}},
+            activations: {PRECISION: {MODE: {available, fixed_bytes, per_sample_bytes,
+                    estimated, source, every, recompute_factor, recomputed_bytes_per_sample,
+                    recompute} or {available: false, why}}},
+            rows: [{gpu, precision, sharding, activation_checkpoint, world_size,
+                    memory_needed_bytes, memory_parts, fits, largest_batch, link, link_gb_s,
+                    communication_bytes, communication_seconds, compute_seconds,
+                    recompute_seconds, step_seconds, epoch_seconds, usd_per_run, ...}]},
+  "recommendation": {gpu, precision, world_size, sharding, activation_checkpoint, text,
+            reasons}, "notes": [...]}
 Seconds, bytes and USD are plain numbers; null = not applicable (no price, no fit).
 
 Options are checked before anything is read: a value out of range (NaN, an
@@ -237,6 +367,29 @@ MAX_GIB = 2.0**20  # --context-gib, --host-ram-gib: 1 PiB (the recipe keys' *_gi
 MAX_USD_PER_HOUR = 1e4  # --price: the dearest cloud GPU rents for ~$10/h; a node of 8 for under $100/h
 MAX_US = 1e6  # --launch-us, --graph-launch-us, --kernel-us: one second per launch
 MAX_STEP_FLOOR_MS = 3.6e6  # --step-floor-ms: an hour per step
+MAX_WORLD_SIZE = 65536  # --world-size: more GPUs than any one job has used
+# dist.sharding's stages, least split first: DDP, ZeRO-1 (optimizer state), ZeRO-2 (+ gradients),
+# ZeRO-3 (+ parameters); and the activation-checkpointing modes, least recomputed first.
+SHARDING = ("none", "optimizer", "gradients", "parameters")
+CHECKPOINT_MODES = ("none", "full", "light")
+ZERO_NAMES = {"none": "DDP", "optimizer": "ZeRO-1", "gradients": "ZeRO-2", "parameters": "ZeRO-3"}
+# What a run sets for each (printed by the recommendation). Light mode's key is not settled yet.
+SHARDING_KEY = "dist.sharding={}"
+CHECKPOINT_KEYS = {"none": "model.activation_checkpoint_every=0", "full": "model.activation_checkpoint_every=1",
+                   "light": "the light activation-checkpointing mode (norms and activations recomputed)"}
+RING_SHARE = {"all-reduce": 2.0, "reduce-scatter": 1.0, "all-gather": 1.0}  # x (n-1)/n of the buffer, per GPU
+# ZeRO-3 holds, besides its shard, the parameters of the block running and of the next one (prefetch).
+GATHER_PREFETCH_UNITS = 2
+# Light checkpointing recomputes a block's norms and activation functions: the share of a block's
+# saved activations they hold. Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+# Transformer Models", section 4.1) count a transformer layer's saved activations as 34 bytes per
+# token per hidden unit in 16-bit (attention scores aside); the two layer norms' outputs are 4 of
+# them and the GELU's output 8: 12/34. An estimate for a transformer block; a measurement
+# (memory.PRECISION.activation_checkpoint.light) replaces it.
+LIGHT_RECOMPUTED_SHARE = 12 / 34
+GPUS_PER_NODE = 8  # --link auto: NVLink (or PCIe) within a node of 8, the network beyond
+DDP_BUCKET_BYTES = 25 * MIB  # PyTorch's bucket_cap_mb: a reduce-scatter's transient without blocks
+LINK_CHOICES = ("auto", "nvlink", "pcie", "25gbe", "100gbe", "400g-ib")
 
 
 class PlanError(Exception):
@@ -413,6 +566,120 @@ def host_ram_bytes(resident_bytes, batch, sample_bytes, staged_batches=LOADER_HO
     return resident_bytes + staged_batches * batch * sample_bytes
 
 
+# Sharding (dist.sharding) and activation checkpointing (model.activation_checkpoint_every): the model
+# of the docstring's "sharding" and "activation checkpointing", as pure functions of numbers.
+
+def padded_elements(units, n):
+    """Elements one of `n` ranks holds of `units` (element counts) split 1/n, each unit padded to a
+    multiple of n: sum(ceil(u / n))."""
+    return sum(-(-int(u) // n) for u in units)
+
+
+def shard_bytes(nbytes, n, units=None):
+    """Bytes of an `nbytes` state one of `n` ranks holds when it is split 1/n: nbytes / n, times the
+    padding of each of `units` (element counts of the pieces split one by one; None: one piece, whose
+    padding of at most n - 1 elements is left out)."""
+    if n <= 1:
+        return float(nbytes)
+    if not units:
+        return nbytes / n
+    return nbytes * padded_elements(units, n) / sum(units)
+
+
+def model_state_bytes(parameter_bytes, gradient_bytes, optimizer_state_bytes, sharding, n, units=None):
+    """Per-GPU bytes of the model's state at a dist.sharding stage over `n` ranks: {"parameters",
+    "gradients", "optimizer_state", "total"}. Each stage splits one more state 1/n (shard_bytes):
+    optimizer (ZeRO-1) the optimizer state, gradients (ZeRO-2) also the gradients, parameters (ZeRO-3)
+    also the parameters. Without the transients (gathered blocks, communication buffers)."""
+    level = SHARDING.index(sharding)
+    out = {"parameters": shard_bytes(parameter_bytes, n, units) if level >= 3 else float(parameter_bytes),
+           "gradients": shard_bytes(gradient_bytes, n, units) if level >= 2 else float(gradient_bytes),
+           "optimizer_state": (shard_bytes(optimizer_state_bytes, n, units) if level >= 1
+                               else float(optimizer_state_bytes))}
+    out["total"] = out["parameters"] + out["gradients"] + out["optimizer_state"]
+    return out
+
+
+def collective_bytes(op, nbytes, n):
+    """Bytes each of `n` GPUs sends (and receives) in a ring collective over an `nbytes` buffer:
+    all-reduce 2 (n-1)/n, reduce-scatter and all-gather (n-1)/n each; 0 on one GPU."""
+    return 0.0 if n <= 1 else RING_SHARE[op] * (n - 1) / n * nbytes
+
+
+def communication(sharding, n, parameter_bytes, gradient_bytes, accumulate=1):
+    """What a dist.sharding stage sends per GPU per optimizer step of `accumulate` micro-batches:
+    {"collectives": [{"op", "of", "per", "bytes"}], "micro_batch_bytes", "step_bytes", "bytes_per_step"}.
+    `parameter_bytes`: the trainable parameters (what an all-gather rebuilds), `gradient_bytes`:
+    their gradients (what is reduced). "per" is "micro-batch" (sent each micro-batch) or "step" (once
+    per optimizer step); bytes_per_step = accumulate x micro_batch_bytes + step_bytes.
+      none (DDP)        all-reduce of the gradients, at the last micro-batch;
+      optimizer (ZeRO-1) that, + an all-gather of the updated parameters;
+      gradients (ZeRO-2) a reduce-scatter of the gradients every micro-batch (the full gradient is
+                        not kept), + the all-gather of the updated parameters;
+      parameters (ZeRO-3) every micro-batch: an all-gather of each block's parameters before its
+                        forward and again before its backward, and the reduce-scatter."""
+    rows = {"none": [("all-reduce", "gradients", "step")],
+            "optimizer": [("all-reduce", "gradients", "step"), ("all-gather", "parameters", "step")],
+            "gradients": [("reduce-scatter", "gradients", "micro-batch"), ("all-gather", "parameters", "step")],
+            "parameters": [("all-gather", "parameters", "micro-batch"), ("all-gather", "parameters", "micro-batch"),
+                           ("reduce-scatter", "gradients", "micro-batch")]}[sharding]
+    sizes = {"parameters": parameter_bytes, "gradients": gradient_bytes}
+    collectives = [{"op": op, "of": of, "per": per, "bytes": collective_bytes(op, sizes[of], n)}
+                   for op, of, per in rows]
+    micro = sum(c["bytes"] for c in collectives if c["per"] == "micro-batch")
+    step = sum(c["bytes"] for c in collectives if c["per"] == "step")
+    return {"collectives": collectives, "micro_batch_bytes": micro, "step_bytes": step,
+            "bytes_per_step": accumulate * micro + step}
+
+
+def checkpointed_blocks(blocks, every):
+    """Blocks whose activations are recomputed with model.activation_checkpoint_every=`every`
+    (blocks 0, k, 2k, ...): ceil(blocks / every)."""
+    return -(-blocks // every)
+
+
+def full_checkpoint_per_sample_bytes(per_sample, blocks, every, block_bytes, input_bytes, largest_block_bytes=None):
+    """Per-sample activation bytes with every `every`-th of `blocks` blocks checkpointed: each
+    checkpointed block keeps its input instead of its activations, and in backward the block being
+    recomputed holds its activations again (the largest block's, at the peak).
+      per_sample   A without checkpointing (all saved activations, per sample)
+      block_bytes  of A, what the blocks save, all blocks together
+      input_bytes  the blocks' inputs, all blocks together
+      largest_block_bytes  the most one block saves (None: block_bytes / blocks)
+    = A - c (block_bytes / L) + c (input_bytes / L) + largest, c = checkpointed_blocks(L, every)."""
+    c = checkpointed_blocks(blocks, every)
+    largest = block_bytes / blocks if largest_block_bytes is None else largest_block_bytes
+    return per_sample - c * block_bytes / blocks + c * input_bytes / blocks + largest
+
+
+def light_checkpoint_per_sample_bytes(per_sample, blocks, block_bytes, recomputed_share=None,
+                                      largest_block_bytes=None):
+    """Per-sample activation bytes when the blocks recompute only their norms and activations: they
+    drop `recomputed_share` (LIGHT_RECOMPUTED_SHARE) of what they save, and the block in backward
+    holds its share again: A - s x block_bytes + s x largest."""
+    share = LIGHT_RECOMPUTED_SHARE if recomputed_share is None else recomputed_share
+    largest = block_bytes / blocks if largest_block_bytes is None else largest_block_bytes
+    return per_sample - share * block_bytes + share * largest
+
+
+def recompute_factor(mode, train_flops_per_sample, block_macs_per_sample, blocks, every):
+    """Step time with checkpointing / without, from FLOPs: full recomputes the checkpointed blocks'
+    forward once in backward, 2 x their MACs per sample (forward FLOPs = 2 x MACs), of the step's
+    train_flops_per_sample; light recomputes elementwise ops whose FLOPs do not count (their time is
+    light_recompute_seconds)."""
+    if mode != "full":
+        return 1.0
+    share = checkpointed_blocks(blocks, every) / blocks
+    return 1.0 + 2.0 * block_macs_per_sample * share / train_flops_per_sample
+
+
+def light_recompute_seconds(batch, recomputed_bytes_per_sample, hbm_bytes_per_s):
+    """Time of the light mode's recomputation per micro-batch: the norms and activations are
+    memory-bound, each recomputed byte read once (its input) and written once, at the board's
+    memory bandwidth."""
+    return 2.0 * batch * recomputed_bytes_per_sample / hbm_bytes_per_s
+
+
 # ---------------------------------------------------------------------------------------------------
 # Inputs
 
@@ -490,7 +757,80 @@ def load_measurement(path):
             if ops.get(key) is not None:  # null: not counted (the graph's counts when cuda_graph is off)
                 # Means over the counted steps: a read every 8 steps makes a fraction.
                 ops[key] = _number(ops, key, f"{path}: step_ops", minimum=1 if key == "eager" else 0)
+    _check_scaling_fields(m, path)
     return m
+
+
+def _optional_number(obj, key, where, minimum=0, integer=False):
+    """obj[key] checked when present (None: absent or null)."""
+    if not isinstance(obj, dict) or obj.get(key) is None:
+        return None
+    return _number(obj, key, where, minimum=minimum, integer=integer)
+
+
+def _check_scaling_fields(m, path):
+    """The optional fields that sharding and activation checkpointing read (docstring: MEASURE.json)."""
+    blocks = m.get("blocks")
+    if blocks is not None:
+        where = f"{path}: blocks"
+        if not isinstance(blocks, dict):
+            raise PlanError(f"{where}: expected an object {{count, parameter_bytes, largest_parameter_bytes, "
+                            f"forward_macs_per_sample}}")
+        _number(blocks, "count", where, minimum=1, integer=True)
+        for key in ("parameter_bytes", "largest_parameter_bytes", "forward_macs_per_sample"):
+            _optional_number(blocks, key, where)
+        total, largest = blocks.get("parameter_bytes"), blocks.get("largest_parameter_bytes")
+        if total is not None and total > m["parameter_bytes"]:
+            raise PlanError(f"{where}: parameter_bytes {total:g} is more than the model's parameter_bytes "
+                            f"{m['parameter_bytes']:g} (blocks count only the parameters inside the blocks)")
+        if total is not None and largest is not None and largest > total:
+            raise PlanError(f"{where}: largest_parameter_bytes {largest:g} is more than all blocks' "
+                            f"parameter_bytes {total:g}")
+    sharding = m.get("sharding")
+    if sharding is not None:
+        where = f"{path}: sharding"
+        if not isinstance(sharding, dict):
+            raise PlanError(f"{where}: expected an object {{unit_elements, gathered_parameter_bytes, "
+                            f"transient_gradient_bytes}}")
+        units = sharding.get("unit_elements")
+        if units is not None and not (isinstance(units, list) and units and all(
+                isinstance(u, int) and not isinstance(u, bool) and u >= 1 for u in units)):
+            raise PlanError(f"{where}: 'unit_elements': expected a list of element counts >= 1, one per piece "
+                            f"the sharding splits, got {json.dumps(units)[:80]}")
+        for key in ("gathered_parameter_bytes", "transient_gradient_bytes"):
+            _optional_number(sharding, key, where)
+    if "gradient_as_bucket_view" in m and not isinstance(m["gradient_as_bucket_view"], bool):
+        raise PlanError(f"{_where(path, 'gradient_as_bucket_view')}: expected true or false, got "
+                        f"{json.dumps(m['gradient_as_bucket_view'])}")
+    mode = m.get("activation_checkpoint", "none")
+    if mode not in CHECKPOINT_MODES:
+        raise PlanError(f"{_where(path, 'activation_checkpoint')}: {json.dumps(mode)}, expected one of "
+                        f"{', '.join(CHECKPOINT_MODES)} (the mode the measured config trains with)")
+    _optional_number(m, "activation_checkpoint_every", str(path), minimum=0, integer=True)
+    for name, entry in m["memory"].items():
+        where = f"{path}: memory.{name}"
+        for key in ("block_activation_bytes_per_sample", "block_input_bytes_per_sample",
+                    "largest_block_activation_bytes_per_sample"):
+            _optional_number(entry, key, where)
+        modes = entry.get("activation_checkpoint")
+        if modes is None:
+            continue
+        if not isinstance(modes, dict) or not set(modes) <= set(CHECKPOINT_MODES):
+            raise PlanError(f"{where}.activation_checkpoint: expected an object keyed by "
+                            f"{', '.join(CHECKPOINT_MODES)}, got {json.dumps(modes)[:80]}")
+        for mode_name, measured in modes.items():
+            at = f"{where}.activation_checkpoint.{mode_name}"
+            if not isinstance(measured, dict):
+                raise PlanError(f"{at}: expected an object {{probes, fixed_bytes, per_sample_bytes}}")
+            if "per_sample_bytes" not in measured:
+                try:
+                    measured["fixed_bytes"], measured["per_sample_bytes"] = fit_memory(measured.get("probes") or [])
+                except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+                    raise PlanError(f"{at}: no per_sample_bytes and the probes cannot give it ({e})") from None
+            _optional_number(measured, "fixed_bytes", at, minimum=None)
+            if _number(measured, "per_sample_bytes", at) <= 0:
+                raise PlanError(f"{at}: per_sample_bytes {measured['per_sample_bytes']} must be positive")
+            _optional_number(measured, "every", at, minimum=1, integer=True)
 
 
 def load_gpus(path):
@@ -666,21 +1006,25 @@ def memory_model(measurement, precision):
 
 
 def _measured_memory(measurement, precision):
+    key, source = memory_entry_key(measurement, precision)
+    entry = measurement["memory"][key]
+    return entry["fixed_bytes"], entry["per_sample_bytes"], source
+
+
+def memory_entry_key(measurement, precision):
+    """(key of measurement["memory"] that plans `precision`, how): its own, else the fallbacks of the
+    docstring (tf32: fp32's; fp16-mixed: bf16-mixed's; else fp32's; else any)."""
     memory = measurement["memory"]
     if precision in memory:
-        return memory[precision]["fixed_bytes"], memory[precision]["per_sample_bytes"], "measured"
+        return precision, "measured"
     if precision == "tf32" and "fp32" in memory:
-        return memory["fp32"]["fixed_bytes"], memory["fp32"]["per_sample_bytes"], "fp32's numbers (same storage)"
+        return "fp32", "fp32's numbers (same storage)"
     if precision == "fp16-mixed" and "bf16-mixed" in memory:
-        e = memory["bf16-mixed"]
-        return e["fixed_bytes"], e["per_sample_bytes"], "bf16-mixed's numbers (not measured; same widths)"
+        return "bf16-mixed", "bf16-mixed's numbers (not measured; same widths)"
     if "fp32" in memory:
-        e = memory["fp32"]
-        return (e["fixed_bytes"], e["per_sample_bytes"],
-                "fp32's numbers (not measured; usually an over-estimate for a mixed mode)")
+        return "fp32", "fp32's numbers (not measured; usually an over-estimate for a mixed mode)"
     other = next(iter(memory))
-    e = memory[other]
-    return e["fixed_bytes"], e["per_sample_bytes"], f"{other}'s numbers (not measured)"
+    return other, f"{other}'s numbers (not measured)"
 
 
 def device_resident_bytes(m):
@@ -692,6 +1036,13 @@ def device_resident_bytes(m):
     return resident
 
 
+def board_has(gpu, precision):
+    """Whether the board has the precision's math: no bf16 before Ampere (peak 0), and tf32 only with
+    TF32 tensor cores (T4 and V100 run it as fp32)."""
+    peak = float(gpu[PEAK_KEYS[precision]])
+    return peak > 0 and not (precision == "tf32" and peak <= gpu["fp32_tflops"])
+
+
 def plan_rows(m, gpus, prices, mfus, margin, context_bytes, floor_seconds, precisions):
     batch, accumulate = m["batch_size"], m["accumulate_grad_batches"]
     flops = m["train_flops_per_sample"]
@@ -700,11 +1051,9 @@ def plan_rows(m, gpus, prices, mfus, margin, context_bytes, floor_seconds, preci
     rows = []
     for gpu in gpus:
         for precision in precisions:
+            if not board_has(gpu, precision):
+                continue
             peak_tflops = float(gpu[PEAK_KEYS[precision]])
-            if peak_tflops <= 0:
-                continue  # no such math on the board (bf16 before Ampere)
-            if precision == "tf32" and peak_tflops <= gpu["fp32_tflops"]:
-                continue  # no TF32 tensor cores: tf32 is fp32 there
             fixed, per_sample, source = memory_model(m, precision)
             budget = memory_budget(gpu["memory_gib"], margin)
             needed = memory_needed(batch, fixed, per_sample, resident, context_bytes)
@@ -820,8 +1169,10 @@ def recommend(m, rows, dp, config_precision):
         if best is None or best.largest_batch == 0:
             need = m["parameter_bytes"] + m["buffer_bytes"] + m["gradient_bytes"] + m["optimizer_state_bytes"]
             text = (f"no GPU in the table fits even one sample: parameters, gradients and optimizer state "
-                    f"alone take {fmt_bytes(need)}; shard them (FSDP/ZeRO), or a smaller model or optimizer")
-            return {"gpu": None, "precision": None, "text": text, "reasons": []}
+                    f"alone take {fmt_bytes(need)}; shard them over several GPUs (plan it with --world-size N: "
+                    f"dist.sharding, ZeRO), or a smaller model or optimizer")
+            return {"gpu": None, "precision": None, "world_size": 1, "sharding": None,
+                    "activation_checkpoint": None, "text": text, "reasons": []}
         micro = best.largest_batch
         accumulate = math.ceil(batch * m["accumulate_grad_batches"] / micro)
         micro = math.ceil(batch * m["accumulate_grad_batches"] / accumulate)
@@ -829,7 +1180,8 @@ def recommend(m, rows, dp, config_precision):
                 f"fits no GPU; the largest batch is {best.largest_batch} there")
         reasons.append(f"set the batch size to {micro} and trainer.accumulate_grad_batches={accumulate} "
                        f"(same effective batch)")
-        return {"gpu": best.gpu, "precision": best.precision, "text": text, "reasons": reasons}
+        return {"gpu": best.gpu, "precision": best.precision, "world_size": 1, "sharding": "none",
+                "activation_checkpoint": "none", "text": text, "reasons": reasons}
     priced = [r for r in fitting if r.usd_per_run is not None]
     if priced:
         pick = min(priced, key=lambda r: (r.usd_per_run, r.epoch_seconds, rank(r)))
@@ -868,14 +1220,492 @@ def recommend(m, rows, dp, config_precision):
             c, _, link = max(options, key=lambda t: (t[0]["n"], t[1]))
             scaling = (f"up to {c['n']} GPUs over {link['link']} (efficiency {c['efficiency']:.2f}: "
                        f"{c['speedup']:.1f}x faster, {1 / c['efficiency'] - 1:.0%} dearer per run)")
-            if run_seconds(pick) >= DP_WORTH_SECONDS:
+            buckets = 0.0 if m.get("gradient_as_bucket_view") is True else m["gradient_bytes"]
+            if run_seconds(pick) >= DP_WORTH_SECONDS and pick.memory_needed_bytes + buckets > pick.memory_budget_bytes:
+                reasons.append(f"data-parallel would pay {scaling}, but DDP's buckets (a copy of the gradients, "
+                               f"{fmt_bytes(buckets)}) do not fit beside batch {batch}: plan sharding with "
+                               f"--world-size {c['n']}")
+            elif run_seconds(pick) >= DP_WORTH_SECONDS:
                 gpus_used, via = c["n"], f" over {link['link']}"
                 reasons.append(f"data-parallel pays {scaling}")
             else:
                 reasons.append(f"one GPU: a run takes {fmt_seconds(run_seconds(pick))}; data-parallel "
                                f"would pay {scaling} but saves little")
     text = f"{pick.gpu}, {pick.precision}, {gpus_used} GPU{'s' if gpus_used > 1 else ''}{via}, batch {batch}"
-    return {"gpu": pick.gpu, "precision": pick.precision, "text": text, "reasons": reasons}
+    return {"gpu": pick.gpu, "precision": pick.precision, "world_size": gpus_used, "sharding": "none",
+            "activation_checkpoint": "none", "text": text, "reasons": reasons}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sharding and activation checkpointing at --world-size GPUs (the docstring's "configurations")
+
+def trainable_parameter_bytes(m):
+    """Bytes of the trainable parameters (what sharding updates and all-gathers): parameter_bytes
+    times the trainable share of the parameters."""
+    params = m["parameters"]
+    trainable = m.get("trainable_parameters", params)
+    if not isinstance(trainable, (int, float)) or isinstance(trainable, bool) or params <= 0:
+        return float(m["parameter_bytes"])
+    return m["parameter_bytes"] * min(max(trainable, 0), params) / params
+
+
+def _pieces(m):
+    """(the largest piece's parameter bytes, [pieces' parameter bytes]) from blocks: each block as large
+    as the largest, and what lies outside the blocks as one more piece; None without blocks."""
+    blocks = m.get("blocks") or {}
+    largest = blocks.get("largest_parameter_bytes")
+    if largest is None:
+        return None
+    inside = blocks.get("parameter_bytes")
+    if inside is None:
+        inside = min(largest * blocks["count"], m["parameter_bytes"])
+    outside = max(m["parameter_bytes"] - inside, 0.0)
+    pieces = [float(largest)] * blocks["count"] + ([outside] if outside > 0 else [])
+    return max(pieces), pieces
+
+
+def gathered_parameter_bytes(m):
+    """(bytes, how) ZeRO-3 holds gathered besides its shard: the measurement's sharding.
+    gathered_parameter_bytes; else the GATHER_PREFETCH_UNITS largest pieces (the block running and
+    the next, prefetched); else, without blocks, every parameter (gathered whole)."""
+    measured = (m.get("sharding") or {}).get("gathered_parameter_bytes")
+    if measured is not None:
+        return float(measured), "measured"
+    pieces = _pieces(m)
+    if pieces is None:
+        return float(m["parameter_bytes"]), "estimated: the measurement names no blocks, so they are gathered whole"
+    top = sorted(pieces[1], reverse=True)[:GATHER_PREFETCH_UNITS]
+    return sum(top), (f"estimated: the {len(top)} largest pieces (a block, the next one prefetched; what lies "
+                      f"outside the blocks is one piece)")
+
+
+def transient_gradient_bytes(m):
+    """(bytes, how) of full gradients ZeRO-2/3 hold before a reduce-scatter: the measurement's
+    sharding.transient_gradient_bytes; else the largest piece's gradients; else one DDP bucket."""
+    measured = (m.get("sharding") or {}).get("transient_gradient_bytes")
+    if measured is not None:
+        return float(measured), "measured"
+    pieces = _pieces(m)
+    if pieces is None:
+        return (min(float(m["gradient_bytes"]), DDP_BUCKET_BYTES),
+                f"estimated: one {DDP_BUCKET_BYTES / MIB:g} MiB bucket (the measurement names no blocks)")
+    ratio = m["gradient_bytes"] / m["parameter_bytes"] if m["parameter_bytes"] > 0 else 1.0
+    return pieces[0] * ratio, "estimated: the largest piece's gradients, reduce-scattered as its backward ends"
+
+
+def sharding_parts(m, sharding, n):
+    """Per-GPU bytes of the model's state at a stage over n GPUs: {"parameters", "gradients",
+    "optimizer_state", "gathered_parameters", "communication_buffers", "how": {...}}.
+      gathered_parameters    ZeRO-3 at n > 1: gathered_parameter_bytes
+      communication_buffers  n > 1: DDP and ZeRO-1 all-reduce through DDP's buckets, a copy of
+                             the gradients (0 with gradient_as_bucket_view); ZeRO-2/3 hold one
+                             piece's full gradients before its reduce-scatter"""
+    units = (m.get("sharding") or {}).get("unit_elements")
+    state = model_state_bytes(m["parameter_bytes"], m["gradient_bytes"], m["optimizer_state_bytes"], sharding, n,
+                              units)
+    how = {"padding": "measured pieces" if units else "one piece (padding left out)"}
+    gathered, buffers = 0.0, 0.0
+    if n > 1:
+        if sharding == "parameters":
+            gathered, how["gathered_parameters"] = gathered_parameter_bytes(m)
+        if sharding in ("none", "optimizer"):
+            view = m.get("gradient_as_bucket_view") is True
+            buffers = 0.0 if view else float(m["gradient_bytes"])
+            how["communication_buffers"] = ("gradient_as_bucket_view: the buckets are the gradients" if view
+                                            else "DDP's buckets: a copy of the gradients")
+        else:
+            buffers, how["communication_buffers"] = transient_gradient_bytes(m)
+    return {"parameters": state["parameters"], "gradients": state["gradients"],
+            "optimizer_state": state["optimizer_state"], "gathered_parameters": gathered,
+            "communication_buffers": buffers, "how": how}
+
+
+def activation_models(m, precision):
+    """{mode: model} for CHECKPOINT_MODES at `precision`: {"available", "fixed_bytes",
+    "per_sample_bytes", "estimated", "source", "every", "recompute_factor",
+    "recomputed_bytes_per_sample"}, or {"available": False, "why"}. Measured modes come from
+    memory.PRECISION.activation_checkpoint (and the measured config's own mode, the entry's F and A);
+    full and light are otherwise estimated from "none" and the blocks (docstring). A x 2 under
+    graph_pool_doubles, as memory_model."""
+    key, how = memory_entry_key(m, precision)
+    entry = m["memory"][key]
+    own = m.get("activation_checkpoint", "none")
+    measured = dict(entry.get("activation_checkpoint") or {})
+    measured.setdefault(own, {"fixed_bytes": entry["fixed_bytes"], "per_sample_bytes": entry["per_sample_bytes"],
+                              "every": m.get("activation_checkpoint_every") or 1})
+    blocks = m.get("blocks") or {}
+    count = blocks.get("count")
+    flops = m["train_flops_per_sample"]
+    block_macs, macs_how = blocks.get("forward_macs_per_sample"), "the blocks' forward"
+    if block_macs is None:
+        block_macs, macs_how = m.get("forward_macs_per_sample"), "the whole forward: an upper bound"
+        if not isinstance(block_macs, (int, float)) or block_macs <= 0:
+            block_macs, macs_how = flops / 6.0, "a third of the training FLOPs: an upper bound"
+    suffix = "" if how == "measured" else f"; {how}"
+    doubles = graph_pool_doubles(m)
+    base = measured.get("none")
+    block_bytes = entry.get("block_activation_bytes_per_sample")
+    largest = entry.get("largest_block_activation_bytes_per_sample")
+    out = {}
+    for mode in CHECKPOINT_MODES:
+        if mode in measured:
+            e = measured[mode]
+            fixed = e.get("fixed_bytes")
+            if fixed is None:  # F barely moves with checkpointing: the unchecked run's
+                unchecked = base.get("fixed_bytes") if base else None
+                fixed = unchecked if unchecked is not None else entry["fixed_bytes"]
+            every = (e.get("every") or 1) if mode == "full" else None
+            model = {"available": True, "fixed_bytes": float(fixed), "per_sample_bytes": float(e["per_sample_bytes"]),
+                     "estimated": False, "every": every,
+                     "source": "measured" + (f" (every {every})" if every and every > 1 else "")}
+        elif base is None:
+            out[mode] = {"available": False,
+                         "why": f"the measured config trains with {own} checkpointing and {mode} was not measured"}
+            continue
+        elif not count:
+            out[mode] = {"available": False,
+                         "why": "the measurement names no blocks (a model checkpoints its core::BlockModel blocks) "
+                                f"and did not measure {mode}"}
+            continue
+        else:
+            a0 = float(base["per_sample_bytes"])
+            inside = float(block_bytes) if block_bytes is not None else a0
+            assumed = "" if block_bytes is not None else "; assumes the blocks save all of A"
+            if mode == "full":
+                inputs = entry.get("block_input_bytes_per_sample")
+                if inputs is None:
+                    out[mode] = {"available": False,
+                                 "why": "not measured, and no block_input_bytes_per_sample to estimate it from"}
+                    continue
+                per_sample = full_checkpoint_per_sample_bytes(a0, count, 1, inside, inputs, largest)
+                source = (f"estimated: {count} blocks keep their inputs ({fmt_bytes(inputs / count)}/sample each) "
+                          f"instead of what they save ({fmt_bytes(inside / count)}), + the largest block's "
+                          f"while it is recomputed{assumed}")
+            else:
+                per_sample = light_checkpoint_per_sample_bytes(a0, count, inside, None, largest)
+                source = (f"estimated: the blocks drop {LIGHT_RECOMPUTED_SHARE:.0%} of what they save (norm and "
+                          f"activation outputs, LIGHT_RECOMPUTED_SHARE){assumed}")
+            if per_sample <= 0:
+                out[mode] = {"available": False,
+                             "why": f"the estimate gives {per_sample:g} bytes per sample: the block fields "
+                                    f"contradict per_sample_bytes (remeasure)"}
+                continue
+            model = {"available": True, "fixed_bytes": float(base.get("fixed_bytes", entry["fixed_bytes"])),
+                     "per_sample_bytes": per_sample, "estimated": True, "every": 1 if mode == "full" else None,
+                     "source": source}
+        model["source"] += suffix
+        model["recompute_factor"], model["recomputed_bytes_per_sample"] = 1.0, 0.0
+        if mode == "full":
+            model["recompute_factor"] = recompute_factor("full", flops, block_macs, count or model["every"],
+                                                         model["every"])
+            model["recompute"] = (f"one more forward of the checkpointed blocks: 2 x {fmt_si(block_macs)} MACs "
+                                  f"({macs_how}) x {checkpointed_blocks(count or model['every'], model['every'])}"
+                                  f"/{count or model['every']} of the blocks per sample")
+        elif mode == "light":
+            # What it drops: measured, the difference from no checkpointing; estimated, the share.
+            if not model["estimated"] and base is not None:
+                model["recomputed_bytes_per_sample"] = max(float(base["per_sample_bytes"]) - model["per_sample_bytes"],
+                                                           0.0)
+            elif count:
+                inside = float(block_bytes) if block_bytes is not None else float(base["per_sample_bytes"])
+                model["recomputed_bytes_per_sample"] = LIGHT_RECOMPUTED_SHARE * inside
+            model["recompute"] = ("the dropped bytes read and written once more at the board's memory bandwidth "
+                                  "(hbm_gb_s)")
+        if doubles:
+            model["per_sample_bytes"] *= 2
+            model["source"] += "; A x 2: the CUDA graph's pool"
+        out[mode] = model
+    return out
+
+
+def choose_link(gpu, n, link):
+    """(name, GB/s per GPU per direction) of the link a world of n GPUs communicates over. auto: NVLink
+    (else PCIe) within a node of GPUS_PER_NODE, 400G InfiniBand between nodes (a ring is as fast as its
+    slowest hop); or the named link (nvlink on a board without it: PCIe)."""
+    gen = int(gpu["pcie_gen"])
+    pcie = (f"PCIe Gen{gen}", PCIE_GB_S[gen])
+    nvlink = ("NVLink", float(gpu["nvlink_gb_s"])) if gpu["nvlink_gb_s"] > 0 else None
+    networks = {"25gbe": NETWORKS[0], "100gbe": NETWORKS[1], "400g-ib": NETWORKS[2]}
+    if link == "auto":
+        return (nvlink or pcie) if n <= GPUS_PER_NODE else networks["400g-ib"]
+    if link == "nvlink":
+        return nvlink or (pcie[0] + " (no NVLink)", pcie[1])
+    if link == "pcie":
+        return pcie
+    return networks[link]
+
+
+@dataclass
+class ConfigRow:
+    gpu: str
+    precision: str
+    sharding: str  # dist.sharding
+    activation_checkpoint: str  # none, full, light
+    world_size: int
+    memory_gib: float
+    memory_budget_bytes: float
+    memory_needed_bytes: float  # per GPU at the config's batch: the sum of memory_parts
+    memory_parts: dict  # context, buffers_and_data, parameters, gradients, optimizer_state,
+    #                     gathered_parameters, communication_buffers, other_fixed, activations
+    fits: bool
+    largest_batch: int
+    link: str | None  # None on one GPU
+    link_gb_s: float | None
+    communication_bytes: float  # sent per GPU per optimizer step
+    communication_seconds: float  # per optimizer step, on the link
+    compute_seconds: float  # per optimizer step, recomputation included
+    recompute_seconds: float  # of compute_seconds, what checkpointing adds
+    step_seconds: float  # compute + communication (no overlap)
+    launch_bound: bool
+    epoch_seconds: float
+    usd_per_hour: float | None  # one GPU
+    usd_per_run: float | None  # all world_size GPUs
+    activation_source: str
+
+
+def config_precisions(gpu, rows, precisions_asked, config_precision):
+    """The precisions a GPU's configurations are planned in: those asked (--precision) that the board
+    has; else the one of its single-GPU rows with the fastest epoch (ties: the config's own, then
+    bf16, tf32, fp32, fp16)."""
+    if precisions_asked:
+        return [p for p in precisions_asked if board_has(gpu, p)]
+    mine = [r for r in rows if r.gpu == gpu["name"]]
+    if not mine:
+        return []
+    return [min(mine, key=lambda r: (r.epoch_seconds, _precision_rank(r.precision, config_precision))).precision]
+
+
+def config_fixed_parts(m, sharding, n, act, context_bytes):
+    """Per-GPU bytes that do not grow with the batch, by part (ConfigRow.memory_parts but activations)."""
+    parts = sharding_parts(m, sharding, n)
+    state = m["gradient_bytes"] + m["optimizer_state_bytes"]  # what the measured F holds of the state
+    return {"context": context_bytes,
+            "buffers_and_data": device_resident_bytes(m) - m["parameter_bytes"],
+            "parameters": parts["parameters"], "gradients": parts["gradients"],
+            "optimizer_state": parts["optimizer_state"], "gathered_parameters": parts["gathered_parameters"],
+            "communication_buffers": parts["communication_buffers"],
+            "other_fixed": max(act["fixed_bytes"] - state, 0.0)}
+
+
+def config_rows(m, gpus, rows, prices, mfus, margin, context_bytes, floor_seconds, world_size, shardings, modes,
+                link, precisions_asked):
+    """ConfigRow per GPU, planned precision, sharding stage and checkpointing mode available."""
+    batch, accumulate, n = m["batch_size"], m["accumulate_grad_batches"], world_size
+    flops, train_samples = m["train_flops_per_sample"], m["dataset"]["train_samples"]
+    comm = {s: communication(s, n, trainable_parameter_bytes(m), m["gradient_bytes"], accumulate) for s in shardings}
+    acts = {}
+    out = []
+    for gpu in gpus:
+        link_name, gb_s = choose_link(gpu, n, link) if n > 1 else (None, None)
+        budget = memory_budget(gpu["memory_gib"], margin)
+        for precision in config_precisions(gpu, rows, precisions_asked, m["precision"]):
+            acts.setdefault(precision, activation_models(m, precision))
+            peak = float(gpu[PEAK_KEYS[precision]]) * 1e12
+            mfu = mfus[precision].value
+            math_seconds = batch * flops / (peak * mfu)
+            base = max(math_seconds, floor_seconds)
+            price = prices.get(gpu["name"], gpu.get("usd_per_hour"))
+            for sharding in shardings:
+                c = comm[sharding]
+                micro_comm = c["micro_batch_bytes"] / (gb_s * 1e9) if n > 1 else 0.0
+                step_comm = c["step_bytes"] / (gb_s * 1e9) if n > 1 else 0.0
+                for mode in modes:
+                    act = acts[precision][mode]
+                    if not act["available"]:
+                        continue
+                    parts = config_fixed_parts(m, sharding, n, act, context_bytes)
+                    fixed = sum(parts.values())
+                    parts["activations"] = batch * act["per_sample_bytes"]
+                    needed = fixed + parts["activations"]
+                    micro = base * act["recompute_factor"]
+                    if mode == "light":
+                        micro += light_recompute_seconds(batch, act["recomputed_bytes_per_sample"],
+                                                         gpu["hbm_gb_s"] * 1e9)
+                    micro_batches = math.ceil(train_samples / (n * batch))
+                    epoch = (micro_batches * (micro + micro_comm)
+                             + math.ceil(micro_batches / accumulate) * step_comm)
+                    out.append(ConfigRow(
+                        gpu=gpu["name"], precision=precision, sharding=sharding, activation_checkpoint=mode,
+                        world_size=n, memory_gib=float(gpu["memory_gib"]), memory_budget_bytes=budget,
+                        memory_needed_bytes=needed, memory_parts=parts, fits=needed <= budget,
+                        largest_batch=largest_batch(budget, fixed, act["per_sample_bytes"], 0, 0),
+                        link=link_name, link_gb_s=gb_s, communication_bytes=c["bytes_per_step"],
+                        communication_seconds=accumulate * micro_comm + step_comm,
+                        compute_seconds=accumulate * micro, recompute_seconds=accumulate * (micro - base),
+                        step_seconds=accumulate * (micro + micro_comm) + step_comm,
+                        launch_bound=math_seconds < floor_seconds, epoch_seconds=epoch, usd_per_hour=price,
+                        usd_per_run=None if price is None else epoch * m["epochs"] / 3600.0 * price * n,
+                        activation_source=act["source"]))
+    return out, acts, comm
+
+
+def least_memory_world_size(m, gpu, act, context_bytes, margin, batch, start):
+    """The smallest power-of-two world size >= start (up to MAX_WORLD_SIZE) at which ZeRO-3 with
+    activation model `act` fits `batch` on `gpu`; None when none does (what is not sharded,
+    activations, gathered blocks, context, is already too much)."""
+    budget = memory_budget(gpu["memory_gib"], margin)
+    n = 1
+    while n < start:
+        n *= 2
+    while n <= MAX_WORLD_SIZE:
+        parts = config_fixed_parts(m, "parameters", n, act, context_bytes)
+        if sum(parts.values()) + batch * act["per_sample_bytes"] <= budget:
+            return n
+        n *= 2
+    return None
+
+
+def _simplicity(r):
+    """Tie-break among equally cheap configurations: less sharding, then less recomputation."""
+    return SHARDING.index(r.sharding), CHECKPOINT_MODES.index(r.activation_checkpoint)
+
+
+def describe_config(r):
+    checkpoint = f"activation checkpointing {r.activation_checkpoint}"
+    if r.world_size == 1:
+        return checkpoint  # one GPU: nothing sharded
+    return f"sharding {r.sharding} ({ZERO_NAMES[r.sharding]}), {checkpoint}"
+
+
+def config_keys(r, config_precision):
+    keys = []
+    if r.world_size > 1:
+        keys.append(SHARDING_KEY.format(r.sharding))
+    if r.activation_checkpoint != "none":
+        keys.append(CHECKPOINT_KEYS[r.activation_checkpoint])
+    if r.precision != config_precision:
+        keys.append(f"trainer.precision={r.precision}")
+    return keys
+
+
+def recommend_config(m, crows, gpus, args_context):
+    """{"gpu", "precision", "world_size", "sharding", "activation_checkpoint", "text", "reasons"}:
+    the docstring's "recommendation" over configurations: the cheapest per run where the config's
+    batch fits (without prices the fastest, and among rows within NEAR_TIE of it the smallest GPU);
+    equal costs go to less sharding, then less recomputation."""
+    batch, n = m["batch_size"], crows[0].world_size if crows else 1
+    context_bytes, margin, acts = args_context
+    fitting = [r for r in crows if r.fits]
+    reasons = []
+    gpu_word = f"{n} GPU{'s' if n > 1 else ''}"
+
+    def result(pick, text):
+        return {"gpu": pick.gpu if pick else None, "precision": pick.precision if pick else None,
+                "world_size": n, "sharding": pick.sharding if pick else None,
+                "activation_checkpoint": pick.activation_checkpoint if pick else None, "text": text,
+                "reasons": reasons}
+
+    if not fitting:
+        return _recommend_no_fit(m, crows, gpus, acts, context_bytes, margin, result, reasons)
+    priced = [r for r in fitting if r.usd_per_run is not None]
+    if priced:
+        best = min(r.usd_per_run for r in priced)
+        near = [r for r in priced if r.usd_per_run <= best * (1 + 1e-9)]
+        pick = min(near, key=lambda r: (_simplicity(r), r.epoch_seconds))
+        reasons.append(f"cheapest per run ({fmt_usd(pick.usd_per_run)} for {gpu_word}, "
+                       f"{fmt_seconds(pick.epoch_seconds * m['epochs'])}) of {len(priced)} priced configurations "
+                       f"where batch {batch} fits")
+    else:
+        fastest = min(r.epoch_seconds for r in fitting)
+        near = [r for r in fitting if r.epoch_seconds <= fastest * (1 + NEAR_TIE)]
+        top_peak = {g["name"]: max(float(g[k]) for k in PEAK_KEYS.values()) for g in gpus}
+        pick = min(near, key=lambda r: (top_peak[r.gpu], r.memory_gib, _simplicity(r), r.epoch_seconds))
+        reasons.append(f"fastest ({fmt_seconds(pick.epoch_seconds)}/epoch, "
+                       f"{fmt_seconds(pick.epoch_seconds * m['epochs'])}/run) where batch {batch} fits; no prices "
+                       f"given (--price GPU=USD_PER_HOUR)")
+        if len({r.gpu for r in near}) > 1:
+            reasons.append(f"GPUs within {NEAR_TIE:.0%} of the fastest: this is the smallest of them")
+    reasons.append(_why_this_config(pick, crows))
+    others = [r for r in (priced or fitting) if r is not pick]
+    if others:
+        cost = (lambda r: r.usd_per_run) if priced else (lambda r: r.epoch_seconds)
+        runner = min(others, key=lambda r: (cost(r), _simplicity(r)))
+        what = fmt_usd(runner.usd_per_run) + " per run" if priced else fmt_seconds(runner.epoch_seconds) + "/epoch"
+        reasons.append(f"next: {runner.gpu} {runner.precision}, {describe_config(runner)} at {what}")
+    if n > 1:
+        share = pick.communication_seconds / pick.step_seconds if pick.step_seconds > 0 else 0.0
+        reasons.append(f"sends {fmt_bytes(pick.communication_bytes)} per GPU per optimizer step: "
+                       f"{fmt_seconds(pick.communication_seconds)} over {pick.link} ({pick.link_gb_s:g} GB/s), "
+                       f"{share:.0%} of the step (no overlap assumed)")
+    if pick.activation_checkpoint != "none":
+        reasons.append(f"checkpointing adds {fmt_seconds(pick.recompute_seconds)} per step "
+                       f"(+{pick.recompute_seconds / max(pick.compute_seconds - pick.recompute_seconds, 1e-30):.0%} "
+                       f"compute) to recompute activations")
+    keys = config_keys(pick, m["precision"])
+    if keys:
+        reasons.append("set " + " ".join(keys) + (f" and run on {n} GPUs (tools/ember run --nproc {n}, or "
+                                                  f"torchrun)" if n > 1 else ""))
+    if pick.launch_bound:
+        reasons.append(f"launch-bound: a batch of {batch} holds less math than the step floor; a larger batch "
+                       f"(up to {pick.largest_batch:,} fits) would use the GPU better")
+    text = f"{pick.gpu}, {pick.precision}, {gpu_word}, {describe_config(pick)}, batch {batch}"
+    return result(pick, text)
+
+
+def _why_this_config(pick, crows):
+    """Why this stage and mode: what the simpler configurations need on the same GPU and precision."""
+    same = [r for r in crows if (r.gpu, r.precision) == (pick.gpu, pick.precision)]
+    usable = f"{fmt_bytes(pick.memory_budget_bytes)} usable on {pick.gpu}"
+    simpler = [r for r in same if _simplicity(r) < _simplicity(pick) and not r.fits]
+    plain = "plain DDP" if pick.world_size > 1 else "no sharding"
+    if pick.sharding == "none" and pick.activation_checkpoint == "none":
+        return f"{plain} and no checkpointing fit: {fmt_bytes(pick.memory_needed_bytes)} of {usable}"
+    if not simpler:
+        return (f"{describe_config(pick)} needs {fmt_bytes(pick.memory_needed_bytes)} of {usable}, and is as "
+                f"cheap as the simpler configurations that fit")
+    shown = sorted(simpler, key=_simplicity)[:3]
+    need = "; ".join(f"{describe_config(r)} needs {fmt_bytes(r.memory_needed_bytes)}" for r in shown)
+    return (f"{need}: more than the {usable}; {describe_config(pick)} needs "
+            f"{fmt_bytes(pick.memory_needed_bytes)}")
+
+
+def _recommend_no_fit(m, crows, gpus, acts, context_bytes, margin, result, reasons):
+    batch = m["batch_size"]
+    n = crows[0].world_size if crows else 1
+    some = [r for r in crows if r.largest_batch > 0]
+    if some:
+        best = max(some, key=lambda r: (r.largest_batch, tuple(-x for x in _simplicity(r)),
+                                        -(r.usd_per_run or 0.0), -r.epoch_seconds))
+        micro = best.largest_batch
+        accumulate = math.ceil(batch * m["accumulate_grad_batches"] / micro)
+        micro = math.ceil(batch * m["accumulate_grad_batches"] / accumulate)
+        reasons.append(f"set the batch size to {micro} and trainer.accumulate_grad_batches={accumulate} (same "
+                       f"effective batch)" + ("; " + " ".join(config_keys(best, m["precision"]))
+                                              if config_keys(best, m["precision"]) else ""))
+        text = (f"{best.gpu} {best.precision}, {n} GPU{'s' if n > 1 else ''}, {describe_config(best)}, with batch "
+                f"{micro} x {accumulate} accumulation: batch {batch} fits no configuration; the largest batch is "
+                f"{best.largest_batch} there")
+        return result(best, text)
+    # Nothing fits one sample: the least memory there is, and the world size at which it would fit.
+    biggest = max(gpus, key=lambda g: g["memory_gib"])
+    precision = next((r.precision for r in crows if r.gpu == biggest["name"]), None)
+    candidates = [a for a in (acts.get(precision) or {}).values() if a["available"]]
+    text = f"no configuration at {n} GPU{'s' if n > 1 else ''} fits even one sample"
+    if candidates:
+        act = min(candidates, key=lambda a: a["per_sample_bytes"])
+        mode = next(k for k, v in acts[precision].items() if v is act)
+        parts = config_fixed_parts(m, "parameters", n, act, context_bytes)
+        need = sum(parts.values()) + act["per_sample_bytes"]
+        budget = memory_budget(biggest["memory_gib"], margin)
+        if need <= budget:  # outside the stages and modes asked for
+            fits = largest_batch(budget, need - act["per_sample_bytes"], act["per_sample_bytes"], 0, 0)
+            what = (f"sharding parameters (ZeRO-3) with activation checkpointing {mode}" if n > 1
+                    else f"activation checkpointing {mode}")
+            flags = ("--sharding parameters " if n > 1 else "") + f"--activation-checkpoint {mode}"
+            text += (f" among the stages and modes asked for; {what} needs {fmt_bytes(need)} for one sample on "
+                     f"{biggest['name']} ({fmt_bytes(budget)} usable) and fits batch {fits} there ({flags})")
+            return result(None, text)
+        text += (f": the least, sharding parameters (ZeRO-3) with activation checkpointing {mode}, needs "
+                 f"{fmt_bytes(need)} for one sample on {biggest['name']} ({fmt_bytes(budget)} usable)")
+        more = least_memory_world_size(m, biggest, act, context_bytes, margin, 1, max(2 * n, 2))
+        if more is not None:
+            at_batch = least_memory_world_size(m, biggest, act, context_bytes, margin, batch, more)
+            text += (f"; it would fit one sample at --world-size {more}"
+                     + (f" and batch {batch} at {at_batch}" if at_batch and batch > 1 else ""))
+        else:
+            text += (f"; no world size up to {MAX_WORLD_SIZE} fits: what is not sharded (activations, gathered "
+                     f"blocks, the CUDA context) is too much alone")
+    return result(None, text)
 
 
 def select_gpus(gpus, names):
@@ -919,6 +1749,19 @@ def make_plan(m, gpus, prices, args, measurement_path):
     if not rows:
         raise PlanError(f"no GPU of the selection has the math of {', '.join(precisions)}")
     dp = data_parallel(m, gpus, best_row_per_gpu(rows, m["precision"]))
+    crows, acts, comm = config_rows(m, gpus, rows, prices, mfus, args.margin, context_bytes, floor_seconds,
+                                    args.world_size, args.sharding, args.activation_checkpoint, args.link,
+                                    args.precision)
+    for mode in args.checkpoint_asked:
+        if not any(a[mode]["available"] for a in acts.values()):
+            why = "; ".join(sorted({a[mode]["why"] for a in acts.values()}))
+            raise PlanError(f"--activation-checkpoint {mode}: {m['recipe']}'s measurement cannot plan it: {why}")
+    extra_modes = {mode for a in acts.values() for mode, x in a.items() if x["available"] and mode != "none"}
+    shown = args.world_size > 1 or bool(extra_modes & set(args.activation_checkpoint))
+    recommendation = recommend(m, rows, dp, m["precision"])
+    plain_fits = any(r.fits for r in rows)
+    if shown and crows and (args.world_size > 1 or not plain_fits):
+        recommendation = recommend_config(m, crows, gpus, (context_bytes, args.margin, acts))
     notes = [batch_note] if batch_note else []
     if (m.get("memory_method") or "").lower().startswith("cpu"):
         notes.append("memory measured with CPU allocator statistics: a GPU adds cuDNN workspaces and "
@@ -959,6 +1802,9 @@ def make_plan(m, gpus, prices, args, measurement_path):
             "graph_pool_doubles_per_sample_bytes": graph_pool_doubles(m),
             "default_mfu": DEFAULT_MFU, "pays_efficiency": PAYS_EFFICIENCY, "host_ram_gib": args.host_ram_gib,
             "loader_host_batches": LOADER_HOST_BATCHES, "gpu_table": str(args.gpus),
+            "world_size": args.world_size, "link": args.link, "gpus_per_node": GPUS_PER_NODE,
+            "gather_prefetch_units": GATHER_PREFETCH_UNITS, "light_recomputed_share": LIGHT_RECOMPUTED_SHARE,
+            "ddp_bucket_bytes": DDP_BUCKET_BYTES,
         },
         "mfu": {p: {"value": mfus[p].value, "source": mfus[p].source, "run": mfus[p].run,
                     "precision_measured": mfus[p].precision, "text": describe_mfu(mfus[p])}
@@ -971,7 +1817,12 @@ def make_plan(m, gpus, prices, args, measurement_path):
             "rule": f"ring all-reduce 2(n-1)/n x gradient_bytes / link bandwidth, no overlap; pays when "
                     f"t_step / (t_step + t_allreduce) >= {PAYS_EFFICIENCY}",
             "gradient_bytes": m["gradient_bytes"], "gpus": dp},
-        "recommendation": recommend(m, rows, dp, m["precision"]),
+        "configurations": {
+            "shown": shown, "world_size": args.world_size, "link": args.link, "shardings": args.sharding,
+            "activation_checkpoints": args.activation_checkpoint,
+            "state": {s: dict(sharding_parts(m, s, args.world_size), communication=comm[s]) for s in args.sharding},
+            "activations": acts, "rows": [asdict(r) for r in crows]},
+        "recommendation": recommendation,
         "notes": notes,
     }
     return plan
@@ -1165,12 +2016,95 @@ def render(plan):
                 ["link", "GB/s"] + [f"n={n}" for n in GPU_COUNTS], body,
                 right={"GB/s"} | {f"n={n}" for n in GPU_COUNTS}).split("\n")))
 
+    cfg = plan["configurations"]
+    if cfg["shown"]:
+        out.append("")
+        out.extend(render_configurations(plan))
+    elif cfg["world_size"] == 1:
+        out.append("")
+        out.append("(sharding: --world-size N plans dist.sharding at N GPUs; activation checkpointing needs a "
+                   "model with blocks: see 'configurations' in tools/ember plan --help)")
+
     for note in plan["notes"]:
         out.append(f"note: {note}")
     rec = plan["recommendation"]
     out.append("")
     out.append(f"Recommendation: {rec['text']}" + (f": {'; '.join(rec['reasons'])}" if rec["reasons"] else ""))
     return "\n".join(out)
+
+
+def render_configurations(plan):
+    """The text of the sharding and checkpointing section: the state per GPU of each stage, the
+    activations per mode, and one row per GPU x stage x mode."""
+    ms, cfg = plan["measurement"], plan["configurations"]
+    n, out = cfg["world_size"], []
+    out.append(f"Sharding and activation checkpointing at {n} GPU{'s' if n > 1 else ''}, batch {ms['batch_size']} "
+               f"per GPU (dist.sharding, model.activation_checkpoint_every)")
+    if n > 1:
+        micro = ms["accumulate_grad_batches"]
+        out.append(f"  model state per GPU, and what each GPU sends per optimizer step of {micro} micro-batch"
+                   f"{'es' if micro > 1 else ''} (P: trainable parameters, G: their gradients; /micro: every "
+                   f"micro-batch):")
+        body, hows = [], {}
+        for s, st in cfg["state"].items():
+            ops = {}
+            for c in st["communication"]["collectives"]:
+                what = f"{c['op']} {c['of'][0].upper()}" + (" /micro" if c["per"] == "micro-batch" else "")
+                ops[what] = ops.get(what, 0) + 1
+            sent = " + ".join((f"{k} x{v}" if v > 1 else k) for k, v in ops.items())
+            body.append([f"{s} ({ZERO_NAMES[s]})", fmt_bytes(st["parameters"]), fmt_bytes(st["gradients"]),
+                         fmt_bytes(st["optimizer_state"]), fmt_bytes(st["gathered_parameters"]),
+                         fmt_bytes(st["communication_buffers"]),
+                         fmt_bytes(st["communication"]["bytes_per_step"]), sent])
+            for k, v in st["how"].items():
+                hows.setdefault((k.replace("_", " "), v), []).append(s)
+        heads = ["sharding", "parameters", "gradients", "optimizer", "gathered", "comm buffers", "sent/step",
+                 "collectives"]
+        out.extend("  " + line for line in table(heads, body, right=set(heads[1:7])).split("\n"))
+        out.extend(f"    {k} ({', '.join(stages)}): {v}" for (k, v), stages in hows.items())
+    out.append("  activations per sample (A), by checkpointing mode:")
+    for precision, acts in cfg["activations"].items():
+        missing = {}
+        for mode, a in acts.items():
+            if mode in cfg["activation_checkpoints"] and not a["available"]:
+                missing.setdefault(a["why"], []).append(mode)
+        for mode, a in acts.items():
+            if mode not in cfg["activation_checkpoints"]:
+                continue
+            if not a["available"]:
+                if mode == missing.get(a["why"], [mode])[0]:
+                    out.append(f"    {precision:<11} {', '.join(missing[a['why']])}: not planned: {a['why']}")
+                continue
+            extra = "" if mode == "none" else f"; recomputation: {a['recompute']}"
+            out.append(f"    {precision:<11} {mode:<6} A {fmt_bytes(a['per_sample_bytes']):>9}  {a['source']}{extra}")
+    priced = any(r["usd_per_hour"] is not None for r in cfg["rows"])
+    rec = plan["recommendation"]
+    heads = ["GPU", "GiB", "precision", "sharding", "checkpoint", "memory", "fits", "max batch"]
+    heads += (["link", "comm"] if n > 1 else []) + ["step", "epoch"] + (["$/run"] if priced else []) + [""]
+    body, last = [], None
+    for r in cfg["rows"]:
+        timing = r["fits"]
+        picked = (rec.get("world_size") == n and (r["gpu"], r["precision"], r["sharding"], r["activation_checkpoint"])
+                  == (rec.get("gpu"), rec.get("precision"), rec.get("sharding"), rec.get("activation_checkpoint")))
+        cells = [r["gpu"] if r["gpu"] != last else "", f"{r['memory_gib']:g}" if r["gpu"] != last else "",
+                 r["precision"], r["sharding"], r["activation_checkpoint"], fmt_bytes(r["memory_needed_bytes"]),
+                 "yes" if r["fits"] else "no", fmt_count(r["largest_batch"]) if r["largest_batch"] else "none"]
+        if n > 1:
+            cells += [r["link"], fmt_seconds(r["communication_seconds"])]
+        cells += [(fmt_seconds(r["step_seconds"]) + ("*" if r["launch_bound"] else "")) if timing else "-",
+                  fmt_seconds(r["epoch_seconds"]) if timing else "-"]
+        if priced:
+            cells.append(fmt_usd(r["usd_per_run"]) if timing else "-")
+        cells.append("<- recommended" if picked else "")
+        body.append(cells)
+        last = r["gpu"]
+    out.append(f"  per GPU: memory at batch {ms['batch_size']} (fits: within {1 - plan['assumptions']['margin']:.0%} "
+               f"of its GiB), the largest batch"
+               + (", communication per optimizer step on the link (no overlap with compute)" if n > 1 else "")
+               + ", step and epoch with recomputation" + (f", $/run on all {n} GPUs" if priced and n > 1 else ""))
+    out.extend("  " + line for line in table(
+        heads, body, right={"GiB", "memory", "max batch", "comm", "step", "epoch", "$/run"}).split("\n"))
+    return out
 
 
 def parse_args(argv):
@@ -1206,6 +2140,18 @@ def parse_args(argv):
                    help=f"host RAM per GPU of the instance, GiB (default {DEFAULT_HOST_RAM_GIB:g})")
     p.add_argument("--gpu", action="append", default=[], metavar="NAME", help="only this GPU; repeatable")
     p.add_argument("--precision", action="append", choices=PRECISIONS, help="only this precision; repeatable")
+    p.add_argument("--world-size", type=_world_size, default=1, metavar="N",
+                   help="GPUs of one data-parallel run to plan sharding and its communication for (default 1; "
+                        f"1 to {MAX_WORLD_SIZE})")
+    p.add_argument("--sharding", action="append", choices=SHARDING + ("all",),
+                   help="dist.sharding stage(s) to plan at --world-size: none (DDP), optimizer (ZeRO-1), gradients "
+                        "(ZeRO-2), parameters (ZeRO-3), all (default); repeatable")
+    p.add_argument("--activation-checkpoint", action="append", choices=CHECKPOINT_MODES + ("all",),
+                   help="activation-checkpointing mode(s) to plan: none, full (every block recomputed), light "
+                        "(norms and activations recomputed), all (default: those the measurement allows); repeatable")
+    p.add_argument("--link", choices=LINK_CHOICES, default="auto",
+                   help=f"link the --world-size GPUs communicate over (default auto: NVLink, else PCIe, within "
+                        f"a node of {GPUS_PER_NODE}; 400G InfiniBand beyond)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-color", action="store_true", help="accepted for tools/ember; the output has no colour")
     p.add_argument("--check", action="store_true",
@@ -1239,7 +2185,29 @@ def parse_args(argv):
             p.error(str(e))
     if args.precision:
         args.precision = [p for p in PRECISIONS if p in args.precision]
+    asked = [s for s in args.sharding or [] if s != "all"]
+    args.sharding = list(SHARDING) if not args.sharding or "all" in args.sharding \
+        else [s for s in SHARDING if s in asked]
+    if args.world_size == 1 and [s for s in asked if s != "none"]:
+        p.error(f"--sharding {asked[-1] if asked[-1] != 'none' else asked[0]}: sharding splits state over several "
+                f"GPUs; give --world-size N with N > 1 (e.g. --world-size 8)")
+    if args.world_size == 1:
+        args.sharding = ["none"]  # one GPU has nothing to split: every stage is "none" there
+    args.checkpoint_asked = [] if not args.activation_checkpoint or "all" in args.activation_checkpoint \
+        else [c for c in CHECKPOINT_MODES if c in args.activation_checkpoint]
+    args.activation_checkpoint = args.checkpoint_asked or list(CHECKPOINT_MODES)
     return args
+
+
+def _world_size(text):
+    """--world-size: a whole number from 1 to MAX_WORLD_SIZE (argparse turns the ValueError into exit 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of GPUs (e.g. --world-size 8)") from None
+    if not 1 <= n <= MAX_WORLD_SIZE:
+        raise argparse.ArgumentTypeError(f"{n}: expected 1 to {MAX_WORLD_SIZE} GPUs (e.g. --world-size 8)")
+    return n
 
 
 def main(argv=None):
