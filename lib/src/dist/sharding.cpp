@@ -135,7 +135,7 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     int64_t block = -1;          // kParameters: the block whose parameters these are
     torch::Tensor full;          // [padded]: the parameters (a block's: allocated only while gathered)
     torch::Tensor shard_params;  // [shard]: a view of `full`, or (a block's) its own storage
-    torch::Tensor full_grads;    // [padded]: kOptimizer: kept; else only while reduced
+    torch::Tensor full_grads;    // [padded]: the gradients being reduce-scattered (only then)
     torch::Tensor shard_grads;   // [shard]: the averaged gradient of this rank's shard
     torch::Tensor incoming;      // [shard]: one micro-batch's reduce-scatter
     int64_t ready = 0;           // parameters whose gradient this backward produced
@@ -167,7 +167,8 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
   bool armed = false, completes = false, first_micro = true, finalize_queued = false;
   bool buffers_need_sync = true;
 
-  bool shards_gradients() const { return options.stage() != Sharding::kOptimizer; }
+  // kGradients and kParameters keep no whole gradient across micro-batches.
+  bool reduces_every_micro_batch() const { return options.stage() != Sharding::kOptimizer; }
 
   // --- layout -------------------------------------------------------------
 
@@ -264,12 +265,7 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
       const int64_t lo = rank * u.shard;
       u.shard_params = u.full.narrow(0, lo, u.shard);
       if (u.block >= 0) u.shard_params = u.shard_params.clone();  // kept; `full` only while gathered
-      u.shard_grads =
-          options.stage() == Sharding::kOptimizer ? torch::Tensor() : torch::zeros_like(u.shard_params);
-      if (options.stage() == Sharding::kOptimizer) {
-        u.full_grads = torch::zeros_like(u.full);
-        u.shard_grads = u.full_grads.narrow(0, lo, u.shard);
-      }
+      u.shard_grads = torch::zeros_like(u.shard_params);
       for (size_t k : u.params) {
         const int64_t begin = std::max(params[k].offset, lo),
                       end = std::min(params[k].offset + params[k].tensor.numel(), lo + u.shard);
@@ -288,6 +284,7 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     optimizer = &o;
     settle(o);
     whole_group_params.clear();
+    size_t expected_states = 0;
     for (auto& g : o.param_groups()) {
       whole_group_params.push_back(g.params());
       std::vector<torch::Tensor> mine;
@@ -299,21 +296,31 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
             "model's trainable parameters (shape {}); sharding steps the model's parameters only",
             p.sizes());
         const Param& param = params[it->second];
-        auto st = o.state().find(p.unsafeGetTensorImpl());
+        // Taken out first: inserting the pieces' states may rehash the map.
+        std::unique_ptr<torch::optim::OptimizerParamState> whole;
+        if (auto st = o.state().find(p.unsafeGetTensorImpl()); st != o.state().end()) {
+          whole = std::move(st->second);
+          o.state().erase(st);
+        }
+        if (whole) expected_states += param.pieces.size();
         for (size_t k : param.pieces) {
           const Piece& piece = pieces[k];
           mine.push_back(piece.value);
-          if (st == o.state().end()) continue;
-          std::unique_ptr<torch::optim::OptimizerParamState> s = st->second->clone();
+          if (!whole) continue;
+          std::unique_ptr<torch::optim::OptimizerParamState> s = whole->clone();
           for (torch::Tensor* t : state_tensors(*s))
             if (t->defined())
               *t = flat_in_layout_of(*t, p).narrow(0, piece.begin, piece.end - piece.begin).clone();
           o.state()[piece.value.unsafeGetTensorImpl()] = std::move(s);
         }
-        if (st != o.state().end()) o.state().erase(st);
       }
       g.params() = std::move(mine);
     }
+    size_t with_state = 0;
+    for (const Piece& piece : pieces) with_state += o.state().count(piece.value.unsafeGetTensorImpl());
+    EMBER_CHECK(with_state == 0 || with_state == pieces.size(),
+                "[dist::ShardedDataParallel] rank {}: {} of its {} pieces got optimizer state", rank,
+                with_state, pieces.size());
   }
 
   // Every parameter's whole state, assembled from every rank's pieces (a
@@ -458,7 +465,8 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
         if (auto self = weak.lock()) self->finalize();
       });
     }
-    if (!shards_gradients() && !completes) return;  // kOptimizer: accumulate in .grad, as DDP's no_sync
+    if (!reduces_every_micro_batch() && !completes)
+      return;  // kOptimizer: accumulate in .grad, as DDP's no_sync
     Unit& u = units[params[i].unit];
     if (++u.ready == static_cast<int64_t>(u.params.size()) && u.block >= 0)
       free_params(u);  // the block's backward is done: its parameters go until the next forward
@@ -470,9 +478,8 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
 
   void launch(Unit& u) {
     torch::NoGradGuard no_grad;
-    // kOptimizer: the unit's kept buffer; else one for this reduction (zeros: the padding).
-    torch::Tensor buf =
-        shards_gradients() ? torch::zeros({u.padded}, u.shard_params.options()) : u.full_grads;
+    // The unit's gradients, flat (zeros: the padding), kept only while reduced.
+    torch::Tensor buf = torch::zeros({u.padded}, u.shard_params.options());
     for (size_t k : u.params) {
       torch::Tensor& p = params[k].tensor;
       torch::Tensor region = buf.as_strided(p.sizes(), p.strides(), params[k].offset);
@@ -483,13 +490,9 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
       p.mutable_grad().reset();
     }
     buf.div_(static_cast<double>(world));  // as DDP: averaged by summing gradients / N
-    if (shards_gradients()) {
-      u.full_grads = buf;
-      u.incoming = torch::empty_like(u.shard_grads);
-      u.pending = group.start_reduce_scatter(u.incoming, u.full_grads);
-    } else {
-      u.pending = group.start_all_reduce(u.full_grads);
-    }
+    u.full_grads = buf;
+    u.incoming = torch::empty_like(u.shard_grads);
+    u.pending = group.start_reduce_scatter(u.incoming, u.full_grads);
     u.launched = true;
   }
 
@@ -498,7 +501,7 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     finalize_queued = false;
     if (!armed) return;
     armed = false;
-    if (!shards_gradients() && !completes) return;
+    if (!reduces_every_micro_batch() && !completes) return;
     // Parameters that got no gradient leave their units incomplete.
     for (Unit& u : units) {
       if (u.block >= 0 && u.ready < static_cast<int64_t>(u.params.size())) free_params(u);
@@ -509,14 +512,12 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     torch::NoGradGuard no_grad;
     for (Unit& u : units) {
       u.pending.wait();
-      if (shards_gradients()) {
-        if (first_micro)
-          u.shard_grads.copy_(u.incoming);
-        else
-          u.shard_grads.add_(u.incoming);
-        u.incoming = torch::Tensor();
-        u.full_grads = torch::Tensor();
-      }
+      if (first_micro || !reduces_every_micro_batch())  // (kOptimizer reduces once per step)
+        u.shard_grads.copy_(u.incoming);
+      else
+        u.shard_grads.add_(u.incoming);
+      u.incoming = torch::Tensor();
+      u.full_grads = torch::Tensor();
       u.ready = 0;
       u.launched = false;
     }
@@ -729,8 +730,7 @@ ShardedBytes ShardedDataParallel::resident_bytes() const {
   for (const auto& u : impl_->units) {
     const int64_t el = u.full.element_size();
     b.parameters += (u.block >= 0 ? u.shard + (u.gathered ? u.padded : 0) : u.padded) * el;
-    if (u.full_grads.defined() && options_.stage() == Sharding::kOptimizer) b.gradients += u.padded * el;
-    if (options_.stage() != Sharding::kOptimizer) b.gradients += u.shard * el;
+    b.gradients += u.shard * el;
   }
   if (impl_->optimizer) b.optimizer_state = optim::optimizer_state_bytes(*impl_->optimizer);
   return b;

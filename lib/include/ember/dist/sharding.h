@@ -3,8 +3,12 @@
 // ranks keeps 1/N of what plain DDP replicates, chosen by one option:
 //
 //   Sharding::kOptimizer  (ZeRO-1) the optimizer state: each rank steps only
-//       its shard of the parameters; gradients are all-reduced as in DDP and
-//       the updated shards all-gathered after the step.
+//       its shard of the parameters. The gradients accumulate whole in each
+//       parameter's .grad over an accumulation window (as DDP's no_sync) and
+//       are reduce-scattered at its last micro-batch, bucket by bucket as
+//       backward produces them; the updated shards are all-gathered after the
+//       step. The traffic of DDP's all-reduce, which is a reduce-scatter and
+//       an all-gather.
 //   Sharding::kGradients  (ZeRO-2) also the gradients: each bucket's gradients
 //       are reduce-scattered as soon as backward has produced them (the
 //       collective overlaps the rest of backward) and each rank keeps the
@@ -86,7 +90,7 @@ struct ShardingOptions {
 /// Bytes this rank holds for training, by kind (the benchmark and tests count them).
 struct ShardedBytes {
   int64_t parameters = 0;       ///< model parameters resident between steps (whole or shard)
-  int64_t gradients = 0;        ///< gradient buffers kept between steps
+  int64_t gradients = 0;        ///< gradient buffers kept between steps (the shard's)
   int64_t optimizer_state = 0;  ///< the optimizer's state tensors
 };
 
