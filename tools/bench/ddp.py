@@ -27,6 +27,32 @@ def free_port():
         return s.getsockname()[1]
 
 
+def run_ranks(binary, nproc, threads, timeout, rest, label):
+    """Starts `nproc` ranks of `binary` as torchrun would, waits for them and prints rank 0's output."""
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS=str(threads))
+        procs.append(subprocess.Popen([binary, "--threads", str(threads), *rest], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        sys.exit(f"[bench {label}] the ranks did not finish within {timeout:.0f} s (--timeout)")
+    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
+    if failed:
+        for r in failed:
+            sys.stderr.write(f"[bench {label}] rank {r} exited {procs[r].returncode}:\n{outs[r][1]}")
+        sys.exit(1)
+    sys.stdout.write(outs[0][0])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--binary", required=True, help="build/bin/ember_bench_ddp")
@@ -34,29 +60,7 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (OMP_NUM_THREADS; default 1)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the ranks (default 1800)")
     a, rest = p.parse_known_args()
-    port = free_port()
-    procs = []
-    for rank in range(a.nproc):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(a.nproc), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(a.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS=str(a.threads))
-        procs.append(subprocess.Popen([a.binary, "--threads", str(a.threads), *rest], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=a.timeout))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        sys.exit(f"[bench ddp] the ranks did not finish within {a.timeout:.0f} s (--timeout)")
-    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
-    if failed:
-        for r in failed:
-            sys.stderr.write(f"[bench ddp] rank {r} exited {procs[r].returncode}:\n{outs[r][1]}")
-        sys.exit(1)
-    sys.stdout.write(outs[0][0])
-
+    run_ranks(a.binary, a.nproc, a.threads, a.timeout, rest, "ddp")
 
 if __name__ == "__main__":
     main()
