@@ -50,7 +50,8 @@ struct Args {
 // the reductions apart: rank r sends 100 r + i at position i.
 void check_collectives(dist::ProcessGroup& group) {
   const int64_t world = group.size(), rank = group.rank(), chunk = 5;
-  const torch::Tensor position = torch::arange(world * chunk, torch::kFloat32);
+  const torch::TensorOptions on = torch::TensorOptions().dtype(torch::kFloat32).device(group.device());
+  const torch::Tensor position = torch::arange(world * chunk, on);
   const torch::Tensor mine = position + 100.0 * static_cast<double>(rank);
   double rank_sum = 0;
   for (int64_t r = 0; r < world; ++r) rank_sum += 100.0 * static_cast<double>(r);
@@ -59,15 +60,15 @@ void check_collectives(dist::ProcessGroup& group) {
       {dist::ProcessGroup::Reduce::kSum, my_positions * static_cast<double>(world) + rank_sum},
       {dist::ProcessGroup::Reduce::kMax, my_positions + 100.0 * static_cast<double>(world - 1)}};
   for (const auto& [op, want] : expected) {
-    torch::Tensor in = mine.clone(), out = torch::empty({chunk});
+    torch::Tensor in = mine.clone(), out = torch::empty({chunk}, on);
     group.start_reduce_scatter(out, in, op).wait();
     if (!torch::equal(out, want))
       throw std::runtime_error("reduce-scatter gave rank " + std::to_string(rank) + " the wrong chunk");
     if (!torch::equal(in, mine)) throw std::runtime_error("reduce-scatter changed its input");
   }
-  torch::Tensor piece = torch::full({chunk}, static_cast<float>(rank)), all = torch::empty({world * chunk});
+  torch::Tensor piece = torch::full({chunk}, static_cast<float>(rank), on), all = torch::empty({world * chunk}, on);
   group.start_all_gather(all, piece).wait();
-  if (!torch::equal(all, torch::arange(world).repeat_interleave(chunk).to(torch::kFloat32)))
+  if (!torch::equal(all, torch::arange(world, on).repeat_interleave(chunk)))
     throw std::runtime_error("all-gather put the chunks in the wrong places");
 }
 

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "train/test_task.h"
@@ -277,4 +278,33 @@ TEST(Checkpoint, NonFiniteWeightsOrStateAreRefusedNamingTheTensor) {
   EXPECT_EQ(fit.resumed_from, run + "/checkpoints/prev.pt");
   EXPECT_NE(said.find("is not finite"), std::string::npos) << said;
   EXPECT_TRUE(core::is_file(run + "/checkpoints/last.pt.damaged-1")) << said;
+}
+
+TEST(Checkpoint, TheModelReadsBackFromACheckpointWithoutBuildingIt) {
+  // What `RECIPE --export` writes: every parameter and buffer under its
+  // qualified name, the values the model had at the save.
+  const std::string dir = test_util::temp_dir("export");
+  test_util::BlobTask task({});
+  task.model()->register_buffer("running", torch::arange(3, torch::kFloat32));  // a buffer too
+  train::TrainerOptions o;
+  o.epochs(1).run_dir(dir);
+  train::Trainer(o).fit(task);
+  const train::NamedTensors read = train::checkpoint_model_tensors(dir + "/checkpoints/last.pt");
+  std::map<std::string, torch::Tensor> expected;
+  for (const auto& p : task.model()->named_parameters()) expected[p.key()] = p.value();
+  for (const auto& b : task.model()->named_buffers()) expected[b.key()] = b.value();
+  ASSERT_EQ(read.size(), expected.size());
+  for (const auto& [name, t] : read) {
+    ASSERT_TRUE(expected.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, expected[name])) << name;
+  }
+  // Not a checkpoint: a clear error naming the file.
+  train::write_file_atomic(dir + "/not.pt", "hello");
+  try {
+    train::checkpoint_model_tensors(dir + "/not.pt");
+    FAIL() << "read a model from a file that is no checkpoint";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCheckpoint);
+    EXPECT_NE(std::string(e.what()).find("not.pt"), std::string::npos) << e.what();
+  }
 }

@@ -85,7 +85,7 @@ MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 # Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
 RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
 BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
-           "ember_bench_ddp", "ember_bench_speed")
+           "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding")
 TESTS = ("ember_tests", "ember_ddp_worker", "ember_parity_grad_scaler")
 # The GPU test cases that compute-sanitizer runs: the two custom kernels.
 SANITIZED = "AugmentCuda.*:*OpsCuda.*"
@@ -951,6 +951,57 @@ def nccl(c: Check):
     ok = rc == 0 and got.get("backend") == "nccl" and got.get("steps", 0) > 0
     c.report(name, "ok" if ok else "FAIL", json.dumps(got) if ok else f"exit {rc}: {first_failure(out)}",
              numbers=got, seconds=time.monotonic() - t0)
+
+
+SHARDING_ROW = "sharded data parallel on NCCL, 1 rank: collectives, each stage = DDP (cuda)"
+
+
+@step(SHARDING_ROW, 1, 30)
+def sharding_nccl(c: Check):
+    """NCCL's reduce-scatter (sum, max) and all-gather on CUDA tensors with a group of one, then each
+    dist.sharding stage (BlockNet, AdamW, clipping, accumulation) against DDP in the same group: with one
+    rank every shard is the whole unit, so the stages must reach DDP's weights to 1e-6."""
+    t0 = time.monotonic()
+    env = dict(c.env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29518")
+    common = ["--device", "cuda", "--backend", "nccl", "--force-group", "1", "--batch", "48", "--samples", "240",
+              "--model", "blocks", "--odd", "1", "--optimizer", "adamw", "--clip", "0.5", "--accumulate", "2",
+              "--epochs", "7"]
+    rc, out = c.run([c.exe("ember_ddp_worker"), "--out", c.work / "nccl_coll", "--device", "cuda", "--backend",
+                     "nccl", "--force-group", "1", "--check-collectives", "1"], "sharding_nccl.log", env=env)
+    if rc != 0:
+        c.report(SHARDING_ROW, "FAIL", f"collectives: exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
+        return
+    worst, failed = {}, []
+    weights = {}
+    for stage in ("none", "optimizer", "gradients", "parameters"):
+        base = c.work / f"nccl_{stage}"
+        rc, out = c.run([c.exe("ember_ddp_worker"), "--out", base, *common, "--sharding", stage],
+                        f"sharding_nccl_{stage}.log", env=env)
+        if rc != 0:
+            failed.append(f"{stage}: exit {rc}: {first_failure(out)}")
+            continue
+        weights[stage] = Path(f"{base}.rank0.safetensors")
+    if not failed:
+        rc, out = c.run([c.python, "-c", (
+            "import sys, json; from safetensors.torch import load_file\n"
+            "ref = load_file(sys.argv[1]); out = {}\n"
+            "for path in sys.argv[2:]:\n"
+            "    got = load_file(path)\n"
+            "    out[path] = max(((got[k].double() - ref[k].double()).norm() / ref[k].double().norm().clamp_min(1e-12)).item() for k in ref)\n"
+            "print(json.dumps(out))"), weights["none"], *[weights[s] for s in ("optimizer", "gradients", "parameters")]],
+            "sharding_nccl_compare.log")
+        try:
+            diffs = json.loads(out.strip().splitlines()[-1])
+            worst = {Path(k).name.split(".")[0]: v for k, v in diffs.items()}
+        except (ValueError, IndexError):
+            failed.append(f"comparison: exit {rc}: {first_failure(out)}")
+    bad = {k: v for k, v in worst.items() if v > 1e-6}
+    ok = not failed and worst and not bad
+    detail = ("reduce-scatter sum/max and all-gather right; stages vs DDP: " +
+              ", ".join(f"{k} {v:.1e}" for k, v in worst.items())) if ok else "; ".join(
+                  failed + [f"{k} differs from DDP by {v:.1e} relative" for k, v in bad.items()])
+    c.report(SHARDING_ROW, "ok" if ok else "FAIL", detail, numbers=worst, seconds=time.monotonic() - t0)
 
 
 @step("GradScaler parity with torch.amp.GradScaler (cuda)", 1, 30)

@@ -21,13 +21,15 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
             Bounds::between(0, 1 << 16));
   c.declare("dist.sharding", std::string(to_string(Sharding::kNone)),
             "what each rank keeps 1/N of: none (plain DDP), optimizer (its state, ZeRO-1), gradients (+ "
-            "gradients, ZeRO-2), parameters (+ the model's blocks' parameters, ZeRO-3)");
+            "gradients, ZeRO-2), parameters (+ the model's blocks' parameters, ZeRO-3)",
+            core::OnResume::kMayChange);  // checkpoints hold no shards
   c.declare("dist.find_unused_parameters", d.find_unused_parameters(),
             "allow parameters that get no gradient in a step (slower)");
   c.declare("dist.broadcast_buffers", d.broadcast_buffers(),
             "batch-norm statistics from rank 0 before each synced forward");
   c.declare("dist.world_size", 1,
-            "set by the launcher (WORLD_SIZE): ranks the training data is split between",
+            "set by the launcher (WORLD_SIZE): ranks the training data is split between (a resume may "
+            "change it with data.batch_size so that the samples per step stay the same)",
             Bounds::between(1, 1 << 20));
   c.declare("dist.rank", 0, "set by the launcher (RANK): this process's shard of the training data",
             Bounds::between(0, (1 << 20) - 1), core::OnResume::kMayChange);

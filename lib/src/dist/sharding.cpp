@@ -53,7 +53,10 @@ namespace {
 
 constexpr int64_t kMiB = 1024 * 1024;
 constexpr int64_t kBroadcastBucketBytes = 250 * kMiB;
-constexpr size_t kMaxStateKinds = 8;  // tensors per parameter's state (Adam: 3, RMSprop: 3)
+constexpr size_t kMaxStateKinds = 8;
+// Units whose reduce-scatter may run at once while backward goes on: their
+// flat gradients are what a rank holds beyond its shard.
+constexpr size_t kInFlight = 2;  // tensors per parameter's state (Adam: 3, RMSprop: 3)
 
 // The elements of a dense tensor as one flat view in memory order: the order
 // a unit stores its parameters in (a channels-last kernel keeps its layout).
@@ -470,10 +473,13 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     Unit& u = units[params[i].unit];
     if (++u.ready == static_cast<int64_t>(u.params.size()) && u.block >= 0)
       free_params(u);  // the block's backward is done: its parameters go until the next forward
-    // Collectives start in unit order on every rank.
+    // Collectives start in unit order on every rank. At most kInFlight units'
+    // flat gradients are held: an older one is waited for and freed first.
     while (next_launch < units.size() &&
-           units[next_launch].ready == static_cast<int64_t>(units[next_launch].params.size()))
+           units[next_launch].ready == static_cast<int64_t>(units[next_launch].params.size())) {
       launch(units[next_launch++]);
+      if (next_launch > kInFlight) complete(units[next_launch - 1 - kInFlight]);
+    }
   }
 
   void launch(Unit& u) {
@@ -496,6 +502,20 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     u.launched = true;
   }
 
+  // Waits for a launched unit's reduce-scatter, adds what this rank received
+  // to its shard's gradient and frees the unit's flat gradients.
+  void complete(Unit& u) {
+    if (!u.pending.started()) return;
+    u.pending.wait();
+    torch::NoGradGuard no_grad;
+    if (first_micro || !reduces_every_micro_batch())  // (kOptimizer reduces once per step)
+      u.shard_grads.copy_(u.incoming);
+    else
+      u.shard_grads.add_(u.incoming);
+    u.incoming = torch::Tensor();
+    u.full_grads = torch::Tensor();
+  }
+
   // End of a backward (queued by its first gradient).
   void finalize() {
     finalize_queued = false;
@@ -509,15 +529,8 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     }
     while (next_launch < units.size()) launch(units[next_launch++]);
     next_launch = 0;
-    torch::NoGradGuard no_grad;
     for (Unit& u : units) {
-      u.pending.wait();
-      if (first_micro || !reduces_every_micro_batch())  // (kOptimizer reduces once per step)
-        u.shard_grads.copy_(u.incoming);
-      else
-        u.shard_grads.add_(u.incoming);
-      u.incoming = torch::Tensor();
-      u.full_grads = torch::Tensor();
+      complete(u);
       u.ready = 0;
       u.launched = false;
     }
@@ -693,6 +706,7 @@ void ShardedDataParallel::on_before_optimizer_step(train::Trainer& trainer,
 
 void ShardedDataParallel::on_step_end(train::Trainer&, const train::StepInfo&) {
   impl_->gather_stepped_params();
+  last_step_bytes_ = resident_bytes();
 }
 
 void ShardedDataParallel::on_epoch_end(train::Trainer& trainer, int64_t, const train::EvalResult&) {

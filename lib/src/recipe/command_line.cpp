@@ -19,12 +19,13 @@ CommandLine parse_command_line(int argc, char** argv) {
       cl.config_file = argv[++i];
     } else if (arg.rfind("--config=", 0) == 0) {
       cl.config_file = arg.substr(9);
-    } else if (arg == "--measure" || arg == "--find-batch-size" || arg == "--find-lr") {
-      EMBER_CHECK_KIND(kConfig, i + 1 < argc, "{} needs the JSON file to write", arg);
+    } else if (arg == "--measure" || arg == "--find-batch-size" || arg == "--find-lr" || arg == "--export") {
+      EMBER_CHECK_KIND(kConfig, i + 1 < argc, "{} needs the file to write", arg);
       EMBER_CHECK_KIND(kConfig, cl.tool == Tool::kNone,
-                       "{}: only one of --measure, --find-batch-size, --find-lr", arg);
+                       "{}: only one of --measure, --find-batch-size, --find-lr, --export", arg);
       cl.tool = arg == "--measure"   ? Tool::kMeasure
                 : arg == "--find-lr" ? Tool::kFindLr
+                : arg == "--export"  ? Tool::kExport
                                      : Tool::kFindBatchSize;
       cl.tool_out = argv[++i];
     } else if (arg.rfind("--", 0) == 0) {
@@ -48,7 +49,8 @@ std::string usage(const RecipeSpec& spec, const core::Config& config) {
   return fmt::format(
       "usage: {0} [--config FILE] [key=value ...]\n"
       "       {0} --check [--config FILE] [key=value ...]\n"
-      "       {0} --measure|--find-batch-size|--find-lr OUT.json [--config FILE] [key=value ...]\n\n"
+      "       {0} --measure|--find-batch-size|--find-lr OUT.json [--config FILE] [key=value ...]\n"
+      "       {0} --export OUT.safetensors trainer.resume=RUN_DIR|CHECKPOINT\n\n"
       "Trains the {0} recipe. --config FILE replaces the recipe's default config;\n"
       "key=value arguments override single keys. --check validates the config as a run\n"
       "would before any work (every key, the rules across keys, the device, the path in\n"
@@ -56,7 +58,9 @@ std::string usage(const RecipeSpec& spec, const core::Config& config) {
       "Instead of training, --measure writes what `tools/ember plan` plans from (plan.*),\n"
       "--find-batch-size the largest batch that fits (bs_find.*), --find-lr a learning-rate\n"
       "range test (lr_find.*); each trains a few steps in this process and writes no run\n"
-      "folder. Keys and their defaults:\n\n{1}",
+      "folder. --export writes the model of a checkpoint (the run folder's last, or the\n"
+      "file trainer.resume names; a sharded run's too) as one safetensors file for\n"
+      "inference. Keys and their defaults:\n\n{1}",
       spec.name, config.help());
 }
 

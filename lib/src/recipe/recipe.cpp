@@ -114,13 +114,14 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   if (auto es = train::early_stopping_options_from_config(config))
     trainer.add_callback(std::make_shared<train::EarlyStopping>(*es));
   if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config, ctx);
+  std::shared_ptr<dist::ShardedDataParallel> sharded;
   if (p.group) {  // last: after callbacks that change the model (pruning)
     const dist::ShardingOptions sharding = dist::sharding_options_from_config(config);
     if (sharding.stage() == dist::Sharding::kNone)
       trainer.add_callback(
           std::make_shared<dist::DistributedDataParallel>(p.group, dist::ddp_options_from_config(config)));
     else
-      trainer.add_callback(std::make_shared<dist::ShardedDataParallel>(p.group, sharding));
+      trainer.add_callback(sharded = std::make_shared<dist::ShardedDataParallel>(p.group, sharding));
   }
 
   if (p.writer())
@@ -155,6 +156,17 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
 
   RunSummary summary = detail::summarize(spec.name, p, options, fit, *task->model());
   summary.monitor = mon->summary().as_map();
+  if (sharded) {  // what each rank kept between steps: the largest over ranks (a collective)
+    const dist::ShardedBytes& b = sharded->last_step_bytes();
+    torch::Tensor most = torch::tensor({static_cast<double>(b.parameters), static_cast<double>(b.gradients),
+                                        static_cast<double>(b.optimizer_state)},
+                                       torch::TensorOptions().dtype(torch::kFloat64).device(p.group->device()));
+    p.group->all_reduce_max_(most);
+    const torch::Tensor host = most.cpu();
+    summary.monitor["sharded_parameter_bytes_per_rank"] = host[0].item<double>();
+    summary.monitor["sharded_gradient_bytes_per_rank"] = host[1].item<double>();
+    summary.monitor["sharded_optimizer_state_bytes_per_rank"] = host[2].item<double>();
+  }
   if (!mon->summary().peak_flops_source.empty())
     summary.monitor_text["peak_flops_source"] = mon->summary().peak_flops_source;
   if (!p.writer()) return 0;  // rank 0 tests and writes the summary (all replicas are identical)

@@ -221,6 +221,19 @@ std::string source_run_folder(const std::string& resume) {
   return folder;
 }
 
+// The samples of one optimizer step: per-rank batch x ranks x accumulation.
+// A resume at another world size that keeps it continues the same run (the
+// loader's shards and a sharded run's checkpoint do not depend on the ranks).
+bool same_samples_per_step(const core::Config& was, const core::Config& now) {
+  const auto samples = [](const core::Config& c) {
+    int64_t n = c.get_int("dist.world_size");
+    for (const char* key : {"data.batch_size", "trainer.accumulate_grad_batches"})
+      if (c.has(key)) n *= c.get_int(key);
+    return n;
+  };
+  return was.has("dist.world_size") && now.has("dist.world_size") && samples(was) == samples(now);
+}
+
 // A resume continues the run whose checkpoint it loads, in `dir` or in
 // another folder `source`: compare the keys with `source`'s config.toml.
 void compare_with_saved_config(const std::string& source, const std::string& dir, const core::Config& config,
@@ -249,7 +262,10 @@ void compare_with_saved_config(const std::string& source, const std::string& dir
     const std::string was = saved.get_text(key), now = config.get_text(key);
     if (was == now) continue;
     const std::string change = fmt::format("{}: {} -> {}", key, was, now);
-    (key_is_safe_to_change_on_resume(key, config) ? safe : unsafe).push_back(change);
+    const bool rescaled =
+        (key == "dist.world_size" || key == "data.batch_size" || key == "trainer.accumulate_grad_batches") &&
+        same_samples_per_step(saved, config);
+    (rescaled || key_is_safe_to_change_on_resume(key, config) ? safe : unsafe).push_back(change);
   }
   if (!unsafe.empty() && !config.get_bool("run.allow_changes"))
     ember::detail::fail(

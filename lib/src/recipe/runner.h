@@ -23,6 +23,7 @@ enum class Tool {
   kMeasure,        ///< --measure: what `tools/ember plan` plans from
   kFindBatchSize,  ///< --find-batch-size
   kFindLr,         ///< --find-lr
+  kExport,         ///< --export: a checkpoint's model as one safetensors file
 };
 
 /// RECIPE [--config FILE] [--help] [--check] [--measure|--find-batch-size|--find-lr FILE] [key=value ...];

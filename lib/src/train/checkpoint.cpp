@@ -280,6 +280,41 @@ std::string_view unseal_checkpoint(const std::string& bytes, const std::string& 
   return std::string_view(bytes.data(), bytes.size() - kTrailerBytes);
 }
 
+namespace {
+// A module's archive (Module::save: its tensors, then a sub-archive per child).
+void collect_tensors(torch::serialize::InputArchive& archive, const std::string& prefix, NamedTensors& out) {
+  for (const std::string& key : archive.keys()) {
+    torch::Tensor t;
+    if (archive.try_read(key, t)) {
+      out.emplace_back(prefix + key, t);
+      continue;
+    }
+    torch::serialize::InputArchive child;
+    if (archive.try_read(key, child)) collect_tensors(child, prefix + key + ".", out);
+  }
+}
+}  // namespace
+
+NamedTensors checkpoint_model_tensors(const std::string& path) {
+  EMBER_CHECK_KIND(kCheckpoint, core::is_file(path), "[train::checkpoint_model_tensors] no checkpoint at {}",
+                   path);
+  const std::string bytes = read_file(path);
+  const std::string_view archive = unseal_checkpoint(bytes, path);
+  NamedTensors out;
+  try {
+    torch::serialize::InputArchive root, model;
+    root.load_from(archive.data(), archive.size());
+    root.read("model", model);
+    collect_tensors(model, "", out);
+  } catch (const std::exception& e) {
+    detail::fail(ErrorKind::kCheckpoint, "[train::checkpoint_model_tensors] cannot read the model in {} ({})",
+                 path, short_what(e));
+  }
+  EMBER_CHECK_KIND(kCheckpoint, !out.empty(), "[train::checkpoint_model_tensors] {} holds no model tensors",
+                   path);
+  return out;
+}
+
 std::string previous_checkpoint_path(const std::string& path) {
   const auto slash = path.find_last_of('/');
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);

@@ -51,7 +51,10 @@ core::Config recorded_config(const core::Config& config, const RunContext& conte
 /// what order: output, monitoring, devices and threads, where the data is
 /// read from, early stopping), and trainer.epochs / trainer.max_steps when
 /// `config`'s schedule does not span the run (sched.name constant or step).
-/// A change of any other key refuses the resume unless run.allow_changes=true.
+/// A change of any other key refuses the resume unless run.allow_changes=true;
+/// except dist.world_size, data.batch_size and trainer.accumulate_grad_batches
+/// changed together so that the samples per optimizer step stay the same (a
+/// resume at another world size: the checkpoint holds no shards).
 bool key_is_safe_to_change_on_resume(const std::string& key, const core::Config& config);
 
 /// Prepares `dir` for a run with `config` (the keys as recorded_config gives

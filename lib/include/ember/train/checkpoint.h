@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "ember/core/file.h"
+#include "ember/train/safetensors.h"
 
 namespace ember::train {
 
@@ -35,6 +36,15 @@ std::string_view unseal_checkpoint(const std::string& bytes, const std::string& 
 /// magic only: the CRC is not checked, the file is not read whole). The run
 /// folder code tells Ember's folders by it.
 bool has_checkpoint_trailer(const std::string& path);
+
+/// The model's parameters and buffers in the checkpoint at `path`, under
+/// their qualified names (as named_parameters gives them), without building
+/// the model. Every checkpoint holds the whole model, a sharded run's too
+/// (its ranks gather it for the writer), so this is one ordinary model file
+/// for inference: `RECIPE --export OUT.safetensors` writes it with
+/// save_safetensors. Throws ember::Error (kCheckpoint) for a file that is not
+/// a sound Ember checkpoint.
+NamedTensors checkpoint_model_tensors(const std::string& path);
 
 /// Where save_checkpoint keeps the checkpoint it replaces: "prev.pt" beside
 /// "last.pt", else "<path>.prev".

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A recipe under torchrun with dist.sharding=parameters and activation
+# checkpointing (char_gpt, 2 Gloo ranks, a tiny model), stopped after 10
+# steps, resumed in ONE process with the per-rank batch doubled (the samples
+# per step unchanged) and no sharding, ends where one process training
+# straight through ends; its checkpoint exports as one safetensors file with
+# every parameter; summary.json reports the bytes each rank kept.
+set -euo pipefail
+torchrun="$1"; bin="$2"; out="$3"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/checks.sh"
+rm -rf "$out"; mkdir -p "$out"
+python3 - "$out/text.txt" <<'PY'
+import random, sys
+r = random.Random(1)
+words = "the a cat dog sat on mat ran to house and saw big small red tree bird sang river".split()
+open(sys.argv[1], "w").write("\n".join(" ".join(r.choice(words) for _ in range(8)) for _ in range(2500)) + "\n")
+PY
+common=(data.path="$out/text.txt" data.block_size=32 model.n_layer=3 model.n_head=2 model.n_embd=32
+        trainer.threads=1 trainer.progress=false sched.name=constant sched.warmup_epochs=0 sample.length=16
+        trainer.val_every=1000)
+# One process, 20 steps of 32 sequences.
+"$bin" "${common[@]}" run.dir="$out/straight" data.batch_size=32 trainer.max_steps=20 \
+  >"$out/straight.out" 2>"$out/straight.err" || { cat "$out/straight.err"; exit 1; }
+# 2 ranks x 16, parameters sharded, blocks checkpointed: 10 steps, then a stop.
+"$torchrun" --standalone --nproc-per-node 2 --no-python "$bin" "${common[@]}" run.dir="$out/sharded" \
+  data.batch_size=16 trainer.max_steps=10 dist.sharding=parameters model.activation_checkpoint_every=1 \
+  >"$out/sharded.out" 2>"$out/sharded.err" || { cat "$out/sharded.out" "$out/sharded.err"; exit 1; }
+expect_in "$out/sharded.err" "x 2 ranks (gloo)"
+cp "$out/sharded/summary.json" "$out/sharded_part.json"  # (the resume writes its own)
+# One process x 32 continues it to step 20.
+"$bin" "${common[@]}" run.dir="$out/sharded" data.batch_size=32 trainer.max_steps=20 trainer.resume=auto \
+  >"$out/resumed.out" 2>"$out/resumed.err" || { cat "$out/resumed.err"; exit 1; }
+expect_in "$out/resumed.err" "resuming from $out/sharded/checkpoints/last.pt: .*step 10"
+expect_in "$out/resumed.err" "dist.world_size: 2 -> 1"
+"$bin" "${common[@]}" --export "$out/model.safetensors" trainer.resume="$out/sharded" \
+  >"$out/export.out" 2>"$out/export.err" || { cat "$out/export.err"; exit 1; }
+python3 - "$out" <<'PY'
+import json, math, pathlib, struct, sys
+def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
+    if not ok:
+        raise AssertionError(what)
+out = pathlib.Path(sys.argv[1])
+straight = json.loads((out / "straight" / "summary.json").read_text())
+sharded = json.loads(((out / "sharded" / "summary.json").read_text()))
+check(sharded["steps"] == 20 and sharded.get("resumed_at_step") == 10, sharded)
+rel = abs(sharded["val_loss"] - straight["val_loss"]) / straight["val_loss"]
+check(rel < 1e-5, f"resumed at another world size: val_loss {sharded['val_loss']} vs {straight['val_loss']} ({rel:.1e})")
+# The export: a safetensors header naming every parameter (tied wte once).
+raw = (out / "model.safetensors").read_bytes()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+names = [k for k in header if k != "__metadata__"]
+check("wte.weight" in names and "blocks.2.fc.weight" in names, names)
+elements = sum(math.prod(header[k]["shape"]) for k in names)
+check(elements >= straight["parameters"], (elements, straight["parameters"]))
+# The sharded part's summary: each rank kept about half of AdamW's two moments (8 bytes a parameter).
+part = json.loads((out / "sharded_part.json").read_text())["monitor"]
+share = part["sharded_optimizer_state_bytes_per_rank"] / (8 * straight["parameters"])
+check(0.49 < share < 0.56, f"optimizer state per rank: {share:.3f} of the whole ({part})")
+check(part["sharded_parameter_bytes_per_rank"] < 4 * straight["parameters"], part)  # the blocks' shards only
+print(f"sharded 2 ranks -> 1 process: val_loss {sharded['val_loss']:.6f} vs straight {straight['val_loss']:.6f} "
+      f"({rel:.1e}); export: {len(names)} tensors, {elements} elements; optimizer state per rank {share:.3f}")
+PY
