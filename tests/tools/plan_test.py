@@ -15,15 +15,22 @@
 7. The calibrated MFU from fake run folders (CUDA runs only, precision preferred).
 8. --json: valid JSON (no NaN), every documented key; the text output's sections.
 9. gpus.toml's peaks equal Ember's C++ table (lib/src/core/flops.cpp).
-10. Sharding: the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB (7.5B parameters, 64
-    GPUs); 1/N with padding per piece; bytes sent per stage (ZeRO-2 = DDP,
-    ZeRO-3 = 1.5x DDP; accumulation); links; the memory parts (DDP's bucket
-    copy, ZeRO-3's gathered blocks); one GPU's configuration = the plan's row.
+10. Sharding, as dist::ShardedDataParallel does it: the ZeRO paper's 120 / 31.4
+    / 16.6 / 1.9 GB (7.5B parameters in blocks, 64 GPUs; ZeRO-1's kept shard of
+    the reduced gradient on top), ZeRO-3 with embeddings outside the blocks
+    (kept whole); 1/N with padding per piece; bytes sent per stage (ZeRO-1 =
+    ZeRO-2 = DDP, ZeRO-3 = 1.5x DDP with every parameter in a block;
+    accumulation; ZeRO-3's all-gathers of the blocks per micro-batch, of the
+    rest per step); links; the memory parts (DDP's bucket copy, the sharded
+    stages' one unit copied flat, dist.bucket_cap_mb, ZeRO-3's two gathered
+    blocks); no ZeRO-3 without blocks; one GPU's configuration = the plan's row.
 11. Checkpointing: the estimates by hand, measured fields winning, the graph
     rule, nothing estimated without blocks.
 12. The recommendation at N GPUs: plain DDP when it fits, else the cheapest
-    stage; checkpointing on one GPU; accumulation; nothing fits (and the world
-    size that would); data-parallel only where DDP's buckets fit.
+    stage (ZeRO-1 over ZeRO-2 at the same traffic, ZeRO-2 where ZeRO-1's whole
+    gradients do not fit); checkpointing on one GPU; accumulation; nothing fits
+    (and the world size that would); data-parallel only where DDP's buckets
+    fit; docs/planning.md's example is what the planner prints.
 13. Options: bad values exit 2; tools/ember forwards every planner option.
 
     python3 tests/tools/plan_test.py [-v]
@@ -626,6 +633,7 @@ class Plans(unittest.TestCase):
                  (lambda m: m.update(sharding={"unit_elements": [3, 0]}), "'unit_elements'"),
                  (lambda m: m.update(sharding={"unit_elements": []}), "'unit_elements'"),
                  (lambda m: m.update(sharding={"gathered_parameter_bytes": -1}), "'gathered_parameter_bytes'"),
+                 (lambda m: m.update(sharding={"bucket_cap_mb": "25"}), "'bucket_cap_mb'"),
                  (lambda m: m.update(gradient_as_bucket_view="no"), "'gradient_as_bucket_view'"),
                  (lambda m: m.update(activation_checkpoint="half"), "'activation_checkpoint'"),
                  (lambda m: m.update(activation_checkpoint_every=-1), "'activation_checkpoint_every'"),
@@ -671,6 +679,18 @@ def block_model(params=3e9, blocks=32, outside=0.1e9, batch=8, accumulate=1, per
     return m
 
 
+def gpt2_xl():
+    """The hand-written measurement of docs/planning.md's example: GPT-2 XL's shapes (48 blocks of
+    12 x 1600^2 + 13 x 1600 parameters; outside them the 50257 x 1600 token and 1024 x 1600 position
+    embeddings and the final norm, the head tied to the token embedding), AdamW, bf16-mixed with fp32
+    parameters, batch 16 x 4 accumulation; 3 GB of activations a sample (34 bytes a token a hidden unit
+    a block at 1024 tokens, Korthikanti et al., + the logits), 1 GB of workspaces."""
+    h = 1600
+    block, outside = 12 * h * h + 13 * h, 50257 * h + 1024 * h + 2 * h
+    return block_model(params=48 * block + outside, blocks=48, outside=outside, batch=16, accumulate=4,
+                       per_sample=3e9, other_fixed=1e9)
+
+
 class Sharding(unittest.TestCase):
     """dist.sharding: the model state split 1/N, padded per piece, and what each stage sends."""
 
@@ -689,7 +709,9 @@ class Sharding(unittest.TestCase):
     def test_zero_paper_figure(self):
         """Rajbhandari et al. 2020 (ZeRO), figure 1: 7.5B parameters on 64 GPUs, mixed-precision Adam,
         2 + 2 + 12 bytes a parameter (fp16 parameters and gradients; fp32 parameters, momentum and
-        variance as optimizer state): 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU."""
+        variance as optimizer state): 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU. The plan gives it for a
+        model whose parameters are all in blocks, but for ZeRO-1's kept shard of the reduced gradient;
+        embeddings outside the blocks stay whole under ZeRO-3."""
         psi = 7.5e9
         paper = {"none": 120.0, "optimizer": 31.4, "gradients": 16.6, "parameters": 1.9}
         for stage, gb in paper.items():
@@ -700,13 +722,31 @@ class Sharding(unittest.TestCase):
                                4 * psi + 12 * psi / 64)
         self.assertAlmostEqual(plan.model_state_bytes(2 * psi, 2 * psi, 12 * psi, "gradients", 64)["total"],
                                2 * psi + 14 * psi / 64)
-        # The same through the plan: a measurement with the paper's bytes, planned at 64 GPUs.
-        m = block_model(params=psi, parameter_bytes=2 * psi, gradient_bytes=2 * psi, optimizer_state_bytes=12 * psi)
-        del m["blocks"]  # the state alone: no blocks needed
+        # The same through the plan: a measurement with the paper's bytes, every parameter in one of 32
+        # blocks, planned at 64 GPUs.
+        m = block_model(params=psi, outside=0, blocks=32, parameter_bytes=2 * psi, gradient_bytes=2 * psi,
+                        optimizer_state_bytes=12 * psi)
+        m["blocks"].update(parameter_bytes=2 * psi, largest_parameter_bytes=2 * psi / 32)
         state = self.plan_json(m, "--world-size", "64", "--gpu", "H200")["configurations"]["state"]
+        total = {s: state[s]["parameters"] + state[s]["gradients"] + state[s]["optimizer_state"] for s in paper}
         for stage, gb in paper.items():
-            total = state[stage]["parameters"] + state[stage]["gradients"] + state[stage]["optimizer_state"]
-            self.assertEqual(round(total / 1e9, 1), gb, stage)
+            # ZeRO-1 also keeps the 1/64 of the reduced gradient it steps with (2 psi / 64 = 0.23 GB),
+            # which the paper leaves out: 31.6 GB.
+            kept = 2 * psi / 64 if stage == "optimizer" else 0.0
+            self.assertEqual(round((total[stage] - kept) / 1e9, 1), gb, stage)
+        self.assertEqual(round(total["optimizer"] / 1e9, 1), 31.6)
+        # GPT-like: embeddings of 50257 x 4096 (fp16: 0.41 GB) outside the blocks stay whole on every rank
+        # under ZeRO-3; the other stages, which keep every parameter whole or none, do not change.
+        embed = 2 * 50257 * 4096
+        gpt = copy.deepcopy(m)
+        gpt["blocks"].update(parameter_bytes=2 * psi - embed, largest_parameter_bytes=(2 * psi - embed) / 32)
+        gpt_state = self.plan_json(gpt, "--world-size", "64", "--gpu", "H200")["configurations"]["state"]
+        gpt_total = {s: sum(gpt_state[s][k] for k in ("parameters", "gradients", "optimizer_state")) for s in paper}
+        self.assertAlmostEqual(gpt_state["parameters"]["parameters"], (2 * psi - embed) / 64 + embed, delta=1)
+        self.assertAlmostEqual(gpt_total["parameters"] - total["parameters"], embed * 63 / 64, delta=1)
+        self.assertEqual(round(gpt_total["parameters"] / 1e9, 1), 2.3)  # 1.9 GB + 0.41 GB x 63/64
+        for stage in ("none", "optimizer", "gradients"):
+            self.assertAlmostEqual(gpt_total[stage], total[stage], delta=1, msg=stage)
 
     def test_one_over_n_with_padding(self):
         # 17 elements of 4 bytes in pieces of 10 and 7, over 4 ranks: ceil(10/4) + ceil(7/4) = 3 + 2 = 5
@@ -735,7 +775,10 @@ class Sharding(unittest.TestCase):
         elements = 75 + 50 + 1  # ceil(600/8) + ceil(399/8) + ceil(1/8)
         self.assertAlmostEqual(state["gradients"]["gradients"], 4 * elements)
         self.assertAlmostEqual(state["parameters"]["optimizer_state"], 8 * elements)
-        self.assertAlmostEqual(state["optimizer"]["gradients"], 4000)  # ZeRO-1 keeps whole gradients
+        # ZeRO-1 keeps the gradients whole (.grad, over the micro-batches) and its shard of the reduced ones.
+        self.assertAlmostEqual(state["optimizer"]["gradients"], 4000 + 4 * elements)
+        # ZeRO-3 splits the blocks' 3600 bytes of parameters alike; the 400 outside them stay whole.
+        self.assertAlmostEqual(state["parameters"]["parameters"], 3600 * elements / 1000 + 400)
 
     def test_communication_per_stage(self):
         b, n = 1e9, 8
@@ -746,16 +789,32 @@ class Sharding(unittest.TestCase):
         self.assertAlmostEqual(plan.collective_bytes("all-reduce", b, n) / 450e9, plan.allreduce_seconds(b, n, 450e9))
         volume = {s: plan.communication(s, n, b, b)["bytes_per_step"] for s in plan.SHARDING}
         self.assertAlmostEqual(volume["none"], 2 * ring)  # DDP: all-reduce
-        self.assertAlmostEqual(volume["optimizer"], 3 * ring)  # + all-gather of the updated parameters
-        self.assertAlmostEqual(volume["gradients"], volume["none"])  # reduce-scatter + all-gather = DDP's
+        # ZeRO-1 and ZeRO-2: a reduce-scatter of the gradients + an all-gather of the updated parameters,
+        # which is what DDP's all-reduce is made of (ZeRO-1 does not all-reduce).
+        self.assertAlmostEqual(volume["optimizer"], volume["none"])
+        self.assertEqual([c["op"] for c in plan.communication("optimizer", n, b, b)["collectives"]],
+                         ["reduce-scatter", "all-gather"])
+        self.assertAlmostEqual(volume["gradients"], volume["none"])
         self.assertAlmostEqual(volume["parameters"], 1.5 * volume["none"])  # 2 all-gathers + reduce-scatter
         # Accumulation of 4: ZeRO-2 and ZeRO-3 reduce-scatter (and ZeRO-3 gathers) every micro-batch,
-        # DDP and ZeRO-1 communicate at the last one only.
+        # DDP and ZeRO-1 (the gradients accumulate whole in .grad, as DDP's no_sync) at the last one only.
         acc = {s: plan.communication(s, n, b, b, accumulate=4)["bytes_per_step"] for s in plan.SHARDING}
         self.assertAlmostEqual(acc["none"], 2 * ring)
-        self.assertAlmostEqual(acc["optimizer"], 3 * ring)
+        self.assertAlmostEqual(acc["optimizer"], 2 * ring)
+        self.assertEqual({c["per"] for c in plan.communication("optimizer", n, b, b, 4)["collectives"]}, {"step"})
         self.assertAlmostEqual(acc["gradients"], 4 * ring + ring)
         self.assertAlmostEqual(acc["parameters"], 4 * 3 * ring)
+        # ZeRO-3 gathers per micro-batch only the blocks' parameters (0.8 of them here); the rest (0.2),
+        # whole on every rank, once per step after the optimizer step, like ZeRO-2.
+        zero3 = plan.communication("parameters", n, b, b, accumulate=4, block_parameter_bytes=0.8 * b)
+        self.assertAlmostEqual(zero3["micro_batch_bytes"], 7 / 8 * (2 * 0.8 * b + b))
+        self.assertAlmostEqual(zero3["step_bytes"], 7 / 8 * 0.2 * b)
+        self.assertAlmostEqual(zero3["bytes_per_step"], 4 * 7 / 8 * 2.6 * b + 7 / 8 * 0.2 * b)
+        self.assertEqual([(c["op"], c["of"], c["per"]) for c in zero3["collectives"]],
+                         [("all-gather", "block parameters", "micro-batch")] * 2
+                         + [("reduce-scatter", "gradients", "micro-batch"), ("all-gather", "other parameters", "step")])
+        # Every parameter in a block: no per-step all-gather at all.
+        self.assertEqual(len(plan.communication("parameters", n, b, b, block_parameter_bytes=b)["collectives"]), 3)
         # Parameters and gradients of other widths: each collective moves its own buffer.
         mixed = plan.communication("gradients", n, 2e9, 4e9)
         self.assertAlmostEqual(mixed["bytes_per_step"], 7 / 8 * 4e9 + 7 / 8 * 2e9)
@@ -772,7 +831,8 @@ class Sharding(unittest.TestCase):
             self.assertEqual(len(rows), 4)  # one per stage
             for r in rows:
                 self.assertEqual((r["link"], r["link_gb_s"]), (name, gb_s))
-                sent = plan.communication(r["sharding"], n, 4 * 3e9, 4 * 3e9, 2)["bytes_per_step"]
+                # 2.9e9 of the 3e9 parameters are in the blocks.
+                sent = plan.communication(r["sharding"], n, 4 * 3e9, 4 * 3e9, 2, 4 * 2.9e9)["bytes_per_step"]
                 self.assertAlmostEqual(r["communication_bytes"], sent)
                 self.assertAlmostEqual(r["communication_seconds"], sent / (gb_s * 1e9))
                 self.assertAlmostEqual(r["step_seconds"], r["compute_seconds"] + r["communication_seconds"])
@@ -781,44 +841,101 @@ class Sharding(unittest.TestCase):
         self.assertEqual({r["link"] for r in rows}, {"PCIe Gen4 (no NVLink)"})
 
     def test_memory_parts(self):
-        """The parts of a GPU's memory, at N = 8 on an H100 at batch 8: what each stage keeps whole and
-        split, DDP's bucket copy of the gradients, ZeRO-3's two gathered pieces."""
+        """The parts of a GPU's memory, at N = 8 on an H100 at batch 8, as dist::ShardedDataParallel keeps
+        them: what each stage keeps whole and split, DDP's bucket copy of the gradients, the sharded stages'
+        one unit copied flat for its reduce-scatter, ZeRO-3's two gathered blocks and its parameters
+        outside the blocks kept whole."""
         m = block_model()
         p = 4 * 3e9  # parameter bytes = gradient bytes; Adam: 2p
+        inside, outside, block = 4 * 2.9e9, 4 * 0.1e9, 4 * 2.9e9 / 32
+        bucket = 25 * 2**20  # dist.bucket_cap_mb's default
         rows = self.plan_json(m, "--world-size", "8", "--gpu", "H100-SXM", "--activation-checkpoint", "none")
         parts = {r["sharding"]: r["memory_parts"] for r in rows["configurations"]["rows"]}
         self.assertAlmostEqual(parts["none"]["communication_buffers"], p)  # gradient_as_bucket_view off
+        # ZeRO-1: the moments split; whole gradients in .grad + the kept shard of the reduced ones; no bucket
+        # copy of all the gradients, only the largest unit copied flat while it is reduce-scattered: here
+        # what lies outside the blocks (0.4 GB, more than a 25 MiB bucket: an embedding is one tensor).
         self.assertAlmostEqual(parts["optimizer"]["optimizer_state"], 2 * p / 8)
+        self.assertAlmostEqual(parts["optimizer"]["gradients"], p + p / 8)
+        self.assertAlmostEqual(parts["optimizer"]["parameters"], p)
+        self.assertAlmostEqual(parts["optimizer"]["communication_buffers"], outside)
         self.assertAlmostEqual(parts["gradients"]["gradients"], p / 8)
-        self.assertAlmostEqual(parts["parameters"]["parameters"], p / 8)
-        # Two pieces gathered: the part outside the blocks (0.4 GB) and one block (11.6 GB / 32).
-        self.assertAlmostEqual(parts["parameters"]["gathered_parameters"], 4 * 0.1e9 + 4 * 2.9e9 / 32)
-        self.assertEqual(parts["none"]["gathered_parameters"], 0.0)
-        # ZeRO-2/3 hold the largest piece's gradients before its reduce-scatter.
-        self.assertAlmostEqual(parts["gradients"]["communication_buffers"], 4 * 0.1e9)
+        self.assertAlmostEqual(parts["gradients"]["parameters"], p)
+        self.assertAlmostEqual(parts["gradients"]["communication_buffers"], outside)
+        # ZeRO-3: the blocks' parameters split, the 0.4 GB outside them whole; two blocks gathered (11.6 GB / 32
+        # each); the largest unit is still what lies outside the blocks (0.4 GB > 0.36 GB a block).
+        self.assertAlmostEqual(parts["parameters"]["parameters"], inside / 8 + outside)
+        self.assertAlmostEqual(parts["parameters"]["gradients"], p / 8)
+        self.assertAlmostEqual(parts["parameters"]["gathered_parameters"], 2 * block)
+        self.assertAlmostEqual(parts["parameters"]["communication_buffers"], outside)
+        for stage in ("none", "optimizer", "gradients"):
+            self.assertEqual(parts[stage]["gathered_parameters"], 0.0)
         for stage, part in parts.items():
             self.assertAlmostEqual(part["other_fixed"], 1e9)  # F less the gradients and moments it holds
             self.assertAlmostEqual(part["activations"], 8 * 1e9)
             self.assertAlmostEqual(part["context"], 0.5 * GIB)
         needed = {r["sharding"]: r["memory_needed_bytes"] for r in rows["configurations"]["rows"]}
         self.assertAlmostEqual(needed["none"], 0.5 * GIB + p + p + p + 2 * p + 1e9 + 8e9)
-        self.assertAlmostEqual(needed["none"] - needed["optimizer"], 2 * p * 7 / 8)
+        # ZeRO-1 saves 7/8 of the moments and DDP's bucket copy, less its unit and its gradient shard.
+        self.assertAlmostEqual(needed["none"] - needed["optimizer"], 2 * p * 7 / 8 + p - outside - p / 8)
+        self.assertAlmostEqual(needed["optimizer"] - needed["gradients"], p)  # the whole .grad
         # With gradient_as_bucket_view the buckets are the gradients: no copy.
         view = self.plan_json(dict(m, gradient_as_bucket_view=True), "--world-size", "8", "--gpu", "H100-SXM",
                               "--activation-checkpoint", "none")["configurations"]["rows"]
         self.assertAlmostEqual(needed["none"] - view[0]["memory_needed_bytes"], p)
+        # Little outside the blocks (4 MB): ZeRO-1/2's unit is one bucket of dist.bucket_cap_mb (25 MiB by
+        # default, 1000 MiB asked), ZeRO-3's the largest block whatever the cap.
+        lean = block_model(outside=1e6)
+        for cap, unit in ((None, bucket), (1000, 1000 * 2**20)):
+            fields = {"sharding": {"bucket_cap_mb": cap}} if cap else {}
+            state = self.plan_json(dict(lean, **fields), "--world-size", "8",
+                                   "--gpu", "H100-SXM")["configurations"]["state"]
+            self.assertAlmostEqual(state["gradients"]["communication_buffers"], unit)
+            self.assertAlmostEqual(state["optimizer"]["communication_buffers"], unit)
+            self.assertAlmostEqual(state["parameters"]["communication_buffers"], 4 * (3e9 - 1e6) / 32)
+            self.assertIn("bucket of dist.bucket_cap_mb", state["gradients"]["how"]["communication_buffers"])
         # Measured transients replace the estimates.
         measured = dict(m, sharding={"gathered_parameter_bytes": 123.0, "transient_gradient_bytes": 45.0})
         state = self.plan_json(measured, "--world-size", "8", "--gpu", "H100-SXM")["configurations"]["state"]
         self.assertEqual((state["parameters"]["gathered_parameters"], state["parameters"]["communication_buffers"]),
                          (123.0, 45.0))
         self.assertEqual(state["parameters"]["how"]["gathered_parameters"], "measured")
-        # Without blocks ZeRO-3 gathers the whole model, and a reduce-scatter holds one 25 MiB bucket.
-        bare = dict(m)
+        self.assertEqual(state["optimizer"]["communication_buffers"], 45.0)
+
+    def test_zero3_needs_blocks(self):
+        """Ember shards a model's parameters only for a core::BlockModel, gathered block by block: a
+        measurement without blocks plans no ZeRO-3 (it is not estimated as "gathered whole"), says why,
+        and is bad input when ZeRO-3 alone is asked for."""
+        bare = block_model()
         del bare["blocks"]
-        state = self.plan_json(bare, "--world-size", "8", "--gpu", "H100-SXM")["configurations"]["state"]
-        self.assertAlmostEqual(state["parameters"]["gathered_parameters"], p)
+        result = self.plan_json(bare, "--world-size", "8", "--gpu", "H100-SXM")
+        state = result["configurations"]["state"]
+        self.assertEqual(state["parameters"], {"available": False, "why": state["parameters"]["why"]})
+        self.assertIn("core::BlockModel", state["parameters"]["why"])
+        self.assertTrue(all(state[s]["available"] for s in ("none", "optimizer", "gradients")))
+        self.assertEqual({r["sharding"] for r in result["configurations"]["rows"]}, {"none", "optimizer", "gradients"})
+        # Without blocks ZeRO-2's unit is one 25 MiB bucket.
         self.assertAlmostEqual(state["gradients"]["communication_buffers"], 25 * 2**20)
+        path = write_json(self.dir, "bare.json", bare)
+        status, text, err = run_main([path, "--runs-dir", "", "--world-size", "8", "--gpu", "H100-SXM"])
+        self.assertEqual(status, 0, err)
+        self.assertRegex(text, r"parameters \(ZeRO-3\): not planned: the measurement names no blocks")
+        self.assertNotRegex(text, r"bf16-mixed\s+parameters\s")
+        status, _, err = run_main([path, "--runs-dir", "", "--world-size", "8", "--sharding", "parameters"])
+        self.assertEqual(status, 1)
+        self.assertIn("--sharding parameters: gpt's measurement cannot plan it", err)
+        # Blocks without their parameter bytes cannot say which parameters ZeRO-3 splits either.
+        vague = block_model()
+        vague["blocks"] = {"count": 32}
+        state = self.plan_json(vague, "--world-size", "8", "--gpu", "H100-SXM")["configurations"]["state"]
+        self.assertFalse(state["parameters"]["available"])
+        self.assertIn("parameter_bytes", state["parameters"]["why"])
+        # Nothing fits one sample: the least memory there is without blocks is ZeRO-2.
+        huge = block_model(params=100e9)
+        del huge["blocks"]
+        rec = self.plan_json(huge, "--world-size", "2", "--gpu", "H100-SXM")["recommendation"]
+        self.assertIsNone(rec["gpu"])
+        self.assertIn("the least, sharding gradients (ZeRO-2)", rec["text"])
 
     def test_one_gpu_rows_are_the_single_gpu_plan(self):
         """At --world-size 1 without sharding or checkpointing a configuration is the plan's own row:
@@ -999,22 +1116,35 @@ class ConfigRecommendation(unittest.TestCase):
             self.assertRegex(text, r"bf16-mixed\s+none\s+none\s.*<- recommended")
 
     def test_least_sharding_that_fits_and_is_cheapest(self):
-        # 4B parameters: DDP needs 16 x 5 + 1 + 8 + 0.5 GB = 89.5 GB, over 77.3; ZeRO-1 and ZeRO-2 fit.
+        # 4B parameters: DDP needs 16 x 5 + 1 + 8 + 0.5 GB = 89.5 GB, over 77.3; ZeRO-1 (16 + 18 + 4 + 0.03 +
+        # 1 + 8 + 0.5 = 47.6 GB) and ZeRO-2 fit.
         m = block_model(params=4e9)
         result, rec, text = self.recommend(m, "--world-size", "8", "--activation-checkpoint", "none",
                                            "--price", "H100-SXM=3")
         self.assertEqual(self.fits(result), {"none": False, "optimizer": True, "gradients": True, "parameters": True})
-        # Without accumulation ZeRO-2 sends DDP's volume, ZeRO-1 half as much again: ZeRO-2 is cheaper.
-        self.assertEqual(rec["sharding"], "gradients")
+        # Without accumulation ZeRO-1 and ZeRO-2 both send DDP's volume (a reduce-scatter and an all-gather):
+        # the same cost, so the less sharded ZeRO-1.
+        costs = {r["sharding"]: r["usd_per_run"] for r in result["configurations"]["rows"] if r["fits"]}
+        self.assertAlmostEqual(costs["optimizer"], costs["gradients"])
+        self.assertLess(costs["gradients"], costs["parameters"])
+        self.assertEqual(rec["sharding"], "optimizer")
         reasons = " ".join(rec["reasons"])
         self.assertRegex(reasons, r"sharding none \(DDP\), activation checkpointing none needs [0-9.]+ GiB: more than")
-        self.assertIn("set dist.sharding=gradients", reasons)
+        self.assertIn("set dist.sharding=optimizer", reasons)
         # With 4 micro-batches ZeRO-2 reduce-scatters 4 times: ZeRO-1, at the last one only, is cheaper.
         result, rec, _ = self.recommend(dict(m, accumulate_grad_batches=4), "--world-size", "8",
                                         "--activation-checkpoint", "none", "--price", "H100-SXM=3")
         self.assertEqual(rec["sharding"], "optimizer")
         costs = {r["sharding"]: r["usd_per_run"] for r in result["configurations"]["rows"] if r["fits"]}
         self.assertEqual(min(costs, key=costs.get), "optimizer")
+        self.assertLess(costs["optimizer"], costs["gradients"])
+        # 5 GB of activations a sample (40 GB at batch 8): ZeRO-1's whole gradients (79.6 GB in all) no longer
+        # fit; ZeRO-2 (63.6 GB) does and is cheaper than ZeRO-3.
+        result, rec, _ = self.recommend(block_model(params=4e9, per_sample=5e9), "--world-size", "8",
+                                        "--activation-checkpoint", "none", "--price", "H100-SXM=3")
+        self.assertEqual(self.fits(result), {"none": False, "optimizer": False, "gradients": True, "parameters": True})
+        self.assertEqual(rec["sharding"], "gradients")
+        self.assertIn("set dist.sharding=gradients", " ".join(rec["reasons"]))
         # 14B parameters: only ZeRO-3 fits.
         result, rec, _ = self.recommend(block_model(params=14e9), "--world-size", "8",
                                         "--activation-checkpoint", "none")
@@ -1089,6 +1219,25 @@ class ConfigRecommendation(unittest.TestCase):
         self.assertGreater(best, 0)
         accumulate = math.ceil(64 / best)
         self.assertIn(f"trainer.accumulate_grad_batches={accumulate}", " ".join(rec["reasons"]))
+
+
+    def test_docs_example(self):
+        """docs/planning.md's example is what the planner prints for gpt2_xl() at 8 H100s: every line of its
+        excerpt, and the recommendation's start."""
+        doc = (ROOT / "docs" / "planning.md").read_text()
+        block = re.search(r"prints \(rows cut\):\n\n```\n(.*?)```", doc, re.S)
+        self.assertTrue(block, "docs/planning.md: the example's code block")
+        lines = block.group(1).splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("Recommendation:"))
+        command = re.search(r"`python3 tools/plan/plan.py GPT2_XL.json ([^`]*)`", doc)
+        self.assertTrue(command, "docs/planning.md: the example's command")
+        _, _, text = self.recommend(gpt2_xl(), *command.group(1).split())
+        printed = [line.rstrip() for line in text.splitlines()]
+        for line in lines[:at]:
+            if line.strip() != "...":
+                self.assertIn(line.rstrip(), printed)
+        said = " ".join(line.strip() for line in lines[at:]).removesuffix("...").strip()
+        self.assertTrue(printed[-1].startswith(said), (printed[-1], said))
 
 
 class RealBatch(unittest.TestCase):

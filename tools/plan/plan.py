@@ -121,9 +121,10 @@ The model (every constant is a flag or a documented default)
                 precision, stage, mode) with the cost of all N GPUs; equal costs
                 go to less sharding, then less recomputation. None fits the
                 batch: the row with the largest batch, with accumulation. None
-                fits one sample: the least memory there is (ZeRO-3, the mode
-                with the least activations, the largest GPU) and the smallest
-                power-of-two --world-size at which it would fit.
+                fits one sample: the least memory there is (ZeRO-3, or ZeRO-2
+                for a model without blocks; the mode with the least activations,
+                the largest GPU) and the smallest power-of-two --world-size at
+                which it would fit.
 
 Configurations (section 4; the rows a GPU row can check against its measured peak)
   One precision per GPU: its row of section 1 with the fastest epoch (ties: the
@@ -131,25 +132,54 @@ Configurations (section 4; the rows a GPU row can check against its measured pea
   memory(b)   = context + buffers [+ resident dataset] + parameters + gradients
                 + optimizer state + gathered + communication buffers + other + b*A_mode
     state       parameter_bytes, gradient_bytes, optimizer_state_bytes as
-                measured; each stage splits one more of them 1/N: optimizer
-                (ZeRO-1) the optimizer state, gradients (ZeRO-2) also the
-                gradients, parameters (ZeRO-3) also the parameters. A split
-                state's share is bytes x sum(ceil(u/N)) / sum(u) over the pieces u
-                (elements) of sharding.unit_elements, each padded to a multiple
-                of N (without them bytes / N: one piece, its padding left out). This reproduces
-                the ZeRO paper's figure 1 (7.5B parameters, 64 GPUs, 2+2+12
-                bytes each: 120, 31.4, 16.6, 1.9 GB).
-    gathered    ZeRO-3 only: sharding.gathered_parameter_bytes; else the
-                GATHER_PREFETCH_UNITS (2) largest pieces: the block running and
-                the next one prefetched, blocks.largest_parameter_bytes each,
-                what lies outside the blocks one more piece; without blocks the
-                whole model (gathered at once).
-    comm buffers  N > 1. DDP and ZeRO-1 all-reduce through DDP's buckets: a copy
-                of the gradients (PyTorch's gradient_as_bucket_view=false; 0 when
-                the measurement says gradient_as_bucket_view true). ZeRO-2/3:
-                the full gradients of one piece before its reduce-scatter,
-                sharding.transient_gradient_bytes, else the largest piece's,
-                else one 25 MiB bucket.
+                measured, kept as dist::ShardedDataParallel keeps them
+                (lib/include/ember/dist/sharding.h); each stage splits one more
+                of them 1/N:
+                  none (DDP)          all whole.
+                  optimizer (ZeRO-1)  the optimizer state 1/N; the parameters
+                    whole; the gradients whole (they accumulate in each
+                    parameter's .grad over the micro-batches, as DDP's no_sync,
+                    until their reduce-scatter at the last one) + this rank's
+                    1/N of the reduced gradient, which it keeps between steps.
+                  gradients (ZeRO-2)  also the gradients 1/N (each unit's
+                    reduce-scattered as backward produces it, every micro-batch).
+                  parameters (ZeRO-3) also the parameters of the model's blocks
+                    (core::BlockModel: blocks.parameter_bytes) 1/N; those outside
+                    the blocks (embeddings, the final norm, a tied head) stay
+                    whole on every rank, as with ZeRO-2: parameters =
+                    blocks.parameter_bytes x share + parameter_bytes -
+                    blocks.parameter_bytes. A measurement without blocks (or
+                    without their parameter bytes) cannot plan it: Ember refuses
+                    dist.sharding=parameters for a model that is not a BlockModel.
+                A split state's share is bytes x sum(ceil(u/N)) / sum(u) over the
+                pieces u (elements) of sharding.unit_elements, each padded to a
+                multiple of N (without them bytes / N: one piece, its padding left
+                out). For a model whose parameters are all in blocks this is the
+                ZeRO paper's figure 1 (7.5B parameters, 64 GPUs, 2+2+12 bytes
+                each: 120, 31.4, 16.6, 1.9 GB), but for ZeRO-1's kept shard of
+                the reduced gradient, which the paper does not count (31.6 GB
+                with it). Embeddings of 50257 x 4096 outside the blocks raise
+                ZeRO-3's 1.9 GB by all but 1/64 of their 0.41 GB (2.3 GB).
+    gathered    ZeRO-3 only: sharding.gathered_parameter_bytes; else
+                GATHERED_BLOCKS (2) x blocks.largest_parameter_bytes (else
+                blocks.parameter_bytes / count): no block is prefetched; one is
+                gathered just before its forward and freed after it (one at a
+                time), gathered again just before its backward and freed when
+                its parameters' gradients are all in, by when the block before
+                it may have gathered its own for its backward (at most two).
+    comm buffers  N > 1. DDP: its buckets, a copy of the gradients (PyTorch's
+                gradient_as_bucket_view=false; 0 when the measurement says
+                gradient_as_bucket_view true). ZeRO-1/2/3: no persistent copy;
+                one unit's gradients copied flat while it is reduce-scattered
+                (ZeRO-1 at the last micro-batch, ZeRO-2/3 at every one), a
+                transient: sharding.transient_gradient_bytes when measured; else
+                the largest unit (a unit's gradients have its parameters'
+                dtype): ZeRO-1/2 one bucket of dist.bucket_cap_mb
+                (sharding.bucket_cap_mb; absent or 0: 25 MiB) of parameters,
+                ZeRO-3 the largest block; in both, the parameters outside the
+                blocks instead when they are more (an embedding is one tensor:
+                a bucket of its own however large; other parameters larger than
+                the cap only a measurement sees).
     other       F_mode - gradient_bytes - optimizer_state_bytes (at least 0):
                 F is taken to hold all gradients and the optimizer state (a
                 step's peak is in backward with the state allocated); the rest
@@ -177,14 +207,19 @@ Configurations (section 4; the rows a GPU row can check against its measured pea
   communication  bytes each GPU sends per optimizer step of a micro-batches, ring
               collectives ((N-1)/N of the buffer for a reduce-scatter or an
               all-gather, twice that for an all-reduce); P = the trainable
-              parameters' bytes, G = gradient_bytes:
-                none (DDP)          all-reduce G once per step          = 2 (N-1)/N G
-                optimizer (ZeRO-1)  all-reduce G + all-gather P per step = 2 (N-1)/N G + (N-1)/N P
+              parameters' bytes, P_b = the blocks' (blocks.parameter_bytes),
+              G = gradient_bytes:
+                none (DDP)          all-reduce G at the last micro-batch = 2 (N-1)/N G
+                optimizer (ZeRO-1)  reduce-scatter G at the last micro-batch (accumulated
+                                    whole before it), unit by unit, + all-gather P after
+                                    the step = (N-1)/N G + (N-1)/N P (DDP's volume when P = G)
                 gradients (ZeRO-2)  reduce-scatter G every micro-batch + all-gather P per step
                                     = a (N-1)/N G + (N-1)/N P (DDP's volume when a = 1 and P = G)
-                parameters (ZeRO-3) every micro-batch: all-gather P before each block's
-                                    forward and again before its backward, reduce-scatter G
-                                    = a (2 (N-1)/N P + (N-1)/N G) (1.5x DDP when a = 1)
+                parameters (ZeRO-3) every micro-batch: all-gather each block's parameters before
+                                    its forward and again before its backward, reduce-scatter
+                                    G; per step: all-gather the parameters outside the blocks
+                                    = a (2 (N-1)/N P_b + (N-1)/N G) + (N-1)/N (P - P_b)
+                                    (1.5x DDP when a = 1, P = G and every parameter is in a block)
               time = bytes / link bandwidth (per GPU, per direction), no latency
               term and no overlap with compute: an upper bound. --link auto:
               NVLink (else the board's PCIe) within a node of GPUS_PER_NODE (8),
@@ -268,13 +303,16 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
            forward_macs_per_sample}: the model's repeated blocks
                          (core::BlockModel::blocks()): how many; the bytes of the
                          parameters inside them, all together and the largest
-                         block's; their forward MACs per sample, all together
-  sharding: {unit_elements: [elements, ...], gathered_parameter_bytes,
-             transient_gradient_bytes}: the pieces dist.sharding splits one by
-                         one (each padded to a multiple of N); the parameter
-                         bytes ZeRO-3 holds gathered at its peak besides its
-                         shard; the full gradient bytes ZeRO-2/3 hold before a
-                         reduce-scatter
+                         block's (a parameter also used outside its block, a
+                         tied weight, counts as outside: ZeRO-3 keeps it whole);
+                         their forward MACs per sample, all together
+  sharding: {bucket_cap_mb, unit_elements: [elements, ...], gathered_parameter_bytes,
+             transient_gradient_bytes}: the config's dist.bucket_cap_mb (0:
+                         25 MiB); the units dist.sharding splits one by one
+                         (each padded to a multiple of N; ShardedDataParallel::
+                         units()); the parameter bytes ZeRO-3 holds gathered at
+                         its peak besides its shard; the largest unit's gradient
+                         bytes copied flat for its reduce-scatter
   gradient_as_bucket_view (bool, default false): dist.gradient_as_bucket_view
   activation_checkpoint ("none", "full" or "light"; default "none"),
   activation_checkpoint_every (k; 0 = off): the measured config's own mode,
@@ -298,9 +336,10 @@ JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
             links: [{link, gb_s, counts: [{n, allreduce_seconds, efficiency,
             speedup, pays}]}]}]},
   "configurations": {shown, world_size, link, shardings, activation_checkpoints,
-            state: {STAGE: {parameters, gradients, optimizer_state, gathered_parameters,
-                    communication_buffers, how, communication: {collectives: [{op, of, per,
-                    bytes}], micro_batch_bytes, step_bytes, bytes_per_step}}},
+            state: {STAGE: {available, parameters, gradients, optimizer_state, gathered_parameters,
+                    communication_buffers, how, communication: {collectives: [{op, of ("parameters",
+                    "gradients", "block parameters", "other parameters"), per, bytes}],
+                    micro_batch_bytes, step_bytes, bytes_per_step}} or {available: false, why}},
             activations: {PRECISION: {MODE: {available, fixed_bytes, per_sample_bytes,
                     estimated, source, every, recompute_factor, recomputed_bytes_per_sample,
                     recompute} or {available: false, why}}},
@@ -377,9 +416,12 @@ ZERO_NAMES = {"none": "DDP", "optimizer": "ZeRO-1", "gradients": "ZeRO-2", "para
 SHARDING_KEY = "dist.sharding={}"
 CHECKPOINT_KEYS = {"none": "model.activation_checkpoint_every=0", "full": "model.activation_checkpoint_every=1",
                    "light": "the light activation-checkpointing mode (norms and activations recomputed)"}
+COLLECTIVE_OF = {"parameters": "P", "gradients": "G", "block parameters": "P blocks", "other parameters": "P rest"}
 RING_SHARE = {"all-reduce": 2.0, "reduce-scatter": 1.0, "all-gather": 1.0}  # x (n-1)/n of the buffer, per GPU
-# ZeRO-3 holds, besides its shard, the parameters of the block running and of the next one (prefetch).
-GATHER_PREFETCH_UNITS = 2
+# ZeRO-3 holds, besides its shard, at most two blocks' parameters gathered: none is prefetched, a block
+# is gathered just before its forward (one at a time) and again just before its backward, and freed once
+# its parameters' gradients are all in, by when the backward of the block before it may have gathered its.
+GATHERED_BLOCKS = 2
 # Light checkpointing recomputes a block's norms and activation functions: the share of a block's
 # saved activations they hold. Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 # Transformer Models", section 4.1) count a transformer layer's saved activations as 34 bytes per
@@ -388,7 +430,7 @@ GATHER_PREFETCH_UNITS = 2
 # (memory.PRECISION.activation_checkpoint.light) replaces it.
 LIGHT_RECOMPUTED_SHARE = 12 / 34
 GPUS_PER_NODE = 8  # --link auto: NVLink (or PCIe) within a node of 8, the network beyond
-DDP_BUCKET_BYTES = 25 * MIB  # PyTorch's bucket_cap_mb: a reduce-scatter's transient without blocks
+BUCKET_CAP_MB = 25.0  # dist.bucket_cap_mb's default (0 in the config): the units ZeRO-1/2 split, in MiB
 LINK_CHOICES = ("auto", "nvlink", "pcie", "25gbe", "100gbe", "400g-ib")
 
 
@@ -586,13 +628,19 @@ def shard_bytes(nbytes, n, units=None):
     return nbytes * padded_elements(units, n) / sum(units)
 
 
-def model_state_bytes(parameter_bytes, gradient_bytes, optimizer_state_bytes, sharding, n, units=None):
+def model_state_bytes(parameter_bytes, gradient_bytes, optimizer_state_bytes, sharding, n, units=None,
+                      whole_parameter_bytes=0.0):
     """Per-GPU bytes of the model's state at a dist.sharding stage over `n` ranks: {"parameters",
     "gradients", "optimizer_state", "total"}. Each stage splits one more state 1/n (shard_bytes):
     optimizer (ZeRO-1) the optimizer state, gradients (ZeRO-2) also the gradients, parameters (ZeRO-3)
-    also the parameters. Without the transients (gathered blocks, communication buffers)."""
+    also the parameters but `whole_parameter_bytes` of them (those outside the model's blocks, which
+    every rank keeps whole): parameters = shard_bytes(parameter_bytes - whole) + whole. The ZeRO
+    paper's model state: without the transients (gathered blocks, communication buffers) and without
+    ZeRO-1's shard of the reduced gradient (sharding_parts adds both)."""
     level = SHARDING.index(sharding)
-    out = {"parameters": shard_bytes(parameter_bytes, n, units) if level >= 3 else float(parameter_bytes),
+    whole = min(float(whole_parameter_bytes), float(parameter_bytes))
+    out = {"parameters": (shard_bytes(parameter_bytes - whole, n, units) + whole if level >= 3
+                          else float(parameter_bytes)),
            "gradients": shard_bytes(gradient_bytes, n, units) if level >= 2 else float(gradient_bytes),
            "optimizer_state": (shard_bytes(optimizer_state_bytes, n, units) if level >= 1
                                else float(optimizer_state_bytes))}
@@ -606,26 +654,36 @@ def collective_bytes(op, nbytes, n):
     return 0.0 if n <= 1 else RING_SHARE[op] * (n - 1) / n * nbytes
 
 
-def communication(sharding, n, parameter_bytes, gradient_bytes, accumulate=1):
-    """What a dist.sharding stage sends per GPU per optimizer step of `accumulate` micro-batches:
-    {"collectives": [{"op", "of", "per", "bytes"}], "micro_batch_bytes", "step_bytes", "bytes_per_step"}.
-    `parameter_bytes`: the trainable parameters (what an all-gather rebuilds), `gradient_bytes`:
-    their gradients (what is reduced). "per" is "micro-batch" (sent each micro-batch) or "step" (once
-    per optimizer step); bytes_per_step = accumulate x micro_batch_bytes + step_bytes.
-      none (DDP)        all-reduce of the gradients, at the last micro-batch;
-      optimizer (ZeRO-1) that, + an all-gather of the updated parameters;
-      gradients (ZeRO-2) a reduce-scatter of the gradients every micro-batch (the full gradient is
-                        not kept), + the all-gather of the updated parameters;
+def communication(sharding, n, parameter_bytes, gradient_bytes, accumulate=1, block_parameter_bytes=None):
+    """What a dist.sharding stage sends per GPU per optimizer step of `accumulate` micro-batches, as
+    dist::ShardedDataParallel (lib/src/dist/sharding.cpp) does: {"collectives": [{"op", "of", "per",
+    "bytes"}], "micro_batch_bytes", "step_bytes", "bytes_per_step"}. `parameter_bytes`: the trainable
+    parameters (what the all-gathers rebuild), `gradient_bytes`: their gradients (what is reduced),
+    `block_parameter_bytes`: of the parameters, those inside the model's blocks (ZeRO-3 only; None:
+    all of them). "per" is "micro-batch" (sent each micro-batch) or "step" (once per optimizer step);
+    bytes_per_step = accumulate x micro_batch_bytes + step_bytes.
+      none (DDP)          an all-reduce of the gradients, at the last micro-batch;
+      optimizer (ZeRO-1)  a reduce-scatter of the gradients at the last micro-batch (they accumulate
+                          whole in .grad before it, as DDP's no_sync), + an all-gather of the updated
+                          parameters: DDP's volume when parameters and gradients are as large;
+      gradients (ZeRO-2)  a reduce-scatter of the gradients every micro-batch (the full gradient is
+                          not kept), + the all-gather of the updated parameters;
       parameters (ZeRO-3) every micro-batch: an all-gather of each block's parameters before its
-                        forward and again before its backward, and the reduce-scatter."""
+                          forward and again before its backward, and the reduce-scatter; per step the
+                          all-gather of the updated parameters outside the blocks (when there are any)."""
+    blocks = float(parameter_bytes) if block_parameter_bytes is None else min(float(block_parameter_bytes),
+                                                                               float(parameter_bytes))
     rows = {"none": [("all-reduce", "gradients", "step")],
-            "optimizer": [("all-reduce", "gradients", "step"), ("all-gather", "parameters", "step")],
+            "optimizer": [("reduce-scatter", "gradients", "step"), ("all-gather", "parameters", "step")],
             "gradients": [("reduce-scatter", "gradients", "micro-batch"), ("all-gather", "parameters", "step")],
-            "parameters": [("all-gather", "parameters", "micro-batch"), ("all-gather", "parameters", "micro-batch"),
-                           ("reduce-scatter", "gradients", "micro-batch")]}[sharding]
-    sizes = {"parameters": parameter_bytes, "gradients": gradient_bytes}
+            "parameters": [("all-gather", "block parameters", "micro-batch"),
+                           ("all-gather", "block parameters", "micro-batch"),
+                           ("reduce-scatter", "gradients", "micro-batch")]
+                          + ([("all-gather", "other parameters", "step")] if parameter_bytes - blocks > 0 else [])}
+    sizes = {"parameters": parameter_bytes, "gradients": gradient_bytes, "block parameters": blocks,
+             "other parameters": parameter_bytes - blocks}
     collectives = [{"op": op, "of": of, "per": per, "bytes": collective_bytes(op, sizes[of], n)}
-                   for op, of, per in rows]
+                   for op, of, per in rows[sharding]]
     micro = sum(c["bytes"] for c in collectives if c["per"] == "micro-batch")
     step = sum(c["bytes"] for c in collectives if c["per"] == "step")
     return {"collectives": collectives, "micro_batch_bytes": micro, "step_bytes": step,
@@ -790,14 +848,14 @@ def _check_scaling_fields(m, path):
     if sharding is not None:
         where = f"{path}: sharding"
         if not isinstance(sharding, dict):
-            raise PlanError(f"{where}: expected an object {{unit_elements, gathered_parameter_bytes, "
+            raise PlanError(f"{where}: expected an object {{bucket_cap_mb, unit_elements, gathered_parameter_bytes, "
                             f"transient_gradient_bytes}}")
         units = sharding.get("unit_elements")
         if units is not None and not (isinstance(units, list) and units and all(
                 isinstance(u, int) and not isinstance(u, bool) and u >= 1 for u in units)):
             raise PlanError(f"{where}: 'unit_elements': expected a list of element counts >= 1, one per piece "
                             f"the sharding splits, got {json.dumps(units)[:80]}")
-        for key in ("gathered_parameter_bytes", "transient_gradient_bytes"):
+        for key in ("bucket_cap_mb", "gathered_parameter_bytes", "transient_gradient_bytes"):
             _optional_number(sharding, key, where)
     if "gradient_as_bucket_view" in m and not isinstance(m["gradient_as_bucket_view"], bool):
         raise PlanError(f"{_where(path, 'gradient_as_bucket_view')}: expected true or false, got "
@@ -1249,73 +1307,121 @@ def trainable_parameter_bytes(m):
     return m["parameter_bytes"] * min(max(trainable, 0), params) / params
 
 
-def _pieces(m):
-    """(the largest piece's parameter bytes, [pieces' parameter bytes]) from blocks: each block as large
-    as the largest, and what lies outside the blocks as one more piece; None without blocks."""
+def block_parameters(m):
+    """(bytes of the parameters inside the model's blocks, the largest block's) from the measurement's
+    blocks: parameter_bytes (else the largest block's times the count, at most the model's) and
+    largest_parameter_bytes (else an equal share); None without blocks or without either size."""
     blocks = m.get("blocks") or {}
-    largest = blocks.get("largest_parameter_bytes")
-    if largest is None:
+    inside, largest = blocks.get("parameter_bytes"), blocks.get("largest_parameter_bytes")
+    if not blocks.get("count") or (inside is None and largest is None):
         return None
-    inside = blocks.get("parameter_bytes")
     if inside is None:
         inside = min(largest * blocks["count"], m["parameter_bytes"])
-    outside = max(m["parameter_bytes"] - inside, 0.0)
-    pieces = [float(largest)] * blocks["count"] + ([outside] if outside > 0 else [])
-    return max(pieces), pieces
+    if largest is None:
+        largest = inside / blocks["count"]
+    return float(inside), float(largest)
+
+
+def zero3_unplannable(m):
+    """Why dist.sharding=parameters cannot be planned for this measurement, or None when it can. The
+    C++ shards the parameters of core::BlockModel blocks only, and refuses the stage for any other
+    model; the plan needs to know which parameters are in blocks."""
+    if not (m.get("blocks") or {}).get("count"):
+        return ("the measurement names no blocks: dist.sharding=parameters gathers each core::BlockModel "
+                "block's parameters around it, and Ember refuses it for a model that is not a BlockModel "
+                "(use gradients)")
+    if block_parameters(m) is None:
+        return ("blocks has neither parameter_bytes nor largest_parameter_bytes: which parameters ZeRO-3 "
+                "shards is unknown (remeasure)")
+    return None
+
+
+def bucket_cap_bytes(m):
+    """Bytes of the parameters in one unit of ZeRO-1/2 (and of ZeRO-3's outside the blocks):
+    dist.bucket_cap_mb as the measurement states it (sharding.bucket_cap_mb; absent or 0: 25 MiB)."""
+    cap = (m.get("sharding") or {}).get("bucket_cap_mb")
+    return (cap if cap else BUCKET_CAP_MB) * MIB
 
 
 def gathered_parameter_bytes(m):
     """(bytes, how) ZeRO-3 holds gathered besides its shard: the measurement's sharding.
-    gathered_parameter_bytes; else the GATHER_PREFETCH_UNITS largest pieces (the block running and
-    the next, prefetched); else, without blocks, every parameter (gathered whole)."""
+    gathered_parameter_bytes; else GATHERED_BLOCKS of the largest block (at most the count)."""
     measured = (m.get("sharding") or {}).get("gathered_parameter_bytes")
     if measured is not None:
         return float(measured), "measured"
-    pieces = _pieces(m)
-    if pieces is None:
-        return float(m["parameter_bytes"]), "estimated: the measurement names no blocks, so they are gathered whole"
-    top = sorted(pieces[1], reverse=True)[:GATHER_PREFETCH_UNITS]
-    return sum(top), (f"estimated: the {len(top)} largest pieces (a block, the next one prefetched; what lies "
-                      f"outside the blocks is one piece)")
+    _, largest = block_parameters(m)
+    count = min(GATHERED_BLOCKS, m["blocks"]["count"])
+    return count * largest, (f"estimated: {count} x the largest block's parameters (no prefetch: one block "
+                             f"gathered at a time in forward, at most {GATHERED_BLOCKS} in backward)")
 
 
-def transient_gradient_bytes(m):
-    """(bytes, how) of full gradients ZeRO-2/3 hold before a reduce-scatter: the measurement's
-    sharding.transient_gradient_bytes; else the largest piece's gradients; else one DDP bucket."""
+def transient_gradient_bytes(m, sharding):
+    """(bytes, how) of the gradients ZeRO-1/2/3 hold copied flat while one unit is reduce-scattered
+    (a unit's gradients have its parameters' dtype: its bytes): the measurement's sharding.
+    transient_gradient_bytes; else the largest unit. ZeRO-1/2: one bucket of dist.bucket_cap_mb, or
+    what lies outside the blocks when that is more (an embedding is one tensor, a bucket of its own);
+    ZeRO-3: the largest block, or what lies outside the blocks when that is more."""
     measured = (m.get("sharding") or {}).get("transient_gradient_bytes")
     if measured is not None:
         return float(measured), "measured"
-    pieces = _pieces(m)
-    if pieces is None:
-        return (min(float(m["gradient_bytes"]), DDP_BUCKET_BYTES),
-                f"estimated: one {DDP_BUCKET_BYTES / MIB:g} MiB bucket (the measurement names no blocks)")
-    ratio = m["gradient_bytes"] / m["parameter_bytes"] if m["parameter_bytes"] > 0 else 1.0
-    return pieces[0] * ratio, "estimated: the largest piece's gradients, reduce-scattered as its backward ends"
+    cap = bucket_cap_bytes(m)
+    trainable = trainable_parameter_bytes(m)
+    blocks = block_parameters(m)
+    outside = max(trainable - blocks[0], 0.0) if blocks else 0.0
+    rest = ("the parameters outside the blocks as one unit (an embedding is one tensor: a bucket of its own "
+            "however large)")
+    if sharding != "parameters":
+        bucket = min(cap, trainable)
+        if outside > bucket:
+            return outside, f"estimated: {rest}, more than one bucket of dist.bucket_cap_mb ({cap / MIB:g} MiB)"
+        return bucket, (f"estimated: one bucket of dist.bucket_cap_mb ({cap / MIB:g} MiB) of gradients; a parameter "
+                        f"larger than that is a unit of its own, which only a measurement sees")
+    _, largest = blocks
+    if largest >= outside:
+        return largest, "estimated: the largest block's gradients"
+    return outside, f"estimated: {rest}, more than the largest block"
 
 
 def sharding_parts(m, sharding, n):
-    """Per-GPU bytes of the model's state at a stage over n GPUs: {"parameters", "gradients",
-    "optimizer_state", "gathered_parameters", "communication_buffers", "how": {...}}.
+    """Per-GPU bytes of the model's state at a stage over n GPUs, as dist::ShardedDataParallel keeps it:
+    {"available", "parameters", "gradients", "optimizer_state", "gathered_parameters",
+    "communication_buffers", "how": {...}}, or {"available": False, "why"} (ZeRO-3 without blocks).
+      parameters             ZeRO-3: the blocks' 1/N, the rest whole (model_state_bytes)
+      gradients              ZeRO-1 at n > 1: whole (.grad, accumulated over the micro-batches) + this
+                             rank's 1/N of the reduced gradient, kept between steps
       gathered_parameters    ZeRO-3 at n > 1: gathered_parameter_bytes
-      communication_buffers  n > 1: DDP and ZeRO-1 all-reduce through DDP's buckets, a copy of
-                             the gradients (0 with gradient_as_bucket_view); ZeRO-2/3 hold one
-                             piece's full gradients before its reduce-scatter"""
+      communication_buffers  n > 1: DDP all-reduces through its buckets, a copy of the gradients (0 with
+                             gradient_as_bucket_view); ZeRO-1/2/3 copy one unit's gradients flat while
+                             it is reduce-scattered (transient_gradient_bytes)"""
+    if sharding == "parameters" and n > 1:
+        why = zero3_unplannable(m)
+        if why is not None:
+            return {"available": False, "why": why}
     units = (m.get("sharding") or {}).get("unit_elements")
+    whole = 0.0
+    if sharding == "parameters" and n > 1:
+        whole = max(m["parameter_bytes"] - block_parameters(m)[0], 0.0)
     state = model_state_bytes(m["parameter_bytes"], m["gradient_bytes"], m["optimizer_state_bytes"], sharding, n,
-                              units)
+                              units, whole)
     how = {"padding": "measured pieces" if units else "one piece (padding left out)"}
-    gathered, buffers = 0.0, 0.0
+    gradients, gathered, buffers = state["gradients"], 0.0, 0.0
     if n > 1:
+        if sharding == "optimizer":
+            gradients += shard_bytes(m["gradient_bytes"], n, units)
+            how["gradients"] = ("whole in .grad over the micro-batches (as DDP's no_sync), + this rank's 1/N of "
+                                "the reduced gradient, kept between steps")
         if sharding == "parameters":
+            how["parameters"] = (f"the blocks' 1/N; the {fmt_bytes(whole)} outside them (embeddings, final norm, a "
+                                 f"tied head) whole on every rank")
             gathered, how["gathered_parameters"] = gathered_parameter_bytes(m)
-        if sharding in ("none", "optimizer"):
+        if sharding == "none":
             view = m.get("gradient_as_bucket_view") is True
             buffers = 0.0 if view else float(m["gradient_bytes"])
             how["communication_buffers"] = ("gradient_as_bucket_view: the buckets are the gradients" if view
                                             else "DDP's buckets: a copy of the gradients")
         else:
-            buffers, how["communication_buffers"] = transient_gradient_bytes(m)
-    return {"parameters": state["parameters"], "gradients": state["gradients"],
+            buffers, how["communication_buffers"] = transient_gradient_bytes(m, sharding)
+    return {"available": True, "parameters": state["parameters"], "gradients": gradients,
             "optimizer_state": state["optimizer_state"], "gathered_parameters": gathered,
             "communication_buffers": buffers, "how": how}
 
@@ -1487,12 +1593,24 @@ def config_fixed_parts(m, sharding, n, act, context_bytes):
             "other_fixed": max(act["fixed_bytes"] - state, 0.0)}
 
 
+def stage_communication(m, sharding, n):
+    """communication() of a stage for this measurement at n GPUs (ZeRO-3's all-gathers per micro-batch
+    cover the blocks' parameters); None for a stage sharding_parts cannot plan."""
+    block_bytes = None
+    if sharding == "parameters" and n > 1:
+        if zero3_unplannable(m) is not None:
+            return None
+        block_bytes = block_parameters(m)[0]
+    return communication(sharding, n, trainable_parameter_bytes(m), m["gradient_bytes"],
+                         m["accumulate_grad_batches"], block_bytes)
+
+
 def config_rows(m, gpus, rows, prices, mfus, margin, context_bytes, floor_seconds, world_size, shardings, modes,
                 link, precisions_asked):
     """ConfigRow per GPU, planned precision, sharding stage and checkpointing mode available."""
     batch, accumulate, n = m["batch_size"], m["accumulate_grad_batches"], world_size
     flops, train_samples = m["train_flops_per_sample"], m["dataset"]["train_samples"]
-    comm = {s: communication(s, n, trainable_parameter_bytes(m), m["gradient_bytes"], accumulate) for s in shardings}
+    comm = {s: stage_communication(m, s, n) for s in shardings}
     acts = {}
     out = []
     for gpu in gpus:
@@ -1507,6 +1625,8 @@ def config_rows(m, gpus, rows, prices, mfus, margin, context_bytes, floor_second
             price = prices.get(gpu["name"], gpu.get("usd_per_hour"))
             for sharding in shardings:
                 c = comm[sharding]
+                if c is None:  # ZeRO-3 without blocks: not planned (sharding_parts says why)
+                    continue
                 micro_comm = c["micro_batch_bytes"] / (gb_s * 1e9) if n > 1 else 0.0
                 step_comm = c["step_bytes"] / (gb_s * 1e9) if n > 1 else 0.0
                 for mode in modes:
@@ -1539,16 +1659,23 @@ def config_rows(m, gpus, rows, prices, mfus, margin, context_bytes, floor_second
     return out, acts, comm
 
 
+def least_memory_stage(m):
+    """The stage that holds the least: ZeRO-3, or ZeRO-2 for a measurement ZeRO-3 cannot plan (no blocks)."""
+    return "parameters" if zero3_unplannable(m) is None else "gradients"
+
+
 def least_memory_world_size(m, gpu, act, context_bytes, margin, batch, start):
-    """The smallest power-of-two world size >= start (up to MAX_WORLD_SIZE) at which ZeRO-3 with
-    activation model `act` fits `batch` on `gpu`; None when none does (what is not sharded,
-    activations, gathered blocks, context, is already too much)."""
+    """The smallest power-of-two world size >= start (up to MAX_WORLD_SIZE) at which the least-memory
+    stage (least_memory_stage) with activation model `act` fits `batch` on `gpu`; None when none does
+    (what is not sharded, activations, the parameters kept whole, gathered blocks, context, is already too
+    much)."""
     budget = memory_budget(gpu["memory_gib"], margin)
+    stage = least_memory_stage(m)
     n = 1
     while n < start:
         n *= 2
     while n <= MAX_WORLD_SIZE:
-        parts = config_fixed_parts(m, "parameters", n, act, context_bytes)
+        parts = config_fixed_parts(m, stage, n, act, context_bytes)
         if sum(parts.values()) + batch * act["per_sample_bytes"] <= budget:
             return n
         n *= 2
@@ -1684,18 +1811,19 @@ def _recommend_no_fit(m, crows, gpus, acts, context_bytes, margin, result, reaso
     if candidates:
         act = min(candidates, key=lambda a: a["per_sample_bytes"])
         mode = next(k for k, v in acts[precision].items() if v is act)
-        parts = config_fixed_parts(m, "parameters", n, act, context_bytes)
+        stage = least_memory_stage(m)
+        parts = config_fixed_parts(m, stage, n, act, context_bytes)
         need = sum(parts.values()) + act["per_sample_bytes"]
         budget = memory_budget(biggest["memory_gib"], margin)
         if need <= budget:  # outside the stages and modes asked for
             fits = largest_batch(budget, need - act["per_sample_bytes"], act["per_sample_bytes"], 0, 0)
-            what = (f"sharding parameters (ZeRO-3) with activation checkpointing {mode}" if n > 1
+            what = (f"sharding {stage} ({ZERO_NAMES[stage]}) with activation checkpointing {mode}" if n > 1
                     else f"activation checkpointing {mode}")
-            flags = ("--sharding parameters " if n > 1 else "") + f"--activation-checkpoint {mode}"
+            flags = (f"--sharding {stage} " if n > 1 else "") + f"--activation-checkpoint {mode}"
             text += (f" among the stages and modes asked for; {what} needs {fmt_bytes(need)} for one sample on "
                      f"{biggest['name']} ({fmt_bytes(budget)} usable) and fits batch {fits} there ({flags})")
             return result(None, text)
-        text += (f": the least, sharding parameters (ZeRO-3) with activation checkpointing {mode}, needs "
+        text += (f": the least, sharding {stage} ({ZERO_NAMES[stage]}) with activation checkpointing {mode}, needs "
                  f"{fmt_bytes(need)} for one sample on {biggest['name']} ({fmt_bytes(budget)} usable)")
         more = least_memory_world_size(m, biggest, act, context_bytes, margin, 1, max(2 * n, 2))
         if more is not None:
@@ -1703,8 +1831,10 @@ def _recommend_no_fit(m, crows, gpus, acts, context_bytes, margin, result, reaso
             text += (f"; it would fit one sample at --world-size {more}"
                      + (f" and batch {batch} at {at_batch}" if at_batch and batch > 1 else ""))
         else:
-            text += (f"; no world size up to {MAX_WORLD_SIZE} fits: what is not sharded (activations, gathered "
-                     f"blocks, the CUDA context) is too much alone")
+            kept = ("the parameters outside the blocks, gathered blocks" if stage == "parameters"
+                    else "the parameters (ZeRO-3 needs blocks)")
+            text += (f"; no world size up to {MAX_WORLD_SIZE} fits: what is not sharded (activations, {kept}, the "
+                     f"CUDA context) is too much alone")
     return result(None, text)
 
 
@@ -1752,6 +1882,8 @@ def make_plan(m, gpus, prices, args, measurement_path):
     crows, acts, comm = config_rows(m, gpus, rows, prices, mfus, args.margin, context_bytes, floor_seconds,
                                     args.world_size, args.sharding, args.activation_checkpoint, args.link,
                                     args.precision)
+    if args.world_size > 1 and "parameters" in args.sharding_asked and zero3_unplannable(m) is not None:
+        raise PlanError(f"--sharding parameters: {m['recipe']}'s measurement cannot plan it: {zero3_unplannable(m)}")
     for mode in args.checkpoint_asked:
         if not any(a[mode]["available"] for a in acts.values()):
             why = "; ".join(sorted({a[mode]["why"] for a in acts.values()}))
@@ -1803,8 +1935,8 @@ def make_plan(m, gpus, prices, args, measurement_path):
             "default_mfu": DEFAULT_MFU, "pays_efficiency": PAYS_EFFICIENCY, "host_ram_gib": args.host_ram_gib,
             "loader_host_batches": LOADER_HOST_BATCHES, "gpu_table": str(args.gpus),
             "world_size": args.world_size, "link": args.link, "gpus_per_node": GPUS_PER_NODE,
-            "gather_prefetch_units": GATHER_PREFETCH_UNITS, "light_recomputed_share": LIGHT_RECOMPUTED_SHARE,
-            "ddp_bucket_bytes": DDP_BUCKET_BYTES,
+            "gathered_blocks": GATHERED_BLOCKS, "light_recomputed_share": LIGHT_RECOMPUTED_SHARE,
+            "bucket_cap_bytes": bucket_cap_bytes(m),
         },
         "mfu": {p: {"value": mfus[p].value, "source": mfus[p].source, "run": mfus[p].run,
                     "precision_measured": mfus[p].precision, "text": describe_mfu(mfus[p])}
@@ -1820,7 +1952,8 @@ def make_plan(m, gpus, prices, args, measurement_path):
         "configurations": {
             "shown": shown, "world_size": args.world_size, "link": args.link, "shardings": args.sharding,
             "activation_checkpoints": args.activation_checkpoint,
-            "state": {s: dict(sharding_parts(m, s, args.world_size), communication=comm[s]) for s in args.sharding},
+            "state": {s: dict(sharding_parts(m, s, args.world_size), **({"communication": comm[s]} if comm[s] else {}))
+                      for s in args.sharding},
             "activations": acts, "rows": [asdict(r) for r in crows]},
         "recommendation": recommendation,
         "notes": notes,
@@ -2043,13 +2176,16 @@ def render_configurations(plan):
     if n > 1:
         micro = ms["accumulate_grad_batches"]
         out.append(f"  model state per GPU, and what each GPU sends per optimizer step of {micro} micro-batch"
-                   f"{'es' if micro > 1 else ''} (P: trainable parameters, G: their gradients; /micro: every "
-                   f"micro-batch):")
-        body, hows = [], {}
+                   f"{'es' if micro > 1 else ''} (P: trainable parameters, G: their gradients, P blocks / P rest: "
+                   f"those inside / outside the model's blocks; /micro: every micro-batch):")
+        body, hows, missing = [], {}, []
         for s, st in cfg["state"].items():
+            if not st["available"]:
+                missing.append(f"    {s} ({ZERO_NAMES[s]}): not planned: {st['why']}")
+                continue
             ops = {}
             for c in st["communication"]["collectives"]:
-                what = f"{c['op']} {c['of'][0].upper()}" + (" /micro" if c["per"] == "micro-batch" else "")
+                what = f"{c['op']} {COLLECTIVE_OF[c['of']]}" + (" /micro" if c["per"] == "micro-batch" else "")
                 ops[what] = ops.get(what, 0) + 1
             sent = " + ".join((f"{k} x{v}" if v > 1 else k) for k, v in ops.items())
             body.append([f"{s} ({ZERO_NAMES[s]})", fmt_bytes(st["parameters"]), fmt_bytes(st["gradients"]),
@@ -2062,6 +2198,7 @@ def render_configurations(plan):
                  "collectives"]
         out.extend("  " + line for line in table(heads, body, right=set(heads[1:7])).split("\n"))
         out.extend(f"    {k} ({', '.join(stages)}): {v}" for (k, v), stages in hows.items())
+        out.extend(missing)
     out.append("  activations per sample (A), by checkpointing mode:")
     for precision, acts in cfg["activations"].items():
         missing = {}
@@ -2186,8 +2323,8 @@ def parse_args(argv):
     if args.precision:
         args.precision = [p for p in PRECISIONS if p in args.precision]
     asked = [s for s in args.sharding or [] if s != "all"]
-    args.sharding = list(SHARDING) if not args.sharding or "all" in args.sharding \
-        else [s for s in SHARDING if s in asked]
+    args.sharding_asked = [] if not args.sharding or "all" in args.sharding else [s for s in SHARDING if s in asked]
+    args.sharding = args.sharding_asked or list(SHARDING)
     if args.world_size == 1 and [s for s in asked if s != "none"]:
         p.error(f"--sharding {asked[-1] if asked[-1] != 'none' else asked[0]}: sharding splits state over several "
                 f"GPUs; give --world-size N with N > 1 (e.g. --world-size 8)")
