@@ -195,6 +195,15 @@ TEST(RunFolder, TheRecordHoldsTheRunnersFolderAndWorldSizeAndAResumeComparesThem
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
   const std::string m = claim_error(dir, recipe::recorded_config(c, recipe::RunContext().run_dir(dir)));
   EXPECT_NE(m.find("dist.world_size: 2 -> 1"), std::string::npos) << m;
+  // One process with the batch doubled: the same samples per step, the same
+  // run at another world size (the checkpoint holds no shards).
+  core::Config doubled = c;
+  doubled.set_override("data.batch_size=64");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(claim_error(dir, recipe::recorded_config(doubled, recipe::RunContext().run_dir(dir))), "");
+  const std::string note = testing::internal::GetCapturedStderr();
+  EXPECT_NE(note.find("dist.world_size: 2 -> 1"), std::string::npos) << note;
+  EXPECT_NE(note.find("data.batch_size: 32 -> 64"), std::string::npos) << note;
   // A user's run.dir is recorded as written.
   c.set_override("run.dir=" + dir);
   EXPECT_EQ(recipe::recorded_config(c, two).get_string("run.dir"), dir);
@@ -321,7 +330,9 @@ TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndSt
       "trainer.nonfinite_patience", "trainer.resume",
       // where and how fast it runs; where the data is read from
       "data.cache_dir", "data.eval_batch_size", "data.path", "data.prefetch", "data.resident", "data.root",
-      "data.threads", "dist.backend", "dist.rank", "dist.timeout_s", "trainer.device", "trainer.threads"};
+      "data.threads", "dist.backend", "dist.rank", "dist.timeout_s", "trainer.device", "trainer.threads",
+      // how the ranks share the state (checkpoints hold no shards)
+      "dist.sharding"};
   const auto sorted = [](std::vector<std::string> v) {
     std::sort(v.begin(), v.end());
     return v;
