@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/json_number.h"
 #include "ember/amp/precision.h"
+#include "ember/core/blocks.h"
 #include "ember/core/device.h"
 #include "ember/core/file.h"
 #include "ember/core/flops.h"
@@ -442,6 +443,21 @@ void measure_model_and_data(Measurement& m, train::Task& task, const core::Memor
   j["parameter_bytes"] = m.param_bytes;
   j["buffer_bytes"] = buffer_bytes;
   j["gradient_bytes"] = tensor_bytes(trainable);
+  // The model's blocks (core::BlockModel): what dist.sharding=parameters
+  // gathers one at a time and activation checkpointing recomputes; the planner
+  // plans ZeRO-3 from them.
+  if (auto* blocked = dynamic_cast<core::BlockModel*>(&model)) {
+    int64_t in_blocks = 0, largest = 0;
+    const auto blocks = blocked->blocks();
+    for (const auto& b : blocks) {
+      const int64_t bytes = tensor_bytes(optim::trainable_parameters(*b));
+      in_blocks += bytes;
+      largest = std::max(largest, bytes);
+    }
+    j["blocks"] = {{"count", static_cast<int64_t>(blocks.size())},
+                   {"parameter_bytes", in_blocks},
+                   {"largest_parameter_bytes", largest}};
+  }
   // The dataset: what the loaded task holds beyond the model (CPU: counted; CUDA: estimated below).
   m.held = meter.current();
   data::Loader& train_loader = task.train_loader();
