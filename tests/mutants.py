@@ -250,6 +250,41 @@ MUTANTS = (
            "    case EvalSplit::kTest:\n      return task.val_loader();\n",
            ("ember_tests",), r"PruningCallback\.",
            "prune.eval=test evaluates the pruned model on the validation data"),
+    # Activation checkpointing: each mistake found in other implementations, and the policy.
+    Mutant("checkpoint_rng_not_restored", "lib/src/core/activation_checkpoint.cpp",
+           "      forward.rng->restore();\n",
+           "",
+           ("ember_tests",), r"ActivationCheckpoint\.",
+           "the recompute draws fresh dropout masks: gradients of masks the forward never used"),
+    Mutant("checkpoint_buffers_updated_twice", "lib/src/core/activation_checkpoint.cpp",
+           "    for (auto& k : kept_) k.buffer.copy_(k.value);\n",
+           "",
+           ("ember_tests",), r"ActivationCheckpoint\.",
+           "batch norm's running statistics are updated again by the recompute (as torch.utils.checkpoint does)"),
+    Mutant("checkpoint_backward_inside_backward", "lib/src/core/activation_checkpoint.cpp",
+           "      grads = torch::autograd::grad({y}, wrt, {grad_y}, /*retain_graph=*/false, /*create_graph=*/false,\n"
+           "                                    /*allow_unused=*/true);\n",
+           "      torch::autograd::backward({y}, {grad_y}, false, false, wrt);\n"
+           "      grads = variable_list(wrt.size());\n"
+           "      if (slots[0] == 0) grads[0] = x.grad();\n",
+           ("ember_tests",), r"ActivationCheckpoint\.",
+           "parameter gradients accumulate inside the recompute: DDP's ready hooks fire once per checkpointed use"),
+    Mutant("checkpoint_tensor_hooks_twice", "lib/src/core/activation_checkpoint.cpp",
+           "      TensorHooksSetAside aside(fn_.params);\n",
+           "",
+           ("ember_tests",), r"ActivationCheckpoint\.",
+           "a parameter's register_hook runs in the recompute's grad() and again at its AccumulateGrad"),
+    Mutant("checkpoint_graph_leaks", "lib/src/core/activation_checkpoint.cpp",
+           "  node->set_next_edges(std::move(edges));\n  return attach(y, node, where);\n}\n\ntorch::Tensor checkpoint(TensorFn",
+           "  node->set_next_edges(std::move(edges));\n  static std::vector<std::shared_ptr<Node>> leaked;\n"
+           "  leaked.push_back(node);\n  return attach(y, node, where);\n}\n\ntorch::Tensor checkpoint(TensorFn",
+           ("ember_tests",), r"ActivationCheckpoint\.",
+           "a checkpoint's node (its closure, module and saved input) outlives an output whose backward never ran"),
+    Mutant("checkpoint_policy_in_eval", "lib/include/ember/core/blocks.h",
+           " && block.is_training();",
+           ";",
+           ("ember_tests",), r"ActivationCheckpoint\.",
+           "a model in eval mode still checkpoints its blocks"),
 )
 
 

@@ -70,3 +70,38 @@ TEST(ModelKeys, CharGptKeysRefuseWidthsThatHeadsDoNotDivide) {
         << e.what();
   }
 }
+
+// Activation checkpointing: the same two keys for both block models, their
+// defaults from the options, the mode a name parsed at the config boundary,
+// and both listed by --help.
+TEST(ModelKeys, ActivationCheckpointKeysReadBackIntoTheOptions) {
+  core::Config c;
+  declare_char_gpt_keys(c);
+  EXPECT_EQ(c.get_int("model.activation_checkpoint_every"),
+            CharGptOptions().activation_checkpointing().every());
+  EXPECT_EQ(c.get_string("model.activation_checkpoint"), "full");
+  EXPECT_NE(c.help().find("model.activation_checkpoint_every"), std::string::npos);
+  EXPECT_EQ(c.on_resume("model.activation_checkpoint_every"), core::OnResume::kMayChange)
+      << "memory and time only: the gradients are the same";
+  c.set_override("model.activation_checkpoint_every=2");
+  c.set_override("model.activation_checkpoint=light");
+  const core::ActivationCheckpointing a = char_gpt_options_from_config(c).activation_checkpointing();
+  EXPECT_EQ(a.every(), 2);
+  EXPECT_EQ(a.mode(), core::CheckpointMode::kLight);
+  EXPECT_THROW(c.set_override("model.activation_checkpoint_every=-1"), Error);
+
+  core::Config r;
+  declare_cifar_resnet_keys(
+      r, CifarResNetOptions().activation_checkpointing(core::ActivationCheckpointing().every(3)));
+  EXPECT_EQ(cifar_resnet_options_from_config(r).activation_checkpointing().every(), 3)
+      << "the recipe's default";
+  r.set_override("model.activation_checkpoint=partial");
+  try {
+    r.validate();  // before any work
+    ADD_FAILURE() << "an unknown mode accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(std::string(e.what()).find("model.activation_checkpoint=\"partial\""), std::string::npos)
+        << e.what();
+  }
+}

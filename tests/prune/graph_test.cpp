@@ -283,8 +283,8 @@ TEST(PruneGraph, CharGptMlpHiddenSizesAndTheResidualStream) {
   std::vector<std::vector<int64_t>> remove(2);
   for (int64_t u = 0; u < 48; ++u) remove[0].push_back(u), remove[1].push_back(u + 16);
   prune::apply_plan(*model, make_plan(g, remove));
-  EXPECT_EQ(model->blocks[0]->as<ember::models::Block>()->fc->options.out_features(), 16);
-  EXPECT_EQ(model->blocks[1]->as<ember::models::Block>()->proj->options.in_features(), 16);
+  EXPECT_EQ(model->block_list[0]->as<ember::models::Block>()->fc->options.out_features(), 16);
+  EXPECT_EQ(model->block_list[1]->as<ember::models::Block>()->proj->options.in_features(), 16);
   EXPECT_EQ(model->forward(idx).sizes(), (std::vector<int64_t>{1, 8, 256}));
   EXPECT_EQ(model->forward_flops_per_token(),
             2 * 2 * (16 * 48 + 16 * 16 + 16 * 16 + 16 * 16) + 2 * 16 * 256 + 2 * 2 * 2 * 8 * 16);

@@ -8,6 +8,8 @@
 #include "ember/augment/keys.h"
 #include "ember/augment/mix.h"
 #include "ember/augment/philox.h"
+#include "ember/core/activation_checkpoint.h"
+#include "ember/core/blocks.h"
 #include "ember/core/config.h"
 #include "ember/core/device.h"
 #include "ember/core/error.h"

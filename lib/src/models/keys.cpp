@@ -1,21 +1,53 @@
 // The models' config keys: model.* and sample.*.
 #include "ember/models/keys.h"
 
+#include <string>
+
 #include "core/check.h"
 
 namespace ember::models {
 
 using core::Bounds;
 
+namespace {
+
+// model.activation_checkpoint_every and model.activation_checkpoint. They
+// change memory and time, not what is trained (the gradients are those
+// without checkpointing), so a resumed run may change them.
+void declare_activation_checkpoint_keys(core::Config& c, const core::ActivationCheckpointing& d,
+                                        const char* blocks) {
+  c.declare("model.activation_checkpoint_every", d.every(),
+            std::string("recompute the activations of every k-th ") + blocks +
+                " in backward instead of keeping them (blocks 0, k, 2k, ...; 0 = off)",
+            Bounds::between(0, 1 << 16), core::OnResume::kMayChange);
+  c.declare("model.activation_checkpoint", core::to_string(d.mode()),
+            "what those blocks recompute: full (the whole block) or light (its norms and activations)",
+            core::OnResume::kMayChange);
+}
+
+core::ActivationCheckpointing activation_checkpointing_from_config(const core::Config& c) {
+  return core::ActivationCheckpointing()
+      .every(c.get_int("model.activation_checkpoint_every"))
+      .mode(c.get_parsed("model.activation_checkpoint", core::parse_checkpoint_mode));
+}
+
+}  // namespace
+
 void declare_cifar_resnet_keys(core::Config& c, const CifarResNetOptions& d) {
   c.declare("model.width", d.width(), "channels of the first stage (the others have 2x and 4x)",
             Bounds::between(1, 1 << 12));
   c.declare("model.blocks", d.blocks(),
             "basic blocks per stage (3 = ResNet-20, 5 = ResNet-32, 9 = ResNet-56)", Bounds::between(1, 64));
+  declare_activation_checkpoint_keys(c, d.activation_checkpointing(), "residual block");
+  c.add_check(
+      [](const core::Config& config) { cifar_resnet_options_from_config(config); });  // the mode's name
 }
 
 CifarResNetOptions cifar_resnet_options_from_config(const core::Config& c) {
-  return CifarResNetOptions().width(c.get_int("model.width")).blocks(c.get_int("model.blocks"));
+  return CifarResNetOptions()
+      .width(c.get_int("model.width"))
+      .blocks(c.get_int("model.blocks"))
+      .activation_checkpointing(activation_checkpointing_from_config(c));
 }
 
 void declare_fashion_net_keys(core::Config& c, const FashionNetOptions& d) {
@@ -38,6 +70,7 @@ void declare_char_gpt_keys(core::Config& c, const CharGptOptions& d) {
   c.declare("model.n_embd", d.n_embd(), "width of the residual stream", Bounds::between(1, 1 << 15));
   c.declare("model.dropout", d.dropout(), "dropout on embeddings, attention and residual branches",
             Bounds::from_below(0, 1));
+  declare_activation_checkpoint_keys(c, d.activation_checkpointing(), "transformer block");
   c.add_check([](const core::Config& config) { char_gpt_options_from_config(config); });
 }
 
@@ -46,7 +79,8 @@ CharGptOptions char_gpt_options_from_config(const core::Config& c) {
   o.n_layer(c.get_int("model.n_layer"))
       .n_head(c.get_int("model.n_head"))
       .n_embd(c.get_int("model.n_embd"))
-      .dropout(c.get_float("model.dropout"));
+      .dropout(c.get_float("model.dropout"))
+      .activation_checkpointing(activation_checkpointing_from_config(c));
   EMBER_CHECK_KIND(kConfig, o.n_layer() >= 1 && o.n_head() >= 1 && o.n_embd() % o.n_head() == 0,
                    "[models::CharGpt] model.n_layer={} and model.n_head={} must be >= 1, and model.n_embd={} "
                    "a multiple of n_head",

@@ -8,6 +8,12 @@
 // one parameter, listed once by parameters(). Initialisation as GPT-2: every
 // weight N(0, 0.02), biases 0, the two residual projections of each block
 // N(0, 0.02 / sqrt(2 n_layer)).
+//
+// Activation checkpointing (CharGptOptions::activation_checkpointing, the
+// keys model.activation_checkpoint_every and model.activation_checkpoint):
+// the transformer blocks are core::BlockModel's blocks. kFull recomputes a
+// whole block in backward (only its input [B,T,d] is kept); kLight keeps the
+// block but recomputes ln_1's, ln_2's and the GELU's outputs (Block::forward_light).
 
 #include <torch/torch.h>
 
@@ -16,6 +22,9 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+#include "ember/core/activation_checkpoint.h"
+#include "ember/core/blocks.h"
 
 namespace ember::models {
 
@@ -32,6 +41,8 @@ struct CharGptOptions {
   TORCH_ARG(int64_t, n_embd) = 128;
   /// Dropout on the embeddings, attention weights and residual branches (0 = off).
   TORCH_ARG(double, dropout) = 0.0;
+  /// Which transformer blocks recompute their activations in backward (every = 0: none).
+  TORCH_ARG(core::ActivationCheckpointing, activation_checkpointing);
 };
 
 /// Multi-head causal self-attention with one fused q/k/v projection.
@@ -42,10 +53,12 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
     resid_drop = register_module("resid_drop", torch::nn::Dropout(o.dropout()));
   }
   /// [B,T,C] -> [B,T,C]
-  torch::Tensor forward(const torch::Tensor& x) {
-    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  torch::Tensor forward(const torch::Tensor& x) { return attend(qkv(x)); }
+  /// The rest of forward after the q/k/v projection: [B,T,3C] -> [B,T,C].
+  torch::Tensor attend(const torch::Tensor& qkv_out) {
+    const int64_t B = qkv_out.size(0), T = qkv_out.size(1), C = qkv_out.size(2) / 3;
     // [B,T,3C] -> [3,B,H,T,C/H]: q, k, v as strided views (last dim contiguous).
-    const torch::Tensor qkv_heads = qkv(x).view({B, T, 3, n_head, C / n_head}).permute({2, 0, 3, 1, 4});
+    const torch::Tensor qkv_heads = qkv_out.view({B, T, 3, n_head, C / n_head}).permute({2, 0, 3, 1, 4});
     torch::Tensor y =
         torch::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/{},
                                             is_training() ? dropout_p : 0.0, /*is_causal=*/true);
@@ -75,10 +88,30 @@ struct BlockImpl : torch::nn::Module {
     x = x + attn(ln_1(x));
     return x + resid_drop(proj(torch::gelu(fc(ln_2(x)))));
   }
+  /// forward, the same operations, with ln_1 -> qkv, ln_2 -> fc and gelu -> proj
+  /// through core::linear_after: the two norms' and the GELU's outputs (6 d
+  /// values a token) are recomputed in backward instead of kept.
+  torch::Tensor forward_light(torch::Tensor x) {
+    x = x + attn->attend(core::linear_after(recomputed(ln_1, "ln_1"), x, attn->qkv));
+    const torch::Tensor h = core::linear_after(recomputed(ln_2, "ln_2"), x, fc);
+    core::Recomputed gelu;
+    gelu.forward = [](const torch::Tensor& t) { return torch::gelu(t); };
+    gelu.options.name("gelu").preserve_rng_state(false);
+    return x + resid_drop(core::linear_after(std::move(gelu), h, proj));
+  }
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, proj{nullptr};
   torch::nn::Dropout resid_drop{nullptr};
+
+ private:
+  static core::Recomputed recomputed(const torch::nn::LayerNorm& ln, const char* name) {
+    const std::shared_ptr<torch::nn::LayerNormImpl> m = ln.ptr();
+    core::Recomputed r = core::Recomputed::of(
+        *m, [m](const torch::Tensor& t) { return m->forward(t); }, name);
+    r.options.preserve_rng_state(false);  // a norm draws no random numbers
+    return r;
+  }
 };
 TORCH_MODULE(Block);
 
@@ -92,7 +125,7 @@ struct SampleOptions {
   TORCH_ARG(int64_t, top_k) = 40;
 };
 
-struct CharGptImpl : torch::nn::Module {
+struct CharGptImpl : torch::nn::Module, core::BlockModel {
   explicit CharGptImpl(const CharGptOptions& o) : options(o) {
     TORCH_CHECK(o.n_layer() >= 1 && o.n_head() >= 1 && o.n_embd() >= 1 && o.block_size() >= 1,
                 "[char_gpt] model sizes must be positive");
@@ -102,10 +135,16 @@ struct CharGptImpl : torch::nn::Module {
     wte = register_module("wte", torch::nn::Embedding(o.vocab_size(), d));
     wpe = register_module("wpe", torch::nn::Embedding(o.block_size(), d));
     drop = register_module("drop", torch::nn::Dropout(o.dropout()));
-    blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int64_t i = 0; i < o.n_layer(); ++i) blocks->push_back(Block(o));
+    block_list = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < o.n_layer(); ++i) block_list->push_back(Block(o));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    set_activation_checkpointing(o.activation_checkpointing());
     reset_parameters();
+  }
+
+  /// The transformer blocks, in order (core::BlockModel).
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
+    return {block_list->begin(), block_list->end()};
   }
 
   /// idx: int64 [B,T] with T <= block_size -> logits [B,T,vocab_size].
@@ -115,7 +154,14 @@ struct CharGptImpl : torch::nn::Module {
                 options.block_size());
     const torch::Tensor pos = torch::arange(T, idx.options().dtype(torch::kLong));
     torch::Tensor x = drop(wte(idx) + wpe(pos));
-    for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
+    for (int64_t i = 0; i < static_cast<int64_t>(block_list->size()); ++i) {
+      const std::shared_ptr<BlockImpl> b = block_list->ptr<BlockImpl>(i);
+      // The closure owns the block: a checkpoint keeps it until backward.
+      x = light_checkpoint(i, *b) ? run_block(
+                                        i, *b, [b](const torch::Tensor& t) { return b->forward_light(t); }, x)
+                                  : run_block(
+                                        i, *b, [b](const torch::Tensor& t) { return b->forward(t); }, x);
+    }
     return torch::nn::functional::linear(ln_f(x), wte->weight);  // tied lm_head
   }
 
@@ -184,7 +230,7 @@ struct CharGptImpl : torch::nn::Module {
   CharGptOptions options;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
-  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::ModuleList block_list{nullptr};  ///< registered as "blocks"
   torch::nn::LayerNorm ln_f{nullptr};
 
  private:
@@ -199,7 +245,7 @@ struct CharGptImpl : torch::nn::Module {
       }
     }
     const double resid_std = 0.02 / std::sqrt(2.0 * static_cast<double>(options.n_layer()));
-    for (const auto& block : *blocks) {
+    for (const auto& block : *block_list) {
       auto* b = block->as<Block>();
       torch::nn::init::normal_(b->attn->proj->weight, 0.0, resid_std);
       torch::nn::init::normal_(b->proj->weight, 0.0, resid_std);

@@ -6,9 +6,22 @@
 // width 16, blocks 3 is ResNet-20 (0.27 M parameters, 41 MFLOPs per image).
 // Any input size works (global average pooling): the image_folder and
 // prune_finetune recipes use it on 64x64 and 28x28 images.
+//
+// Activation checkpointing (CifarResNetOptions::activation_checkpointing,
+// the keys model.activation_checkpoint_every and model.activation_checkpoint)
+// counts residual blocks, not stages (3 x blocks of them: 9 in ResNet-20;
+// every = 3 there checkpoints the first block of each stage): a block is the
+// unit both modes share. kFull recomputes a whole block in backward (only its
+// input is kept); kLight recomputes relu(bn1(.)) before conv2
+// (BasicBlock::forward_light).
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ember/core/activation_checkpoint.h"
+#include "ember/core/blocks.h"
 
 namespace ember::models {
 
@@ -19,6 +32,8 @@ struct CifarResNetOptions {
   TORCH_ARG(int64_t, blocks) = 3;
   TORCH_ARG(int64_t, num_classes) = 10;
   TORCH_ARG(int64_t, in_channels) = 3;
+  /// Which residual blocks recompute their activations in backward (every = 0: none).
+  TORCH_ARG(core::ActivationCheckpointing, activation_checkpointing);
 };
 
 class BasicBlockImpl : public torch::nn::Module {
@@ -41,6 +56,17 @@ class BasicBlockImpl : public torch::nn::Module {
     y = bn2_(conv2_(y));
     return torch::relu(y + (shortcut_ ? shortcut_->forward(x) : x));
   }
+  /// forward, the same operations, with bn1 + relu -> conv2 through
+  /// core::conv2d_after: relu(bn1(conv1(x))) is recomputed in backward instead
+  /// of kept (bn1's running statistics are put back after the recompute).
+  torch::Tensor forward_light(const torch::Tensor& x) {
+    const std::shared_ptr<torch::nn::BatchNorm2dImpl> bn1 = bn1_.ptr();
+    core::Recomputed bn_relu = core::Recomputed::of(
+        *bn1, [bn1](const torch::Tensor& t) { return torch::relu(bn1->forward(t)); }, "bn1+relu");
+    bn_relu.options.preserve_rng_state(false);  // draws no random numbers
+    torch::Tensor y = bn2_(core::conv2d_after(std::move(bn_relu), conv1_(x), conv2_));
+    return torch::relu(y + (shortcut_ ? shortcut_->forward(x) : x));
+  }
 
  private:
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
@@ -49,7 +75,7 @@ class BasicBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(BasicBlock);
 
-class CifarResNetImpl : public torch::nn::Module {
+class CifarResNetImpl : public torch::nn::Module, public core::BlockModel {
  public:
   explicit CifarResNetImpl(const CifarResNetOptions& o) {
     namespace nn = torch::nn;
@@ -71,10 +97,21 @@ class CifarResNetImpl : public torch::nn::Module {
       if (auto* conv = m->as<nn::Conv2d>())
         nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
     }
+    set_activation_checkpointing(o.activation_checkpointing());
   }
+  /// The residual blocks of the three stages, in order (core::BlockModel).
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override { return stages_->children(); }
   /// x: float [N, C, 32, 32] -> logits [N, num_classes].
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor y = stages_->forward(stem_->forward(x));
+    torch::Tensor y = stem_->forward(x);
+    for (int64_t i = 0; i < static_cast<int64_t>(stages_->size()); ++i) {
+      const std::shared_ptr<BasicBlockImpl> b = stages_->ptr<BasicBlockImpl>(i);
+      // The closure owns the block: a checkpoint keeps it until backward.
+      y = light_checkpoint(i, *b) ? run_block(
+                                        i, *b, [b](const torch::Tensor& t) { return b->forward_light(t); }, y)
+                                  : run_block(
+                                        i, *b, [b](const torch::Tensor& t) { return b->forward(t); }, y);
+    }
     return fc_(y.mean({2, 3}));
   }
 

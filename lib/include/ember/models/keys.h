@@ -17,7 +17,8 @@
 
 namespace ember::models {
 
-/// model.width, model.blocks.
+/// model.width, model.blocks, model.activation_checkpoint_every (residual
+/// blocks), model.activation_checkpoint (full or light).
 void declare_cifar_resnet_keys(core::Config& config, const CifarResNetOptions& defaults = {});
 /// CifarResNetOptions with width and blocks from the keys; num_classes and
 /// in_channels are the struct's defaults (the caller sets them from its data).
@@ -27,7 +28,9 @@ CifarResNetOptions cifar_resnet_options_from_config(const core::Config& config);
 void declare_fashion_net_keys(core::Config& config, const FashionNetOptions& defaults = {});
 FashionNetOptions fashion_net_options_from_config(const core::Config& config);
 
-/// model.n_layer, model.n_head, model.n_embd, model.dropout; registers
+/// model.n_layer, model.n_head, model.n_embd, model.dropout,
+/// model.activation_checkpoint_every (transformer blocks),
+/// model.activation_checkpoint (full or light); registers
 /// char_gpt_options_from_config with the config's checks.
 void declare_char_gpt_keys(core::Config& config, const CharGptOptions& defaults = {});
 /// CharGptOptions from the keys (n_embd must be a multiple of n_head: a config
