@@ -8,13 +8,16 @@
 //                    [--unused-param 1] [--find-unused 1] [--batchnorm 1]
 //                    [--sharding S] [--model blob|blocks] [--optimizer sgd|adamw]
 //                    [--clip C] [--odd 1] [--samples N] [--run-dir D] [--resume 1]
+//                    [--checkpoint-every K] [--check-collectives 1]
 //
 // --sharding (dist.sharding: none, optimizer, gradients, parameters) trains
 // with dist::ShardedDataParallel; --model blocks is BlockNet, a core::
 // BlockModel (three residual blocks) that parameter sharding gathers per
 // block; --odd 1 adds a 7-element parameter so no unit divides by the
-// world size. With --run-dir the Trainer checkpoints there at each epoch end
-// (and --resume 1 continues from its last checkpoint).
+// world size; --checkpoint-every K recomputes every K-th block's activations
+// in backward (BlockNet). With --run-dir the Trainer checkpoints there at each
+// epoch end (and --resume 1 continues from its last checkpoint).
+// --check-collectives 1 only checks reduce-scatter and all-gather, then exits.
 //
 // Trains BlobNet (no dropout: ranks must draw nothing differently) on 256
 // Gaussian-blob samples, each rank on its shard with batch B; a single
@@ -38,7 +41,7 @@ using namespace ember;
 struct Args {
   std::string out;
   int64_t batch = 16, epochs = 2, accumulate = 1, inject_inf_step = -1, die_at_step = -1, hang_at_step = -1;
-  int64_t samples = 256;
+  int64_t samples = 256, checkpoint_every = 0;
   double timeout_s = 60, clip = 0;
   std::string precision = "fp32", config_tag = "same", device = "cpu", backend = "auto";
   std::string sharding = "none", model = "blob", optimizer = "sgd", run_dir;
@@ -66,7 +69,8 @@ void check_collectives(dist::ProcessGroup& group) {
       throw std::runtime_error("reduce-scatter gave rank " + std::to_string(rank) + " the wrong chunk");
     if (!torch::equal(in, mine)) throw std::runtime_error("reduce-scatter changed its input");
   }
-  torch::Tensor piece = torch::full({chunk}, static_cast<float>(rank), on), all = torch::empty({world * chunk}, on);
+  torch::Tensor piece = torch::full({chunk}, static_cast<float>(rank), on),
+                all = torch::empty({world * chunk}, on);
   group.start_all_gather(all, piece).wait();
   if (!torch::equal(all, torch::arange(world, on).repeat_interleave(chunk)))
     throw std::runtime_error("all-gather put the chunks in the wrong places");
@@ -112,6 +116,7 @@ class ShardedBlobTask : public train::Task {
     torch::manual_seed(1234 + env.rank);  // different initial weights per rank: DDP must broadcast rank 0's
     if (a.model == "blocks") {
       blocks_ = BlockNet(a.odd);
+      blocks_->set_activation_checkpointing(core::ActivationCheckpointing().every(a.checkpoint_every));
       blocks_->to(torch::Device(a.device));
     } else {
       net_ = test_util::BlobNet();
@@ -232,6 +237,8 @@ int main(int argc, char** argv) {
       a.run_dir = v;
     else if (k == "--resume")
       a.resume = v == "1";
+    else if (k == "--checkpoint-every")
+      a.checkpoint_every = std::stoll(v);
     else if (k == "--check-collectives")
       a.check_collectives = v == "1";
     else {

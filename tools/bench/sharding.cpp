@@ -8,6 +8,8 @@
 //   ember_bench_sharding [--layers L] [--embd E] [--heads H] [--context T] [--batch B]
 //                        [--steps S] [--threads T] [--budget-mib M]
 //
+// Settings: DDP, each stage, and DDP and parameters with every block's
+// activations recomputed in backward (+AC: model.activation_checkpoint_every=1).
 // Model: CharGpt (n_layer L, n_embd E, context T) on random bytes, AdamW
 // (unfused: LibTorch's own state), per-rank batch B, S optimizer steps in
 // Ember's Trainer per setting; each setting builds its model afresh under a
@@ -51,10 +53,11 @@ struct Args {
 
 class GptTask : public train::Task {
  public:
-  GptTask(const Args& a, int64_t layers, int64_t rank, int64_t world) {
+  GptTask(const Args& a, int64_t layers, int64_t rank, int64_t world, bool checkpointed) {
     torch::manual_seed(7);
     net_ = models::CharGpt(
         models::CharGptOptions().n_layer(layers).n_embd(a.embd).n_head(a.heads).block_size(a.context));
+    if (checkpointed) net_->set_activation_checkpointing(core::ActivationCheckpointing().every(1));
     const int64_t n = a.batch * world * a.steps;
     data::TensorDataset ds{torch::randint(0, 256, {n, a.context + 1}), torch::zeros({n}, torch::kLong)};
     loader_ = std::make_unique<data::TensorLoader>(
@@ -113,14 +116,24 @@ double median(std::vector<double> v) {
 }
 
 // One setting's fit; `limit` > 0: under that many bytes (throws c10::OutOfMemoryError past it).
-Row run(const Args& a, int64_t layers, dist::Sharding stage, const std::shared_ptr<dist::ProcessGroup>& group,
-        int64_t limit) {
+struct Setting {
+  dist::Sharding stage;
+  bool checkpointed;  // every block's activations recomputed in backward
+  std::string name() const {
+    return std::string(stage == dist::Sharding::kNone ? "DDP" : dist::to_string(stage)) +
+           (checkpointed ? "+AC" : "");
+  }
+};
+
+Row run(const Args& a, int64_t layers, const Setting& setting,
+        const std::shared_ptr<dist::ProcessGroup>& group, int64_t limit) {
+  const dist::Sharding stage = setting.stage;
   core::MemoryMeter meter(torch::kCPU);
   Row r;
-  r.name = stage == dist::Sharding::kNone ? "DDP" : dist::to_string(stage);
+  r.name = setting.name();
   int64_t data_bytes = 0;
   {
-    GptTask task(a, layers, group->rank(), group->size());
+    GptTask task(a, layers, group->rank(), group->size(), setting.checkpointed);
     data_bytes = meter.current();  // the model and the data, before the fit
     int64_t param_bytes = 0;
     for (const auto& p : task.model()->parameters()) param_bytes += static_cast<int64_t>(p.nbytes());
@@ -198,10 +211,12 @@ int main(int argc, char** argv) {
     at::set_num_threads(static_cast<int>(a.threads));
     auto group = dist::ProcessGroup::create(dist::launch_env(), {});
     const bool speak = group->rank() == 0;
-    const std::vector<dist::Sharding> stages{dist::Sharding::kNone, dist::Sharding::kOptimizer,
-                                             dist::Sharding::kGradients, dist::Sharding::kParameters};
+    const std::vector<Setting> settings{
+        {dist::Sharding::kNone, false},      {dist::Sharding::kOptimizer, false},
+        {dist::Sharding::kGradients, false}, {dist::Sharding::kParameters, false},
+        {dist::Sharding::kNone, true},       {dist::Sharding::kParameters, true}};
     std::vector<Row> rows;
-    for (dist::Sharding s : stages) rows.push_back(run(a, a.layers, s, group, 0));
+    for (const Setting& s : settings) rows.push_back(run(a, a.layers, s, group, 0));
     const Row& ddp = rows.front();
     if (speak) {
       std::printf(
@@ -223,7 +238,7 @@ int main(int argc, char** argv) {
     std::vector<std::pair<std::string, int64_t>> largest;
     if (a.budget_mib > 0) {
       const int64_t limit = a.budget_mib << 20;
-      for (dist::Sharding s : stages) {
+      for (const Setting& s : settings) {
         int64_t fits = 0;
         for (int64_t layers = 1; layers <= 1024; layers *= 2) {
           Args two = a;
@@ -239,7 +254,7 @@ int main(int argc, char** argv) {
           if (f.item<double>() > 0) break;
           fits = layers;
         }
-        largest.emplace_back(s == dist::Sharding::kNone ? "DDP" : dist::to_string(s), fits);
+        largest.emplace_back(s.name(), fits);
       }
       if (speak) {
         std::printf("largest CharGpt (n_embd %lld) within %lld MiB per rank:", (long long)a.embd,

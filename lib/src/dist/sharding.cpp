@@ -627,11 +627,6 @@ void ShardedDataParallel::on_fit_start(train::Trainer& trainer) {
                    "[dist::ShardedDataParallel] dist.sharding={} with trainer.cuda_graph=true: the sharded "
                    "step's collectives and hooks cannot be captured; set trainer.cuda_graph=false",
                    stage);
-  for (const auto& cb : trainer.callbacks())
-    EMBER_CHECK_KIND(kConfig, cb->name() != "pruning",
-                     "[dist::ShardedDataParallel] dist.sharding={} with pruning: pruning resizes parameters "
-                     "that live in shards across ranks; prune with dist.sharding=none",
-                     stage);
   torch::optim::Optimizer& optimizer = *trainer.optimizer();
   EMBER_CHECK_KIND(kConfig, elementwise_optimizer(optimizer),
                    "[dist::ShardedDataParallel] dist.sharding={} needs an optimizer whose state is "
@@ -657,7 +652,21 @@ void ShardedDataParallel::on_fit_start(train::Trainer& trainer) {
   if (impl_->block_model) impl_->block_model->set_block_hooks(impl_);
 }
 
-void ShardedDataParallel::on_epoch_start(train::Trainer&, int64_t) {}
+void ShardedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
+  // A callback registered before this one (pruning) must not have resized a
+  // parameter: its data lives in this rank's units.
+  for (const Impl::Param& p : impl_->params) {
+    const torch::Tensor& t = p.tensor;
+    const Impl::Unit& u = impl_->units[p.unit];
+    EMBER_CHECK_KIND(
+        kConfig,
+        t.defined() && t.is_alias_of(u.full) && t.storage_offset() == u.full.storage_offset() + p.offset,
+        "[dist::ShardedDataParallel] parameter {} was replaced or resized during fit (pruning?): "
+        "sharding holds it in shards across ranks; prune with dist.sharding=none",
+        p.name);
+  }
+  (void)trainer;
+}
 
 void ShardedDataParallel::on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) {
   if (micro.index == 0) {

@@ -347,7 +347,8 @@ void PruningCallback::on_checkpoint_save(train::Trainer&, torch::serialize::Outp
 
 void PruningCallback::on_checkpoint_load(train::Trainer& trainer, torch::serialize::InputArchive& archive) {
   torch::IValue v;
-  archive.read("plan", v);
+  // A checkpoint from before any pruning step holds an empty entry (see on_checkpoint_save).
+  if (!archive.try_read("plan", v)) return;
   plan_ = Plan::from_json(v.toStringRef());
   archive.read("ratio", v);
   ratio_ = v.toDouble();

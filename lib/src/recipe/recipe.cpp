@@ -16,6 +16,7 @@
 #include "ember/dist/keys.h"
 #include "ember/monitor/keys.h"
 #include "ember/monitor/telemetry.h"
+#include "ember/prune/callback.h"
 #include "ember/train/keys.h"
 #include "recipe/runner.h"
 #include "recipe/stop_signals.h"
@@ -117,6 +118,13 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   std::shared_ptr<dist::ShardedDataParallel> sharded;
   if (p.group) {  // last: after callbacks that change the model (pruning)
     const dist::ShardingOptions sharding = dist::sharding_options_from_config(config);
+    EMBER_CHECK_KIND(
+        kConfig,
+        sharding.stage() == dist::Sharding::kNone || !config.has("prune.epochs") ||
+            prune::pruning_options_from_config(config).epochs().empty(),
+        "[recipe] dist.sharding={} with prune.epochs={}: pruning resizes parameters that live in "
+        "shards across ranks; prune with dist.sharding=none",
+        dist::to_string(sharding.stage()), config.get_text("prune.epochs"));
     if (sharding.stage() == dist::Sharding::kNone)
       trainer.add_callback(
           std::make_shared<dist::DistributedDataParallel>(p.group, dist::ddp_options_from_config(config)));
@@ -158,9 +166,10 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   summary.monitor = mon->summary().as_map();
   if (sharded) {  // what each rank kept between steps: the largest over ranks (a collective)
     const dist::ShardedBytes& b = sharded->last_step_bytes();
-    torch::Tensor most = torch::tensor({static_cast<double>(b.parameters), static_cast<double>(b.gradients),
-                                        static_cast<double>(b.optimizer_state)},
-                                       torch::TensorOptions().dtype(torch::kFloat64).device(p.group->device()));
+    torch::Tensor most =
+        torch::tensor({static_cast<double>(b.parameters), static_cast<double>(b.gradients),
+                       static_cast<double>(b.optimizer_state)},
+                      torch::TensorOptions().dtype(torch::kFloat64).device(p.group->device()));
     p.group->all_reduce_max_(most);
     const torch::Tensor host = most.cpu();
     summary.monitor["sharded_parameter_bytes_per_rank"] = host[0].item<double>();
