@@ -232,7 +232,8 @@ class RecomputeNode : public Node {
 
   void release_variables() override {
     fn_.forward = nullptr;
-    fn_.options.keep_alive(nullptr);
+    fn_.params.clear();
+    fn_.options.buffers({}).keep_alive(nullptr);
     saved_input_.reset();
   }
 
