@@ -4,15 +4,16 @@
 // every block (norms and activations recomputed), side by side in one run, as
 // ratios against no checkpointing.
 //
-//   ember_bench_activation_checkpoint [--model gpt|resnet|all] [--reps N] [--threads T]
+//   ember_bench_activation_checkpoint [--model gpt|resnet|all] [--device cpu|cuda] [--reps N] [--threads T]
 //                                     [--gpt-layers L --gpt-embd D --gpt-heads H --gpt-block T
 //                                      --gpt-batch B --gpt-dropout P] [--resnet-batch B]
 //
 // One step = forward + loss + backward (no optimizer: it is the same in every
-// mode), fp32 on the CPU, on fixed random data, gradients set to none first.
-// Memory: core::MemoryMeter counts the bytes of every CPU tensor allocated
-// from just before the forward (the model's parameters are older and not
-// counted); an untimed step per mode. Reported:
+// mode), fp32, on fixed random data, gradients set to none first.
+// Memory: core::MemoryMeter from just before the forward, less what was held
+// then (on the CPU it counts only tensors allocated since it started; on CUDA
+// the caching allocator's bytes of the device); an untimed step per mode.
+// Reported:
 //   kept      bytes held after the forward (what the graph saved + the logits)
 //   peak      highest bytes held during the step
 //   act peak  peak less the parameters' gradients (the same bytes in every
@@ -40,7 +41,7 @@ using namespace ember;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string model = "all";
+  std::string model = "all", device = "cpu";
   int64_t reps = 7, threads = 0;
   int64_t gpt_layers = 6, gpt_embd = 256, gpt_heads = 8, gpt_block = 256, gpt_batch = 16;
   int64_t resnet_batch = 128;
@@ -82,7 +83,11 @@ int64_t grad_bytes(torch::nn::Module& m) {
   return b;
 }
 
-void measure(const Subject& s, const std::vector<Mode>& modes, int64_t reps) {
+void measure(const Subject& s, const std::vector<Mode>& modes, int64_t reps, const torch::Device& device) {
+  // On CUDA a step's time is the device's: wait for its work at each end.
+  const auto sync = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize();
+  };
   std::map<std::string, Result> results;
   const int64_t grads = grad_bytes(*s.module);
   // Memory: one untimed step per mode (the meter's bookkeeping would cost time).
@@ -90,12 +95,16 @@ void measure(const Subject& s, const std::vector<Mode>& modes, int64_t reps) {
     s.blocks->set_activation_checkpointing(mode.policy);
     s.module->zero_grad();  // to none: the gradients are allocated in the step, as the first step's
     Result& r = results[mode.name];
-    core::MemoryMeter meter(torch::kCPU);
+    sync();
+    core::MemoryMeter meter(device);
+    const int64_t before = meter.current();
     torch::Tensor loss = s.forward_loss();
-    r.kept = meter.current();
+    sync();
+    r.kept = meter.current() - before;
     loss.backward();
     loss.reset();
-    r.peak = meter.peak();
+    sync();
+    r.peak = meter.peak() - before;
     r.act_peak = r.peak - grads;
   }
   // Time: a warm-up step per mode, then the modes interleaved; each round
@@ -104,14 +113,18 @@ void measure(const Subject& s, const std::vector<Mode>& modes, int64_t reps) {
   std::vector<double> forward_ms;
   for (int64_t rep = -1; rep < reps; ++rep) {
     s.blocks->set_activation_checkpointing(core::ActivationCheckpointing());
+    sync();
     const auto f0 = Clock::now();
     s.forward_loss();
+    sync();
     if (rep >= 0) forward_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - f0).count());
     for (const Mode& mode : modes) {
       s.blocks->set_activation_checkpointing(mode.policy);
       s.module->zero_grad();
+      sync();
       const auto t0 = Clock::now();
       s.forward_loss().backward();
+      sync();
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (rep >= 0) results[mode.name].ms.push_back(ms);
     }
@@ -159,7 +172,8 @@ Args parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::printf(
-          "usage: ember_bench_activation_checkpoint [--model gpt|resnet|all] [--reps N] [--threads T]\n"
+          "usage: ember_bench_activation_checkpoint [--model gpt|resnet|all] [--device cpu|cuda] [--reps N]\n"
+          "  [--threads T]\n"
           "  [--gpt-layers L] [--gpt-embd D] [--gpt-heads H] [--gpt-block T] [--gpt-batch B] "
           "[--gpt-dropout P] [--resnet-batch B]\n");
       std::exit(0);
@@ -172,6 +186,8 @@ Args parse(int argc, char** argv) {
     const std::string value = argv[++i];
     if (flag == "--model" && (value == "gpt" || value == "resnet" || value == "all")) {
       a.model = value;
+    } else if (flag == "--device" && (value == "cpu" || value == "cuda")) {
+      a.device = value;
     } else if (flag == "--gpt-dropout") {
       try {
         a.gpt_dropout = std::stod(value);
@@ -198,14 +214,19 @@ int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
   torch::manual_seed(0);
+  const torch::Device device =
+      a.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "[bench::activation_checkpoint] --device cuda: no CUDA device here\n");
+    return 2;
+  }
   const std::vector<Mode> modes{
       {"none", core::ActivationCheckpointing()},
       {"full", core::ActivationCheckpointing().every(1)},
       {"full/2", core::ActivationCheckpointing().every(2)},
       {"light", core::ActivationCheckpointing().every(1).mode(core::CheckpointMode::kLight)}};
-  std::printf(
-      "[activation_checkpoint] fp32 on the CPU, %d threads, forward + backward, median of %lld steps\n",
-      at::get_num_threads(), static_cast<long long>(a.reps));
+  std::printf("[activation_checkpoint] fp32 on %s, %d CPU threads, forward + backward, %lld rounds\n",
+              device.str().c_str(), at::get_num_threads(), static_cast<long long>(a.reps));
 
   if (a.model != "resnet") {
     models::CharGpt gpt(models::CharGptOptions()
@@ -214,9 +235,11 @@ int main(int argc, char** argv) {
                             .n_head(a.gpt_heads)
                             .block_size(a.gpt_block)
                             .dropout(a.gpt_dropout));
+    gpt->to(device);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-    const torch::Tensor idx = torch::randint(256, {a.gpt_batch, a.gpt_block}, gen, torch::kLong);
-    const torch::Tensor targets = torch::randint(256, {a.gpt_batch, a.gpt_block}, gen, torch::kLong);
+    const torch::Tensor idx = torch::randint(256, {a.gpt_batch, a.gpt_block}, gen, torch::kLong).to(device);
+    const torch::Tensor targets =
+        torch::randint(256, {a.gpt_batch, a.gpt_block}, gen, torch::kLong).to(device);
     measure(
         {fmt::format("CharGpt n_layer {} n_embd {} n_head {} block {} batch {}, dropout {}", a.gpt_layers,
                      a.gpt_embd, a.gpt_heads, a.gpt_block, a.gpt_batch, a.gpt_dropout),
@@ -225,17 +248,18 @@ int main(int argc, char** argv) {
            const torch::Tensor logits = gpt->forward(idx);
            return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), targets.view(-1));
          }},
-        modes, a.reps);
+        modes, a.reps, device);
   }
   if (a.model != "gpt") {
     models::CifarResNet net{models::CifarResNetOptions()};  // ResNet-20
+    net->to(device);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
-    const torch::Tensor x = torch::randn({a.resnet_batch, 3, 32, 32}, gen);
-    const torch::Tensor y = torch::randint(10, {a.resnet_batch}, gen, torch::kLong);
+    const torch::Tensor x = torch::randn({a.resnet_batch, 3, 32, 32}, gen).to(device);
+    const torch::Tensor y = torch::randint(10, {a.resnet_batch}, gen, torch::kLong).to(device);
     measure(
         {fmt::format("CifarResNet-20 batch {} 32x32 (9 residual blocks)", a.resnet_batch), net.ptr().get(),
          net.ptr().get(), [&] { return torch::nn::functional::cross_entropy(net->forward(x), y); }},
-        modes, a.reps);
+        modes, a.reps, device);
   }
   return 0;
 }

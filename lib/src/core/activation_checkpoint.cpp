@@ -232,7 +232,8 @@ class RecomputeNode : public Node {
 
   void release_variables() override {
     fn_.forward = nullptr;
-    fn_.options.keep_alive(nullptr);
+    fn_.params.clear();
+    fn_.options.buffers({}).keep_alive(nullptr);
     saved_input_.reset();
   }
 
@@ -395,12 +396,14 @@ class LinearAfterBackward : public OpAfterBackward {
   std::string name() const override { return "ember::core::LinearAfterBackward"; }
 
  protected:
-  // torch::linear on a contiguous input of 2 or 3 dims is addmm(bias, a2d, W^T)
-  // on the flattened input (ATen's _flatten_nd_linear); autograd's AddmmBackward0
-  // computes, for that row-major a2d and the column-major W^T:
-  //   grad a2d = g.mm(W)                (mm_mat1_backward)
-  //   grad W^T = (g^T.mm(a2d))^T, so grad W = g^T.mm(a2d)  (mm_mat2_backward, TBackward)
-  //   grad bias = g summed to bias's shape (the engine's sum_to of a broadcast input)
+  // The forward is LinearImpl::forward, LibTorch's F::linear: addmm(bias, a, W^T)
+  // for a 2-D input, else a.matmul(W^T) (a contiguous input folded to
+  // a2d.mm(W^T)) and then `+= bias`. For a row-major a2d and the column-major
+  // W^T, autograd's AddmmBackward0 and MmBackward0 compute the same:
+  //   grad a2d = g2d.mm(W)                                   (mm_mat1_backward)
+  //   grad W^T = (g2d^T.mm(a2d))^T, so grad W = g2d^T.mm(a2d) (mm_mat2_backward, TBackward)
+  // and the bias, broadcast over the output g, gets g summed to its shape (the
+  // engine's sum_to) before autocast's cast back.
   OpGrads op_backward(const torch::Tensor& g, const torch::Tensor& a, const torch::Tensor& w,
                       std::array<bool, 3> mask) const override {
     const torch::Tensor g2d = g.reshape({-1, g.size(-1)});
@@ -408,7 +411,7 @@ class LinearAfterBackward : public OpAfterBackward {
     OpGrads r;
     if (mask[0]) r.input = g2d.mm(w).reshape(a.sizes());
     if (mask[1]) r.weight = g2d.t().mm(a2d);
-    if (mask[2]) r.bias = at::sum_to(g2d, bias_.sizes());
+    if (mask[2]) r.bias = at::sum_to(g, bias_.sizes());
     return r;
   }
 };
@@ -520,10 +523,11 @@ torch::Tensor checkpoint(torch::nn::Module& module, TensorFn forward, const torc
 }
 
 torch::Tensor linear_after(Recomputed fn, const torch::Tensor& input, const torch::nn::Linear& linear) {
-  const torch::Tensor weight = linear->weight, bias = linear->bias;
-  return op_after<LinearAfterBackward>(std::move(fn), input, weight, bias, [&](const torch::Tensor& a) {
-    return torch::linear(a, weight, bias);
-  });
+  // The module's own forward, so that the result is what it computes without
+  // checkpointing (F::linear is not at::linear: mm then `+= bias` for 3-D inputs).
+  const std::shared_ptr<torch::nn::LinearImpl> module = linear.ptr();
+  return op_after<LinearAfterBackward>(std::move(fn), input, module->weight, module->bias,
+                                       [&](const torch::Tensor& a) { return module->forward(a); });
 }
 
 torch::Tensor conv2d_after(Recomputed fn, const torch::Tensor& input, const torch::nn::Conv2d& conv) {
@@ -534,14 +538,11 @@ torch::Tensor conv2d_after(Recomputed fn, const torch::Tensor& input, const torc
       "[core::conv2d_after] {}: the convolution must have explicit padding and padding_mode zeros (kSame, "
       "kValid and other padding modes are not supported); use core::checkpoint for it instead",
       fn.options.name());
-  const torch::Tensor weight = conv->weight, bias = conv->bias;
-  const std::vector<int64_t> padding = at::IntArrayRef(std::get<torch::ExpandingArray<2>>(o.padding())).vec();
+  // The module's forward: with zeros padding, torch::conv2d, i.e. at::convolution.
+  const std::shared_ptr<torch::nn::Conv2dImpl> module = conv.ptr();
   return op_after<Conv2dAfterBackward>(
-      std::move(fn), input, weight, bias,
-      [&](const torch::Tensor& a) {
-        return torch::conv2d(a, weight, bias, o.stride(), padding, o.dilation(), o.groups());
-      },
-      o);
+      std::move(fn), input, module->weight, module->bias,
+      [&](const torch::Tensor& a) { return module->forward(a); }, o);
 }
 
 const char* to_string(CheckpointMode mode) {

@@ -16,7 +16,7 @@
 // hook (c10d::Reducer's) and a tensor hook (register_hook), which the inner
 // grad() would otherwise run too (they are set aside while it runs).
 //
-// Light (linear_after, conv2d_after): y = linear(fn(x)) or conv2d(fn(x))
+// Light (linear_after, conv2d_after): y = linear(fn(x)) or conv(fn(x))
 // where fn is cheap (a norm, an activation): only x is kept, fn(x) is
 // recomputed in backward and the linear's or convolution's own gradients are
 // computed from it with the same ATen formulas autograd uses (addmm's and
@@ -88,13 +88,14 @@ torch::Tensor checkpoint(TensorFn forward, const torch::Tensor& input, std::vect
 /// The same over a module: Recomputed::of(module, forward).
 torch::Tensor checkpoint(torch::nn::Module& module, TensorFn forward, const torch::Tensor& input);
 
-/// linear(fn(input)) keeping `input` but not fn(input): fn is recomputed in
-/// backward. Under autocast the linear runs in the autocast dtype, as
-/// torch::linear would. Bitwise the gradients of torch::linear(fn(x)) for a
-/// contiguous fn(x) (addmm's formulas); else equal up to rounding.
+/// linear->forward(fn(input)) keeping `input` but not fn(input): fn is
+/// recomputed in backward. The forward is the module's own (under autocast:
+/// in the autocast dtype, as without checkpointing); the gradients are
+/// bitwise those of linear->forward(fn(x)) for a contiguous fn(x) (the
+/// formulas of autograd's mm/addmm nodes); else equal up to rounding.
 torch::Tensor linear_after(Recomputed fn, const torch::Tensor& input, const torch::nn::Linear& linear);
-/// conv2d(fn(input)) likewise (at::convolution_backward). The convolution must
-/// have padding_mode zeros and explicit padding (not kSame/kValid).
+/// conv->forward(fn(input)) likewise (at::convolution_backward, bitwise). The
+/// convolution must have padding_mode zeros and explicit padding (not kSame/kValid).
 torch::Tensor conv2d_after(Recomputed fn, const torch::Tensor& input, const torch::nn::Conv2d& conv);
 
 /// Which pieces of a block a checkpoint recomputes.
