@@ -85,7 +85,7 @@ MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 # Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
 RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
 BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
-           "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding")
+           "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding", "ember_bench_activation_checkpoint")
 TESTS = ("ember_tests", "ember_ddp_worker", "ember_parity_grad_scaler")
 # The GPU test cases that compute-sanitizer runs: the two custom kernels.
 SANITIZED = "AugmentCuda.*:*OpsCuda.*"
@@ -1178,6 +1178,24 @@ def lr_suggestion(out):
     """The learning rate of lr-find's last `optim.lr=...` line, or None."""
     found = re.findall(r"^optim\.lr=(\S+)\s*$", out, re.M)
     return float(found[-1]) if found else None
+
+
+AC_ROW = "activation checkpointing: memory and step time, CharGpt and ResNet-20 (cuda)"
+
+
+@step(AC_ROW, 2, 60)
+def activation_checkpoint_gpu(c: Check):
+    """tools/bench/activation_checkpoint.cpp on the GPU: the caching allocator's peak and the step time of
+    none / full / full/2 / light, as ratios to none (the goal: full >= 40% less activation memory for
+    <= 25% more time; light >= 20% for <= 8%). The row reports the bench's table lines; it fails only when
+    the bench fails (the goal is judged from the numbers, in the note)."""
+    t0 = time.monotonic()
+    rc, out = c.run([c.exe("ember_bench_activation_checkpoint"), "--device", "cuda", "--reps", "5"],
+                    "activation_checkpoint_gpu.log")
+    rows = [l.strip() for l in out.splitlines() if re.match(r"\s*(none|full|full/2|light)\b", l)]
+    ok = rc == 0 and bool(rows)
+    c.report(AC_ROW, "ok" if ok else "FAIL", short(" | ".join(rows), 600) if ok else f"exit {rc}: {first_failure(out)}",
+             seconds=time.monotonic() - t0)
 
 
 @step(LR_FIND_ROW, 2, 15)
