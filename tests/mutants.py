@@ -125,6 +125,19 @@ MUTANTS = (
            ("ember_ddp_worker",),
            r"dist\.ddp",
            "set_progress publishes nothing: a dead rank is reported as last in step 0 whatever step it died in"),
+    # Sharded data parallelism (issue 31): caught by the multi-rank comparison with DDP.
+    Mutant("sharding_clips_by_the_local_norm", "lib/src/dist/sharding.cpp",
+           "  group_->all_reduce_sum_(sq);\n",
+           "",
+           ("ember_ddp_worker",),
+           r"dist\.sharding",
+           "each rank clips its shard by its own norm, not the global one: the ranks step by different factors"),
+    Mutant("sharding_gathers_no_block_before_backward", "lib/src/dist/sharding.cpp",
+           "        if (auto self = weak.lock()) self->gather_params(self->units[u]);\n",
+           "        (void)weak;\n",
+           ("ember_ddp_worker",),
+           r"dist\.sharding",
+           "a block's parameters are not gathered again for its backward: it reads freed storage"),
     # Fused optimizers, sync-free bookkeeping, the graph step and step_async (issue 28). Each is
     # caught on the CPU: the device-side skip runs the same code there, and the graph path runs
     # through an emulated graph (TrainerOptions::emulate_cuda_graph). What only a real CUDA graph can
@@ -198,8 +211,10 @@ MUTANTS = (
     # and the (emulated) graph share.
     Mutant("optimizer_step_clips_scaled_gradients", "lib/src/train/optimizer_step.cpp",
            "  if (scaler_) scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch\n"
-           "  if (max_grad_norm_ > 0) optim::clip_grad_norm_(params_, max_grad_norm_);\n",
-           "  if (max_grad_norm_ > 0) optim::clip_grad_norm_(params_, max_grad_norm_);\n"
+           "  if (max_grad_norm_ > 0 && !(hooks_.clip && hooks_.clip(max_grad_norm_)))\n"
+           "    optim::clip_grad_norm_(params_, max_grad_norm_);\n",
+           "  if (max_grad_norm_ > 0 && !(hooks_.clip && hooks_.clip(max_grad_norm_)))\n"
+           "    optim::clip_grad_norm_(params_, max_grad_norm_);\n"
            "  if (scaler_) scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch\n",
            ("ember_tests",), r"Precision\.",
            "fp16-mixed clips the scaled gradients, then unscales: the clip threshold is off by the loss scale"),

@@ -23,8 +23,11 @@ Rows run in a fixed priority order, tier by tier:
           graph (plan --measure), lr-find on speedrun_gpu.toml (CUDA graphs),
           the CNN step at batch 128 with CUDA graphs against Python eager and
           torch.compile (the GPU speed goal, tools/README.md);
-  tier 3, what a second call has time for, most important first: the GPU
-          speed run (5 seeds, its goal judged), the augmentation kernel's
+  tier 3, what a second call has time for, most important first: sharded
+          data parallelism on NCCL with one rank (reduce-scatter and
+          all-gather, each dist.sharding stage against DDP), the GPU
+          speed run (5 seeds, its goal judged), activation checkpointing's
+          memory and time on the GPU, the augmentation kernel's
           bandwidth, the monitoring overhead, the mixed-precision GPT bench
           at H200 size, accuracies that take minutes, the pruned ResNet's step
           times, char_gpt's GPU config, the whole small-model speed table.
@@ -956,7 +959,7 @@ def nccl(c: Check):
 SHARDING_ROW = "sharded data parallel on NCCL, 1 rank: collectives, each stage = DDP (cuda)"
 
 
-@step(SHARDING_ROW, 1, 30)
+@step(SHARDING_ROW, 3, 30)
 def sharding_nccl(c: Check):
     """NCCL's reduce-scatter (sum, max) and all-gather on CUDA tensors with a group of one, then each
     dist.sharding stage (BlockNet, AdamW, clipping, accumulation) against DDP in the same group: with one
@@ -1183,7 +1186,7 @@ def lr_suggestion(out):
 AC_ROW = "activation checkpointing: memory and step time, CharGpt and ResNet-20 (cuda)"
 
 
-@step(AC_ROW, 2, 60)
+@step(AC_ROW, 3, 60)
 def activation_checkpoint_gpu(c: Check):
     """tools/bench/activation_checkpoint.cpp on the GPU: the caching allocator's peak and the step time of
     none / full / full/2 / light, as ratios to none (the goal: full >= 40% less activation memory for
