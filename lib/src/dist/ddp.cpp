@@ -1,7 +1,6 @@
 #include "ember/dist/ddp.h"
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
@@ -18,7 +17,6 @@ namespace ember::dist {
 namespace {
 
 constexpr int64_t kMiB = 1024 * 1024;
-constexpr int64_t kBroadcastBucketBytes = 250 * kMiB;  // PyTorch DDP's broadcast bucket
 
 // Same tensors (identity) in the same order?
 struct SameTensors {
@@ -57,15 +55,6 @@ DistributedDataParallel::~DistributedDataParallel() {
   reducer_.reset();
 }
 
-void DistributedDataParallel::broadcast_state(torch::nn::Module& model, bool parameters) {
-  torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> tensors;
-  if (parameters)
-    for (const auto& p : model.parameters()) tensors.push_back(p.detach());
-  for (const auto& b : model.buffers()) tensors.push_back(b.detach());
-  if (!tensors.empty()) c10d::broadcast_coalesced(group_->c10d(), tensors, kBroadcastBucketBytes, /*rank=*/0);
-}
-
 void DistributedDataParallel::build(train::Trainer& trainer) {
   torch::nn::Module& model = *trainer.task()->model();
   logger_.reset();
@@ -81,7 +70,7 @@ void DistributedDataParallel::build(train::Trainer& trainer) {
   EMBER_CHECK(!params_.empty(), "[dist::DistributedDataParallel] the model has no trainable parameters");
   // Every rank must hold the same architecture before weights are broadcast.
   c10d::verify_params_across_processes(group_->c10d(), params_, std::nullopt);
-  broadcast_state(model, /*parameters=*/true);
+  group_->broadcast_module_state(model, /*parameters=*/true);
 
   const std::vector<bool> dense(params_.size(), false);
   // PyTorch's default: 25 MiB buckets after a first one of 1 MiB; a set size for all.
@@ -149,7 +138,7 @@ void DistributedDataParallel::on_before_forward(train::Trainer& trainer, const t
   // Batch-norm statistics from rank 0, so the replicas normalise alike (not
   // inside an accumulation window, as PyTorch's require_forward_param_sync).
   if (options_.broadcast_buffers() && buffers_need_sync_)
-    broadcast_state(*trainer.task()->model(), /*parameters=*/false);
+    group_->broadcast_module_state(*trainer.task()->model(), /*parameters=*/false);
 }
 
 void DistributedDataParallel::on_before_backward(train::Trainer& trainer, const train::StepOutput& out,
@@ -192,7 +181,8 @@ void DistributedDataParallel::on_epoch_end(train::Trainer& trainer, int64_t, con
   // Each rank's last forward updated its running statistics from its own
   // shard: give every rank rank 0's before validation, so all ranks validate
   // (and early-stop) alike and checkpoints hold what every replica uses.
-  if (options_.broadcast_buffers()) broadcast_state(*trainer.task()->model(), /*parameters=*/false);
+  if (options_.broadcast_buffers())
+    group_->broadcast_module_state(*trainer.task()->model(), /*parameters=*/false);
 }
 
 void DistributedDataParallel::on_fit_end(train::Trainer&) {}

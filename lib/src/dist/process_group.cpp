@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // compiled against gloo_shim/ (see its README)
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -460,6 +461,17 @@ ProcessGroup::Pending ProcessGroup::start_all_gather(torch::Tensor& output, torc
   c10::intrusive_ptr<c10d::Work> work;
   collective("all-gather", [&] { work = pg_->_allgather_base(output, input, c10d::AllgatherOptions{}); });
   return Pending(this, "all-gather", std::move(work));
+}
+
+void ProcessGroup::broadcast_module_state(torch::nn::Module& model, bool parameters) {
+  constexpr int64_t kBucketBytes = 250 * 1024 * 1024;  // PyTorch DDP's broadcast bucket
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> tensors;
+  if (parameters)
+    for (const auto& p : model.parameters()) tensors.push_back(p.detach());
+  for (const auto& b : model.buffers()) tensors.push_back(b.detach());
+  if (!tensors.empty())
+    collective("broadcast", [&] { c10d::broadcast_coalesced(pg_, tensors, kBucketBytes, /*rank=*/0); });
 }
 
 void ProcessGroup::barrier() {

@@ -7,7 +7,6 @@
 #include <torch/optim/adagrad.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <algorithm>
@@ -52,7 +51,6 @@ const char* to_string(Sharding sharding) {
 namespace {
 
 constexpr int64_t kMiB = 1024 * 1024;
-constexpr int64_t kBroadcastBucketBytes = 250 * kMiB;
 constexpr size_t kMaxStateKinds = 8;
 // Units whose reduce-scatter may run at once while backward goes on: their
 // flat gradients are what a rank holds beyond its shard.
@@ -142,7 +140,6 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     torch::Tensor shard_grads;   // [shard]: the averaged gradient of this rank's shard
     torch::Tensor incoming;      // [shard]: one micro-batch's reduce-scatter
     int64_t ready = 0;           // parameters whose gradient this backward produced
-    bool launched = false;
     bool gathered = true;
     ProcessGroup::Pending pending;
   };
@@ -499,7 +496,6 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     u.full_grads = buf;
     u.incoming = torch::empty_like(u.shard_grads);
     u.pending = group.start_reduce_scatter(u.incoming, u.full_grads);
-    u.launched = true;
   }
 
   // Waits for a launched unit's reduce-scatter, adds what this rank received
@@ -532,7 +528,6 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     for (Unit& u : units) {
       complete(u);
       u.ready = 0;
-      u.launched = false;
     }
     first_micro = false;
     if (completes)
@@ -592,12 +587,6 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     }
     for (auto& p : pending) p.wait();
   }
-
-  void broadcast_buffers(torch::nn::Module& model) {
-    std::vector<at::Tensor> tensors;
-    for (const auto& b : model.buffers()) tensors.push_back(b.detach());
-    if (!tensors.empty()) c10d::broadcast_coalesced(group.c10d(), tensors, kBroadcastBucketBytes, 0);
-  }
 };
 
 ShardedDataParallel::ShardedDataParallel(std::shared_ptr<ProcessGroup> group, ShardingOptions options)
@@ -639,12 +628,8 @@ void ShardedDataParallel::on_fit_start(train::Trainer& trainer) {
     std::vector<torch::Tensor> ps;
     for (const auto& [name, p] : optim::trainable_named_parameters(model)) ps.push_back(p);
     c10d::verify_params_across_processes(group_->c10d(), ps, std::nullopt);  // same architecture everywhere
-    torch::NoGradGuard no_grad;
-    std::vector<at::Tensor> tensors;
-    for (const auto& p : model.parameters()) tensors.push_back(p.detach());
-    for (const auto& b : model.buffers()) tensors.push_back(b.detach());
-    c10d::broadcast_coalesced(group_->c10d(), tensors, kBroadcastBucketBytes, 0);  // rank 0's
   }
+  group_->broadcast_module_state(model, /*parameters=*/true);  // rank 0's weights
   impl_->plan_units(model);
   impl_->lay_out();
   impl_->shard_optimizer(optimizer);
@@ -674,7 +659,7 @@ void ShardedDataParallel::on_before_forward(train::Trainer& trainer, const train
     impl_->first_micro = true;
   }
   if (options_.broadcast_buffers() && impl_->buffers_need_sync) {
-    impl_->broadcast_buffers(*trainer.task()->model());
+    group_->broadcast_module_state(*trainer.task()->model(), /*parameters=*/false);
     impl_->buffers_need_sync = false;
   }
 }
@@ -715,11 +700,11 @@ void ShardedDataParallel::on_before_optimizer_step(train::Trainer& trainer,
 
 void ShardedDataParallel::on_step_end(train::Trainer&, const train::StepInfo&) {
   impl_->gather_stepped_params();
-  last_step_bytes_ = resident_bytes();
 }
 
 void ShardedDataParallel::on_epoch_end(train::Trainer& trainer, int64_t, const train::EvalResult&) {
-  if (options_.broadcast_buffers()) impl_->broadcast_buffers(*trainer.task()->model());
+  if (options_.broadcast_buffers())
+    group_->broadcast_module_state(*trainer.task()->model(), /*parameters=*/false);
 }
 
 void ShardedDataParallel::on_checkpoint_gather(train::Trainer& trainer) {
@@ -740,6 +725,7 @@ void ShardedDataParallel::on_checkpoint_written(train::Trainer&) {
 
 void ShardedDataParallel::on_fit_end(train::Trainer&) {
   if (!impl_) return;
+  last_step_bytes_ = resident_bytes();  // (the blocks are freed after each step: what a step leaves)
   impl_->remove_grad_hooks();
   if (impl_->block_model) impl_->block_model->set_block_hooks(nullptr);
   for (auto& u : impl_->units) impl_->gather_params(u);
@@ -757,13 +743,6 @@ ShardedBytes ShardedDataParallel::resident_bytes() const {
   }
   if (impl_->optimizer) b.optimizer_state = optim::optimizer_state_bytes(*impl_->optimizer);
   return b;
-}
-
-std::vector<std::pair<std::vector<size_t>, int64_t>> ShardedDataParallel::units() const {
-  std::vector<std::pair<std::vector<size_t>, int64_t>> out;
-  if (impl_)
-    for (const auto& u : impl_->units) out.emplace_back(u.params, u.padded);
-  return out;
 }
 
 }  // namespace ember::dist

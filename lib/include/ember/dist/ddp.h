@@ -89,7 +89,6 @@ class DistributedDataParallel : public train::Callback {
 
  private:
   void build(train::Trainer& trainer);
-  void broadcast_state(torch::nn::Module& model, bool parameters);
 
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;

@@ -16,6 +16,7 @@
 // relies on.
 
 #include <torch/arg.h>
+#include <torch/nn/module.h>
 #include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -95,6 +96,9 @@ class ProcessGroup {
   /// Rank `src`'s values to every rank, in place.
   void broadcast_(torch::Tensor& tensor, int64_t src);
   void barrier();
+  /// Rank 0's buffers (and parameters, when `parameters`) of `model` to every
+  /// rank, in place, in buckets (c10d::broadcast_coalesced, as DDP does).
+  void broadcast_module_state(torch::nn::Module& model, bool parameters);
 
   /// How a reduction combines the ranks' values.
   enum class Reduce { kSum, kMax };

@@ -116,12 +116,10 @@ class ShardedDataParallel : public train::Callback {
   const ShardingOptions& options() const { return options_; }
   /// What this rank holds now (during fit: its shards).
   ShardedBytes resident_bytes() const;
-  /// What it held after the last optimizer step of the last fit (the run's
-  /// summary reports the largest over ranks).
+  /// What it held after the last optimizer step of the last fit, taken at
+  /// on_fit_end before the model is made whole (the run's summary reports the
+  /// largest over ranks).
   const ShardedBytes& last_step_bytes() const { return last_step_bytes_; }
-  /// The units in layout order: their parameters (indices into the model's
-  /// trainable parameters, optim::trainable_parameters) and padded elements.
-  std::vector<std::pair<std::vector<size_t>, int64_t>> units() const;
 
   struct Impl;
 
