@@ -1,8 +1,14 @@
-// dist.backend: its names, and the library a group picks for its device.
+// dist.backend: its names, and the library a group picks for its device;
+// the replica group (one process standing for N identical ranks).
 #include <ember/core/config.h>
 #include <ember/core/error.h>
+#include <ember/dist/ddp.h>
+#include <ember/dist/distribution.h>
 #include <ember/dist/keys.h>
 #include <ember/dist/process_group.h>
+#include <ember/dist/sharding.h>
+#include <ember/optim/optimizer.h>
+#include <ember/train/trainer.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -64,6 +70,76 @@ TEST(ProcessGroup, AutoIsGlooOnTheCpuAndEachBackendItsDevice) {
   torch::Tensor t = torch::ones({3});
   group->all_reduce_sum_(t);
   EXPECT_TRUE(torch::equal(t, torch::ones({3})));
+}
+
+// What N ranks holding this rank's tensors would get: a sum is N x, a maximum
+// the value, a gather N copies, a reduce-scatter N x this rank's chunk.
+TEST(ReplicaGroup, CollectivesGiveWhatIdenticalRanksWould) {
+  const auto group = ProcessGroup::create_replicas(1, 4, {});
+  EXPECT_EQ(group->backend(), "replicas");
+  EXPECT_EQ(group->rank(), 1);
+  EXPECT_EQ(group->size(), 4);
+  torch::Tensor t = torch::tensor({1.0f, -2.0f});
+  group->all_reduce_sum_(t);
+  EXPECT_TRUE(torch::equal(t, torch::tensor({4.0f, -8.0f})));
+  group->all_reduce_max_(t);
+  EXPECT_TRUE(torch::equal(t, torch::tensor({4.0f, -8.0f})));
+  torch::Tensor in = torch::arange(8, torch::kFloat32), out = torch::empty({2});
+  group->start_reduce_scatter(out, in).wait();
+  EXPECT_TRUE(torch::equal(out, torch::tensor({8.0f, 12.0f})));  // chunk 1 = {2, 3}, x 4
+  torch::Tensor gathered = torch::full({8}, -1.0f), piece = torch::tensor({5.0f, 6.0f});
+  group->start_all_gather(gathered, piece).wait();
+  EXPECT_TRUE(torch::equal(gathered, torch::tensor({5.0f, 6.0f, 5.0f, 6.0f, 5.0f, 6.0f, 5.0f, 6.0f})));
+  torch::Tensor b = torch::tensor({3.0f});
+  group->broadcast_(b, 0);
+  EXPECT_TRUE(torch::equal(b, torch::tensor({3.0f})));
+  group->check_same_everywhere("config", "anything");  // no other process to wait for
+  EXPECT_THROW(ProcessGroup::create_replicas(4, 4, {}), Error);
+}
+
+std::vector<torch::Tensor> train_blobs(const std::shared_ptr<ProcessGroup>& group,
+                                       const std::shared_ptr<train::Callback>& parallel, int64_t* state_bytes,
+                                       optim::OptimizerKind kind = optim::OptimizerKind::kSgd) {
+  test_util::BlobTask task({.dropout = false});
+  train::TrainerOptions o;
+  o.max_steps(6).epochs(100).val_every(0).checkpoint_every(0);
+  o.optimizer(optim::OptimizerOptions().kind(kind).lr(1e-2));
+  if (group) o.distribution(make_distribution(group));
+  train::Trainer trainer(o);
+  if (parallel) trainer.add_callback(parallel);
+  struct StateBytes : train::Callback {
+    explicit StateBytes(int64_t* bytes) : out(bytes) {}
+    std::string name() const override { return "state_bytes"; }
+    void on_step_end(train::Trainer& t, const train::StepInfo&) override {
+      *out = optim::optimizer_state_bytes(*t.optimizer());
+    }
+    int64_t* out;
+  };
+  trainer.add_callback(std::make_shared<StateBytes>(state_bytes));
+  trainer.fit(task);
+  return test_util::snapshot(*task.model());
+}
+
+// DDP over N replicas trains as one process (the sum over identical ranks,
+// divided by N, is this rank's gradient; SGD, whose step scales with the
+// gradient: a sum that was not N x would show). The sharded stages keep 1/N
+// of AdamW's state (what bs_find.world_size measures); their values are not a
+// single process's (a gather repeats this rank's shard).
+TEST(ReplicaGroup, DdpOnReplicasTrainsAsOneProcessAndShardingKeepsOneNth) {
+  int64_t alone_state = 0, ddp_state = 0, sharded_state = 0;
+  const std::vector<torch::Tensor> alone = train_blobs(nullptr, nullptr, &alone_state);
+  const auto group = ProcessGroup::create_replicas(0, 4, {});
+  const std::vector<torch::Tensor> ddp =
+      train_blobs(group, std::make_shared<DistributedDataParallel>(group, DdpOptions()), &ddp_state);
+  ASSERT_EQ(alone.size(), ddp.size());
+  for (size_t i = 0; i < alone.size(); ++i) EXPECT_TRUE(torch::allclose(alone[i], ddp[i], 1e-6, 1e-7)) << i;
+  EXPECT_EQ(ddp_state, alone_state);
+  (void)train_blobs(
+      group, std::make_shared<ShardedDataParallel>(group, ShardingOptions().stage(Sharding::kGradients)),
+      &sharded_state);
+  // AdamW's two moments (and step counts), split in 4 with padding to a multiple of 4 elements.
+  EXPECT_GT(sharded_state, alone_state / 4 - 64);
+  EXPECT_LT(sharded_state, alone_state / 4 + 256);
 }
 
 }  // namespace

@@ -267,6 +267,32 @@ def main():
         status, text = dc.memory_verdict(m, m)  # the CPU ran no graph: nothing to compare
         check(status == dc.NOT_JUDGED and "step_ops eager" in text, (status, text))
         print(f"5. lr-find's line read (optim.lr={lr:.3g}); --measure's JSON read: {m}")
+    # The sharding row's reader: a CPU measurement planned for 8 ranks against bs-find's one rank of 8.
+    text = work / "text.txt"
+    text.write_text("\n".join(f"the cat {i % 7} sat on the mat {i % 5}" for i in range(3000)) + "\n")
+    gpt = [str(build / "bin" / "char_gpt"), f"data.path={text}", "model.n_layer=2", "model.n_embd=32",
+           "model.n_head=2", "data.block_size=32", "trainer.precision=fp32", "trainer.progress=false"]
+    out = subprocess.run([*gpt, "--measure", str(work / "gpt.json"), "data.batch_size=8", "plan.precisions=fp32",
+                          "plan.timed_steps=1"], capture_output=True, text=True, env=env)
+    check(out.returncode == 0, out.stderr[-2000:])
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "plan" / "plan.py"), str(work / "gpt.json"), "--json",
+                          "--world-size", "8", "--sharding", "all", "--activation-checkpoint", "all"],
+                         capture_output=True, text=True, env=env)
+    check(out.returncode == 0, out.stderr[-2000:])
+    peaks = {}
+    for sharding, ac in (("none", "none"), ("parameters", "full")):
+        js = work / f"bs_{sharding}.json"
+        r = subprocess.run([*gpt, "--find-batch-size", str(js), "bs_find.world_size=8", f"dist.sharding={sharding}",
+                            f"model.activation_checkpoint_every={int(ac == 'full')}", "bs_find.start=8",
+                            "bs_find.max_batch=8"], capture_output=True, text=True, env=env)
+        check(r.returncode == 0, r.stderr[-2000:])
+        peaks[(sharding, ac)] = json.loads(js.read_text())["trials"][0]["peak_bytes"]
+    m = json.loads((work / "gpt.json").read_text())
+    errors = dc.shard_plan_errors(json.loads(out.stdout), m["parameter_bytes"] + m["buffer_bytes"], peaks)
+    check([e["case"] for e in errors] == ["none/none", "parameters/full"]
+          and all(e["planned"] > 0 and e["measured"] > 0 and abs(e["error"]) < 1 for e in errors), errors)
+    print("5. the sharding row's plan and bs-find read: " +
+          ", ".join(f"{e['case']} {100 * e['error']:+.0f}%" for e in errors))
     if not has_data:
         print(f"SKIP: no Fashion-MNIST at {data}: the recipe's result line was not read (everything else passed)")
         return 77

@@ -5,8 +5,12 @@
 # per step unchanged) and no sharding, ends where one process training
 # straight through ends; its checkpoint exports as one safetensors file with
 # every parameter; summary.json reports the bytes each rank kept.
+# Then the tools: bs-find measures one rank of N (bs_find.world_size) with
+# sharding and checkpointing on, and refuses sharding without N; --measure
+# measures each checkpointing mode, from which the planner predicts the peak
+# at another batch (within 15% of the measured one).
 set -euo pipefail
-torchrun="$1"; bin="$2"; out="$3"
+torchrun="$1"; bin="$2"; out="$3"; plan="$4"; py="$5"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/checks.sh"
 rm -rf "$out"; mkdir -p "$out"
@@ -61,4 +65,54 @@ check(0.49 < share < 0.56, f"optimizer state per rank: {share:.3f} of the whole 
 check(part["sharded_parameter_bytes_per_rank"] < 4 * straight["parameters"], part)  # the blocks' shards only
 print(f"sharded 2 ranks -> 1 process: val_loss {sharded['val_loss']:.6f} vs straight {straight['val_loss']:.6f} "
       f"({rel:.1e}); export: {len(names)} tensors, {elements} elements; optimizer state per rank {share:.3f}")
+PY
+
+# bs-find, one rank of 2, batch 16 only: DDP, then ZeRO-3 with checkpointing.
+tiny=("${common[@]}" trainer.precision=fp32 bs_find.start=16 bs_find.max_batch=16)
+"$bin" --find-batch-size "$out/bs_ddp.json" "${tiny[@]}" bs_find.world_size=2 >"$out/bs.out" 2>"$out/bs.err" \
+  || { cat "$out/bs.err"; exit 1; }
+expect_in "$out/bs.err" "one rank of 2 (dist.sharding=none)"
+"$bin" --find-batch-size "$out/bs_z3.json" "${tiny[@]}" bs_find.world_size=2 dist.sharding=parameters \
+  model.activation_checkpoint_every=1 >"$out/bs.out" 2>"$out/bs.err" || { cat "$out/bs.err"; exit 1; }
+set +e
+"$bin" --find-batch-size "$out/bs_refused.json" "${tiny[@]}" dist.sharding=optimizer >"$out/bs.out" 2>"$out/bs.err"
+rc=$?
+set -e
+[[ $rc == 2 ]] || { echo "bs-find with dist.sharding and no bs_find.world_size: exit $rc, want 2"; exit 1; }
+expect_in "$out/bs.err" "say how many with bs_find.world_size=N"
+# --measure with the checkpointing modes, and a check at batch 48 with full checkpointing.
+meas=("${common[@]}" trainer.precision=fp32 plan.precisions=fp32 plan.timed_steps=1 plan.probe_small=8
+      plan.probe_large=16)
+"$bin" --measure "$out/measure.json" "${meas[@]}" data.batch_size=16 >"$out/m.out" 2>"$out/m.err" \
+  || { cat "$out/m.err"; exit 1; }
+"$bin" --measure "$out/verify_full.json" "${meas[@]}" data.batch_size=48 plan.verify=true \
+  plan.activation_checkpoint=false model.activation_checkpoint_every=1 >"$out/m.out" 2>"$out/m.err" \
+  || { cat "$out/m.err"; exit 1; }
+"$py" "$plan" "$out/measure.json" --activation-checkpoint all --json >"$out/plan.json" 2>"$out/plan.err" \
+  || { cat "$out/plan.err"; exit 1; }
+python3 - "$out" <<'PY'
+import json, pathlib, sys
+def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
+    if not ok:
+        raise AssertionError(what)
+out = pathlib.Path(sys.argv[1])
+ddp, z3 = (json.loads((out / f).read_text()) for f in ("bs_ddp.json", "bs_z3.json"))
+check(ddp["world_size"] == 2 and z3["sharding"] == "parameters" and z3["activation_checkpoint_every"] == 1, z3)
+peak = lambda j: j["trials"][0]["peak_bytes"]
+check(0 < peak(z3) < 0.8 * peak(ddp), f"one rank of 2 at batch 16: ZeRO-3 + checkpointing {peak(z3)} B, DDP {peak(ddp)} B")
+m = json.loads((out / "measure.json").read_text())
+check(m["activation_checkpoint"] == "none" and m["activation_checkpoint_every"] == 0, m.get("activation_checkpoint"))
+modes = m["memory"]["fp32"]["activation_checkpoint"]
+check(set(modes) == {"full", "light"}, modes)
+none_a = m["memory"]["fp32"]["per_sample_bytes"]
+check(modes["full"]["per_sample_bytes"] < modes["light"]["per_sample_bytes"] < none_a, (modes, none_a))
+acts = json.loads((out / "plan.json").read_text())["configurations"]["activations"]["fp32"]
+check(acts["full"]["source"] == "measured", acts["full"])
+v = json.loads((out / "verify_full.json").read_text())["verify"]
+predicted = acts["full"]["fixed_bytes"] + acts["full"]["per_sample_bytes"] * v["batch"]
+err = (predicted - v["measured_peak_bytes"]) / v["measured_peak_bytes"]
+check(abs(err) < 0.15, f"full checkpointing at batch {v['batch']}: planned {predicted:.0f} B, measured "
+                       f"{v['measured_peak_bytes']} B ({100 * err:+.1f}%)")
+print(f"bs-find one rank of 2 at batch 16: ZeRO-3 + checkpointing {peak(z3) / 2**20:.1f} MiB vs DDP "
+      f"{peak(ddp) / 2**20:.1f} MiB; planned full checkpointing at batch {v['batch']} {100 * err:+.1f}% off the measured")
 PY

@@ -1183,6 +1183,82 @@ def lr_suggestion(out):
     return float(found[-1]) if found else None
 
 
+SHARD_PLAN_ROW = "plan vs bs-find: one rank of 8, sharding and checkpointing, char_gpt bf16 (cuda)"
+# (dist.sharding, activation checkpointing) pairs the row measures: DDP, each stage, ZeRO-3 + full.
+SHARD_PLAN_CASES = (("none", "none"), ("optimizer", "none"), ("gradients", "none"), ("parameters", "none"),
+                    ("parameters", "full"))
+
+
+def shard_plan_errors(plan, held_bytes, peaks, gpu_name=""):
+    """The planner's per-GPU memory against one rank's measured peak, per SHARD_PLAN_CASES pair in
+    `peaks` ({(sharding, checkpointing): bs-find's trial peak in bytes, on top of what the task holds}).
+    planned = the configuration row's memory parts less the CUDA context; measured = the peak +
+    `held_bytes` (parameters, buffers, resident data: what the task holds before training). The plan's
+    row for the GPU named in `gpu_name` when it has one, else its first. Returns
+    [{"case", "planned", "measured", "error"}]."""
+    rows = plan["configurations"]["rows"]
+    named = [r for r in rows if r["gpu"].split("-")[0].lower() in gpu_name.lower()] if gpu_name else []
+    gpu = (named or rows)[0]["gpu"]
+    out = []
+    for (sharding, ac), peak in peaks.items():
+        row = next(r for r in rows if r["gpu"] == gpu and r["sharding"] == sharding
+                   and r["activation_checkpoint"] == ac)
+        parts = row["memory_parts"]
+        planned = sum(parts.values()) - parts.get("context", 0)
+        measured = peak + held_bytes
+        out.append({"case": f"{sharding}/{ac}", "planned": planned, "measured": measured,
+                    "error": (planned - measured) / measured})
+    return out
+
+
+@step(SHARD_PLAN_ROW, 3, 70)
+def shard_plan_gpu(c: Check):
+    """The planner's memory per GPU for a run on 8 ranks (each dist.sharding stage, and ZeRO-3 with full
+    activation checkpointing), planned from a CPU measurement as a user would, against bs-find's measured
+    peak of one rank of 8 on this GPU (bs_find.world_size=8: one process, collectives that send nothing).
+    Goal: each within 25%."""
+    if not c.text:
+        c.report(SHARD_PLAN_ROW, "skip", "no text corpus for char_gpt (tools/ember device-pack packs one)")
+        return
+    t0 = time.monotonic()
+    work = c.runs_dir("shard_plan")
+    common = [f"data.path={c.text}", "model.n_layer=6", "model.n_embd=256", "model.n_head=8", "data.block_size=128",
+              "trainer.precision=bf16-mixed"]
+    batch = 16
+    rc, _, out = c.recipe("char_gpt", "shard_plan_measure.log",
+                          ["--measure", work / "cpu.json", "trainer.device=cpu", f"data.batch_size={batch}",
+                           "plan.precisions=bf16-mixed", "plan.timed_steps=1", *common])
+    if rc != 0:
+        c.report(SHARD_PLAN_ROW, "FAIL", f"--measure exit {rc}: {first_failure(out)}", seconds=time.monotonic() - t0)
+        return
+    rc, out = c.run([c.python, ROOT / "tools" / "plan" / "plan.py", work / "cpu.json", "--json", "--world-size", "8",
+                     "--sharding", "all", "--activation-checkpoint", "all"], "shard_plan_json.log")
+    peaks = {}
+    for sharding, ac in SHARD_PLAN_CASES:
+        rc_bs, _, out_bs = c.recipe("char_gpt", f"shard_plan_{sharding}_{ac}.log",
+                                    ["--find-batch-size", work / f"{sharding}_{ac}.json", "trainer.device=cuda",
+                                     "bs_find.world_size=8", f"dist.sharding={sharding}",
+                                     f"model.activation_checkpoint_every={1 if ac == 'full' else 0}",
+                                     f"bs_find.start={batch}", f"bs_find.max_batch={batch}", *common])
+        if rc_bs != 0:
+            c.report(SHARD_PLAN_ROW, "FAIL", f"bs-find {sharding}/{ac} exit {rc_bs}: {first_failure(out_bs)}",
+                     seconds=time.monotonic() - t0)
+            return
+        peaks[(sharding, ac)] = json.loads((work / f"{sharding}_{ac}.json").read_text())["trials"][0]["peak_bytes"]
+    try:
+        m = json.loads((work / "cpu.json").read_text())
+        held = m["parameter_bytes"] + m["buffer_bytes"] + m["dataset"]["resident_bytes"]
+        errors = shard_plan_errors(json.loads(out[out.index("{"):]), held, peaks, str(c.info.get("gpu_name", "")))
+    except (ValueError, KeyError, StopIteration, TypeError) as e:
+        c.report(SHARD_PLAN_ROW, "FAIL", f"plan.py: {e!r}: {first_failure(out)}", seconds=time.monotonic() - t0)
+        return
+    goals = [goal(e["case"], 100 * abs(e["error"]), "<=", 25, "% off", "%", fmt="{:.0f}") for e in errors]
+    c.report(SHARD_PLAN_ROW, goal_status(goals),
+             "; ".join(f"{e['case']} planned {e['planned'] / 2**20:.0f} MiB, measured {e['measured'] / 2**20:.0f} MiB "
+                       f"({100 * e['error']:+.0f}%)" for e in errors),
+             numbers={"cases": errors, "goals": goal_numbers(goals)}, seconds=time.monotonic() - t0)
+
+
 AC_ROW = "activation checkpointing: memory and step time, CharGpt and ResNet-20 (cuda)"
 
 

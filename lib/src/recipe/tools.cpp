@@ -20,7 +20,11 @@
 #include "ember/core/flops.h"
 #include "ember/core/memory.h"
 #include "ember/core/op_counter.h"
+#include "ember/dist/ddp.h"
+#include "ember/dist/distribution.h"
+#include "ember/dist/keys.h"
 #include "ember/dist/process_group.h"
+#include "ember/dist/sharding.h"
 #include "ember/optim/optimizer.h"
 #include "ember/train/batch_size_finder.h"
 #include "ember/train/checkpoint.h"
@@ -257,22 +261,36 @@ int64_t available_memory(const torch::Device& device) {
                       "[bs-find] cannot read the host's available memory; set bs_find.budget_gib=<GiB>");
 }
 
+/// What a run on `group` adds to its Trainer: DDP, or dist.sharding's stage.
+std::shared_ptr<train::Callback> data_parallel_callback(const core::Config& config,
+                                                        const std::shared_ptr<dist::ProcessGroup>& group) {
+  const dist::ShardingOptions sharding = dist::sharding_options_from_config(config);
+  if (sharding.stage() == dist::Sharding::kNone)
+    return std::make_shared<dist::DistributedDataParallel>(group, dist::ddp_options_from_config(config));
+  return std::make_shared<dist::ShardedDataParallel>(group, sharding);
+}
+
 /// Peak bytes of `steps` training steps at `batch` in `precision`, on top of
 /// what the task holds once built; the optimizer's state bytes go to *opt_bytes.
 /// `limit` > 0 (CPU): allocations beyond it throw c10::OutOfMemoryError, so
 /// that a size too large fails fast instead of filling the host's memory.
 /// `cap` > 0 (CPU): the meter's limit in force before and after the probe
 /// (bytes since the meter started: the task's build counts too).
+/// `ranks` (a replica group, bs_find.world_size): the steps are one rank's of
+/// a data-parallel run on that many ranks, DDP or dist.sharding as configured.
 int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const RunContext& context,
                    core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
-                   int64_t* opt_bytes, int64_t limit = 0, int64_t cap = 0) {
+                   int64_t* opt_bytes, int64_t limit = 0, int64_t cap = 0,
+                   const std::shared_ptr<dist::ProcessGroup>& ranks = nullptr) {
   const torch::Device device = context.device();
   std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(context, batch).precision(precision));
   train::TrainerOptions o = probe_options(config, *task, steps);
   o.precision(precision);
+  if (ranks) o.distribution(dist::make_distribution(ranks));
   train::Trainer trainer(o);
   auto opt = std::make_shared<OptimizerStateProbe>();
   trainer.add_callback(opt);
+  if (ranks) trainer.add_callback(data_parallel_callback(config, ranks));
   const int64_t before = meter.current();
   meter.reset_peak();
   struct Unlimit {  // also when the fit throws
@@ -382,6 +400,7 @@ struct Measurement {
   std::string cap_source{};  // where cap came from, for messages
   int64_t held = 0;          // bytes the built task holds (model, buffers, resident data)
   int64_t param_bytes = 0;
+  int64_t blocks = 0;  // core::BlockModel blocks (0: not one): activation checkpointing applies
   nlohmann::json j{};  // the report
 };
 
@@ -449,6 +468,7 @@ void measure_model_and_data(Measurement& m, train::Task& task, const core::Memor
   if (auto* blocked = dynamic_cast<core::BlockModel*>(&model)) {
     int64_t in_blocks = 0, largest = 0;
     const auto blocks = blocked->blocks();
+    m.blocks = static_cast<int64_t>(blocks.size());
     for (const auto& b : blocks) {
       const int64_t bytes = tensor_bytes(optim::trainable_parameters(*b));
       in_blocks += bytes;
@@ -494,13 +514,13 @@ void measure_model_and_data(Measurement& m, train::Task& task, const core::Memor
 /// large}, halved while they do not fit the host (the line through two
 /// smaller ones extrapolates as well); below batches 1 and 2 nothing is left
 /// to measure. Returns the probes; `sizes` and `peaks` are the last pair.
-nlohmann::json probe_two_batches(Measurement& m, core::MemoryMeter& meter, amp::Precision precision,
-                                 int64_t sizes[2], int64_t peaks[2], int64_t* opt_bytes) {
+nlohmann::json probe_two_batches(Measurement& m, const core::Config& config, core::MemoryMeter& meter,
+                                 amp::Precision precision, int64_t sizes[2], int64_t peaks[2],
+                                 int64_t* opt_bytes) {
   nlohmann::json probes = nlohmann::json::array();
   for (int i = 0; i < 2;) {
     try {
-      peaks[i] =
-          probe_peak(m.spec, m.config, m.ctx, meter, sizes[i], precision, m.steps, opt_bytes, 0, m.cap);
+      peaks[i] = probe_peak(m.spec, config, m.ctx, meter, sizes[i], precision, m.steps, opt_bytes, 0, m.cap);
     } catch (const std::exception& e) {
       if (!out_of_memory(e)) throw;
       if (sizes[1] <= 2)
@@ -531,11 +551,58 @@ nlohmann::json probe_two_batches(Measurement& m, core::MemoryMeter& meter, amp::
   return probes;
 }
 
+/// A line (fixed + per-sample bytes) through two probes {batch, peak}.
+nlohmann::json memory_line(const nlohmann::json& probes, const int64_t sizes[2], const int64_t peaks[2]) {
+  const double per_sample =
+      static_cast<double>(peaks[1] - peaks[0]) / static_cast<double>(sizes[1] - sizes[0]);
+  const double fixed = static_cast<double>(peaks[0]) - per_sample * static_cast<double>(sizes[0]);
+  return {{"probes", probes}, {"fixed_bytes", fixed}, {"per_sample_bytes", per_sample}};
+}
+
+/// The activation-checkpointing modes the measured config does not train
+/// with, each probed like the config's own (every block checkpointed:
+/// model.activation_checkpoint_every=1): the planner's A_mode, measured
+/// instead of estimated. Only for models made of blocks (core::BlockModel)
+/// with plan.activation_checkpoint on.
+void measure_checkpointing(Measurement& m, core::MemoryMeter& meter, amp::Precision precision,
+                           nlohmann::json& entry) {
+  if (m.blocks == 0 || !m.config.has("model.activation_checkpoint_every") ||
+      !m.config.get_bool("plan.activation_checkpoint"))
+    return;
+  const std::string own = m.j["activation_checkpoint"].get<std::string>();
+  const int64_t small = std::min(m.config.get_int("plan.probe_small"), m.batch);
+  const int64_t large = std::max(std::min(m.config.get_int("plan.probe_large"), m.batch), small + 1);
+  nlohmann::json modes = nlohmann::json::object();
+  for (const char* mode : {"none", "full", "light"}) {
+    if (own == mode) continue;
+    const bool off = std::string(mode) == "none";
+    core::Config config = m.config;
+    config.set_override(fmt::format("model.activation_checkpoint_every={}", off ? 0 : 1));
+    if (!off) config.set_override(fmt::format("model.activation_checkpoint={}", mode));
+    int64_t sizes[2] = {small, large};
+    int64_t peaks[2] = {0, 0};
+    nlohmann::json line =
+        memory_line(probe_two_batches(m, config, meter, precision, sizes, peaks, nullptr), sizes, peaks);
+    if (!off) line["every"] = 1;
+    std::cerr << fmt::format(
+        "[plan] {} with {} activation checkpointing: {:.1f} MiB + {:.2f} MiB per sample\n",
+        amp::to_string(precision), mode, line["fixed_bytes"].get<double>() / kMiB,
+        line["per_sample_bytes"].get<double>() / kMiB);
+    modes[mode] = std::move(line);
+  }
+  entry["activation_checkpoint"] = std::move(modes);
+}
+
 /// Memory of the training loop per precision of plan.precisions: a line
 /// (fixed + per-sample bytes) through two probes; fp16-mixed has bf16-mixed's
 /// widths. The timed batch shrinks to what the host holds by that line.
 void measure_memory(Measurement& m, core::MemoryMeter& meter) {
   m.j["memory_method"] = meter.method();
+  if (m.config.has("model.activation_checkpoint_every")) {  // the mode the probes above train with
+    const int64_t every = m.config.get_int("model.activation_checkpoint_every");
+    m.j["activation_checkpoint"] = every == 0 ? "none" : m.config.get_string("model.activation_checkpoint");
+    m.j["activation_checkpoint_every"] = every;
+  }
   int64_t opt_bytes = 0;
   nlohmann::json memory = nlohmann::json::object();
   const int64_t small = std::min(m.config.get_int("plan.probe_small"), m.batch);
@@ -547,13 +614,12 @@ void measure_memory(Measurement& m, core::MemoryMeter& meter) {
   for (const amp::Precision p : precisions) {
     int64_t sizes[2] = {small, large};
     int64_t peaks[2] = {0, 0};
-    const nlohmann::json probes = probe_two_batches(m, meter, p, sizes, peaks, &opt_bytes);
-    const double per_sample =
-        static_cast<double>(peaks[1] - peaks[0]) / static_cast<double>(sizes[1] - sizes[0]);
-    const double fixed = static_cast<double>(peaks[0]) - per_sample * static_cast<double>(sizes[0]);
     nlohmann::json& entry = memory[amp::to_string(p)];
-    entry = {{"probes", probes}, {"fixed_bytes", fixed}, {"per_sample_bytes", per_sample}};
+    entry = memory_line(probe_two_batches(m, m.config, meter, p, sizes, peaks, &opt_bytes), sizes, peaks);
+    const double per_sample = entry["per_sample_bytes"].get<double>();
+    const double fixed = entry["fixed_bytes"].get<double>();
     if (sizes[1] != large) entry["probes_reduced_from"] = {small, large};
+    measure_checkpointing(m, meter, p, entry);
     most_needed = std::max(most_needed, fixed + per_sample * static_cast<double>(m.batch));
     // The speed is timed at the largest batch the host holds by this line (without the meter).
     if (m.cap > 0 && per_sample > 0) {
@@ -714,6 +780,18 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
   }
   const amp::Precision precision = ctx.precision();
   const int64_t steps = config.get_int("bs_find.steps");
+  // bs_find.world_size=N: each trial is one rank's steps of an N-rank run
+  // (DDP's buckets, or dist.sharding's shares of 1/N), in this one process.
+  const int64_t world_size = config.get_int("bs_find.world_size");
+  const std::shared_ptr<dist::ProcessGroup> ranks =
+      world_size > 1
+          ? dist::ProcessGroup::create_replicas(0, world_size, dist::ProcessGroupOptions().device(device))
+          : nullptr;
+  const std::string sharding = config.get_string("dist.sharding");
+  EMBER_CHECK_KIND(kConfig, world_size > 1 || sharding == "none",
+                   "[bs-find] dist.sharding={} splits the model's state between ranks: say how many with "
+                   "bs_find.world_size=N (the batch that fits one rank of N)",
+                   sharding);
   const int64_t available = available_memory(device);
   core::MemoryMeter meter(device);
   int64_t held = 0, max_batch = config.get_int("bs_find.max_batch");
@@ -726,14 +804,15 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
   std::string budget_source;
   const int64_t budget = memory_budget(config, device, available, held, &budget_source);
   std::cerr << fmt::format(
-      "[bs-find] {} on {}, {}: the largest batch whose training steps fit {:.2f} GiB ({}), up to {}\n",
-      spec.name, core::describe_device(device), amp::to_string(precision), budget / double(1 << 30),
-      budget_source, max_batch);
+      "[bs-find] {} on {}, {}{}: the largest batch whose training steps fit {:.2f} GiB ({}), up to {}\n",
+      spec.name, core::describe_device(device), amp::to_string(precision),
+      ranks ? fmt::format(", one rank of {} (dist.sharding={})", world_size, sharding) : "",
+      budget / double(1 << 30), budget_source, max_batch);
   const train::BatchSizeResult r = train::find_batch_size(
       [&](int64_t batch) {
         int64_t peak = 0;
         try {
-          peak = probe_peak(spec, config, ctx, meter, batch, precision, steps, nullptr, budget);
+          peak = probe_peak(spec, config, ctx, meter, batch, precision, steps, nullptr, budget, 0, ranks);
         } catch (const c10::OutOfMemoryError&) {
           std::cerr << fmt::format("[bs-find] batch {:>6}: out of memory\n", batch);
           throw;  // find_batch_size counts it as too large
@@ -754,6 +833,11 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
   write_json(out, {{"recipe", spec.name},
                    {"device", device.str()},
                    {"precision", amp::to_string(precision)},
+                   {"world_size", world_size},
+                   {"sharding", sharding},
+                   {"activation_checkpoint_every", config.has("model.activation_checkpoint_every")
+                                                       ? config.get_int("model.activation_checkpoint_every")
+                                                       : 0},
                    {"budget_bytes", budget},
                    {"budget_source", budget_source},
                    {"margin", r.margin},
@@ -837,6 +921,9 @@ void declare_tool_keys(core::Config& c) {
             "widths)");
   c.declare("plan.verify", false,
             "tools/ember plan: also measure at data.batch_size and print predicted vs measured memory");
+  c.declare("plan.activation_checkpoint", true,
+            "tools/ember plan: also measure the training memory with each activation-checkpointing mode "
+            "(models made of blocks: CharGpt, CifarResNet)");
   c.declare("plan.host_memory_gib", 0.0,
             "tools/ember plan: tensor memory the CPU measurement may use; a model or probe past it is "
             "refused, probes then shrink (0 = 90% of the host's MemAvailable)",
@@ -853,6 +940,10 @@ void declare_tool_keys(core::Config& c) {
             "tools/ember bs-find: cap the CUDA caching allocator at this many GiB, to size for a smaller GPU "
             "(0 = the whole GPU)",
             core::Bounds::between(0, 1 << 20));
+  c.declare("bs_find.world_size", 1,
+            "tools/ember bs-find: measure one rank of this many data-parallel ranks (DDP, or dist.sharding's "
+            "shares of 1/N), in one process whose collectives send nothing",
+            core::Bounds::between(1, 1 << 16));
   c.declare("bs_find.start", bs.start(), "tools/ember bs-find: first batch size tried (then doubled)",
             core::Bounds::between(1, 1 << 24));
   c.declare("bs_find.max_batch", 0, "tools/ember bs-find: largest batch tried (0 = the training set's size)",

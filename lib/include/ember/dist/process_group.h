@@ -56,6 +56,9 @@ enum class Backend {
   kAuto,  ///< NCCL when the group's device is CUDA, else Gloo
   kGloo,  ///< CPU tensors
   kNccl,  ///< CUDA tensors
+  /// No communication: one process standing for `size` identical ranks
+  /// (ProcessGroup::create_replicas); not a dist.backend value.
+  kReplicas,
 };
 /// "auto", "gloo", "nccl" -> Backend; anything else is a config error listing them.
 Backend parse_backend(const std::string& name);
@@ -78,6 +81,16 @@ class ProcessGroup {
   /// A group over an existing store (tests: several groups on one store).
   static std::shared_ptr<ProcessGroup> create(c10::intrusive_ptr<c10d::Store> store, int64_t rank,
                                               int64_t size, ProcessGroupOptions options);
+  /// One process standing for rank `rank` of `size` identical ranks, without
+  /// communication (no store, no other process): every collective returns
+  /// what `size` ranks holding this rank's tensors would get (a sum is size x
+  /// the tensor, a gather size copies), written in place as NCCL writes it.
+  /// A DDP or sharded step over it allocates what one rank of `size` does:
+  /// the batch-size finder measures a rank's memory so (bs_find.world_size).
+  /// Training on it is a single process's training (sum / size = the mean of
+  /// identical ranks), which the tests use to check it.
+  static std::shared_ptr<ProcessGroup> create_replicas(int64_t rank, int64_t size,
+                                                       ProcessGroupOptions options);
   ~ProcessGroup();
 
   int64_t rank() const { return rank_; }
