@@ -32,6 +32,12 @@
     (and the world size that would); data-parallel only where DDP's buckets
     fit; docs/planning.md's example is what the planner prints.
 13. Options: bad values exit 2; tools/ember forwards every planner option.
+14. Nodes: the ring's bus bandwidth, NCCL's latency, the overlap with backward and
+    a plan of 1 and 2 nodes by hand; the verdict flips from pays to costs more
+    than it saves when the network between nodes gets slow; contradictory
+    --world-size / --nodes / --gpus-per-node and misplaced link flags exit 2;
+    the older --world-size and --link plan as before; docs/planning.md's
+    example is what the planner prints.
 
     python3 tests/tools/plan_test.py [-v]
 """
@@ -1356,6 +1362,304 @@ class Options(unittest.TestCase):
         text = (ROOT / "tools" / "ember").read_text()
         body = text[text.index("cmd_plan() {"):text.index("cmd_bs_find() {")]
         self.assertLess(body.index("plan.py\" --check"), body.index("cmd_build"), "check before the build")
+
+
+def hand_model(**fields):
+    """A 250M-parameter block model with round numbers for hand computation: 1e9 bytes of fp32 gradients
+    (39 DDP buckets of 25 MiB: 1e9 / 26,214,400 = 38.1), 4.945e12 training FLOPs a sample, batch 8: on an
+    H100 in bf16 (989 TFLOP/s) at --mfu 0.5 a step is 8 x 4.945e12 / 494.5e12 = 0.08 s, its backward 2/3 of
+    that (0.053333 s)."""
+    return block_model(params=2.5e8, batch=8, train_flops_per_sample=4.945e12, **fields)
+
+
+class Nodes(unittest.TestCase):
+    """Several nodes: the hierarchical ring, its latency and overlap, and the verdict on a second node."""
+
+    HAND = ["--gpu", "H100-SXM", "--precision", "bf16-mixed", "--sharding", "none", "--activation-checkpoint", "none",
+            "--mfu", "0.5", "--step-floor-ms", "0"]
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def plan_json(self, m, *extra):
+        status, out, err = run_main([write_json(self.dir, "m.json", m), "--json", "--runs-dir", "", *extra])
+        self.assertEqual(status, 0, err)
+        return json.loads(out)
+
+    def test_ring_by_hand(self):
+        # Bus bandwidth: the slowest hop. 2 nodes of 8 H100s (NVLink 450 GB/s) with one 100 GbE NIC each
+        # (12.5 GB/s): the NIC; with 8 NICs of 400 Gb/s (8 x 50 = 400 GB/s): still the NICs, below NVLink.
+        self.assertEqual(plan.ring_bus_bandwidth(2, 8, 450e9, 12.5e9), 12.5e9)
+        self.assertEqual(plan.ring_bus_bandwidth(2, 8, 450e9, 400e9), 400e9)
+        self.assertEqual(plan.ring_bus_bandwidth(1, 8, 450e9, 12.5e9), 450e9)  # one node: no NIC in the ring
+        self.assertEqual(plan.ring_bus_bandwidth(4, 1, 450e9, 12.5e9), 12.5e9)  # a GPU a node: only NICs
+        # NCCL's ring latency: 16 GPUs on 2 nodes, all-reduce: 2 x 15 = 30 steps, 2 x 1 = 2 across:
+        # 8.4 + 28 x 3.4 + 2 x 9.6 = 8.4 + 95.2 + 19.2 = 122.8 us. Reduce-scatter: 15 steps, 1 across:
+        # 8.4 + 14 x 3.4 + 9.6 = 65.6 us. One node of 8: 8.4 + 14 x 3.4 = 56.0 us. 4 nodes of 1 GPU: 6 steps,
+        # all across: 8.4 + 6 x 9.6 = 66.0 us. One GPU: nothing.
+        nv, net = 3.4e-6, 9.6e-6
+        self.assertAlmostEqual(plan.ring_latency_seconds("all-reduce", 16, 2, nv, net), 122.8e-6, places=12)
+        self.assertAlmostEqual(plan.ring_latency_seconds("reduce-scatter", 16, 2, nv, net), 65.6e-6, places=12)
+        self.assertAlmostEqual(plan.ring_latency_seconds("all-gather", 16, 2, nv, net), 65.6e-6, places=12)
+        self.assertAlmostEqual(plan.ring_latency_seconds("all-reduce", 8, 1, nv, net), 56.0e-6, places=12)
+        self.assertAlmostEqual(plan.ring_latency_seconds("all-reduce", 4, 4, nv, net), 66.0e-6, places=12)
+        self.assertEqual(plan.ring_latency_seconds("all-reduce", 1, 1, nv, net), 0.0)
+        # 1 GB all-reduced over those 16 GPUs at 12.5 GB/s in one collective: 2 x 15/16 x 1e9 / 12.5e9 = 0.15 s
+        # + 122.8 us; a reduce-scatter, half: 0.075 s + 65.6 us; in 39 buckets: 39 latencies.
+        self.assertAlmostEqual(plan.collective_seconds("all-reduce", 1e9, 16, 2, 12.5e9, nv, net), 0.1501228,
+                               places=12)
+        self.assertAlmostEqual(plan.collective_seconds("reduce-scatter", 1e9, 16, 2, 12.5e9, nv, net), 0.0750656,
+                               places=12)
+        self.assertAlmostEqual(plan.collective_seconds("all-reduce", 1e9, 16, 2, 12.5e9, nv, net, calls=39),
+                               0.15 + 39 * 122.8e-6, places=12)
+        # Overlap: 39 buckets of 0.1547892 s in all behind a 0.0533333 s backward: all but
+        # 0.0533333 x 38/39 = 0.0519658 s shows (0.1028234 s); a reduction that fits behind backward shows
+        # only its last bucket (6.0728889 ms / 39 = 0.1557151 ms); one bucket shows whole.
+        backward = 0.08 * 2 / 3
+        self.assertAlmostEqual(plan.exposed_seconds(0.1547892, 39, backward), 0.1547892 - backward * 38 / 39,
+                               places=12)
+        self.assertAlmostEqual(plan.exposed_seconds(0.1547892, 39, backward), 0.1028234, places=7)
+        self.assertAlmostEqual(plan.exposed_seconds(6.0728889e-3, 39, backward), 6.0728889e-3 / 39, places=12)
+        self.assertEqual(plan.exposed_seconds(0.01, 1, backward), 0.01)
+
+    def test_one_and_two_nodes_by_hand(self):
+        """hand_model() with DDP on 2 nodes of 8 H100s, each with one 100 GbE NIC, and with 8 NDR NICs."""
+        plan_2x_eth = self.plan_json(hand_model(), *self.HAND, "--nodes", "2", "--inter-link", "eth-100")["nodes"]
+        one, two = plan_2x_eth["counts"]
+        self.assertEqual((one["nodes"], one["gpus"], two["nodes"], two["gpus"]), (1, 8, 2, 16))
+        self.assertEqual(plan.collective_calls(hand_model(), "none", "gradients"), 39)
+        # One node: 2 x 7/8 x 1e9 / 450e9 = 3.8888889 ms + 39 x 56 us = 2.184 ms: 6.0728889 ms, of which the
+        # last bucket shows, 0.1557151 ms: step 0.0801557 s, 8 GPUs x 8 samples / step = 798.45 samples/s.
+        self.assertEqual((one["link"], one["bus_gb_s"]), ("NVLink", 450.0))
+        self.assertAlmostEqual(one["communication_seconds"], 1.75e9 / 450e9 + 39 * 56e-6, places=12)
+        self.assertAlmostEqual(one["communication_seconds"], 6.0728889e-3, places=9)
+        self.assertAlmostEqual(one["exposed_seconds"], 6.0728889e-3 / 39, places=9)
+        self.assertAlmostEqual(one["step_seconds"], 0.0801557, places=7)
+        self.assertAlmostEqual(one["samples_per_second"], 798.45, places=2)
+        # Two nodes over 100 GbE: 2 x 15/16 x 1e9 / 12.5e9 = 0.15 s + 39 x 122.8 us = 4.7892 ms: 0.1547892 s;
+        # exposed 0.1547892 - 0.0533333 x 38/39 = 0.1028234 s; step 0.1828234 s; 16 x 8 / step = 700.13
+        # samples/s, 0.8769x one node's (efficiency 0.4384): it costs more than it saves.
+        self.assertEqual((two["link"], two["bus_gb_s"]), ("100 GbE", 12.5))
+        self.assertAlmostEqual(two["communication_seconds"], 0.1547892, places=9)
+        self.assertAlmostEqual(two["exposed_seconds"], 0.1028234, places=7)
+        self.assertAlmostEqual(two["step_seconds"], 0.1828234, places=7)
+        self.assertAlmostEqual(two["samples_per_second"], 700.13, places=2)
+        self.assertAlmostEqual(two["speedup"], 0.8769, places=4)
+        self.assertAlmostEqual(two["efficiency"], 0.4384, places=4)
+        self.assertEqual(plan_2x_eth["verdict"]["second_node"], "costs more than it saves")
+        # The same global batch (64 a step) on 16 GPUs: batch 4 each, 0.04 s of compute, a 0.0266667 s
+        # backward hides 0.0266667 x 38/39 = 0.0259829 s: 0.1547892 - 0.0259829 = 0.1288063 s shows;
+        # step 0.1688063 s against 0.0801557 s: 0.4748x.
+        strong = two["strong"]
+        self.assertEqual((strong["batch"], strong["accumulate_grad_batches"]), (4, 1))
+        self.assertAlmostEqual(strong["step_seconds"], 0.1688063, places=7)
+        self.assertAlmostEqual(strong["speedup"], 0.0801557 / 0.1688063, places=4)
+        # 8 NICs of 400 Gb/s a node: busbw min(450, 400) = 400 GB/s: 1.875e9 / 400e9 = 4.6875 ms + 4.7892 ms =
+        # 9.4767 ms, of which the last bucket shows (0.2429923 ms): step 0.0802430 s, 1.99782x: it pays.
+        dgx = self.plan_json(hand_model(), *self.HAND, "--nodes", "2", "--inter-link", "ib-ndr",
+                             "--nics-per-node", "8")["nodes"]
+        two = dgx["counts"][1]
+        self.assertEqual((two["link"], two["bus_gb_s"]), ("8 x 400G IB", 400.0))
+        self.assertAlmostEqual(two["communication_seconds"], 9.4767e-3, places=9)
+        self.assertAlmostEqual(two["exposed_seconds"], 9.4767e-3 / 39, places=9)
+        self.assertAlmostEqual(two["speedup"], 2 * 0.0801557 / 0.0802430, places=4)
+        self.assertEqual(dgx["verdict"]["second_node"], "pays")
+
+    def test_verdict_flips_with_a_slow_network(self):
+        """Large gradients, little compute: over one 400G InfiniBand NIC a node a second node pays, over 10 GbE
+        it costs more than it saves; in between (200 GbE) it is faster but does not pay."""
+        verdicts = {}
+        for link in ("ib-ndr", "eth-200", "eth-10"):
+            result = self.plan_json(hand_model(), *self.HAND, "--nodes", "2", "--inter-link", link)
+            verdicts[link] = result["nodes"]["verdict"]
+            if link == "eth-10":
+                self.assertIn("it costs more than it saves", " ".join(result["recommendation"]["reasons"]))
+                self.assertIn("plan --nodes 1", " ".join(result["recommendation"]["reasons"]))
+        # ib-ndr: 1.875e9 / 50e9 = 37.5 ms + 4.79 ms = 42.29 ms hides behind the 53.3 ms backward but for its
+        # last bucket: ~2x. eth-200 (25 GB/s): 75 ms + 4.79 ms = 79.79 ms, 27.8 ms shows: step 107.8 ms,
+        # 2 x 80.16 / 107.8 = 1.49x (efficiency 0.74 < 0.8). eth-10 (1.25 GB/s): 1.5 s: 0.1x.
+        self.assertEqual(verdicts["ib-ndr"]["second_node"], "pays")
+        self.assertEqual(verdicts["eth-200"]["second_node"], "does not pay")
+        self.assertEqual(verdicts["eth-10"]["second_node"], "costs more than it saves")
+        self.assertIn("it pays", verdicts["ib-ndr"]["text"])
+        self.assertIn("faster, but it does not pay", verdicts["eth-200"]["text"])
+        self.assertIn("1.49x the samples/s of one node (efficiency 0.74)", verdicts["eth-200"]["text"])
+        self.assertIn("a second node adds", verdicts["eth-10"]["text"])
+        status, text, err = run_main([write_json(self.dir, "m.json", hand_model()), "--runs-dir", "", *self.HAND,
+                                      "--nodes", "2", "--inter-link", "eth-10"])
+        self.assertEqual(status, 0, err)
+        self.assertIn("Nodes: 1 to 2 nodes of 8 GPUs", text)
+        self.assertIn("Verdict: a second node adds", text)
+        self.assertIn(": it costs more than it saves, two nodes train slower than one node", text)
+
+    def test_overlap_of_each_stage(self):
+        """What shows of each stage's collectives: reductions behind backward, all-gathers whole."""
+        m = hand_model()
+        bus, hops = 50e9, (3.4e-6, 9.6e-6)
+        # ZeRO-1: reduce-scatter (39 buckets, behind a long backward: its last bucket shows) + all-gather (whole).
+        rs = plan.collective_seconds("reduce-scatter", 1e9, 16, 2, bus, *hops, calls=39)
+        ag = plan.collective_seconds("all-gather", 1e9, 16, 2, bus, *hops, calls=39)
+        got = plan.step_communication(m, "optimizer", 16, 2, bus, hops, 1, 10.0)
+        self.assertAlmostEqual(got["seconds"], rs + ag, places=12)
+        self.assertAlmostEqual(got["exposed_seconds"], rs / 39 + ag, places=12)
+        # DDP with no backward to hide behind: all of it shows.
+        ar = plan.collective_seconds("all-reduce", 1e9, 16, 2, bus, *hops, calls=39)
+        self.assertAlmostEqual(plan.step_communication(m, "none", 16, 2, bus, hops, 1, 0.0)["exposed_seconds"], ar)
+        # ZeRO-3 with 4 micro-batches: per micro-batch two all-gathers of the 32 blocks (32 collectives each,
+        # whole) and a reduce-scatter in 32 + 1 units; per step the parameters outside the blocks (one).
+        z3 = plan.step_communication(m, "parameters", 16, 2, bus, hops, 4, 10.0)
+        inside, outside = m["blocks"]["parameter_bytes"], m["parameter_bytes"] - m["blocks"]["parameter_bytes"]
+        gather = plan.collective_seconds("all-gather", inside, 16, 2, bus, *hops, calls=32)
+        reduce = plan.collective_seconds("reduce-scatter", 1e9, 16, 2, bus, *hops, calls=33)
+        rest = plan.collective_seconds("all-gather", outside, 16, 2, bus, *hops, calls=1)
+        self.assertAlmostEqual(z3["seconds"], 4 * (2 * gather + reduce) + rest, places=12)
+        self.assertAlmostEqual(z3["exposed_seconds"], 4 * (2 * gather + reduce / 33) + rest, places=12)
+
+    def test_contradictions_are_usage_errors(self):
+        bad = [(["--world-size", "12", "--nodes", "2", "--gpus-per-node", "8"],
+                "--world-size 12 contradicts --nodes 2 x --gpus-per-node 8 = 16 GPUs"),
+               (["--world-size", "12", "--nodes", "5"], "--world-size 12 does not split into --nodes 5 equal nodes"),
+               (["--world-size", "12", "--gpus-per-node", "8"], "not a whole number of nodes of --gpus-per-node 8"),
+               (["--link", "25gbe", "--nodes", "2"], "--link 25gbe is one link for every GPU"),
+               (["--link", "nvlink", "--inter-link", "ib-ndr"], "--link nvlink is one link for every GPU"),
+               (["--inter-link", "eth-10"], "--inter-link links nodes, but the plan has one node"),
+               (["--world-size", "8", "--nics-per-node", "8"],
+                "--nics-per-node links nodes, but the plan has one node"),
+               (["--nodes", "4", "--gpus-per-node", "1", "--intra-link", "nvlink"], "each node has one GPU"),
+               (["--nodes", "40000", "--gpus-per-node", "2"], "80000 GPUs: expected at most 65536"),
+               (["--nodes", "0"], "--nodes"), (["--gpus-per-node", "1.5"], "--gpus-per-node"),
+               (["--nics-per-node", "0"], "--nics-per-node"), (["--inter-link", "wifi"], "--inter-link"),
+               (["--inter-link", "-5"], "--inter-link"), (["--inter-link", "nan"], "--inter-link"),
+               (["--intra-link", "inf"], "--intra-link"), (["--intra-link", "token-ring"], "--intra-link")]
+        for args, said in bad:
+            for first in ([EXAMPLE], ["--check"]):
+                status, out, err = run_main(first + args)
+                self.assertEqual(status, 2, (args, err))
+                self.assertIn(said, err, args)
+                self.assertEqual(out, "", args)
+
+    def test_world_size_from_nodes(self):
+        def topology(*args):
+            t = plan.parse_args(["m.json", *args]).topology
+            return t["world_size"], t["nodes"], t["gpus_per_node"]
+        self.assertEqual(topology(), (1, 1, 1))
+        self.assertEqual(topology("--nodes", "2"), (16, 2, 8))  # nodes of 8 unless told
+        self.assertEqual(topology("--nodes", "2", "--gpus-per-node", "4"), (8, 2, 4))
+        self.assertEqual(topology("--world-size", "16", "--nodes", "4"), (16, 4, 4))
+        self.assertEqual(topology("--world-size", "16", "--gpus-per-node", "2"), (16, 8, 2))
+        self.assertEqual(topology("--world-size", "16", "--nodes", "2", "--gpus-per-node", "8"), (16, 2, 8))
+        self.assertEqual(topology("--gpus-per-node", "4"), (4, 1, 4))
+        self.assertEqual(topology("--world-size", "12"), (12, 2, 8))  # the last node holds the rest
+        self.assertEqual(plan.parse_args(["m.json", "--nodes", "2"]).world_size, 16)
+        # The options reach the plan: --nodes 2 is --world-size 16 in section 4.
+        result = self.plan_json(hand_model(), *self.HAND, "--nodes", "2")
+        self.assertEqual(result["configurations"]["world_size"], 16)
+        self.assertEqual({r["world_size"] for r in result["configurations"]["rows"]}, {16})
+        self.assertEqual((result["assumptions"]["nodes"], result["assumptions"]["gpus_per_node"]), (2, 8))
+        self.assertEqual([c["nodes"] for c in result["nodes"]["counts"]], [1, 2])
+        self.assertEqual(plan.node_counts(5), [1, 2, 4, 5])
+        self.assertEqual(plan.node_counts(1), [1])
+
+    def test_older_options_plan_as_before(self):
+        """--world-size and --link without the topology flags plan what they did: nodes of 8 and one 400G IB NIC a
+        node (50 GB/s for the ring), the same rows as the new spelling of that topology."""
+        m = block_model(accumulate=2)
+        base = ["--gpu", "H100-SXM", "--activation-checkpoint", "none"]
+
+        def rows(*args):
+            return [(r["sharding"], r["link"], r["link_gb_s"], r["communication_seconds"], r["step_seconds"])
+                    for r in self.plan_json(m, *base, *args)["configurations"]["rows"]]
+
+        old = rows("--world-size", "16")
+        self.assertEqual({(link, gb_s) for _, link, gb_s, _, _ in old}, {("400G IB", 50.0)})
+        self.assertEqual(old, rows("--nodes", "2", "--gpus-per-node", "8", "--inter-link", "ib-ndr",
+                                   "--nics-per-node", "1"))
+        self.assertEqual(old, rows("--nodes", "2", "--inter-link", "400g-ib"))  # --link's name, accepted
+        # --link 25gbe at 8: each GPU a node of its own with one 25 GbE NIC.
+        self.assertEqual(rows("--world-size", "8", "--link", "25gbe"),
+                         rows("--nodes", "8", "--gpus-per-node", "1", "--inter-link", "eth-25"))
+        # --link nvlink at 16: one node of 16 over NVLink; no nodes section.
+        nvlink = self.plan_json(m, *base, "--world-size", "16", "--link", "nvlink")
+        self.assertEqual({r["link"] for r in nvlink["configurations"]["rows"]}, {"NVLink"})
+        self.assertFalse(nvlink["nodes"]["shown"])
+        # Within a node nothing is added: no nodes section, and the same rows as a one-node topology.
+        eight = self.plan_json(m, *base, "--world-size", "8")
+        self.assertFalse(eight["nodes"]["shown"])
+        self.assertEqual(rows("--world-size", "8"), rows("--gpus-per-node", "8"))
+        status, text, err = run_main([write_json(self.dir, "m.json", m), "--runs-dir", "", *base, "--world-size", "8"])
+        self.assertEqual(status, 0, err)
+        self.assertNotIn("Nodes:", text)
+        # More NICs raise section 4's link too: 8 x 400G IB = 400 GB/s, below NVLink's 450.
+        dgx = rows("--nodes", "2", "--nics-per-node", "8")
+        self.assertEqual({(link, gb_s) for _, link, gb_s, _, _ in dgx}, {("8 x 400G IB", 400.0)})
+        for (_, _, _, slow, _), (_, _, _, fast, _) in zip(old, dgx):
+            self.assertAlmostEqual(fast, slow * 50 / 400)
+
+    def test_one_node_cannot_hold_it(self):
+        """ZeRO's per-GPU state shrinks with more nodes: scaling is measured from the fewest that hold it."""
+        result = self.plan_json(block_model(params=14e9), "--gpu", "H100-SXM", "--nodes", "4",
+                                "--activation-checkpoint", "none", "--sharding", "gradients")
+        nodes = result["nodes"]
+        self.assertEqual([c["fits"] for c in nodes["counts"]], [False, True, True])
+        self.assertIsNone(nodes["counts"][0]["speedup"])
+        self.assertEqual(nodes["counts"][1]["speedup"], 1.0)
+        self.assertIn("one node of 8 GPUs cannot hold this configuration", nodes["verdict"]["text"])
+        self.assertIn("going from 2 to 4 nodes adds", nodes["verdict"]["text"])
+        self.assertEqual(nodes["global_batch"], 16 * 8)
+        # Nothing fits at all: the section says so.
+        t4 = self.plan_json(block_model(params=14e9), "--gpu", "T4", "--nodes", "2")["nodes"]
+        self.assertEqual((t4["shown"], t4["available"]), (True, False))
+        self.assertIn("nothing to scale", t4["why"])
+
+    def test_json_is_strict(self):
+        status, out, err = run_main([write_json(self.dir, "m.json", hand_model()), "--json", "--runs-dir", "",
+                                     "--nodes", "4"])
+        self.assertEqual(status, 0, err)
+
+        def no_constant(name):
+            raise ValueError(f"{name} in the JSON")
+        nodes = json.loads(out, parse_constant=no_constant)["nodes"]
+        for key in ("gpu", "precision", "sharding", "activation_checkpoint", "links", "counts", "verdict",
+                    "global_batch"):
+            self.assertIn(key, nodes)
+        self.assertEqual(set(nodes["verdict"]), {"second_node", "most_paying_nodes", "text", "strong_text"})
+
+    def test_docs_example(self):
+        """docs/planning.md's nodes example is what the planner prints for gpt2_xl() over 4 nodes of 25 GbE: every
+        line, and the table of other networks."""
+        doc = (ROOT / "docs" / "planning.md").read_text()
+        section = doc[doc.index("## Several nodes in the plan"):]
+        command = re.search(r"`python3 tools/plan/plan.py GPT2_XL.json ([^`]*)`", section)
+        block = re.search(r"prints \(`tests/tools/plan_test.py` checks every line of it\):\n\n```\n(.*?)```", section,
+                          re.S)
+        self.assertTrue(command and block, "docs/planning.md: the nodes example's command and output")
+        args = command.group(1).split()
+        path = write_json(self.dir, "GPT2_XL.json", gpt2_xl())
+        status, text, err = run_main([path, "--runs-dir", "", *args])
+        self.assertEqual(status, 0, err)
+        printed = [line.rstrip() for line in text.splitlines()]
+        lines = block.group(1).splitlines()
+        self.assertTrue(lines[0].startswith("Nodes:"))
+        for line in lines:
+            self.assertIn(line.rstrip(), printed)
+        # The table of networks: each row's busbw, speed-up, efficiency and verdict at two nodes.
+        rows = re.findall(r"^\| `([^`]+)` \| ([0-9.]+) GB/s \| ([^|]+) \| ([^|]+) \| ([0-9.]+)x \| ([0-9.]+) \| "
+                          r"([a-z ]+) \|$", section, re.M)
+        self.assertEqual(len(rows), 5)
+        base = args[:args.index("--inter-link")]
+        for link, gb_s, comm, exposed, speedup, efficiency, verdict in rows:
+            nodes = self.plan_json(gpt2_xl(), *base, "--inter-link", *link.split())["nodes"]
+            two = nodes["counts"][1]
+            self.assertEqual(two["bus_gb_s"], float(gb_s), link)
+            self.assertEqual(plan.fmt_seconds(two["communication_seconds"]), comm.strip(), link)
+            self.assertEqual(plan.fmt_seconds(two["exposed_seconds"]), exposed.strip(), link)
+            self.assertEqual(f"{two['speedup']:.2f}", speedup, link)
+            self.assertEqual(f"{two['efficiency']:.2f}", efficiency, link)
+            self.assertEqual(nodes["verdict"]["second_node"], verdict, link)
 
 
 class GpuTable(unittest.TestCase):

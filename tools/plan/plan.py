@@ -8,9 +8,11 @@ sharding and activation checkpointing.
                           [--step-floor-ms 1] [--launch-us 5] [--graph-launch-us 10] [--kernel-us 2]
                           [--host-ram-gib 16] [--gpu NAME ...]
                           [--precision P ...] [--world-size N] [--sharding S ...]
-                          [--activation-checkpoint M ...] [--link L] [--json] [--check]
+                          [--activation-checkpoint M ...] [--link L] [--nodes N] [--gpus-per-node G]
+                          [--intra-link L] [--inter-link L] [--nics-per-node K] [--json] [--check]
     python3 tools/plan/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
     python3 tools/plan/plan.py m.json --world-size 8 --sharding all --activation-checkpoint all
+    python3 tools/plan/plan.py m.json --nodes 4 --gpus-per-node 8 --inter-link ib-ndr --nics-per-node 8
 
 --price takes a table name (H100-SXM) or a family (H100: every H100 row); an
 exact name wins over its family. --gpu and --precision narrow the rows shown.
@@ -34,7 +36,12 @@ GPU of the table (tools/plan/gpus.toml, editable) and prints:
      memory at the config's batch and its parts, the largest batch, the bytes
      each GPU sends per optimizer step and their time on the link (--link), the
      step and epoch with recomputation, the cost of a run on N GPUs;
-  5. a one-line recommendation and its reasons.
+  5. nodes (shown with more than one node: --nodes N, or --world-size past a
+     node of 8): the recommended configuration of section 4 on 1, 2, 4, ...
+     N nodes, its communication with latency and overlap, samples/s at the same
+     per-GPU batch and at the same global batch, and whether a second node pays
+     or costs more than it saves;
+  6. a one-line recommendation and its reasons.
 --json prints the same as one JSON object (keys below, under "JSON output").
 
 The model (every constant is a flag or a documented default)
@@ -221,9 +228,13 @@ Configurations (section 4; the rows a GPU row can check against its measured pea
                                     = a (2 (N-1)/N P_b + (N-1)/N G) + (N-1)/N (P - P_b)
                                     (1.5x DDP when a = 1, P = G and every parameter is in a block)
               time = bytes / link bandwidth (per GPU, per direction), no latency
-              term and no overlap with compute: an upper bound. --link auto:
-              NVLink (else the board's PCIe) within a node of GPUS_PER_NODE (8),
-              400G InfiniBand beyond (a ring is as fast as its slowest hop).
+              term and no overlap with compute (section 5 adds both). The link
+              is the ring's bus bandwidth over the topology ("Nodes" below): one
+              node, its intra link (NVLink, else the board's PCIe); several, the
+              slower of that and the node's NICs. Without the topology flags:
+              nodes of GPUS_PER_NODE (8) and one 400G InfiniBand NIC a node (50
+              GB/s), as before them. --link nvlink/pcie: one node of them all;
+              --link 25gbe/100gbe/400g-ib: a node per GPU, one NIC each.
   time        per micro-batch: max(math, step floor) as in section 1, times
               the recomputation factor of full checkpointing, 1 + 2 M_blocks
               c/L / train_flops_per_sample (one more forward of the checkpointed
@@ -234,6 +245,58 @@ Configurations (section 4; the rows a GPU row can check against its measured pea
               count). Step = a (micro-batch + its communication) + the step's
               communication; epoch = ceil(train_samples / (N b)) micro-batches.
               Cost per run = epochs x epoch x N GPUs x USD per GPU-hour.
+
+Nodes (section 5; the topology: world size = --nodes N x --gpus-per-node G)
+  options     any two of --world-size, --nodes, --gpus-per-node give the third
+              and all three must agree (a usage error otherwise); --nodes alone:
+              nodes of 8; --world-size alone: nodes of 8, the last holding the
+              rest. --intra-link (auto: the board's NVLink from the GPU table,
+              else its PCIe x16; nvlink = nvswitch; pcie; or GB/s per GPU per
+              direction), --inter-link (a NIC's line rate: eth-10/25/100/200/400,
+              roce-100/200/400, ib-hdr 200, ib-ndr 400, ib-xdr 800 Gb/s, or Gb/s)
+              x --nics-per-node (default 1: the cautious figure, and what the
+              planner assumed before the flags; a DGX/HGX H100 node has 8).
+              --inter-link or --nics-per-node on one node, --intra-link with one
+              GPU a node, and --link other than auto with any of them: refused.
+  busbw       a ring over n = N x G GPUs is as fast as its slowest hop (nccl-tests
+              doc/PERFORMANCE.md: t = share x (n-1)/n x bytes / busbw, share 2 for
+              an all-reduce, 1 for a reduce-scatter or an all-gather). Inside a
+              node each GPU sends to the next over its intra link; a ring leaves a
+              node once, and NCCL spreads its rings (channels) over all the NICs,
+              so the node's NICs together carry what one GPU sends: busbw =
+              min(intra, NICs x NIC) (NCCL's tuning model: busBw = channels x the
+              per-channel network speed). Hierarchically (reduce-scatter in the
+              node, all-reduce across, all-gather in the node) each GPU sends 1/G
+              of the buffer across at (NICs x NIC) / G: the same bound. Line rates:
+              NCCL reaches ~80-95% of them on InfiniBand/RoCE, less over TCP.
+  latency     per collective, NCCL's ring model (src/graph/tuning.cc, Simple
+              protocol): 8.4 us + 3.4 us (NVLink; PCIe 5.7 us) for each step inside
+              a node + 9.6 us for each step across; an all-reduce has 2 (n-1)
+              steps, 2 (N-1) of them across; a reduce-scatter or all-gather half.
+              Collectives per buffer: DDP's buckets, ceil(gradient_bytes /
+              dist.bucket_cap_mb); ZeRO-1/2's units (sharding.unit_elements, else
+              buckets); ZeRO-3 a block at a time. NCCL picks a tree at many nodes
+              when it is faster: there the ring's latency overstates.
+  overlap     the gradients' reduction (DDP's all-reduce, the stages' reduce-
+              scatter) runs bucket by bucket during backward, BACKWARD_SHARE (2/3)
+              of the micro-batch's math (+ its recomputation), the buckets ready
+              evenly through it: exposed = max(t / B, t - backward (B-1)/B) for B
+              buckets of t in all (the last bucket always shows). All-gathers are
+              exposed (Ember prefetches none). The same sharding stage, checkpoint
+              mode and per-GPU batch at every count (section 4's recommended row).
+  step        accumulate x micro-batch + the exposed communication. Same batch
+              per GPU (weak scaling): samples/s = n x batch x accumulate / step;
+              speed-up against the fewest nodes that hold the configuration
+              (memory as section 4 at that world size), efficiency = speed-up /
+              (GPU ratio). Same global batch (strong scaling): the fewest nodes'
+              batch split over more GPUs, fewer micro-batches when the
+              accumulation divides, else a smaller micro-batch; speed-up = their
+              step / this step.
+  verdict     a second node (two against one) pays when its efficiency is at
+              least PAYS_EFFICIENCY (0.8, as the data-parallel table: at
+              efficiency e a sample costs 1/e the GPU-hours), is faster but does
+              not pay below it, and costs more than it saves when two nodes give
+              fewer samples/s than one; the most nodes that pay.
 
 MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
   schema 1; recipe; device ("cpu" or "cuda:0"); device_name; threads
@@ -327,7 +390,9 @@ MEASURE.json, schema 1 (sizes in bytes; written by `RECIPE --measure`)
 JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
   "assumptions": {..., step_floor_seconds, step_floor (how), step_launches {cuda_graph,
             eager, graph_outside, graph_inside, counted, text}, launch_us, graph_launch_us,
-            kernel_us, graph_pool_doubles_per_sample_bytes}, "mfu": {PRECISION: {value, source ("--mfu", "run",
+            kernel_us, graph_pool_doubles_per_sample_bytes, world_size, link, nodes, gpus_per_node,
+            intra_link, inter_link, nics_per_node, nccl_latency_us {base, nvlink_hop, pcie_hop,
+            network_hop}, backward_share}, "mfu": {PRECISION: {value, source ("--mfu", "run",
             "measurement" or "default"), run, precision_measured, text}},
   "memory_models": {PRECISION: {fixed_bytes, per_sample_bytes, source}},
   "rows": [{gpu, precision, fits, largest_batch, step_seconds, epoch_seconds,
@@ -347,6 +412,15 @@ JSON output (--json): {"schema": 1, "measurement": {...the input's summary},
                     memory_needed_bytes, memory_parts, fits, largest_batch, link, link_gb_s,
                     communication_bytes, communication_seconds, compute_seconds,
                     recompute_seconds, step_seconds, epoch_seconds, usd_per_run, ...}]},
+  "nodes": {shown, nodes, gpus_per_node, world_size, nics_per_node, and when shown: available
+            (false: why), gpu, precision, sharding, activation_checkpoint, batch,
+            accumulate_grad_batches, global_batch, memory_budget_bytes, links: {intra: {link, gb_s},
+            network: {link, gb_s}}, counts: [{nodes, gpus, link, bus_gb_s, memory_needed_bytes, fits,
+            compute_seconds, backward_seconds, communication_seconds, exposed_seconds, step_seconds,
+            samples_per_second, speedup, efficiency, pays, strong: {batch, accumulate_grad_batches,
+            fits, step_seconds, communication_seconds, exposed_seconds, speedup, efficiency, ...} or
+            null}], verdict: {second_node ("pays", "does not pay", "costs more than it saves" or
+            null), most_paying_nodes, text, strong_text}},
   "recommendation": {gpu, precision, world_size, sharding, activation_checkpoint, text,
             reasons}, "notes": [...]}
 Seconds, bytes and USD are plain numbers; null = not applicable (no price, no fit).
@@ -429,9 +503,40 @@ GATHERED_BLOCKS = 2
 # them and the GELU's output 8: 12/34. An estimate for a transformer block; a measurement
 # (memory.PRECISION.activation_checkpoint.light) replaces it.
 LIGHT_RECOMPUTED_SHARE = 12 / 34
-GPUS_PER_NODE = 8  # --link auto: NVLink (or PCIe) within a node of 8, the network beyond
+GPUS_PER_NODE = 8  # a node's GPUs unless --gpus-per-node says (HGX/DGX boards: 8 on NVLink/NVSwitch)
 BUCKET_CAP_MB = 25.0  # dist.bucket_cap_mb's default (0 in the config): the units ZeRO-1/2 split, in MiB
+# --link: one link for every GPU (the older spelling of the topology, kept): nvlink and pcie put all
+# --world-size GPUs in one node; a network puts each GPU in a node of its own with one NIC.
 LINK_CHOICES = ("auto", "nvlink", "pcie", "25gbe", "100gbe", "400g-ib")
+LINK_NETWORKS = {"25gbe": "eth-25", "100gbe": "eth-100", "400g-ib": "ib-ndr"}  # --link's names of --inter-link's
+# The topology (--nodes, --gpus-per-node, --intra-link, --inter-link, --nics-per-node): nodes of G GPUs on
+# NVLink/NVSwitch or PCIe inside, NICs between them. --inter-link: (name as printed, Gb/s per NIC: line rate).
+INTRA_LINKS = ("auto", "nvlink", "nvswitch", "pcie")  # nvswitch: HGX boards' NVLink, the table's same figure
+INTER_LINKS = {"eth-10": ("10 GbE", 10.0), "eth-25": ("25 GbE", 25.0), "eth-100": ("100 GbE", 100.0),
+               "eth-200": ("200 GbE", 200.0), "eth-400": ("400 GbE", 400.0),
+               "roce-100": ("100G RoCE", 100.0), "roce-200": ("200G RoCE", 200.0), "roce-400": ("400G RoCE", 400.0),
+               "ib-hdr": ("200G IB", 200.0), "ib-ndr": ("400G IB", 400.0), "ib-xdr": ("800G IB", 800.0)}
+DEFAULT_INTER_LINK = "ib-ndr"  # what --link auto assumed between nodes before the topology flags
+# One NIC per node by default: the cautious figure (a second node must pay on it), what the planner
+# assumed before (--link auto beyond 8 GPUs: 400G InfiniBand, 50 GB/s for the whole ring), and near what
+# many rentable 8-GPU instances have (AWS p4d: 4 x 100 Gb/s EFA = one 400G NIC's worth). HGX/DGX H100
+# clusters (AWS p5, Azure ND H100 v5, DGX SuperPOD) have one 400G NIC per GPU: --nics-per-node 8.
+DEFAULT_NICS_PER_NODE = 1
+MAX_LINK_GB_S = 1e5  # --intra-link GB/s and --inter-link Gb/s given as numbers: 100 TB/s is a typo
+MAX_NICS_PER_NODE = 1024
+# Latency of a ring collective, NCCL's own model (src/graph/tuning.cc, ncclTopoTuneModel, ring algorithm,
+# Simple protocol, the one large buffers use): baseLat 8.4 us per collective + hwLat per step, NVLink
+# 3.4 us, PCIe 5.7 us, network 9.6 us; a ring all-reduce over n ranks on N nodes takes 2 (n-1) steps of
+# which 2 (N-1) cross the network, a reduce-scatter or an all-gather n-1 and N-1. Figures of NCCL 2.x;
+# releases retune them. A number given for --intra-link is timed as PCIe.
+NCCL_BASE_US = 8.4
+NVLINK_HOP_US = 3.4
+PCIE_HOP_US = 5.7
+NET_HOP_US = 9.6
+# Of a training step's math, backward's share: train FLOPs = 6 x MACs a sample, forward 2, backward 4.
+# The gradients' reduction overlaps it (DDP's buckets, dist.sharding's units reduce-scatter as backward
+# produces them); recomputation of checkpointed activations also runs in backward.
+BACKWARD_SHARE = 2.0 / 3.0
 
 
 class PlanError(Exception):
@@ -452,6 +557,53 @@ def allreduce_seconds(nbytes, n_gpus, bandwidth_bytes_per_s):
     if n_gpus <= 1:
         return 0.0
     return 2.0 * (n_gpus - 1) / n_gpus * nbytes / bandwidth_bytes_per_s
+
+
+def ring_bus_bandwidth(nodes, gpus_per_node, intra_bytes_per_s, network_bytes_per_s):
+    """Bus bandwidth (nccl-tests' busbw: t = share x (n-1)/n x bytes / busbw) of a ring over `nodes` nodes
+    of `gpus_per_node` GPUs: the slowest hop. Inside a node each GPU sends its share to the next over its
+    link (`intra_bytes_per_s` per GPU per direction); between nodes a ring leaves each node once, so the
+    node's NICs together (`network_bytes_per_s`: NICs x NIC rate) carry what one GPU sends, and NCCL's
+    rings (channels) spread over all NICs: busbw = min(intra, NICs x NIC). The hierarchical view gives
+    the same bound: each GPU sends 1/G of the buffer across at (NICs x NIC) / G. One node: the intra
+    link; one GPU a node: the network."""
+    if nodes <= 1:
+        return intra_bytes_per_s
+    if gpus_per_node <= 1:
+        return network_bytes_per_s
+    return min(intra_bytes_per_s, network_bytes_per_s)
+
+
+def ring_latency_seconds(op, n, nodes, intra_hop_seconds, net_hop_seconds):
+    """Latency of one ring collective over n GPUs on `nodes` nodes, NCCL's model (NCCL_BASE_US): the
+    base + each step's hop latency; an all-reduce has 2 (n-1) steps, 2 (nodes-1) of them across the
+    network; a reduce-scatter or all-gather half of each. 0 on one GPU."""
+    if n <= 1:
+        return 0.0
+    twice = 2 if op == "all-reduce" else 1
+    steps, across = twice * (n - 1), twice * (max(nodes, 1) - 1)
+    return NCCL_BASE_US * 1e-6 + (steps - across) * intra_hop_seconds + across * net_hop_seconds
+
+
+def collective_seconds(op, nbytes, n, nodes, bus_bytes_per_s, intra_hop_seconds, net_hop_seconds, calls=1):
+    """A ring collective over an `nbytes` buffer split into `calls` launches (DDP's buckets, the units of
+    dist.sharding): collective_bytes / busbw + calls x the latency of one (the alpha-beta model; nccl-tests'
+    doc/PERFORMANCE.md for the bandwidth term, NCCL's tuning model for the latency). 0 on one GPU."""
+    if n <= 1:
+        return 0.0
+    return (collective_bytes(op, nbytes, n) / bus_bytes_per_s
+            + calls * ring_latency_seconds(op, n, nodes, intra_hop_seconds, net_hop_seconds))
+
+
+def exposed_seconds(seconds, units, backward_seconds):
+    """What a reduction of `units` equal units taking `seconds` in all adds to a step when it overlaps a
+    backward of `backward_seconds` that produces the units evenly (unit i ready at i/units of it) and the
+    collectives run one at a time: the last unit's share at least (it is ready when backward ends), and
+    all that backward cannot hide: max(seconds / units, seconds - backward x (units - 1) / units)."""
+    if seconds <= 0:
+        return 0.0
+    units = max(int(units), 1)
+    return max(seconds / units, seconds - backward_seconds * (units - 1) / units)
 
 
 def scaling_efficiency(step_seconds, allreduce_s):
@@ -1524,21 +1676,58 @@ def activation_models(m, precision):
     return out
 
 
-def choose_link(gpu, n, link):
-    """(name, GB/s per GPU per direction) of the link a world of n GPUs communicates over. auto: NVLink
-    (else PCIe) within a node of GPUS_PER_NODE, 400G InfiniBand between nodes (a ring is as fast as its
-    slowest hop); or the named link (nvlink on a board without it: PCIe)."""
+def hop_links(gpu, topology):
+    """The two hops of a ring on this board under `topology` (resolve_topology): {"intra": (name, GB/s per
+    GPU per direction, hop seconds), "network": (name, GB/s per node per direction: NICs x NIC, hop
+    seconds)}. --intra-link auto: the board's NVLink (gpus.toml's nvlink_gb_s), else its PCIe x16; nvlink
+    or nvswitch on a board without NVLink: its PCIe, named so."""
     gen = int(gpu["pcie_gen"])
-    pcie = (f"PCIe Gen{gen}", PCIE_GB_S[gen])
-    nvlink = ("NVLink", float(gpu["nvlink_gb_s"])) if gpu["nvlink_gb_s"] > 0 else None
-    networks = {"25gbe": NETWORKS[0], "100gbe": NETWORKS[1], "400g-ib": NETWORKS[2]}
-    if link == "auto":
-        return (nvlink or pcie) if n <= GPUS_PER_NODE else networks["400g-ib"]
-    if link == "nvlink":
-        return nvlink or (pcie[0] + " (no NVLink)", pcie[1])
-    if link == "pcie":
-        return pcie
-    return networks[link]
+    pcie = (f"PCIe Gen{gen}", PCIE_GB_S[gen], PCIE_HOP_US * 1e-6)
+    nvlink = ("NVLink", float(gpu["nvlink_gb_s"]), NVLINK_HOP_US * 1e-6) if gpu["nvlink_gb_s"] > 0 else None
+    intra = topology["intra"]
+    if isinstance(intra, float):
+        hop = (f"{intra:g} GB/s link", intra, PCIE_HOP_US * 1e-6)
+    elif intra == "pcie":
+        hop = pcie
+    elif intra == "auto":
+        hop = nvlink or pcie
+    else:
+        hop = nvlink or (pcie[0] + " (no NVLink)", pcie[1], pcie[2])
+    inter, nics = topology["inter"], topology["nics_per_node"]
+    name, gbit = INTER_LINKS[inter] if isinstance(inter, str) else (f"{inter:g} Gb/s", inter)
+    network = ((f"{nics} x " if nics > 1 else "") + name, nics * gbit / 8.0, NET_HOP_US * 1e-6)
+    return {"intra": hop, "network": network}
+
+
+def ring_link(gpu, topology, nodes=None):
+    """(name of the hop that bounds the ring, its bus bandwidth in GB/s) at `nodes` nodes of the topology
+    (default all of them): the intra link on one node, the NICs with one GPU a node, else the slower."""
+    nodes = topology["nodes"] if nodes is None else nodes
+    hops = hop_links(gpu, topology)
+    (intra_name, intra, _), (net_name, net, _) = hops["intra"], hops["network"]
+    gb_s = ring_bus_bandwidth(nodes, topology["gpus_per_node"], intra, net)
+    bound = intra_name if nodes <= 1 or (topology["gpus_per_node"] > 1 and intra <= net) else net_name
+    return bound, gb_s
+
+
+def choose_link(gpu, topology):
+    """(name, GB/s) of the link a world of the topology's GPUs communicates over: its ring's bus bandwidth
+    (ring_link). --link auto without the topology flags: nodes of GPUS_PER_NODE on NVLink (else PCIe), one
+    400G InfiniBand NIC a node between them (the ring's 50 GB/s, as before the flags); --link nvlink/pcie:
+    one node of them all; --link 25gbe/100gbe/400g-ib: each GPU a node of its own with one such NIC."""
+    return ring_link(gpu, topology)
+
+
+def micro_batch_seconds(batch, flops_per_sample, peak_flops, mfu, floor_seconds, act, mode, hbm_bytes_per_s):
+    """(time of one micro-batch with recomputation, the same without it, launch-bound?) on one GPU: the
+    larger of the math at the MFU and the step floor, times the recomputation factor of full checkpointing,
+    + light's recomputed bytes at the board's memory bandwidth."""
+    math_seconds = batch * flops_per_sample / (peak_flops * mfu)
+    base = max(math_seconds, floor_seconds)
+    micro = base * act["recompute_factor"]
+    if mode == "light":
+        micro += light_recompute_seconds(batch, act["recomputed_bytes_per_sample"], hbm_bytes_per_s)
+    return micro, base, math_seconds < floor_seconds
 
 
 @dataclass
@@ -1605,23 +1794,22 @@ def stage_communication(m, sharding, n):
                          m["accumulate_grad_batches"], block_bytes)
 
 
-def config_rows(m, gpus, rows, prices, mfus, margin, context_bytes, floor_seconds, world_size, shardings, modes,
-                link, precisions_asked):
-    """ConfigRow per GPU, planned precision, sharding stage and checkpointing mode available."""
-    batch, accumulate, n = m["batch_size"], m["accumulate_grad_batches"], world_size
+def config_rows(m, gpus, rows, prices, mfus, margin, context_bytes, floor_seconds, topology, shardings, modes,
+                precisions_asked):
+    """ConfigRow per GPU, planned precision, sharding stage and checkpointing mode available, at the
+    topology's world size over its ring (choose_link)."""
+    batch, accumulate, n = m["batch_size"], m["accumulate_grad_batches"], topology["world_size"]
     flops, train_samples = m["train_flops_per_sample"], m["dataset"]["train_samples"]
     comm = {s: stage_communication(m, s, n) for s in shardings}
     acts = {}
     out = []
     for gpu in gpus:
-        link_name, gb_s = choose_link(gpu, n, link) if n > 1 else (None, None)
+        link_name, gb_s = choose_link(gpu, topology) if n > 1 else (None, None)
         budget = memory_budget(gpu["memory_gib"], margin)
         for precision in config_precisions(gpu, rows, precisions_asked, m["precision"]):
             acts.setdefault(precision, activation_models(m, precision))
             peak = float(gpu[PEAK_KEYS[precision]]) * 1e12
             mfu = mfus[precision].value
-            math_seconds = batch * flops / (peak * mfu)
-            base = max(math_seconds, floor_seconds)
             price = prices.get(gpu["name"], gpu.get("usd_per_hour"))
             for sharding in shardings:
                 c = comm[sharding]
@@ -1637,10 +1825,8 @@ def config_rows(m, gpus, rows, prices, mfus, margin, context_bytes, floor_second
                     fixed = sum(parts.values())
                     parts["activations"] = batch * act["per_sample_bytes"]
                     needed = fixed + parts["activations"]
-                    micro = base * act["recompute_factor"]
-                    if mode == "light":
-                        micro += light_recompute_seconds(batch, act["recomputed_bytes_per_sample"],
-                                                         gpu["hbm_gb_s"] * 1e9)
+                    micro, base, launch_bound = micro_batch_seconds(batch, flops, peak, mfu, floor_seconds, act,
+                                                                    mode, gpu["hbm_gb_s"] * 1e9)
                     micro_batches = math.ceil(train_samples / (n * batch))
                     epoch = (micro_batches * (micro + micro_comm)
                              + math.ceil(micro_batches / accumulate) * step_comm)
@@ -1653,7 +1839,7 @@ def config_rows(m, gpus, rows, prices, mfus, margin, context_bytes, floor_second
                         communication_seconds=accumulate * micro_comm + step_comm,
                         compute_seconds=accumulate * micro, recompute_seconds=accumulate * (micro - base),
                         step_seconds=accumulate * (micro + micro_comm) + step_comm,
-                        launch_bound=math_seconds < floor_seconds, epoch_seconds=epoch, usd_per_hour=price,
+                        launch_bound=launch_bound, epoch_seconds=epoch, usd_per_hour=price,
                         usd_per_run=None if price is None else epoch * m["epochs"] / 3600.0 * price * n,
                         activation_source=act["source"]))
     return out, acts, comm
@@ -1838,6 +2024,230 @@ def _recommend_no_fit(m, crows, gpus, acts, context_bytes, margin, result, reaso
     return result(None, text)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Several nodes (the docstring's "nodes"): the recommended configuration on 1, 2, 4, ... nodes
+
+def collective_calls(m, sharding, of):
+    """How many collectives (launches, each paying the latency) move one buffer `of` a stage: DDP
+    all-reduces the gradients bucket by bucket (dist.bucket_cap_mb, 25 MiB; DDP's first bucket of 1 MiB
+    left out); ZeRO-1/2 reduce-scatter and all-gather unit by unit (sharding.unit_elements when
+    measured, else buckets of the cap); ZeRO-3 one unit a block, + one for the parameters outside them,
+    all-gathered a block at a time, those outside in one."""
+    units = (m.get("sharding") or {}).get("unit_elements")
+    if of == "block parameters":
+        return int(m["blocks"]["count"])
+    if of == "other parameters":
+        return 1
+    if sharding != "none" and units:
+        return len(units)
+    if sharding == "parameters":
+        outside = trainable_parameter_bytes(m) - block_parameters(m)[0]
+        return int(m["blocks"]["count"]) + (1 if outside > 0 else 0)
+    nbytes = m["gradient_bytes"] if of == "gradients" else trainable_parameter_bytes(m)
+    return max(1, math.ceil(nbytes / bucket_cap_bytes(m)))
+
+
+def step_communication(m, sharding, n, nodes, bus_bytes_per_s, hop_seconds, accumulate, backward_seconds):
+    """{"seconds", "exposed_seconds"} per optimizer step of `accumulate` micro-batches of a stage's
+    collectives (stage_communication) at n GPUs on `nodes` nodes: each collective_seconds (its bytes at
+    the ring's busbw + its launches' latency; `hop_seconds`: (intra, network) hop latency). A reduction
+    of the gradients (DDP's all-reduce, the stages' reduce-scatter) overlaps the backward of its
+    micro-batch (exposed_seconds over its units); an all-gather does not: Ember prefetches none (ZeRO-3
+    gathers a block just before it runs; the stages gather the updated parameters after the optimizer
+    step, before the next forward)."""
+    comm = stage_communication(m, sharding, n)
+    total = exposed = 0.0
+    if n <= 1 or comm is None:
+        return {"seconds": 0.0, "exposed_seconds": 0.0}
+    for c in comm["collectives"]:
+        calls = collective_calls(m, sharding, c["of"])
+        seconds = c["bytes"] / bus_bytes_per_s + calls * ring_latency_seconds(c["op"], n, nodes, *hop_seconds)
+        hidden = exposed_seconds(seconds, calls, backward_seconds) if c["of"] == "gradients" else seconds
+        times = accumulate if c["per"] == "micro-batch" else 1
+        total += times * seconds
+        exposed += times * hidden
+    return {"seconds": total, "exposed_seconds": exposed}
+
+
+def node_counts(nodes):
+    """The node counts of the table: 1, 2, 4, ... below `nodes`, then `nodes`."""
+    out, k = [], 1
+    while k < nodes:
+        out.append(k)
+        k *= 2
+    return out + [nodes]
+
+
+def strong_split(batch, accumulate, ratio):
+    """(micro-batch, accumulation) per GPU that keep the global batch on `ratio` times the GPUs: fewer
+    micro-batches when the accumulation divides (the same micro-batch, as efficient), else a smaller
+    micro-batch when the batch divides; None when neither does."""
+    if ratio != int(ratio):
+        return None
+    ratio = int(ratio)
+    if accumulate % ratio == 0:
+        return batch, accumulate // ratio
+    if batch % ratio == 0:
+        return batch // ratio, accumulate
+    return None
+
+
+def node_scaling(m, topology, gpu, row, act, mfu, floor_seconds, context_bytes, margin):
+    """The configuration `row` (a ConfigRow of the plan's world size) on 1, 2, 4, ... of the topology's
+    nodes: per count the ring's link and busbw, memory, communication and what of it is exposed after
+    overlap, the step, samples/s at the same per-GPU batch (weak scaling) and at the global batch of the
+    fewest nodes that hold it (strong scaling); speed-up and efficiency against that fewest."""
+    per_node, world = topology["gpus_per_node"], topology["world_size"]
+    batch, accumulate = m["batch_size"], m["accumulate_grad_batches"]
+    peak, hbm = float(gpu[PEAK_KEYS[row.precision]]) * 1e12, gpu["hbm_gb_s"] * 1e9
+    flops = m["train_flops_per_sample"]
+    hops = hop_links(gpu, topology)
+    hop_seconds = (hops["intra"][2], hops["network"][2])
+    budget = memory_budget(gpu["memory_gib"], margin)
+
+    def step(nodes, n, micro_batch, micro_batches):
+        micro, base, _ = micro_batch_seconds(micro_batch, flops, peak, mfu, floor_seconds, act,
+                                             row.activation_checkpoint, hbm)
+        backward = micro - (1.0 - BACKWARD_SHARE) * base
+        link, gb_s = ring_link(gpu, topology, nodes) if n > 1 else (None, None)
+        comm = step_communication(m, row.sharding, n, nodes, (gb_s or 1.0) * 1e9, hop_seconds, micro_batches,
+                                  backward)
+        compute = micro_batches * micro
+        return {"link": link, "bus_gb_s": gb_s, "compute_seconds": compute, "backward_seconds": backward,
+                "communication_seconds": comm["seconds"], "exposed_seconds": comm["exposed_seconds"],
+                "step_seconds": compute + comm["exposed_seconds"]}
+
+    counts = []
+    for k in node_counts(topology["nodes"]):
+        n = min(k * per_node, world)
+        needed = fixed_needed(m, row, n, act, context_bytes) + batch * act["per_sample_bytes"]
+        c = {"nodes": k, "gpus": n, "memory_needed_bytes": needed, "fits": needed <= budget}
+        c.update(step(k, n, batch, accumulate))
+        c["samples_per_second"] = n * batch * accumulate / c["step_seconds"]
+        counts.append(c)
+    first = next((c for c in counts if c["fits"]), None)
+    for c in counts:
+        c.update(speedup=None, efficiency=None, pays=None, strong=None)
+        if first is None or c["nodes"] < first["nodes"]:
+            continue
+        c["speedup"] = c["samples_per_second"] / first["samples_per_second"]
+        c["efficiency"] = c["speedup"] * first["gpus"] / c["gpus"]
+        c["pays"] = c["efficiency"] >= PAYS_EFFICIENCY
+        split = strong_split(batch, accumulate, c["gpus"] / first["gpus"])
+        if split is not None:
+            strong = dict(step(c["nodes"], c["gpus"], *split), batch=split[0], accumulate_grad_batches=split[1])
+            strong["fits"] = (fixed_needed(m, row, c["gpus"], act, context_bytes) + split[0] * act["per_sample_bytes"]
+                              <= budget)
+            strong["speedup"] = first["step_seconds"] / strong["step_seconds"]
+            strong["efficiency"] = strong["speedup"] * first["gpus"] / c["gpus"]
+            c["strong"] = strong
+    hop = {"intra": dict(zip(("link", "gb_s"), hops["intra"][:2])),
+           "network": dict(zip(("link", "gb_s"), hops["network"][:2]))}
+    out = {"available": True, "gpu": row.gpu, "precision": row.precision, "sharding": row.sharding,
+           "activation_checkpoint": row.activation_checkpoint, "batch": batch, "accumulate_grad_batches": accumulate,
+           "global_batch": None if first is None else first["gpus"] * batch * accumulate,
+           "memory_budget_bytes": budget, "links": hop, "counts": counts}
+    out["verdict"] = node_verdict(out, per_node)
+    return out
+
+
+def fixed_needed(m, row, n, act, context_bytes):
+    """Per-GPU bytes of a configuration that do not grow with the batch, at n GPUs."""
+    return sum(config_fixed_parts(m, row.sharding, n, act, context_bytes).values())
+
+
+def _nodes_word(k):
+    return {1: "one node", 2: "two nodes"}.get(k, f"{k} nodes")
+
+
+def node_verdict(scaling, per_node):
+    """{"second_node": "pays" | "does not pay" | "costs more than it saves" | None, "most_paying_nodes",
+    "text", "strong_text"}: what one more node (two against one; from the fewest nodes that hold the configuration when
+    one does not) does to the samples/s at the same per-GPU batch, when it pays (efficiency >=
+    PAYS_EFFICIENCY, the data-parallel table's bar: at efficiency e a sample costs 1/e the GPU-hours), and
+    the same at a fixed global batch."""
+    counts = scaling["counts"]
+    first = next((c for c in counts if c["fits"]), None)
+    out = {"second_node": None, "most_paying_nodes": None, "text": "", "strong_text": ""}
+    if first is None:
+        last = counts[-1]
+        out["text"] = (f"no node count up to {last['nodes']} holds this configuration "
+                       f"({fmt_bytes(last['memory_needed_bytes'])} a GPU on {last['nodes']} nodes, "
+                       f"{fmt_bytes(scaling['memory_budget_bytes'])} usable)")
+        return out
+    later = [c for c in counts if c["nodes"] > first["nodes"]]
+    texts = []
+    if first["nodes"] > 1:
+        one = counts[0]
+        texts.append(f"one node of {per_node} GPUs cannot hold this configuration "
+                     f"({fmt_bytes(one['memory_needed_bytes'])} a GPU, {fmt_bytes(scaling['memory_budget_bytes'])} "
+                     f"usable): {first['nodes']} nodes are the fewest that can")
+    if not later:
+        out["text"] = "; ".join(texts)
+        return out
+    second = later[0]
+    word = "all-reduce" if scaling["sharding"] == "none" else "communication"
+    what = "a second node" if first["nodes"] == 1 else f"going from {first['nodes']} to {second['nodes']} nodes"
+    added = second["communication_seconds"] - first["communication_seconds"]
+    more = second["exposed_seconds"] - first["exposed_seconds"]
+    text = (f"{what} adds {fmt_seconds(added)} of {word} per optimizer step "
+            f"({fmt_seconds(first['communication_seconds'])} on {_nodes_word(first['nodes'])}, "
+            f"{fmt_seconds(second['communication_seconds'])} on {_nodes_word(second['nodes'])}), {fmt_seconds(more)} "
+            f"more of it exposed after overlap with backward, and gives {second['speedup']:.2f}x the samples/s of "
+            f"{_nodes_word(first['nodes'])} (efficiency {second['efficiency']:.2f})")
+    if second["speedup"] < 1.0:
+        out["second_node"] = "costs more than it saves"
+        text += (f": it costs more than it saves, {_nodes_word(second['nodes'])} train slower than "
+                 f"{_nodes_word(first['nodes'])}")
+    elif not second["pays"]:
+        out["second_node"] = "does not pay"
+        text += (f": faster, but it does not pay: a sample costs {1 / second['efficiency'] - 1:.0%} more GPU-hours "
+                 f"(the bar is efficiency {PAYS_EFFICIENCY})")
+    else:
+        out["second_node"] = "pays"
+        text += ": it pays"
+    paying = [c for c in later if c["pays"]]
+    out["most_paying_nodes"] = paying[-1]["nodes"] if paying else first["nodes"]
+    if len(later) > 1:
+        text += (f"; of up to {later[-1]['nodes']} nodes, {paying[-1]['nodes']} pay (efficiency "
+                 f"{paying[-1]['efficiency']:.2f}, {paying[-1]['speedup']:.2f}x)" if paying
+                 else f"; no count up to {later[-1]['nodes']} nodes pays")
+    strong = second["strong"]
+    if strong is not None:
+        out["strong_text"] = (f"at the global batch of {_nodes_word(first['nodes'])} ({scaling['global_batch']:,} "
+                              f"samples a step), {_nodes_word(second['nodes'])} take "
+                              f"{fmt_seconds(strong['step_seconds'])} a step against "
+                              f"{fmt_seconds(first['step_seconds'])}: "
+                              f"{strong['speedup']:.2f}x (efficiency {strong['efficiency']:.2f})")
+    else:
+        out["strong_text"] = (f"the global batch of {_nodes_word(first['nodes'])} ({scaling['global_batch']:,} samples "
+                              f"a step) does not split evenly over {second['gpus']} GPUs: no strong scaling planned")
+    out["text"] = "; ".join(texts + [text])
+    return out
+
+
+def plan_nodes(m, topology, gpus, crows, recommendation, acts, mfus, floor_seconds, context_bytes, margin):
+    """The "nodes" section: node_scaling of the recommended configuration, shown when the topology has
+    more than one node; {"shown": False} otherwise, {"available": False, "why"} when there is nothing to
+    scale."""
+    out = {"shown": topology["nodes"] > 1, "nodes": topology["nodes"], "gpus_per_node": topology["gpus_per_node"],
+           "world_size": topology["world_size"], "nics_per_node": topology["nics_per_node"]}
+    if not out["shown"]:
+        return out
+    rec = recommendation
+    row = next((r for r in crows if (r.gpu, r.precision, r.sharding, r.activation_checkpoint)
+                == (rec.get("gpu"), rec.get("precision"), rec.get("sharding"), rec.get("activation_checkpoint"))), None)
+    if row is None or not row.fits:
+        out.update(available=False, why=(f"no configuration holds batch {m['batch_size']} at "
+                                         f"{topology['world_size']} GPUs: nothing to scale (see the recommendation)"))
+        return out
+    gpu = next(g for g in gpus if g["name"] == row.gpu)
+    act = acts[row.precision][row.activation_checkpoint]
+    out.update(node_scaling(m, topology, gpu, row, act, mfus[row.precision].value, floor_seconds, context_bytes,
+                            margin))
+    return out
+
+
 def select_gpus(gpus, names):
     """The rows named by --gpu (all without); UsageError for a name not in the table."""
     if not names:
@@ -1879,9 +2289,9 @@ def make_plan(m, gpus, prices, args, measurement_path):
     if not rows:
         raise PlanError(f"no GPU of the selection has the math of {', '.join(precisions)}")
     dp = data_parallel(m, gpus, best_row_per_gpu(rows, m["precision"]))
+    topology = args.topology
     crows, acts, comm = config_rows(m, gpus, rows, prices, mfus, args.margin, context_bytes, floor_seconds,
-                                    args.world_size, args.sharding, args.activation_checkpoint, args.link,
-                                    args.precision)
+                                    topology, args.sharding, args.activation_checkpoint, args.precision)
     if args.world_size > 1 and "parameters" in args.sharding_asked and zero3_unplannable(m) is not None:
         raise PlanError(f"--sharding parameters: {m['recipe']}'s measurement cannot plan it: {zero3_unplannable(m)}")
     for mode in args.checkpoint_asked:
@@ -1894,6 +2304,14 @@ def make_plan(m, gpus, prices, args, measurement_path):
     plain_fits = any(r.fits for r in rows)
     if shown and crows and (args.world_size > 1 or not plain_fits):
         recommendation = recommend_config(m, crows, gpus, (context_bytes, args.margin, acts))
+    nodes = plan_nodes(m, topology, gpus, crows, recommendation, acts, mfus, floor_seconds, context_bytes,
+                       args.margin)
+    verdict = nodes.get("verdict")
+    if verdict and verdict["text"]:
+        most = verdict["most_paying_nodes"]
+        recommendation["reasons"].append(
+            f"on {nodes['nodes']} nodes of {nodes['gpus_per_node']}: " + verdict["text"]
+            + (f"; plan --nodes {most}, the most nodes that pay" if most and most < nodes["nodes"] else ""))
     notes = [batch_note] if batch_note else []
     if (m.get("memory_method") or "").lower().startswith("cpu"):
         notes.append("memory measured with CPU allocator statistics: a GPU adds cuDNN workspaces and "
@@ -1934,7 +2352,12 @@ def make_plan(m, gpus, prices, args, measurement_path):
             "graph_pool_doubles_per_sample_bytes": graph_pool_doubles(m),
             "default_mfu": DEFAULT_MFU, "pays_efficiency": PAYS_EFFICIENCY, "host_ram_gib": args.host_ram_gib,
             "loader_host_batches": LOADER_HOST_BATCHES, "gpu_table": str(args.gpus),
-            "world_size": args.world_size, "link": args.link, "gpus_per_node": GPUS_PER_NODE,
+            "world_size": args.world_size, "link": args.link, "nodes": topology["nodes"],
+            "gpus_per_node": topology["gpus_per_node"], "intra_link": topology["intra"],
+            "inter_link": topology["inter"], "nics_per_node": topology["nics_per_node"],
+            "nccl_latency_us": {"base": NCCL_BASE_US, "nvlink_hop": NVLINK_HOP_US, "pcie_hop": PCIE_HOP_US,
+                                "network_hop": NET_HOP_US},
+            "backward_share": BACKWARD_SHARE,
             "gathered_blocks": GATHERED_BLOCKS, "light_recomputed_share": LIGHT_RECOMPUTED_SHARE,
             "bucket_cap_bytes": bucket_cap_bytes(m),
         },
@@ -1955,6 +2378,7 @@ def make_plan(m, gpus, prices, args, measurement_path):
             "state": {s: dict(sharding_parts(m, s, args.world_size), **({"communication": comm[s]} if comm[s] else {}))
                       for s in args.sharding},
             "activations": acts, "rows": [asdict(r) for r in crows]},
+        "nodes": nodes,
         "recommendation": recommendation,
         "notes": notes,
     }
@@ -2158,6 +2582,10 @@ def render(plan):
         out.append("(sharding: --world-size N plans dist.sharding at N GPUs; activation checkpointing needs a "
                    "model with blocks: see 'configurations' in tools/ember plan --help)")
 
+    if plan["nodes"]["shown"]:
+        out.append("")
+        out.extend(render_nodes(plan))
+
     for note in plan["notes"]:
         out.append(f"note: {note}")
     rec = plan["recommendation"]
@@ -2244,6 +2672,64 @@ def render_configurations(plan):
     return out
 
 
+def render_nodes(plan):
+    """The text of the nodes section: the links, the model in one line, the table at the same per-GPU batch
+    and at the same global batch, and the verdict."""
+    nd, a = plan["nodes"], plan["assumptions"]
+    g = nd["gpus_per_node"]
+    gpus = f"{g} GPU{'s' if g > 1 else ''}"
+    out = [f"Nodes: 1 to {nd['nodes']} nodes of {gpus} (--nodes, --gpus-per-node)"]
+    if not nd["available"]:
+        out.append(f"  {nd['why']}")
+        return out
+    micro = nd["accumulate_grad_batches"]
+    out[0] += (f": {nd['gpu']} {nd['precision']}, sharding {nd['sharding']} ({ZERO_NAMES[nd['sharding']]}), "
+               f"activation checkpointing {nd['activation_checkpoint']}, batch {nd['batch']}"
+               + (f" x {micro} accumulation" if micro > 1 else "") + " per GPU (the recommended configuration)")
+    intra, net = nd["links"]["intra"], nd["links"]["network"]
+    inside = (f"{intra['link']} inside a node ({intra['gb_s']:g} GB/s per GPU per direction)" if g > 1
+              else "one GPU a node")
+    out.append(f"  links: {inside}; {net['link']} between nodes ({net['gb_s']:g} GB/s per node: --inter-link x "
+               f"--nics-per-node {nd['nics_per_node']})")
+    lat = a["nccl_latency_us"]
+    out.append(f"  ring over n = nodes x {g} GPU{'s' if g > 1 else ''}: t = bytes x share x (n-1)/n / busbw + per "
+               f"collective {lat['base']:g} us + {lat['nvlink_hop']:g} us (NVLink; PCIe {lat['pcie_hop']:g}) a step in "
+               f"a node, {lat['network_hop']:g} us a step across")
+    out.append(f"  busbw = min(intra link, NICs x NIC); the gradients' reduction overlaps backward ("
+               f"{a['backward_share']:.2g} of the math), all-gathers do not (plan --help: \"Nodes\")")
+    heads = ["nodes", "GPUs", "bound by", "busbw", "memory", "fits", "comm", "exposed", "step", "samples/s",
+             "speed-up", "efficiency"]
+    body = []
+    for c in nd["counts"]:
+        timing = c["speedup"] is not None  # times of a count that cannot hold the configuration would mislead
+        body.append([str(c["nodes"]), str(c["gpus"]), c["link"] or "-",
+                     f"{c['bus_gb_s']:g} GB/s" if c["bus_gb_s"] else "-", fmt_bytes(c["memory_needed_bytes"]),
+                     "yes" if c["fits"] else "no", fmt_seconds(c["communication_seconds"]) if timing else "-",
+                     fmt_seconds(c["exposed_seconds"]) if timing else "-",
+                     fmt_seconds(c["step_seconds"]) if timing else "-",
+                     fmt_count(c["samples_per_second"]) if timing else "-",
+                     f"{c['speedup']:.2f}x" if timing else "-", f"{c['efficiency']:.2f}" if timing else "-"])
+    out.append(f"  the same batch per GPU (weak scaling), per optimizer step; speed-up and efficiency against the "
+               f"fewest nodes that hold it; pays at efficiency >= {PAYS_EFFICIENCY}:")
+    out.extend("  " + line for line in table(heads, body, right=set(heads[3:4] + heads[6:])).split("\n"))
+    strong = [c for c in nd["counts"] if c["strong"] is not None]
+    if len(strong) > 1:
+        heads = ["nodes", "GPUs", "batch/GPU", "comm", "exposed", "step", "speed-up", "efficiency"]
+        body = [[str(c["nodes"]), str(c["gpus"]), f"{c['strong']['batch']}"
+                 + (f" x {c['strong']['accumulate_grad_batches']}" if c["strong"]["accumulate_grad_batches"] > 1
+                    else ""),
+                 fmt_seconds(c["strong"]["communication_seconds"]), fmt_seconds(c["strong"]["exposed_seconds"]),
+                 fmt_seconds(c["strong"]["step_seconds"]), f"{c['strong']['speedup']:.2f}x",
+                 f"{c['strong']['efficiency']:.2f}"] for c in strong]
+        out.append(f"  the same global batch ({nd['global_batch']:,} samples a step; weak scaling's "
+                   f"{_nodes_word(strong[0]['nodes'])}), split over more GPUs (strong scaling):")
+        out.extend("  " + line for line in table(heads, body, right=set(heads[2:])).split("\n"))
+    out.append(f"  Verdict: {nd['verdict']['text']}")
+    if nd["verdict"]["strong_text"]:
+        out.append(f"  Fixed global batch: {nd['verdict']['strong_text']}")
+    return out
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description="GPU-rental plan from a `RECIPE --measure` file; the top of "
                                             "tools/plan/plan.py documents the model, its constants and both JSON "
@@ -2277,9 +2763,23 @@ def parse_args(argv):
                    help=f"host RAM per GPU of the instance, GiB (default {DEFAULT_HOST_RAM_GIB:g})")
     p.add_argument("--gpu", action="append", default=[], metavar="NAME", help="only this GPU; repeatable")
     p.add_argument("--precision", action="append", choices=PRECISIONS, help="only this precision; repeatable")
-    p.add_argument("--world-size", type=_world_size, default=1, metavar="N",
-                   help="GPUs of one data-parallel run to plan sharding and its communication for (default 1; "
-                        f"1 to {MAX_WORLD_SIZE})")
+    p.add_argument("--world-size", type=_world_size, default=None, metavar="N",
+                   help="GPUs of one data-parallel run to plan sharding and its communication for (default 1, or "
+                        f"--nodes x --gpus-per-node; 1 to {MAX_WORLD_SIZE})")
+    p.add_argument("--nodes", type=_whole("--nodes", MAX_WORLD_SIZE, "2"), default=None, metavar="N",
+                   help=f"nodes the GPUs are in (default: --world-size / {GPUS_PER_NODE}, rounded up); more than one "
+                        "adds the nodes section: 1, 2, 4, ... nodes and whether another node pays")
+    p.add_argument("--gpus-per-node", type=_whole("--gpus-per-node", MAX_WORLD_SIZE, "8"), default=None, metavar="G",
+                   help=f"GPUs in each node (default {GPUS_PER_NODE}, or --world-size / --nodes); world size = N x G")
+    p.add_argument("--intra-link", type=_intra_link, default=None, metavar="L",
+                   help="link between the GPUs of a node: nvlink (or nvswitch), pcie, or a number of GB/s per GPU per "
+                        "direction (default auto: the board's NVLink from the GPU table, else its PCIe)")
+    p.add_argument("--inter-link", type=_inter_link, default=None, metavar="L",
+                   help=f"each NIC between nodes: {', '.join(INTER_LINKS)}, or a number of Gb/s (default "
+                        f"{DEFAULT_INTER_LINK}: 400 Gb/s InfiniBand)")
+    p.add_argument("--nics-per-node", type=_whole("--nics-per-node", MAX_NICS_PER_NODE, "8"), default=None,
+                   metavar="K", help=f"NICs of --inter-link in each node (default {DEFAULT_NICS_PER_NODE}; a DGX/HGX "
+                                     "H100 node: 8, one a GPU)")
     p.add_argument("--sharding", action="append", choices=SHARDING + ("all",),
                    help="dist.sharding stage(s) to plan at --world-size: none (DDP), optimizer (ZeRO-1), gradients "
                         "(ZeRO-2), parameters (ZeRO-3), all (default); repeatable")
@@ -2287,8 +2787,9 @@ def parse_args(argv):
                    help="activation-checkpointing mode(s) to plan: none, full (every block recomputed), light "
                         "(norms and activations recomputed), all (default: those the measurement allows); repeatable")
     p.add_argument("--link", choices=LINK_CHOICES, default="auto",
-                   help=f"link the --world-size GPUs communicate over (default auto: NVLink, else PCIe, within "
-                        f"a node of {GPUS_PER_NODE}; 400G InfiniBand beyond)")
+                   help="one link for all --world-size GPUs, the older spelling: nvlink or pcie (one node of them "
+                        "all), 25gbe, 100gbe or 400g-ib (a node per GPU, one NIC each); default auto: the topology of "
+                        "--nodes, --gpus-per-node, --intra-link, --inter-link and --nics-per-node")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-color", action="store_true", help="accepted for tools/ember; the output has no colour")
     p.add_argument("--check", action="store_true",
@@ -2322,6 +2823,12 @@ def parse_args(argv):
             p.error(str(e))
     if args.precision:
         args.precision = [p for p in PRECISIONS if p in args.precision]
+    try:
+        args.topology = resolve_topology(args.world_size, args.nodes, args.gpus_per_node, args.intra_link,
+                                         args.inter_link, args.nics_per_node, args.link)
+    except UsageError as e:
+        p.error(str(e))
+    args.world_size = args.topology["world_size"]
     asked = [s for s in args.sharding or [] if s != "all"]
     args.sharding_asked = [] if not args.sharding or "all" in args.sharding else [s for s in SHARDING if s in asked]
     args.sharding = args.sharding_asked or list(SHARDING)
@@ -2345,6 +2852,115 @@ def _world_size(text):
     if not 1 <= n <= MAX_WORLD_SIZE:
         raise argparse.ArgumentTypeError(f"{n}: expected 1 to {MAX_WORLD_SIZE} GPUs (e.g. --world-size 8)")
     return n
+
+
+def _whole(option, most, example):
+    """argparse type of a whole-number option from 1 to `most`."""
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number (e.g. {option} {example})") from None
+        if not 1 <= n <= most:
+            raise argparse.ArgumentTypeError(f"{n}: expected 1 to {most} (e.g. {option} {example})")
+        return n
+    return parse
+
+
+def _link_number(text, option, unit, example):
+    """A link's bandwidth given as a number: finite, > 0, at most MAX_LINK_GB_S; else an argparse error."""
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    if not (math.isfinite(x) and 0 < x <= MAX_LINK_GB_S):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of {unit} > 0 and <= {MAX_LINK_GB_S:g} "
+                                         f"(e.g. {option} {example})")
+    return x
+
+
+def _intra_link(text):
+    """--intra-link: a name of INTRA_LINKS, or GB/s per GPU per direction."""
+    name = text.strip().lower()
+    if name in INTRA_LINKS:
+        return name
+    x = _link_number(text, "--intra-link", "GB/s", "450")
+    if x is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {', '.join(INTRA_LINKS)} or GB/s per GPU (e.g. "
+                                         f"--intra-link nvlink, --intra-link 450)")
+    return x
+
+
+def _inter_link(text):
+    """--inter-link: a name of INTER_LINKS (or --link's 25gbe, 100gbe, 400g-ib), or Gb/s per NIC."""
+    name = text.strip().lower()
+    name = LINK_NETWORKS.get(name, name)
+    if name in INTER_LINKS:
+        return name
+    x = _link_number(text, "--inter-link", "Gb/s", "400")
+    if x is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {', '.join(INTER_LINKS)} or Gb/s per NIC (e.g. "
+                                         f"--inter-link ib-ndr, --inter-link 400)")
+    return x
+
+
+def resolve_topology(world_size, nodes, gpus_per_node, intra, inter, nics, link="auto"):
+    """The GPUs a run has and the links between them, from the options (None: not given): {"world_size",
+    "nodes", "gpus_per_node", "intra", "inter", "nics_per_node", "link"}. Any two of --world-size, --nodes,
+    --gpus-per-node give the third (world = N x G); all three must agree, and a world size must split
+    into equal nodes. --nodes alone: nodes of GPUS_PER_NODE; --gpus-per-node alone: one node; neither:
+    nodes of GPUS_PER_NODE (the last holding the rest). --link other than auto is one link for every
+    GPU (see LINK_CHOICES) and takes none of the topology's flags. UsageError for a contradiction."""
+    flags = [name for name, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
+                                      ("--intra-link", intra), ("--inter-link", inter), ("--nics-per-node", nics))
+             if value is not None]
+    out = {"intra": intra or "auto", "inter": DEFAULT_INTER_LINK if inter is None else inter,
+           "nics_per_node": nics or DEFAULT_NICS_PER_NODE, "link": link}
+    if link != "auto":
+        if flags:
+            raise UsageError(f"--link {link} is one link for every GPU (the older spelling); with {flags[0]} give "
+                             f"the link of each hop instead: --intra-link inside a node, --inter-link between nodes "
+                             f"(e.g. --intra-link nvlink --inter-link eth-25)")
+        world = world_size or 1
+        if link in ("nvlink", "pcie"):
+            return dict(out, world_size=world, nodes=1, gpus_per_node=world, intra=link)
+        return dict(out, world_size=world, nodes=world, gpus_per_node=1, inter=LINK_NETWORKS[link])
+    if nodes is not None and gpus_per_node is not None:
+        if world_size is not None and world_size != nodes * gpus_per_node:
+            raise UsageError(f"--world-size {world_size} contradicts --nodes {nodes} x --gpus-per-node "
+                             f"{gpus_per_node} = {nodes * gpus_per_node} GPUs: give two of the three, or three "
+                             f"that agree")
+        world = nodes * gpus_per_node
+    elif nodes is not None:
+        if world_size is None:
+            gpus_per_node, world = GPUS_PER_NODE, nodes * GPUS_PER_NODE
+        elif world_size % nodes:
+            raise UsageError(f"--world-size {world_size} does not split into --nodes {nodes} equal nodes: give "
+                             f"--gpus-per-node G (world size = N x G) or a multiple of {nodes}")
+        else:
+            gpus_per_node, world = world_size // nodes, world_size
+    elif gpus_per_node is not None:
+        if world_size is None:
+            nodes, world = 1, gpus_per_node
+        elif world_size % gpus_per_node:
+            raise UsageError(f"--world-size {world_size} is not a whole number of nodes of --gpus-per-node "
+                             f"{gpus_per_node}: give --nodes N (world size = N x G) or a multiple of {gpus_per_node}")
+        else:
+            nodes, world = world_size // gpus_per_node, world_size
+    else:
+        world = world_size or 1
+        gpus_per_node, nodes = min(world, GPUS_PER_NODE), -(-world // GPUS_PER_NODE)
+    if world > MAX_WORLD_SIZE:
+        raise UsageError(f"--nodes {nodes} x --gpus-per-node {gpus_per_node} = {world} GPUs: expected at most "
+                         f"{MAX_WORLD_SIZE}")
+    if nodes == 1 and (inter is not None or nics is not None):
+        raise UsageError(f"{'--inter-link' if inter is not None else '--nics-per-node'} links nodes, but the plan "
+                         f"has one node of {gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''}: give --nodes N "
+                         f"with N > 1 (e.g. --nodes 2)")
+    if gpus_per_node == 1 and intra is not None:
+        raise UsageError(f"--intra-link links the GPUs inside a node, but each node has one GPU: give "
+                         f"--gpus-per-node G with G > 1 (e.g. --gpus-per-node 8)")
+    return dict(out, world_size=world, nodes=nodes, gpus_per_node=gpus_per_node)
 
 
 def main(argv=None):
