@@ -20,10 +20,12 @@ import, or crashes, is a finding and not a crash of the doctor.
 
 Checks (--only takes these names):
   torch        torch imports; its version; the CUDA it was built for (a CPU
-               build is a failure unless --cpu-only). Ember's build links this
-               torch's LibTorch.
+               build is a failure unless --cpu-only); whether Ember's build
+               (EMBER_BUILD_DIR, default build/: CMakeCache.txt's Torch_DIR)
+               links this torch's LibTorch (a warning when it links another).
   driver       the NVIDIA driver (NVML, libnvidia-ml.so.1) and the CUDA version it
-               supports against torch's: rule in cuda_compatibility().
+               supports against torch's (the build's when torch does not import):
+               rule in cuda_compatibility().
   gpus         GPUs the driver sees (name, memory, memory already in use) and
                how many torch sees (CUDA_VISIBLE_DEVICES); --nproc N needs N.
   topology     NVLink between every pair of GPUs (NVML's P2P status for NVLink,
@@ -141,7 +143,7 @@ class Result:
 # ---------------------------------------------------------------------------
 
 TORCH_PROBE = r"""
-import json, sys
+import json, os, sys
 out = {"python": sys.executable}
 try:
     import torch
@@ -150,8 +152,10 @@ except BaseException as e:  # ImportError, OSError (a missing libcudart), anythi
 else:
     out["version"] = torch.__version__
     out["cuda"] = torch.version.cuda
+    out["path"] = os.path.dirname(os.path.realpath(torch.__file__))
     try:
-        out["nccl"] = list(torch.cuda.nccl.version())
+        v = torch.cuda.nccl.version()  # (2, 28, 9); an int (22809) in torch < 1.13
+        out["nccl"] = list(v) if isinstance(v, tuple) else [v // 10000, v // 100 % 100, v % 100]
     except Exception as e:  # a CPU build has no torch._C._nccl_version
         out["nccl"] = None
         out["nccl_error"] = f"{type(e).__name__}: {e}"
@@ -166,7 +170,7 @@ print(json.dumps(out))
 
 
 def read_torch(python=None, env=None, timeout=180):
-    """{"python", "version", "cuda", "nccl", "device_count", "cuda_error"} or {"python", "error"}."""
+    """{"python", "version", "cuda", "path", "nccl", "device_count", "cuda_error"} or {"python", "error"}."""
     python = python or sys.executable
     try:
         p = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True, timeout=timeout, env=env)
@@ -413,6 +417,24 @@ def read_disk(path):
             "fstype": fstype, "source": source, "disk": disk, "rotational": rotational}
 
 
+def read_build(build_dir):
+    """What Ember's build folder was configured with (CMakeCache.txt): {"dir", "torch_dir" (the LibTorch it
+    links), "cuda" (that LibTorch's CUDA, CUDA_VERSION), "ember_cuda"}; {"dir", "missing": True} before a build."""
+    cache = Path(build_dir) / "CMakeCache.txt"
+    out = {"dir": str(build_dir)}
+    try:
+        text = cache.read_text(errors="replace")
+    except OSError:
+        out["missing"] = True
+        return out
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        name = key.split(":")[0]
+        if name in ("Torch_DIR", "CUDA_VERSION", "EMBER_CUDA"):
+            out[{"Torch_DIR": "torch_dir", "CUDA_VERSION": "cuda", "EMBER_CUDA": "ember_cuda"}[name]] = value
+    return out
+
+
 def read_meminfo():
     """/proc/meminfo's MemTotal and MemAvailable, bytes."""
     out = {}
@@ -477,6 +499,7 @@ def read_data(path, max_bytes, max_seconds=READ_SECONDS):
 
 READERS = {
     "torch": lambda o: read_torch(),
+    "build": lambda o: read_build(o.env.get("EMBER_BUILD_DIR") or ROOT / "build"),
     "nvml": lambda o: read_nvml(),
     "interfaces": lambda o: read_interfaces(),
     "hostname": lambda o: read_hostname(),
@@ -588,7 +611,17 @@ def check_torch(probe, opts):
         return Result("torch", "failure", f"torch {t['version']} is a CPU-only build: it cannot use a GPU",
                       "install the CUDA wheel (tools/ember setup installs torch 2.11.0 for CUDA 13.0); "
                       "--cpu-only if this node trains on CPUs")
-    return Result("torch", "ok", f"torch {t['version']}, built for CUDA {t['cuda']} ({t.get('python')})")
+    detail = f"torch {t['version']}, built for CUDA {t['cuda']} ({t.get('python')})"
+    b = probe["build"]
+    if b.get("missing") or not b.get("torch_dir"):
+        return Result("torch", "ok", detail + f"; no Ember build in {b['dir']} yet")
+    linked = os.path.realpath(b["torch_dir"])
+    if t.get("path") and not (linked + "/").startswith(os.path.realpath(t["path"]) + "/"):
+        return Result("torch", "warning", detail + f"; but Ember's build in {b['dir']} links the LibTorch of "
+                      f"{b['torch_dir']} (CUDA {b.get('cuda') or '?'}): the driver check judged this python's",
+                      "rebuild against this torch (tools/ember build, EMBER_VENV), or run the doctor with the "
+                      "python of the LibTorch the build links")
+    return Result("torch", "ok", detail + f"; Ember's build in {b['dir']} links it")
 
 
 def check_driver(probe, opts):
@@ -599,7 +632,10 @@ def check_driver(probe, opts):
         return Result("driver", "failure", f"no GPU visible: no NVIDIA driver answers ({n['error']})",
                       "install the NVIDIA driver (nvidia-smi must work); in a container, start it with "
                       "--gpus all (NVIDIA Container Toolkit)")
-    t = _torch_cuda(probe)
+    t, whose = _torch_cuda(probe), "torch"
+    if t is None:  # torch does not import here: judge the CUDA of the LibTorch Ember's build links
+        b = probe["build"]
+        t, whose = (_version(b["cuda"])[:2], "Ember's build") if _version(b.get("cuda")) else (None, whose)
     if n.get("cuda_driver") is None:
         return Result("driver", "warning", f"driver {n.get('driver')}: NVML does not say which CUDA it supports",
                       "nvidia-smi prints it ('CUDA Version'); it must be >= torch's CUDA")
@@ -608,7 +644,7 @@ def check_driver(probe, opts):
         return Result("driver", "ok", f"driver {n.get('driver')} supports CUDA {d[0]}.{d[1]} "
                       "(torch's CUDA unknown: see the torch check)")
     status, detail, todo = cuda_compatibility(t, n["cuda_driver"], n.get("driver"))
-    return Result("driver", status, detail, todo)
+    return Result("driver", status, detail.replace("torch is built", f"{whose} is built"), todo)
 
 
 def check_gpus(probe, opts):
@@ -930,6 +966,8 @@ def check_rendezvous(probe, opts):
 
 def check_disk(probe, opts):
     d = probe["disk"]
+    if d.get("error"):
+        return Result("disk", "failure", f"cannot read the disk at {opts.disk}: {d['error']}", "--disk DIR names it")
     where = d["path"] + ("" if d["existing"] == d["path"] else f" (not there yet: {d['existing']})")
     kind = d.get("fstype") or "?"
     detail = f"{_gib(d['free'])} free of {_gib(d['total'])} at {where}, {kind}"
@@ -1015,9 +1053,9 @@ def run_checks(probe, opts, only=None):
             continue
         try:
             results.append(check(probe, opts))
-        except KeyError:
-            raise  # a test's missing fact
         except Exception as e:  # a check's own bug on odd facts: report it, never a traceback
+            if isinstance(e, KeyError) and not probe.read:
+                raise  # a test's missing fact
             results.append(Result(name, "failure", f"the check itself failed: {type(e).__name__}: {e}",
                                   "report this with tools/ember doctor --json's facts"))
     return results

@@ -55,7 +55,12 @@ def judge(check, o=None, **facts):
 
 def torch_facts(cuda="13.0", nccl=(2, 28, 9), device_count=8, **kw):
     return {"python": "/venv/bin/python", "version": "2.11.0+cu130" if cuda else "2.11.0+cpu", "cuda": cuda,
-            "nccl": list(nccl) if nccl else None, "device_count": device_count, **kw}
+            "path": "/venv/lib/python3.11/site-packages/torch", "nccl": list(nccl) if nccl else None,
+            "device_count": device_count, **kw}
+
+
+def build_facts(torch_dir="/venv/lib/python3.11/site-packages/torch/share/cmake/Torch", cuda="13.0"):
+    return {"dir": "/src/build", "torch_dir": torch_dir, "cuda": cuda, "ember_cuda": "ON"}
 
 
 def nvml_facts(n=8, name="NVIDIA H200", total_gib=139.8, used_gib=0.5, nvlink=True, path="SYS",
@@ -87,8 +92,17 @@ def hostname_facts(addresses=("10.0.0.5",), fqdn="node1.cluster", fqdn_addresses
 
 class Torch(unittest.TestCase):
     def test_cuda_build_ok(self):
-        r = judge("torch", torch=torch_facts())
+        r = judge("torch", torch=torch_facts(), build=build_facts())
         self.assertEqual((r.status, "CUDA 13.0" in r.detail), ("ok", True), r)
+        self.assertIn("links it", r.detail)
+        r = judge("torch", torch=torch_facts(), build={"dir": "/src/build", "missing": True})
+        self.assertEqual((r.status, "no Ember build" in r.detail), ("ok", True), r)
+
+    def test_build_links_another_libtorch(self):
+        r = judge("torch", torch=torch_facts(), build=build_facts("/opt/libtorch/share/cmake/Torch", "12.8"))
+        self.assertEqual(r.status, "warning")
+        self.assertIn("/opt/libtorch", r.detail)
+        self.assertIn("CUDA 12.8", r.detail)
 
     def test_import_failure_is_a_failure_with_its_error(self):
         r = judge("torch", torch={"python": "/usr/bin/python3", "error": "OSError: libcudart.so.13: cannot open"})
@@ -129,6 +143,11 @@ class CudaCompatibility(unittest.TestCase):
         r = judge("driver", torch=torch_facts(cuda="13.0"), nvml=nvml_facts())
         self.assertEqual(r.status, "ok")
         self.assertIn("580.95.05", r.detail)
+        # torch does not import: the CUDA of the LibTorch the build links is judged.
+        r = judge("driver", torch={"python": "python3", "error": "ModuleNotFoundError"},
+                  build=build_facts(cuda="13.2"), nvml=nvml_facts())
+        self.assertEqual(r.status, "warning")
+        self.assertIn("Ember's build is built for CUDA 13.2", r.detail)
         r = judge("driver", torch=torch_facts(), nvml=NO_NVML)
         self.assertEqual(r.status, "failure")
         self.assertIn("no GPU visible", r.detail)
