@@ -16,6 +16,9 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
   c.declare("dist.timeout_s", std::chrono::duration<double>(g.timeout()).count(),
             "seconds before a silent or dead rank makes the others fail, naming it",
             Bounds::between(1, 7 * 86400), core::OnResume::kMayChange);
+  c.declare("dist.startup_timeout_s", std::chrono::duration<double>(g.startup_timeout()).count(),
+            "seconds for every rank to reach the rendezvous store and join; one that does not is named",
+            Bounds::between(1, 86400), core::OnResume::kMayChange);
   c.declare("dist.bucket_cap_mb", d.bucket_cap_mb().value_or(0.0),
             "gradient all-reduce bucket size in MiB (0 = PyTorch's: 25 MiB, the first bucket 1 MiB)",
             Bounds::between(0, 1 << 16));
@@ -61,6 +64,8 @@ ShardingOptions sharding_options_from_config(const core::Config& c) {
 ProcessGroupOptions process_group_options_from_config(const core::Config& c, const torch::Device& device) {
   ProcessGroupOptions o;
   o.backend(c.get_parsed("dist.backend", parse_backend));
+  o.startup_timeout(std::chrono::milliseconds(
+      static_cast<int64_t>(std::llround(c.get_float("dist.startup_timeout_s") * 1000))));
   o.timeout(
       std::chrono::milliseconds(static_cast<int64_t>(std::llround(c.get_float("dist.timeout_s") * 1000))));
   o.device(device);

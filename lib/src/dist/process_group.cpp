@@ -14,8 +14,11 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "core/check.h"
 #include "dist/replica_backend.h"
+#include "ember/dist/launch.h"
 
 #if EMBER_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -56,21 +59,6 @@ std::optional<std::string> env(const char* name) {
   return std::string(v);
 }
 
-int64_t env_int(const char* name, int64_t fallback) {
-  const auto v = env(name);
-  if (!v) return fallback;
-  try {
-    size_t used = 0;
-    const int64_t x = std::stoll(*v, &used);
-    if (used == v->size()) return x;
-  } catch (const std::exception&) {
-  }
-  throw Error(
-      fmt::format("[dist::launch_env] {}='{}' is not an integer (set by the launcher: torchrun or "
-                  "tools/ember run --nproc)",
-                  name, *v));
-}
-
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -80,6 +68,10 @@ int64_t unix_ms() {
 std::string text(const std::vector<uint8_t>& bytes) {
   return std::string(bytes.begin(), bytes.end());
 }
+std::string first_line_of(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
 std::vector<uint8_t> bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
@@ -113,30 +105,7 @@ const char* to_string(Backend backend) {
 }
 
 LaunchEnv launch_env() {
-  LaunchEnv e;
-  e.world_size = env_int("WORLD_SIZE", 1);
-  e.rank = env_int("RANK", 0);
-  e.local_rank = env_int("LOCAL_RANK", e.rank);
-  e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
-  e.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
-  e.master_port = env_int("MASTER_PORT", 29500);
-  e.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
-  e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
-  EMBER_CHECK(e.world_size >= 1, "[dist::launch_env] WORLD_SIZE={} must be >= 1", e.world_size);
-  EMBER_CHECK(e.rank >= 0 && e.rank < e.world_size,
-              "[dist::launch_env] RANK={} must be in [0, WORLD_SIZE={})", e.rank, e.world_size);
-  EMBER_CHECK(e.local_rank >= 0 && e.local_rank < e.local_world_size,
-              "[dist::launch_env] LOCAL_RANK={} must be in [0, LOCAL_WORLD_SIZE={})", e.local_rank,
-              e.local_world_size);
-  EMBER_CHECK(e.master_port > 0 && e.master_port < 65536,
-              "[dist::launch_env] MASTER_PORT={} is not a TCP port", e.master_port);
-  if (e.world_size > 1) {
-    EMBER_CHECK(env("MASTER_ADDR").has_value() && env("MASTER_PORT").has_value(),
-                "[dist::launch_env] WORLD_SIZE={} but MASTER_ADDR/MASTER_PORT are not set: start the ranks "
-                "with torchrun (or tools/ember run RECIPE --nproc N)",
-                e.world_size);
-  }
-  return e;
+  return launch_env_from([](const char* name) { return env(name); });
 }
 
 // Publishes "<step> <unix ms>" under ember/heartbeat/<rank> twice a second,
@@ -181,14 +150,47 @@ struct ProcessGroup::Heartbeat {
   }
 };
 
+/// Every rank writes ember/joined/<rank> (its host name) and waits, up to
+/// `limit`, for the others': one that does not come is named with the address
+/// the ranks meet at, instead of a hang or a count of clients.
+void wait_for_ranks(c10d::Store& store, const LaunchEnv& e, std::chrono::milliseconds limit) {
+  char host[256] = "?";
+  (void)gethostname(host, sizeof(host) - 1);
+  store.set("ember/joined/" + std::to_string(e.rank), bytes(host));
+  const auto deadline = Clock::now() + limit;
+  std::vector<int64_t> missing;
+  for (;;) {
+    missing.clear();
+    for (int64_t r = 0; r < e.world_size; ++r)
+      if (!store.check({"ember/joined/" + std::to_string(r)})) missing.push_back(r);
+    if (missing.empty()) return;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const int64_t per_node = std::max<int64_t>(e.local_world_size, 1);
+  std::vector<int64_t> nodes;
+  for (const int64_t r : missing)
+    if (nodes.empty() || nodes.back() != r / per_node) nodes.push_back(r / per_node);
+  throw Error(
+      ErrorKind::kDistributed,
+      fmt::format("[dist] rank {} waited {} s at the rendezvous store {}:{} for rank(s) {} (node(s) {} at "
+                  "{} rank(s) per node; {} of {} joined): start them with the same command, or check that "
+                  "they reach {}:{} (firewall, the address's interface; tools/ember doctor --rdzv). "
+                  "dist.startup_timeout_s sets this wait",
+                  e.rank, limit.count() / 1000.0, e.master_addr, e.master_port, fmt::join(missing, ", "),
+                  fmt::join(nodes, ", "), per_node, e.world_size - static_cast<int64_t>(missing.size()),
+                  e.world_size, e.master_addr, e.master_port));
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGroupOptions options) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(e.master_port);
-  // torchrun's agent hosts the store; otherwise rank 0 does.
+  // torchrun's agent hosts the store; otherwise rank 0 does. Nobody waits in
+  // the store's own start: wait_for_ranks names who is missing.
   so.isServer = !e.agent_store && e.rank == 0;
   so.numWorkers = static_cast<size_t>(e.world_size);
-  so.waitWorkers = !e.agent_store;
-  so.timeout = options.timeout();
+  so.waitWorkers = false;
+  so.timeout = options.startup_timeout();
   so.multiTenant = !e.agent_store;
   if (options.device().is_cuda() && !options.device().has_index())
     options.device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(e.local_rank)));
@@ -201,10 +203,15 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
     store = c10::make_intrusive<c10d::PrefixStore>("ember/attempt_" + std::to_string(e.restart_count), store);
   } catch (const std::exception& ex) {
     throw Error(
-        fmt::format("[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
-                    "({}): is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on every rank?",
-                    e.rank, e.master_addr, e.master_port, options.timeout().count() / 1000.0, ex.what()));
+        ErrorKind::kDistributed,
+        fmt::format(
+            "[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
+            "({}): is rank 0's node started, and does {}:{} reach it from here (firewall, the address "
+            "resolving to another machine or to 127.0.1.1)? dist.startup_timeout_s sets this wait",
+            e.rank, e.master_addr, e.master_port, options.startup_timeout().count() / 1000.0,
+            first_line_of(ex.what()), e.master_addr, e.master_port));
   }
+  if (e.world_size > 1) wait_for_ranks(*store, e, options.startup_timeout());
   return create(std::move(store), e.rank, e.world_size, std::move(options));
 }
 
@@ -232,6 +239,13 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
               "[dist::ProcessGroup] dist.backend=nccl needs a CUDA device, this rank trains on {}",
               options.device().str());
 
+  // An interface variable that names no interface here fails inside Gloo or
+  // NCCL with a message that does not say which variable: refuse it first.
+  for (const char* var : {backend == Backend::kGloo ? "GLOO_SOCKET_IFNAME" : "NCCL_SOCKET_IFNAME"}) {
+    if (const auto value = env(var))
+      if (const auto problem = socket_ifname_problem(var, *value, network_interfaces()))
+        throw Error(ErrorKind::kConfig, "[dist::ProcessGroup] " + *problem);
+  }
   std::shared_ptr<ProcessGroup> group(new ProcessGroup());
   group->rank_ = rank;
   group->size_ = size;

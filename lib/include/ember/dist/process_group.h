@@ -69,6 +69,9 @@ struct ProcessGroupOptions {
   /// Limit for connecting and for every collective; a rank that does not
   /// answer within it makes the others fail with an error naming it.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+  /// Limit for every rank to reach the rendezvous store and join (from the
+  /// process start); one missing is named with the address (dist.startup_timeout_s).
+  TORCH_ARG(std::chrono::milliseconds, startup_timeout) = std::chrono::seconds(60);
   /// The device this rank trains on (NCCL: cuda:LOCAL_RANK).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
 };

@@ -1,0 +1,243 @@
+// torchrun's and Slurm's variables, the promised world size, and socket
+// interface names (see ember/dist/launch.h).
+#include "ember/dist/launch.h"
+
+#include <ifaddrs.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+
+#include "core/check.h"
+
+namespace ember::dist {
+namespace {
+
+int64_t to_int(const std::string& name, const std::string& v, const char* who) {
+  try {
+    size_t used = 0;
+    const int64_t x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("[dist::launch_env] {}='{}' is not an integer (set by {})", name, v, who));
+}
+
+int64_t int_or(const EnvReader& read, const char* name, int64_t fallback, const char* who) {
+  const auto v = read(name);
+  return v ? to_int(name, *v, who) : fallback;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char c : s) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+/// Splits at commas outside brackets: "a[1-2,4],b" -> {"a[1-2,4]", "b"}.
+std::vector<std::string> split_outside_brackets(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  for (const char c : s) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+LaunchEnv torchrun_env(const EnvReader& read) {
+  constexpr const char* who = "the launcher: torchrun or tools/ember run --nproc";
+  LaunchEnv e;
+  e.world_size = int_or(read, "WORLD_SIZE", 1, who);
+  e.rank = int_or(read, "RANK", 0, who);
+  e.local_rank = int_or(read, "LOCAL_RANK", e.rank, who);
+  e.local_world_size = int_or(read, "LOCAL_WORLD_SIZE", e.world_size, who);
+  e.master_addr = read("MASTER_ADDR").value_or("127.0.0.1");
+  e.master_port = int_or(read, "MASTER_PORT", 29500, who);
+  e.agent_store = read("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  e.restart_count = int_or(read, "TORCHELASTIC_RESTART_COUNT", 0, who);
+  if (e.world_size > 1)
+    EMBER_CHECK(read("MASTER_ADDR").has_value() && read("MASTER_PORT").has_value(),
+                "[dist::launch_env] WORLD_SIZE={} but MASTER_ADDR/MASTER_PORT are not set: start the ranks "
+                "with torchrun (or tools/ember run RECIPE --nproc N)",
+                e.world_size);
+  return e;
+}
+
+LaunchEnv slurm_env(const EnvReader& read) {
+  constexpr const char* who = "Slurm's srun";
+  LaunchEnv e;
+  e.rank = to_int("SLURM_PROCID", *read("SLURM_PROCID"), who);
+  e.world_size = to_int("SLURM_STEP_NUM_TASKS", *read("SLURM_STEP_NUM_TASKS"), who);
+  e.local_rank = int_or(read, "SLURM_LOCALID", 0, who);
+  const std::optional<std::string> nodes =
+      read("SLURM_STEP_NODELIST") ? read("SLURM_STEP_NODELIST") : read("SLURM_JOB_NODELIST");
+  e.local_world_size = e.world_size;
+  const std::optional<std::string> per_node =
+      read("SLURM_STEP_TASKS_PER_NODE") ? read("SLURM_STEP_TASKS_PER_NODE") : read("SLURM_TASKS_PER_NODE");
+  const int64_t node = int_or(read, "SLURM_NODEID", 0, who);
+  if (per_node) {
+    const std::vector<int64_t> tasks = expand_slurm_tasks_per_node(*per_node);
+    EMBER_CHECK(node >= 0 && node < static_cast<int64_t>(tasks.size()),
+                "[dist::launch_env] SLURM_NODEID={} but SLURM_STEP_TASKS_PER_NODE='{}' lists {} node(s)",
+                node, *per_node, tasks.size());
+    e.local_world_size = tasks[static_cast<size_t>(node)];
+  }
+  if (const auto addr = read("MASTER_ADDR")) {
+    e.master_addr = *addr;
+  } else {
+    EMBER_CHECK(nodes.has_value(),
+                "[dist::launch_env] a Slurm task (SLURM_PROCID set) without SLURM_STEP_NODELIST or "
+                "SLURM_JOB_NODELIST: set MASTER_ADDR to the first node's address");
+    e.master_addr = expand_slurm_nodelist(*nodes).front();
+  }
+  e.master_port = read("MASTER_PORT") ? to_int("MASTER_PORT", *read("MASTER_PORT"), who)
+                                      : 15000 + int_or(read, "SLURM_JOB_ID", 0, who) % 20000;
+  return e;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
+  std::vector<std::string> out;
+  const auto bad = [&](const std::string& why) {
+    return Error(ErrorKind::kConfig, fmt::format("[dist::slurm] node list '{}': {}", list, why));
+  };
+  for (const std::string& item : split_outside_brackets(list)) {
+    if (item.empty()) throw bad("an empty name");
+    const size_t open = item.find('[');
+    if (open == std::string::npos) {
+      out.push_back(item);
+      continue;
+    }
+    const size_t close = item.find(']', open);
+    if (close == std::string::npos || close != item.size() - 1)
+      throw bad("'[' without a closing ']' at the end");
+    const std::string prefix = item.substr(0, open);
+    for (const std::string& range : split(item.substr(open + 1, close - open - 1), ',')) {
+      const std::vector<std::string> ends = split(range, '-');
+      if (ends.size() > 2 || ends[0].empty() || (ends.size() == 2 && ends[1].empty()))
+        throw bad(fmt::format("'{}' is not N or N-M", range));
+      const int64_t lo = to_int("SLURM_STEP_NODELIST", ends[0], "Slurm");
+      const int64_t hi = ends.size() == 2 ? to_int("SLURM_STEP_NODELIST", ends[1], "Slurm") : lo;
+      if (hi < lo || hi - lo > 100000) throw bad(fmt::format("range '{}'", range));
+      const size_t width = ends[0].size();  // "01-10": zero padding to the first end's width
+      for (int64_t i = lo; i <= hi; ++i) {
+        std::string n = std::to_string(i);
+        if (n.size() < width) n.insert(0, width - n.size(), '0');
+        out.push_back(prefix + n);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> expand_slurm_tasks_per_node(const std::string& list) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split(list, ',')) {
+    const size_t x = item.find("(x");
+    const int64_t n = to_int("SLURM_STEP_TASKS_PER_NODE", item.substr(0, x), "Slurm");
+    int64_t repeat = 1;
+    if (x != std::string::npos) {
+      EMBER_CHECK_KIND(kConfig, item.back() == ')', "[dist::slurm] tasks per node '{}': '{}' lacks ')'", list,
+                       item);
+      repeat = to_int("SLURM_STEP_TASKS_PER_NODE", item.substr(x + 2, item.size() - x - 3), "Slurm");
+    }
+    EMBER_CHECK_KIND(kConfig, n >= 1 && repeat >= 1 && repeat <= 100000, "[dist::slurm] tasks per node '{}'",
+                     list);
+    out.insert(out.end(), static_cast<size_t>(repeat), n);
+  }
+  return out;
+}
+
+LaunchEnv launch_env_from(const EnvReader& read) {
+  const bool slurm = !read("RANK") && read("SLURM_PROCID") && read("SLURM_STEP_NUM_TASKS");
+  LaunchEnv e = slurm ? slurm_env(read) : torchrun_env(read);
+  EMBER_CHECK(e.world_size >= 1, "[dist::launch_env] WORLD_SIZE={} must be >= 1", e.world_size);
+  EMBER_CHECK(e.rank >= 0 && e.rank < e.world_size,
+              "[dist::launch_env] RANK={} must be in [0, WORLD_SIZE={})", e.rank, e.world_size);
+  EMBER_CHECK(e.local_rank >= 0 && e.local_rank < e.local_world_size,
+              "[dist::launch_env] LOCAL_RANK={} must be in [0, LOCAL_WORLD_SIZE={})", e.local_rank,
+              e.local_world_size);
+  EMBER_CHECK(e.master_port > 0 && e.master_port < 65536,
+              "[dist::launch_env] MASTER_PORT={} is not a TCP port", e.master_port);
+  if (const auto promised = read("EMBER_EXPECT_WORLD_SIZE")) {
+    const int64_t want = to_int("EMBER_EXPECT_WORLD_SIZE", *promised, "tools/ember run --nnodes");
+    if (want != e.world_size)
+      throw Error(
+          ErrorKind::kDistributed,
+          fmt::format(
+              "[dist] this process is rank {} of a world of {} process(es), but the launch promised {} "
+              "(EMBER_EXPECT_WORLD_SIZE): the nodes did not meet in one rendezvous. Usually each node formed "
+              "a world of its own because the rendezvous address resolves differently on each (a host name "
+              "that /etc/hosts maps to 127.0.1.1), or the nodes were started with different "
+              "--nnodes/--nproc. "
+              "Start every node with the same command and an address all of them reach (its IP, or "
+              "--local-addr on the rendezvous node); tools/ember doctor --nnodes N --rdzv HOST:PORT checks "
+              "it",
+              e.rank, e.world_size, want));
+  }
+  return e;
+}
+
+std::optional<std::string> socket_ifname_problem(const std::string& var, const std::string& value,
+                                                 const std::vector<std::string>& interfaces) {
+  if (value.empty()) return std::nullopt;
+  const std::string have = interfaces.empty() ? "none" : fmt::format("{}", fmt::join(interfaces, ", "));
+  if (var == "GLOO_SOCKET_IFNAME") {
+    for (const std::string& name : split(value, ','))
+      if (std::find(interfaces.begin(), interfaces.end(), name) == interfaces.end())
+        return fmt::format(
+            "{}={}: this machine has no interface '{}' (it has: {}); name one of them, or unset it", var,
+            value, name, have);
+    return std::nullopt;
+  }
+  std::string list = value;
+  const bool avoid = list.front() == '^';
+  if (avoid) list.erase(0, 1);
+  const bool exact = !list.empty() && list.front() == '=';
+  if (exact) list.erase(0, 1);
+  const std::vector<std::string> names = split(list, ',');
+  const auto matches = [&](const std::string& iface) {
+    return std::any_of(names.begin(), names.end(), [&](const std::string& n) {
+      return !n.empty() && (exact ? iface == n : iface.rfind(n, 0) == 0);
+    });
+  };
+  const auto left = std::count_if(interfaces.begin(), interfaces.end(),
+                                  [&](const std::string& i) { return avoid != matches(i); });
+  if (left > 0) return std::nullopt;
+  return fmt::format(
+      "{}={}: {} on this machine (it has: {}); NCCL would fail to start. Name an interface that "
+      "exists ('{}' + a prefix such as eth, ens, ib), or unset it",
+      var, value, avoid ? "it excludes every interface" : "no interface matches it", have, exact ? "=" : "");
+}
+
+std::vector<std::string> network_interfaces() {
+  std::set<std::string> names;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a != nullptr; a = a->ifa_next)
+      if (a->ifa_name) names.insert(a->ifa_name);
+    freeifaddrs(list);
+  }
+  return {names.begin(), names.end()};
+}
+
+}  // namespace ember::dist

@@ -1,0 +1,96 @@
+// Slurm's variables, the promised world size and the interface variables
+// (ember/dist/launch.h), on faked environments.
+#include <ember/core/error.h>
+#include <ember/dist/launch.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "train/test_task.h"
+
+namespace ember::dist {
+namespace {
+
+EnvReader fake(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+    const auto it = vars.find(name);
+    if (it == vars.end() || it->second.empty()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(Slurm, NodeListsExpandInOrderWithTheirPadding) {
+  EXPECT_EQ(expand_slurm_nodelist("gpu[01-03,07],cpu5"),
+            (std::vector<std::string>{"gpu01", "gpu02", "gpu03", "gpu07", "cpu5"}));
+  EXPECT_EQ(expand_slurm_nodelist("n[8-11]"), (std::vector<std::string>{"n8", "n9", "n10", "n11"}));
+  EXPECT_EQ(expand_slurm_nodelist("a,b"), (std::vector<std::string>{"a", "b"}));
+  for (const char* bad : {"gpu[01-", "gpu[3-1]", "gpu[a-b]", "x,,y", "gpu[1-2]x"})
+    EXPECT_NE(test_util::error_of([&] { expand_slurm_nodelist(bad); }).find("node list"), std::string::npos)
+        << bad;
+  EXPECT_EQ(expand_slurm_tasks_per_node("8(x2),4"), (std::vector<int64_t>{8, 8, 4}));
+  EXPECT_EQ(expand_slurm_tasks_per_node("2"), (std::vector<int64_t>{2}));
+}
+
+TEST(Slurm, AnSrunTaskIsARankWhenTorchrunSetNothing) {
+  const LaunchEnv e = launch_env_from(fake({{"SLURM_PROCID", "5"},
+                                            {"SLURM_STEP_NUM_TASKS", "8"},
+                                            {"SLURM_LOCALID", "1"},
+                                            {"SLURM_NODEID", "1"},
+                                            {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+                                            {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+                                            {"SLURM_JOB_ID", "123456"}}));
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.master_addr, "gpu07");
+  EXPECT_EQ(e.master_port, 15000 + 123456 % 20000);
+  EXPECT_FALSE(e.agent_store);
+  // torchrun's variables win (torchrun inside an allocation); an sbatch shell (no step) is one process.
+  EXPECT_EQ(launch_env_from(fake({{"SLURM_PROCID", "5"},
+                                  {"SLURM_STEP_NUM_TASKS", "8"},
+                                  {"RANK", "0"},
+                                  {"WORLD_SIZE", "2"},
+                                  {"MASTER_ADDR", "h"},
+                                  {"MASTER_PORT", "1234"}}))
+                .world_size,
+            2);
+  EXPECT_EQ(launch_env_from(fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}})).world_size, 1);
+}
+
+TEST(Launch, AWorldSmallerThanPromisedIsRefused) {
+  const std::string e = test_util::error_of([] {
+    launch_env_from(fake({{"EMBER_EXPECT_WORLD_SIZE", "2"}}));
+  });
+  EXPECT_NE(e.find("a world of 1 process(es), but the launch promised 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("127.0.1.1"), std::string::npos) << e;
+  EXPECT_EQ(launch_env_from(fake({{"EMBER_EXPECT_WORLD_SIZE", "2"},
+                                  {"RANK", "1"},
+                                  {"WORLD_SIZE", "2"},
+                                  {"MASTER_ADDR", "h"},
+                                  {"MASTER_PORT", "1"}}))
+                .rank,
+            1);
+}
+
+TEST(Launch, InterfaceVariablesMustNameAnInterfaceThatExists) {
+  const std::vector<std::string> here = {"eth0", "ib0", "lo"};
+  EXPECT_FALSE(socket_ifname_problem("NCCL_SOCKET_IFNAME", "eth", here));
+  EXPECT_FALSE(socket_ifname_problem("NCCL_SOCKET_IFNAME", "=ib0", here));
+  EXPECT_FALSE(socket_ifname_problem("NCCL_SOCKET_IFNAME", "^lo,docker", here));
+  EXPECT_FALSE(socket_ifname_problem("NCCL_SOCKET_IFNAME", "ens,eth", here));
+  const auto missing = socket_ifname_problem("NCCL_SOCKET_IFNAME", "ens", here);
+  ASSERT_TRUE(missing);
+  EXPECT_NE(missing->find("no interface matches it"), std::string::npos) << *missing;
+  EXPECT_NE(missing->find("eth0, ib0, lo"), std::string::npos) << *missing;
+  EXPECT_TRUE(socket_ifname_problem("NCCL_SOCKET_IFNAME", "=eth", here));  // exact: eth is not eth0
+  const auto none_left = socket_ifname_problem("NCCL_SOCKET_IFNAME", "^eth,ib,lo", here);
+  ASSERT_TRUE(none_left);
+  EXPECT_NE(none_left->find("excludes every interface"), std::string::npos) << *none_left;
+  EXPECT_FALSE(socket_ifname_problem("GLOO_SOCKET_IFNAME", "eth0,lo", here));
+  EXPECT_TRUE(socket_ifname_problem("GLOO_SOCKET_IFNAME", "eth", here));  // Gloo: exact names
+  EXPECT_FALSE(network_interfaces().empty());                             // at least lo
+}
+
+}  // namespace
+}  // namespace ember::dist
