@@ -2,6 +2,7 @@
 """Hyper-parameter search over a recipe's config keys, driven by Optuna.
 
     tools/ember tune RECIPE --space FILE [--trials N] [--parallel P] [--study DIR] [key=value ...]
+    tools/ember tune RECIPE --space FILE --storage URL [--study-name NAME] ...   # on each machine
     python3 tools/tune.py --binary build/bin/fashion_mnist --space recipes/fashion_mnist/tune_space.toml \\
         --trials 6 --parallel 2 --study runs/tune-demo data.train_subset=3000 data.val_size=1000 trainer.epochs=3
 
@@ -58,7 +59,8 @@ Samplers (--sampler): tpe (default; its first --startup-trials are random;
 with P > 1 a running trial counts as a poor result, Optuna's constant liar),
 random, grid (every combination of grid/choices once; --trials is capped at
 the grid's size). The seed is --seed plus the number of trials already in the
-study, so that a resumed study draws new points (grid: --seed, its order). Pruners (--pruner): median (default: prune a trial whose
+study, so that a resumed study draws new points (grid: --seed, its order;
+--storage: below). Pruners (--pruner): median (default: prune a trial whose
 value at an epoch is worse than the median of the completed trials at that
 epoch, once --pruner-startup trials completed), asha (asynchronous successive
 halving, reduction factor 3, rungs at epochs (W+1) * 3^k), none. No pruning
@@ -74,6 +76,65 @@ killed: marked on resume) is recorded FAIL with the user attribute
 "interrupted", is not counted, and its parameters are enqueued again so that
 the point is still evaluated; its folder is kept. One driver at a time uses a
 study folder (STUDY/driver.lock).
+
+Several machines (--storage URL): the study lives in a database that drivers on
+several machines (or several on one) share, through Optuna's RDBStorage
+(SQLAlchemy): sqlite:////shared/study.db, postgresql://user:pw@host/db,
+mysql+pymysql://... (the venv has SQLite's driver; install psycopg[binary] or
+PyMySQL into it for the others). Every driver runs the same command but for
+--study:
+
+    tools/ember tune RECIPE --space F --storage sqlite:////nfs/tune/study.db --study-name lr-search \\
+        --study runs/tune-lr-$(hostname) [key=value ...]
+
+--study-name names the study in the database (default: the recipe's name).
+--study DIR (default runs/tune-NAME) holds this driver's trial folders
+(STUDY/trials/NNNN: trial numbers are unique in the study, so the folders of
+several machines never collide), best.toml and study.png, and STUDY/storage.txt
+naming the study; still one driver per folder (driver.lock), so two drivers on
+one machine take two folders. What changes with a shared study:
+  - --trials N counts the study, every driver together: a driver starts a
+    trial while finished (as above) plus RUNNING trials number fewer than N.
+    Asking and counting are two steps, so each driver counts again after
+    Optuna's ask; one that finds N exceeded (two asked for the last slot at
+    once) gives the trial back, WAITING in Optuna's queue for the next ask,
+    and tries later: never more than N run, none is lost. When the study is
+    full, a driver waits until no driver runs a trial before printing the
+    results (a trial whose driver dies then runs there).
+  - Dead drivers: a driver records a heartbeat for each of its running
+    trials every --heartbeat S seconds (default 10; Optuna's heartbeat, in
+    the database's clock). A RUNNING trial without one for 6 * S seconds
+    (its driver was killed, its machine lost) is failed by any other driver
+    (Optuna's fail_stale_trials) and its point enqueued again (user attribute
+    retry_of): FAIL without a reason, not counted, its folder kept on its
+    machine. A driver too slow to beat in time sees its trial taken over and
+    stops it. (The journal's rule, a trial RUNNING when a driver starts was
+    left by a dead one, does not hold: another driver may be running it.)
+  - Each trial records its driver as user attribute "driver" (host:pid), shown
+    in the table; a COMPLETE trial keeps its run/config.toml as user attribute
+    "config", so best.toml is written on every machine.
+  - --enqueue: once per study, whichever driver takes it; two drivers that
+    enqueue the same point at the same moment leave two copies, and the later
+    copy is not run (FAIL "not run", not counted).
+  - Seeds: each driver's sampler is reseeded from the OS after seeding
+    (Optuna's reseed_rng), so drivers started at once do not draw the same
+    points, and TPE treats running trials as poor results (constant liar),
+    every driver's included; a shared study is not reproducible from --seed
+    (its points depend on the drivers' timing anyway).
+  - Grid: the grid's order comes from the study's first --seed on every
+    driver, and a trial takes grid point k when k trials before it (by
+    number) were not given a point by --enqueue or a retry, which all drivers
+    count alike: each point goes to one trial even when drivers ask at once
+    (Optuna's GridSampler draws at random once trial numbers pass the grid's
+    size, and two drivers may draw the same). A trial counted past the end
+    is not run (FAIL "not run", not counted).
+  - SQLite: each transaction takes the database's write lock first (BEGIN
+    IMMEDIATE), which makes Optuna's read-then-write steps atomic across
+    processes, as SELECT ... FOR UPDATE does on PostgreSQL and MySQL. SQLite on
+    a network file system depends on its file locking (often broken on NFS);
+    Optuna recommends a database server (PostgreSQL, MySQL) for many workers
+    and machines: use SQLite for a few drivers on one machine or a file
+    system with working locks.
 
 A trial that exits non-zero (other than after being pruned) is FAIL with user
 attributes exit_status, reason and log_tail (printed); the study goes on, unless
@@ -94,8 +155,8 @@ the parameters that vary once >= 2 trials completed: optuna.importance's
 fANOVA when scikit-learn is installed, else PED-ANOVA, which needs numpy only).
 
 Exit status: 0 done, 1 an error (message says what; also the first trials all
-failing the same way), 2 a bad command line, space file or metric name, 130
-interrupted (the journal is resumable).
+failing the same way; a database that cannot be opened), 2 a bad command line,
+space file or metric name, 130 interrupted (the study is resumable).
 """
 import argparse
 import contextlib
@@ -106,9 +167,11 @@ import importlib.util
 import json
 import math
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -133,6 +196,12 @@ EXIT_MEANING = {1: "error", 2: "config error", 3: "diverged", 130: "stopped by a
 SAME_FAILURE_STOP = 3  # the first this many trials of a driver all FAIL the same way: stop (exit 1)
 FIG_SIZE_IN = (12.0, 4.5)  # study.png: width, height in inches
 DPI = 100  # -> 1200 x 450 pixels
+HEARTBEAT_S = 10  # --storage: default seconds between a driver's heartbeats for its running trials
+GRACE_BEATS = 6  # --storage: a RUNNING trial without a heartbeat for this many intervals is stale
+STORAGE_POLL_S = 1.0  # --storage: seconds between looks at the shared study when no slot can start
+BACKOFF_S = (0.5, 2.0)  # --storage: a trial given back (the study was full) waits this long, at random
+SQLITE_BUSY_S = 60  # --storage sqlite: seconds a statement waits for another driver's lock
+OPEN_TRIES = 4  # --storage: attempts at opening it (drivers started at once race to create its tables)
 
 
 class TuneError(Exception):
@@ -149,6 +218,15 @@ class MetricError(UsageError):
 
 def log(message):
     print(f"[tune] {message}", flush=True)
+
+
+def safe_url(url):
+    """A database URL as messages and STUDY/storage.txt show it: its password hidden."""
+    import sqlalchemy
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        return url
 
 
 # --------------------------------------------------------------------------- the search space
@@ -659,6 +737,7 @@ class TrialRun:
     pruned_at: int | None = None  # the epoch whose value made the pruner stop it
     term_sent: float | None = None  # monotonic time SIGTERM was sent
     epochs: int | None = None  # trainer.epochs of its run/config.toml, once read
+    lost: bool = False  # --storage: failed by another driver's heartbeat check while it ran here
 
     def last_epoch(self):
         """The run's trainer.epochs (None if unknown): its last epoch is never pruned, for it
@@ -748,30 +827,64 @@ def set_user_attrs(study, trial_id, attrs):
 
 class GridSampler(optuna.samplers.GridSampler):
     """Optuna's GridSampler for ask-and-tell: its after_trial calls study.stop(), which only
-    works inside study.optimize; this driver counts the grid itself (Tuner.grid_left)."""
+    works inside study.optimize; this driver counts the grid itself (Tuner.grid_left).
+
+    shared (--storage): Optuna gives trial number k grid point k while k < the grid's size,
+    then a random unvisited point, which two drivers asking at once may both draw (and any
+    trial past the end, a visited one). Here the trial takes the point numbered by the count
+    of trials before it that were not given their point (--enqueue, retries: "fixed_params"),
+    which every driver computes alike: trial numbers are given one at a time by the storage,
+    and whether a trial has fixed params is set when it is created. So each grid point goes
+    to one trial; a trial counted past the grid's end gets no point (Tuner.claim: not run)."""
+
+    def __init__(self, search_space, seed, shared=False):
+        super().__init__(search_space, seed=seed)
+        self.shared = shared
+
+    def before_trial(self, study, trial):
+        if not self.shared:
+            return super().before_trial(study, trial)
+        if "grid_id" in trial.system_attrs or "fixed_params" in trial.system_attrs:
+            return None  # an enqueued or retried point, or a trial given back and asked again
+        before = study._storage.get_all_trials(study._study_id, deepcopy=False)
+        grid_id = sum(t.number < trial.number and "fixed_params" not in t.system_attrs for t in before)
+        study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
+        study._storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
+        return None
 
     def after_trial(self, study, trial, state, values):
         pass
 
 
 def counts_as_finished(t):
-    """COMPLETE, PRUNED and FAIL count toward --trials; a FAIL by interruption does not."""
+    """COMPLETE, PRUNED and FAIL count toward --trials; a FAIL by interruption does not, nor one a
+    driver did not run (a copy of an enqueued point), nor one failed by another driver's heartbeat
+    check (no "reason": its driver died; its point runs again)."""
     if t.state == TrialState.FAIL:
-        return "interrupted" not in t.user_attrs
+        return "reason" in t.user_attrs and "interrupted" not in t.user_attrs and "not_run" not in t.user_attrs
     return t.state in (TrialState.COMPLETE, TrialState.PRUNED)
 
 
 class Tuner:
-    """The driver: one thread, P trial processes, the study in a journal file."""
+    """The driver: one thread, P trial processes, the study in a journal file (or, with --storage,
+    in a database other drivers share)."""
 
     def __init__(self, args, space, fixed, fixed_args, recipe):
         self.args, self.space, self.fixed, self.fixed_args, self.recipe = args, space, fixed, fixed_args, recipe
         self.dir = args.study
+        self.shared = args.storage is not None  # a study in a database, shared with other drivers
+        self.driver = f"{socket.gethostname()}:{os.getpid()}"  # user attr "driver" of its trials
         self.running = {}  # slot -> TrialRun
         self.stopping = 0  # signals received (1: stop trials cleanly, 2+: kill them)
         self.signal_name = ""
         self.stop_reason = None  # why the driver stops its running trials, when not a signal
         self.outcomes = []  # (state, exit status, reason, last log line, number) of the trials finished here
+        self.wanted = 0  # journal: trials this driver still starts
+        self.looked = None  # --storage: the last counts() of the shared study
+        self.next_look = 0.0  # --storage: monotonic time it is read again
+        self.backoff_until = 0.0  # --storage: no trial starts before (a trial given back)
+        self.next_beat = 0.0  # --storage: monotonic time of the next heartbeat
+        self.said_waiting = False
         self.gpus = detect_gpus()
         self.threads = None
         threads_set = ("trainer.threads" in fixed or any(p.key == "trainer.threads" for p in space.params)
@@ -781,16 +894,88 @@ class Tuner:
 
     # ---- setup
 
+    @property
+    def where(self):
+        """The study, as messages name it: its folder, or its name and database."""
+        if self.shared:
+            return f"the study {self.args.study_name} in {safe_url(self.args.storage)}"
+        return str(self.dir)
+
+    def open_storage(self):
+        """The shared study's RDBStorage (SQLAlchemy), with heartbeats; sqlite made safe for
+        several processes: each transaction takes the write lock first (BEGIN IMMEDIATE), so
+        Optuna's read-then-write steps (a WAITING trial taken by one driver only, a stale trial
+        failed once) are atomic, as SELECT ... FOR UPDATE makes them on PostgreSQL and MySQL."""
+        import sqlalchemy
+        url = self.args.storage
+        sqlite = sqlalchemy.engine.make_url(url).get_backend_name() == "sqlite"
+        # isolation_level None: the sqlite3 module's own BEGIN (deferred, and only before a
+        # write) is off; the "begin" listener below starts every transaction instead.
+        engine_kwargs = {"connect_args": {"timeout": SQLITE_BUSY_S, "isolation_level": None}} if sqlite else {}
+        beat = self.args.heartbeat
+        for attempt in range(1, OPEN_TRIES + 1):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    storage = optuna.storages.RDBStorage(
+                        url, engine_kwargs=engine_kwargs, heartbeat_interval=beat,
+                        grace_period=GRACE_BEATS * beat, heartbeat_stale_trial_callback=self.retry_stale)
+                break
+            except ImportError as e:
+                raise TuneError(f"--storage {safe_url(url)}: the venv lacks its database driver "
+                                f"({e.__cause__ or e}); install it there: PostgreSQL .venv/bin/pip install "
+                                f"'psycopg[binary]' (SQLAlchemy's default for postgresql://), MySQL PyMySQL with "
+                                f"a mysql+pymysql:// URL") from None
+            except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+                # Drivers started at once race to create the tables: the loser sees them made.
+                if attempt == OPEN_TRIES:
+                    cause = e.__cause__ or e
+                    raise TuneError(f"--storage {safe_url(url)}: cannot open it ({type(cause).__name__}: "
+                                    f"{str(cause).splitlines()[0]}); is the database reachable, and for "
+                                    f"sqlite does its folder exist?") from None
+                time.sleep(random.uniform(0.2, 1.0))
+        if sqlite:
+            sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        return storage
+
+    def check_folder(self):
+        """Trial folders are named by trial number, unique in one study: a folder holds one
+        study's trials (the journal's, or this machine's of one shared study), as
+        STUDY/storage.txt says for a shared one."""
+        marker = self.dir / "storage.txt"
+        text = marker.read_text(encoding="utf-8") if marker.exists() else None
+        if self.shared:
+            mine = f"{safe_url(self.args.storage)} {self.args.study_name}\n"
+            journal = self.dir / "journal.log"
+            if journal.exists() and journal.stat().st_size:
+                raise TuneError(f"{self.dir} holds a study of its own ({journal}): give the shared study another "
+                                f"--study folder")
+            if text is not None and text != mine:
+                raise TuneError(f"{self.dir} holds this machine's trials of another shared study "
+                                f"({text.strip()}): give {self.where} another --study folder")
+            if text is None:
+                marker.write_text(mine, encoding="utf-8")
+        elif text is not None:
+            url, _, name = text.strip().rpartition(" ")
+            raise TuneError(f"{self.dir} holds this machine's trials of the shared study {name} in {url}: add "
+                            f"--storage URL --study-name {name} to resume it, or use another --study folder")
+
     def open_study(self):
-        storage = JournalStorage(JournalFileBackend(str(self.dir / "journal.log")))
-        study = optuna.create_study(study_name="tune", storage=storage, direction=self.space.direction,
+        self.check_folder()
+        if self.shared:
+            storage, name = self.open_storage(), self.args.study_name
+        else:
+            storage, name = JournalStorage(JournalFileBackend(str(self.dir / "journal.log"))), "tune"
+        study = optuna.create_study(study_name=name, storage=storage, direction=self.space.direction,
                                     load_if_exists=True)
         attrs = study.user_attrs
-        if not attrs:  # a new study: what it optimises, for the resumes
-            study.set_user_attr("recipe", self.recipe)
+        another = "--study-name" if self.shared else "--study folder"
+        if "recipe" not in attrs:  # a new study: what it optimises, for the resumes ("recipe" is set last)
             study.set_user_attr("metric", self.space.metric)
             study.set_user_attr("space", self.space.text)
             study.set_user_attr("fixed", self.fixed_args)
+            study.set_user_attr("seed", self.args.seed)
+            study.set_user_attr("recipe", self.recipe)
         else:
             valued = any(t.state == TrialState.COMPLETE or t.intermediate_values for t in study.trials)
             if attrs.get("metric") != self.space.metric and not valued \
@@ -802,12 +987,12 @@ class Tuner:
                 study.set_user_attr("space", self.space.text)
             elif attrs.get("metric") != self.space.metric \
                     or study.direction.name.lower() != self.space.direction:
-                raise TuneError(f"{self.dir} is a study of {attrs.get('metric')} "
+                raise TuneError(f"{self.where} is a study of {attrs.get('metric')} "
                                 f"({study.direction.name.lower()}), the space file asks for {self.space.metric} "
-                                f"({self.space.direction}): use another --study folder")
+                                f"({self.space.direction}): use another {another}")
             if attrs.get("recipe") != self.recipe:
-                raise TuneError(f"{self.dir} is a study of the recipe {attrs.get('recipe')}, not {self.recipe}: "
-                                f"use another --study folder")
+                raise TuneError(f"{self.where} is a study of the recipe {attrs.get('recipe')}, not {self.recipe}: "
+                                f"use another {another}")
             if study.user_attrs.get("space") != self.space.text:
                 log("note: the space file differs from the one this study started with (the new one applies "
                     "to new trials)")
@@ -815,7 +1000,10 @@ class Tuner:
                 log(f"note: the fixed arguments differ from the study's first run ({attrs.get('fixed')}): "
                     f"trials may not be comparable")
         self.study = study
-        self.mark_stale_trials()
+        if self.shared:
+            self.fail_stale()
+        else:
+            self.mark_stale_trials()
         # A seeded sampler restarts its random stream; offsetting the seed by the trials
         # already in the study keeps a resumed study from drawing the same points again.
         # The grid's seed stays fixed: it orders the grid, whose ids the journal keeps.
@@ -823,17 +1011,26 @@ class Tuner:
         seed = self.args.seed
         if self.args.sampler == "grid":
             grid = {p.key: p.grid_points() for p in self.space.params}
-            study.sampler = GridSampler(grid, seed=seed)
+            if self.shared and attrs.get("seed", seed) != seed:
+                # Every driver must order the grid alike: a grid id names the same point for all.
+                log(f"note: the grid is ordered by the study's seed {attrs['seed']}, not --seed {seed}")
+                seed = attrs["seed"]
+            study.sampler = GridSampler(grid, seed=seed, shared=self.shared)
             self.grid_size = math.prod(len(v) for v in grid.values())
         elif self.args.sampler == "random":
             study.sampler = optuna.samplers.RandomSampler(seed=seed + n)
         else:
             # constant_liar: a running trial counts as a poor result, so parallel trials
-            # do not all go to the same promising point (experimental in Optuna 4: muted).
+            # (this driver's, and with --storage the other drivers') do not all go to the same
+            # promising point (experimental in Optuna 4: muted).
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                study.sampler = optuna.samplers.TPESampler(n_startup_trials=self.args.startup_trials,
-                                                           seed=seed + n, constant_liar=self.args.parallel > 1)
+                study.sampler = optuna.samplers.TPESampler(n_startup_trials=self.args.startup_trials, seed=seed + n,
+                                                           constant_liar=self.args.parallel > 1 or self.shared)
+        if self.shared:
+            # Drivers started at once would draw the same points from the same seed: each draws
+            # from a stream of its own (reseeded from the OS; the grid keeps its order).
+            study.sampler.reseed_rng()
         warmup = self.args.pruner_warmup
         if self.args.pruner == "median":
             study.pruner = optuna.pruners.MedianPruner(n_startup_trials=self.args.pruner_startup,
@@ -861,9 +1058,133 @@ class Tuner:
                 self.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
 
     def enqueue(self, points):
-        """--enqueue: fixed points tried first, once per study (skipped when already there)."""
+        """--enqueue: fixed points tried first, once per study (skipped when already there). Two
+        drivers starting at once may both enqueue a point: the copies carry the same "enqueued"
+        attribute, and only the first (lowest number) runs (claim)."""
         for params in points:
-            self.study.enqueue_trial(params, skip_if_exists=True)
+            key = json.dumps(params, sort_keys=True) if self.shared else None
+            self.study.enqueue_trial(params, skip_if_exists=True, user_attrs={"enqueued": key} if key else None)
+
+    # ---- the shared study (--storage)
+
+    def retry_stale(self, study, t):
+        """Optuna's heartbeat_stale_trial_callback: a RUNNING trial whose driver stopped beating
+        (killed, its machine gone) was failed by this driver's fail_stale(): its point runs again
+        (not counted: it has no "reason"; folder kept on the machine that ran it)."""
+        who = t.user_attrs.get("driver", "a driver")
+        log(f"trial {t.number} of {who} had no heartbeat for {GRACE_BEATS * self.args.heartbeat} s: FAIL (its "
+            f"driver is gone; not counted); its folder {t.user_attrs.get('folder', '?')} is kept there"
+            + ("; its parameters run again" if t.params else ""))
+        if t.params:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+
+    def fail_stale(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+
+    def beat(self):
+        """Every --heartbeat seconds: a heartbeat for each trial running here, a check that none
+        of them was failed meanwhile as stale by another driver (this one too slow), and
+        Optuna's fail_stale_trials over the study (other drivers' trials without heartbeat)."""
+        now = time.monotonic()
+        if now < self.next_beat:
+            return
+        self.next_beat = now + self.args.heartbeat
+        storage = self.study._storage
+        for run in self.running.values():
+            storage.record_heartbeat(run.trial._trial_id)
+            if not run.lost and self.taken_over(run):
+                self.lose(run)
+        self.fail_stale()
+
+    def taken_over(self, run):
+        """The trial is no longer RUNNING in the shared study: another driver failed it as stale."""
+        return self.study._storage.get_trial(run.trial._trial_id).state != TrialState.RUNNING
+
+    def lose(self, run):
+        """Another driver failed this trial as stale (no heartbeat from here for too long) and
+        queued its point again: stop it; it is not told (finished already)."""
+        run.lost = True
+        run.stop()
+        log(f"trial {run.number} was failed by another driver (no heartbeat from here for "
+            f"{GRACE_BEATS * self.args.heartbeat} s; a busy machine?): stopping it; its point runs again")
+
+    def counts(self):
+        """(finished trials that count, RUNNING trials of every driver, grid points left or None)."""
+        trials = self.study.get_trials(deepcopy=False)
+        counted = sum(counts_as_finished(t) for t in trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        return counted, running, self.grid_left() if self.args.sampler == "grid" else None
+
+    def look(self):
+        """counts(), read again when this driver started or finished a trial since, or after
+        STORAGE_POLL_S (other drivers' changes)."""
+        now = time.monotonic()
+        if self.looked is None or now >= self.next_look:
+            self.looked, self.next_look = self.counts(), now + STORAGE_POLL_S
+        return self.looked
+
+    def may_start(self):
+        """Whether this driver starts another trial: journal, its own count; shared, while the
+        study's finished and running trials number fewer than --trials."""
+        if not self.shared:
+            return self.wanted > 0
+        if time.monotonic() < self.backoff_until:
+            return False
+        counted, running, left = self.look()
+        return counted + running < self.args.trials and left != 0
+
+    def study_done(self):
+        """No trial runs here: stop? Journal: when this driver started its share. Shared: when no
+        driver runs a trial and --trials are finished (or the grid): a trial of another driver may
+        still go stale, and then runs here."""
+        if not self.shared:
+            return self.wanted <= 0
+        counted, running, left = self.look()
+        if running == 0 and (counted >= self.args.trials or left == 0):
+            return True
+        if running and not self.said_waiting and (counted + running >= self.args.trials or left == 0):
+            self.said_waiting = True
+            log(f"{counted} trial(s) finished and {running} running in {self.where}: waiting for the other "
+                f"drivers' trials (one whose driver stops beating is run again here)")
+        return False
+
+    def claim(self, trial):
+        """A trial just asked for (RUNNING in the shared study): True if this driver runs it.
+        Asking and counting are two steps, so two drivers may ask at once for the last slot:
+        each counts after its ask, and one that finds the study over --trials gives its trial
+        back (WAITING again: Optuna's queue, the next ask takes it, params and grid point kept)
+        and looks again later. The last of racing drivers to count sees all their trials, so
+        no more than --trials run; both may give back, and one then runs it. A copy of an
+        --enqueue point that another driver enqueued at the same moment is not run (FAIL,
+        "not_run", not counted)."""
+        trials = self.study.get_trials(deepcopy=False)
+        mine = next(t for t in trials if t.number == trial.number)
+        if self.args.sampler == "grid" and mine.system_attrs.get("grid_id", 0) >= self.grid_size:
+            set_user_attrs(self.study, trial._trial_id, {"reason": "not run", "not_run": "the grid is done"})
+            self.study.tell(trial, state=TrialState.FAIL)
+            log(f"trial {trial.number}: every grid point is taken (drivers asked at the same moment): not run")
+            return False
+        key = mine.user_attrs.get("enqueued")
+        first = min((t.number for t in trials if key and t.user_attrs.get("enqueued") == key), default=None)
+        if first is not None and first != trial.number:
+            set_user_attrs(self.study, trial._trial_id, {
+                "reason": "not run", "not_run": f"a copy of trial {first}'s --enqueue point"})
+            self.study.tell(trial, state=TrialState.FAIL)
+            log(f"trial {trial.number}: a copy of trial {first}'s --enqueue point (two drivers enqueued it): "
+                f"not run")
+            return False
+        counted = sum(counts_as_finished(t) for t in trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)  # this one included
+        if counted + running > self.args.trials:
+            self.study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+            self.backoff_until = time.monotonic() + random.uniform(*BACKOFF_S)
+            log(f"trial {trial.number} given back (WAITING): {counted} finished and {running - 1} running already "
+                f"make --trials {self.args.trials} (drivers asked at the same moment)")
+            return False
+        self.study._storage.record_heartbeat(trial._trial_id)
+        return True
 
     # ---- trials
 
@@ -874,17 +1195,26 @@ class Tuner:
         """Grid points no trial has taken yet, plus enqueued trials (retries) waiting."""
         taken = {t.system_attrs.get("grid_id") for t in self.study.get_trials(deepcopy=False)}
         waiting = len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-        return self.grid_size - len(taken - {None}) + waiting
+        return self.grid_size - len(taken & set(range(self.grid_size))) + waiting
 
     def start_trial(self, slot):
-        trial = self.study.ask()
+        """Asks Optuna for a trial and starts it; False when the shared study gave none to run."""
+        with warnings.catch_warnings():
+            # With --storage: "Heartbeat of storage is supposed to be used with Study.optimize" (beat() beats).
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = self.study.ask()
+        self.looked = None  # the study changes: look again
         try:
+            if self.shared and not self.claim(trial):
+                return False
             self.launch(trial, slot)
         except BaseException as e:
             # Nothing runs for this trial: FAIL, not RUNNING (a resume would call it interrupted).
             set_user_attrs(self.study, trial._trial_id, {"reason": f"not started: {e}"[:LOG_TAIL_CHARS]})
             self.study.tell(trial, state=TrialState.FAIL)
             raise
+        self.wanted -= 1
+        return True
 
     def launch(self, trial, slot):
         params = {p.key: p.suggest(trial) for p in self.space.params}
@@ -903,6 +1233,7 @@ class Tuner:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot % len(self.gpus)]
         trial.set_user_attr("command", command)
         trial.set_user_attr("folder", str(folder))
+        trial.set_user_attr("driver", self.driver)
         log_file = open(folder / "log.txt", "ab")
         try:
             log_file.write(f"$ {' '.join(command)}\n".encode())
@@ -921,6 +1252,8 @@ class Tuner:
     def follow(self, run):
         """Reports new validation values; asks the pruner; stops a pruned trial."""
         field_name = self.space.val_field
+        if run.lost:
+            return
         for record in read_val_records(run):
             if field_name and field_name not in record:
                 raise self.metric_error(f"the val records of {self.recipe} have no field \"{field_name}\"",
@@ -930,7 +1263,13 @@ class Tuner:
             if not _is_number(value) or epoch in run.reported:
                 continue
             run.reported[epoch] = float(value)
-            run.trial.report(float(value), epoch)
+            try:
+                run.trial.report(float(value), epoch)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                if not self.shared:
+                    raise
+                self.lose(run)  # failed by another driver's heartbeat check since the last beat
+                return
             if run.pruned_at is None and not self.stopping and run.process.poll() is None \
                     and epoch != run.last_epoch() and run.trial.should_prune():
                 run.pruned_at = epoch
@@ -942,6 +1281,12 @@ class Tuner:
         """The trial's process exited: tell Optuna how it went."""
         rc = run.process.returncode
         seconds = time.monotonic() - run.started
+        if self.shared and not run.lost and self.taken_over(run):
+            run.lost = True
+        if run.lost:
+            run.log_file.close()
+            log(f"trial {run.number} (failed by another driver) stopped, exit status {rc}")
+            return
         try:
             self.follow(run)  # the records written before it exited
         except MetricError:
@@ -967,6 +1312,9 @@ class Tuner:
                                     number_fields(summary))
         value = final_value(run, self.space) if rc == 0 else None
         if value is not None and math.isfinite(value):
+            if self.shared:  # best.toml on another machine than this trial's folder
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    attrs["config"] = (run.folder / "run" / "config.toml").read_text(encoding="utf-8")
             set_user_attrs(self.study, trial_id, attrs)
             self.study.tell(run.trial, value)
             best = self.study.best_trial
@@ -1018,6 +1366,8 @@ class Tuner:
                            f"space file and rerun the same command (the study resumes; no trial has counted)")
 
     def interrupted(self, run, rc, seconds, why="stopped when the driver was interrupted"):
+        if run.lost or (self.shared and self.taken_over(run)):  # failed by another driver, point queued again
+            return
         set_user_attrs(self.study, run.trial._trial_id, {
             "exit_status": rc, "seconds": round(seconds, 3), "reason": "interrupted", "interrupted": why})
         self.study.tell(run.trial, state=TrialState.FAIL)
@@ -1048,37 +1398,49 @@ class Tuner:
         return self.stopping
 
     def run(self):
-        """Runs trials until --trials are finished (or the grid is done, or a signal)."""
-        wanted = self.args.trials - self.finished()
-        if self.args.sampler == "grid":
-            left = self.grid_left()
-            if left < wanted:
-                log(f"the grid has {self.grid_size} points, {left} not tried yet: running {left} trial(s)")
-                wanted = left
-        done = self.finished()
-        if wanted <= 0:
-            log(f"{done} trial(s) finished already (--trials {self.args.trials}): nothing to run")
-            return
-        log(f"{done} trial(s) finished, {wanted} to run, {self.args.parallel} at a time"
-            + (f", trainer.threads={self.threads} each" if self.threads else ""))
+        """Runs trials until --trials are finished (or the grid is done, or a signal). With
+        --storage the count is the shared study's, across every driver."""
+        if self.shared:
+            counted, running, left = self.counts()
+            log(f"{self.where}: {counted} trial(s) finished, {running} running; this driver ({self.driver}) "
+                f"runs up to {self.args.parallel} at a time until {self.args.trials} are finished or running"
+                + (f" (grid: {left} point(s) left)" if left is not None else "")
+                + (f", trainer.threads={self.threads} each" if self.threads else ""))
+        else:
+            self.wanted = self.args.trials - self.finished()
+            if self.args.sampler == "grid":
+                left = self.grid_left()
+                if left < self.wanted:
+                    log(f"the grid has {self.grid_size} points, {left} not tried yet: running {left} trial(s)")
+                    self.wanted = left
+            done = self.finished()
+            if self.wanted <= 0:
+                log(f"{done} trial(s) finished already (--trials {self.args.trials}): nothing to run")
+                return
+            log(f"{done} trial(s) finished, {self.wanted} to run, {self.args.parallel} at a time"
+                + (f", trainer.threads={self.threads} each" if self.threads else ""))
         told = 0  # signals acted on
         try:
-            while wanted > 0 or self.running:
-                while wanted > 0 and not self.stopping and len(self.running) < self.args.parallel:
+            while True:
+                if self.shared:
+                    self.beat()
+                while not self.stopping and len(self.running) < self.args.parallel and self.may_start():
                     slot = min(set(range(self.args.parallel)) - self.running.keys())
-                    self.start_trial(slot)
-                    wanted -= 1
+                    if not self.start_trial(slot):
+                        break
                 if self.stopping:
-                    wanted = 0
                     told = self.act_on_signals(told)
                 for slot, run in list(self.running.items()):
                     self.follow(run)
                     if run.process.poll() is not None:
                         del self.running[slot]
                         self.finish(run)
+                        self.looked = None
                     elif run.term_sent and time.monotonic() - run.term_sent > STOP_WAIT_S:
                         log(f"trial {run.number}: no exit {STOP_WAIT_S:.0f} s after SIGTERM: SIGKILL")
                         run.process.kill()
+                if not self.running and (self.stopping or self.study_done()):
+                    break
                 time.sleep(POLL_S)
         finally:
             # An exception in the driver: no trial is left running nor RUNNING in the journal.
@@ -1099,11 +1461,12 @@ class Tuner:
     def results(self):
         """The table, best.toml and study.png, from every trial in the journal."""
         trials = self.study.get_trials(deepcopy=False)
-        print_table(trials, self.space, self.study.direction)
+        print_table(trials, self.space, self.study.direction, drivers=self.shared)
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         if complete:
             best = self.study.best_trial
-            path = write_best_config(self.dir, best, self.space, self.recipe)
+            path = write_best_config(self.dir, best, self.space, self.recipe,
+                                     self.where if self.shared else None)
             log(f"best: trial {best.number}, {self.space.metric} {best.value:.6g}: {format_params(best.params)}")
             log(f"wrote {path} (tools/ember run {self.recipe} --config {path})")
         else:
@@ -1148,8 +1511,9 @@ def format_params(params):
                     for k, v in params.items())
 
 
-def print_table(trials, space, direction):
-    """number, state, value, seconds, notes and one column per parameter, as plain text."""
+def print_table(trials, space, direction, drivers=False):
+    """number, state, value, seconds, notes and one column per parameter (and with drivers, the
+    driver that ran it: host:pid), as plain text."""
     keys = sorted({k for t in trials for k in t.params})
     rows = []
     for t in trials:
@@ -1159,7 +1523,7 @@ def print_table(trials, space, direction):
         if t.state == TrialState.PRUNED:
             note = f"at epoch {a.get('pruned_epoch', max(t.intermediate_values, default='?'))}"
         elif t.state == TrialState.FAIL:
-            note = a.get("reason", "")
+            note = a.get("not_run") or a.get("reason", "stale: no heartbeat from its driver (run again)")
             if _is_int(a.get("exit_status")) and a.get("reason") != "interrupted":
                 note += f" (exit {a['exit_status']})"
         elif "retry_of" in a:
@@ -1174,8 +1538,9 @@ def print_table(trials, space, direction):
         rows.append([str(t.number), t.state.name,
                      "-" if value is None else f"{value:.6g}" + ("" if t.state == TrialState.COMPLETE else "*"),
                      "-" if seconds is None else f"{seconds:.1f}",
-                     *[format_value(t.params.get(k)) for k in keys], note])
-    header = ["#", "state", space.metric, "seconds", *keys, "note"]
+                     *[format_value(t.params.get(k)) for k in keys],
+                     *([a.get("driver", "-")] if drivers else []), note])
+    header = ["#", "state", space.metric, "seconds", *keys, *(["driver"] if drivers else []), "note"]
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     print()
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
@@ -1228,21 +1593,31 @@ def toml_text(table):
     return "\n".join(out).lstrip("\n") + "\n"
 
 
-def write_best_config(study_dir, best, space, recipe):
+def write_best_config(study_dir, best, space, recipe, where=None):
     """STUDY/best.toml: the best trial's run/config.toml without run.dir and run.overwrite (a
-    run made from it picks its own folder and never moves another run aside)."""
+    run made from it picks its own folder and never moves another run aside). The file is read
+    from the trial's folder, or (a shared study's trial run on another machine) from the copy
+    kept in the study (user attribute "config")."""
     folder = Path(best.user_attrs.get("folder", study_dir / "trials" / f"{best.number:04d}"))
     source = folder / "run" / "config.toml"
     try:
-        config = tomllib.loads(source.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        text = source.read_text(encoding="utf-8")
+    except OSError as e:
+        text = best.user_attrs.get("config")
+        if text is None:
+            raise TuneError(f"{source}: cannot read the best trial's config ({e})") from None
+        source = f"trial {best.number}'s copy in the study (run by {best.user_attrs.get('driver', '?')} in {folder})"
+    try:
+        config = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise TuneError(f"{source}: cannot read the best trial's config ({e})") from None
     run_table = config.get("run", {})
     for key in ("dir", "overwrite"):
         run_table.pop(key, None)
     if not run_table:
         config.pop("run", None)
-    header = (f"# The best trial of the study {study_dir}: trial {best.number}, {space.metric} = {best.value!r}\n"
+    header = (f"# The best trial of {where or f'the study {study_dir}'}: trial {best.number}, "
+              f"{space.metric} = {best.value!r}\n"
               f"# ({space.direction}). The recipe's whole resolved config from {source},\n"
               f"# without run.dir and run.overwrite. Reproduce it with\n"
               f"#   tools/ember run {recipe} --config {study_dir / 'best.toml'}\n"
@@ -1269,7 +1644,7 @@ def plot_study(path, study, space):
     ax, ax_imp = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1]})
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     pruned = [t for t in trials if t.state == TrialState.PRUNED and t.intermediate_values]
-    failed = [t for t in trials if t.state == TrialState.FAIL]
+    failed = [t for t in trials if t.state == TrialState.FAIL and "not_run" not in t.user_attrs]
     if complete:
         ax.plot([t.number for t in complete], [t.value for t in complete], "o", color="tab:blue",
                 label="complete")
@@ -1368,7 +1743,17 @@ def parse_args(argv):
     parser.add_argument("--trials", type=int, default=20, metavar="N",
                         help="finished trials wanted in the study, in total (default 20)")
     parser.add_argument("--parallel", type=int, default=1, metavar="P", help="trials at a time (default 1)")
-    parser.add_argument("--study", type=Path, metavar="DIR", help="study folder (default runs/tune-RECIPE)")
+    parser.add_argument("--study", type=Path, metavar="DIR",
+                        help="study folder (default runs/tune-RECIPE; with --storage runs/tune-NAME): the journal, "
+                             "or with --storage this driver's trial folders, best.toml and study.png")
+    parser.add_argument("--storage", metavar="URL",
+                        help="a database shared by drivers on several machines (SQLAlchemy URL: "
+                             "sqlite:////path/study.db, postgresql://user:pw@host/db, mysql+pymysql://...)")
+    parser.add_argument("--study-name", metavar="NAME",
+                        help="with --storage: the study in that database (default: the recipe's name)")
+    parser.add_argument("--heartbeat", type=int, metavar="S",
+                        help=f"with --storage: seconds between heartbeats (default {HEARTBEAT_S}); a trial without "
+                             f"one for {GRACE_BEATS} * S s is failed and its point run again")
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="the recipe's --config for every trial (default: its own config)")
     parser.add_argument("--sampler", choices=["tpe", "random", "grid"], default="tpe",
@@ -1397,13 +1782,33 @@ def parse_args(argv):
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be in [0, 1000000]")
     if not 0 <= args.seed <= 2**31 - 1:
         parser.error(f"--seed {args.seed}: must be in [0, 2147483647]")
+    if args.storage is None:
+        for name in ("study_name", "heartbeat"):
+            if getattr(args, name) is not None:
+                parser.error(f"--{name.replace('_', '-')} goes with --storage URL (a shared study); a study "
+                             f"folder's journal holds one study")
+    else:
+        import sqlalchemy
+        try:
+            sqlalchemy.engine.make_url(args.storage)
+        except sqlalchemy.exc.ArgumentError:
+            parser.error(f"--storage {args.storage!r}: not a database URL (e.g. sqlite:////shared/study.db, "
+                         f"postgresql://user:password@host/db)")
+        if args.study_name is not None and not args.study_name.strip():
+            parser.error("--study-name: empty")
+        if args.heartbeat is None:
+            args.heartbeat = HEARTBEAT_S
+        if not 1 <= args.heartbeat <= 3600:
+            parser.error(f"--heartbeat {args.heartbeat}: S must be in [1, 3600]")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     recipe = args.recipe or args.binary.name
-    args.study = args.study or Path("runs") / f"tune-{recipe}"
+    if args.storage is not None:
+        args.study_name = args.study_name or recipe
+    args.study = args.study or Path("runs") / f"tune-{args.study_name or recipe}"
     try:
         space = load_space(args.space)
         fixed_args, fixed = [], {}
@@ -1440,7 +1845,8 @@ def main(argv=None):
             tuner.run()
             tuner.results()
             if tuner.stopping:
-                log(f"interrupted: rerun the same command to resume the study in {args.study}")
+                log(f"interrupted: rerun the same command to resume "
+                    f"{tuner.where if tuner.shared else f'the study in {args.study}'}")
                 return 130
     except KeyboardInterrupt:  # before the trials started: nothing to stop
         print("[tune] interrupted", file=sys.stderr)
