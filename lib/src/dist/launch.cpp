@@ -28,30 +28,15 @@ int64_t int_or(const EnvReader& read, const char* name, int64_t fallback, const 
   return v ? to_int(name, *v, who) : fallback;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char c : s) {
-    if (c == sep) {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  out.push_back(cur);
-  return out;
-}
-
-/// Splits at commas outside brackets: "a[1-2,4],b" -> {"a[1-2,4]", "b"}.
-std::vector<std::string> split_outside_brackets(const std::string& s) {
+/// Splits `s` at `sep`; with `brackets`, not inside [...]: "a[1-2,4],b" -> {"a[1-2,4]", "b"}.
+std::vector<std::string> split(const std::string& s, char sep, bool brackets = false) {
   std::vector<std::string> out;
   std::string cur;
   int depth = 0;
   for (const char c : s) {
-    if (c == '[') ++depth;
-    if (c == ']') --depth;
-    if (c == ',' && depth == 0) {
+    if (brackets && c == '[') ++depth;
+    if (brackets && c == ']') --depth;
+    if (c == sep && depth == 0) {
       out.push_back(cur);
       cur.clear();
     } else {
@@ -120,7 +105,7 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
   const auto bad = [&](const std::string& why) {
     return Error(ErrorKind::kConfig, fmt::format("[dist::slurm] node list '{}': {}", list, why));
   };
-  for (const std::string& item : split_outside_brackets(list)) {
+  for (const std::string& item : split(list, ',', /*brackets=*/true)) {
     if (item.empty()) throw bad("an empty name");
     const size_t open = item.find('[');
     if (open == std::string::npos) {
@@ -135,8 +120,13 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
       const std::vector<std::string> ends = split(range, '-');
       if (ends.size() > 2 || ends[0].empty() || (ends.size() == 2 && ends[1].empty()))
         throw bad(fmt::format("'{}' is not N or N-M", range));
-      const int64_t lo = to_int("SLURM_STEP_NODELIST", ends[0], "Slurm");
-      const int64_t hi = ends.size() == 2 ? to_int("SLURM_STEP_NODELIST", ends[1], "Slurm") : lo;
+      const auto number = [&](const std::string& text) {
+        if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+          throw bad(fmt::format("'{}' in '{}' is not a number", text, range));
+        return std::stoll(text);
+      };
+      const int64_t lo = number(ends[0]);
+      const int64_t hi = ends.size() == 2 ? number(ends[1]) : lo;
       if (hi < lo || hi - lo > 100000) throw bad(fmt::format("range '{}'", range));
       const size_t width = ends[0].size();  // "01-10": zero padding to the first end's width
       for (int64_t i = lo; i <= hi; ++i) {
