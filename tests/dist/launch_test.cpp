@@ -92,5 +92,22 @@ TEST(Launch, InterfaceVariablesMustNameAnInterfaceThatExists) {
   EXPECT_FALSE(network_interfaces().empty());                             // at least lo
 }
 
+// The link between nodes as the run records it, from a faked /sys.
+TEST(Launch, TheLinkBetweenNodesIsTheBackendsInterfaceAndItsSpeed) {
+  const std::string sys = test_util::temp_dir("launch_sys");
+  train::make_dirs(sys + "/class/net/eth1");
+  test_util::write_bytes(sys + "/class/net/eth1/speed", "25000\n");
+  const std::vector<std::string> here = {"docker0", "eth1", "ib0", "lo"};
+  EXPECT_EQ(network_link(Backend::kGloo, fake({}), here, sys), "eth1 (25000 Mb/s)");
+  EXPECT_EQ(network_link(Backend::kGloo, fake({{"GLOO_SOCKET_IFNAME", "ib0"}}), here, sys),
+            "ib0 (speed not reported)");
+  EXPECT_EQ(network_link(Backend::kNccl, fake({}), here, sys), "eth1 (25000 Mb/s)");  // no adapter under sys
+  train::make_dirs(sys + "/class/infiniband/mlx5_0/ports/1");
+  test_util::write_bytes(sys + "/class/infiniband/mlx5_0/ports/1/rate", "200 Gb/sec (4X HDR)\n");
+  EXPECT_EQ(network_link(Backend::kNccl, fake({}), here, sys), "InfiniBand mlx5_0 (200 Gb/sec (4X HDR))");
+  EXPECT_EQ(network_link(Backend::kNccl, fake({{"NCCL_IB_DISABLE", "1"}}), here, sys), "eth1 (25000 Mb/s)");
+  EXPECT_EQ(network_link(Backend::kGloo, fake({}), {"lo"}, sys), "no network interface but lo");
+}
+
 }  // namespace
 }  // namespace ember::dist

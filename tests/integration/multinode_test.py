@@ -5,8 +5,9 @@
 1. Two "nodes" (two launchers on the loopback address, one rank each) end
    bit-identical (the same validation loss and test accuracy, to the last
    digit) to --nproc 2 on one node with the same seed.
-2. Node 1 killed (SIGKILL to its launcher and its rank) after the first
-   epoch's checkpoint: node 0 fails naming rank 1; both restarted with
+2. Node 1, then (another run) node 0, killed (SIGKILL to its launcher and
+   its rank) after the first epoch's checkpoint: the other node fails, naming
+   the dead rank or the store it lost; both restarted with
    trainer.resume=auto end where the straight run ends.
 3. Node 0 alone with --startup-timeout 5: exits 1 within the timeout plus a
    few seconds, naming node rank 1 and the address; node 1 alone names node
@@ -114,26 +115,33 @@ def main():
     finish([launch(["--nproc", "2"], work / "one")])
     finish(nodes(work / "two", free_port()))
     same_result(work / "one", work / "two", "2 nodes x 1 rank vs 1 node x 2 ranks")
+    one, two = summary(work / "one")["monitor"], summary(work / "two")["monitor"]
+    check(one["nodes"] == 1 and one["ranks_per_node"] == 2 and one["inter_node_link"] == "one node"
+          and "shared memory" in one["intra_node_link"], one)
+    check(two["nodes"] == 2 and two["ranks_per_node"] == 1 and two["intra_node_link"] == "one rank per node"
+          and "(" in two["inter_node_link"] and two["hosts"], two)
     print("1. two nodes on the loopback address end bit-identical to --nproc 2")
 
-    # 2. Node 1 killed after the first epoch's checkpoint; both restarted with resume.
-    run = work / "killed"
-    port = free_port()
-    procs = nodes(run, port)
-    deadline = time.monotonic() + 300
-    while not (run / "checkpoints" / "last.pt").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    check((run / "checkpoints" / "last.pt").exists(), "no checkpoint within 300 s")
-    kill_tree(procs[1].pid)
-    out0 = procs[0].communicate(timeout=120)
-    procs[1].communicate(timeout=60)
-    check(procs[0].returncode != 0, f"node 0 went on without node 1: {out0[1][-2000:]}")
-    check("rank 1" in out0[1], f"node 0's error does not name rank 1:\n{out0[1][-3000:]}")
-    finish(nodes(run, free_port(), ["trainer.resume=auto"]))
-    same_result(work / "one", run, "killed node 1, both resumed")
-    check(summary(run).get("resumed_at_step", -1) > 0, summary(run))
-    print(f"2. node 1 killed at step >= 1 epoch; resumed on both nodes: same result (resumed at step "
-          f"{summary(run)['resumed_at_step']})")
+    # 2. Either node killed after the first epoch's checkpoint; both restarted with resume.
+    for victim in (1, 0):
+        run = work / f"killed{victim}"
+        procs = nodes(run, free_port())
+        deadline = time.monotonic() + 300
+        while not (run / "checkpoints" / "last.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        check((run / "checkpoints" / "last.pt").exists(), "no checkpoint within 300 s")
+        kill_tree(procs[victim].pid)
+        survivor = procs[1 - victim]
+        out = survivor.communicate(timeout=120)
+        procs[victim].communicate(timeout=60)
+        check(survivor.returncode != 0, f"node {1 - victim} went on without node {victim}: {out[1][-2000:]}")
+        check(f"rank {victim}" in out[1] or "rendezvous" in out[1] or "store" in out[1],
+              f"node {1 - victim}'s error names neither rank {victim} nor the store:\n{out[1][-3000:]}")
+        finish(nodes(run, free_port(), ["trainer.resume=auto"]))
+        same_result(work / "one", run, f"killed node {victim}, both resumed")
+        check(summary(run).get("resumed_at_step", -1) > 0, summary(run))
+        print(f"2. node {victim} killed after the first checkpoint; resumed on both nodes: same result "
+              f"(resumed at step {summary(run)['resumed_at_step']:g})")
 
     # 3. One node missing: named, within the startup timeout plus a few seconds.
     port = free_port()

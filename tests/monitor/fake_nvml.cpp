@@ -7,6 +7,7 @@
 //     (NO_PERMISSION), each instance reports its own; temperature, power and
 //     clocks come from the GPU only (NOT_SUPPORTED on an instance handle).
 // Every call that takes a device handle is counted per handle.
+#include <cstdlib>
 #include <cstring>
 
 extern "C" {
@@ -128,5 +129,11 @@ void fake_nvml_reset_calls() {
 /// the loader's fallback, comparing every device's UUID, is what finds them.
 void fake_nvml_set_mig_lookup(int accept) {
   mig_lookup = accept;
+}
+// GPUs 0 and 1 reach each other over NVLink when EMBER_FAKE_NVML_NVLINK=1, else over PCIe only.
+int nvmlDeviceGetP2PStatus(nvmlDevice_st* a, nvmlDevice_st* b, int caps, int* status) {
+  if (a == b || caps != 2) return kNotSupported;
+  const char* nvlink = getenv("EMBER_FAKE_NVML_NVLINK");
+  return *status = (nvlink && nvlink[0] == '1') ? 0 : 5, kSuccess;
 }
 }

@@ -86,6 +86,18 @@ class NvmlFake : public ::testing::Test {
   std::unique_ptr<Nvml> nvml_;
 };
 
+// The link between two GPUs, from NVML's P2P status over NVLink (the run's
+// summary.json records it for the GPUs of a node).
+TEST_F(NvmlFake, TheLinkBetweenTwoGpusIsNvlinkOrPcie) {
+  ::setenv("EMBER_FAKE_NVML_NVLINK", "1", 1);
+  EXPECT_EQ(nvml_->link_between(0, 1), "NVLink");
+  ::setenv("EMBER_FAKE_NVML_NVLINK", "0", 1);
+  EXPECT_EQ(nvml_->link_between(0, 1), "PCIe");
+  ::unsetenv("EMBER_FAKE_NVML_NVLINK");
+  EXPECT_EQ(nvml_->link_between(0, 0), "");  // NVML does not say for one GPU
+  EXPECT_EQ(nvml_->link_between(0, 7), "");  // no GPU 7
+}
+
 TEST_F(NvmlFake, ReadsEveryFieldOfEveryGpu) {
   ASSERT_EQ(nvml_->device_count(), 2);  // whole GPUs: MIG instances are not counted
   const auto s = nvml_->sample();

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "ember/core/file.h"
 
 namespace ember::dist {
 namespace {
@@ -228,6 +229,54 @@ std::vector<std::string> network_interfaces() {
     freeifaddrs(list);
   }
   return {names.begin(), names.end()};
+}
+
+namespace {
+
+/// The first line of a small file, "" when it cannot be read.
+std::string first_line_of_file(const std::string& path) {
+  std::string text;
+  try {
+    text = core::read_file(path);
+  } catch (const std::exception&) {
+    return "";
+  }
+  return text.substr(0, text.find('\n'));
+}
+
+}  // namespace
+
+std::string network_link(Backend backend, const EnvReader& read, const std::vector<std::string>& interfaces,
+                         const std::string& sys) {
+  if (backend == Backend::kNccl && read("NCCL_IB_DISABLE").value_or("0") != "1") {
+    std::vector<std::string> adapters;
+    try {
+      adapters = core::list_dir(sys + "/class/infiniband");
+    } catch (const std::exception&) {
+    }
+    std::sort(adapters.begin(), adapters.end());
+    if (!adapters.empty()) {
+      const std::string rate = first_line_of_file(sys + "/class/infiniband/" + adapters[0] + "/ports/1/rate");
+      return fmt::format("InfiniBand {}{}", adapters[0], rate.empty() ? "" : " (" + rate + ")");
+    }
+  }
+  const char* var = backend == Backend::kGloo ? "GLOO_SOCKET_IFNAME" : "NCCL_SOCKET_IFNAME";
+  std::string chosen;
+  if (const auto named = read(var)) {
+    std::string list = *named;
+    if (!list.empty() && list[0] != '^') {
+      if (list[0] == '=') list.erase(0, 1);
+      for (const std::string& want : split(list, ','))
+        for (const std::string& i : interfaces)
+          if (chosen.empty() && !want.empty() && i.rfind(want, 0) == 0) chosen = i;
+    }
+  }
+  for (const std::string& i : interfaces)
+    if (chosen.empty() && i != "lo" && i.rfind("docker", 0) != 0 && i.rfind("virbr", 0) != 0) chosen = i;
+  if (chosen.empty()) return "no network interface but lo";
+  const std::string speed = first_line_of_file(sys + "/class/net/" + chosen + "/speed");
+  const bool known = !speed.empty() && speed[0] != '-';
+  return fmt::format("{} ({})", chosen, known ? speed + " Mb/s" : "speed not reported");
 }
 
 }  // namespace ember::dist

@@ -211,8 +211,14 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
             e.rank, e.master_addr, e.master_port, options.startup_timeout().count() / 1000.0,
             first_line_of(ex.what()), e.master_addr, e.master_port));
   }
-  if (e.world_size > 1) wait_for_ranks(*store, e, options.startup_timeout());
-  return create(std::move(store), e.rank, e.world_size, std::move(options));
+  std::vector<std::string> hosts;
+  if (e.world_size > 1) {
+    wait_for_ranks(*store, e, options.startup_timeout());
+    for (int64_t r = 0; r < e.world_size; ++r) hosts.push_back(text(store->get("ember/joined/" + std::to_string(r))));
+  }
+  std::shared_ptr<ProcessGroup> group = create(std::move(store), e.rank, e.world_size, std::move(options));
+  group->hosts_ = std::move(hosts);
+  return group;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Store> store, int64_t rank,

@@ -66,6 +66,8 @@ struct Nvml::Api {
   nvmlReturn_t (*mig_count)(nvmlDevice_t, unsigned int*) = nullptr;
   nvmlReturn_t (*mig_by_index)(nvmlDevice_t, unsigned int, nvmlDevice_t*) = nullptr;
   nvmlReturn_t (*mig_parent)(nvmlDevice_t, nvmlDevice_t*) = nullptr;
+  // Optional: nvmlDeviceGetP2PStatus(a, b, nvmlGpuP2PCapsIndex_t, nvmlGpuP2PStatus_t*).
+  nvmlReturn_t (*p2p)(nvmlDevice_t, nvmlDevice_t, int, int*) = nullptr;
 
   std::mutex mutex;                                        // guards `found`
   std::map<std::string, std::optional<NvmlDevice>> found;  // find()'s answers, by the UUID's hex part
@@ -176,6 +178,7 @@ std::unique_ptr<Nvml> Nvml::open(const std::string& library, std::string* why) {
   load(api->mig_count, "nvmlDeviceGetMaxMigDeviceCount");
   load(api->mig_by_index, "nvmlDeviceGetMigDeviceHandleByIndex");
   load(api->mig_parent, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
+  load(api->p2p, "nvmlDeviceGetP2PStatus");
   dlerror();  // a missing optional symbol is no error
   const nvmlReturn_t rc = api->init();
   if (rc != kSuccess) {
@@ -189,6 +192,19 @@ Nvml::Nvml(std::unique_ptr<Api> api) : api_(std::move(api)) {}
 
 Nvml::~Nvml() {
   if (api_ && api_->shutdown) api_->shutdown();
+}
+
+std::string Nvml::link_between(int64_t a, int64_t b) const {
+  // nvml.h: NVML_P2P_CAPS_INDEX_NVLINK = 2, NVML_P2P_STATUS_OK = 0.
+  constexpr int kNvlink = 2, kStatusOk = 0;
+  std::lock_guard<std::mutex> lock(api_->mutex);
+  nvmlDevice_t da = nullptr, db = nullptr;
+  if (!api_->p2p || api_->by_index(static_cast<unsigned int>(a), &da) != kSuccess ||
+      api_->by_index(static_cast<unsigned int>(b), &db) != kSuccess)
+    return "";
+  int status = -1;
+  if (api_->p2p(da, db, kNvlink, &status) != kSuccess) return "";
+  return status == kStatusOk ? "NVLink" : "PCIe";
 }
 
 int64_t Nvml::device_count() const {

@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <iostream>
 #include <string_view>
 
@@ -14,7 +17,9 @@
 #include "ember/dist/ddp.h"
 #include "ember/dist/distribution.h"
 #include "ember/dist/keys.h"
+#include "ember/dist/launch.h"
 #include "ember/monitor/keys.h"
+#include "ember/monitor/nvml.h"
 #include "ember/monitor/telemetry.h"
 #include "ember/prune/callback.h"
 #include "ember/train/keys.h"
@@ -82,6 +87,52 @@ std::string out_of_memory_message(const c10::OutOfMemoryError& e, const std::str
                   : fmt::format(" The run folder {} is intact; a saved checkpoint resumes with run.dir={} "
                                 "trainer.resume=auto.",
                                 dir, dir));
+}
+
+// Where the run ran, for summary.json: nodes and ranks per node (the
+// launcher's LOCAL_WORLD_SIZE), the distinct hosts, the link between a node's
+// GPUs (NVML's P2P status between its first two) and between nodes (the
+// interface or InfiniBand adapter the backend uses, with its speed).
+void record_topology(RunSummary& summary, const Processes& p, const RunContext& ctx) {
+  const int64_t per_node = std::max<int64_t>(p.env.local_world_size, 1);
+  const int64_t nodes = std::max<int64_t>(p.env.world_size / per_node, 1);
+  summary.monitor["nodes"] = static_cast<double>(nodes);
+  summary.monitor["ranks_per_node"] = static_cast<double>(p.env.distributed() ? per_node : 1);
+  std::vector<std::string> hosts = p.group ? p.group->hosts() : std::vector<std::string>{};
+  if (hosts.empty()) {
+    char name[256] = "?";
+    (void)gethostname(name, sizeof(name) - 1);
+    hosts.push_back(name);
+  }
+  std::sort(hosts.begin(), hosts.end());
+  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  summary.monitor_text["hosts"] = fmt::format("{}", fmt::join(hosts, ", "));
+  std::string intra = "one rank per node";
+  if (p.env.distributed() && per_node > 1) {
+    intra = "CPU ranks on one host (shared memory)";
+    if (ctx.device().is_cuda() && torch::cuda::device_count() >= 2) {
+      intra = "not reported (NVML)";
+      std::string why;
+      if (const auto nvml = monitor::Nvml::open("", &why)) {
+        const auto a = nvml->find(monitor::cuda_device_uuid(torch::Device(torch::kCUDA, 0)));
+        const auto b = nvml->find(monitor::cuda_device_uuid(torch::Device(torch::kCUDA, 1)));
+        if (a && b && a->index >= 0 && b->index >= 0) {
+          const std::string link = nvml->link_between(a->index, b->index);
+          if (!link.empty()) intra = link;
+        }
+      }
+    }
+  }
+  summary.monitor_text["intra_node_link"] = intra;
+  summary.monitor_text["inter_node_link"] =
+      nodes > 1 && p.group
+          ? dist::network_link(p.group->backend() == "nccl" ? dist::Backend::kNccl : dist::Backend::kGloo,
+                               [](const char* name) -> std::optional<std::string> {
+                                 const char* v = std::getenv(name);
+                                 return v && *v ? std::optional<std::string>(v) : std::nullopt;
+                               },
+                               dist::network_interfaces())
+          : "one node";
 }
 
 // What run_recipe needs of a run that failed: the data-parallel group this
@@ -176,6 +227,7 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
     summary.monitor["sharded_gradient_bytes_per_rank"] = host[1].item<double>();
     summary.monitor["sharded_optimizer_state_bytes_per_rank"] = host[2].item<double>();
   }
+  record_topology(summary, p, ctx);
   if (!mon->summary().peak_flops_source.empty())
     summary.monitor_text["peak_flops_source"] = mon->summary().peak_flops_source;
   if (!p.writer()) return 0;  // rank 0 tests and writes the summary (all replicas are identical)

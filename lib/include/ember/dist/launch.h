@@ -54,4 +54,13 @@ std::optional<std::string> socket_ifname_problem(const std::string& var, const s
 /// This machine's network interfaces (getifaddrs), sorted, once each.
 std::vector<std::string> network_interfaces();
 
+/// The link between nodes as `backend` would use it, for the run's record:
+/// with NCCL and an InfiniBand adapter under `sys`/class/infiniband (unless
+/// NCCL_IB_DISABLE=1), "InfiniBand mlx5_0 (200 Gb/sec (4X HDR))"; else the
+/// socket interface (the one NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME names,
+/// else the first of `interfaces` that is not lo, docker* or virbr*) and its
+/// speed from `sys`/class/net/IF/speed: "eth0 (25000 Mb/s)".
+std::string network_link(Backend backend, const EnvReader& read, const std::vector<std::string>& interfaces,
+                         const std::string& sys = "/sys");
+
 }  // namespace ember::dist

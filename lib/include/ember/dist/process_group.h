@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ember::dist {
 
@@ -104,6 +105,9 @@ class ProcessGroup {
   const ProcessGroupOptions& options() const { return options_; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& c10d() const { return pg_; }
   c10d::Store& store() { return *store_; }
+  /// Each rank's host name as it joined (create(LaunchEnv)); empty for a
+  /// group built over a given store or of replicas.
+  const std::vector<std::string>& hosts() const { return hosts_; }
 
   /// Sum over ranks, in place (waits for the result).
   void all_reduce_sum_(torch::Tensor& tensor);
@@ -183,6 +187,7 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   std::unique_ptr<Heartbeat> heartbeat_;
+  std::vector<std::string> hosts_;
 };
 
 }  // namespace ember::dist

@@ -64,6 +64,10 @@ class Nvml {
 
   /// Number of whole GPUs NVML sees (MIG instances not counted).
   int64_t device_count() const;
+  /// How GPUs `a` and `b` (NVML indices) reach each other: "NVLink" when
+  /// NVML's P2P status over NVLink is OK (NVLink or NVSwitch), else "PCIe";
+  /// "" when NVML cannot say (an index out of range, an old driver).
+  std::string link_between(int64_t a, int64_t b) const;
 
   /// The GPU or MIG instance whose UUID is `cuda_uuid`: cuda_device_uuid()'s
   /// "GPU-" + CUDA's 16 bytes, or NVML's own spelling. On a MIG instance CUDA's
