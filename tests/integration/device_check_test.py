@@ -16,10 +16,11 @@ With EMBER_DEVICE_ALLOW_CPU=1 and no GPU, on the binaries of BUILD_DIR:
      libstdc++, zlib, the torch wheel's, and OpenCV's (which the pack's build
      leaves out), as device_pack.py requires of the pack;
   5. the GPU rows' readers understand what the programs print (a recipe's
-     result line, the monitor and prune benches' tables, speed.py's JSON,
-     lr-find's optim.lr= line, --measure's JSON), from tiny CPU runs: a
-     changed output format fails here, not on a rented GPU; and the goals
-     are judged right (met, not met, not judged) on fabricated numbers.
+     result line, the monitor and prune benches' tables, speed.py's and
+     scaling.py's JSON, lr-find's optim.lr= line, --measure's JSON), from
+     tiny CPU runs: a changed output format fails here, not on a rented GPU;
+     and the goals are judged right (met, not met, not judged) on fabricated
+     numbers.
 Without Fashion-MNIST the recipe's result line is not read: the rest runs,
 then the test exits 77 (skipped) rather than pass with a part left out.
 """
@@ -267,6 +268,23 @@ def main():
         status, text = dc.memory_verdict(m, m)  # the CPU ran no graph: nothing to compare
         check(status == dc.NOT_JUDGED and "step_ops eager" in text, (status, text))
         print(f"5. lr-find's line read (optim.lr={lr:.3g}); --measure's JSON read: {m}")
+        # The scaling row's reader: scaling.py at 1 and 2 Gloo ranks, a few steps each.
+        js = work / "scaling.json"
+        out = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "scaling.py"), "--bin-dir",
+                              str(build / "bin"), "--nproc", "1,2", "--batch", "16", "--warmup", "2", "--steps", "4",
+                              "--repeats", "1", "--no-reference", "--data", data, "--work", str(work / "scaling"),
+                              "--json", str(js)], capture_output=True, text=True, env=env)
+        check(out.returncode == 0, out.stdout[-1000:] + out.stderr[-2000:])
+        n = dc.scaling_numbers(js)
+        check(set(n) == {"1", "2"} and n["1"]["ratio"] == 1 and all(
+            v["min"] <= v["per_rank"] <= v["max"] and v["per_rank"] > 0 for v in n.values())
+              and abs(n["2"]["total"] - 2 * n["2"]["per_rank"]) < 1e-6, n)
+        d = dc.scaling_detail(n)
+        check(d.startswith("1 rank: ") and "2 ranks: " in d and "(1.00x" in d, d)
+        only = dc.scaling_detail({"1": n["1"]})
+        check("scaling needs several GPUs" in only and "x," not in only, only)
+        check("| ranks | samples/s per rank" in out.stdout, out.stdout)
+        print(f"5. scaling.py's JSON read: {d}")
     # The sharding row's reader: a CPU measurement planned for 8 ranks against bs-find's one rank of 8.
     text = work / "text.txt"
     text.write_text("\n".join(f"the cat {i % 7} sat on the mat {i % 5}" for i in range(3000)) + "\n")

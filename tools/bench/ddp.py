@@ -27,16 +27,19 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(binary, nproc, threads, timeout, rest, label):
-    """Starts `nproc` ranks of `binary` as torchrun would, waits for them and prints rank 0's output."""
+def launch_ranks(cmd, nproc, threads, timeout, label, env=None):
+    """Starts `nproc` processes of `cmd` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>, OMP_NUM_THREADS=threads; `env`
+    adds to os.environ) and waits for them. Returns each rank's (stdout, stderr); exits with the
+    failing ranks' stderr when one fails, and kills them all when they run past `timeout` seconds."""
     port = free_port()
     procs = []
     for rank in range(nproc):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS=str(threads))
-        procs.append(subprocess.Popen([binary, "--threads", str(threads), *rest], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        rank_env = dict(os.environ, **(env or {}), RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+                        LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        OMP_NUM_THREADS=str(threads))
+        procs.append(subprocess.Popen([str(c) for c in cmd], env=rank_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
     outs = []
     try:
         for proc in procs:
@@ -50,6 +53,12 @@ def run_ranks(binary, nproc, threads, timeout, rest, label):
         for r in failed:
             sys.stderr.write(f"[bench {label}] rank {r} exited {procs[r].returncode}:\n{outs[r][1]}")
         sys.exit(1)
+    return outs
+
+
+def run_ranks(binary, nproc, threads, timeout, rest, label):
+    """Starts `nproc` ranks of `binary` as torchrun would, waits for them and prints rank 0's output."""
+    outs = launch_ranks([binary, "--threads", str(threads), *rest], nproc, threads, timeout, label)
     sys.stdout.write(outs[0][0])
 
 

@@ -27,7 +27,9 @@ Rows run in a fixed priority order, tier by tier:
           data parallelism on NCCL with one rank (reduce-scatter and
           all-gather, each dist.sharding stage against DDP), the GPU
           speed run (5 seeds, its goal judged), activation checkpointing's
-          memory and time on the GPU, the augmentation kernel's
+          memory and time on the GPU, weak scaling (fashion_mnist's
+          samples/s per rank; NCCL across the GPUs there are, 1 rank on
+          one GPU), the augmentation kernel's
           bandwidth, the monitoring overhead, the mixed-precision GPT bench
           at H200 size, accuracies that take minutes, the pruned ResNet's step
           times, char_gpt's GPU config, the whole small-model speed table.
@@ -1275,6 +1277,53 @@ def activation_checkpoint_gpu(c: Check):
     ok = rc == 0 and bool(rows)
     c.report(AC_ROW, "ok" if ok else "FAIL", short(" | ".join(rows), 600) if ok else f"exit {rc}: {first_failure(out)}",
              seconds=time.monotonic() - t0)
+
+
+SCALING_ROW = "weak scaling bench: fashion_mnist samples/s per rank, NCCL (cuda)"
+
+
+def scaling_numbers(js):
+    """{ranks (a string): {"per_rank", "min", "max", "ratio", "total"}} from tools/bench/scaling.py's --json:
+    the median samples/s per rank over the repeats, their spread, its ratio to the smallest rank count's
+    median (1 rank's when it ran) and the total (median x ranks)."""
+    data = json.loads(Path(js).read_text())
+    return {str(r["ranks"]): {"per_rank": r["median"], "min": r["min"], "max": r["max"], "ratio": r["ratio"],
+                              "total": r["total"]} for r in data["rows"]}
+
+
+def scaling_detail(n, _=None):
+    """'1 rank: 41234 samples/s per rank [40100..41800] (1.00x, total 41234); 2 ranks: ... (0.97x, total
+    80012)', the ratio to the smallest rank count; with one rank count only, no ratio, and that it measured
+    no scaling."""
+    parts = []
+    for ranks, v in sorted(n.items(), key=lambda kv: int(kv[0])):
+        text = f"{ranks} rank{'s' if ranks != '1' else ''}: {v['per_rank']:.0f} samples/s per rank " \
+               f"[{v['min']:.0f}..{v['max']:.0f}]"
+        if len(n) > 1:
+            text += f" ({v['ratio']:.2f}x, total {v['total']:.0f})"
+        parts.append(text)
+    if list(n) == ["1"]:
+        parts.append("one GPU: 1 rank only, which builds no process group (NCCL unused); scaling needs several GPUs")
+    return "; ".join(parts)
+
+
+@step(SCALING_ROW, 3, 40)
+def scaling_gpu(c: Check):
+    """tools/bench/scaling.py on the GPU: fashion_mnist at batch 512 per rank, 80 steps timed after 20, 3
+    repeats, at 1 rank and at 2, 4, 8 ranks as far as the machine has GPUs (one per rank, NCCL). With one
+    GPU the row is the 1-rank baseline (~5 s per run: CUDA's start and the data dominate; 8 GPUs would
+    take about 4x its estimate). No goal: it reports the numbers; it fails only when the bench does."""
+    if not c.data:
+        c.report(SCALING_ROW, "skip", "no Fashion-MNIST (tools/ember device-pack packs it)")
+        return
+    gpus = int(c.info.get("gpus") or 1)
+    counts = ",".join(str(n) for n in (1, 2, 4, 8) if n <= gpus)
+    js = c.work / "scaling_gpu.json"
+    bench_row(c, SCALING_ROW,
+              [c.python, ROOT / "tools" / "bench" / "scaling.py", "--bin-dir", c.exe("fashion_mnist").parent,
+               "--device", "cuda", "--backend", "nccl", "--nproc", counts, "--batch", "512", "--steps", "80",
+               "--warmup", "20", "--repeats", "3", "--data", c.data, "--work", c.work / "scaling", "--json", js],
+              "scaling_gpu.log", numbers=lambda _: scaling_numbers(js), detail=scaling_detail)
 
 
 @step(LR_FIND_ROW, 2, 15)
