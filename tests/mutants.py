@@ -138,6 +138,16 @@ MUTANTS = (
            ("ember_ddp_worker",),
            r"dist\.sharding",
            "a block's parameters are not gathered again for its backward: it reads freed storage"),
+    Mutant("replicas_sum_is_the_tensor", "lib/src/dist/replica_backend.cpp",
+           "        t.mul_(getSize());\n",
+           "        (void)0;\n",
+           ("ember_tests",), r"ReplicaGroup\.",
+           "a sum over N identical ranks is the tensor itself: DDP on replicas averages to 1/N of the gradient"),
+    Mutant("missing_rank_not_waited_for", "lib/src/dist/process_group.cpp",
+           "  if (e.world_size > 1) {\n    wait_for_ranks(*store, e, options.startup_timeout());\n",
+           "  if (e.world_size > 1) {\n",
+           ("ember_ddp_worker", "fashion_mnist"), r"integration\.multinode",
+           "no rank waits for the others to join: a missing node is not named (a count of clients, or a hang)"),
     # Fused optimizers, sync-free bookkeeping, the graph step and step_async (issue 28). Each is
     # caught on the CPU: the device-side skip runs the same code there, and the graph path runs
     # through an emulated graph (TrainerOptions::emulate_cuda_graph). What only a real CUDA graph can

@@ -330,7 +330,8 @@ TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndSt
       "trainer.nonfinite_patience", "trainer.resume",
       // where and how fast it runs; where the data is read from
       "data.cache_dir", "data.eval_batch_size", "data.path", "data.prefetch", "data.resident", "data.root",
-      "data.threads", "dist.backend", "dist.rank", "dist.timeout_s", "trainer.device", "trainer.threads",
+      "data.threads", "dist.backend", "dist.rank", "dist.startup_timeout_s", "dist.timeout_s",
+      "trainer.device", "trainer.threads",
       // how the ranks share the state (checkpoints hold no shards)
       "dist.sharding"};
   const auto sorted = [](std::vector<std::string> v) {

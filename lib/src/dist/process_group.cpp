@@ -214,7 +214,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
   std::vector<std::string> hosts;
   if (e.world_size > 1) {
     wait_for_ranks(*store, e, options.startup_timeout());
-    for (int64_t r = 0; r < e.world_size; ++r) hosts.push_back(text(store->get("ember/joined/" + std::to_string(r))));
+    for (int64_t r = 0; r < e.world_size; ++r)
+      hosts.push_back(text(store->get("ember/joined/" + std::to_string(r))));
   }
   std::shared_ptr<ProcessGroup> group = create(std::move(store), e.rank, e.world_size, std::move(options));
   group->hosts_ = std::move(hosts);

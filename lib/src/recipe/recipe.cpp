@@ -125,14 +125,14 @@ void record_topology(RunSummary& summary, const Processes& p, const RunContext& 
   }
   summary.monitor_text["intra_node_link"] = intra;
   summary.monitor_text["inter_node_link"] =
-      nodes > 1 && p.group
-          ? dist::network_link(p.group->backend() == "nccl" ? dist::Backend::kNccl : dist::Backend::kGloo,
-                               [](const char* name) -> std::optional<std::string> {
-                                 const char* v = std::getenv(name);
-                                 return v && *v ? std::optional<std::string>(v) : std::nullopt;
-                               },
-                               dist::network_interfaces())
-          : "one node";
+      nodes > 1 && p.group ? dist::network_link(
+                                 p.group->backend() == "nccl" ? dist::Backend::kNccl : dist::Backend::kGloo,
+                                 [](const char* name) -> std::optional<std::string> {
+                                   const char* v = std::getenv(name);
+                                   return v && *v ? std::optional<std::string>(v) : std::nullopt;
+                                 },
+                                 dist::network_interfaces())
+                           : "one node";
 }
 
 // What run_recipe needs of a run that failed: the data-parallel group this
