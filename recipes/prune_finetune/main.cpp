@@ -31,5 +31,6 @@ int main(int argc, char** argv) {
         {data::load_mnist(root, data::Split::kTrain), data::load_mnist(root, data::Split::kTest), 10});
   };
   spec.finish = recipe::prune_and_finetune;
+  spec.finish_on_every_rank = true;  // the fine-tuning is data-parallel under torchrun
   return recipe::run_recipe(argc, argv, spec);
 }

@@ -106,14 +106,19 @@ void DistributedDataParallel::on_fit_start(train::Trainer& trainer) {
       "group has {}, rank {}: give the Trainer TrainerOptions().distribution(dist::make_distribution(group))",
       d.world_size(), d.rank(), group_->size(), group_->rank());
   without_grad_.clear();
-  build(trainer);
+  last_buckets_.clear();
+  // The reducer is built at the first training forward (on_before_forward):
+  // callbacks registered before this one may still resize the parameters at
+  // the first epoch's start (pruning), and timing steps run there must not
+  // meet a reducer built on the old shapes.
 }
 
 void DistributedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
   // Pruning (registered earlier) may have resized parameters in place: the
   // reducer's buckets no longer fit them.
-  if (SameTensors{params_} != tensors_of(optim::trainable_named_parameters(*trainer.task()->model())) ||
-      shapes_of(params_) != shapes_)
+  if (reducer_ &&
+      (SameTensors{params_} != tensors_of(optim::trainable_named_parameters(*trainer.task()->model())) ||
+       shapes_of(params_) != shapes_))
     build(trainer);
 }
 
@@ -121,6 +126,7 @@ void DistributedDataParallel::on_before_forward(train::Trainer& trainer, const t
   if (micro.index == 0)
     group_->set_progress(trainer.global_step() + 1);  // the step this rank is in (failure reports)
   if (!torch::GradMode::is_enabled()) return;
+  if (!reducer_) build(trainer);  // every rank at its first training forward: the collectives line up
   try {
     if (micro.completes_step()) reducer_->prepare_for_forward();
     reducer_->rebuild_buckets();  // a collective once, after the first synced backward; else a no-op
@@ -185,11 +191,20 @@ void DistributedDataParallel::on_epoch_end(train::Trainer& trainer, int64_t, con
     group_->broadcast_module_state(*trainer.task()->model(), /*parameters=*/false);
 }
 
-void DistributedDataParallel::on_fit_end(train::Trainer&) {}
+// The reducer's hooks stay on the parameters' gradient accumulators while it
+// lives: a later fit of another Trainer on the same model (prune_finetune's
+// fine-tuning) must not reduce into this one's buckets.
+// (It also holds their gradient accumulators, whose shapes go stale when
+// pruning resizes the parameters.) buckets() still answers after fit.
+void DistributedDataParallel::on_fit_end(train::Trainer&) {
+  last_buckets_ = buckets();
+  logger_.reset();  // before the reducer it points to
+  reducer_.reset();
+}
 
 std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
   std::vector<std::vector<size_t>> out;
-  if (!reducer_) return out;
+  if (!reducer_) return last_buckets_;
   for (const auto& b : reducer_->get_grad_buckets(/*return_zero_tensors=*/true)) {
     std::vector<size_t> idx;
     for (const auto& p : b.getParameters())

@@ -288,6 +288,14 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   }
   report.ratio = pruner_->ratio();
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // taylor's, sliced along
+  // Data-parallel ranks prune the same weights by the same rule: their
+  // architectures must agree (a differing rank is named, and no rank trains on).
+  if (trainer.options().distribution()->world_size() > 1) {
+    std::string shapes;
+    for (const auto& item : model->named_parameters())
+      shapes += fmt::format("{}{};", item.key(), item.value().sizes());
+    trainer.options().distribution()->check_same(fmt::format("pruned architecture (step {})", step), shapes);
+  }
 
   const Timing after = time_steps(trainer, task, example_, options_.timing_steps());
   if (eval_loader) report.eval_after = trainer.evaluate(task, *eval_loader);

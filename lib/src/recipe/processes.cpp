@@ -60,6 +60,7 @@ Processes start_processes(const core::Config& config, const std::string& recipe_
       ctx.device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.env.local_rank)));
     p.group =
         dist::ProcessGroup::create(p.env, dist::process_group_options_from_config(config, ctx.device()));
+    ctx.group(p.group);
     // Rank 0 names the run folder, so that every rank uses (and hashes) the same.
     if (ctx.run_dir().empty()) {
       const std::string key = "ember/run_dir";

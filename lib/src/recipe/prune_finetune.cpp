@@ -6,6 +6,9 @@
 #include <iostream>
 
 #include "core/check.h"
+#include "ember/dist/ddp.h"
+#include "ember/dist/distribution.h"
+#include "ember/dist/keys.h"
 #include "ember/monitor/keys.h"
 #include "ember/train/keys.h"
 #include "recipe/stop_signals.h"
@@ -19,19 +22,34 @@ void declare_prune_finetune_keys(core::Config& c, const prune::PruningCallbackOp
             core::Bounds::positive());
 }
 
-void check_prune_finetune_launch(const core::Config&, int64_t world_size) {
-  EMBER_CHECK_KIND(kConfig, world_size == 1,
-                   "[prune_finetune] runs in one process: its fine-tuning fit is not data-parallel yet "
-                   "(start it without torchrun / --nproc)");
+void check_prune_finetune_launch(const core::Config& c, int64_t world_size) {
+  if (world_size == 1) return;
+  EMBER_CHECK_KIND(kConfig, c.get_string("dist.sharding") == "none",
+                   "[prune_finetune] dist.sharding={} with pruning: pruning resizes parameters that live in "
+                   "shards across ranks; prune with dist.sharding=none",
+                   c.get_string("dist.sharding"));
+  EMBER_CHECK_KIND(
+      kConfig, c.get_string("prune.importance") != "taylor",
+      "[prune_finetune] prune.importance=taylor on {} ranks: each rank's gradients are of its own "
+      "shard of the data, so the ranks would rank channels differently; use l1, l2 or bn_scale",
+      world_size);
 }
 
 void prune_and_finetune(train::Task& task, const core::Config& c, const RunContext& context,
                         const train::FitResult& dense, RunSummary& summary) {
   train::TrainerOptions o = train::trainer_options_from_config(c);
-  // One process (check_prune_finetune_launch): Ctrl-C saves a checkpoint, as in the dense phase.
-  o.epochs(c.get_int("finetune.epochs"))
-      .run_dir(context.run_dir() + "/finetune")
-      .stop_signal(detail::stop_signal_flag());
+  o.epochs(c.get_int("finetune.epochs")).run_dir(context.run_dir() + "/finetune");
+  // Several ranks: every rank runs this (RecipeSpec::finish_on_every_rank),
+  // prunes the same weights by the same rule (the architectures are compared
+  // after each step: PruningCallback) and fine-tunes under DDP, registered
+  // after the pruning so that it rebuilds its buckets on the pruned
+  // parameters. One process: Ctrl-C saves a checkpoint, as in the dense phase.
+  const std::shared_ptr<dist::ProcessGroup>& group = context.group();
+  const bool writer = context.rank() == 0;
+  if (group)
+    o.distribution(dist::make_distribution(group));
+  else
+    o.stop_signal(detail::stop_signal_flag());
   o.optimizer().lr(c.get_float("finetune.lr"));
   // A cosine over the fine-tuning run, which fit measures in optimizer steps (accumulation included).
   o.epoch_schedule(
@@ -40,13 +58,17 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const RunConte
   po.epochs({0});
   auto pruning = std::make_shared<prune::PruningCallback>(po);
   train::Trainer trainer(o);
-  monitor::add_monitoring(trainer, c, o.run_dir());
+  if (writer) monitor::add_monitoring(trainer, c, o.run_dir());
   trainer.add_callback(pruning);
+  if (group)
+    trainer.add_callback(
+        std::make_shared<dist::DistributedDataParallel>(group, dist::ddp_options_from_config(c)));
   train::FitResult fit;
   {
-    const detail::ScopedStopSignals signals;
+    const detail::ScopedStopSignals signals(!group);
     fit = trainer.fit(task);
   }
+  if (!writer) return;  // rank 0 tests, reports and writes
   if (fit.stop_cause == train::StopCause::kSignal) {
     summary.stop_reason = "fine-tuning " + fit.stop_reason + "; resume with trainer.resume=auto";
     return;

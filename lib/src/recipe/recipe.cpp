@@ -230,13 +230,14 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   record_topology(summary, p, ctx);
   if (!mon->summary().peak_flops_source.empty())
     summary.monitor_text["peak_flops_source"] = mon->summary().peak_flops_source;
-  if (!p.writer()) return 0;  // rank 0 tests and writes the summary (all replicas are identical)
-  if (task->test_loader()) {
+  // Rank 0 tests and writes the summary (all replicas are identical).
+  if (p.writer() && task->test_loader()) {
     const train::EvalResult test = trainer.test(*task);
     summary.test_loss = test.loss;
     summary.test_accuracy = test.accuracy;
   }
-  if (spec.finish) spec.finish(*task, config, ctx, fit, summary);
+  if (spec.finish && (p.writer() || spec.finish_on_every_rank)) spec.finish(*task, config, ctx, fit, summary);
+  if (!p.writer()) return 0;
   write_summary(ctx.run_dir() + "/summary.json", summary);
   std::cout << detail::result_line(summary, task->test_loader() != nullptr, ctx.run_dir());
   return 0;

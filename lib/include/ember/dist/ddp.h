@@ -93,6 +93,7 @@ class DistributedDataParallel : public train::Callback {
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;
   std::shared_ptr<c10d::Reducer> reducer_;
+  std::vector<std::vector<size_t>> last_buckets_;  // buckets() once fit has released the reducer
   std::shared_ptr<c10d::Logger> logger_;
   std::vector<torch::Tensor> params_;
   std::vector<std::string> param_names_;      // qualified names of params_

@@ -95,6 +95,10 @@ struct RecipeSpec {
   std::function<void(train::Task&, const core::Config&, const RunContext&, const train::FitResult&,
                      RunSummary&)>
       finish;
+  /// finish runs on every rank (after rank 0 tested): it trains again,
+  /// data-parallel through context.group(), and writes and prints on rank 0
+  /// only (prune_finetune's fine-tuning).
+  bool finish_on_every_rank = false;
 };
 
 /// Parses the command line, trains, tests, writes the run folder, prints the

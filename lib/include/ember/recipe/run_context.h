@@ -24,11 +24,13 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "ember/amp/precision.h"
 #include "ember/core/config.h"
+#include "ember/dist/process_group.h"
 
 namespace ember::recipe {
 
@@ -40,6 +42,9 @@ struct RunContext {
   TORCH_ARG(int64_t, rank) = 0;
   /// Processes the training data is split between (the launcher's WORLD_SIZE; 1 alone).
   TORCH_ARG(int64_t, world_size) = 1;
+  /// Their data-parallel group (nullptr alone): a recipe that trains again
+  /// after the main fit (prune_finetune) trains data-parallel through it.
+  TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
   /// The run folder every rank shares: run.dir, or runs/<recipe>-<timestamp>
   /// named by rank 0 when run.dir is empty; "" in the recipe tools (no run folder).
   TORCH_ARG(std::string, run_dir);
