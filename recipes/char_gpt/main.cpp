@@ -185,7 +185,8 @@ int main(int argc, char** argv) {
   };
   // Structured pruning of the MLP hidden size (prune.epochs=[...] turns it on).
   // The token embedding is ignored, which keeps the residual stream's width;
-  // attention heads are left alone by the tracer (the q/k/v view splits channels).
+  // the channel tracer leaves attention alone (the q/k/v view splits channels),
+  // prune.heads removes whole heads (CharGpt's attention is a core::HeadedAttention).
   // Always registered: without steps it still replays a checkpoint's plan on resume.
   spec.add_callbacks = [](train::Trainer& trainer, train::Task&, const core::Config& c,
                           const recipe::RunContext&) {

@@ -88,6 +88,14 @@ void make_seeds(const std::string& dir) {
     entries.push_back({name, 0, 8, keep});
   entries.push_back({"conv2.weight", 1, 8, keep});
   put(dir, "prune_plan", "valid-conv1-3-of-8", prune::Plan(entries).to_json());
+  // ... and its attention keeping head 0 of 2 (4 wide): q, k, v rows 0..3 of each 8, proj columns 0..3.
+  const std::vector<int64_t> rows{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19};
+  put(dir, "prune_plan", "valid-attn-1-of-2-heads",
+      prune::Plan({{"attn.proj.weight", 1, 8, {0, 1, 2, 3}},
+                   {"attn.qkv.bias", 0, 24, rows},
+                   {"attn.qkv.weight", 0, 24, rows}},
+                  {{"attn", 2, 2, {0}}})
+          .to_json());
   // Checkpoint: a real one from a short Trainer run, as an archive to seal
   // (first byte 0) and as the sealed file (first byte 1).
   {

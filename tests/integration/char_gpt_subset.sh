@@ -86,6 +86,41 @@ for prec in ["fp16-mixed", "bf16-mixed"]:
 print("mixed precision runs OK")
 PY
 
+# Head pruning through the keys: at the start of epoch 1, one of each layer's 2 heads goes (its
+# q, k, v rows and attn.proj columns) and nothing else (prune.ratio=0); FLOPs/token follow.
+"$bin" --help >"$out/help" 2>&1 || true
+expect_in "$out/help" "prune.heads"
+"$bin" run.dir="$out/heads" data.path="$out/text.txt" data.block_size=$T data.stride=256 data.batch_size=16 \
+  model.n_layer=$L model.n_head=$H model.n_embd=$D trainer.epochs=2 trainer.threads=1 trainer.progress=false \
+  sched.warmup_epochs=0 sample.length=16 prune.epochs=[1] prune.heads=0.5 prune.ratio=0 prune.timing_steps=0 \
+  >"$out/heads.out" 2>&1 || { cat "$out/heads.out"; fail "the head-pruning run failed"; }
+python3 - "$out/heads" $L $D $T <<'PY'
+import json, sys, pathlib
+def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
+    if not ok:
+        raise AssertionError(what)
+run = pathlib.Path(sys.argv[1]); L, d, T = map(int, sys.argv[2:5])
+steps = [json.loads(l) for l in (run / "pruning.jsonl").read_text().splitlines()]
+check(len(steps) == 1 and steps[0]["heads_ratio"] == 0.5 and steps[0]["epoch"] == 1, steps)
+shapes = {s["name"]: (s["before"], s["after"]) for s in steps[0]["shapes"]}
+for i in range(L):
+    check(shapes[f"blocks.{i}.attn.qkv.weight"] == ([3 * d, d], [3 * d // 2, d]), shapes)
+    check(shapes[f"blocks.{i}.attn.proj.weight"] == ([d, d], [d, d // 2]), shapes)
+check(not any(".fc." in n for n in shapes), shapes)  # prune.ratio=0: the MLPs stay whole
+plan = json.loads((run / "pruning_plan.json").read_text())
+check(plan["version"] == 2 and [len(h["keep"]) for h in plan["heads"]] == [1] * L, plan)
+s = json.loads((run / "summary.json").read_text())
+A = d // 2  # the attention's inner width after pruning
+expected = 3 * (L * (2 * (3 * d * A + A * d + 8 * d * d) + 2 * 2 * T * A) + 2 * d * 256)
+check(s["flops_per_token"] == expected, (s["flops_per_token"], expected))
+print("head pruning OK")
+PY
+set +e
+"$bin" run.dir="$out/bad_heads" data.path="$out/text.txt" prune.heads=1 2>"$out/err_heads"; rc=$?
+set -e
+expect_rc 2 "$rc" "prune.heads=1"
+expect_in "$out/err_heads" "prune.heads"
+
 # Bad input: a missing data.path and a text too short for the block size (exit 1, clear messages).
 printf 'too short\n' >"$out/short.txt"
 set +e

@@ -17,6 +17,7 @@
 #include "ember/amp/precision.h"
 #include "ember/core/file.h"
 #include "ember/core/snapshot.h"
+#include "ember/prune/heads.h"
 #include "ember/train/trainer.h"
 
 namespace ember::prune {
@@ -139,6 +140,7 @@ nlohmann::json report_json(const PruningReport& report, int64_t step) {
   return {{"epoch", report.epoch},
           {"step", step},
           {"ratio", report.ratio},
+          {"heads_ratio", report.heads_ratio},
           {"macs_before", report.result.before.macs},
           {"macs_after", report.result.after.macs},
           {"params_before", report.result.before.params},
@@ -151,6 +153,27 @@ nlohmann::json report_json(const PruningReport& report, int64_t step) {
           {"eval_after", eval_json(report.eval_after)},
           {"shapes", shapes},
           {"warnings", report.result.warnings}};
+}
+
+/// `first` then `second` as one result: `first`'s cost before, `second`'s after, shape changes chained.
+PruneResult chain(PruneResult first, PruneResult second) {
+  PruneResult r;
+  r.plan = first.plan.then(second.plan);
+  r.before = first.before;
+  r.after = second.after;
+  r.changes = std::move(first.changes);
+  for (ShapeChange& c : second.changes) {
+    auto it = std::find_if(r.changes.begin(), r.changes.end(),
+                           [&](const ShapeChange& f) { return f.name == c.name; });
+    if (it != r.changes.end())
+      it->after = c.after;
+    else
+      r.changes.push_back(std::move(c));
+  }
+  r.warnings = std::move(first.warnings);
+  for (std::string& w : second.warnings)
+    if (std::find(r.warnings.begin(), r.warnings.end(), w) == r.warnings.end()) r.warnings.push_back(w);
+  return r;
 }
 
 }  // namespace
@@ -205,6 +228,8 @@ PruningCallback::PruningCallback(PruningCallbackOptions options) : options_(std:
   EMBER_CHECK(options_.target_macs() >= 0 && options_.target_macs() <= 1,
               "[prune::PruningCallback] prune.target_macs {} must be in [0, 1] (0 = use prune.ratio)",
               options_.target_macs());
+  EMBER_CHECK(options_.heads() >= 0 && options_.heads() < 1,
+              "[prune::PruningCallback] prune.heads {} must be in [0, 1)", options_.heads());
 }
 
 void PruningCallback::on_fit_start(train::Trainer& trainer) {
@@ -231,6 +256,20 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
     const train::StepOutput out = t->evaluation_step(*sample);
     return std::vector<torch::Tensor>{out.output.defined() ? out.output : out.loss};
   };
+  if (options_.heads() > 0) {  // refused before any training, with the reason
+    std::vector<AttentionLayer> layers;
+    try {
+      layers = attention_layers(*model, options_.pruner().ignored_layers());
+    } catch (const Error& e) {
+      detail::fail(ErrorKind::kConfig, "[prune::PruningCallback] prune.heads={}: {}", options_.heads(),
+                   e.what());
+    }
+    EMBER_CHECK_KIND(kConfig, !layers.empty(),
+                     "[prune::PruningCallback] prune.heads={}, but the model has no attention layer whose "
+                     "heads can be removed (a core::HeadedAttention, as CharGpt's attention, outside "
+                     "prune.ignored): set prune.heads=0",
+                     options_.heads());
+  }
   pruner_ = std::make_unique<Pruner>(*model, std::move(forward), options_.pruner());
   if (resumed_) {
     pruner_->resume(plan_, ratio_, original_);
@@ -279,13 +318,22 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
               "data-parallel run would prune different channels: use l1, l2 or bn_scale there");
   if (options_.pruner().importance() == Importance::kTaylor)
     collect_taylor_gradients(trainer, task, epoch, options_.taylor_batches());
-  if (options_.target_macs() > 0) {
-    report.result = pruner_->prune_to(Target::kMacs, 1.0 - (1.0 - options_.target_macs()) * progress,
-                                      trainer.optimizer());
-  } else {
-    report.ratio = options_.ratio() * progress;
-    report.result = pruner_->step(report.ratio, trainer.optimizer());
+  std::optional<PruneResult> heads;  // whole heads first, then channels
+  if (options_.heads() > 0) {
+    report.heads_ratio = options_.heads() * progress;
+    heads = pruner_->step_heads(report.heads_ratio, trainer.optimizer());
   }
+  std::optional<PruneResult> channels;
+  if (options_.target_macs() > 0) {
+    channels = pruner_->prune_to(Target::kMacs, 1.0 - (1.0 - options_.target_macs()) * progress,
+                                 trainer.optimizer());
+  } else if (options_.ratio() > 0 || !heads) {
+    report.ratio = options_.ratio() * progress;
+    channels = pruner_->step(report.ratio, trainer.optimizer());
+  }
+  report.result = heads && channels ? chain(std::move(*heads), std::move(*channels))
+                  : heads           ? std::move(*heads)
+                                    : std::move(*channels);
   report.ratio = pruner_->ratio();
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // taylor's, sliced along
   // Data-parallel ranks prune the same weights by the same rule: their
@@ -396,6 +444,9 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
             core::Bounds::from_below(0, 1));
   c.declare("prune.target_macs", d.target_macs(),
             "if > 0: prune to this fraction of the original MACs instead", core::Bounds::between(0, 1));
+  c.declare("prune.heads", d.heads(),
+            "share of each attention layer's heads removed in total by the last step (whole heads; 0 = none)",
+            core::Bounds::from_below(0, 1));
   c.declare("prune.importance", to_string(d.pruner().importance()), "l1 | l2 | bn_scale | taylor | random");
   c.declare("prune.global", d.pruner().global_ranking(),
             "rank channels across layers (else each group loses the ratio)");
@@ -446,11 +497,16 @@ PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
   o.epochs(epochs)
       .ratio(c.get_float("prune.ratio"))
       .target_macs(c.get_float("prune.target_macs"))
+      .heads(c.get_float("prune.heads"))
       .pruner(p)
       .taylor_batches(c.get_int("prune.taylor_batches"))
       .sparsity_l1(c.get_float("prune.sparsity_l1"))
       .timing_steps(c.get_int("prune.timing_steps"))
       .eval(c.get_parsed("prune.eval", parse_eval_split));
+  EMBER_CHECK_KIND(kConfig, o.heads() == 0 || p.importance() != Importance::kNormScale,
+                   "[prune] prune.heads={} with prune.importance=bn_scale: no attention head has a norm "
+                   "scale; use l1, l2, taylor or random",
+                   o.heads());
   return o;
 }
 

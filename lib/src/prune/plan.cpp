@@ -14,12 +14,43 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "ember/core/attention_heads.h"
 #include "ember/core/file.h"
 #include "ember/optim/optimizer.h"
 
 namespace ember::prune {
 
-Plan::Plan(std::vector<PlanEntry> entries) : entries_(std::move(entries)) {
+namespace {
+/// A head entry keeps whole kv groups: n_head / n_kv_head consecutive query heads each.
+void check_head_entry(const HeadEntry& h, const char* where) {
+  EMBER_CHECK(h.n_head >= 1 && h.n_kv_head >= 1 && h.n_head % h.n_kv_head == 0,
+              "[prune::{}] {}: {} heads and {} kv heads (kv heads must divide heads)", where, h.module,
+              h.n_head, h.n_kv_head);
+  EMBER_CHECK(!h.keep.empty(), "[prune::{}] {}: keeps no head (an attention layer cannot be emptied)", where,
+              h.module);
+  const int64_t group = h.n_head / h.n_kv_head;
+  for (size_t i = 0; i < h.keep.size(); ++i)
+    EMBER_CHECK(h.keep[i] >= 0 && h.keep[i] < h.n_head && (i == 0 || h.keep[i] > h.keep[i - 1]),
+                "[prune::{}] {}: kept heads must be ascending in [0, {})", where, h.module, h.n_head);
+  for (size_t i = 0; i < h.keep.size(); i += static_cast<size_t>(group)) {
+    const bool whole = h.keep[i] % group == 0 && i + static_cast<size_t>(group) <= h.keep.size() &&
+                       h.keep[i + static_cast<size_t>(group) - 1] == h.keep[i] + group - 1;
+    EMBER_CHECK(whole,
+                "[prune::{}] {}: grouped-query attention ({} query heads per kv head) keeps or removes whole "
+                "groups (heads {}..{} with kv head {}); kept heads [{}] split a group",
+                where, h.module, group, h.keep[i] / group * group, h.keep[i] / group * group + group - 1,
+                h.keep[i] / group, fmt::join(h.keep, ", "));
+  }
+}
+}  // namespace
+
+Plan::Plan(std::vector<PlanEntry> entries, std::vector<HeadEntry> heads)
+    : entries_(std::move(entries)), heads_(std::move(heads)) {
+  std::set<std::string> modules;
+  for (const HeadEntry& h : heads_) {
+    EMBER_CHECK(modules.insert(h.module).second, "[prune::Plan] heads of {} appear twice", h.module);
+    check_head_entry(h, "Plan");
+  }
   std::set<std::pair<std::string, int64_t>> seen;
   for (const PlanEntry& e : entries_) {
     EMBER_CHECK(seen.emplace(e.name, e.dim).second, "[prune::Plan] {} dim {} appears twice", e.name, e.dim);
@@ -58,14 +89,48 @@ Plan Plan::then(const Plan& next) const {
   std::sort(out.begin(), out.end(), [](const PlanEntry& a, const PlanEntry& b) {
     return std::tie(a.name, a.dim) < std::tie(b.name, b.dim);
   });
-  return Plan(std::move(out));
+  // Heads compose as tensor entries do: the second plan's kept heads index the first's.
+  std::map<std::string, const HeadEntry*> my_heads;
+  for (const HeadEntry& h : heads_) my_heads.emplace(h.module, &h);
+  std::vector<HeadEntry> heads;
+  std::set<std::string> heads_done;
+  for (const HeadEntry& n : next.heads_) {
+    auto it = my_heads.find(n.module);
+    if (it == my_heads.end()) {
+      heads.push_back(n);
+    } else {
+      const HeadEntry& f = *it->second;
+      const auto left = static_cast<int64_t>(f.keep.size());
+      EMBER_CHECK(left == n.n_head && n.n_kv_head == left / (f.n_head / f.n_kv_head),
+                  "[prune::Plan::then] {}: the second plan expects {} heads ({} kv), the first leaves {}",
+                  n.module, n.n_head, n.n_kv_head, left);
+      HeadEntry c{n.module, f.n_head, f.n_kv_head, {}};
+      for (int64_t k : n.keep) c.keep.push_back(f.keep[k]);
+      heads.push_back(std::move(c));
+    }
+    heads_done.insert(n.module);
+  }
+  for (const HeadEntry& h : heads_)
+    if (!heads_done.count(h.module)) heads.push_back(h);
+  std::sort(heads.begin(), heads.end(),
+            [](const HeadEntry& a, const HeadEntry& b) { return a.module < b.module; });
+  return Plan(std::move(out), std::move(heads));
 }
 
 std::string Plan::to_json() const {
   nlohmann::json entries = nlohmann::json::array();
   for (const PlanEntry& e : entries_)
     entries.push_back({{"name", e.name}, {"dim", e.dim}, {"size", e.size}, {"keep", e.keep}});
-  return nlohmann::json{{"format", "ember.pruning_plan"}, {"version", 1}, {"entries", entries}}.dump() + "\n";
+  nlohmann::json j{{"format", "ember.pruning_plan"}, {"version", 1}, {"entries", entries}};
+  if (!heads_.empty()) {  // version 2: a reader of version 1 would leave the head counts behind
+    nlohmann::json heads = nlohmann::json::array();
+    for (const HeadEntry& h : heads_)
+      heads.push_back(
+          {{"module", h.module}, {"n_head", h.n_head}, {"n_kv_head", h.n_kv_head}, {"keep", h.keep}});
+    j["version"] = 2;
+    j["heads"] = heads;
+  }
+  return j.dump() + "\n";
 }
 
 namespace {
@@ -93,8 +158,8 @@ Plan Plan::from_json(const std::string& text) {
       j.is_object() && format != j.end() && *format == "ember.pruning_plan",
       "[prune::Plan::from_json] not an Ember pruning plan (expected \"format\": \"ember.pruning_plan\")");
   const auto version = j.find("version");
-  EMBER_CHECK(version != j.end() && *version == 1,
-              "[prune::Plan::from_json] plan version {} is not supported (this build reads 1)",
+  EMBER_CHECK(version != j.end() && (*version == 1 || *version == 2),
+              "[prune::Plan::from_json] plan version {} is not supported (this build reads 1 and 2)",
               version == j.end() ? std::string("(none)") : version->dump());
   const auto list = j.find("entries");
   EMBER_CHECK(list != j.end() && list->is_array(),
@@ -111,7 +176,25 @@ Plan Plan::from_json(const std::string& text) {
     for (const auto& k : e["keep"]) entry.keep.push_back(integer_of(k, "keep"));
     entries.push_back(std::move(entry));
   }
-  return Plan(std::move(entries));
+  std::vector<HeadEntry> heads;
+  const auto head_list = j.find("heads");
+  EMBER_CHECK(head_list == j.end() || (*version == 2 && head_list->is_array()),
+              "[prune::Plan::from_json] malformed plan: \"heads\" must be an array, in a version 2 plan");
+  if (head_list != j.end())
+    for (const auto& h : *head_list) {
+      EMBER_CHECK(h.is_object() && h.contains("module") && h["module"].is_string() && h.contains("n_head") &&
+                      h.contains("n_kv_head") && h.contains("keep") && h["keep"].is_array(),
+                  "[prune::Plan::from_json] malformed head entry {}: expected {{\"module\": string, "
+                  "\"n_head\": int, \"n_kv_head\": int, \"keep\": [int, ...]}}",
+                  h.dump().substr(0, 200));
+      HeadEntry entry{h["module"].get<std::string>(),
+                      integer_of(h["n_head"], "n_head"),
+                      integer_of(h["n_kv_head"], "n_kv_head"),
+                      {}};
+      for (const auto& k : h["keep"]) entry.keep.push_back(integer_of(k, "keep"));
+      heads.push_back(std::move(entry));
+    }
+  return Plan(std::move(entries), std::move(heads));
 }
 
 void Plan::save(const std::string& path) const {
@@ -292,6 +375,59 @@ void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimi
       if (it != optimizer->state().end()) check_state_type(*it->second, name);
     }
   }
+  // Head entries: the module takes head counts, has the heads the plan was made for, and every
+  // dimension its layout lays out in heads is sliced by the plan.
+  std::vector<std::pair<core::HeadedAttention*, const HeadEntry*>> head_counts;
+  if (!plan.heads().empty()) {
+    std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> modules;
+    for (const auto& item : model.named_modules()) modules.emplace(item.key(), item.value());
+    for (const HeadEntry& h : plan.heads()) {
+      auto it = modules.find(h.module);
+      EMBER_CHECK(it != modules.end(),
+                  "[prune::apply_plan] the plan removes heads of {}, which this model does not have (was the "
+                  "plan made for another model or config?)",
+                  h.module);
+      auto* attention = dynamic_cast<core::HeadedAttention*>(it->second.get());
+      EMBER_CHECK(attention != nullptr,
+                  "[prune::apply_plan] the plan removes heads of {}, which is not a core::HeadedAttention",
+                  h.module);
+      const core::HeadLayout layout = attention->head_layout();
+      EMBER_CHECK(
+          layout.n_head == h.n_head && layout.n_kv_head == h.n_kv_head,
+          "[prune::apply_plan] {} has {} heads ({} kv), the plan was made for {} ({} kv) (apply a plan "
+          "to the model as constructed, before loading pruned weights, and only once)",
+          h.module, layout.n_head, layout.n_kv_head, h.n_head, h.n_kv_head);
+      // Within each span, the tensor entry keeps exactly the kept heads' blocks (kv heads: whole groups).
+      const int64_t group = h.n_head / h.n_kv_head;
+      for (const core::HeadSpan& span : layout.spans) {
+        const std::string name = h.module.empty() ? span.parameter : h.module + "." + span.parameter;
+        const bool query = span.role == core::HeadRole::kQuery;
+        const int64_t count = query ? h.n_head : h.n_kv_head, end = span.offset + count * layout.head_dim;
+        std::vector<int64_t> want;
+        for (int64_t head : h.keep)
+          if (query || head % group == 0)
+            for (int64_t c = 0; c < layout.head_dim; ++c)
+              want.push_back(span.offset + (query ? head : head / group) * layout.head_dim + c);
+        const PlanEntry* entry = nullptr;
+        for (const PlanEntry* e :
+             per_tensor.count(name) ? per_tensor.at(name) : std::vector<const PlanEntry*>{})
+          if (e->dim == span.dim) entry = e;
+        std::vector<int64_t> kept;
+        if (entry) {
+          for (int64_t k : entry->keep)
+            if (k >= span.offset && k < end) kept.push_back(k);
+        } else {
+          for (int64_t k = span.offset; k < end; ++k) kept.push_back(k);
+        }
+        EMBER_CHECK(
+            kept == want,
+            "[prune::apply_plan] the plan keeps heads [{}] of {}, but its entry for {} dim {} does not "
+            "keep exactly their rows or columns (a plan edited by hand?)",
+            fmt::join(h.keep, ", "), h.module, name, span.dim);
+      }
+      head_counts.emplace_back(attention, &h);
+    }
+  }
 
   torch::NoGradGuard no_grad;
   std::set<torch::nn::Module*> touched;
@@ -317,6 +453,10 @@ void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimi
     touched.insert(target.module.get());
   }
   for (torch::nn::Module* m : touched) resize_layer(*m);
+  for (const auto& [attention, h] : head_counts) {
+    const auto kept = static_cast<int64_t>(h->keep.size());
+    attention->set_head_count(kept, kept / (h->n_head / h->n_kv_head));
+  }
 }
 
 }  // namespace ember::prune

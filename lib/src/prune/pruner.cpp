@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "ember/prune/heads.h"
 
 namespace ember::prune {
 
@@ -284,6 +285,51 @@ PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
   result.changes = diff(shapes_before, parameter_shapes(model_));
   plan_ = plan_.then(result.plan);
   ratio_ = ratio;
+  ++steps_;
+  return result;
+}
+
+PruneResult Pruner::step_heads(double ratio, torch::optim::Optimizer* optimizer) {
+  EMBER_CHECK(ratio >= 0.0 && ratio < 1.0, "[prune::Pruner::step_heads] ratio {} must be in [0, 1)", ratio);
+  const std::vector<AttentionLayer> layers = attention_layers(model_, options_.ignored_layers());
+  EMBER_CHECK(!layers.empty(),
+              "[prune::Pruner::step_heads] the model has no attention layer whose heads can be removed (a "
+              "module implementing core::HeadedAttention, as CharGpt's attention, outside ignored_layers)");
+  PruneResult result;
+  result.before = core::count_cost(model_, forward_);
+  const auto shapes_before = parameter_shapes(model_);
+  const auto scores =
+      head_importance(model_, layers, options_.importance(), options_.seed() + static_cast<uint64_t>(steps_));
+  std::map<std::string, int64_t> original_groups;  // kv groups each layer had as constructed
+  for (const HeadEntry& h : plan_.heads()) original_groups[h.module] = h.n_kv_head;
+  HeadSelection remove;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const core::HeadLayout& l = layers[i].layout;
+    const int64_t group = l.n_head / l.n_kv_head;
+    auto it = original_groups.find(layers[i].name);
+    const auto original = static_cast<double>(it != original_groups.end() ? it->second : l.n_kv_head);
+    const auto target = static_cast<int64_t>(std::floor(original * (1.0 - ratio) + 1e-9));
+    const auto min_keep = static_cast<int64_t>(std::ceil(original * (1.0 - options_.max_ratio()) - 1e-9));
+    const int64_t keep = std::clamp<int64_t>(std::max(target, min_keep), 1, l.n_kv_head);
+    const torch::Tensor order = scores[i].argsort(/*stable=*/true).contiguous();  // least important first
+    const int64_t* lowest = order.data_ptr<int64_t>();
+    for (int64_t u = 0; u < l.n_kv_head - keep; ++u)
+      for (int64_t q = lowest[u] * group; q < (lowest[u] + 1) * group; ++q)
+        remove[layers[i].name].push_back(q);
+  }
+  result.plan = make_head_plan(model_, remove);
+  apply_plan(model_, result.plan, optimizer);
+  try {
+    result.after = core::count_cost(model_, forward_);
+  } catch (const std::exception& e) {
+    detail::fail(
+        "[prune::Pruner::step_heads] the model's forward pass fails after removing heads ({}); the model is "
+        "left pruned and inconsistent. A core::HeadedAttention must take its head count from "
+        "set_head_count and its inner width from its tensors.",
+        std::string(e.what()).substr(0, 300));
+  }
+  result.changes = diff(shapes_before, parameter_shapes(model_));
+  plan_ = plan_.then(result.plan);
   ++steps_;
   return result;
 }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ember/core/activation_checkpoint.h"
+#include "ember/core/attention_heads.h"
 #include "ember/core/blocks.h"
 
 namespace ember::models {
@@ -45,8 +46,10 @@ struct CharGptOptions {
   TORCH_ARG(core::ActivationCheckpointing, activation_checkpointing);
 };
 
-/// Multi-head causal self-attention with one fused q/k/v projection.
-struct CausalSelfAttentionImpl : torch::nn::Module {
+/// Multi-head causal self-attention with one fused q/k/v projection. Whole
+/// heads can be removed (prune::prune_heads, core::HeadedAttention): the
+/// inner width A = n_head * head_dim then falls below C, head_dim stays.
+struct CausalSelfAttentionImpl : torch::nn::Module, core::HeadedAttention {
   explicit CausalSelfAttentionImpl(const CharGptOptions& o) : n_head(o.n_head()), dropout_p(o.dropout()) {
     qkv = register_module("qkv", torch::nn::Linear(o.n_embd(), 3 * o.n_embd()));
     proj = register_module("proj", torch::nn::Linear(o.n_embd(), o.n_embd()));
@@ -54,18 +57,39 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   }
   /// [B,T,C] -> [B,T,C]
   torch::Tensor forward(const torch::Tensor& x) { return attend(qkv(x)); }
-  /// The rest of forward after the q/k/v projection: [B,T,3C] -> [B,T,C].
+  /// The rest of forward after the q/k/v projection: [B,T,3A] -> [B,T,C] (A = C until heads are removed).
   torch::Tensor attend(const torch::Tensor& qkv_out) {
-    const int64_t B = qkv_out.size(0), T = qkv_out.size(1), C = qkv_out.size(2) / 3;
-    // [B,T,3C] -> [3,B,H,T,C/H]: q, k, v as strided views (last dim contiguous).
-    const torch::Tensor qkv_heads = qkv_out.view({B, T, 3, n_head, C / n_head}).permute({2, 0, 3, 1, 4});
+    const int64_t B = qkv_out.size(0), T = qkv_out.size(1), A = qkv_out.size(2) / 3;
+    // [B,T,3A] -> [3,B,H,T,A/H]: q, k, v as strided views (last dim contiguous).
+    const torch::Tensor qkv_heads = qkv_out.view({B, T, 3, n_head, A / n_head}).permute({2, 0, 3, 1, 4});
     torch::Tensor y =
         torch::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/{},
                                             is_training() ? dropout_p : 0.0, /*is_causal=*/true);
-    y = y.transpose(1, 2).reshape({B, T, C});  // [B,H,T,C/H] -> [B,T,C]
+    y = y.transpose(1, 2).reshape({B, T, A});  // [B,H,T,A/H] -> [B,T,A]
     return resid_drop(proj(y));
   }
-  int64_t n_head;
+  /// qkv rows [q | k | v], A each, head h at h * head_dim in each; proj's columns [A].
+  core::HeadLayout head_layout() const override {
+    const int64_t A = proj->weight.size(1);
+    core::HeadLayout l;
+    l.n_head = l.n_kv_head = n_head;
+    l.head_dim = A / n_head;
+    const auto q = core::HeadRole::kQuery, kv = core::HeadRole::kKeyValue;
+    for (const char* p : {"qkv.weight", "qkv.bias"}) {
+      if (std::string(p) == "qkv.bias" && !qkv->bias.defined()) continue;
+      l.spans.push_back({p, 0, 0, q});
+      l.spans.push_back({p, 0, A, kv});
+      l.spans.push_back({p, 0, 2 * A, kv});
+    }
+    l.spans.push_back({"proj.weight", 1, 0, q});
+    return l;
+  }
+  void set_head_count(int64_t heads, int64_t kv_heads) override {
+    TORCH_CHECK(heads >= 1 && kv_heads == heads, "[char_gpt] attention keeps as many kv heads as heads, got ",
+                heads, " and ", kv_heads);
+    n_head = heads;
+  }
+  int64_t n_head;  ///< heads (CharGptOptions::n_head until heads are removed)
   double dropout_p;
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
   torch::nn::Dropout resid_drop{nullptr};
@@ -169,7 +193,8 @@ struct CharGptImpl : torch::nn::Module, core::BlockModel {
   /// counting a multiply-add as 2 FLOPs and ignoring biases, norms, softmax:
   ///   every Linear module             2 * in * out   (a block: qkv 3d^2 + proj d^2 + fc 4d^2 + proj 4d^2)
   ///   the tied lm_head                2 * d * vocab
-  ///   attention q.k^T and weights.v   2 * 2 * T * d  per block
+  ///   attention q.k^T and weights.v   2 * 2 * T * A  per block (A = n_head * head_dim: d until
+  ///                                                   heads are removed)
   /// The attention term counts the whole T x T matrix although half of it is
   /// masked, the convention of PaLM (appendix B) and nanoGPT's estimate_mfu.
   int64_t forward_flops_per_token() const {
@@ -178,7 +203,8 @@ struct CharGptImpl : torch::nn::Module, core::BlockModel {
       if (const auto* lin = m->as<torch::nn::Linear>())
         flops += 2 * lin->options.in_features() * lin->options.out_features();
     flops += 2 * options.n_embd() * options.vocab_size();
-    flops += options.n_layer() * 2 * 2 * options.block_size() * options.n_embd();
+    for (const auto& block : *block_list)  // the attention's inner width: n_embd until heads are removed
+      flops += 2 * 2 * options.block_size() * block->as<Block>()->attn->proj->options.in_features();
     return flops;
   }
   /// Training FLOPs per token: forward + backward (twice the forward) = 3x.

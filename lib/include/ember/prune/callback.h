@@ -9,16 +9,19 @@
 //      (prune.eval); the dependency graph and MACs use the batch's first
 //      sample (reported MACs are per sample);
 //   2. taylor importance: gradients of prune.taylor_batches batches;
-//   3. the Pruner removes channels (ratio or MACs target for this step), and
-//      slices the optimizer's state: training continues with the same
-//      optimizer, LR schedule and GradScaler;
+//   3. the Pruner removes whole attention heads (prune.heads > 0: that share
+//      of each attention layer's heads by the last step, Pruner::step_heads),
+//      then channels (ratio or MACs target for this step; skipped when both
+//      are 0 and heads are pruned), and slices the optimizer's state:
+//      training continues with the same optimizer, LR schedule and GradScaler;
 //   4. step 1 again on the smaller model; the report (per-layer shapes, MACs,
 //      parameters, step times, accuracy) is printed, appended to
 //      <run_dir>/pruning.jsonl, and the cumulative plan is written to
 //      <run_dir>/pruning_plan.json.
 // Schedule: step k of n (k = 1..n, one per entry of `epochs`) aims at
 // ratio x k / n of the channels (or, with a MACs target, a MACs fraction of
-// 1 - (1 - target) x k / n), as Torch-Pruning's linear iterative schedule.
+// 1 - (1 - target) x k / n), as Torch-Pruning's linear iterative schedule,
+// and heads x k / n of the heads.
 //
 // Checkpoints keep the cumulative plan; on resume the plan is applied to the
 // freshly built model before its weights and the optimizer state are loaded
@@ -59,6 +62,9 @@ struct PruningCallbackOptions {
   TORCH_ARG(double, ratio) = 0.5;
   /// If > 0: instead of `ratio`, prune until the MACs are at most this fraction of the original's.
   TORCH_ARG(double, target_macs) = 0.0;
+  /// Share of each attention layer's heads removed by the last step (cumulative, of the original
+  /// heads; whole heads, head_dim kept); 0 = none. Needs core::HeadedAttention layers.
+  TORCH_ARG(double, heads) = 0.0;
   /// Ranking, ignored layers, round_to...
   TORCH_ARG(PrunerOptions, pruner) = {};
   /// Batches whose gradients feed taylor importance.
@@ -77,8 +83,9 @@ struct PruningCallbackOptions {
 /// One pruning step during training.
 struct PruningReport {
   int64_t epoch = 0;
-  double ratio = 0.0;  ///< cumulative channel ratio reached (with a MACs target: the ratio it took)
-  PruneResult result;  ///< plan of this step, shapes, MACs and parameters
+  double ratio = 0.0;        ///< cumulative channel ratio reached (with a MACs target: the ratio it took)
+  double heads_ratio = 0.0;  ///< cumulative share of heads this step aimed at (0: no heads removed)
+  PruneResult result;        ///< plan of this step (heads and channels), shapes, MACs and parameters
   double train_step_ms_before = 0, train_step_ms_after = 0;  ///< median; 0 = not timed
   double infer_ms_before = 0, infer_ms_after = 0;            ///< median; 0 = not timed
   train::EvalResult eval_before, eval_after;                 ///< samples == 0 when not evaluated

@@ -110,6 +110,14 @@ class Pruner {
   /// state `optimizer` keeps for the parameters, if given.
   PruneResult step(double ratio, torch::optim::Optimizer* optimizer = nullptr);
 
+  /// Removes whole attention heads (prune/heads.h) until each attention layer
+  /// (core::HeadedAttention, not in ignored_layers) has lost `ratio` of its
+  /// original heads (cumulative, as step's ratio; kv groups in grouped-query
+  /// attention), the least important first by options().importance(), within
+  /// max_ratio; one head (group) always stays. Refuses a model without such
+  /// layers, or with a torch::nn::MultiheadAttention not ignored.
+  PruneResult step_heads(double ratio, torch::optim::Optimizer* optimizer = nullptr);
+
   /// Prunes in steps of `increment` (in ratio) until the model's MACs or
   /// parameters are at most `fraction` of the original's. Stops with what it
   /// reached, and a warning in the result, when nothing more can be removed.
