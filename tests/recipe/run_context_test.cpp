@@ -163,17 +163,27 @@ TEST(RunContext, TrainBatchSizeIsTheToolsElseTheConfigs) {
   EXPECT_EQ(recipe::train_batch_size(c, RunContext().batch_size(5)), 5);
 }
 
-TEST(RunContext, PruneFinetuneRefusesADataParallelLaunchWhateverTheConfigSays) {
+// prune_finetune on several ranks: DDP with the same pruning everywhere;
+// sharding and Taylor importance (each rank's own gradients) are refused.
+TEST(RunContext, PruneFinetuneOnSeveralRanksRefusesShardingAndTaylor) {
   core::Config c;
   recipe::declare_recipe_keys(c);
   recipe::declare_prune_finetune_keys(c);
   c.validate();
   EXPECT_NO_THROW(recipe::check_prune_finetune_launch(c, 1));
-  try {
-    recipe::check_prune_finetune_launch(c, 2);
-    ADD_FAILURE() << "2 processes accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
-    EXPECT_NE(std::string(e.what()).find("runs in one process"), std::string::npos) << e.what();
+  EXPECT_NO_THROW(recipe::check_prune_finetune_launch(c, 2));
+  for (const char* bad : {"dist.sharding=optimizer", "prune.importance=taylor"}) {
+    core::Config d = c;
+    d.set_override(bad);
+    EXPECT_NO_THROW(recipe::check_prune_finetune_launch(d, 1)) << bad;
+    try {
+      recipe::check_prune_finetune_launch(d, 2);
+      ADD_FAILURE() << bad << " accepted on 2 ranks";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+      EXPECT_NE(std::string(e.what()).find(std::string(bad).substr(0, std::string(bad).find('='))),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
