@@ -3,6 +3,7 @@
 #include "ember/dist/launch.h"
 
 #include <ifaddrs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -156,6 +157,19 @@ std::vector<int64_t> expand_slurm_tasks_per_node(const std::string& list) {
     out.insert(out.end(), static_cast<size_t>(repeat), n);
   }
   return out;
+}
+
+std::optional<std::string> system_env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::string host_name() {
+  char name[256] = "?";
+  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
+  name[sizeof(name) - 1] = '\0';
+  return name;
 }
 
 LaunchEnv launch_env_from(const EnvReader& read) {

@@ -14,9 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include <unistd.h>
-
 #include "core/check.h"
+#include "core/message.h"
 #include "dist/replica_backend.h"
 #include "ember/dist/launch.h"
 
@@ -53,12 +52,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
-}
-
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -68,10 +61,6 @@ int64_t unix_ms() {
 std::string text(const std::vector<uint8_t>& bytes) {
   return std::string(bytes.begin(), bytes.end());
 }
-std::string first_line_of(const std::string& s) {
-  return s.substr(0, s.find('\n'));
-}
-
 std::vector<uint8_t> bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
@@ -105,7 +94,7 @@ const char* to_string(Backend backend) {
 }
 
 LaunchEnv launch_env() {
-  return launch_env_from([](const char* name) { return env(name); });
+  return launch_env_from(system_env);
 }
 
 // Publishes "<step> <unix ms>" under ember/heartbeat/<rank> twice a second,
@@ -154,9 +143,7 @@ struct ProcessGroup::Heartbeat {
 /// `limit`, for the others': one that does not come is named with the address
 /// the ranks meet at, instead of a hang or a count of clients.
 void wait_for_ranks(c10d::Store& store, const LaunchEnv& e, std::chrono::milliseconds limit) {
-  char host[256] = "?";
-  (void)gethostname(host, sizeof(host) - 1);
-  store.set("ember/joined/" + std::to_string(e.rank), bytes(host));
+  store.set("ember/joined/" + std::to_string(e.rank), bytes(host_name()));
   const auto deadline = Clock::now() + limit;
   std::vector<int64_t> missing;
   for (;;) {
@@ -209,7 +196,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
             "({}): is rank 0's node started, and does {}:{} reach it from here (firewall, the address "
             "resolving to another machine or to 127.0.1.1)? dist.startup_timeout_s sets this wait",
             e.rank, e.master_addr, e.master_port, options.startup_timeout().count() / 1000.0,
-            first_line_of(ex.what()), e.master_addr, e.master_port));
+            core::message_of(ex), e.master_addr, e.master_port));
   }
   std::vector<std::string> hosts;
   if (e.world_size > 1) {
@@ -249,7 +236,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
   // An interface variable that names no interface here fails inside Gloo or
   // NCCL with a message that does not say which variable: refuse it first.
   for (const char* var : {backend == Backend::kGloo ? "GLOO_SOCKET_IFNAME" : "NCCL_SOCKET_IFNAME"}) {
-    if (const auto value = env(var))
+    if (const auto value = system_env(var))
       if (const auto problem = socket_ifname_problem(var, *value, network_interfaces()))
         throw Error(ErrorKind::kConfig, "[dist::ProcessGroup] " + *problem);
   }

@@ -5,8 +5,6 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <iostream>
 #include <string_view>
@@ -99,11 +97,7 @@ void record_topology(RunSummary& summary, const Processes& p, const RunContext& 
   summary.monitor["nodes"] = static_cast<double>(nodes);
   summary.monitor["ranks_per_node"] = static_cast<double>(p.env.distributed() ? per_node : 1);
   std::vector<std::string> hosts = p.group ? p.group->hosts() : std::vector<std::string>{};
-  if (hosts.empty()) {
-    char name[256] = "?";
-    (void)gethostname(name, sizeof(name) - 1);
-    hosts.push_back(name);
-  }
+  if (hosts.empty()) hosts.push_back(dist::host_name());
   std::sort(hosts.begin(), hosts.end());
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
   summary.monitor_text["hosts"] = fmt::format("{}", fmt::join(hosts, ", "));
@@ -125,14 +119,10 @@ void record_topology(RunSummary& summary, const Processes& p, const RunContext& 
   }
   summary.monitor_text["intra_node_link"] = intra;
   summary.monitor_text["inter_node_link"] =
-      nodes > 1 && p.group ? dist::network_link(
-                                 p.group->backend() == "nccl" ? dist::Backend::kNccl : dist::Backend::kGloo,
-                                 [](const char* name) -> std::optional<std::string> {
-                                   const char* v = std::getenv(name);
-                                   return v && *v ? std::optional<std::string>(v) : std::nullopt;
-                                 },
-                                 dist::network_interfaces())
-                           : "one node";
+      nodes > 1 && p.group
+          ? dist::network_link(p.group->backend() == "nccl" ? dist::Backend::kNccl : dist::Backend::kGloo,
+                               dist::system_env, dist::network_interfaces())
+          : "one node";
 }
 
 // What run_recipe needs of a run that failed: the data-parallel group this

@@ -551,6 +551,13 @@ nlohmann::json probe_two_batches(Measurement& m, const core::Config& config, cor
   return probes;
 }
 
+/// The two batches the memory probes start from: plan.probe_small and
+/// plan.probe_large, at most the run's batch and at least one apart.
+std::pair<int64_t, int64_t> probe_batches(const Measurement& m) {
+  const int64_t small = std::min(m.config.get_int("plan.probe_small"), m.batch);
+  return {small, std::max(std::min(m.config.get_int("plan.probe_large"), m.batch), small + 1)};
+}
+
 /// A line (fixed + per-sample bytes) through two probes {batch, peak}.
 nlohmann::json memory_line(const nlohmann::json& probes, const int64_t sizes[2], const int64_t peaks[2]) {
   const double per_sample =
@@ -570,8 +577,7 @@ void measure_checkpointing(Measurement& m, core::MemoryMeter& meter, amp::Precis
       !m.config.get_bool("plan.activation_checkpoint"))
     return;
   const std::string own = m.j["activation_checkpoint"].get<std::string>();
-  const int64_t small = std::min(m.config.get_int("plan.probe_small"), m.batch);
-  const int64_t large = std::max(std::min(m.config.get_int("plan.probe_large"), m.batch), small + 1);
+  const auto [small, large] = probe_batches(m);
   nlohmann::json modes = nlohmann::json::object();
   for (const char* mode : {"none", "full", "light"}) {
     if (own == mode) continue;
@@ -605,8 +611,7 @@ void measure_memory(Measurement& m, core::MemoryMeter& meter) {
   }
   int64_t opt_bytes = 0;
   nlohmann::json memory = nlohmann::json::object();
-  const int64_t small = std::min(m.config.get_int("plan.probe_small"), m.batch);
-  const int64_t large = std::max(std::min(m.config.get_int("plan.probe_large"), m.batch), small + 1);
+  const auto [small, large] = probe_batches(m);
   std::vector<amp::Precision> precisions;
   for (const std::string& name : split_list(m.config.get_string("plan.precisions")))
     precisions.push_back(amp::parse_precision(name));

@@ -27,6 +27,12 @@ namespace ember::dist {
 /// Reads one environment variable (nullopt: unset or empty).
 using EnvReader = std::function<std::optional<std::string>(const char* name)>;
 
+/// The process's environment as an EnvReader (unset and empty are nullopt).
+std::optional<std::string> system_env(const char* name);
+
+/// This machine's host name (gethostname; "?" when it cannot be read).
+std::string host_name();
+
 /// launch_env() over `read`: torchrun's RANK, WORLD_SIZE... when RANK is set;
 /// else Slurm's job-step variables when SLURM_PROCID and SLURM_STEP_NUM_TASKS
 /// are set (a task started by srun; an sbatch script's own shell is not one);
