@@ -244,7 +244,8 @@ ModelCost count_cost(torch::nn::Module& model, const ForwardFn& forward) {
       stack.pop_back();
       visited.push_back(node);
       if (const auto macs = op_macs(*node)) {
-        counted.push_back({node->sequence_nr(), OpCost{node->name(), owner_of(*node, owners), *macs}});
+        counted.push_back(
+            {node->sequence_nr(), OpCost{node->name(), owner_of(*node, owners), *macs, output_shape(*node)}});
       }
       for (const torch::autograd::Edge& e : node->next_edges()) visit(e.function.get());
     }

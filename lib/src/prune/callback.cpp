@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -149,6 +152,10 @@ nlohmann::json report_json(const PruningReport& report, int64_t step) {
           {"train_step_ms_after", report.train_step_ms_after},
           {"infer_ms_before", report.infer_ms_before},
           {"infer_ms_after", report.infer_ms_after},
+          {"speedup_goal", report.speedup_goal},
+          {"latency_batch", report.latency_batch},
+          {"latency_us_before", report.result.latency_us_before},
+          {"latency_us_after", report.result.latency_us_after},
           {"eval_before", eval_json(report.eval_before)},
           {"eval_after", eval_json(report.eval_after)},
           {"shapes", shapes},
@@ -176,6 +183,38 @@ PruneResult chain(PruneResult first, PruneResult second) {
   return r;
 }
 
+/// The dtype the model's layers compute in: autocast's for a mixed precision, else the weights'.
+torch::Dtype compute_dtype(const train::Trainer& trainer, torch::nn::Module& model) {
+  if (const auto dtype = amp::autocast_dtype(trainer.options().precision())) return *dtype;
+  const auto params = model.parameters();
+  return params.empty() ? torch::kFloat : params.front().scalar_type();
+}
+
+/// The latency target's batch: the first batch of the data prune.eval names
+/// (else the training example), cut or repeated to prune.latency_batch samples.
+data::Batch latency_batch(train::Task& task, const PruningCallbackOptions& options,
+                          const data::Batch& example) {
+  data::Batch b = example;
+  if (data::Loader* loader = loader_of(task, options.eval()); loader != nullptr) {
+    loader->start_epoch(0, 0);
+    if (std::optional<data::Batch> first = loader->next(); first.has_value()) b = clone_batch(*first);
+  }
+  const int64_t want = options.latency_batch();
+  if (want > 0 && want != b.size()) {
+    const auto resize = [&](const torch::Tensor& t) {
+      if (!t.defined() || t.dim() == 0) return t;
+      const int64_t copies = (want + t.size(0) - 1) / t.size(0);
+      std::vector<int64_t> repeats(static_cast<size_t>(t.dim()), 1);
+      repeats[0] = copies;
+      return t.repeat(repeats).narrow(0, 0, want).clone();
+    };
+    b.input = resize(b.input);
+    b.target = resize(b.target);
+    b.index = resize(b.index);
+  }
+  return b;
+}
+
 }  // namespace
 
 EvalSplit parse_eval_split(const std::string& name) {
@@ -184,6 +223,19 @@ EvalSplit parse_eval_split(const std::string& name) {
   if (name == "none") return EvalSplit::kNone;
   detail::fail(ErrorKind::kConfig,
                "[prune::PruningCallback] unknown prune.eval '{}'; choose val, test or none", name);
+}
+
+PruneTarget parse_prune_target(const std::string& name) {
+  if (name == "macs") return PruneTarget::kMacs;
+  if (name == "latency") return PruneTarget::kLatency;
+  detail::fail(ErrorKind::kConfig,
+               "[prune::PruningCallback] unknown prune.target '{}'; choose macs (prune.ratio or "
+               "prune.target_macs) or latency (prune.speedup)",
+               name);
+}
+
+const char* to_string(PruneTarget target) {
+  return target == PruneTarget::kLatency ? "latency" : "macs";
 }
 
 const char* to_string(EvalSplit split) {
@@ -211,6 +263,9 @@ std::string PruningReport::table() const {
           "warning: the pruned model is not faster on this device: small layers are bound by kernel launches "
           "and memory, not arithmetic. Try larger batches, prune.round_to=8 (tensor cores), or prune less.\n";
   }
+  if (speedup_goal > 0)
+    s += fmt::format("latency target {:.2f}x of the dense model's inference at batch {} (measured above)\n",
+                     speedup_goal, latency_batch);
   if (eval_before.samples > 0 && eval_before.accuracy >= 0)
     s += fmt::format("accuracy    {:.4f} -> {:.4f} (before fine-tuning)\n", eval_before.accuracy,
                      eval_after.accuracy);
@@ -228,6 +283,14 @@ PruningCallback::PruningCallback(PruningCallbackOptions options) : options_(std:
   EMBER_CHECK(options_.target_macs() >= 0 && options_.target_macs() <= 1,
               "[prune::PruningCallback] prune.target_macs {} must be in [0, 1] (0 = use prune.ratio)",
               options_.target_macs());
+  EMBER_CHECK(options_.target() != PruneTarget::kLatency ||
+                  (std::isfinite(options_.speedup()) && options_.speedup() > 1),
+              "[prune::PruningCallback] prune.speedup {} must be > 1 with prune.target=latency",
+              options_.speedup());
+  EMBER_CHECK(options_.pruner().round_to() >= 0, "[prune::PruningCallback] prune.round_to {} must be >= 0",
+              options_.pruner().round_to());
+  EMBER_CHECK(options_.latency_batch() >= 0, "[prune::PruningCallback] prune.latency_batch {} must be >= 0",
+              options_.latency_batch());
   EMBER_CHECK(options_.heads() >= 0 && options_.heads() < 1,
               "[prune::PruningCallback] prune.heads {} must be in [0, 1)", options_.heads());
 }
@@ -270,14 +333,18 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
                      "prune.ignored): set prune.heads=0",
                      options_.heads());
   }
+  if (options_.pruner().round_to() == 0)  // the device's multiple, in the dtype the layers compute in
+    options_.pruner().round_to(default_round_to(device_of(*model), compute_dtype(trainer, *model)));
+  if (options_.target() == PruneTarget::kLatency) latency_example_ = latency_batch(task, options_, example_);
   pruner_ = std::make_unique<Pruner>(*model, std::move(forward), options_.pruner());
   if (resumed_) {
-    pruner_->resume(plan_, ratio_, original_);
+    pruner_->resume(plan_, ratio_, original_, outcome_.latency_us_before);
   } else {
     original_ = pruner_->original_cost();
     outcome_ = PruningOutcome{};
     outcome_.before = outcome_.after = original_;
   }
+  outcome_.round_to = options_.pruner().round_to();
   norm_scales_.clear();
   for (const auto& m : model->modules()) {
     torch::Tensor w;
@@ -324,7 +391,11 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
     heads = pruner_->step_heads(report.heads_ratio, trainer.optimizer());
   }
   std::optional<PruneResult> channels;
-  if (options_.target_macs() > 0) {
+  if (options_.target() == PruneTarget::kLatency) {
+    report.speedup_goal = std::pow(options_.speedup(), progress);
+    report.latency_batch = latency_example_.size();
+    channels = prune_to_latency(trainer, task, report.speedup_goal);
+  } else if (options_.target_macs() > 0) {
     channels = pruner_->prune_to(Target::kMacs, 1.0 - (1.0 - options_.target_macs()) * progress,
                                  trainer.optimizer());
   } else if (options_.ratio() > 0 || !heads) {
@@ -367,6 +438,10 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
                      "pruning step {} of {} at epoch {} (MACs per sample; times for a batch of {}):\n",
                      step + 1, options_.epochs().size(), epoch, example_.size())
               << report.table() << std::flush;
+  if (report.speedup_goal > 0) {
+    if (outcome_.latency_us_before <= 0) outcome_.latency_us_before = report.result.latency_us_before;
+    outcome_.latency_us_after = report.result.latency_us_after;
+  }
   if (outcome_.steps == 0) {
     outcome_.train_step_ms_before = report.train_step_ms_before;
     outcome_.infer_ms_before = report.infer_ms_before;
@@ -377,6 +452,39 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   outcome_.infer_ms_after = report.infer_ms_after;
   ++outcome_.steps;
   reports_.push_back(std::move(report));
+}
+
+PruneResult PruningCallback::prune_to_latency(train::Trainer& trainer, train::Task& task, double speedup) {
+  auto model = task.model();
+  const torch::Device device = device_of(*model);
+  const torch::Tensor& input = latency_example_.input;
+  const bool channels_last =
+      input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(torch::MemoryFormat::ChannelsLast);
+  MeasuredLatency latency(LatencyOptions()
+                              .batch(latency_example_.size())
+                              .device(device)
+                              .dtype(compute_dtype(trainer, *model))
+                              .channels_last(channels_last)
+                              .table(options_.latency_table()));
+  // Inference as the evaluation runs it; the model's modes are put back afterwards.
+  std::vector<std::pair<torch::nn::Module*, bool>> modes;
+  model->apply([&](torch::nn::Module& m) { modes.emplace_back(&m, m.is_training()); });
+  const auto restore = [&] {
+    for (auto& [m, was] : modes) m->train(was);
+  };
+  const auto infer = [&] {
+    model->eval();
+    torch::NoGradGuard ng;
+    with_precision(trainer, device.type(), [&] { return task.evaluation_step(latency_example_); });
+  };
+  try {
+    PruneResult r = pruner_->prune_to_latency(speedup, latency, infer, trainer.optimizer());
+    restore();
+    return r;
+  } catch (...) {
+    restore();
+    throw;
+  }
 }
 
 void PruningCallback::on_before_optimizer_step(train::Trainer&, torch::optim::Optimizer&) {
@@ -397,7 +505,8 @@ void PruningCallback::on_checkpoint_save(train::Trainer&, torch::serialize::Outp
   archive.write("outcome",
                 torch::tensor({static_cast<double>(o.after.macs), static_cast<double>(o.after.params),
                                o.train_step_ms_before, o.train_step_ms_after, o.infer_ms_before,
-                               o.infer_ms_after, o.accuracy_after_first_step, static_cast<double>(o.steps)},
+                               o.infer_ms_after, o.accuracy_after_first_step, static_cast<double>(o.steps),
+                               o.latency_us_before, o.latency_us_after, static_cast<double>(o.round_to)},
                               torch::kFloat64));
 }
 
@@ -417,7 +526,7 @@ void PruningCallback::on_checkpoint_load(train::Trainer& trainer, torch::seriali
   outcome_ = PruningOutcome{};
   outcome_.before = outcome_.after = original_;
   torch::Tensor o;  // absent from checkpoints written before it was kept
-  if (archive.try_read("outcome", o) && o.numel() == 8) {
+  if (archive.try_read("outcome", o) && (o.numel() == 8 || o.numel() == 11)) {
     const auto a = o.to(torch::kFloat64).contiguous();
     const double* p = a.data_ptr<double>();
     outcome_.after.macs = static_cast<int64_t>(p[0]);
@@ -428,6 +537,11 @@ void PruningCallback::on_checkpoint_load(train::Trainer& trainer, torch::seriali
     outcome_.infer_ms_after = p[5];
     outcome_.accuracy_after_first_step = p[6];
     outcome_.steps = static_cast<int64_t>(p[7]);
+    if (o.numel() == 11) {
+      outcome_.latency_us_before = p[8];
+      outcome_.latency_us_after = p[9];
+      outcome_.round_to = static_cast<int64_t>(p[10]);
+    }
   }
   resumed_ = true;
   // Runs before the model's weights are loaded: give the fresh model the checkpoint's shapes.
@@ -444,6 +558,18 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
             core::Bounds::from_below(0, 1));
   c.declare("prune.target_macs", d.target_macs(),
             "if > 0: prune to this fraction of the original MACs instead", core::Bounds::between(0, 1));
+  c.declare("prune.target", to_string(d.target()),
+            "macs (prune.ratio / prune.target_macs) | latency (prune.speedup, measured on the device)");
+  c.declare("prune.speedup", d.speedup(),
+            "prune.target=latency: inference speed-up the last step reaches (measured)",
+            core::Bounds{1.0, std::numeric_limits<double>::infinity(), true});
+  c.declare("prune.latency_batch", d.latency_batch(),
+            "samples per timed inference of the latency target (0 = the prune.eval data's batch)",
+            core::Bounds::at_least(0));
+  c.declare("prune.latency_table", d.latency_table().empty() ? std::string("auto") : d.latency_table(),
+            "file caching per-layer latencies (auto = $XDG_CACHE_HOME or ~/.cache /ember/latency.json; "
+            "none = not kept)",
+            core::OnResume::kMayChange);
   c.declare("prune.heads", d.heads(),
             "share of each attention layer's heads removed in total by the last step (whole heads; 0 = none)",
             core::Bounds::from_below(0, 1));
@@ -452,8 +578,10 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
             "rank channels across layers (else each group loses the ratio)");
   c.declare("prune.max_ratio", d.pruner().max_ratio(),
             "no group loses more than this fraction of its channels", core::Bounds{0.0, 1.0, true});
-  c.declare("prune.round_to", d.pruner().round_to(), "remaining channels rounded down to a multiple of this",
-            core::Bounds::between(1, 1 << 16));
+  c.declare("prune.round_to", d.pruner().round_to(),
+            "remaining channels rounded down to a multiple of this (0 = the device's: 16 or 8 on CPUs by "
+            "AVX-512/AVX2, 8 on CUDA in fp16/bf16, else 1)",
+            core::Bounds::between(0, 1 << 16));
   c.declare("prune.ignored", ignored, "comma-separated layers whose shapes stay (e.g. \"stem,fc\")");
   c.declare("prune.taylor_batches", d.taylor_batches(), "batches whose gradients feed taylor importance",
             core::Bounds::at_least(0));
@@ -468,6 +596,21 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
             core::Bounds::at_least(0));
   c.add_check([](const core::Config& config) { pruning_options_from_config(config); });
 }
+
+namespace {
+
+/// prune.latency_table: "auto" -> the user's cache folder, "none" -> "" (in memory).
+std::string latency_table_path(const std::string& key) {
+  if (key == "none") return "";
+  if (key != "auto") return key;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0')
+    return std::string(xdg) + "/ember/latency.json";
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
+    return std::string(home) + "/.cache/ember/latency.json";
+  return "";
+}
+
+}  // namespace
 
 PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
   PruningCallbackOptions o;
@@ -498,6 +641,10 @@ PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
       .ratio(c.get_float("prune.ratio"))
       .target_macs(c.get_float("prune.target_macs"))
       .heads(c.get_float("prune.heads"))
+      .target(c.get_parsed("prune.target", parse_prune_target))
+      .speedup(c.get_float("prune.speedup"))
+      .latency_batch(c.get_int("prune.latency_batch"))
+      .latency_table(latency_table_path(c.get_string("prune.latency_table")))
       .pruner(p)
       .taylor_batches(c.get_int("prune.taylor_batches"))
       .sparsity_l1(c.get_float("prune.sparsity_l1"))

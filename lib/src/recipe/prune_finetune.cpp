@@ -92,8 +92,23 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const RunConte
   if (pruned.train_step_ms_before > 0 && pruned.train_step_ms_after > 0) {
     summary.extra["train_step_speedup"] = pruned.train_step_ms_before / pruned.train_step_ms_after;
     summary.extra["inference_speedup"] = pruned.infer_ms_before / pruned.infer_ms_after;
+    summary.extra["train_step_ms_before"] = pruned.train_step_ms_before;
+    summary.extra["train_step_ms_after"] = pruned.train_step_ms_after;
+    summary.extra["inference_ms_before"] = pruned.infer_ms_before;
+    summary.extra["inference_ms_after"] = pruned.infer_ms_after;
     speed = fmt::format(", train step {:.2f}x, inference {:.2f}x faster", summary.extra["train_step_speedup"],
                         summary.extra["inference_speedup"]);
+  }
+  summary.extra["round_to"] = static_cast<double>(pruned.round_to);
+  summary.extra["macs_before"] = static_cast<double>(before.macs);
+  summary.extra["macs_after"] = static_cast<double>(after.macs);
+  if (pruned.latency_us_before > 0 && pruned.latency_us_after > 0) {  // prune.target=latency
+    summary.extra["latency_goal_speedup"] = c.get_float("prune.speedup");
+    summary.extra["latency_ms_before"] = pruned.latency_us_before / 1e3;
+    summary.extra["latency_ms_after"] = pruned.latency_us_after / 1e3;
+    summary.extra["latency_speedup"] = pruned.latency_us_before / pruned.latency_us_after;
+    speed += fmt::format(", latency target {:.2f}x: {:.2f}x measured", c.get_float("prune.speedup"),
+                         summary.extra["latency_speedup"]);
   }
   if (pruned.accuracy_after_first_step >= 0)
     summary.extra["pruned_test_accuracy_before_finetune"] = pruned.accuracy_after_first_step;

@@ -40,9 +40,10 @@ using ForwardFn = std::function<std::vector<torch::Tensor>()>;
 
 /// One counted op of the forward pass.
 struct OpCost {
-  std::string op;      ///< autograd node name, e.g. "ConvolutionBackward0", "AddmmBackward0"
-  std::string module;  ///< qualified name of the module owning the weight, "" if none
-  int64_t macs = 0;    ///< multiply-accumulates of this op
+  std::string op;               ///< autograd node name, e.g. "ConvolutionBackward0", "AddmmBackward0"
+  std::string module;           ///< qualified name of the module owning the weight, "" if none
+  int64_t macs = 0;             ///< multiply-accumulates of this op
+  std::vector<int64_t> output;  ///< the op's output shape (e.g. [N, C_out, H_out, W_out] of a conv)
 };
 
 /// The cost of one forward pass; see the convention at the top of this file.

@@ -55,6 +55,15 @@ enum class EvalSplit {
 EvalSplit parse_eval_split(const std::string& name);
 const char* to_string(EvalSplit split);
 
+/// What a pruning step aims at (prune.target).
+enum class PruneTarget {
+  kMacs,     ///< a channel ratio, or a MACs fraction (target_macs)
+  kLatency,  ///< a measured inference speed-up (speedup), Pruner::prune_to_latency
+};
+/// "macs", "latency" -> PruneTarget; anything else is a config error listing them.
+PruneTarget parse_prune_target(const std::string& name);
+const char* to_string(PruneTarget target);
+
 struct PruningCallbackOptions {
   /// Epochs (0-based) at whose start a pruning step runs; empty = never.
   TORCH_ARG(std::vector<int64_t>, epochs) = {};
@@ -62,11 +71,20 @@ struct PruningCallbackOptions {
   TORCH_ARG(double, ratio) = 0.5;
   /// If > 0: instead of `ratio`, prune until the MACs are at most this fraction of the original's.
   TORCH_ARG(double, target_macs) = 0.0;
+  /// Ratio/MACs (default) or measured latency.
+  TORCH_ARG(PruneTarget, target) = PruneTarget::kMacs;
+  /// With PruneTarget::kLatency: the inference speed-up the last step reaches, measured on the
+  /// training device at latency_batch (step k of n aims at speedup^(k/n)).
+  TORCH_ARG(double, speedup) = 1.5;
+  /// Samples per timed inference of the latency target; 0 = the batch of the data prune.eval names.
+  TORCH_ARG(int64_t, latency_batch) = 0;
+  /// The latency table's file ("" = kept in memory only; LatencyOptions::table).
+  TORCH_ARG(std::string, latency_table) = "";
   /// Share of each attention layer's heads removed by the last step (cumulative, of the original
   /// heads; whole heads, head_dim kept); 0 = none. Needs core::HeadedAttention layers.
   TORCH_ARG(double, heads) = 0.0;
-  /// Ranking, ignored layers, round_to...
-  TORCH_ARG(PrunerOptions, pruner) = {};
+  /// Ranking, ignored layers, round_to (0 here = the device's: default_round_to)...
+  TORCH_ARG(PrunerOptions, pruner) = PrunerOptions().round_to(0);
   /// Batches whose gradients feed taylor importance.
   TORCH_ARG(int64_t, taylor_batches) = 8;
   /// L1 penalty on batch-norm scales added to their gradients before every
@@ -88,7 +106,9 @@ struct PruningReport {
   PruneResult result;        ///< plan of this step (heads and channels), shapes, MACs and parameters
   double train_step_ms_before = 0, train_step_ms_after = 0;  ///< median; 0 = not timed
   double infer_ms_before = 0, infer_ms_after = 0;            ///< median; 0 = not timed
-  train::EvalResult eval_before, eval_after;                 ///< samples == 0 when not evaluated
+  double speedup_goal = 0;    ///< the latency target's speed-up for this step (0: not a latency target)
+  int64_t latency_batch = 0;  ///< samples of the latency target's timed inference
+  train::EvalResult eval_before, eval_after;  ///< samples == 0 when not evaluated
   /// result.table() plus timing and accuracy lines (and a warning when the smaller model is not faster).
   std::string table() const;
 };
@@ -103,6 +123,9 @@ struct PruningOutcome {
   double infer_ms_before = 0, infer_ms_after = 0;            ///< median; 0 = not timed
   double accuracy_after_first_step = -1;                     ///< < 0: not evaluated
   int64_t steps = 0;                                         ///< pruning steps run
+  /// The latency target's measured inference, before the first step and after the last (0 = none).
+  double latency_us_before = 0, latency_us_after = 0;
+  int64_t round_to = 1;  ///< the channel multiple used (prune.round_to, or the device's)
 };
 
 class PruningCallback : public train::Callback {
@@ -130,11 +153,13 @@ class PruningCallback : public train::Callback {
 
  private:
   void prune_step(train::Trainer& trainer, int64_t epoch, int64_t step);
+  PruneResult prune_to_latency(train::Trainer& trainer, train::Task& task, double speedup);
 
   PruningCallbackOptions options_;
   std::unique_ptr<Pruner> pruner_;
-  data::Batch example_;  // a training batch: timing
-  data::Batch sample_;   // its first sample: tracing and MACs
+  data::Batch example_;          // a training batch: timing
+  data::Batch sample_;           // its first sample: tracing and MACs
+  data::Batch latency_example_;  // the latency target's batch
   Plan plan_;
   double ratio_ = 0.0;
   int64_t steps_done_ = 0;

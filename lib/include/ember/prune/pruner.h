@@ -25,6 +25,7 @@
 
 #include "ember/core/model_cost.h"
 #include "ember/prune/graph.h"
+#include "ember/prune/latency.h"
 #include "ember/prune/plan.h"
 
 namespace ember::prune {
@@ -95,7 +96,10 @@ struct PruneResult {
   std::vector<ShapeChange> changes;
   core::ModelCost before, after;      ///< MACs and parameters of the example forward pass
   std::vector<std::string> warnings;  ///< the tracer's (channels left alone and why)
-  /// Per-layer shapes, then MACs and parameters before -> after with ratios.
+  /// Inference latency before and after, as the LatencySource measured it (prune_to_latency; 0 = not
+  /// measured).
+  double latency_us_before = 0, latency_us_after = 0;
+  /// Per-layer shapes, then MACs and parameters before -> after with ratios (and latency, if measured).
   std::string table() const;
 };
 
@@ -124,10 +128,27 @@ class Pruner {
   PruneResult prune_to(Target target, double fraction, torch::optim::Optimizer* optimizer = nullptr,
                        double increment = 0.02);
 
+  /// Prunes until `latency` measures the model's inference (`infer`: one
+  /// forward at the batch the speed-up is asked for) at most the original
+  /// latency / `speedup` (the original: measured at the first call, or set by
+  /// resume). Greedy, in rounds: each round asks `latency` for the time of
+  /// every conv and linear layer (layer_ops) at the next narrower width of
+  /// each group (a multiple of options().round_to(); a width that saves no
+  /// time is skipped over to the next one that does), removes the channels
+  /// with the least importance per saved microsecond until the layers' time
+  /// reaches what the last measurement says is needed, then measures the
+  /// model again. Layer importance is normalised by its group's mean, as
+  /// global ranking. Stops after `max_rounds`, or when nothing more can be
+  /// removed, with a warning in the result if the goal was not met.
+  PruneResult prune_to_latency(double speedup, LatencySource& latency, const std::function<void()>& infer,
+                               torch::optim::Optimizer* optimizer = nullptr, int max_rounds = 8);
+  /// The latency the first prune_to_latency measured (0 before).
+  double original_latency_us() const { return original_latency_us_; }
+
   /// Continues after an earlier session: `applied` (already applied to the
   /// model, e.g. replayed from a checkpoint) becomes plan(), `ratio` ratio()
   /// and `original` original_cost() (targets are fractions of it).
-  void resume(Plan applied, double ratio, core::ModelCost original);
+  void resume(Plan applied, double ratio, core::ModelCost original, double original_latency_us = 0);
 
   /// Everything removed so far, relative to the model as constructed.
   const Plan& plan() const { return plan_; }
@@ -138,7 +159,11 @@ class Pruner {
   const PrunerOptions& options() const { return options_; }
 
  private:
+  struct Candidate;
+  std::vector<Candidate> candidates(const DependencyGraph& graph,
+                                    const std::vector<torch::Tensor>& scores) const;
   Plan select(const DependencyGraph& graph, double ratio) const;
+  Plan select_for_latency(const DependencyGraph& graph, LatencySource& latency, double goal_us) const;
 
   torch::nn::Module& model_;
   ForwardFn forward_;
@@ -147,6 +172,7 @@ class Pruner {
   double ratio_ = 0.0;
   int64_t steps_ = 0;
   core::ModelCost original_;
+  double original_latency_us_ = 0;
 };
 
 }  // namespace ember::prune

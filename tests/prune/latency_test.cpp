@@ -1,0 +1,307 @@
+// Latency-targeted pruning: the layers the latency table sees, the greedy
+// choice under an injected latency model (steps at multiples of 8, no timing),
+// the measured goal, and the table's cache file.
+
+#include "ember/prune/latency.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+
+#include "ember/core/error.h"
+#include "ember/core/file.h"
+#include "ember/prune/pruner.h"
+#include "prune/models.h"
+
+namespace ember::prune {
+namespace {
+
+namespace nn = torch::nn;
+
+std::string temp_path(const std::string& name) {
+  const char* base = std::getenv("TMPDIR");
+  return std::string(base ? base : "/tmp") + "/ember_latency_" + std::to_string(::getpid()) + "_" + name;
+}
+
+/// Four 3x3 convs (a residual pair in the middle) and a classifier, wide enough for steps of 8 to matter.
+struct WideNetImpl : nn::Module {
+  WideNetImpl() {
+    c1 = register_module("c1", nn::Conv2d(nn::Conv2dOptions(3, 40, 3).padding(1)));
+    c2 = register_module("c2", nn::Conv2d(nn::Conv2dOptions(40, 48, 3).padding(1)));
+    c3 = register_module("c3", nn::Conv2d(nn::Conv2dOptions(48, 48, 3).padding(1)));
+    c4 = register_module("c4", nn::Conv2d(nn::Conv2dOptions(48, 64, 3).padding(1).stride(2)));
+    fc = register_module("fc", nn::Linear(64, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = torch::relu(c1(x));
+    h = torch::relu(c2(h));
+    h = h + torch::relu(c3(h));
+    h = torch::relu(c4(h));
+    return fc(h.mean({2, 3}));
+  }
+  nn::Conv2d c1{nullptr}, c2{nullptr}, c3{nullptr}, c4{nullptr};
+  nn::Linear fc{nullptr};
+};
+TORCH_MODULE(WideNet);
+
+/// A device whose layers cost in steps: channels rounded up to `step`, times
+/// the positions and kernel taps; a fixed cost for the rest of the model. With
+/// `only`, just that layer costs anything.
+struct StepLatency : LatencySource {
+  StepLatency(ForwardFn forward, int64_t step) : forward(std::move(forward)), step(step) {}
+  double op_us(const LayerOp& op) override {
+    if (!only.empty() && op.weight != only) return 0.0;
+    const auto up = [&](int64_t c) { return static_cast<double>((c + step - 1) / step * step); };
+    double area = 1;
+    for (int64_t e : op.extent) area *= static_cast<double>(e);
+    for (int64_t k : op.kernel) area *= static_cast<double>(k);
+    const double in = op.depthwise() ? 1.0 : up(op.in / op.groups);
+    return 1e-3 * up(op.out) * in * area;
+  }
+  double model_us(torch::nn::Module& model, const std::function<void()>&) override {
+    ++measurements;
+    double t = fixed;
+    for (const LayerOp& op : layer_ops(model, forward)) t += op_us(op);
+    return t;
+  }
+  ForwardFn forward;
+  int64_t step;
+  double fixed = 20.0;
+  std::string only;
+  int measurements = 0;
+};
+
+struct WideCase {
+  WideNet model;
+  torch::Tensor x = torch::randn({1, 3, 8, 8});
+  ForwardFn forward = [this] { return std::vector<torch::Tensor>{model->forward(x)}; };
+  std::function<void()> infer = [] {};
+};
+
+PrunerOptions quiet() {
+  return PrunerOptions().print_warnings(false);
+}
+
+TEST(LayerOps, ConvAndLinearShapesPerSample) {
+  torch::manual_seed(0);
+  test::ResidualNet net;
+  const torch::Tensor x = torch::randn({1, 3, 8, 8});
+  const std::vector<LayerOp> ops =
+      layer_ops(*net, [&] { return std::vector<torch::Tensor>{net->forward(x)}; });
+  ASSERT_EQ(ops.size(), 7u);
+  std::map<std::string, LayerOp> by;
+  for (const LayerOp& op : ops) by[op.weight] = op;
+  EXPECT_EQ(by["stem.weight"].key(64), "conv b64 i3 o8 x8,8 k3,3 s1,1 p1,1 d1,1 g1");
+  // Strided: 4x4 outputs; the smallest input giving them is 7x7 (8x8 gives the same).
+  EXPECT_EQ(by["b1.weight"].key(2), "conv b2 i8 o16 x7,7 k3,3 s2,2 p1,1 d1,1 g1");
+  EXPECT_EQ(by["short_conv.weight"].key(2), "conv b2 i8 o16 x7,7 k1,1 s2,2 p0,0 d1,1 g1");
+  EXPECT_EQ(by["fc.weight"].key(64), "linear b64 r1 i16 o5");
+
+  test::MlpNet mlp;  // linear rows = tokens of one sequence
+  const torch::Tensor idx = torch::randint(11, {1, 6});
+  const auto mlp_ops = layer_ops(*mlp, [&] { return std::vector<torch::Tensor>{mlp->forward(idx)}; });
+  ASSERT_EQ(mlp_ops.size(), 3u);
+  for (const LayerOp& op : mlp_ops) EXPECT_EQ(op.extent, std::vector<int64_t>{6}) << op.weight;
+}
+
+TEST(LayerOps, DepthwiseFollowsItsChannelsAfterPruning) {
+  torch::manual_seed(0);
+  test::SeparableNet net;
+  const torch::Tensor x = torch::randn({1, 3, 8, 8});
+  ForwardFn forward = [&] { return std::vector<torch::Tensor>{net->forward(x)}; };
+  auto dw = [&] {
+    for (const LayerOp& op : layer_ops(*net, forward))
+      if (op.weight == "dw.weight") return op;
+    return LayerOp{};
+  };
+  EXPECT_TRUE(dw().depthwise());
+  EXPECT_EQ(dw().groups, 8);
+  Pruner pruner(*net, forward, quiet());
+  pruner.step(0.5);
+  const LayerOp after = dw();
+  EXPECT_TRUE(after.depthwise());
+  EXPECT_EQ(after.groups, 4);
+  EXPECT_EQ(after.in, 4);
+}
+
+TEST(LatencyPruning, MeetsTheGoalAtWidthsTheDeviceRunsFast) {
+  for (double speedup : {1.3, 1.5, 2.0}) {
+    torch::manual_seed(1);
+    WideCase s;
+    StepLatency latency(s.forward, 8);
+    const double dense = latency.model_us(*s.model, s.infer);
+    Pruner pruner(*s.model, s.forward, quiet());  // round_to 1: the steps come from the latency alone
+    const PruneResult r = pruner.prune_to_latency(speedup, latency, s.infer);
+    EXPECT_DOUBLE_EQ(r.latency_us_before, dense);
+    EXPECT_DOUBLE_EQ(r.latency_us_after, latency.model_us(*s.model, s.infer));
+    EXPECT_LE(r.latency_us_after, dense / speedup) << speedup;
+    EXPECT_TRUE(r.warnings.empty()) << r.warnings.front();
+    EXPECT_DOUBLE_EQ(pruner.original_latency_us(), dense);
+    // A width between two multiples of 8 costs as much as the multiple above: never chosen.
+    for (const ShapeChange& c : r.changes)
+      if (c.name.find(".weight") != std::string::npos && c.after.size() == 4)
+        EXPECT_EQ(c.after[0] % 8, 0) << c.name << " " << c.after[0] << " at " << speedup;
+    // Not far past the goal (one step of the residual group is a fifth of this model's time).
+    EXPECT_GT(r.latency_us_after, dense / speedup * 0.8) << speedup;
+    // The pruned model still runs at its new widths.
+    EXPECT_EQ(s.model->forward(torch::randn({2, 3, 8, 8})).sizes(), (std::vector<int64_t>{2, 10}));
+  }
+}
+
+TEST(LatencyPruning, OnlyChannelsThatSaveTimeGo) {
+  torch::manual_seed(2);
+  WideCase s;
+  StepLatency latency(s.forward, 8);
+  latency.only = "c4.weight";  // c4's input (the residual group of c2/c3) and output cost; nothing else
+  Pruner pruner(*s.model, s.forward, quiet());
+  const PruneResult r = pruner.prune_to_latency(1.5, latency, s.infer);
+  EXPECT_LE(r.latency_us_after, r.latency_us_before / 1.5);
+  EXPECT_EQ(s.model->c1->weight.size(0), 40) << "c1's outputs feed no timed layer";
+  EXPECT_LT(s.model->c4->weight.size(0) * s.model->c4->weight.size(1), 64 * 48);
+}
+
+TEST(LatencyPruning, ImportancePerSavedMicrosecondDecides) {
+  // Only c4 costs: a step of its outputs (their own group, with fc's inputs) or of its inputs (the
+  // residual group of c2 and c3) each meets 1.1x. Scores are over each group's mean, so what decides
+  // is how cheap the group's least important channels are: eight near-zero ones go first.
+  for (bool outputs : {true, false}) {
+    torch::manual_seed(3);
+    WideCase s;
+    {
+      torch::NoGradGuard ng;
+      const auto first8 = torch::indexing::Slice(0, 8);
+      if (outputs) {
+        s.model->c4->weight.index({first8}).mul_(1e-4);
+        s.model->fc->weight.index({torch::indexing::Slice(), first8}).mul_(1e-4);
+      } else {
+        s.model->c2->weight.index({first8}).mul_(1e-4);
+        s.model->c3->weight.index({first8}).mul_(1e-4);
+        s.model->c3->weight.index({torch::indexing::Slice(), first8}).mul_(1e-4);
+        s.model->c4->weight.index({torch::indexing::Slice(), first8}).mul_(1e-4);
+      }
+    }
+    StepLatency latency(s.forward, 8);
+    latency.only = "c4.weight";
+    Pruner pruner(*s.model, s.forward, quiet());
+    pruner.prune_to_latency(1.1, latency, s.infer);
+    const int64_t out = s.model->c4->weight.size(0), in = s.model->c4->weight.size(1);
+    if (outputs)
+      EXPECT_TRUE(out == 56 && in == 48) << out << " " << in;
+    else
+      EXPECT_TRUE(out == 64 && in == 40) << out << " " << in;
+  }
+}
+
+TEST(LatencyPruning, RoundToAndMaxRatioBoundTheWidths) {
+  torch::manual_seed(4);
+  WideCase s;
+  StepLatency latency(s.forward, 1);  // no steps: every channel saves time
+  Pruner pruner(*s.model, s.forward, quiet().round_to(16).max_ratio(0.5));
+  const PruneResult r = pruner.prune_to_latency(10.0, latency, s.infer);
+  for (const ShapeChange& c : r.changes)
+    if (c.after.size() == 4) {
+      EXPECT_EQ(c.after[0] % 16, 0) << c.name;
+      EXPECT_GE(c.after[0] * 2, c.before[0]) << c.name;
+    }
+  // 10x is out of reach within max_ratio 0.5: it stops and says so.
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_NE(r.warnings.back().find("of the 10.00x asked for"), std::string::npos) << r.warnings.back();
+  EXPECT_GT(r.latency_us_after, r.latency_us_before / 10.0);
+  EXPECT_LT(r.latency_us_after, r.latency_us_before);
+}
+
+TEST(LatencyPruning, LaterStepsAimAtTheFirstMeasurement) {
+  torch::manual_seed(5);
+  WideCase s;
+  StepLatency latency(s.forward, 8);
+  Pruner pruner(*s.model, s.forward, quiet());
+  const double dense = latency.model_us(*s.model, s.infer);
+  pruner.prune_to_latency(1.2, latency, s.infer);
+  const PruneResult second = pruner.prune_to_latency(1.6, latency, s.infer);
+  EXPECT_LE(second.latency_us_after, dense / 1.6);
+  EXPECT_GT(second.latency_us_before, dense / 1.6);
+  // Already there: nothing to do, nothing changes.
+  const PruneResult again = pruner.prune_to_latency(1.6, latency, s.infer);
+  EXPECT_TRUE(again.plan.empty());
+  EXPECT_TRUE(again.changes.empty());
+}
+
+TEST(LatencyPruning, RefusesBadArguments) {
+  WideCase s;
+  StepLatency latency(s.forward, 8);
+  Pruner pruner(*s.model, s.forward, quiet());
+  EXPECT_THROW(pruner.prune_to_latency(0.9, latency, s.infer), Error);
+  EXPECT_THROW(pruner.prune_to_latency(std::nan(""), latency, s.infer), Error);
+  EXPECT_THROW(pruner.prune_to_latency(1.5, latency, {}), Error);
+  EXPECT_THROW(pruner.prune_to_latency(1.5, latency, s.infer, nullptr, 0), Error);
+}
+
+TEST(MeasuredLatency, TableIsBuiltOnceAndReused) {
+  const std::string path = temp_path("table.json");
+  core::remove_file(path);
+  LayerOp conv;
+  conv.kind = LayerOp::Kind::kConv;
+  conv.weight = "c.weight";
+  conv.in = 4;
+  conv.out = 8;
+  conv.kernel = conv.stride = conv.dilation = {1, 1};
+  conv.padding = {0, 0};
+  conv.extent = {4, 4};
+  LayerOp linear;
+  linear.in = 8;
+  linear.out = 3;
+  linear.extent = {1};
+  const auto options = LatencyOptions().batch(2).warmup(0).reps(1).table(path);
+  double conv_us = 0;
+  {
+    MeasuredLatency latency(options);
+    conv_us = latency.op_us(conv);
+    EXPECT_GT(conv_us, 0.0);
+    EXPECT_GT(latency.op_us(linear), 0.0);
+    EXPECT_EQ(latency.op_us(conv), conv_us);  // from the table
+    EXPECT_EQ(latency.timed_ops(), 2);
+    ASSERT_EQ(latency.entries().size(), 2u);
+    const std::string key = latency.entries().begin()->first;
+    EXPECT_EQ(key.rfind("cpu ", 0), 0u) << key;
+    EXPECT_NE(key.find(" | Float | contiguous | "), std::string::npos) << key;
+  }  // saved here
+  {
+    MeasuredLatency again(options);
+    EXPECT_EQ(again.op_us(conv), conv_us);
+    EXPECT_EQ(again.timed_ops(), 0);
+    // Another layout or batch is another entry.
+    MeasuredLatency other(LatencyOptions(options).batch(3));
+    other.op_us(conv);
+    EXPECT_EQ(other.timed_ops(), 1);
+  }
+  {  // both kept: the second object merged its entry into the file
+    MeasuredLatency merged(options);
+    EXPECT_EQ(merged.entries().size(), 3u);
+  }
+  std::ofstream(path) << "{ not json";
+  {
+    MeasuredLatency rebuilt(options);  // warns, sets the file aside, times again
+    EXPECT_TRUE(rebuilt.entries().empty());
+    EXPECT_TRUE(core::is_file(path + ".bad"));
+    rebuilt.op_us(linear);
+    EXPECT_EQ(rebuilt.timed_ops(), 1);
+  }
+  EXPECT_NO_THROW(MeasuredLatency{options});
+  core::remove_file(path);
+  core::remove_file(path + ".bad");
+}
+
+TEST(MeasuredLatency, DefaultRoundToPerDevice) {
+  EXPECT_EQ(default_round_to(torch::Device(torch::kCUDA, 0), torch::kHalf), 8);
+  EXPECT_EQ(default_round_to(torch::Device(torch::kCUDA, 0), torch::kBFloat16), 8);
+  EXPECT_EQ(default_round_to(torch::Device(torch::kCUDA, 0), torch::kFloat), 1);
+  const int64_t cpu = default_round_to(torch::kCPU, torch::kFloat);
+  EXPECT_TRUE(cpu == 1 || cpu == 8 || cpu == 16) << cpu;
+  EXPECT_EQ(latency_device_name(torch::kCPU).rfind("cpu ", 0), 0u);
+}
+
+}  // namespace
+}  // namespace ember::prune
