@@ -177,6 +177,11 @@ int main(int argc, char** argv) {
     const prune::ForwardFn forward = [m, one]() mutable {
       return std::vector<torch::Tensor>{m->forward(one)};
     };
+    {  // batch-norm statistics of the data: fresh ones shrink eval-mode activations into denormals
+      torch::NoGradGuard ng;
+      m->train();
+      for (int i = 0; i < 30; ++i) m->forward(x);
+    }
     prune::Pruner pruner(*m, forward, prune::PrunerOptions().round_to(spec.round_to).print_warnings(false));
     if (spec.ratio > 0) pruner.step(spec.ratio);
     if (spec.latency > 0) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -546,11 +547,16 @@ PruneResult Pruner::prune_to_latency(double speedup, LatencySource& latency,
       stuck = true;
       break;
     }
+    // Pruned channels cannot come back, so each round errs short of the goal: timing noise can make
+    // the line too flat, so the slope stays within [0.75, 2] x proportional, and one round takes at
+    // most 30% of the layers' remaining time (the next round measures again).
+    const double proportional = first_measured / first_layers;
     double slope = measured / layers;
     if (first_layers - layers > 1e-9)
-      slope = std::clamp((first_measured - measured) / (first_layers - layers),
-                         0.1 * first_measured / first_layers, 10.0 * first_measured / first_layers);
-    const Plan plan = select_for_latency(graph, latency, layers - (measured - goal) / slope);
+      slope = std::clamp((first_measured - measured) / (first_layers - layers), 0.75 * proportional,
+                         2.0 * proportional);
+    const double layers_goal = std::max(layers - (measured - goal) / slope, 0.7 * layers);
+    const Plan plan = select_for_latency(graph, latency, layers_goal);
     ++steps_;
     if (plan.empty()) {
       stuck = true;
