@@ -16,6 +16,7 @@
 #include "ember/core/error.h"
 #include "ember/models/char_gpt.h"
 #include "ember/prune/callback.h"
+#include "prune/models.h"
 #include "train/test_task.h"
 
 namespace ember::prune {
@@ -23,6 +24,7 @@ namespace {
 
 using models::CharGpt;
 using models::CharGptOptions;
+using test::GqaAttention;
 
 constexpr int64_t kEmbd = 16, kHeads = 4, kHeadDim = kEmbd / kHeads, kBlock = 8;
 
@@ -116,48 +118,6 @@ TEST(HeadPruning, RemovedHeadsEqualZeroedOutputColumnsInCharGpt) {
   }
   EXPECT_EQ(compared, static_cast<int64_t>(zeroed->named_parameters().size()));
 }
-
-/// Grouped-query self-attention with separate q, k, v, o projections: kv head
-/// j serves query heads j*G .. j*G+G-1 (repeat_interleave).
-struct GqaAttentionImpl : torch::nn::Module, core::HeadedAttention {
-  GqaAttentionImpl(int64_t d, int64_t heads, int64_t kv_heads, int64_t hd)
-      : n_head(heads), n_kv_head(kv_heads), head_dim(hd) {
-    q = register_module("q", torch::nn::Linear(d, heads * hd));
-    k = register_module("k", torch::nn::Linear(d, kv_heads * hd));
-    v = register_module("v", torch::nn::Linear(d, kv_heads * hd));
-    o = register_module("o", torch::nn::Linear(heads * hd, d));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {  // [B,T,d] -> [B,T,d]
-    const int64_t B = x.size(0), T = x.size(1), group = n_head / n_kv_head;
-    const torch::Tensor qh = q(x).view({B, T, n_head, head_dim}).transpose(1, 2);
-    const torch::Tensor kh =
-        k(x).view({B, T, n_kv_head, head_dim}).transpose(1, 2).repeat_interleave(group, 1);
-    const torch::Tensor vh =
-        v(x).view({B, T, n_kv_head, head_dim}).transpose(1, 2).repeat_interleave(group, 1);
-    const torch::Tensor y = torch::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true);
-    return o(y.transpose(1, 2).reshape({B, T, n_head * head_dim}));
-  }
-  core::HeadLayout head_layout() const override {
-    const auto qr = core::HeadRole::kQuery, kv = core::HeadRole::kKeyValue;
-    return {n_head,
-            n_kv_head,
-            head_dim,
-            {{"q.weight", 0, 0, qr},
-             {"q.bias", 0, 0, qr},
-             {"k.weight", 0, 0, kv},
-             {"k.bias", 0, 0, kv},
-             {"v.weight", 0, 0, kv},
-             {"v.bias", 0, 0, kv},
-             {"o.weight", 1, 0, qr}}};
-  }
-  void set_head_count(int64_t heads, int64_t kv_heads) override {
-    n_head = heads;
-    n_kv_head = kv_heads;
-  }
-  int64_t n_head, n_kv_head, head_dim;
-  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
-};
-TORCH_MODULE(GqaAttention);
 
 struct GqaNetImpl : torch::nn::Module {
   GqaNetImpl() {

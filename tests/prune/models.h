@@ -1,8 +1,10 @@
 #pragma once
 // Small models covering the couplings the pruning tracer must handle, shared
-// by the pruning tests and the Torch-Pruning parity driver.
+// by the pruning tests and the Torch-Pruning parity drivers.
 
 #include <torch/torch.h>
+
+#include "ember/core/attention_heads.h"
 
 namespace ember::test {
 
@@ -137,6 +139,67 @@ struct MixedNetImpl : nn::Module {
 TORCH_MODULE(MixedNet);
 
 /// Gives batch norms non-trivial statistics and affine parameters, so that
+/// Grouped-query self-attention with separate q, k, v, o projections: kv head
+/// j serves query heads j*G .. j*G+G-1 (repeat_interleave); kv_heads = heads
+/// is multi-head attention. Its heads can be removed (core::HeadedAttention).
+struct GqaAttentionImpl : nn::Module, core::HeadedAttention {
+  GqaAttentionImpl(int64_t d, int64_t heads, int64_t kv_heads, int64_t hd)
+      : n_head(heads), n_kv_head(kv_heads), head_dim(hd) {
+    q = register_module("q", torch::nn::Linear(d, heads * hd));
+    k = register_module("k", torch::nn::Linear(d, kv_heads * hd));
+    v = register_module("v", torch::nn::Linear(d, kv_heads * hd));
+    o = register_module("o", torch::nn::Linear(heads * hd, d));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {  // [B,T,d] -> [B,T,d]
+    const int64_t B = x.size(0), T = x.size(1), group = n_head / n_kv_head;
+    const torch::Tensor qh = q(x).view({B, T, n_head, head_dim}).transpose(1, 2);
+    const torch::Tensor kh =
+        k(x).view({B, T, n_kv_head, head_dim}).transpose(1, 2).repeat_interleave(group, 1);
+    const torch::Tensor vh =
+        v(x).view({B, T, n_kv_head, head_dim}).transpose(1, 2).repeat_interleave(group, 1);
+    const torch::Tensor y = torch::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true);
+    return o(y.transpose(1, 2).reshape({B, T, n_head * head_dim}));
+  }
+  core::HeadLayout head_layout() const override {
+    const auto qr = core::HeadRole::kQuery, kv = core::HeadRole::kKeyValue;
+    return {n_head,
+            n_kv_head,
+            head_dim,
+            {{"q.weight", 0, 0, qr},
+             {"q.bias", 0, 0, qr},
+             {"k.weight", 0, 0, kv},
+             {"k.bias", 0, 0, kv},
+             {"v.weight", 0, 0, kv},
+             {"v.bias", 0, 0, kv},
+             {"o.weight", 1, 0, qr}}};
+  }
+  void set_head_count(int64_t heads, int64_t kv_heads) override {
+    n_head = heads;
+    n_kv_head = kv_heads;
+  }
+  int64_t n_head, n_kv_head, head_dim;
+  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+};
+TORCH_MODULE(GqaAttention);
+
+/// emb -> x + attn(x) -> out: one GqaAttention on a residual, for head
+/// pruning (idx [B,T] < vocab -> logits [B,T,vocab]).
+struct AttentionNetImpl : nn::Module {
+  AttentionNetImpl(int64_t vocab, int64_t d, int64_t heads, int64_t kv_heads, int64_t hd) {
+    emb = register_module("emb", nn::Embedding(vocab, d));
+    attn = register_module("attn", GqaAttention(d, heads, kv_heads, hd));
+    out = register_module("out", nn::Linear(d, vocab));
+  }
+  torch::Tensor forward(const torch::Tensor& idx) {
+    const torch::Tensor x = emb(idx);
+    return out(x + attn(x));
+  }
+  nn::Embedding emb{nullptr};
+  GqaAttention attn{nullptr};
+  nn::Linear out{nullptr};
+};
+TORCH_MODULE(AttentionNet);
+
 /// eval-mode outputs depend on every tensor the pruner slices.
 inline void randomize_norms(nn::Module& model) {
   torch::NoGradGuard ng;
