@@ -351,3 +351,37 @@ TEST(SyncBatchNorm, PrunedAsBatchNorm) {
 
 }  // namespace
 }  // namespace ember::dist
+
+namespace ember::dist {
+namespace {
+
+// A ResNet (stride-2 stages, projection shortcuts) in double: the gradients
+// averaged over 2 ranks of 3 samples each (what DDP applies) are one
+// process's on the 6 samples together.
+TEST(SyncBatchNorm, ResNetGradientsOnTwoRanksAreOneProcesssOnTheWholeBatch) {
+  const auto options = models::CifarResNetOptions().width(4).blocks(1).in_channels(1);
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({6, 1, 12, 12}, torch::kFloat64);
+  const torch::Tensor target = torch::randint(10, {6});
+  torch::manual_seed(2);
+  models::CifarResNet ref(options);
+  ref->to(torch::kFloat64);
+  torch::nn::functional::cross_entropy(ref(x), target).backward();
+  std::vector<std::vector<torch::Tensor>> grads(2);
+  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
+    torch::manual_seed(2);
+    models::CifarResNet net(options);
+    net->to(torch::kFloat64);
+    convert_sync_batchnorm(*net, group);
+    const int64_t r = group->rank();
+    torch::nn::functional::cross_entropy(net(x.narrow(0, 3 * r, 3)), target.narrow(0, 3 * r, 3)).backward();
+    for (const auto& p : net->parameters()) grads[r].push_back(p.grad().clone());
+  });
+  if (HasFailure()) return;
+  const auto names = ref->named_parameters();
+  for (size_t i = 0; i < names.size(); ++i)
+    EXPECT_LT(max_diff((grads[0][i] + grads[1][i]) / 2, names[i].value().grad()), 1e-12) << names[i].key();
+}
+
+}  // namespace
+}  // namespace ember::dist
