@@ -30,6 +30,10 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
             "allow parameters that get no gradient in a step (slower)");
   c.declare("dist.broadcast_buffers", d.broadcast_buffers(),
             "batch-norm statistics from rank 0 before each synced forward");
+  c.declare(
+      "dist.sync_batchnorm", false,
+      "batch-norm statistics over every rank's batch in training (dist::SyncBatchNorm; N ranks of batch "
+      "B normalise as one process of N x B); no effect on one process");
   c.declare("dist.world_size", 1,
             "set by the launcher (WORLD_SIZE): ranks the training data is split between (a resume may "
             "change it with data.batch_size so that the samples per step stay the same)",

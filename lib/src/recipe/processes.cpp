@@ -6,12 +6,14 @@
 #include <torch/torch.h>
 
 #include <ctime>
+#include <iostream>
 
 #include "core/check.h"
 #include "ember/amp/precision.h"
 #include "ember/core/device.h"
 #include "ember/core/file.h"
 #include "ember/dist/keys.h"
+#include "ember/dist/sync_batchnorm.h"
 #include "ember/recipe/host_malloc.h"
 #include "ember/recipe/run_folder.h"
 #include "ember/train/keys.h"
@@ -92,6 +94,20 @@ void check_before_work(const RecipeSpec& spec, const core::Config& config, int64
   const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
   train::check_trainer_options(train::trainer_options_from_config(config), device.type(), world_size);
   if (spec.check) spec.check(config, world_size);
+}
+
+int64_t sync_batch_norms(const core::Config& config, train::Task& task,
+                         const std::shared_ptr<dist::ProcessGroup>& group) {
+  if (!group || !config.get_bool("dist.sync_batchnorm")) return 0;
+  int64_t swapped = 0;
+  try {
+    swapped = dist::convert_sync_batchnorm(*task.model(), group);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kConfig, fmt::format("[recipe] dist.sync_batchnorm=true: {}", e.what()));
+  }
+  if (swapped == 0 && group->rank() == 0)
+    std::cerr << "[recipe] note: dist.sync_batchnorm=true, but the model has no batch norm\n";
+  return swapped;
 }
 
 }  // namespace ember::recipe::detail

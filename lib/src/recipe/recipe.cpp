@@ -141,6 +141,7 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   // The data is read (and checked: data.val_size against the training set...)
   // before the run folder is claimed: a refused command leaves nothing there.
   std::unique_ptr<train::Task> task = spec.make_task(config, ctx);
+  detail::sync_batch_norms(config, *task, p.group);  // before DDP broadcasts and buckets the model
   train::TrainerOptions options = train::trainer_options_from_config(config);
   options.run_dir(ctx.run_dir());
   if (p.group)  // a stop must be agreed by every rank: torchrun ends the group on a signal

@@ -76,6 +76,14 @@ Processes start_processes(const core::Config& config, const std::string& recipe_
 /// writes config.toml); the other ranks do nothing.
 void claim_processes_folder(Processes& processes, const core::Config& config, const std::string& recipe_name);
 
+/// dist.sync_batchnorm=true on several ranks (`group`): the task's model's
+/// batch norms become dist::SyncBatchNorm (convert_sync_batchnorm), before
+/// DDP is added; a model whose batch norms cannot be swapped is a config
+/// error naming one, a model without any a note. Returns how many were
+/// swapped (0 without a group or the key).
+int64_t sync_batch_norms(const core::Config& config, train::Task& task,
+                         const std::shared_ptr<dist::ProcessGroup>& group);
+
 /// The keys of the recipe tools: plan.*, bs_find.*, lr_find.*.
 void declare_tool_keys(core::Config& config);
 /// Runs command_line.tool (`tools/ember plan`, `bs-find`, `lr-find` call these) instead of training:

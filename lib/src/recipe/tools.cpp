@@ -284,6 +284,7 @@ int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const Run
                    const std::shared_ptr<dist::ProcessGroup>& ranks = nullptr) {
   const torch::Device device = context.device();
   std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(context, batch).precision(precision));
+  sync_batch_norms(config, *task, ranks);  // dist.sync_batchnorm: what each rank of the run allocates
   train::TrainerOptions o = probe_options(config, *task, steps);
   o.precision(precision);
   if (ranks) o.distribution(dist::make_distribution(ranks));

@@ -17,7 +17,10 @@
 // Batch-norm buffers: broadcast from rank 0 before the first forward after a
 // synced step (PyTorch's broadcast_buffers=True) and at each epoch end, so
 // every replica validates alike and checkpoints hold rank 0's statistics.
-// SyncBatchNorm is not provided.
+// Each rank's batch norms still normalise with its own batch's statistics;
+// for the statistics of every rank's batch together, swap them for
+// dist::SyncBatchNorm first (dist/sync_batchnorm.h: convert_sync_batchnorm,
+// or dist.sync_batchnorm=true in a recipe).
 //
 // Stops: a stop must happen on every rank at the same step. max_steps does;
 // the runner turns signal handling off (torchrun ends the group), and the

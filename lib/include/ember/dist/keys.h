@@ -1,7 +1,9 @@
 #pragma once
 // Data-parallel config keys: dist.*, with defaults from DdpOptions and
 // ProcessGroupOptions. dist.world_size and dist.rank are set by the recipe
-// runner from the launcher's environment, never by hand.
+// runner from the launcher's environment, never by hand. dist.sync_batchnorm:
+// the recipe runner swaps the model's batch norms for dist::SyncBatchNorm
+// (convert_sync_batchnorm) before DDP is added.
 
 #include "ember/core/config.h"
 #include "ember/dist/ddp.h"

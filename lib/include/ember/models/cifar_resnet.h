@@ -14,6 +14,10 @@
 // unit both modes share. kFull recomputes a whole block in backward (only its
 // input is kept); kLight recomputes relu(bn1(.)) before conv2
 // (BasicBlock::forward_light).
+//
+// A block calls its two batch norms through torch::nn::AnyModule and lets a
+// tool swap them (core::SwappableChildren: dist::convert_sync_batchnorm puts
+// dist::SyncBatchNorm2d there, keeping their tensors and names).
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -22,6 +26,7 @@
 
 #include "ember/core/activation_checkpoint.h"
 #include "ember/core/blocks.h"
+#include "ember/core/swappable_children.h"
 
 namespace ember::models {
 
@@ -36,15 +41,15 @@ struct CifarResNetOptions {
   TORCH_ARG(core::ActivationCheckpointing, activation_checkpointing);
 };
 
-class BasicBlockImpl : public torch::nn::Module {
+class BasicBlockImpl : public torch::nn::Module, public core::SwappableChildren {
  public:
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
     namespace nn = torch::nn;
     conv1_ = register_module("conv1",
                              nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
-    bn1_ = register_module("bn1", nn::BatchNorm2d(out));
+    bn1_ = nn::AnyModule(register_module("bn1", nn::BatchNorm2d(out)));
     conv2_ = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
-    bn2_ = register_module("bn2", nn::BatchNorm2d(out));
+    bn2_ = nn::AnyModule(register_module("bn2", nn::BatchNorm2d(out)));
     if (stride != 1 || in != out) {
       shortcut_ = register_module(
           "shortcut", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
@@ -52,25 +57,34 @@ class BasicBlockImpl : public torch::nn::Module {
     }
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor y = torch::relu(bn1_(conv1_(x)));
-    y = bn2_(conv2_(y));
+    torch::Tensor y = torch::relu(bn1_.forward(conv1_(x)));
+    y = bn2_.forward(conv2_(y));
     return torch::relu(y + (shortcut_ ? shortcut_->forward(x) : x));
   }
   /// forward, the same operations, with bn1 + relu -> conv2 through
   /// core::conv2d_after: relu(bn1(conv1(x))) is recomputed in backward instead
   /// of kept (bn1's running statistics are put back after the recompute).
   torch::Tensor forward_light(const torch::Tensor& x) {
-    const std::shared_ptr<torch::nn::BatchNorm2dImpl> bn1 = bn1_.ptr();
+    torch::nn::AnyModule bn1 = bn1_;  // shares the module
     core::Recomputed bn_relu = core::Recomputed::of(
-        *bn1, [bn1](const torch::Tensor& t) { return torch::relu(bn1->forward(t)); }, "bn1+relu");
+        *bn1.ptr(), [bn1](const torch::Tensor& t) mutable { return torch::relu(bn1.forward(t)); },
+        "bn1+relu");
     bn_relu.options.preserve_rng_state(false);  // draws no random numbers
-    torch::Tensor y = bn2_(core::conv2d_after(std::move(bn_relu), conv1_(x), conv2_));
+    torch::Tensor y = bn2_.forward(core::conv2d_after(std::move(bn_relu), conv1_(x), conv2_));
     return torch::relu(y + (shortcut_ ? shortcut_->forward(x) : x));
+  }
+  /// bn1 and bn2 (core::SwappableChildren; the shortcut's is in a Sequential).
+  std::vector<std::string> swappable_children() const override { return {"bn1", "bn2"}; }
+  void swap_child(const std::string& name, torch::nn::AnyModule module) override {
+    TORCH_CHECK(name == "bn1" || name == "bn2", "[models::BasicBlock] cannot swap child '", name,
+                "': only bn1 and bn2");
+    replace_module(name, module.ptr());
+    (name == "bn1" ? bn1_ : bn2_) = std::move(module);
   }
 
  private:
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr};
+  torch::nn::AnyModule bn1_, bn2_;  // BatchNorm2d, or what swap_child put there
   torch::nn::Sequential shortcut_{nullptr};
 };
 TORCH_MODULE(BasicBlock);
