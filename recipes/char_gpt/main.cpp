@@ -175,8 +175,8 @@ int main(int argc, char** argv) {
     c.declare("data.prefetch", -1, "batches prepared ahead by the loader thread (-1: 2 on CUDA, 0 on CPU)",
               core::Bounds::between(-1, 64), core::OnResume::kMayChange);
     models::declare_char_gpt_keys(c);
-    prune::declare_pruning_keys(
-        c, prune::PruningCallbackOptions().pruner(prune::PrunerOptions().ignored_layers({"wte"})));
+    prune::declare_pruning_keys(c, prune::PruningCallbackOptions().pruner(
+                                       prune::PrunerOptions().ignored_layers({"wte"}).round_to(0)));
     models::declare_sample_keys(c);
     c.declare("sample.prompt", "Q:", "text the sample starts from", core::OnResume::kMayChange);
   };

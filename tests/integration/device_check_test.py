@@ -232,10 +232,14 @@ def main():
     check(set(n) == {"default", "full"} and all(x["overhead"].endswith("%") for x in n.values()),
           (n, out.stdout))
     out = subprocess.run([str(build / "bin" / "ember_bench_prune"), "--device", "cpu", "--blocks", "1", "--batch", "4",
-                          "--steps", "1", "--rounds", "1"], capture_output=True, text=True, env=env)
+                          "--steps", "1", "--rounds", "1", "--also-round-to", "8", "--latency", "1.2"],
+                         capture_output=True, text=True, env=env)
     check(out.returncode == 0, out.stderr[-2000:])
     n = dc.prune_numbers(out.stdout)
-    check({"0.00", "0.30", "0.50", "0.70"} <= set(n) and n["0.00"]["train_x"] == "1.00x", (n, out.stdout))
+    check({"0.00", "0.30", "0.50", "0.70", "0.50 r8", "latency"} <= set(n) and n["0.00"]["train_x"] == "1.00x",
+          (n, out.stdout))
+    check(n["latency"]["goal"] == "1.20" and float(n["latency"]["when_pruned"]) > 0
+          and any(k.startswith("same MACs r") for k in n), (n, out.stdout))
     print("5. monitor and prune bench tables read")
     js = work / "speed.json"
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "speed.py"), "--binary",

@@ -55,6 +55,15 @@ for bad in dist.sharding=optimizer prune.importance=taylor; do
 done
 echo "dist.sharding and taylor importance refused on 2 ranks"
 
+# A latency target on 2 ranks: each rank times layers and the model, the
+# ranks average every number (prune::PruningCallback), so both take the same
+# decision; the callback's architecture check would stop a rank that did not.
+"$torchrun" --standalone --nproc-per-node 2 --no-python "$bin" "${args[@]}" run.dir="$out/latency" \
+  data.train_subset=400 prune.target=latency prune.speedup=1.3 prune.latency_batch=16 prune.latency_table=none \
+  >"$out/latency.out" 2>"$out/latency.err" || { tail -30 "$out/latency.err"; fail "latency target on 2 ranks"; }
+expect_in "$out/latency.out" "latency target 1.30x: .* measured"
+echo "latency target on 2 ranks: one decision"
+
 # Synchronised batch norm: 2 ranks at batch 50 = 1 process at batch 100, 4
 # dense steps, pruning, 4 fine-tuning steps. The learning rates are 1e-4:
 # float32 sums in another order (per rank, then across ranks) differ in the

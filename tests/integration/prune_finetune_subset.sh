@@ -100,6 +100,40 @@ check(steps[-1]["lr"] < 0.1 * base, f"the last step's rate {steps[-1]['lr']} is 
 print("accumulation: the fine-tuning schedule spans its", len(steps), "steps; last rate", steps[-1]["lr"])
 PY
 
+# A latency target: pruned until the measured inference at batch 32 is 1.3x
+# faster, channels at the CPU's multiple (prune.round_to=0); the per-layer
+# table is written and a second run reads it instead of timing again.
+lat=(run.dir="$out/latency" finetune.epochs=1 prune.target=latency prune.speedup=1.3 prune.latency_batch=32
+     prune.round_to=0 prune.latency_table="$out/latency.json")
+"$bin" "${args[@]}" "${lat[@]}" >"$out/latency.out" 2>"$out/latency.err" || { cat "$out/latency.err"; fail "latency run"; }
+expect_in "$out/latency.out" "latency target 1.30x of the dense model's inference at batch 32"
+expect_in "$out/latency.out" "latency target 1.30x: .* measured"
+python3 - "$out/latency" "$out/latency.json" <<'PY'
+import json, pathlib, sys
+def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
+    if not ok:
+        raise AssertionError(what)
+run = pathlib.Path(sys.argv[1])
+s = json.loads((run / "summary.json").read_text())
+check(s["latency_goal_speedup"] == 1.3 and s["latency_ms_before"] > 0 and s["latency_ms_after"] > 0, s)
+check(abs(s["latency_speedup"] - s["latency_ms_before"] / s["latency_ms_after"]) < 1e-9, s)
+check(s["macs_after"] < s["macs_before"] and s["round_to"] in (1, 8, 16), s)
+step = json.loads((run / "finetune" / "pruning.jsonl").read_text().splitlines()[0])
+check(step["speedup_goal"] == 1.3 and step["latency_batch"] == 32 and step["latency_us_after"] > 0, step)
+# Every pruned width is a multiple of round_to (or the group's smallest).
+plan = json.loads((run / "finetune" / "pruning_plan.json").read_text())
+r = int(s["round_to"])
+check(all(len(e["keep"]) % r == 0 for e in plan["entries"] if e["name"].endswith(".weight") and e["dim"] == 0), plan)
+table = json.loads(pathlib.Path(sys.argv[2]).read_text())
+keys = list(table["entries"])
+check(table["version"] == 1 and keys and all(k.startswith("cpu ") and " | Float | " in k for k in keys), keys[:3])
+print(f"latency target: {s['latency_speedup']:.2f}x measured (goal 1.3x), {len(keys)} table entries, round_to {r}")
+PY
+if "$bin" "${args[@]}" run.dir="$out/bad_target" prune.target=speed >"$out/bad_target.out" 2>"$out/bad_target.err"; then
+  fail "prune.target=speed was accepted"
+fi
+expect_in "$out/bad_target.err" "unknown prune.target 'speed'"
+
 # Bad input fails fast with a clear message.
 if "$bin" "${args[@]}" run.dir="$out/bad" prune.importance=l3 >"$out/bad.out" 2>"$out/bad.err"; then
   fail "prune.importance=l3 was accepted"

@@ -8,14 +8,17 @@
 //   ember_bench_prune [--device cpu|cuda] [--batch 128] [--ratios 0.3,0.5,0.7]
 //                     [--width 16] [--blocks 2] [--channels 1] [--size 28]
 //                     [--precision fp32|bf16-mixed|fp16-mixed] [--round-to 1]
-//                     [--also-round-to R] [--latency 1.5] [--latency-table PATH]
+//                     [--also-round-to R] [--latency 1.5] [--latency-round-to R]
+//                     [--latency-table PATH]
 //                     [--steps 10] [--rounds 5] [--threads 0]
 //
 // --also-round-to R adds each ratio again with channels rounded to R.
 // --latency S adds the model pruned to S x faster inference at --batch
 // (Pruner::prune_to_latency, the latency table measured on this device and
-// kept in --latency-table, default none), and the model pruned by L1 ratio to
-// the same MACs, so the two targets compare at equal arithmetic.
+// kept in --latency-table, default none; channels at multiples of
+// --latency-round-to, default the device's: prune::default_round_to), and the
+// model pruned by L1 ratio to the same MACs at the same multiple, so the two
+// targets compare at equal arithmetic.
 //
 // Default: the prune_finetune recipe's ResNet-14 on Fashion-MNIST-shaped input
 // (1x28x28). The CIFAR ResNet-20: --channels 3 --size 32 --blocks 3.
@@ -41,6 +44,7 @@ struct Args {
   std::vector<double> ratios = {0.3, 0.5, 0.7};
   int64_t batch = 128, width = 16, blocks = 2, channels = 1, size = 28, round_to = 1, also_round_to = 0;
   double latency = 0;
+  int64_t latency_round_to = 0;
   std::string latency_table;
   int64_t steps = 10, rounds = 5, threads = 0;
 };
@@ -51,7 +55,8 @@ struct Args {
       << "\nusage: ember_bench_prune [--device cpu|cuda] [--batch N] [--ratios a,b,c] [--width W] [--blocks "
          "B]"
          " [--channels C] [--size S] [--precision fp32|bf16-mixed|fp16-mixed] [--round-to R] [--steps N]"
-         " [--rounds R] [--threads T] [--also-round-to R] [--latency S] [--latency-table PATH]\n";
+         " [--rounds R] [--threads T] [--also-round-to R] [--latency S] [--latency-round-to R] "
+         "[--latency-table PATH]\n";
   std::exit(2);
 }
 
@@ -82,6 +87,8 @@ Args parse(int argc, char** argv) {
         a.also_round_to = std::stoll(v);
       else if (k == "--latency")
         a.latency = std::stod(v);
+      else if (k == "--latency-round-to")
+        a.latency_round_to = std::stoll(v);
       else if (k == "--latency-table")
         a.latency_table = v;
       else if (k == "--steps")
@@ -161,8 +168,11 @@ int main(int argc, char** argv) {
       specs.push_back({fmt::format("ratio {:.2f} r{}", r, a.also_round_to), r, 0, a.also_round_to, -1});
   }
   if (a.latency > 0) {
-    specs.push_back({fmt::format("latency {:.2f}x", a.latency), 0, a.latency, a.round_to, -1});
-    specs.push_back({"same MACs", 0, 0, a.round_to, static_cast<int64_t>(specs.size()) - 1});
+    const int64_t r = a.latency_round_to > 0
+                          ? a.latency_round_to
+                          : prune::default_round_to(device, autocast.value_or(torch::kFloat));
+    specs.push_back({fmt::format("latency {:.2f}x r{}", a.latency, r), 0, a.latency, r, -1});
+    specs.push_back({fmt::format("same MACs r{}", r), 0, 0, r, static_cast<int64_t>(specs.size()) - 1});
   }
   std::vector<Entry> entries;
   for (const Spec& spec : specs) {
@@ -189,7 +199,16 @@ int main(int argc, char** argv) {
                                          .batch(a.batch)
                                          .device(device)
                                          .dtype(autocast.value_or(torch::kFloat))
-                                         .table(a.latency_table));
+                                         .table(a.latency_table)
+                                         // Each measurement paired with the unpruned model's (entries[0]).
+                                         .reference([&] {
+                                           models::CifarResNet d = entries.front().model;
+                                           d->eval();
+                                           torch::NoGradGuard ng;
+                                           std::optional<amp::AutocastGuard> guard;
+                                           if (autocast) guard.emplace(device.type(), *autocast);
+                                           d->forward(x);
+                                         }));
       const auto run = [&] {
         m->eval();
         torch::NoGradGuard ng;

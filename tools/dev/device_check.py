@@ -90,7 +90,7 @@ MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 # Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
 RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
 BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
-           "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding", "ember_bench_activation_checkpoint")
+           "ember_bench_heads", "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding", "ember_bench_activation_checkpoint")
 TESTS = ("ember_tests", "ember_ddp_worker", "ember_parity_grad_scaler")
 # The GPU test cases that compute-sanitizer runs: the two custom kernels.
 SANITIZED = "AugmentCuda.*:*OpsCuda.*"
@@ -1493,14 +1493,65 @@ def prune_bench(c: Check):
                                               f"{v['infer_x']}" for r, v in n.items() if r != "0.00"))
 
 
+
+PRUNE_ROW_RE = re.compile(r"^(?P<label>\S.*?)\s+(?P<macs>[\d.]+)M\s+(?P<macs_x>[\d.]+x)\s+\d+\s+[\d.]+x\s+"
+                          r"(?P<train_ms>[\d.]+)\s+(?P<train_x>[\d.]+x) \((?P<train_spread>[^)]*)\)\s+"
+                          r"(?P<infer_ms>[\d.]+)\s+(?P<infer_x>[\d.]+x) \((?P<infer_spread>[^)]*)\)\s*$")
+
+
 def prune_numbers(out):
-    """{ratio: {macs_x, train_x, infer_x}} from the prune bench's table (speed-ups over unpruned)."""
+    """{entry: {macs_x, train_x, infer_x, ...}} from the prune bench's table (speed-ups over unpruned, median
+    over rounds with their spread). Entries: "0.00" (dense), "0.30" (ratio 0.30), "0.30 r8" (rounded to 8),
+    "latency" (the latency target; "when_pruned": its speed-up as measured while pruning), "same MACs r8"."""
     rows = {}
     for line in out.splitlines():
-        t = line.split()
-        if len(t) == 9 and re.fullmatch(r"\d\.\d\d", t[0]):
-            rows[t[0]] = {"macs_x": t[2], "train_x": t[6], "infer_x": t[8]}
+        m = PRUNE_ROW_RE.match(line)
+        if not m:
+            continue
+        label = m["label"]
+        if label == "dense":
+            key = "0.00"
+        elif label.startswith("ratio "):
+            key = label[len("ratio "):]
+        elif label.startswith("latency"):
+            key = "latency"
+        else:
+            key = label
+        row = {k: m[k] for k in ("macs_x", "train_x", "infer_x", "train_spread", "infer_spread")}
+        if key == "latency":
+            w = re.search(r"latency ([\d.]+)x(?: r(\d+))? \(([\d.]+)x when pruned\)", label)
+            if w:
+                row.update(goal=w[1], round_to=w[2], when_pruned=w[3])
+        rows[key] = row
     return rows
+
+
+@step("prune latency target 1.5x and tensor-core rounding: ResNet-20 bf16 b256 (cuda)", 3, 90)
+def prune_latency(c: Check):
+    """Issue 33's GPU rows: the latency table built on the H200 (bf16, batch 256) and the 1.5x target met or not,
+    measured side by side with the dense model and with the model pruned by ratio to the same MACs; and what
+    channel counts at multiples of 8 (tensor cores) buy: ratios 0.3/0.5 at round_to 1 against 8."""
+    name = "prune latency target 1.5x and tensor-core rounding: ResNet-20 bf16 b256 (cuda)"
+    bench_row(c, name,
+              [c.exe("ember_bench_prune"), "--device", "cuda", "--channels", "3", "--size", "32", "--blocks", "3",
+               "--batch", "256", "--precision", "bf16-mixed", "--ratios", "0.3,0.5", "--round-to", "1",
+               "--also-round-to", "8", "--latency", "1.5", "--latency-table", c.work / "latency.json",
+               "--rounds", "5", "--steps", "20"],
+              "prune_latency.log", numbers=prune_numbers,
+              detail=lambda n, out: "; ".join(f"{k}: MACs {v['macs_x']}, inference {v['infer_x']} ({v['infer_spread']})"
+                                              for k, v in n.items() if k != "0.00"),
+              goals=lambda n, _: [goal("latency target 1.5x, inference measured side by side",
+                                       float(n["latency"]["infer_x"].rstrip("x")), ">=", 1.5)])
+
+
+@step("head-pruned CharGpt 12x768, a quarter of the heads, tokens/s (cuda)", 3, 60)
+def heads_bench(c: Check):
+    name = "head-pruned CharGpt 12x768, a quarter of the heads, tokens/s (cuda)"
+    bench_row(c, name,
+              [c.exe("ember_bench_heads"), "--device", "cuda", "--layers", "12", "--embd", "768", "--heads", "12",
+               "--block", "256", "--batch", "32", "--eval-batch", "64", "--rounds", "5", "--steps", "10"],
+              "heads_bench.log", detail=lambda n, out: short(" | ".join(
+                  l.strip() for l in out.splitlines() if "speed-up" in l or "tokens/s" in l), 300))
 
 
 @step("char_gpt gpu.toml, 150 steps (cuda)", 3, 60)

@@ -215,6 +215,32 @@ data::Batch latency_batch(train::Task& task, const PruningCallbackOptions& optio
   return b;
 }
 
+/// Data-parallel ranks must take the same pruning decision: every time a rank
+/// reads (from its table or by timing) is averaged over the ranks, so all of
+/// them see the same numbers and the deterministic greedy choice follows the
+/// same path, with the same collectives in the same order.
+class AgreedLatency : public LatencySource {
+ public:
+  AgreedLatency(MeasuredLatency& local, train::Distribution& ranks, torch::Device device)
+      : local_(local), ranks_(ranks), device_(device) {}
+  double op_us(const LayerOp& op) override { return agree(local_.op_us(op)); }
+  double model_us(torch::nn::Module& model, const std::function<void()>& infer) override {
+    return agree(local_.model_us(model, infer));
+  }
+
+ private:
+  double agree(double us) {
+    if (ranks_.world_size() == 1) return us;
+    torch::Tensor t = torch::tensor({us}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+    ranks_.all_reduce_sum(t);
+    return t.item<double>() / static_cast<double>(ranks_.world_size());
+  }
+
+  MeasuredLatency& local_;
+  train::Distribution& ranks_;
+  torch::Device device_;
+};
+
 }  // namespace
 
 EvalSplit parse_eval_split(const std::string& name) {
@@ -477,8 +503,9 @@ PruneResult PruningCallback::prune_to_latency(train::Trainer& trainer, train::Ta
     torch::NoGradGuard ng;
     with_precision(trainer, device.type(), [&] { return task.evaluation_step(latency_example_); });
   };
+  AgreedLatency agreed(latency, *trainer.options().distribution(), device);
   try {
-    PruneResult r = pruner_->prune_to_latency(speedup, latency, infer, trainer.optimizer());
+    PruneResult r = pruner_->prune_to_latency(speedup, agreed, infer, trainer.optimizer());
     restore();
     return r;
   } catch (...) {
@@ -579,8 +606,8 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
   c.declare("prune.max_ratio", d.pruner().max_ratio(),
             "no group loses more than this fraction of its channels", core::Bounds{0.0, 1.0, true});
   c.declare("prune.round_to", d.pruner().round_to(),
-            "remaining channels rounded down to a multiple of this (0 = the device's: 16 or 8 on CPUs by "
-            "AVX-512/AVX2, 8 on CUDA in fp16/bf16, else 1)",
+            "remaining channels rounded down to a multiple of this (0 = the device's: 8 on AVX2/AVX-512 "
+            "CPUs and on CUDA in fp16/bf16, else 1)",
             core::Bounds::between(0, 1 << 16));
   c.declare("prune.ignored", ignored, "comma-separated layers whose shapes stay (e.g. \"stem,fc\")");
   c.declare("prune.taylor_batches", d.taylor_batches(), "batches whose gradients feed taylor importance",

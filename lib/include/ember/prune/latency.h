@@ -75,6 +75,10 @@ struct LatencyOptions {
   /// Untimed runs before, then timed runs of each measurement (the median of three means).
   TORCH_ARG(int64_t, warmup) = 3;
   TORCH_ARG(int64_t, reps) = 10;
+  /// If set: the unpruned model's inference, kept aside. model_us then times it and the model in
+  /// alternating rounds and returns the reference's first measurement x the median of the paired
+  /// ratios, so that drift in the machine's load between measurements cancels out.
+  TORCH_ARG(std::function<void()>, reference) = nullptr;
 };
 
 /// Times layers and models on the device; layer times are cached in a table
@@ -110,14 +114,16 @@ class MeasuredLatency : public LatencySource {
   std::map<std::string, double> entries_;
   int64_t timed_ops_ = 0;
   bool dirty_ = false;
+  double reference_us_ = 0;  // the reference's first measurement
 };
 
 /// The device as latency-table keys name it: "cpu <ISA> <threads> threads" or "cuda <name>".
 std::string latency_device_name(torch::Device device);
 
 /// The channel multiple the device runs fast, the default of prune.round_to:
-/// 8 on CUDA for fp16/bf16 (tensor-core tiles), 1 for fp32 on CUDA; on the
-/// CPU, oneDNN's blocked layouts: 16 with AVX-512, 8 with AVX2, else 1.
+/// 8 on CUDA for fp16/bf16 (tensor-core tiles), 1 for fp32 on CUDA; on a CPU
+/// with AVX2 or AVX-512, 8 (oneDNN's channel blocks are 8 or 16; 16 was
+/// measured too coarse for the latency target on small ResNets), else 1.
 int64_t default_round_to(torch::Device device, torch::Dtype dtype);
 
 }  // namespace ember::prune
