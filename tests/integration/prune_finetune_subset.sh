@@ -133,6 +133,12 @@ if "$bin" "${args[@]}" run.dir="$out/bad_target" prune.target=speed >"$out/bad_t
   fail "prune.target=speed was accepted"
 fi
 expect_in "$out/bad_target.err" "unknown prune.target 'speed'"
+if "$bin" "${args[@]}" run.dir="$out/bad_target" prune.target=latency prune.target_macs=0.5 \
+    >"$out/bad_target.out" 2>"$out/bad_target.err"; then
+  fail "prune.target=latency with prune.target_macs was accepted"
+fi
+expect_in "$out/bad_target.err" "prune.target=latency and prune.target_macs=0.5 both set"
+[[ ! -f "$out/bad_target/checkpoints/last.pt" ]] || fail "a refused prune.target trained before failing"
 
 # Bad input fails fast with a clear message.
 if "$bin" "${args[@]}" run.dir="$out/bad" prune.importance=l3 >"$out/bad.out" 2>"$out/bad.err"; then

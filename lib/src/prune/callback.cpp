@@ -677,6 +677,11 @@ PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
       .sparsity_l1(c.get_float("prune.sparsity_l1"))
       .timing_steps(c.get_int("prune.timing_steps"))
       .eval(c.get_parsed("prune.eval", parse_eval_split));
+  EMBER_CHECK_KIND(
+      kConfig, o.target() != PruneTarget::kLatency || o.target_macs() == 0,
+      "[prune] prune.target=latency and prune.target_macs={} both set: the latency target decides "
+      "how much goes; set prune.target_macs=0, or prune.target=macs",
+      o.target_macs());
   EMBER_CHECK_KIND(kConfig, o.heads() == 0 || p.importance() != Importance::kNormScale,
                    "[prune] prune.heads={} with prune.importance=bn_scale: no attention head has a norm "
                    "scale; use l1, l2, taylor or random",
