@@ -195,6 +195,27 @@ TEST(LatencyPruning, ImportancePerSavedMicrosecondDecides) {
   }
 }
 
+TEST(LatencyPruning, CheapestPerMicrosecondFirstOverSeveralSteps) {
+  // 1.25x needs two steps; neither group's first step reaches it alone, so the first step is chosen by
+  // importance per saved microsecond: the sixteen near-zero outputs of c4 (two steps of 8) go, and
+  // the residual group's inputs of c4, which save more per step but cost more, stay.
+  torch::manual_seed(6);
+  WideCase s;
+  {
+    torch::NoGradGuard ng;
+    const auto first16 = torch::indexing::Slice(0, 16);
+    s.model->c4->weight.index({first16}).mul_(1e-4);
+    s.model->fc->weight.index({torch::indexing::Slice(), first16}).mul_(1e-4);
+  }
+  StepLatency latency(s.forward, 8);
+  latency.only = "c4.weight";
+  Pruner pruner(*s.model, s.forward, quiet());
+  const PruneResult r = pruner.prune_to_latency(1.25, latency, s.infer);
+  EXPECT_LE(r.latency_us_after, r.latency_us_before / 1.25);
+  EXPECT_EQ(s.model->c4->weight.size(0), 48);
+  EXPECT_EQ(s.model->c4->weight.size(1), 48);
+}
+
 TEST(LatencyPruning, RoundToAndMaxRatioBoundTheWidths) {
   torch::manual_seed(4);
   WideCase s;
