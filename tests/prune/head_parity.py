@@ -76,6 +76,8 @@ import torch_pruning as tp
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from parity import Mismatch, compare, run_driver  # the channel parity test's: same file layout and driver
+
 PARITY_SET = ["char_gpt", "separate_qkv"]
 # (importance, p of GroupMagnitudeImportance, ratio). 8 heads: 2, 4 and 6 go.
 SETTINGS = [("l1", 1, 0.25), ("l2", 2, 0.25), ("l1", 1, 0.5), ("l2", 2, 0.75)]
@@ -199,24 +201,6 @@ KNOWN_DIFFERENCES = {
 }
 
 
-class Mismatch(Exception):
-    pass
-
-
-def compare(what, got, want, dense):
-    """got (a state_dict) must equal want (Ember's file) exactly; `dense` to say what changed."""
-    got = {k: v for k, v in got.items()}
-    if set(got) != set(want):
-        raise Mismatch(f"{what}: tensor names differ: only in it {sorted(set(got) - set(want))}, only in Ember's "
-                       f"{sorted(set(want) - set(got))}")
-    for k in sorted(want):
-        if got[k].shape != want[k].shape:
-            raise Mismatch(f"{what}: {k} has shape {list(got[k].shape)}, Ember's {list(want[k].shape)} (dense "
-                           f"{list(dense[k].shape)})")
-        if not torch.equal(got[k], want[k]):
-            raise Mismatch(f"{what}: {k} has other values than Ember's: another choice of heads")
-
-
 def torch_pruning(model, example, ratio, importance, pruning_ratio=None):
     """Torch-Pruning's head pruning of `model` in place, every layer but the q/k/v projections ignored."""
     attention = model.attention()
@@ -334,13 +318,6 @@ def check_pruning_ratio_0(out_dir):
                   pruning_ratio=0.0)
     compare("Torch-Pruning (pruning_ratio=0)", model.state_dict(),
             load_file(str(out_dir / "char_gpt_pruned.safetensors")), dense)
-
-
-def run_driver(driver, out_dir, names, importance, ratio):
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = [driver, str(out_dir), "--importance", importance, "--ratio", repr(ratio), *names]
-    if subprocess.run(args, stdout=subprocess.DEVNULL).returncode != 0:
-        sys.exit(f"head_parity.py: {' '.join(args)} failed (its message is above)")
 
 
 def main():

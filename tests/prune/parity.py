@@ -336,7 +336,7 @@ def run_driver(driver, out_dir, names, importance, ratio):
     out_dir.mkdir(parents=True, exist_ok=True)
     args = [driver, str(out_dir), "--importance", importance, "--ratio", repr(ratio), *names]
     if subprocess.run(args, stdout=subprocess.DEVNULL).returncode != 0:
-        sys.exit(f"parity.py: {' '.join(args)} failed (its message is above)")
+        sys.exit(f"{Path(sys.argv[0]).name}: {' '.join(args)} failed (its message is above)")
 
 
 def main():

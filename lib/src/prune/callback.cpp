@@ -492,26 +492,16 @@ PruneResult PruningCallback::prune_to_latency(train::Trainer& trainer, train::Ta
                               .dtype(compute_dtype(trainer, *model))
                               .channels_last(channels_last)
                               .table(options_.latency_table()));
-  // Inference as the evaluation runs it; the model's modes are put back afterwards.
-  std::vector<std::pair<torch::nn::Module*, bool>> modes;
-  model->apply([&](torch::nn::Module& m) { modes.emplace_back(&m, m.is_training()); });
-  const auto restore = [&] {
-    for (auto& [m, was] : modes) m->train(was);
-  };
+  // Inference as the evaluation runs it. The snapshot puts the modules' modes and the random
+  // generators back afterwards; the tensors are the pruner's to resize, so they are not kept.
+  const core::ModelSnapshot modes(*model, core::ModelSnapshotOptions().parameters(false).buffers(false));
   const auto infer = [&] {
     model->eval();
     torch::NoGradGuard ng;
     with_precision(trainer, device.type(), [&] { return task.evaluation_step(latency_example_); });
   };
   AgreedLatency agreed(latency, *trainer.options().distribution(), device);
-  try {
-    PruneResult r = pruner_->prune_to_latency(speedup, agreed, infer, trainer.optimizer());
-    restore();
-    return r;
-  } catch (...) {
-    restore();
-    throw;
-  }
+  return pruner_->prune_to_latency(speedup, agreed, infer, trainer.optimizer());
 }
 
 void PruningCallback::on_before_optimizer_step(train::Trainer&, torch::optim::Optimizer&) {

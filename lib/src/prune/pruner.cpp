@@ -130,6 +130,18 @@ void Pruner::resume(Plan applied, double ratio, core::ModelCost original, double
   original_latency_us_ = original_latency_us;
 }
 
+namespace {
+
+/// A group's unit scores in double, over their mean (as they are when units of
+/// different groups compete: global ranking, the latency target).
+torch::Tensor over_group_mean(const torch::Tensor& scores) {
+  const torch::Tensor s = scores.to(torch::kDouble);
+  const double mean = s.mean().item<double>();
+  return (mean > 0 ? s / mean : s).contiguous();
+}
+
+}  // namespace
+
 /// A group the pruner may shrink, in channels of its reference dimension.
 struct Pruner::Candidate {
   size_t group;
@@ -176,9 +188,7 @@ Plan Pruner::select(const DependencyGraph& graph, double ratio) const {
     std::vector<Unit> units;
     int64_t total_units = 0, target_units = 0;
     for (size_t ci = 0; ci < cands.size(); ++ci) {
-      const torch::Tensor s = scores[cands[ci].group].to(torch::kDouble);
-      const double mean = s.mean().item<double>();
-      const torch::Tensor n = (mean > 0 ? s / mean : s).contiguous();
+      const torch::Tensor n = over_group_mean(scores[cands[ci].group]);
       const double* p = n.data_ptr<double>();
       for (int64_t u = 0; u < cands[ci].units; ++u) units.push_back({p[u], ci});
       total_units += cands[ci].units;
@@ -450,9 +460,7 @@ Plan Pruner::select_for_latency(const DependencyGraph& graph, LatencySource& lat
   std::vector<std::vector<int64_t>> order(cands.size());
   std::vector<std::vector<double>> cost(cands.size());
   for (size_t ci = 0; ci < cands.size(); ++ci) {
-    const torch::Tensor s = scores[cands[ci].group].to(torch::kDouble);
-    const double mean = s.mean().item<double>();
-    const torch::Tensor n = (mean > 0 ? s / mean : s).contiguous();
+    const torch::Tensor n = over_group_mean(scores[cands[ci].group]);
     const torch::Tensor o = std::get<1>(n.sort(/*stable=*/true, 0, false)).contiguous();
     order[ci].assign(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel());
     for (int64_t u : order[ci]) cost[ci].push_back(n.data_ptr<double>()[u]);
