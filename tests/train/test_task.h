@@ -99,12 +99,13 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
-/// A fresh empty folder under the test temp dir.
+/// A fresh empty folder under the test temp dir, without the "<dir>.replaced-*"
+/// folders an earlier test process of the same pid may have moved aside.
 inline std::string temp_dir(const std::string& name) {
   const char* base = std::getenv("TMPDIR");
   std::string dir =
       std::string(base ? base : "/tmp") + "/ember_test_" + name + "_" + std::to_string(::getpid());
-  std::string cmd = "rm -rf '" + dir + "'";
+  std::string cmd = "rm -rf '" + dir + "' '" + dir + "'.replaced-*";
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("cannot clean " + dir);
   train::make_dirs(dir);
   return dir;
