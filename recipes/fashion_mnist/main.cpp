@@ -21,6 +21,9 @@ int main(int argc, char** argv) {
                augment::AugmentOptions().padding(2).mean({models::kFashionMean}).std({models::kFashionStd})));
     models::declare_fashion_net_keys(c);
   };
+  spec.make_model = [](const core::Config& c) {
+    return models::FashionNet(models::fashion_net_options_from_config(c)).ptr();
+  };
   spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
     models::FashionNet net(models::fashion_net_options_from_config(c));
     const std::string root = c.get_string("data.root");

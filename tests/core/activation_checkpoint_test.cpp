@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -24,6 +25,12 @@
 #include <vector>
 
 #include "cuda_test.h"
+
+#if EMBER_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 using namespace ember;
 using core::ActivationCheckpointing;
@@ -454,8 +461,13 @@ TEST(ActivationCheckpointCuda, TheRecomputeDrawsTheForwardsCudaRandomNumbers) {
 }
 
 // CharGpt on the GPU with dropout under bf16 autocast: the forward's loss bit
-// for bit, the gradients to within what CUDA's non-deterministic backward
-// kernels (attention's atomics) allow.
+// for bit (the same kernels on the same shapes and random numbers), the
+// gradients to bfloat16's precision. Under autocast a weight's gradient is a
+// bfloat16 matmul result (2^-8 relative rounding) summed in float32, and the
+// light mode's formulas and CUDA's non-deterministic backward kernels
+// (attention's atomics) round in another order: an element near zero can
+// differ by more than 2^-8 of itself, so each tensor is compared as a whole,
+// ||g - g_ref|| <= 4 x 2^-8 x ||g_ref|| (a few roundings per layer, 2 layers).
 TEST(ActivationCheckpointCuda, CharGptFullAndLightUnderAutocastMatchTheUncheckpointedStep) {
   EMBER_REQUIRE_CUDA();
   const torch::Device cuda(torch::kCUDA, 0);
@@ -479,7 +491,46 @@ TEST(ActivationCheckpointCuda, CharGptFullAndLightUnderAutocastMatchTheUncheckpo
   for (const auto& policy : {full(), light()}) {
     const auto got = step(policy);
     EXPECT_EQ(ref.first, got.first) << "the loss";
-    for (const auto& [name, g] : ref.second)
-      EXPECT_TRUE(torch::allclose(g, got.second.at(name), 1e-3, 1e-6)) << name;
+    for (const auto& [name, g] : ref.second) {
+      const double err = (got.second.at(name) - g).norm().item<double>(), scale = g.norm().item<double>();
+      EXPECT_LE(err, 4 * std::ldexp(1.0, -8) * scale) << name;
+    }
   }
 }
+
+#if EMBER_WITH_CUDA_KERNELS
+// A checkpoint that preserves the random generators' states, called while a
+// CUDA graph is being captured: refused with its cause (torch cannot read a
+// CUDA generator's state during a capture), not torch's internal assert; one
+// that does not preserve them captures.
+TEST(ActivationCheckpointCuda, PreservingRngInsideAGraphCaptureNamesItsCause) {
+  EMBER_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA, 0);
+  const torch::Tensor x = torch::rand({256}, cuda).requires_grad_();
+  const auto f = [](const torch::Tensor& t) { return t.sin(); };
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  torch::cuda::synchronize();  // x is ready before the side stream reads it
+  const c10::cuda::CUDAStreamGuard on_side(side);
+  {  // warm-up outside the capture: the autograd engine's and the allocator's first calls
+    core::Recomputed r;
+    r.forward = f;
+    r.options.preserve_rng_state(false);
+    core::checkpoint(r, x).sum().backward();
+  }
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  std::string error;
+  try {
+    core::checkpoint(f, x, {});  // preserve_rng_state: true, the default
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  core::Recomputed no_rng;
+  no_rng.forward = f;
+  no_rng.options.preserve_rng_state(false);
+  const torch::Tensor y = core::checkpoint(no_rng, x);
+  graph.capture_end();
+  EXPECT_NE(error.find("cannot run inside a CUDA graph capture"), std::string::npos) << error;
+  EXPECT_TRUE(y.defined());
+}
+#endif

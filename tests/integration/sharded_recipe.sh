@@ -69,8 +69,9 @@ PY
 
 # bs-find, one rank of 2, batch 16 only: DDP, then ZeRO-3 with checkpointing.
 tiny=("${common[@]}" trainer.precision=fp32 bs_find.start=16 bs_find.max_batch=16)
-"$bin" --find-batch-size "$out/bs_ddp.json" "${tiny[@]}" bs_find.world_size=2 >"$out/bs.out" 2>"$out/bs.err" \
-  || { cat "$out/bs.err"; exit 1; }
+# (with a stated budget and communication reserve: the budget is their difference)
+"$bin" --find-batch-size "$out/bs_ddp.json" "${tiny[@]}" bs_find.world_size=2 bs_find.budget_gib=4 \
+  bs_find.comm_reserve_gib=0.5 >"$out/bs.out" 2>"$out/bs.err" || { cat "$out/bs.err"; exit 1; }
 expect_in "$out/bs.err" "one rank of 2 (dist.sharding=none)"
 "$bin" --find-batch-size "$out/bs_z3.json" "${tiny[@]}" bs_find.world_size=2 dist.sharding=parameters \
   model.activation_checkpoint_every=1 >"$out/bs.out" 2>"$out/bs.err" || { cat "$out/bs.err"; exit 1; }
@@ -98,6 +99,8 @@ def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
 out = pathlib.Path(sys.argv[1])
 ddp, z3 = (json.loads((out / f).read_text()) for f in ("bs_ddp.json", "bs_z3.json"))
 check(ddp["world_size"] == 2 and z3["sharding"] == "parameters" and z3["activation_checkpoint_every"] == 1, z3)
+check(ddp["budget_bytes"] == int(3.5 * 2**30) and "bs_find.comm_reserve_gib" in ddp["budget_source"], ddp)
+check("comm_reserve" not in z3["budget_source"], z3["budget_source"])  # the CPU: no NCCL, no reserve
 peak = lambda j: j["trials"][0]["peak_bytes"]
 check(0 < peak(z3) < 0.8 * peak(ddp), f"one rank of 2 at batch 16: ZeRO-3 + checkpointing {peak(z3)} B, DDP {peak(ddp)} B")
 m = json.loads((out / "measure.json").read_text())

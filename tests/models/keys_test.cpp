@@ -3,6 +3,7 @@
 // config error before any work.
 #include <ember/core/error.h>
 #include <ember/models/keys.h>
+#include <ember/train/keys.h>
 #include <gtest/gtest.h>
 
 using namespace ember;
@@ -103,5 +104,41 @@ TEST(ModelKeys, ActivationCheckpointKeysReadBackIntoTheOptions) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfig);
     EXPECT_NE(std::string(e.what()).find("model.activation_checkpoint=\"partial\""), std::string::npos)
         << e.what();
+  }
+}
+
+// Full checkpointing restores the CUDA generators for each recompute, which
+// torch cannot read during a graph capture: with trainer.cuda_graph=true it
+// is a config error before any work (the capture would fail at its first
+// step, blaming an .item()); light checkpointing and checkpointing off are
+// accepted.
+TEST(ModelKeys, FullCheckpointingWithCudaGraphsIsRefusedBeforeAnyWork) {
+  for (const bool resnet : {false, true}) {
+    core::Config c;
+    train::declare_trainer_keys(c);
+    if (resnet)
+      declare_cifar_resnet_keys(c);
+    else
+      declare_char_gpt_keys(c);
+    c.set_override("trainer.cuda_graph=true");
+    c.set_override("model.activation_checkpoint_every=0");
+    EXPECT_NO_THROW(c.validate()) << "checkpointing off";
+    c.set_override("model.activation_checkpoint_every=2");
+    c.set_override("model.activation_checkpoint=light");
+    EXPECT_NO_THROW(c.validate()) << "light draws no random numbers";
+    c.set_override("model.activation_checkpoint=full");
+    try {
+      c.validate();
+      ADD_FAILURE() << "full checkpointing with a CUDA graph accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("model.activation_checkpoint=full (every 2 blocks) with trainer.cuda_graph=true"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("model.activation_checkpoint=light"), std::string::npos) << what;
+    }
+    c.set_override("trainer.cuda_graph=false");
+    EXPECT_NO_THROW(c.validate()) << "full checkpointing eager";
   }
 }

@@ -187,3 +187,67 @@ TEST(RunContext, PruneFinetuneOnSeveralRanksRefusesShardingAndTaylor) {
     }
   }
 }
+
+// What dist.sharding refuses is refused by --check, before any rank starts
+// (a run folder left by a late refusal would refuse the corrected command):
+// parameters on a model that is not made of blocks (the recipe builds it from
+// the config: RecipeSpec::make_model), and any stage with CUDA graphs.
+TEST(RunContext, ShardingThatTheModelCannotDoIsRefusedByCheck) {
+  recipe::RecipeSpec spec;
+  spec.name = "fashion_like";
+  spec.declare = [](core::Config& c) { models::declare_fashion_net_keys(c); };
+  spec.make_model = [](const core::Config& c) {
+    return models::FashionNet(models::fashion_net_options_from_config(c)).ptr();
+  };
+  spec.make_task = [](const core::Config&, const RunContext&) -> std::unique_ptr<train::Task> {
+    ADD_FAILURE() << "--check built the task";
+    return nullptr;
+  };
+  struct TwoRanks {  // rank 0 of 2, as torchrun's environment says it
+    TwoRanks() {
+      for (const auto& [k, v] : {std::pair{"RANK", "0"},
+                                 {"WORLD_SIZE", "2"},
+                                 {"LOCAL_RANK", "0"},
+                                 {"LOCAL_WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", "29500"}})
+        setenv(k, v, 1);
+    }
+    ~TwoRanks() {
+      for (const char* k :
+           {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+        unsetenv(k);
+    }
+  } env;
+  const auto check = [&](const std::string& key, std::string* said) {
+    std::vector<std::string> args = {"fashion_like", "--check", key};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    testing::internal::CaptureStdout();
+    testing::internal::CaptureStderr();
+    const int status = recipe::run_recipe(static_cast<int>(argv.size()), argv.data(), spec);
+    *said = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+    return status;
+  };
+  std::string said;
+  EXPECT_EQ(check("dist.sharding=parameters", &said), 2) << said;
+  EXPECT_NE(said.find("dist.sharding=parameters gathers each block's parameters"), std::string::npos) << said;
+  EXPECT_NE(said.find("FashionNet"), std::string::npos) << said;
+  EXPECT_EQ(check("dist.sharding=gradients", &said), 0) << said;
+  EXPECT_NE(said.find("config ok"), std::string::npos) << said;
+
+  core::Config c;
+  recipe::declare_recipe_keys(c);
+  c.set_override("dist.sharding=optimizer");
+  c.set_override("trainer.cuda_graph=true");
+  EXPECT_NO_THROW(dist::check_data_parallel(c, 1, nullptr)) << "one process: no sharding";
+  try {
+    dist::check_data_parallel(c, 2, nullptr);
+    ADD_FAILURE() << "sharding with a CUDA graph accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(std::string(e.what()).find("dist.sharding=optimizer with trainer.cuda_graph=true"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -5,16 +5,18 @@
 // alike; each round's speed-up is the pruned model's tokens/s over the dense
 // model's in that round (paired), reported as median [min, max].
 //
-//   ember_bench_heads [--device cpu|cuda] [--ratios 0.25] [--layers 4] [--embd 128]
-//                     [--heads 4] [--block 128] [--batch 16] [--eval-batch 64]
-//                     [--steps 5] [--rounds 9] [--threads 0]
+//   ember_bench_heads [--device cpu|cuda] [--precision auto|fp32|tf32|bf16-mixed|fp16-mixed]
+//                     [--ratios 0.25] [--layers 4] [--embd 128] [--heads 4] [--block 128]
+//                     [--batch 16] [--eval-batch 64] [--steps 5] [--rounds 9] [--threads 0]
 //
 // Default: the char_gpt recipe's model and batches (4 blocks x 128 wide, 4
 // heads, 128-byte windows, batch 16 for training, 64 for evaluation). The
 // training step is the recipe's: forward, cross-entropy over [B*T, 256],
 // backward, gradient-norm clipping at 1, AdamW (lr 5e-3, weight decay 0.1).
 // Inference is a no-grad eval-mode forward. Heads go by L1 on random
-// weights: timing depends on the shapes only. fp32.
+// weights: timing depends on the shapes only. Precision: the char_gpt
+// recipe's on that device by default (auto: fp32 on the CPU, bf16-mixed on
+// CUDA, as recipes/char_gpt/gpu.toml), forward and loss under autocast.
 #include <ember/ember.h>
 #include <fmt/format.h>
 
@@ -32,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::string device = "cpu";
+  std::string precision = "auto";
   std::vector<double> ratios = {0.25};
   int64_t layers = 4, embd = 128, heads = 4, block = 128, batch = 16, eval_batch = 64;
   int64_t steps = 5, rounds = 9, threads = 0;
@@ -41,7 +44,8 @@ struct Args {
   std::cerr
       << "ember_bench_heads: " << why
       << "\nusage: ember_bench_heads [--device cpu|cuda] [--ratios a,b] [--layers L] [--embd D] [--heads H]"
-         " [--block T] [--batch B] [--eval-batch B] [--steps N] [--rounds R] [--threads T]\n";
+         " [--block T] [--batch B] [--eval-batch B] [--steps N] [--rounds R] [--threads T]"
+         " [--precision auto|fp32|tf32|bf16-mixed|fp16-mixed]\n";
   std::exit(2);
 }
 
@@ -54,6 +58,8 @@ Args parse(int argc, char** argv) {
     try {
       if (k == "--device") {
         a.device = v;
+      } else if (k == "--precision") {
+        a.precision = v;
       } else if (k == "--ratios") {
         a.ratios.clear();
         std::stringstream ss(v);
@@ -113,6 +119,16 @@ int main(int argc, char** argv) {
   const auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize();
   };
+  amp::Precision precision = device.is_cuda() ? amp::Precision::kBf16Mixed : amp::Precision::kFp32;
+  try {
+    if (a.precision != "auto") precision = amp::parse_precision(a.precision);
+    amp::check_precision_supported(precision, device.type());
+  } catch (const std::exception& e) {
+    usage(std::string("--precision: ") + e.what());
+  }
+  if (precision == amp::Precision::kFp16Mixed)
+    usage("--precision fp16-mixed needs a loss scaler; use bf16-mixed");
+  const amp::MatmulPrecisionGuard matmul_precision(precision, device.type());
   const models::CharGptOptions options =
       models::CharGptOptions().n_layer(a.layers).n_head(a.heads).n_embd(a.embd).block_size(a.block);
 
@@ -148,14 +164,17 @@ int main(int argc, char** argv) {
 
   const auto train_step = [&](Entry& e) {
     e.opt->zero_grad();
-    const torch::Tensor logits = e.model->forward(x);
-    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1})).backward();
+    const torch::Tensor loss = amp::run_with_precision(precision, device.type(), [&] {
+      const torch::Tensor logits = e.model->forward(x);
+      return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+    });
+    loss.backward();
     torch::nn::utils::clip_grad_norm_(e.model->parameters(), 1.0);
     e.opt->step();
   };
   const auto infer = [&](Entry& e) {
     torch::NoGradGuard ng;
-    e.model->forward(x_eval);
+    amp::run_with_precision(precision, device.type(), [&] { return e.model->forward(x_eval); });
   };
   const auto tokens_per_second = [&](const std::function<void()>& f, int64_t tokens) {
     sync();
@@ -180,11 +199,11 @@ int main(int argc, char** argv) {
     }
 
   std::cout << fmt::format(
-      "CharGpt {} blocks x {} wide, {} heads, T {}, on {}, fp32; {} rounds x {} steps, "
+      "CharGpt {} blocks x {} wide, {} heads, T {}, on {}, {}; {} rounds x {} steps, "
       "interleaved;\ntraining batch {}, inference batch {}; tokens/s and speed-up over dense: median [min, "
       "max] over rounds (speed-up paired within a round)\n",
-      a.layers, a.embd, a.heads, a.block, core::describe_device(device), a.rounds, a.steps, a.batch,
-      a.eval_batch);
+      a.layers, a.embd, a.heads, a.block, core::describe_device(device), amp::to_string(precision), a.rounds,
+      a.steps, a.batch, a.eval_batch);
   std::cout << fmt::format("{:>6} {:>6} {:>8} {:>10} {:>26} {:>20} {:>26} {:>20}\n", "heads", "left",
                            "params", "fwd FLOP/t", "train tokens/s", "train x", "infer tokens/s", "infer x");
   const Entry& dense = entries.front();

@@ -6,12 +6,14 @@
 // torchrun sets them); rank 0 prints the table and a last line of JSON.
 //
 //   ember_bench_sharding [--layers L] [--embd E] [--heads H] [--context T] [--batch B]
-//                        [--steps S] [--threads T] [--budget-mib M]
+//                        [--steps S] [--threads T] [--budget-mib M] [--precision fp32|bf16-mixed]
 //
 // Settings: DDP, each stage, and DDP and parameters with every block's
 // activations recomputed in backward (+AC: model.activation_checkpoint_every=1).
 // Model: CharGpt (n_layer L, n_embd E, context T) on random bytes, AdamW
-// (unfused: LibTorch's own state), per-rank batch B, S optimizer steps in
+// (unfused: LibTorch's own state), in --precision (fp32 by default;
+// bf16-mixed: CPU autocast, whose 16-bit weight copies sharding does not
+// divide), per-rank batch B, S optimizer steps in
 // Ember's Trainer per setting; each setting builds its model afresh under a
 // new meter, so its counts start from nothing. Per setting and rank:
 //   resident   bytes held by tensors between steps (after the step's
@@ -49,6 +51,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   int64_t layers = 8, embd = 256, heads = 4, context = 64, batch = 8, steps = 6, threads = 1;
   int64_t budget_mib = 0;
+  amp::Precision precision = amp::Precision::kFp32;
 };
 
 class GptTask : public train::Task {
@@ -140,7 +143,7 @@ Row run(const Args& a, int64_t layers, const Setting& setting,
     data_bytes -= param_bytes;
     meter.set_limit(limit);
     train::TrainerOptions o;
-    o.epochs(1).distribution(dist::make_distribution(group));
+    o.epochs(1).precision(a.precision).distribution(dist::make_distribution(group));
     o.optimizer().kind(optim::OptimizerKind::kAdamW).lr(1e-3).fused(false);
     train::Trainer trainer(o);
     std::shared_ptr<dist::ShardedDataParallel> sharded;
@@ -185,6 +188,15 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
+    if (k == "--precision") {
+      try {
+        a.precision = amp::parse_precision(argv[i + 1]);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "--precision: %s\n", e.what());
+        return 2;
+      }
+      continue;
+    }
     const int64_t v = std::stoll(argv[i + 1]);
     if (k == "--layers")
       a.layers = v;
@@ -220,10 +232,11 @@ int main(int argc, char** argv) {
     const Row& ddp = rows.front();
     if (speak) {
       std::printf(
-          "CharGpt n_layer %lld, n_embd %lld, context %lld, batch %lld per rank, AdamW, %lld ranks (Gloo, "
+          "CharGpt n_layer %lld, n_embd %lld, context %lld, batch %lld per rank, AdamW, %s, %lld ranks "
+          "(Gloo, "
           "CPU)\n",
           (long long)a.layers, (long long)a.embd, (long long)a.context, (long long)a.batch,
-          (long long)group->size());
+          amp::to_string(a.precision).c_str(), (long long)group->size());
       std::printf("%-11s %14s %14s %14s %14s %14s %10s | ratios to DDP: %s\n", "setting", "resident",
                   "parameters", "gradients", "optimizer", "peak", "step",
                   "params grads optim resident peak step");

@@ -23,6 +23,11 @@
 
 #include "core/check.h"
 #include "ember/core/snapshot.h"
+#include "ember/version.h"
+
+#if EMBER_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
 
 namespace ember::core {
 namespace {
@@ -64,13 +69,33 @@ struct AutocastState {
   }
 };
 
+/// Whether this thread's current CUDA stream is capturing a graph.
+bool capturing_cuda_graph() {
+#if EMBER_WITH_CUDA_KERNELS
+  return torch::cuda::is_available() &&
+         c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
 /// What the recompute must see as the forward saw it.
 struct ForwardState {
   std::optional<RngState> rng;  ///< before the forward; none without preserve_rng_state
   AutocastState autocast;
 
-  static ForwardState capture(bool with_rng) {
+  static ForwardState capture(bool with_rng, const std::string& name) {
     ForwardState s;
+    // torch refuses to read a CUDA generator's seed and offset during a
+    // capture (CUDAGeneratorImpl::current_seed asserts it is not capturing),
+    // and a captured recompute would need the graph's own offsets anyway.
+    EMBER_CHECK_KIND(kConfig, !with_rng || !capturing_cuda_graph(),
+                     "[core::checkpoint] {}: a checkpoint that preserves the random generators' states "
+                     "(full activation checkpointing) cannot run inside a CUDA graph capture: torch cannot "
+                     "read a CUDA generator's state while capturing. Use light checkpointing "
+                     "(model.activation_checkpoint=light), CheckpointOptions::preserve_rng_state(false) "
+                     "for a forward that draws no random numbers, or trainer.cuda_graph=false",
+                     name);
     if (with_rng) s.rng = RngState::capture();
     s.autocast = AutocastState::capture();
     return s;
@@ -464,7 +489,7 @@ torch::Tensor op_after(Recomputed fn, const torch::Tensor& input, const torch::T
   if (!torch::GradMode::is_enabled() || !(any_requires_grad(input, fn.params) || weight.requires_grad() ||
                                           (bias.defined() && bias.requires_grad())))
     return op(fn.forward(input));
-  ForwardState state = ForwardState::capture(fn.options.preserve_rng_state());
+  ForwardState state = ForwardState::capture(fn.options.preserve_rng_state(), fn.options.name());
   torch::Tensor a, y;
   {
     torch::NoGradGuard no_grad;
@@ -497,7 +522,7 @@ torch::Tensor checkpoint(Recomputed fn, const torch::Tensor& input) {
   fn.params = trainable_once(fn.params);
   if (!torch::GradMode::is_enabled() || !any_requires_grad(input, fn.params)) return fn.forward(input);
   // The generators before the forward: the recompute must draw what it drew.
-  ForwardState state = ForwardState::capture(fn.options.preserve_rng_state());
+  ForwardState state = ForwardState::capture(fn.options.preserve_rng_state(), fn.options.name());
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;

@@ -5,6 +5,7 @@
 
 #include <ATen/Context.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
@@ -192,6 +193,24 @@ void MemoryMeter::reset_peak() {
 
 std::string MemoryMeter::method() const {
   return device_.is_cpu() ? "CPU allocator statistics" : "CUDA caching allocator peak";
+}
+
+void warm_up_device_libraries(const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  // A linear's forward and backward: addmm here (cuBLASLt with the bias
+  // fused, cuBLAS for the input's gradient) and mm on autograd's device
+  // thread, whose cuBLAS handle and workspace are its own; in float32 and in
+  // each reduced precision autocast may run (another cuBLASLt path).
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+    const auto opts = torch::TensorOptions().device(device).dtype(dtype);
+    const torch::Tensor x = torch::ones({64, 64}, opts).requires_grad_();
+    const torch::Tensor w = torch::ones({64, 64}, opts).requires_grad_();
+    const torch::Tensor b = torch::zeros({64}, opts).requires_grad_();
+    torch::addmm(b, x, w.t()).sum().backward();
+  }
+#if EMBER_WITH_CUDA_KERNELS
+  c10::cuda::device_synchronize();
+#endif
 }
 
 }  // namespace ember::core

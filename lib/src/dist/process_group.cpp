@@ -10,6 +10,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
+#include <iostream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -69,6 +71,62 @@ std::string heartbeat_key(int64_t rank) {
   return "ember/heartbeat/" + std::to_string(rank);
 }
 
+/// What the other ranks' heartbeats say about them.
+struct PeerReport {
+  std::string who;          ///< the silent, lagging or (peers_fine) live ranks, in words
+  bool peers_fine = false;  ///< every other rank alive and not behind `mine`
+};
+
+/// Reads every other rank's heartbeat twice, 2 s apart, through `probe` (a
+/// connection of the caller's thread; its timeout set to 5 s, so that a dead
+/// store host does not make the report wait): a live rank's changes (it beats
+/// every 0.5 s), a dead or frozen process's does not. `mine`: this rank's
+/// step (-1: unknown). Throws when the store cannot be read.
+PeerReport read_peers(c10d::Store& probe, int64_t rank, int64_t size, int64_t mine) {
+  probe.setTimeout(std::chrono::seconds(5));
+  const auto read = [&] {
+    std::vector<std::optional<std::string>> beats(static_cast<size_t>(size));
+    for (int64_t r = 0; r < size; ++r)
+      if (r != rank && probe.check({heartbeat_key(r)})) beats[r] = text(probe.get(heartbeat_key(r)));
+    return beats;
+  };
+  const auto first = read();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto second = read();
+  std::vector<std::string> silent, behind, alive;
+  for (int64_t r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    if (!second[r]) {
+      silent.push_back(fmt::format("rank {} (never reported)", r));
+      continue;
+    }
+    std::istringstream in(*second[r]);
+    int64_t step = 0;
+    in >> step;
+    if (first[r] == second[r])
+      silent.push_back(fmt::format("rank {} (silent, last in step {})", r, step));
+    else if (mine >= 0 && step < mine)
+      behind.push_back(fmt::format("rank {} (alive, still in step {})", r, step));
+    else
+      alive.push_back(fmt::format("rank {} in step {}", r, step));
+  }
+  PeerReport report;
+  if (!silent.empty()) {
+    report.who = fmt::format("stopped answering: {}", fmt::join(silent, ", "));
+  } else if (!behind.empty()) {
+    report.who =
+        fmt::format("this rank is in step {}, but {} never joined it: stuck, or slower than dist.timeout_s",
+                    mine, fmt::join(behind, ", "));
+  } else {
+    report.peers_fine = true;
+    report.who = fmt::format(
+        "every rank's process is alive ({}; this rank in step {}): one is stuck or slower than "
+        "dist.timeout_s",
+        fmt::join(alive, ", "), mine);
+  }
+  return report;
+}
+
 }  // namespace
 
 Backend parse_backend(const std::string& name) {
@@ -110,6 +168,50 @@ struct ProcessGroup::Heartbeat {
   std::condition_variable cv;
   bool stop = false;
   std::thread thread;
+  // The stall watchdog (ProcessGroupOptions::stall_after): its own thread
+  // and store connection, so that the beats go on while it reads the others'.
+  std::thread watchdog;
+  c10::intrusive_ptr<c10d::Store> watch_store;
+  std::chrono::steady_clock::time_point changed = std::chrono::steady_clock::now();  // of `step`
+  int64_t rank = 0, size = 1;
+  std::chrono::milliseconds stall_after{0};
+  std::function<void(const std::string&)> on_stall;
+
+  // Every 0.5 s: when `step` has not changed for stall_after, reads the other
+  // ranks' heartbeats once per stalled step and reports a silent or lagging
+  // one through on_stall (nothing when they are all alive and as far along:
+  // then this rank is merely slow, or waits for data).
+  void watch() {
+    int64_t reported = -1;
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return stop; })) {
+      const int64_t now_step = step.load();
+      const auto still = std::chrono::steady_clock::now() - changed;
+      if (now_step == reported || still < stall_after) continue;
+      lock.unlock();
+      std::optional<std::string> message;
+      try {
+        const PeerReport report = read_peers(*watch_store, rank, size, now_step);
+        if (!report.peers_fine)
+          message = fmt::format(
+              "[dist] rank {} of {}: no progress for {} s in step {}: {}. A collective is probably waiting "
+              "for "
+              "it; the backend's timeout (dist.timeout_s) will end the run, which then resumes from its last "
+              "checkpoint (trainer.resume=auto)",
+              rank, size, std::chrono::duration_cast<std::chrono::seconds>(still).count(), now_step,
+              report.who);
+      } catch (const std::exception&) {
+        message = fmt::format(
+            "[dist] rank {} of {}: no progress for {} s in step {}, and the rendezvous store is gone: the "
+            "process "
+            "hosting it (rank 0, or torchrun's agent) has died",
+            rank, size, std::chrono::duration_cast<std::chrono::seconds>(still).count(), now_step);
+      }
+      if (message) on_stall(*message);
+      lock.lock();
+      reported = now_step;
+    }
+  }
 
   void beat() {
     try {
@@ -134,8 +236,9 @@ struct ProcessGroup::Heartbeat {
       std::lock_guard<std::mutex> lock(mutex);  // no lost wake-up between the predicate and the wait
       if (step.load() == s) return;
       step = s;
+      changed = std::chrono::steady_clock::now();
     }
-    cv.notify_one();
+    cv.notify_all();
   }
 };
 
@@ -321,6 +424,22 @@ void ProcessGroup::start_heartbeat() {
   heartbeat_->store = store_->clone();
   heartbeat_->key = heartbeat_key(rank_);
   heartbeat_->thread = std::thread([h = heartbeat_.get()] { h->run(); });
+  // NCCL's Work::wait() only makes the stream wait: a rank stuck behind a
+  // dead peer blocks in its next host sync, and NCCL's own watchdog ends the
+  // process at the timeout without naming the peer. Ember's says who first.
+  const std::chrono::milliseconds stall = options_.stall_after().value_or(
+      backend_ == Backend::kNccl ? options_.timeout() * 4 / 5 : std::chrono::milliseconds(0));
+  if (stall.count() > 0 && size_ > 1) {
+    Heartbeat& h = *heartbeat_;
+    h.watch_store = store_->clone();
+    h.rank = rank_;
+    h.size = size_;
+    h.stall_after = stall;
+    h.on_stall = options_.on_stall() ? options_.on_stall() : [](const std::string& m) {
+      std::cerr << m << "\n" << std::flush;
+    };
+    h.watchdog = std::thread([hp = heartbeat_.get()] { hp->watch(); });
+  }
 }
 
 void ProcessGroup::stop_heartbeat() {
@@ -331,6 +450,7 @@ void ProcessGroup::stop_heartbeat() {
   }
   heartbeat_->cv.notify_all();
   if (heartbeat_->thread.joinable()) heartbeat_->thread.join();
+  if (heartbeat_->watchdog.joinable()) heartbeat_->watchdog.join();
   heartbeat_.reset();
 }
 
@@ -347,55 +467,13 @@ std::optional<std::string> ProcessGroup::explain_peer_failure(const std::string&
 }
 
 std::optional<std::string> ProcessGroup::explain(const std::string& error, bool none_if_peers_fine) {
-  // Read every rank's heartbeat twice, 2 s apart: a live rank's changes
-  // (it beats every 0.5 s), a dead or frozen process's does not.
   std::string who;
   bool peers_fine = false;
   try {
-    // The main thread's own connection, with a short timeout: a dead store
-    // host must not make this report wait dist.timeout_s.
-    c10d::Store* probe = store_.get();
-    probe->setTimeout(std::chrono::seconds(5));
-    const auto read = [&] {
-      std::vector<std::optional<std::string>> beats(static_cast<size_t>(size_));
-      for (int64_t r = 0; r < size_; ++r)
-        if (r != rank_ && probe->check({heartbeat_key(r)})) beats[r] = text(probe->get(heartbeat_key(r)));
-      return beats;
-    };
-    const auto first = read();
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-    const auto second = read();
-    const int64_t mine = heartbeat_ ? heartbeat_->step.load() : -1;
-    std::vector<std::string> silent, behind, alive;
-    for (int64_t r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      if (!second[r]) {
-        silent.push_back(fmt::format("rank {} (never reported)", r));
-        continue;
-      }
-      std::istringstream in(*second[r]);
-      int64_t step = 0;
-      in >> step;
-      if (first[r] == second[r])
-        silent.push_back(fmt::format("rank {} (silent, last in step {})", r, step));
-      else if (mine >= 0 && step < mine)
-        behind.push_back(fmt::format("rank {} (alive, still in step {})", r, step));
-      else
-        alive.push_back(fmt::format("rank {} in step {}", r, step));
-    }
-    if (!silent.empty())
-      who = fmt::format("stopped answering: {}", fmt::join(silent, ", "));
-    else if (!behind.empty())
-      who =
-          fmt::format("this rank is in step {}, but {} never joined it: stuck, or slower than dist.timeout_s",
-                      mine, fmt::join(behind, ", "));
-    else {
-      peers_fine = true;
-      who = fmt::format(
-          "every rank's process is alive ({}; this rank in step {}): one is stuck or slower than "
-          "dist.timeout_s",
-          fmt::join(alive, ", "), mine);
-    }
+    // The main thread's own connection, with a short timeout (read_peers).
+    const PeerReport report = read_peers(*store_, rank_, size_, heartbeat_ ? heartbeat_->step.load() : -1);
+    who = report.who;
+    peers_fine = report.peers_fine;
   } catch (const std::exception&) {
     who = "the rendezvous store is gone, so the process hosting it (rank 0, or torchrun's agent) has died";
   }

@@ -1,6 +1,7 @@
 // Sharded data parallelism (ZeRO-1/2/3): see ember/dist/sharding.h.
 #include "ember/dist/sharding.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -15,6 +16,7 @@
 
 #include "core/check.h"
 #include "ember/amp/grad_scaler.h"
+#include "ember/amp/precision.h"
 #include "ember/core/blocks.h"
 #include "ember/optim/fused.h"
 #include "ember/optim/optimizer.h"
@@ -122,6 +124,10 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     std::vector<size_t> pieces;
     std::shared_ptr<torch::autograd::Node> accumulator;
     uintptr_t hook = 0;
+    // kParameters: the parameter's region of its unit's `full` buffer, and
+    // (gathering in the compute dtype) of its `compute` buffer; its data is
+    // one of them, as its unit's `whole` says.
+    torch::Tensor full_view, compute_view;
   };
   // This rank's part of one parameter: elements [begin, end) of its memory.
   struct Piece {
@@ -140,8 +146,20 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     torch::Tensor shard_grads;   // [shard]: the averaged gradient of this rank's shard
     torch::Tensor incoming;      // [shard]: one micro-batch's reduce-scatter
     int64_t ready = 0;           // parameters whose gradient this backward produced
-    bool gathered = true;
+    bool gathered = true;        // the live buffer holds the block's parameters (kParameters)
+    bool gathering = false;      // its all-gather is in flight (`gather`)
+    bool prefetched = false;     // ... started by prefetch(), ahead of the block's turn
+    // kParameters, gathering in the compute dtype: the block's parameters in
+    // that dtype ([padded], allocated only while gathered), what the block
+    // computes with; `whole` while they are float32 views of `full` instead
+    // (around a checkpoint, after fit).
+    torch::Tensor compute;
+    bool whole = false;
+    torch::Tensor sending;  // the shard cast to the compute dtype, while its gather is in flight
     ProcessGroup::Pending pending;
+    ProcessGroup::Pending gather;
+    // The buffer the block's parameters view now.
+    torch::Tensor& live() { return compute.defined() && !whole ? compute : full; }
   };
   // The optimizer's state made whole (every parameter's, as without sharding).
   struct Whole {
@@ -164,6 +182,10 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
   std::vector<std::vector<torch::Tensor>> whole_group_params;  // the groups as the Trainer built them
   std::optional<Whole> set_aside;                              // the shards' state while the writer saves
   size_t next_launch = 0;
+  GatherStats gather_stats;
+  // kParameters under bf16-mixed/fp16-mixed (ShardingOptions::gather_in_compute_dtype):
+  // the dtype the blocks' parameters are gathered and computed in.
+  std::optional<torch::ScalarType> compute_dtype;
   bool armed = false, completes = false, first_micro = true, finalize_queued = false;
   bool buffers_need_sync = true;
 
@@ -261,6 +283,16 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
         torch::Tensor region = u.full.as_strided(p.sizes(), p.strides(), params[k].offset);
         region.copy_(p);
         p.set_data(region);
+        if (u.block >= 0) params[k].full_view = region;
+      }
+      if (u.block >= 0 && compute_dtype && *compute_dtype != u.full.scalar_type()) {
+        // Views made while the buffer has memory, then freed.
+        u.whole = true;  // (the parameters view `full` until point_params)
+        u.compute = torch::empty({u.padded}, u.full.options().dtype(*compute_dtype));
+        for (size_t k : u.params) {
+          const torch::Tensor& p = params[k].tensor;
+          params[k].compute_view = u.compute.as_strided(p.sizes(), p.strides(), params[k].offset);
+        }
       }
       const int64_t lo = rank * u.shard;
       u.shard_params = u.full.narrow(0, lo, u.shard);
@@ -274,7 +306,13 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
         pieces.push_back(Piece{k, begin - params[k].offset, end - params[k].offset, begin - lo,
                                alias(u.shard_params, begin - lo, end - begin)});
       }
-      if (u.block >= 0) free_params(u);
+      if (u.block >= 0) {
+        free_params(u);
+        if (u.compute.defined()) {
+          release(u.compute);
+          point_params(u, /*whole=*/false);
+        }
+      }
     }
   }
 
@@ -539,38 +577,135 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
 
   // --- a block's parameters (kParameters) ------------------------------------
 
-  void gather_params(Unit& u) {
-    if (u.gathered) return;
-    const c10::Storage& storage = u.full.storage();
-    const size_t bytes = static_cast<size_t>(u.padded) * u.full.element_size();
+  // Allocates a block's flat buffer and starts its all-gather; returns at
+  // once (the collective runs on the backend's own stream or thread).
+  // `counted`: a gather of the training step's (gather_stats), not a
+  // checkpoint's or fit end's.
+  void start_gather(Unit& u, bool counted = true) {
+    if (u.gathered || u.gathering) return;
+    torch::Tensor& out = u.live();
+    // The caching allocator allocates on the current device: the buffer's own.
+    const c10::OptionalDeviceGuard on_device(out.device());
+    const c10::Storage& storage = out.storage();
+    const size_t bytes = static_cast<size_t>(u.padded) * out.element_size();
     storage.set_data_ptr_noswap(storage.allocator()->allocate(bytes));
     storage.set_nbytes(bytes);
-    group.start_all_gather(u.full, u.shard_params)
-        .wait();  // writes without bumping versions: autograd's saved views stay valid
+    // The float32 shard, cast to the compute dtype when the block computes in it (half the bytes sent).
+    torch::Tensor& in = out.scalar_type() == u.shard_params.scalar_type()
+                            ? u.shard_params
+                            : (u.sending = u.shard_params.to(out.scalar_type()));
+    // Writes without bumping versions: autograd's saved views stay valid.
+    u.gather = group.start_all_gather(out, in);
+    u.gathering = true;
+    if (!counted) return;
+    ++gather_stats.gathers;
+    gather_stats.bytes += static_cast<int64_t>(bytes);
+    int64_t held = 0;
+    for (const Unit& v : units) held += (v.block >= 0 && (v.gathered || v.gathering)) ? 1 : 0;
+    gather_stats.most_gathered = std::max(gather_stats.most_gathered, held);
+  }
+
+  // The block's parameters, whole, for use now: waits for its gather
+  // (started here when no prefetch started it).
+  void gather_params(Unit& u, bool counted = true) {
+    if (u.gathered) return;
+    if (u.prefetched) ++gather_stats.prefetched;
+    u.prefetched = false;
+    start_gather(u, counted);
+    u.gather.wait();
+    u.sending = torch::Tensor();
+    u.gathering = false;
     u.gathered = true;
   }
 
-  void free_params(Unit& u) {
-    if (!u.gathered) return;
-    const c10::Storage& storage = u.full.storage();
-    storage.set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
+  // Frees a buffer's memory; the tensor and the views into it stay (sizes, strides, storage object).
+  static void release(const torch::Tensor& buffer) {
+    const c10::Storage& storage = buffer.storage();
+    storage.set_data_ptr_noswap(at::DataPtr(nullptr, buffer.device()));
     storage.set_nbytes(0);
+  }
+
+  void free_params(Unit& u) {
+    if (u.gathering) {  // a prefetch nobody used: the collective must finish writing first
+      u.gather.wait();
+      u.sending = torch::Tensor();
+      u.gathering = false;
+      u.gathered = true;
+      u.prefetched = false;
+    }
+    if (!u.gathered) return;
+    release(u.live());
     u.gathered = false;
   }
 
-  void before_block(int64_t index, torch::nn::Module&) override {
-    const int64_t u = unit_of_block[index];
-    if (u >= 0) gather_params(units[u]);
+  // A freed block's parameters view `full` (float32; whole) or `compute`.
+  // Changing a parameter's dtype makes autograd drop its gradient
+  // accumulator (set_data), so the caller installs the gradient hooks again.
+  void point_params(Unit& u, bool whole) {
+    torch::NoGradGuard no_grad;
+    u.whole = whole;
+    for (size_t k : u.params) params[k].tensor.set_data(whole ? params[k].full_view : params[k].compute_view);
   }
+
+  // Every block's parameters whole, in float32 (a checkpoint's or fit's end),
+  // or (false) back to what the blocks compute with, freed.
+  void make_blocks_whole(bool whole) {
+    bool repointed = false;
+    for (Unit& u : units) {
+      if (u.block < 0) continue;
+      if (u.compute.defined() && u.whole != whole) {
+        free_params(u);
+        point_params(u, whole);
+        repointed = true;
+      }
+      if (whole)
+        gather_params(u, /*counted=*/false);
+      else
+        free_params(u);
+    }
+    if (repointed && !whole) {
+      remove_grad_hooks();
+      install_grad_hooks();
+    }
+  }
+
+  // Starts the gather of the next block with parameters from `index` in
+  // direction `step` (+1: the forward's next block, -1: the backward's), so
+  // that it overlaps block `index`'s compute. Every rank runs the same blocks
+  // in the same order, so the collectives start in the same order everywhere.
+  void prefetch(int64_t index, int64_t step) {
+    if (!options.prefetch()) return;
+    for (int64_t j = index + step; j >= 0 && j < static_cast<int64_t>(unit_of_block.size()); j += step)
+      if (unit_of_block[j] >= 0) {
+        Unit& next = units[unit_of_block[j]];
+        if (!next.gathered && !next.gathering) {
+          start_gather(next);
+          next.prefetched = true;
+        }
+        return;
+      }
+  }
+
+  // Gathers block `index`'s unit for use with the next one's gather in flight.
+  void gather_with_prefetch(int64_t index, int64_t step) {
+    const int64_t u = unit_of_block[index];
+    if (u < 0) return;
+    start_gather(units[u]);
+    prefetch(index, step);
+    gather_params(units[u]);
+  }
+
+  void before_block(int64_t index, torch::nn::Module&) override { gather_with_prefetch(index, +1); }
 
   void after_block(int64_t index, torch::nn::Module&, const torch::Tensor& output) override {
     const int64_t u = unit_of_block[index];
     if (u < 0) return;
     if (output.requires_grad()) {
       std::weak_ptr<Impl> weak = weak_from_this();
-      // Fires when the gradient reaches the block's output: just before its backward.
-      output.register_hook([weak, u](const torch::Tensor&) {
-        if (auto self = weak.lock()) self->gather_params(self->units[u]);
+      // Fires when the gradient reaches the block's output: just before its
+      // backward, and before this block's reduce-scatter is queued.
+      output.register_hook([weak, index](const torch::Tensor&) {
+        if (auto self = weak.lock()) self->gather_with_prefetch(index, -1);
       });
     }
     free_params(units[u]);
@@ -630,6 +765,8 @@ void ShardedDataParallel::on_fit_start(train::Trainer& trainer) {
     c10d::verify_params_across_processes(group_->c10d(), ps, std::nullopt);  // same architecture everywhere
   }
   group_->broadcast_module_state(model, /*parameters=*/true);  // rank 0's weights
+  if (options_.stage() == Sharding::kParameters && options_.gather_in_compute_dtype())
+    impl_->compute_dtype = amp::autocast_dtype(trainer.options().precision());
   impl_->plan_units(model);
   impl_->lay_out();
   impl_->shard_optimizer(optimizer);
@@ -642,10 +779,10 @@ void ShardedDataParallel::on_epoch_start(train::Trainer& trainer, int64_t) {
   // parameter: its data lives in this rank's units.
   for (const Impl::Param& p : impl_->params) {
     const torch::Tensor& t = p.tensor;
-    const Impl::Unit& u = impl_->units[p.unit];
+    Impl::Unit& u = impl_->units[p.unit];
     EMBER_CHECK_KIND(
         kConfig,
-        t.defined() && t.is_alias_of(u.full) && t.storage_offset() == u.full.storage_offset() + p.offset,
+        t.defined() && t.is_alias_of(u.live()) && t.storage_offset() == u.live().storage_offset() + p.offset,
         "[dist::ShardedDataParallel] parameter {} was replaced or resized during fit (pruning?): "
         "sharding holds it in shards across ranks; prune with dist.sharding=none",
         p.name);
@@ -676,10 +813,13 @@ std::optional<torch::Tensor> ShardedDataParallel::clip_grad_norm(train::Trainer&
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& u : impl_->units) grads.push_back(u.shard_grads);
-  // The squares summed over this rank's shards (padding is zero), then over ranks.
-  torch::Tensor sq =
-      torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(group_->device()));
-  for (const torch::Tensor& n : at::_foreach_norm(grads, 2.0)) sq += n.to(torch::kFloat32).square();
+  // The squares summed over this rank's shards (padding is zero), then over ranks; in float64 when
+  // a unit's gradients are (optim::clip_grad_norm_ keeps each dtype's precision), float32 otherwise.
+  const bool any_double = std::any_of(
+      grads.begin(), grads.end(), [](const torch::Tensor& g) { return g.scalar_type() == torch::kFloat64; });
+  const torch::ScalarType dtype = any_double ? torch::kFloat64 : torch::kFloat32;
+  torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(dtype).device(group_->device()));
+  for (const torch::Tensor& n : at::_foreach_norm(grads, 2.0)) sq += n.to(dtype).square();
   group_->all_reduce_sum_(sq);
   const torch::Tensor total = sq.sqrt().reshape({});
   // As optim::clip_grad_norm_ (and PyTorch): g *= min(1, max_norm / (total + 1e-6)).
@@ -708,8 +848,7 @@ void ShardedDataParallel::on_epoch_end(train::Trainer& trainer, int64_t, const t
 }
 
 void ShardedDataParallel::on_checkpoint_gather(train::Trainer& trainer) {
-  for (auto& u : impl_->units)
-    if (u.block >= 0) impl_->gather_params(u);
+  impl_->make_blocks_whole(true);  // float32, from the shards (not the compute dtype's copies)
   Impl::Whole whole = impl_->gather_whole_state();
   if (trainer.options().distribution()->is_writer()) impl_->set_aside = impl_->swap_in(std::move(whole));
 }
@@ -719,8 +858,7 @@ void ShardedDataParallel::on_checkpoint_written(train::Trainer&) {
     impl_->swap_in(std::move(*impl_->set_aside));
     impl_->set_aside.reset();
   }
-  for (auto& u : impl_->units)
-    if (u.block >= 0) impl_->free_params(u);
+  impl_->make_blocks_whole(false);
 }
 
 void ShardedDataParallel::on_fit_end(train::Trainer&) {
@@ -728,17 +866,22 @@ void ShardedDataParallel::on_fit_end(train::Trainer&) {
   last_step_bytes_ = resident_bytes();  // (the blocks are freed after each step: what a step leaves)
   impl_->remove_grad_hooks();
   if (impl_->block_model) impl_->block_model->set_block_hooks(nullptr);
-  for (auto& u : impl_->units) impl_->gather_params(u);
+  impl_->make_blocks_whole(true);
   impl_->swap_in(impl_->gather_whole_state());
   impl_->pieces.clear();
+}
+
+GatherStats ShardedDataParallel::gather_stats() const {
+  return impl_ ? impl_->gather_stats : GatherStats();
 }
 
 ShardedBytes ShardedDataParallel::resident_bytes() const {
   ShardedBytes b;
   if (!impl_) return b;
-  for (const auto& u : impl_->units) {
+  for (auto& u : impl_->units) {
     const int64_t el = u.full.element_size();
-    b.parameters += (u.block >= 0 ? u.shard + (u.gathered ? u.padded : 0) : u.padded) * el;
+    b.parameters +=
+        u.block >= 0 ? u.shard * el + (u.gathered ? u.padded * u.live().element_size() : 0) : u.padded * el;
     b.gradients += u.shard * el;
   }
   if (impl_->optimizer) b.optimizer_state = optim::optimizer_state_bytes(*impl_->optimizer);

@@ -11,6 +11,8 @@ using core::Bounds;
 
 namespace {
 
+core::ActivationCheckpointing activation_checkpointing_from_config(const core::Config& c);
+
 // model.activation_checkpoint_every and model.activation_checkpoint. They
 // change memory and time, not what is trained (the gradients are those
 // without checkpointing), so a resumed run may change them.
@@ -23,6 +25,22 @@ void declare_activation_checkpoint_keys(core::Config& c, const core::ActivationC
   c.declare("model.activation_checkpoint", core::to_string(d.mode()),
             "what those blocks recompute: full (the whole block) or light (its norms and activations)",
             core::OnResume::kMayChange);
+  // Full checkpointing restores the random generators for each recompute;
+  // a CUDA generator's state cannot be read while a graph is being captured
+  // (torch refuses it), so the captured step would fail. Light checkpointing
+  // draws no random numbers and captures.
+  c.add_check([](const core::Config& config) {
+    if (!config.has("trainer.cuda_graph") || !config.get_bool("trainer.cuda_graph")) return;
+    const core::ActivationCheckpointing a = activation_checkpointing_from_config(config);
+    EMBER_CHECK_KIND(
+        kConfig, a.every() == 0 || a.mode() != core::CheckpointMode::kFull,
+        "[models] model.activation_checkpoint=full (every {} blocks) with trainer.cuda_graph=true: full "
+        "checkpointing restores the CUDA random generators' states before each recompute, and torch cannot "
+        "read them while a CUDA graph is being captured; use model.activation_checkpoint=light (recomputes "
+        "norms and activations only, captures), model.activation_checkpoint_every=0, or "
+        "trainer.cuda_graph=false",
+        a.every());
+  });
 }
 
 core::ActivationCheckpointing activation_checkpointing_from_config(const core::Config& c) {

@@ -14,6 +14,7 @@
 #include "ember/core/file.h"
 #include "ember/dist/keys.h"
 #include "ember/dist/sync_batchnorm.h"
+#include "ember/prune/callback.h"
 #include "ember/recipe/host_malloc.h"
 #include "ember/recipe/run_folder.h"
 #include "ember/train/keys.h"
@@ -93,6 +94,17 @@ void claim_processes_folder(Processes& p, const core::Config& config, const std:
 void check_before_work(const RecipeSpec& spec, const core::Config& config, int64_t world_size) {
   const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
   train::check_trainer_options(train::trainer_options_from_config(config), device.type(), world_size);
+  // The data-parallel keys against the model (built from the config alone, on the CPU, when the recipe can).
+  const dist::Sharding sharding = dist::sharding_options_from_config(config).stage();
+  std::shared_ptr<torch::nn::Module> model;
+  if (world_size > 1 && sharding != dist::Sharding::kNone && spec.make_model) model = spec.make_model(config);
+  dist::check_data_parallel(config, world_size, model.get());
+  EMBER_CHECK_KIND(kConfig,
+                   world_size <= 1 || sharding == dist::Sharding::kNone || !config.has("prune.epochs") ||
+                       prune::pruning_options_from_config(config).epochs().empty(),
+                   "[recipe] dist.sharding={} with prune.epochs={}: pruning resizes parameters that live in "
+                   "shards across ranks; prune with dist.sharding=none",
+                   dist::to_string(sharding), config.get_text("prune.epochs"));
   if (spec.check) spec.check(config, world_size);
 }
 

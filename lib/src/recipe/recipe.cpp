@@ -19,7 +19,6 @@
 #include "ember/monitor/keys.h"
 #include "ember/monitor/nvml.h"
 #include "ember/monitor/telemetry.h"
-#include "ember/prune/callback.h"
 #include "ember/train/keys.h"
 #include "recipe/runner.h"
 #include "recipe/stop_signals.h"
@@ -159,14 +158,8 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config, ctx);
   std::shared_ptr<dist::ShardedDataParallel> sharded;
   if (p.group) {  // last: after callbacks that change the model (pruning)
+    // (what the sharding keys refuse was refused before any work: detail::check_before_work)
     const dist::ShardingOptions sharding = dist::sharding_options_from_config(config);
-    EMBER_CHECK_KIND(
-        kConfig,
-        sharding.stage() == dist::Sharding::kNone || !config.has("prune.epochs") ||
-            prune::pruning_options_from_config(config).epochs().empty(),
-        "[recipe] dist.sharding={} with prune.epochs={}: pruning resizes parameters that live in "
-        "shards across ranks; prune with dist.sharding=none",
-        dist::to_string(sharding.stage()), config.get_text("prune.epochs"));
     if (sharding.stage() == dist::Sharding::kNone)
       trainer.add_callback(
           std::make_shared<dist::DistributedDataParallel>(p.group, dist::ddp_options_from_config(config)));

@@ -228,15 +228,30 @@ int64_t forward_graph_nodes(train::Task& task) {
 /// `held`, what the built task holds before training (model, resident data).
 int64_t memory_budget(const core::Config& c, const torch::Device& device, int64_t available, int64_t held,
                       std::string* what) {
+  // What NCCL allocates outside the caching allocator on each rank: per
+  // channel and peer, a send and a receive buffer per protocol (Simple:
+  // NCCL_BUFFSIZE, 4 MiB; LL128: about 4.6 MiB; LL: 256 KiB), up to 32 channels
+  // on NVLink: about 0.6 GiB for the rings alone, more with trees and NVLS.
+  // A replica group sends nothing and allocates none of it. Not measured
+  // on 8 GPUs yet: bs_find.comm_reserve_gib sets it.
+  constexpr double kNcclReserveGib = 1.0;
+  double reserve_gib = c.get_float("bs_find.comm_reserve_gib");
+  if (reserve_gib < 0)
+    reserve_gib = device.is_cuda() && c.get_int("bs_find.world_size") > 1 ? kNcclReserveGib : 0;
+  const auto reserve = static_cast<int64_t>(reserve_gib * (1 << 30));
+  const std::string less_reserve =
+      reserve > 0 ? fmt::format(", less {:.2f} GiB for the communication library (bs_find.comm_reserve_gib)",
+                                reserve_gib)
+                  : "";
   const double gib = c.get_float("bs_find.budget_gib");
   if (gib > 0) {
-    *what = fmt::format("bs_find.budget_gib={}", gib);
-    return static_cast<int64_t>(gib * (1 << 30));
+    *what = fmt::format("bs_find.budget_gib={}{}", gib, less_reserve);
+    return std::max<int64_t>(static_cast<int64_t>(gib * (1 << 30)) - reserve, 0);
   }
-  *what = fmt::format("{} {:.2f} GiB, less {:.2f} GiB the model and data hold",
+  *what = fmt::format("{} {:.2f} GiB, less {:.2f} GiB the model and data hold{}",
                       device.is_cuda() ? "the GPU's free" : "the host's available (MemAvailable)",
-                      available / double(1 << 30), held / double(1 << 30));
-  return std::max<int64_t>(available - held, 0);
+                      available / double(1 << 30), held / double(1 << 30), less_reserve);
+  return std::max<int64_t>(available - held - reserve, 0);
 }
 
 /// Bytes the device has free now: the GPU's free memory, the host's MemAvailable.
@@ -584,6 +599,10 @@ void measure_checkpointing(Measurement& m, core::MemoryMeter& meter, amp::Precis
     if (own == mode) continue;
     const bool off = std::string(mode) == "none";
     core::Config config = m.config;
+    // Full checkpointing cannot be captured in a CUDA graph (models/keys.cpp):
+    // that mode is probed eager, and its entry says so.
+    const bool eager = std::string(mode) == "full" && config.get_bool("trainer.cuda_graph");
+    if (eager) config.set_override("trainer.cuda_graph=false");
     config.set_override(fmt::format("model.activation_checkpoint_every={}", off ? 0 : 1));
     if (!off) config.set_override(fmt::format("model.activation_checkpoint={}", mode));
     int64_t sizes[2] = {small, large};
@@ -591,6 +610,7 @@ void measure_checkpointing(Measurement& m, core::MemoryMeter& meter, amp::Precis
     nlohmann::json line =
         memory_line(probe_two_batches(m, config, meter, precision, sizes, peaks, nullptr), sizes, peaks);
     if (!off) line["every"] = 1;
+    if (eager) line["cuda_graph"] = false;
     std::cerr << fmt::format(
         "[plan] {} with {} activation checkpointing: {:.1f} MiB + {:.2f} MiB per sample\n",
         amp::to_string(precision), mode, line["fixed_bytes"].get<double>() / kMiB,
@@ -751,6 +771,8 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
   m.j = describe_measurement(spec, config, ctx);
   std::cerr << fmt::format("[plan] measuring {} on {}\n", spec.name, core::describe_device(ctx.device()));
   {
+    // cuBLAS's workspaces now, not in the first probe (they would count against its mode or precision).
+    core::warm_up_device_libraries(ctx.device());
     core::MemoryMeter meter(ctx.device());  // from before the data loads: the dataset's bytes are seen
     // On the CPU, tensors past the cap are refused at once: a model or batch larger than the host
     // fails here with what it needed, instead of swapping or meeting the kernel's OOM killer.
@@ -798,6 +820,7 @@ int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::str
                    "[bs-find] dist.sharding={} splits the model's state between ranks: say how many with "
                    "bs_find.world_size=N (the batch that fits one rank of N)",
                    sharding);
+  core::warm_up_device_libraries(device);  // its workspaces are not a batch's memory
   const int64_t available = available_memory(device);
   core::MemoryMeter meter(device);
   int64_t held = 0, max_batch = config.get_int("bs_find.max_batch");
@@ -950,6 +973,11 @@ void declare_tool_keys(core::Config& c) {
             "tools/ember bs-find: measure one rank of this many data-parallel ranks (DDP, or dist.sharding's "
             "shares of 1/N), in one process whose collectives send nothing",
             core::Bounds::between(1, 1 << 16));
+  c.declare("bs_find.comm_reserve_gib", -1.0,
+            "tools/ember bs-find: memory kept off the budget for the communication library's own buffers, "
+            "which a replica group (bs_find.world_size) does not allocate (-1 = 1 GiB on CUDA with "
+            "bs_find.world_size > 1, for NCCL's channel buffers; 0 otherwise)",
+            core::Bounds::between(-1, 1 << 20));
   c.declare("bs_find.start", bs.start(), "tools/ember bs-find: first batch size tried (then doubled)",
             core::Bounds::between(1, 1 << 24));
   c.declare("bs_find.max_batch", 0, "tools/ember bs-find: largest batch tried (0 = the training set's size)",

@@ -296,6 +296,10 @@ void GraphStep::capture_on_device(const data::Batch& batch, const StepFn& step) 
     } catch (const c10::OutOfMemoryError&) {
       abandon();
       throw;  // as out of memory, unchanged: the batch-size search counts it as too large
+    } catch (const Error& e) {
+      abandon();
+      if (e.kind() == ErrorKind::kConfig) throw;  // a part of the step that names its own cause
+      capture_failed(e);
     } catch (const std::exception& e) {
       abandon();
       capture_failed(e);

@@ -22,4 +22,12 @@ ShardingOptions sharding_options_from_config(const core::Config& config);
 ProcessGroupOptions process_group_options_from_config(const core::Config& config,
                                                       const torch::Device& device);
 
+/// What the data-parallel keys refuse before any rank starts work, for a run
+/// of `world_size` processes (nothing for one): dist.sharding with
+/// trainer.cuda_graph=true (the sharded step's collectives and hooks cannot
+/// be captured), and dist.sharding=parameters for a `model` that is not made
+/// of blocks (core::BlockModel), when the caller can build the model from
+/// the config (nullptr: decided when training starts). Throws Error(kConfig).
+void check_data_parallel(const core::Config& config, int64_t world_size, torch::nn::Module* model);
+
 }  // namespace ember::dist

@@ -75,6 +75,16 @@ struct ProcessGroupOptions {
   TORCH_ARG(std::chrono::milliseconds, startup_timeout) = std::chrono::seconds(60);
   /// The device this rank trains on (NCCL: cuda:LOCAL_RANK).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// Time without progress (set_progress) after which a background thread
+  /// reads the other ranks' heartbeats and reports a silent, dead or lagging
+  /// one through on_stall, once per stalled step; 0 = never. Default: 4/5 of
+  /// `timeout` on NCCL, whose Work::wait() does not block the host (a rank
+  /// stuck behind a dead peer waits in its next host sync, and NCCL's watchdog
+  /// ends the process at `timeout` without saying who), never on Gloo (its
+  /// collective fails at `timeout` and the error says who).
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, stall_after) = std::nullopt;
+  /// Receives the stall report; default: one line on stderr.
+  TORCH_ARG(std::function<void(const std::string&)>, on_stall) = nullptr;
 };
 
 class ProcessGroup {

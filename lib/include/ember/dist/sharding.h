@@ -16,10 +16,14 @@
 //       reduced (the full gradients are never kept), unlike DDP's no_sync.
 //   Sharding::kParameters (ZeRO-3) also the parameters of the model's blocks
 //       (a core::BlockModel: CharGpt, CifarResNet): a block's full parameters
-//       are all-gathered just before its forward, freed after it, gathered
-//       again just before its backward and freed once its gradients are
-//       reduced. Parameters outside the blocks (embeddings, the head) stay
-//       whole, as with kGradients.
+//       are all-gathered before its forward, freed after it, gathered again
+//       before its backward and freed once its gradients are reduced; each
+//       gather is started one block ahead (ShardingOptions::prefetch), so it
+//       overlaps the previous block's compute. Parameters outside the blocks
+//       (embeddings, the head) stay whole, as with kGradients. On NCCL the
+//       gathers and the reduce-scatters share the communicator's one stream:
+//       a backward gather, started before its block's backward, is queued
+//       behind the reduce-scatters already launched (those of later blocks).
 //
 // How: the parameters are laid out in units (buckets of about bucket_cap_mb,
 // or one unit per block for kParameters), each one flat buffer padded to a
@@ -85,6 +89,31 @@ struct ShardingOptions {
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
   /// Batch-norm statistics from rank 0 before each step's first forward and at epoch ends.
   TORCH_ARG(bool, broadcast_buffers) = true;
+  /// kParameters: start gathering the next block's parameters (forward: the
+  /// following block; backward: the preceding one) when a block starts, so
+  /// that the collective overlaps its compute. Costs one more block's
+  /// parameters in memory: at most two blocks whole in forward, three in
+  /// backward (the previous block's are freed once its gradients are reduced).
+  TORCH_ARG(bool, prefetch) = true;
+  /// kParameters under bf16-mixed or fp16-mixed (the Trainer's precision):
+  /// gather the blocks' parameters in that dtype, cast from this rank's
+  /// float32 shard (the master copy the optimizer steps), and let the blocks
+  /// compute with them: half the gather's bytes, and no 16-bit copy of every
+  /// block's weights kept by autocast from forward to backward (autograd saves
+  /// the gathered parameters themselves, which are freed and gathered again).
+  /// The values are autocast's for weights it casts (matmuls, convolutions);
+  /// a weight autocast keeps in float32 (a norm's) is used rounded to the
+  /// compute dtype, and its gradient arrives in it, as with FSDP's
+  /// MixedPrecision(param_dtype). Checkpoints and the model after fit are float32.
+  TORCH_ARG(bool, gather_in_compute_dtype) = true;
+};
+
+/// How kParameters gathered the blocks' parameters since on_fit_start.
+struct GatherStats {
+  int64_t gathers = 0;        ///< all-gathers of a block's parameters started
+  int64_t prefetched = 0;     ///< of those, started before the block needed them
+  int64_t most_gathered = 0;  ///< the most blocks held whole (or being gathered) at once
+  int64_t bytes = 0;          ///< bytes those gathers wrote (the compute dtype's, or float32)
 };
 
 /// Bytes this rank holds for training, by kind (the benchmark and tests count them).
@@ -120,6 +149,8 @@ class ShardedDataParallel : public train::Callback {
   /// on_fit_end before the model is made whole (the run's summary reports the
   /// largest over ranks).
   const ShardedBytes& last_step_bytes() const { return last_step_bytes_; }
+  /// The blocks' gathers (kParameters) since the last on_fit_start.
+  GatherStats gather_stats() const;
 
   struct Impl;
 

@@ -81,6 +81,11 @@ struct RecipeSpec {
   /// cannot do with `world_size` processes (the launcher's WORLD_SIZE); throws
   /// Error(kConfig). prune_finetune: one process only.
   std::function<void(const core::Config&, int64_t world_size)> check;
+  /// Optional: the recipe's model from the config alone (no data, on the
+  /// CPU), for what can be refused before any work by looking at it
+  /// (dist.sharding=parameters needs a model made of core::BlockModel blocks).
+  /// Without it such refusals come when training starts.
+  std::function<std::shared_ptr<torch::nn::Module>(const core::Config&)> make_model;
   /// Builds the task on context.device(): this rank's shard of the training
   /// data (context.rank(), context.world_size()), batches of
   /// train_batch_size(config, context) (a recipe tool sets context.batch_size()).
