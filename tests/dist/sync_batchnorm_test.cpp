@@ -416,13 +416,22 @@ TEST(SyncBatchNorm, ResNetGradientsOnTwoRanksAreOneProcesssOnTheWholeBatch) {
   models::CifarResNet ref(options);
   ref->to(torch::kFloat64);
   torch::nn::functional::cross_entropy(ref(x), target).backward();
+  // The ranks' replicas are built here, one after the other: seeding and drawing the global
+  // generator in the rank threads at once would interleave their draws (different weights).
+  std::vector<models::CifarResNet> nets;
+  for (int64_t r = 0; r < 2; ++r) {
+    torch::manual_seed(2);
+    nets.emplace_back(options);
+    nets.back()->to(torch::kFloat64);
+    const auto want = ref->parameters();
+    const auto got = nets.back()->parameters();
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_TRUE(torch::equal(got[i], want[i])) << "replica " << r;
+  }
   std::vector<std::vector<torch::Tensor>> grads(2);
   on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
-    torch::manual_seed(2);
-    models::CifarResNet net(options);
-    net->to(torch::kFloat64);
-    convert_sync_batchnorm(*net, group);
     const int64_t r = group->rank();
+    models::CifarResNet net = nets[r];
+    convert_sync_batchnorm(*net, group);
     torch::nn::functional::cross_entropy(net(x.narrow(0, 3 * r, 3)), target.narrow(0, 3 * r, 3)).backward();
     for (const auto& p : net->parameters()) grads[r].push_back(p.grad().clone());
   });
