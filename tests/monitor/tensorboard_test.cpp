@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -221,10 +222,17 @@ TEST(TensorBoard, EventBytesAreProtobufsEncoding) {
 TEST(TensorBoard, FileNameFollowsSummaryWriter) {
   const std::string dir = test_util::temp_dir("tb_name");
   {
-    const auto before = static_cast<long long>(::time(nullptr));
+    // The writer's clock (system_clock), not ::time(), which glibc may read from a coarse clock
+    // that lags it by a tick: a name a second past `after` at a second's turn.
+    const auto unix_seconds = [] {
+      return static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+    };
+    const auto before = unix_seconds();
     TensorBoardWriter a(dir + "/run", TensorBoardOptions().filename_suffix(".ember"));
     TensorBoardWriter b(dir + "/run", TensorBoardOptions().filename_suffix(".ember"));
-    const auto after = static_cast<long long>(::time(nullptr));
+    const auto after = unix_seconds();
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     const std::regex pattern(dir + "/run/events\\.out\\.tfevents\\.(\\d{10})\\." + host + "\\." +
