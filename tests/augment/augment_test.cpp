@@ -14,8 +14,11 @@
 #endif
 
 #include "cuda_test.h"
+#include "tolerance.h"
 
 using namespace ember::augment;
+using ember::test_util::near;
+using ember::test_util::rounding_bound;
 
 namespace {
 
@@ -36,13 +39,17 @@ torch::Tensor as_float(const torch::Tensor& x) {
 TEST(Augment, IdentityNormaliseCastAndLayout) {
   const torch::Tensor x = images(4, 9, 7, 3);
   auto o = AugmentOptions();
-  EXPECT_TRUE(torch::allclose(augment(x, indices(4), o, 0, 0).images, as_float(x), 0, 1e-7));
+  // texel * (1/255): 2 roundings of values <= 1; ATen's x / 255: 1 (float32).
+  EXPECT_TRUE(
+      near(augment(x, indices(4), o, 0, 0).images, as_float(x), rounding_bound(torch::kFloat32, 2, 1.0)));
   const std::vector<double> mean = {0.5, 0.4, 0.3}, stdv = {0.2, 0.25, 0.3};
   o.mean(mean).std(stdv);
   const torch::Tensor ref = (as_float(x) - torch::tensor(mean).view({1, 3, 1, 1}).to(torch::kFloat32)) /
                             torch::tensor(stdv).view({1, 3, 1, 1}).to(torch::kFloat32);
   const torch::Tensor f32 = augment(x, indices(4), o, 0, 0).images;
-  EXPECT_TRUE(torch::allclose(f32, ref, 1e-6, 1e-6));
+  // (texel * (1/255) - mean) * float(1/std) against ATen's (x / 255 - mean) / std (float32): at most 5
+  // roundings a side of values <= 1, scaled by 1/std <= 5.
+  EXPECT_TRUE(near(f32, ref, rounding_bound(torch::kFloat32, 5, 5.0)));
   for (auto dt : {torch::kFloat16, torch::kBFloat16}) {
     const torch::Tensor low = augment(x, indices(4), AugmentOptions(o).dtype(dt), 0, 0).images;
     EXPECT_EQ(low.scalar_type(), dt);
@@ -96,7 +103,11 @@ TEST(Augment, ResizedCropMatchesInterpolateOfTheBox) {
                                                     .size(std::vector<int64_t>{12, 16})
                                                     .mode(torch::kBilinear)
                                                     .align_corners(false));
-    EXPECT_TRUE(torch::allclose(r.images.narrow(0, i, 1), want, 1e-5, 1e-5)) << "sample " << i;
+    // Two computations (float32) of a bilinear sample: the source coordinates (<= 40 pixels) are
+    // scaled and offset otherwise (3 roundings of 40 each: the fractions within 120 eps), then 4
+    // taps <= 1 blended (8 roundings): 128 eps of 1.
+    EXPECT_TRUE(near(r.images.narrow(0, i, 1), want, rounding_bound(torch::kFloat32, 128, 1.0)))
+        << "sample " << i;
   }
 }
 
@@ -211,18 +222,26 @@ TEST(AugmentColor, EachOpMatchesItsFormula) {
     return apply(x, p, o).to(torch::kFloat64);
   };
   const auto clamp01 = [](const torch::Tensor& t) { return t.clamp(0, 1); };
-  EXPECT_TRUE(torch::allclose(run(kBrightness, 1.3f), clamp01(1.3 * v), 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(run(kContrast, 0.6f), clamp01(0.6 * v + 0.4 * 0.5), 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(run(kSaturation, 1.7f), clamp01(1.7 * v - 0.7 * gray_of(v)), 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(run(kGray, 1.0f), gray_of(v).expand({n, 3, h, w}), 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(run(kHue, 0.2f), clamp01(hue_rotate(v, 0.2)), 0, 2e-6));
-  EXPECT_TRUE(torch::allclose(run(kHue, -0.45f), clamp01(hue_rotate(v, -0.45)), 0, 2e-6));
+  // The CPU path's float32 arithmetic against the float64 formula (tolerance.h): a pixel is the
+  // texel * (1/255) (2 roundings), the parameter's float32 value (1), the matrix entries (the
+  // contrast's offset 2, the saturation's and gray's luma weights 3), then 3 products and 3 sums
+  // (6), of the matrix rows' |.|-sums times 1. The hue's entries w + cos (I - w) - sin S: sine and
+  // cosine from 10 Horner steps, doubled twice (x 4: 40), the entry 4; rows sum to <= 5.
+  const auto bound = [](double roundings, double scale) {
+    return rounding_bound(torch::kFloat32, roundings, scale);
+  };
+  EXPECT_TRUE(near(run(kBrightness, 1.3f), clamp01(1.3 * v), bound(9, 1.3)));
+  EXPECT_TRUE(near(run(kContrast, 0.6f), clamp01(0.6 * v + 0.4 * 0.5), bound(11, 1.0)));
+  EXPECT_TRUE(near(run(kSaturation, 1.7f), clamp01(1.7 * v - 0.7 * gray_of(v)), bound(12, 2.4)));
+  EXPECT_TRUE(near(run(kGray, 1.0f), gray_of(v).expand({n, 3, h, w}), bound(12, 1.0)));
+  EXPECT_TRUE(near(run(kHue, 0.2f), clamp01(hue_rotate(v, 0.2)), bound(53, 5.0)));
+  EXPECT_TRUE(near(run(kHue, -0.45f), clamp01(hue_rotate(v, -0.45)), bound(53, 5.0)));
   // A hue rotation keeps gray pixels gray and keeps the luma of in-range pixels.
   const torch::Tensor grays =
       torch::arange(0, 250, 10, torch::kUInt8).view({1, 1, 25, 1}).expand({1, 2, 25, 3}).contiguous();
   torch::Tensor pg = identity_params(1, 2, 25);
   pg.select(1, kHue).fill_(0.3f);
-  EXPECT_TRUE(torch::allclose(apply(grays, pg, o), as_float(grays), 0, 1e-6));
+  EXPECT_TRUE(near(apply(grays, pg, o), as_float(grays), bound(53, 5.0)));
 }
 
 TEST(AugmentColor, ComposedInTheDocumentedOrderWithOneClamp) {
@@ -242,14 +261,18 @@ TEST(AugmentColor, ComposedInTheDocumentedOrderWithOneClamp) {
   want = (want - torch::tensor(mean, torch::kFloat64).view({1, 3, 1, 1})) /
          torch::tensor(stdv, torch::kFloat64).view({1, 3, 1, 1});
   const torch::Tensor got = apply(x, p, AugmentOptions().mean(mean).std(stdv)).to(torch::kFloat64);
-  EXPECT_TRUE(torch::allclose(got, want, 0, 1e-5)) << (got - want).abs().max().item<double>();
+  // Float32 against the float64 formula (tolerance.h): the hue's entries 44 roundings (see
+  // EachOpMatchesItsFormula), 3 more compositions of 6 (18), the pixel's 9, the normalisation 3:
+  // ~74, of rows whose |.|-sums stay <= 5 (the jitter's factors are <= 1.2), over std >= 0.2.
+  EXPECT_TRUE(near(got, want, rounding_bound(torch::kFloat32, 74, 5.0 / 0.2)));
   // Gray after the jitter: every channel equals the luma of the jittered colour.
   p.select(1, kGray).fill_(1);
   const torch::Tensor g = apply(x, p, AugmentOptions()).to(torch::kFloat64);
   torch::Tensor jittered = 1.2 * v;
   jittered = 0.5 * (0.7 * jittered + 0.15) + 0.5 * gray_of(0.7 * jittered + 0.15);
-  EXPECT_TRUE(
-      torch::allclose(g, gray_of(hue_rotate(jittered, 0.1)).clamp(0, 1).expand({n, 3, h, w}), 0, 1e-5));
+  // As above with a 4th composition (gray, 6) and no normalisation: 77 roundings of 5.
+  EXPECT_TRUE(near(g, gray_of(hue_rotate(jittered, 0.1)).clamp(0, 1).expand({n, 3, h, w}),
+                   rounding_bound(torch::kFloat32, 77, 5.0)));
 }
 
 TEST(AugmentColor, SingleChannelTakesBrightnessAndContrastOnly) {
@@ -261,8 +284,10 @@ TEST(AugmentColor, SingleChannelTakesBrightnessAndContrastOnly) {
   p.select(1, kSaturation).fill_(0.0f);  // ignored: no colour
   p.select(1, kHue).fill_(0.25f);        // ignored
   p.select(1, kGray).fill_(1.0f);        // ignored
-  EXPECT_TRUE(torch::allclose(apply(x, p, AugmentOptions()).to(torch::kFloat64),
-                              (1.5 * (0.8 * v) - 0.5 * 0.5).clamp(0, 1), 0, 1e-6));
+  // Float32 against float64: the texel 2, the parameters 2, the contrast's offset 2, a composition
+  // 2, the product and sum 2: 10 roundings of 1.5 x 0.8 = 1.2.
+  EXPECT_TRUE(near(apply(x, p, AugmentOptions()).to(torch::kFloat64),
+                   (1.5 * (0.8 * v) - 0.5 * 0.5).clamp(0, 1), rounding_bound(torch::kFloat32, 10, 1.2)));
 }
 
 TEST(AugmentColor, JitterDrawsLikeColorJitter) {

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tolerance.h"
+
 using namespace ember::augment;
+using ember::test_util::near;
+using ember::test_util::rounding_bound;
 
 namespace {
 torch::Tensor batch(int64_t n, int64_t c, int64_t h, int64_t w, uint64_t seed) {
@@ -26,16 +30,20 @@ TEST(Mix, MixupBlendsImagesAndLabelsWithThePartner) {
   EXPECT_TRUE((r.params.select(1, kMixCut) == 0).all().item<bool>());
   EXPECT_TRUE(((lam > 0) & (lam < 1)).all().item<bool>());
   const torch::Tensor l4 = lam.view({n, 1, 1, 1});
-  EXPECT_TRUE(torch::allclose(r.images, l4 * x + (1 - l4) * x.flip({0}), 1e-6, 1e-6));
+  // lerp (vectorised, may fuse a multiply-add) against the formula (float32, values in [0, 1)):
+  // at most 4 roundings of 1 on either side.
+  EXPECT_TRUE(near(r.images, l4 * x + (1 - l4) * x.flip({0}), rounding_bound(torch::kFloat32, 4, 1.0)));
   const double off = 0.1 / k, on = 0.9 + off;
   for (int64_t i = 0; i < n; ++i) {
     torch::Tensor want = torch::full({k}, off, torch::kFloat32);
     const float l = lam[i].item<float>();
     want[y[i].item<int64_t>()] += l * (on - off);
     want[y[n - 1 - i].item<int64_t>()] += (1 - l) * (on - off);
-    EXPECT_TRUE(torch::allclose(r.targets[i], want, 1e-6, 1e-6)) << i;
+    // lam t + (1 - lam) t' against off + l (on - off) + (1 - l) (on - off): 4 roundings of 1 a side.
+    EXPECT_TRUE(near(r.targets[i], want, rounding_bound(torch::kFloat32, 4, 1.0))) << i;
   }
-  EXPECT_TRUE(torch::allclose(r.targets.sum(1), torch::ones({n}), 1e-6, 1e-6));
+  // 5 targets of 4 roundings each, summed with 4 more: 12 eps of 1 (the exact sum).
+  EXPECT_TRUE(near(r.targets.sum(1), torch::ones({n}), rounding_bound(torch::kFloat32, 12, 1.0)));
 }
 
 TEST(Mix, CutMixPastesTheBoxAndWeighsLabelsByItsArea) {

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "tolerance.h"
 #include "train/test_task.h"
 
 namespace ember::dist {
@@ -99,8 +100,9 @@ TEST(ReplicaGroup, CollectivesGiveWhatIdenticalRanksWould) {
 
 std::vector<torch::Tensor> train_blobs(const std::shared_ptr<ProcessGroup>& group,
                                        const std::shared_ptr<train::Callback>& parallel, int64_t* state_bytes,
-                                       optim::OptimizerKind kind = optim::OptimizerKind::kSgd) {
-  test_util::BlobTask task({.dropout = false});
+                                       optim::OptimizerKind kind = optim::OptimizerKind::kSgd,
+                                       torch::ScalarType dtype = torch::kFloat32) {
+  test_util::BlobTask task({.dropout = false, .dtype = dtype});
   train::TrainerOptions o;
   o.max_steps(6).epochs(100).val_every(0).checkpoint_every(0);
   o.optimizer(optim::OptimizerOptions().kind(kind).lr(1e-2));
@@ -126,14 +128,27 @@ std::vector<torch::Tensor> train_blobs(const std::shared_ptr<ProcessGroup>& grou
 // of AdamW's state (what bs_find.world_size measures); their values are not a
 // single process's (a gather repeats this rank's shard).
 TEST(ReplicaGroup, DdpOnReplicasTrainsAsOneProcessAndShardingKeepsOneNth) {
-  int64_t alone_state = 0, ddp_state = 0, sharded_state = 0;
-  const std::vector<torch::Tensor> alone = train_blobs(nullptr, nullptr, &alone_state);
+  int64_t alone_state = 0, alone64_state = 0, ddp_state = 0, sharded_state = 0;
+  (void)train_blobs(nullptr, nullptr, &alone_state);  // float32: the state the sharded run splits
+  // Float64: the all-reduced mean of 4 equal gradients, (((g + g) + g) + g) / 4, rounds twice (3g,
+  // 4g), so the runs are two computations (tolerance.h): 2 roundings of a gradient and 1 of the
+  // weight a step; an SGD step at most doubles an earlier difference (lr |H| <= 1): 6 steps,
+  // 3 x 6 x 2^6 roundings of the weights' magnitude.
+  const auto f64 = torch::kFloat64;
+  const std::vector<torch::Tensor> alone =
+      train_blobs(nullptr, nullptr, &alone64_state, optim::OptimizerKind::kSgd, f64);
   const auto group = ProcessGroup::create_replicas(0, 4, {});
   const std::vector<torch::Tensor> ddp =
-      train_blobs(group, std::make_shared<DistributedDataParallel>(group, DdpOptions()), &ddp_state);
+      train_blobs(group, std::make_shared<DistributedDataParallel>(group, DdpOptions()), &ddp_state,
+                  optim::OptimizerKind::kSgd, f64);
   ASSERT_EQ(alone.size(), ddp.size());
-  for (size_t i = 0; i < alone.size(); ++i) EXPECT_TRUE(torch::allclose(alone[i], ddp[i], 1e-6, 1e-7)) << i;
-  EXPECT_EQ(ddp_state, alone_state);
+  for (size_t i = 0; i < alone.size(); ++i) {
+    ASSERT_EQ(ddp[i].scalar_type(), f64);
+    EXPECT_TRUE(test_util::near(ddp[i], alone[i],
+                                test_util::rounding_bound(f64, 3 * 6 * 64, test_util::max_abs(alone[i]))))
+        << i;
+  }
+  EXPECT_EQ(ddp_state, alone64_state);
   (void)train_blobs(
       group, std::make_shared<ShardedDataParallel>(group, ShardingOptions().stage(Sharding::kGradients)),
       &sharded_state);

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tolerance.h"
 #include "train/test_task.h"
 
 namespace ember::dist {
@@ -43,8 +44,24 @@ void on_ranks(int64_t world, const std::function<void(const std::shared_ptr<Proc
   for (int64_t r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }
 
-double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a - b).abs().max().item<double>();
+using test_util::max_abs;
+using test_util::near;
+using test_util::rounding_bound;
+
+/// How much centring x magnifies the rounding of its batch statistics: max |x| over the smallest
+/// per-channel standard deviation (channels on dim 1). An error of n eps max|x| in a mean of n
+/// terms is n eps cond of the spread; so is the variance's, and the normalised output's.
+double centring_condition(const torch::Tensor& x) {
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  return max_abs(x) / torch::sqrt(torch::var(x, dims, /*unbiased=*/false)).min().item<double>();
+}
+
+/// Roundings of a batch norm's statistics and output over n values a channel, computed two ways
+/// (partial sums all-reduced, against one sum): the mean and the variance, n terms each, magnified
+/// by centring_condition, and 4 elementwise operations (centre, scale by 1/std, affine).
+double batch_norm_roundings(int64_t n, double cond) {
+  return 2.0 * n * cond + 4;
 }
 
 /// A batch norm of `channels` with random weight and bias (double).
@@ -104,7 +121,15 @@ void check_against_batch_norm(const std::vector<int64_t>& sizes, std::optional<d
     }
   });
   if (::testing::Test::HasFailure()) return;
+  // Float64: the ranks' partial statistics all-reduced against BatchNorm's sums over the whole
+  // batch: two computations, within batch_norm_roundings of each quantity's magnitude. The weight
+  // and bias gradients are sums of n terms dy * xhat and dy: of the magnitude of sum |dy| max|xhat|.
+  const int64_t n = total * 4 * 5;
   for (int step = 0; step < 2; ++step) {
+    const double k = batch_norm_roundings(n, centring_condition(xs[step]));
+    const double xhat_max =
+        max_abs(ref_y[step] - ref->bias.view({1, channels, 1, 1})) / ref->weight.abs().min().item<double>();
+    const double grad_scale = max_abs(gs[step].abs().sum({0, 2, 3})) * std::max(1.0, xhat_max);
     std::vector<torch::Tensor> y, dx;
     torch::Tensor dw = torch::zeros({channels}, f64), db = torch::zeros({channels}, f64);
     for (int64_t r = 0; r < world; ++r) {
@@ -113,17 +138,25 @@ void check_against_batch_norm(const std::vector<int64_t>& sizes, std::optional<d
       dx.push_back(res.dx);
       dw += res.dw;  // DDP would average them: each rank's loss is its share here, so they add up
       db += res.db;
-      if (step == 1) {  // every rank ends with the statistics of the whole batches
-        EXPECT_LT(max_diff(res.running_mean, ref->running_mean), 1e-12) << "rank " << r;
-        EXPECT_LT(max_diff(res.running_var, ref->running_var), 1e-12) << "rank " << r;
+      if (step == 1) {  // every rank ends with the statistics of the whole batches (2 steps: 2k)
+        EXPECT_TRUE(near(res.running_mean, ref->running_mean,
+                         rounding_bound(torch::kFloat64, 2 * k, max_abs(ref->running_mean))))
+            << "rank " << r;
+        EXPECT_TRUE(near(res.running_var, ref->running_var,
+                         rounding_bound(torch::kFloat64, 2 * k, max_abs(ref->running_var))))
+            << "rank " << r;
         EXPECT_EQ(res.batches.item<int64_t>(), 2);
       }
     }
-    EXPECT_LT(max_diff(torch::cat(y), ref_y[step]), 1e-12) << "step " << step;
-    EXPECT_LT(max_diff(torch::cat(dx), ref_dx[step]), 1e-12) << "step " << step;
+    EXPECT_TRUE(near(torch::cat(y), ref_y[step], rounding_bound(torch::kFloat64, k, max_abs(ref_y[step]))))
+        << "step " << step;
+    // The backward pass: two more sums of n terms over the forward's values.
+    EXPECT_TRUE(
+        near(torch::cat(dx), ref_dx[step], rounding_bound(torch::kFloat64, 2 * k, max_abs(ref_dx[step]))))
+        << "step " << step;
     if (step == 1) {  // the reference's gradients are those of its last step
-      EXPECT_LT(max_diff(dw, ref->weight.grad()), 1e-10);
-      EXPECT_LT(max_diff(db, ref->bias.grad()), 1e-10);
+      EXPECT_TRUE(near(dw, ref->weight.grad(), rounding_bound(torch::kFloat64, 2 * k, grad_scale)));
+      EXPECT_TRUE(near(db, ref->bias.grad(), rounding_bound(torch::kFloat64, 2 * k, grad_scale)));
     }
   }
 }
@@ -149,7 +182,10 @@ TEST(SyncBatchNorm, OneDimensionalFloatInputs) {
     got[group->rank()] = bn(x.narrow(0, 4 * group->rank(), 4)).detach();
   });
   if (HasFailure()) return;
-  EXPECT_LT(max_diff(torch::cat(got), want), 1e-5);
+  // Two computations of one normalisation in float32 (tolerance.h): 8 values a channel.
+  EXPECT_TRUE(
+      near(torch::cat(got), want,
+           rounding_bound(torch::kFloat32, batch_norm_roundings(8, centring_condition(x)), max_abs(want))));
 }
 
 // Eval mode: no collective (rank 0 normalises twice, rank 1 once: a
@@ -228,6 +264,9 @@ TEST(SyncBatchNorm, ConvertSwapsEveryBatchNormItCanReachKeepingItsTensors) {
       forward = [a](const torch::Tensor& x) mutable { return a(x); };
       twin_forward = [b](const torch::Tensor& x) mutable { return b(x); };
     }
+    // Float64: in train mode a synchronised batch norm computes its statistics otherwise than
+    // BatchNorm (per-rank var_mean, all-reduced), two computations of one value (tolerance.h).
+    model->to(torch::kFloat64), twin->to(torch::kFloat64);
     const std::vector<std::string> bns = batch_norm_names(*model);
     std::map<std::string, const void*> params, buffers;
     for (const auto& p : model->named_parameters()) params[p.key()] = p.value().unsafeGetTensorImpl();
@@ -239,21 +278,31 @@ TEST(SyncBatchNorm, ConvertSwapsEveryBatchNormItCanReachKeepingItsTensors) {
       EXPECT_EQ(params.at(p.key()), p.value().unsafeGetTensorImpl());
     for (const auto& b : model->named_buffers()) EXPECT_EQ(buffers.at(b.key()), b.value().data_ptr());
     EXPECT_EQ(convert_sync_batchnorm(*model, group), 0);  // already synchronised
-    const torch::Tensor x = torch::randn({6, 1, 28, 28});
+    const torch::Tensor x = torch::randn({6, 1, 28, 28}, torch::kFloat64);
     model->eval(), twin->eval();
+    // Bitwise: in eval mode the synchronised module runs BatchNorm's own forward.
     EXPECT_TRUE(torch::equal(forward(x), twin_forward(x)));
     model->train(), twin->train();
     const torch::Tensor y = forward(x), want = twin_forward(x);
-    EXPECT_LT(max_diff(y, want), 1e-4);
+    // The longer chain of roundings into an output (the ResNet's): 9 train-mode batch norms over
+    // 6 x 784, 6 x 196 or 6 x 49 values a channel (3 each; 18.5k), x 5 for the centring
+    // (batch_norm_roundings), convolutions of 9 to 144 terms and the classifier: ~1e5; x 64 for
+    // the growth of relative errors through the layers.
+    constexpr double kRoundings = 1e5 * 64;
+    EXPECT_TRUE(near(y, want, rounding_bound(torch::kFloat64, kRoundings, max_abs(want))));
     std::map<std::string, torch::Tensor> twin_buffers;
     for (const auto& b : twin->named_buffers()) twin_buffers[b.key()] = b.value();
     for (const std::string& bn : bns) {
-      const torch::Tensor mine = model->named_buffers()[bn + ".running_var"];
-      EXPECT_FALSE(torch::allclose(mine, twin_buffers.at(bn + ".running_var"), 1e-7, 1e-9))
+      // A running mean is a mean of inputs of magnitude |mean| + std, with std <= sqrt(10 running_var)
+      // after one step at momentum 0.1 (running_var = 0.9 + 0.1 var).
+      const torch::Tensor mean = model->named_buffers()[bn + ".running_mean"],
+                          var = model->named_buffers()[bn + ".running_var"];
+      const double scale = max_abs(mean) + std::sqrt(10 * max_abs(var));
+      const double bound = rounding_bound(torch::kFloat64, kRoundings, scale);
+      // Unbiased over 2 x 6 samples (the replica's too), not 6: differs by ~1e-5 of the value.
+      EXPECT_FALSE(near(var, twin_buffers.at(bn + ".running_var"), bound))
           << bn << " was not called through its synchronised forward";
-      EXPECT_TRUE(torch::allclose(model->named_buffers()[bn + ".running_mean"],
-                                  twin_buffers.at(bn + ".running_mean"), 1e-4, 1e-5))
-          << bn;
+      EXPECT_TRUE(near(mean, twin_buffers.at(bn + ".running_mean"), bound)) << bn;
     }
   }
 }
@@ -367,20 +416,40 @@ TEST(SyncBatchNorm, ResNetGradientsOnTwoRanksAreOneProcesssOnTheWholeBatch) {
   models::CifarResNet ref(options);
   ref->to(torch::kFloat64);
   torch::nn::functional::cross_entropy(ref(x), target).backward();
+  // The ranks' replicas are built here, one after the other: seeding and drawing the global
+  // generator in the rank threads at once would interleave their draws (different weights).
+  std::vector<models::CifarResNet> nets;
+  for (int64_t r = 0; r < 2; ++r) {
+    torch::manual_seed(2);
+    nets.emplace_back(options);
+    nets.back()->to(torch::kFloat64);
+    const auto want = ref->parameters();
+    const auto got = nets.back()->parameters();
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_TRUE(torch::equal(got[i], want[i])) << "replica " << r;
+  }
   std::vector<std::vector<torch::Tensor>> grads(2);
   on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
-    torch::manual_seed(2);
-    models::CifarResNet net(options);
-    net->to(torch::kFloat64);
-    convert_sync_batchnorm(*net, group);
     const int64_t r = group->rank();
+    models::CifarResNet net = nets[r];
+    convert_sync_batchnorm(*net, group);
     torch::nn::functional::cross_entropy(net(x.narrow(0, 3 * r, 3)), target.narrow(0, 3 * r, 3)).backward();
     for (const auto& p : net->parameters()) grads[r].push_back(p.grad().clone());
   });
   if (HasFailure()) return;
+  // Two computations of one gradient in float64 (tolerance.h). The longest chain into a gradient:
+  // the forward's 9 batch norms over 6 x 144, 6 x 36 or 6 x 9 values a channel (3 each; 3.4k), x 5
+  // for the centring (batch_norm_roundings), convolutions of 9 to 144 terms (~400) and the
+  // classifier; the backward pass twice that: ~5e4; x 64 for the growth through the layers; of
+  // the largest gradient's magnitude (batch norm's backward subtracts means: a tensor's own
+  // gradient can be far smaller than the terms that made it).
+  constexpr double kRoundings = 5e4 * 64;
   const auto names = ref->named_parameters();
+  double scale = 0;
+  for (const auto& p : names) scale = std::max(scale, max_abs(p.value().grad()));
   for (size_t i = 0; i < names.size(); ++i)
-    EXPECT_LT(max_diff((grads[0][i] + grads[1][i]) / 2, names[i].value().grad()), 1e-12) << names[i].key();
+    EXPECT_TRUE(near((grads[0][i] + grads[1][i]) / 2, names[i].value().grad(),
+                     rounding_bound(torch::kFloat64, kRoundings, scale)))
+        << names[i].key();
 }
 
 }  // namespace

@@ -138,7 +138,6 @@ struct MixedNetImpl : nn::Module {
 };
 TORCH_MODULE(MixedNet);
 
-/// Gives batch norms non-trivial statistics and affine parameters, so that
 /// Grouped-query self-attention with separate q, k, v, o projections: kv head
 /// j serves query heads j*G .. j*G+G-1 (repeat_interleave); kv_heads = heads
 /// is multi-head attention. Its heads can be removed (core::HeadedAttention).
@@ -200,6 +199,7 @@ struct AttentionNetImpl : nn::Module {
 };
 TORCH_MODULE(AttentionNet);
 
+/// Gives batch norms non-trivial statistics and affine parameters, so that
 /// eval-mode outputs depend on every tensor the pruner slices.
 inline void randomize_norms(nn::Module& model) {
   torch::NoGradGuard ng;

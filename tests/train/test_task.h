@@ -45,11 +45,14 @@ class BlobTask : public train::Task {
     /// Seeds the initial weights (and the global RNG). A resumed run built with
     /// another seed matches the straight run only if the checkpoint really loaded.
     uint64_t init_seed = 1234;
+    /// The weights' and inputs' dtype: float64 where a test compares two
+    /// computations of one run (tests/tolerance.h). The same draws either way.
+    torch::ScalarType dtype = torch::kFloat32;
   };
   explicit BlobTask(Options o) : options_(o) {
     torch::manual_seed(o.init_seed);
     net_ = BlobNet();
-    net_->to(o.device);
+    net_->to(o.device, o.dtype);
     if (!o.dropout) net_->drop->options.p(0.0);
     auto lo = data::TensorLoaderOptions()
                   .batch_size(o.batch_size)
@@ -57,8 +60,12 @@ class BlobTask : public train::Task {
                   .prefetch(o.prefetch)
                   .shuffle(o.shuffle)
                   .device(o.device);
-    train_ = std::make_unique<data::TensorLoader>(make_blobs(o.samples, 1), lo);
-    val_ = std::make_unique<data::TensorLoader>(make_blobs(128, 2), lo.shuffle(false));
+    const auto as_dtype = [&](data::TensorDataset d) {
+      d.inputs = d.inputs.to(o.dtype);
+      return d;
+    };
+    train_ = std::make_unique<data::TensorLoader>(as_dtype(make_blobs(o.samples, 1)), lo);
+    val_ = std::make_unique<data::TensorLoader>(as_dtype(make_blobs(128, 2)), lo.shuffle(false));
   }
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
   train::StepOutput training_step(const data::Batch& b) override {
