@@ -29,7 +29,6 @@ ember::monitor::TensorBoardWriter and writes down what it logged. Checked here:
 """
 import importlib.util
 import json
-import math
 import os
 import re
 import shutil
