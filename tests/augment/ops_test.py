@@ -14,8 +14,13 @@ import math
 import sys
 import unittest
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tolerance import EPS32  # noqa: E402
 
 MODE = next((m for m in ("--cpu", "--cuda") if m in sys.argv), None)
 if MODE:
@@ -61,27 +66,40 @@ class AugmentOps(WithLibrary):
         mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
         out = apply(self.x, p, (20, 24), mean, std)
         ref = (as_float(self.x).flip(3) - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
-        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+        # Float32 roundings (u = eps32 / 2), each side against the exact value: Ember v = x * fl(1/255) (2u |v|),
+        # (v - mean) (u |v - mean|), * fl(1/std) (2u |out|); here x / 255 (u |v|), - mean, / std (u |out|).
+        # Together 3u |v| / std + 5u |out|, with |v| <= 1: atol 1.5 eps32 / min(std), rtol 2.5 eps32 (-> 3).
+        torch.testing.assert_close(out, ref, rtol=3 * EPS32, atol=1.5 * EPS32 / min(std))
         half = apply(self.x, p, (20, 24), mean, std, dtype=torch.bfloat16, channels_last=True)
         self.assertEqual(half.dtype, torch.bfloat16)
+        # Bitwise: the same float32 values, each rounded to bfloat16 to nearest even on both sides.
         self.assertTrue(torch.equal(half, out.permute(0, 2, 3, 1).to(torch.bfloat16)))
 
     def test_resized_crop_is_interpolate_of_the_box(self):
         idx = torch.arange(100, 108)
         p = sample(idx, 20, 24, size=(10, 12), crop="resized", seed=3, epoch=2)
         out = apply(self.x, p, (10, 12))
+        # Both compute the source coordinate (o + 0.5) * fl(box / out) - 0.5 in float32 (<= 2 roundings of a
+        # coordinate below max(H, W) = 24 per side), whose error moves the interpolation weight by as much
+        # and the value by that times a texel difference (<= 1); per axis 2 eps32 x 24. The two lerps and
+        # the / 255 round 4 times per side (values <= 1): 4 eps32 more.
+        atol = EPS32 * (2 * 2 * max(self.x.shape[1:3]) + 4)
         for i in range(8):
             x0, y0, w, h = (int(v) for v in p[i, :4])
             box = as_float(self.x[i:i + 1])[:, :, y0:y0 + h, x0:x0 + w]
             ref = F.interpolate(box, size=(10, 12), mode="bilinear", align_corners=False)
-            torch.testing.assert_close(out[i:i + 1], ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out[i:i + 1], ref, rtol=0, atol=atol)
 
     def test_brightness_and_grayscale_formulas(self):
         p = sample(torch.arange(8), 20, 24, color=(0.5, 0.0, 0.0, 0.0), gray=1.0, seed=1)
         out = apply(self.x, p, (20, 24))
         v = as_float(self.x).double() * p[:, BRIGHT].double().view(8, 1, 1, 1)
         gray = (0.299 * v[:, 0] + 0.587 * v[:, 1] + 0.114 * v[:, 2]).clamp(0, 1)
-        torch.testing.assert_close(out.double(), gray.unsqueeze(1).expand(8, 3, 20, 24), rtol=0, atol=1e-6)
+        # Against float64 (exact but for as_float's x / 255: u |v|): Ember's float32 x * fl(1/255) (2u |v|),
+        # the matrix entries fl(fl(w) b) (2u), three products and two sums (3u of sum |terms| <= b): 7u b;
+        # together <= 8u b = 4 eps32 x max brightness (the clamp only brings values closer).
+        atol = 4 * EPS32 * p[:, BRIGHT].max().item()
+        torch.testing.assert_close(out.double(), gray.unsqueeze(1).expand(8, 3, 20, 24), rtol=0, atol=atol)
 
     def test_hue_turns_as_torchvision_adjust_hue(self):
         # Ember's hue is DALI's YIQ rotation, torchvision's an HSV shift: the
@@ -137,6 +155,8 @@ class AugmentOps(WithLibrary):
         whole = apply(self.x, sample(idx, 20, 24, **kw), (12, 12))
         a = apply(self.x[:3], sample(idx[:3], 20, 24, **kw), (12, 12))
         b = apply(self.x[3:], sample(idx[3:], 20, 24, **kw), (12, 12))
+        # Bitwise: each output pixel is computed by the same per-pixel code from its own sample's row,
+        # whatever the batch (the same computation).
         self.assertTrue(torch.equal(whole, torch.cat([a, b])))
         other = apply(self.x, sample(idx, 20, 24, **dict(kw, epoch=5)), (12, 12))
         self.assertFalse(torch.equal(whole, other))
@@ -160,6 +180,8 @@ class AugmentOpsCuda(WithLibrary):
             cpu = apply(self.x, p, (16, 16), (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), dtype=dtype)
             gpu = apply(self.x.cuda(), p.cuda(), (16, 16), (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), dtype=dtype)
             self.assertTrue(gpu.is_cuda)
+            # Bitwise: one per-pixel source (lib/src/augment/pixel.h) compiled without contraction on both
+            # sides, only correctly rounded IEEE operations (the same computation).
             self.assertTrue(torch.equal(gpu.cpu(), cpu), dtype)
 
 

@@ -9,6 +9,7 @@
 //                    [--sharding S] [--model blob|blocks] [--optimizer sgd|adamw]
 //                    [--clip C] [--odd 1] [--samples N] [--run-dir D] [--resume 1]
 //                    [--checkpoint-every K] [--check-collectives 1]
+//                    [--dtype float32|float64]
 //
 // --sharding (dist.sharding: none, optimizer, gradients, parameters) trains
 // with dist::ShardedDataParallel; --model blocks is BlockNet, a core::
@@ -18,6 +19,11 @@
 // in backward (BlockNet). With --run-dir the Trainer checkpoints there at each
 // epoch end (and --resume 1 continues from its last checkpoint).
 // --check-collectives 1 only checks reduce-scatter and all-gather, then exits.
+// --dtype float64 trains the model in double precision (parameters, inputs,
+// gradients, optimizer state; fp32 precision only): the tests that check two
+// different computations equal mathematically (DDP and one process, every
+// sharding stage and DDP, a resume at another world size) compare them there,
+// at a bound derived from float64's epsilon (tests/tolerance.py).
 //
 // Trains BlobNet (no dropout: ranks must draw nothing differently) on 256
 // Gaussian-blob samples, each rank on its shard with batch B; a single
@@ -44,13 +50,15 @@ struct Args {
   int64_t samples = 256, checkpoint_every = 0;
   double timeout_s = 60, clip = 0;
   std::string precision = "fp32", config_tag = "same", device = "cpu", backend = "auto";
-  std::string sharding = "none", model = "blob", optimizer = "sgd", run_dir;
+  std::string sharding = "none", model = "blob", optimizer = "sgd", run_dir, dtype = "float32";
   bool unused_param = false, find_unused = false, force_group = false, batchnorm = false, odd = false,
        resume = false, check_collectives = false;
 };
 
 // The collectives sharding builds on, with values that tell the chunks and
-// the reductions apart: rank r sends 100 r + i at position i.
+// the reductions apart: rank r sends 100 r + i at position i. Compared
+// bitwise: every value, sum and max is an integer below 2^24, exact in
+// float32 whatever order Gloo adds in.
 void check_collectives(dist::ProcessGroup& group) {
   const int64_t world = group.size(), rank = group.rank(), chunk = 5;
   const torch::TensorOptions on = torch::TensorOptions().dtype(torch::kFloat32).device(group.device());
@@ -112,12 +120,13 @@ TORCH_MODULE(BlockNet);
 
 class ShardedBlobTask : public train::Task {
  public:
-  ShardedBlobTask(const Args& a, const dist::LaunchEnv& env) : args_(a) {
+  ShardedBlobTask(const Args& a, const dist::LaunchEnv& env)
+      : args_(a), dtype_(a.dtype == "float64" ? torch::kFloat64 : torch::kFloat32) {
     torch::manual_seed(1234 + env.rank);  // different initial weights per rank: DDP must broadcast rank 0's
     if (a.model == "blocks") {
       blocks_ = BlockNet(a.odd);
       blocks_->set_activation_checkpointing(core::ActivationCheckpointing().every(a.checkpoint_every));
-      blocks_->to(torch::Device(a.device));
+      blocks_->to(torch::Device(a.device), dtype_);
     } else {
       net_ = test_util::BlobNet();
       net_->drop->options.p(0.0);
@@ -126,7 +135,7 @@ class ShardedBlobTask : public train::Task {
       if (a.batchnorm)
         bn_ = net_->register_module("bn", torch::nn::BatchNorm1d(32));  // running stats per rank
       if (a.odd) odd_ = net_->register_parameter("odd", torch::zeros({7}));
-      net_->to(torch::Device(a.device));
+      net_->to(torch::Device(a.device), dtype_);
     }
     auto lo = data::TensorLoaderOptions()
                   .batch_size(a.batch)
@@ -141,9 +150,10 @@ class ShardedBlobTask : public train::Task {
     return blocks_ ? std::static_pointer_cast<torch::nn::Module>(blocks_.ptr()) : net_.ptr();
   }
   train::StepOutput training_step(const data::Batch& b) override {
-    auto logits = blocks_ ? blocks_->forward(b.input)
-                  : bn_   ? net_->fc2->forward(torch::relu(bn_->forward(net_->fc1->forward(b.input))))
-                          : net_->forward(b.input);
+    const torch::Tensor x = b.input.to(dtype_);  // (the blobs are float32)
+    auto logits = blocks_ ? blocks_->forward(x)
+                  : bn_   ? net_->fc2->forward(torch::relu(bn_->forward(net_->fc1->forward(x))))
+                          : net_->forward(x);
     if (odd_.defined()) logits = logits + odd_.narrow(0, 0, 4) * odd_.narrow(0, 3, 4) + odd_.narrow(0, 0, 4);
     auto loss = torch::nn::functional::cross_entropy(logits, b.target);
     ++batches_;
@@ -156,6 +166,7 @@ class ShardedBlobTask : public train::Task {
 
  private:
   Args args_;
+  torch::ScalarType dtype_;
   test_util::BlobNet net_{nullptr};
   BlockNet blocks_{nullptr};
   torch::nn::BatchNorm1d bn_{nullptr};
@@ -241,10 +252,22 @@ int main(int argc, char** argv) {
       a.checkpoint_every = std::stoll(v);
     else if (k == "--check-collectives")
       a.check_collectives = v == "1";
+    else if (k == "--dtype")
+      a.dtype = v;
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
     }
+  }
+  if (a.dtype != "float32" && a.dtype != "float64") {
+    std::fprintf(stderr, "--dtype %s: expected float32 or float64\n", a.dtype.c_str());
+    return 2;
+  }
+  if (a.dtype == "float64" &&
+      a.precision != "fp32") {  // autocast leaves float64 alone: it would not be mixed
+    std::fprintf(stderr, "--dtype float64 trains in double: --precision must be fp32, not %s\n",
+                 a.precision.c_str());
+    return 2;
   }
   std::shared_ptr<dist::ProcessGroup> group;
   try {

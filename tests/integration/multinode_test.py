@@ -74,6 +74,9 @@ def summary(run):
 
 
 def same_result(a, b, what):
+    """Bitwise: every pair compared here is the same computation (2 ranks of batch 32 on this machine,
+    one thread each, the same seed; only how the ranks were started, or a resume from a checkpoint's exact
+    state, differs; a sum over 2 ranks is the same in either order)."""
     sa, sb = summary(a), summary(b)
     check(sa["val_loss"] == sb["val_loss"] and sa["test_accuracy"] == sb["test_accuracy"],
           f"{what}: val_loss {sa['val_loss']!r} vs {sb['val_loss']!r}, test_accuracy "

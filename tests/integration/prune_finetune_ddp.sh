@@ -11,10 +11,10 @@
 # as DistributedSampler does: rank 0's and rank 1's batch i together are the
 # one process's batch i; no augmentation is configured, and augmentation is
 # drawn per sample index anyway) must prune the same channels (the plans are
-# equal) and end at the same weights: every tensor of the fine-tuned
-# checkpoints within MAX_DIFF (1e-6) of the other, at learning rates of 1e-4
-# (see below why). The control, the same 2 ranks without it (each batch norm
-# sees half the batch), differs by 2e-2.
+# equal) and end at the same weights and statistics, to a bound derived from
+# float32 rounding (below), at learning rates of 1e-4 (see below why). The
+# control, the same 2 ranks without it (each batch norm sees half the batch),
+# must differ by more than that bound.
 set -euo pipefail
 torchrun="$1"; bin="$2"; root="$3"; out="$4"
 py="$(dirname "$torchrun")/python"  # the venv's: torch and safetensors
@@ -67,10 +67,11 @@ echo "latency target on 2 ranks: one decision"
 # Synchronised batch norm: 2 ranks at batch 50 = 1 process at batch 100, 4
 # dense steps, pruning, 4 fine-tuning steps. The learning rates are 1e-4:
 # float32 sums in another order (per rank, then across ranks) differ in the
-# last bits, and training at this recipe's rates amplifies that past 1e-6
-# within one step (measured: 7e-5 after 1 step at lr 0.1, 2e-2 after 5; with
-# lr 1e-3, 2e-5 after these 8 steps); the batch-norm statistics themselves
-# agree to 1e-7 (recipes/prune_finetune/README.md).
+# last bits, and training at this recipe's rates amplifies that (measured: 7e-5
+# after 1 step at lr 0.1, 2e-2 after 5; recipes/prune_finetune/README.md); at
+# 1e-4 the steps stay in the first-order regime the bound below assumes. The
+# exact equality of SyncBatchNorm and BatchNorm on the joint batch is checked
+# in float64 by the SyncBatchNorm gtests; this recipe runs in float32 only.
 sync=(data.root="$root" data.train_subset=400 data.test_subset=100 trainer.epochs=1 finetune.epochs=1
       optim.lr=1e-4 finetune.lr=1e-4 prune.timing_steps=0 trainer.threads=1 trainer.progress=false)
 "$torchrun" --standalone --nproc-per-node 2 --no-python "$bin" "${sync[@]}" data.batch_size=50 \
@@ -84,28 +85,40 @@ for run in sync2 plain2 one; do
   "$bin" --export "$out/$run.dense.safetensors" trainer.resume="$out/$run" >/dev/null
   "$bin" --export "$out/$run.safetensors" trainer.resume="$out/$run/finetune" >/dev/null
 done
-"$py" - "$out" <<'PY'
-import json, pathlib, sys
+"$py" - "$out" "$here/../tolerance.py" <<'PY'
+import importlib.util, json, pathlib, sys
 from safetensors.torch import load_file
 def check(ok, what):
     if not ok:
         raise AssertionError(what)
+spec = importlib.util.spec_from_file_location("tolerance", sys.argv[2])
+tol = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tol)
 out = pathlib.Path(sys.argv[1])
-MAX_DIFF = 1e-6
 plan = lambda run: json.loads((out / run / "finetune" / "pruning_plan.json").read_text())["entries"]
 check(plan("sync2") == plan("one") and plan("one"), "2 synchronised ranks pruned other channels than one process")
-def diff(a, b):
-    a, b = load_file(out / a), load_file(out / b)
-    check(a.keys() == b.keys(), sorted(a.keys() ^ b.keys()))
-    for k in a:
-        check(a[k].shape == b[k].shape, (k, a[k].shape, b[k].shape))
-    return max(((a[k].double() - b[k].double()).abs().max().item(), k) for k in a)
-dense, dense_at = diff("sync2.dense.safetensors", "one.dense.safetensors")
-tuned, tuned_at = diff("sync2.safetensors", "one.safetensors")
-plain, plain_at = diff("plain2.dense.safetensors", "one.dense.safetensors")
-print(f"sync_batchnorm, 2 ranks x 50 vs 1 process x 100, the same pruning plan; max |difference| of the "
-      f"checkpoints' tensors: {dense:.2e} after 4 dense steps ({dense_at}), {tuned:.2e} after pruning and 4 "
-      f"fine-tuning steps ({tuned_at}); without sync_batchnorm {plain:.2e} after the dense steps ({plain_at})")
-check(dense <= MAX_DIFF and tuned <= MAX_DIFF, "weights differ by more than 1e-6")
-check(plain > 100 * MAX_DIFF, "without sync_batchnorm the batch-norm statistics should differ")
+load = lambda name: load_file(out / name)
+def limit(state, steps):
+    """Not the same computation (per-rank GEMMs of 50 samples and sums over 2 ranks against one process's
+    100; statistics per rank merged in float64), so a bound, relative to each tensor's largest magnitude:
+    eps32 x steps x (n_forward + n_gradient). Every tensor compared is its start plus one contribution per
+    step (a step of the weights, a batch's statistics), each computed through float32 reductions whose
+    order differs: the forward's dot products along a path (n_forward, at most the sum of every layer's
+    fan-in: tolerance.forward_reduction_length) and a gradient's sum over the batch's N x H x W =
+    100 x 28 x 28 positions (n_gradient: a bias's or batch-norm parameter's, which start at 0 and are made
+    of their steps alone). Each step's error adds (first order; lr 1e-4 keeps the steps small)."""
+    n = tol.forward_reduction_length(state) + 100 * 28 * 28
+    return tol.bound(tol.EPS32, n=n, steps=steps)
+dense_limit = limit(load("one.dense.safetensors"), 4)
+tuned_limit = limit(load("one.dense.safetensors"), 8)  # the dense model's path bounds the pruned one's
+dense, dense_at = tol.relative_max(load("sync2.dense.safetensors"), load("one.dense.safetensors"))
+tuned, tuned_at = tol.relative_max(load("sync2.safetensors"), load("one.safetensors"))
+plain, plain_at = tol.relative_max(load("plain2.dense.safetensors"), load("one.dense.safetensors"))
+print(f"sync_batchnorm, 2 ranks x 50 vs 1 process x 100, the same pruning plan; max |difference| / max |tensor| "
+      f"of the checkpoints' tensors: {dense:.2e} after 4 dense steps ({dense_at}, bound {dense_limit:.1e}), "
+      f"{tuned:.2e} after pruning and 4 fine-tuning steps ({tuned_at}, bound {tuned_limit:.1e}); without "
+      f"sync_batchnorm {plain:.2e} after the dense steps ({plain_at})")
+check(dense <= dense_limit and tuned <= tuned_limit, "2 synchronised ranks differ from one process by more than "
+      "float32 rounding explains")
+check(plain > dense_limit, "without sync_batchnorm the batch-norm statistics should differ by more than rounding")
 PY

@@ -45,6 +45,8 @@ check("resumed_at_step" not in s, f"a straight run reports no resume: {s}")
 r = json.loads((run.parent / "resumed" / "summary.json").read_text())
 check(r.get("resumed_at_step") == 8, f"resumed after epoch 1 (8 steps): {r}")
 check(r["steps"] == 16, r)
+# Bitwise: the resumed run is the same computation as the straight one (the same 2 ranks, shapes, thread
+# count and machine, from the checkpoint's exact state).
 check(r["test_loss"] == s["test_loss"] and r["test_accuracy"] == s["test_accuracy"], (r, s))
 print("torchrun recipe OK:", s["test_accuracy"], len(steps), "step records; resumed run equal:", r["test_loss"])
 PY
