@@ -3,13 +3,21 @@
     python device_check_test.py --build BUILD_DIR --work DIR
 
 With EMBER_DEVICE_ALLOW_CPU=1 and no GPU, on the binaries of BUILD_DIR:
-  1. a budget too small for any row: every GPU row is skipped, every other row
-     is `not run (budget)`, and OUT holds exactly device_check.txt,
-     device_check.jsonl and logs.tar.gz; the estimates of tiers 1 and 2 with
-     the set-up fit the default budget (one 540 s command on the GPU machine);
-  2. tier 1 with time to spare: the CPU rows run and pass (the binaries load,
-     the kernels' emulated launches), each GPU test case is listed as a row of
-     its own and skipped (the cases skip themselves without a GPU);
+  0. the plan: every step planned once with a basis, each row capped at twice
+     its estimate; call 1 on one GPU within CALL1_WORK (420 s) of its 520 s
+     budget (a 100 s margin), with several GPUs within the budget, call 2
+     within its 200 s; every wave-3 row in call 1 before the speed goal, and
+     the speed goal in the first 30% of call 1; the wave-3 gtest filters
+     apart from the rest of the *Cuda cases;
+  1. a budget too small for any row: every GPU row is skipped (those needing
+     several GPUs say so), every other row is `not run (budget)`, and OUT
+     holds exactly device_check.txt, device_check.jsonl and logs.tar.gz;
+  2. call 1 with time to spare: the CPU rows run and pass (the binaries load,
+     the kernels' emulated launches, the doctor with --cpu-only), each GPU
+     test case is listed as a row of its own and skipped (the cases skip
+     themselves without a GPU), a gtest filter matching no case reads `skip`,
+     and a last row says what call 2 runs; each row's seconds are printed
+     (the CPU part of the plan, measured);
   3. SIGTERM in the middle: the result files and the tarball are still written,
      the running row says `interrupted` and the rest `not run (interrupted)`;
   4. the binaries that the pack would carry need no library beyond glibc,
@@ -20,7 +28,19 @@ With EMBER_DEVICE_ALLOW_CPU=1 and no GPU, on the binaries of BUILD_DIR:
      scaling.py's JSON, lr-find's optim.lr= line, --measure's JSON), from
      tiny CPU runs: a changed output format fails here, not on a rented GPU;
      and the goals are judged right (met, not met, not judged) on fabricated
-     numbers.
+     numbers;
+  6. a crash in a gtest process, on a fake gtest binary that dies (SIGSEGV) in
+     a chosen case: that case is FAIL and the rest run in ONE new process (a
+     filter naming exactly them), one more process per further crash; a death
+     before the first case ends it (no loop); a hang is stopped at the row's
+     cap (the case `timeout`, the rest `not run`); the rows of gtest_rows();
+  7. compute-sanitizer's output mapped: clean -> ok, a finding -> FAIL, the
+     tool refused by the machine ("Device not supported" and the others in
+     SANITIZER_ENVIRONMENT) -> `skip (environment)` unless a kernel finding is
+     there too; the doctor's JSON judged against what the set-up read;
+  8. the sharding row's launcher and comparison on 2 Gloo ranks on the CPU
+     (the GPU rows run the same code on NCCL), and the SyncBatchNorm row's on
+     2 Gloo ranks when Fashion-MNIST is there.
 Without Fashion-MNIST the recipe's result line is not read: the rest runs,
 then the test exits 77 (skipped) rather than pass with a part left out.
 """
@@ -70,6 +90,10 @@ def run(args, build, out, work, **popen):
 
 def is_gpu_row(r):
     return r["gpu"]
+
+
+def short_name(name, n=48):
+    return name if len(name) <= n else name[: n - 3] + "..."
 
 
 def goal_judges(dc):
@@ -130,6 +154,229 @@ def goal_judges(dc):
           and dc.lr_suggestion("no line") is None, "lr_suggestion")
 
 
+def plan_checks(dc):
+    """0. The plan, from the module: sums, caps, order."""
+    check(dc.plan_problems() == [], dc.plan_problems())
+    steps = dc.planned_steps()
+    check(dc.CAP_FACTOR == 2 and all(s["cap"] == 2 * s["estimate"] and s["basis"].strip() for s in steps),
+          "every row capped at twice its estimate, with a basis")
+    one = dc.plan_seconds(1, gpus=1)
+    check(one <= dc.CALL1_WORK and dc.CALL1_WORK + 100 <= dc.DEFAULT_BUDGET,
+          f"call 1 estimated {one} s on one GPU (set-up included): want <= {dc.CALL1_WORK} s, a 100 s margin in "
+          f"the {dc.DEFAULT_BUDGET} s budget; move a row to call 2 or 3, or shorten it")
+    several = dc.plan_seconds(1, gpus=8)
+    check(several > one and several <= dc.DEFAULT_BUDGET,
+          f"call 1 with several GPUs estimated {several} s: want its rows for several GPUs in it, within the budget")
+    two = dc.plan_seconds(2)
+    check(two <= dc.CALL2_BUDGET, f"call 2 estimated {two} s, over its {dc.CALL2_BUDGET} s budget")
+    call1 = dc.planned_steps((1,))
+    names = [s["name"] for s in call1]
+    wave3 = [n for n in names if n.startswith("wave 3:")]
+    check(len(wave3) >= 5 and all(names.index(n) < names.index(dc.SPEED_GOAL_ROW) for n in wave3),
+          ("the wave-3 rows in call 1 before the speed goal", names))
+    before = dc.SETUP_ESTIMATE + sum(s["estimate"] for s in call1[:names.index(dc.SPEED_GOAL_ROW)])
+    check(before <= 0.3 * dc.CALL1_WORK, f"the speed goal starts at ~{before} s into call 1: want it early")
+    many = [s for s in dc.planned_steps() if s["gpus"] > 1]
+    check(many and all(s["call"] == 1 and "GPUs" in s["name"] for s in many),
+          "the rows needing several GPUs are in call 1 (skipped at once on one GPU) and say so in their names")
+    check(any(s["name"].startswith("compute-sanitizer racecheck") for s in dc.planned_steps((2,))), "racecheck: call 2")
+    m = dc.gtest_match
+    check(m("ShardingCuda.ZeroThreeMatchesDdp", dc.WAVE3_SHARDING_FILTER)
+          and m("SyncBatchNormCuda.TwoReplicas", dc.WAVE3_SHARDING_FILTER)
+          and not m("ShardingCuda.ZeroThreeMatchesDdp", dc.GPU_CASES_FILTER)
+          and not m("ActivationCheckpointCuda.UnderAGraph", dc.GPU_CASES_FILTER)
+          and m("ActivationCheckpointCuda.UnderAGraph", dc.WAVE3_AC_FILTER)
+          and m("Backend/OpsCuda.CudaPathMatchesTheCpuReference/3", dc.GPU_CASES_FILTER)
+          and m("PruneLatencyCuda.MeetsItsTarget", dc.GPU_CASES_FILTER)
+          and not m("FusedOptim.CudaGraphOnTheCpuIsAConfigError", dc.GPU_CASES_FILTER)
+          and not m("ShardingCuda.X", dc.WAVE3_AC_FILTER), "gtest filters: the wave-3 suites apart from the rest")
+    check(m("A.b", "") and m("A.b", "A.?") and not m("A.bc", "A.?") and not m("A.b", "*-A.*") and m("B.b", "*-A.*"),
+          "gtest_match: '*', '?', negative patterns")
+    r = subprocess.run([sys.executable, str(CHECK), "--plan"], capture_output=True, text=True)
+    check(r.returncode == 0 and "call 1:" in r.stdout and "needs 2 GPUs" in r.stdout and dc.SPEED_GOAL_ROW in r.stdout,
+          r.stdout[-2000:] + r.stderr)
+    return one, several, two
+
+
+FAKE_GTEST = r'''
+import json, os, re, signal, sys, time
+CASES = [("A.", ["one", "two"]), ("B.", ["three/0  # GetParam() = 1", "three/1  # GetParam() = 2"]), ("C.", ["four"])]
+NAMES = [s + t.split()[0] for s, ts in CASES for t in ts]
+env = lambda k: [x for x in os.environ.get(k, "").split(",") if x]
+with open(os.environ["FAKE_GTEST_CALLS"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\n")
+if "--gtest_list_tests" in sys.argv:
+    for suite, tests in CASES:
+        print(suite)
+        for t in tests:
+            print("  " + t)
+    sys.exit(0)
+filt = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--gtest_filter=")), "*")
+pos, _, neg = filt.partition("-")
+pat = lambda p: re.compile("|".join(re.escape(x).replace(r"\*", ".*") for x in p.split(":") if x) or "(?!)")
+chosen = [n for n in NAMES if pat(pos or "*").fullmatch(n) and not pat(neg).fullmatch(n)]
+if env("FAKE_GTEST_DIE_AT_START"):
+    print("terminate called after throwing an instance of 'c10::Error'", flush=True)
+    os.kill(os.getpid(), signal.SIGABRT)
+failed = 0
+for n in chosen:
+    print(f"[ RUN      ] {n}", flush=True)
+    if n in env("FAKE_GTEST_CRASH"):
+        print("CUDA error: an illegal memory access was encountered", flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if n in env("FAKE_GTEST_HANG"):
+        time.sleep(600)
+    if n in env("FAKE_GTEST_FAIL"):
+        print(f"fake_test.cpp:12: Failure\nExpected equality of these values:\n  1\n  2")
+        print(f"[  FAILED  ] {n} (3 ms)")
+        failed += 1
+    elif n in env("FAKE_GTEST_SKIP"):
+        print("fake_test.cpp:9: Skipped\nno CUDA device\n")
+        print(f"[  SKIPPED ] {n} (0 ms)")
+    else:
+        print(f"[       OK ] {n} (5 ms)")
+sys.stdout.flush()
+if env("FAKE_GTEST_DIE_AT_EXIT"):
+    os.kill(os.getpid(), signal.SIGABRT)
+sys.exit(1 if failed else 0)
+'''
+
+
+def new_check(dc, work, build):
+    """A Check as main() makes it, for calling the rows' functions directly."""
+    out = work / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    c = dc.Check(argparse.Namespace(out=str(out), work=str(work), python=sys.executable, budget=600,
+                                    binaries=str(build), data=None))
+    c.bins = build
+    c.env["OMP_NUM_THREADS"] = "1"
+    return c
+
+
+def crash_resume(dc, work, build):
+    """6. The gtest runner on a fake binary that crashes, hangs, dies at start or at exit."""
+    c = new_check(dc, work, build)
+    fake = work / "fake_gtest"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE_GTEST)
+    fake.chmod(0o755)
+    calls = work / "calls.jsonl"
+    listing = subprocess.run([str(fake), "--gtest_list_tests"], capture_output=True, text=True,
+                             env=dict(os.environ, FAKE_GTEST_CALLS=str(calls))).stdout
+    names = dc.gtest_listing(listing)
+    check(names == ["A.one", "A.two", "B.three/0", "B.three/1", "C.four"], names)
+
+    def run(log, **env):
+        calls.write_text("")
+        for k in [k for k in c.env if k.startswith("FAKE_GTEST_")]:
+            del c.env[k]
+        c.env.update({f"FAKE_GTEST_{k.upper()}": v for k, v in env.items()}, FAKE_GTEST_CALLS=str(calls))
+        got = dc.run_gtest(c, fake, names, "*", log)
+        return got, [json.loads(l) for l in calls.read_text().splitlines()]
+
+    (res, deaths, processes, stopped), argv = run("one_crash.log", crash="A.two", fail="C.four")
+    check(processes == 2 and len(argv) == 2 and stopped is None, (processes, argv))
+    check(argv[1] == ["--gtest_filter=B.three/0:B.three/1:C.four"], ("one process for the rest, by name", argv))
+    check(res["A.two"][0] == "FAIL" and "died in it (killed by SIGSEGV)" in res["A.two"][1]
+          and "illegal memory access" in res["A.two"][1], res["A.two"])
+    check(res["A.one"][0] == res["B.three/0"][0] == res["B.three/1"][0] == "ok", res)
+    check(res["C.four"][0] == "FAIL" and "Failure" in res["C.four"][1], res["C.four"])
+    check(deaths == [("A.two", "killed by SIGSEGV")], deaths)
+
+    (res, deaths, processes, _), argv = run("two_crashes.log", crash="A.one,B.three/1")
+    check(processes == 3 and [a[0] for a in argv[1:]] == ["--gtest_filter=A.two:B.three/0:B.three/1:C.four",
+                                                          "--gtest_filter=C.four"], argv)
+    check([res[n][0] for n in names] == ["FAIL", "ok", "ok", "FAIL", "ok"], res)
+
+    (res, deaths, processes, _), argv = run("at_start.log", die_at_start="1")
+    check(processes == 1 and all(r[0] == "FAIL" and "before running it" in r[1] for r in res.values()), res)
+
+    (res, deaths, processes, _), argv = run("at_exit.log", die_at_exit="1")
+    check(processes == 1 and deaths == [(None, "killed by SIGABRT")] and all(r[0] == "ok" for r in res.values()),
+          (res, deaths))
+
+    c.row_deadline, c.row_cap = time.monotonic() + 3, (3, 1.5)
+    (res, deaths, processes, stopped), argv = run("hang.log", hang="B.three/0")
+    c.row_deadline = c.row_cap = None
+    check(stopped and "cap of 3 s" in stopped and res["B.three/0"][0] == "timeout"
+          and [res[n][0] for n in ("A.one", "A.two", "B.three/1", "C.four")] == ["ok", "ok", "not run", "not run"],
+          (stopped, res))
+
+    # The rows: one per test (B.three over its two cases), then the filter's row.
+    c.gtest_listing = names
+    c.exe = lambda name: fake
+    calls.write_text("")
+    for k in [k for k in c.env if k.startswith("FAKE_GTEST_")]:
+        del c.env[k]
+    c.env.update(FAKE_GTEST_CALLS=str(calls), FAKE_GTEST_CRASH="A.two", FAKE_GTEST_SKIP="B.three/0,B.three/1")
+    before = len(c.results.rows)
+    dc.gtest_rows(c, "fake cases", "A.*:B.*", "rows.log")
+    dc.gtest_rows(c, "no such cases", "Nothing.*", "none.log")
+    rows = {r["name"]: r for r in c.results.rows[before:]}
+    check(rows["gpu test A.one"]["status"] == "ok" and rows["gpu test A.two"]["status"] == "FAIL"
+          and rows["gpu test B.three"]["status"] == "skip" and "gpu test C.four" not in rows, rows)
+    check(rows["fake cases"]["status"] == "FAIL" and "died in A.two (killed by SIGSEGV)" in rows["fake cases"]["detail"]
+          and "2 processes" in rows["fake cases"]["detail"], rows["fake cases"])
+    check(rows["no such cases"]["status"] == "skip" and "no case matched" in rows["no such cases"]["detail"],
+          rows["no such cases"])
+
+
+def sanitizer_and_doctor(dc):
+    """7. compute-sanitizer's and the doctor's output judged, on made-up outputs."""
+    v = dc.sanitizer_verdict
+    clean = "========= COMPUTE-SANITIZER\n[  PASSED  ] 14 tests.\n========= ERROR SUMMARY: 0 errors\n"
+    check(v(0, clean)[:2] == ("ok", "14 tests, 0 errors"), v(0, clean))
+    found = ("========= COMPUTE-SANITIZER\n========= Invalid __global__ write of size 4 bytes\n=========     at "
+             "augment_kernel+0x1a0\n[  PASSED  ] 14 tests.\n========= ERROR SUMMARY: 1 error\n")
+    check(v(3, found)[0] == "FAIL" and "Invalid __global__ write" in v(3, found)[1] and v(3, found)[2] == 1, v(3, found))
+    race = ("========= Error: Race reported between Write access at count_correct+0x80\n"
+            "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
+    check(v(3, race)[0] == "FAIL" and "Race reported" in v(3, race)[1], v(3, race))
+    # gVisor (KINDS.md): refused, then error 999 at the first allocation; the tests fail uninstrumented.
+    gvisor = ("========= COMPUTE-SANITIZER\n========= Error: Device not supported. Please refer to the \"Supported "
+              "Devices\" section of the sanitizer documentation\n[ RUN      ] AugmentCuda.X\nunknown error\n"
+              "CUDA error 999\n[  FAILED  ] AugmentCuda.X (1 ms)\n========= ERROR SUMMARY: 2 errors\n")
+    check(v(3, gvisor)[0] == "skip (environment)" and "Device not supported" in v(3, gvisor)[1], v(3, gvisor))
+    for said in ("========= Error: Target application terminated before first instrumented API call\n",
+                 "========= Unable to find injection library libsanitizer-collection.so\n",
+                 "========= Error: Failed to initialize WDDM debugger interface.\n"):
+        check(v(255, said)[0] == "skip (environment)", (said, v(255, said)))
+    both = gvisor + "========= Invalid __shared__ read of size 4 bytes\n"
+    check(v(3, both)[0] == "FAIL", ("a kernel finding is never the environment", v(3, both)))
+    check(v(0, "[  PASSED  ] 14 tests.\n")[0] == "FAIL", "no summary: not ok")
+
+    facts = {"nvml": {"driver": "580.159.04", "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]},
+             "torch": {"version": "2.11.0+cu130", "device_count": 1}}
+    checks = [{"name": n, "status": "ok", "detail": f"{n} fine", "todo": ""} for n in dc.DOCTOR_GPU_CHECKS]
+    checks.append({"name": "shm", "status": "warning", "detail": "/dev/shm holds 64 MiB", "todo": ""})
+    expect = {"gpus": 1, "gpu_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "torch": "2.11.0+cu130"}
+    good = "$ doctor.py --json\n" + json.dumps({"checks": checks, "exit": 0, "facts": facts}, indent=1)
+    status, detail, numbers = dc.doctor_verdict(0, good, expect)
+    check(status == "ok" and "this machine: shm warning" in detail and numbers["gpus"] == "ok", (status, detail))
+    check(dc.doctor_verdict(0, good, dict(expect, driver="580.159.03"))[0] == "FAIL", "driver read differently")
+    check(dc.doctor_verdict(0, good, dict(expect, gpus=2))[0] == "FAIL", "GPU count read differently")
+    checks[2] = dict(checks[2], status="failure", detail="no NVIDIA GPU visible")
+    failing = json.dumps({"checks": checks, "exit": 1, "facts": facts})
+    check(checks[2]["name"] == "gpus" and dc.doctor_verdict(1, failing, expect)[0] == "FAIL", "the gpus check failed")
+    check(dc.doctor_verdict(-11, "Segmentation fault", expect)[0] == "FAIL", "no JSON")
+
+
+def distributed_rows(dc, work, build, data):
+    """8. The several-GPU rows' code on 2 Gloo ranks on the CPU."""
+    c = new_check(dc, work, build)
+    dc.sharding_vs_ddp(c, "sharding on 2 gloo ranks", 2, ("parameters",), device="cpu", backend="gloo")
+    r = c.results.rows[-1]
+    check(r["status"] == "ok" and "every rank equal to rank 0" in r["detail"]
+          and r["numbers"]["parameters"]["vs_ddp"] <= 1e-6, r)
+    print(f"8. sharding on 2 Gloo ranks: {r['detail']} ({r['seconds']:.0f} s)")
+    if data:
+        c.data = Path(data)
+        dc.sync_batchnorm_ranks(c, "sync batch norm on 2 gloo ranks", 2, device="cpu")
+        r = c.results.rows[-1]
+        check(r["status"] == "ok", r)
+        print(f"8. SyncBatchNorm on 2 Gloo ranks: {r['detail']} ({r['seconds']:.0f} s)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -139,57 +386,70 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
 
+    # 0. The plan.
+    sys.path.insert(0, str(ROOT / "tools" / "dev"))
+    import device_check as dc
+    one, several, two = plan_checks(dc)
+    print(f"0. plan: call 1 {one} s on one GPU ({several} s with several) of {dc.DEFAULT_BUDGET}, call 2 {two} s "
+          f"of {dc.CALL2_BUDGET}; caps at 2x, wave 3 and the speed goal first")
+
     # 1. No time for any row.
     out = work / "out1"
-    p = run(["--budget", "1", "--tier", "1", "--tier", "2", "--tier", "3"], build, out, work / "w1")
+    p = run(["--budget", "1", "--call", "1", "--call", "2", "--call", "3"], build, out, work / "w1")
     text, _ = p.communicate(timeout=300)
     check(p.returncode == 0, text)
     check_files(out)
     rows = rows_of(out)
     steps = [r for r in rows if r["status"] not in ("info",) and r["name"] != "summary"]
-    check(steps, text)
+    check(len(steps) == sum(len(s["rows"]) for s in dc.planned_steps()), (len(steps), text))
     for r in steps:
         want = "skip" if is_gpu_row(r) else "not run (budget)"
         check(r["status"] == want, (r, text))
-    check(any(r["tier"] == 3 for r in steps), "tier 3 rows are listed too")
-    check([r["tier"] for r in steps] == sorted(r["tier"] for r in steps), "rows run tier by tier")
-    sys.path.insert(0, str(ROOT / "tools" / "dev"))
-    import device_check as dc
-    planned = sum(s["estimate"] for s in dc.STEPS if s["tier"] in (1, 2)) + dc.SETUP_ESTIMATE
-    check(planned <= dc.DEFAULT_BUDGET,
-          f"tiers 1 and 2 estimated {planned} s with the set-up, over the {dc.DEFAULT_BUDGET} s budget: "
-          "move a row to tier 3 or shorten it")
-    print(f"1. budget 1 s: {len(steps)} rows, GPU rows skipped, the others not run (budget); "
-          f"tiers 1 + 2 estimated {planned} s of {dc.DEFAULT_BUDGET}")
+    several_gpus = {s["name"] for s in dc.planned_steps() if s["gpus"] > 1}
+    check(all("needs 2 GPUs" in r["detail"] for r in steps if r["name"] in several_gpus), "several-GPU rows say so")
+    check(any(r["call"] == 3 for r in steps), "call 3 rows are listed too")
+    check([r["call"] for r in steps] == sorted(r["call"] for r in steps), "rows run call by call")
+    print(f"1. budget 1 s: {len(steps)} rows, GPU rows skipped ({len(several_gpus)} needing several GPUs say so), "
+          f"the others not run (budget)")
 
-    # 2. Tier 1 with time: CPU rows pass, GPU cases skip one by one.
+    # 2. Call 1 with time: CPU rows pass, GPU cases skip one by one.
     out = work / "out2"
-    p = run(["--budget", "600", "--tier", "1"], build, out, work / "w2")
+    p = run(["--budget", "600", "--call", "1"], build, out, work / "w2")
     text, _ = p.communicate(timeout=900)
     check(p.returncode == 0, text)
     names = check_files(out)
     rows = {r["name"]: r for r in rows_of(out)}
     check(rows["binaries load (every library found)"]["status"] == "ok", rows)
     check(rows["kernels, emulated launches (CPU)"]["status"] == "ok", rows)
-    cases = [r for n, r in rows.items() if n.startswith("gpu test ") and n != "gpu test cases (*Cuda.*)"]
+    check(rows[dc.DOCTOR_ROW]["status"] == "ok" and "--cpu-only" in rows[dc.DOCTOR_ROW]["detail"], rows[dc.DOCTOR_ROW])
+    cases = [r for n, r in rows.items() if n.startswith("gpu test ")]
     check(len(cases) >= 12, [r["name"] for r in cases])
     want = {"gpu test AugmentCuda.ParamsOnTheDeviceOrPinnedAndStridedInputs",
-            "gpu test Backend/OpsCuda.CudaPathMatchesTheCpuReference"}
+            "gpu test Backend/OpsCuda.CudaPathMatchesTheCpuReference",
+            "gpu test ActivationCheckpointCuda.TheRecomputeDrawsTheForwardsCudaRandomNumbers"}
     check(want <= rows.keys(), f"rows missing: {sorted(want - rows.keys())}")
     for r in cases:
         check(r["status"] == "skip" and "no CUDA device" in r["detail"], r)
-    check(rows["gpu test cases (*Cuda.*)"]["status"] == "skip", rows["gpu test cases (*Cuda.*)"])
+    for row in (dc.GPU_CASES_ROW, dc.WAVE3_AC_ROW, dc.WAVE3_SHARDING_ROW):
+        check(rows[row]["status"] == "skip", rows[row])
+    if not any(n.startswith(("gpu test ShardingCuda.", "gpu test SyncBatchNormCuda.")) for n in rows):
+        check("no case matched" in rows[dc.WAVE3_SHARDING_ROW]["detail"], rows[dc.WAVE3_SHARDING_ROW])
+    check(rows["call 2 next"]["status"] == "info" and "racecheck" in rows["call 2 next"]["detail"], rows["call 2 next"])
     for n, r in rows.items():
         if is_gpu_row(r):
             check(r["status"] in ("skip", "not run (budget)"), r)
         check(r["status"] not in ("FAIL", "timeout"), r)
     check(rows["summary"]["status"] == "ok", rows["summary"])
     check("logs/gtest_emulated.log" in names and "logs/gtest_cuda.log" in names, names)
-    print(f"2. tier 1: {len(cases)} GPU cases skipped one by one, emulated launches and loading ok")
+    timed = [r for r in rows_of(out) if r["seconds"] and r["name"] not in ("summary",)
+             and not r["name"].startswith("gpu test ")]
+    print(f"2. call 1: {len(cases)} GPU cases skipped one by one, emulated launches, loading and the doctor ok; "
+          "the CPU part, measured: " + ", ".join(f"{short_name(r['name'])} {r['seconds']:.1f} s" for r in timed)
+          + f"; all {rows['summary']['seconds']:.0f} s")
 
-    # 3. Interrupted in the middle of tier 1.
+    # 3. Interrupted in the middle of call 1.
     out = work / "out3"
-    p = run(["--budget", "600", "--tier", "1"], build, out, work / "w3", start_new_session=True)
+    p = run(["--budget", "600", "--call", "1"], build, out, work / "w3", start_new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline:
         jl = out / "device_check.jsonl"
@@ -315,6 +575,11 @@ def main():
           and all(e["planned"] > 0 and e["measured"] > 0 and abs(e["error"]) < 1 for e in errors), errors)
     print("5. the sharding row's plan and bs-find read: " +
           ", ".join(f"{e['case']} {100 * e['error']:+.0f}%" for e in errors))
+    crash_resume(dc, work / "w6", build)
+    print("6. gtest crash: the rest resumed in one process per crash; death at start, at exit, a hang at the cap")
+    sanitizer_and_doctor(dc)
+    print("7. compute-sanitizer: ok, FAIL, skip (environment); the doctor's JSON against the set-up's reading")
+    distributed_rows(dc, work / "w8", build, data if has_data else None)
     if not has_data:
         print(f"SKIP: no Fashion-MNIST at {data}: the recipe's result line was not read (everything else passed)")
         return 77
