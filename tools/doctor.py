@@ -45,8 +45,9 @@ Checks (--only takes these names):
                --disk-gib; a rotational disk.
   ram          host memory (MemAvailable) against --ram-gib or the plan's host RAM;
                without either, 64 GiB is what a GPU training node is usually asked to have.
-  data         read throughput of --data DIR (up to --read-mib MiB, the files'
-               cached pages dropped first) against --data-mbs or the plan's rate.
+  data         read throughput of --data DIR (up to --read-mib MiB of its regular
+               files, their cached pages dropped first; FIFOs, sockets and devices
+               are skipped and counted) against --data-mbs or the plan's rate.
 
 --cpu-only: the GPU checks (driver, gpus, topology, nccl, shm, nccl-socket)
 are skipped and a CPU build of torch is fine. Without it, a machine without a
@@ -54,7 +55,8 @@ visible NVIDIA GPU fails the driver and gpus checks: it was rented to train on
 GPUs. --nnodes N > 1 turns loopback addresses (hostname, Gloo, NCCL, rendezvous)
 into failures: the other nodes cannot reach them.
 
---plan PLAN.json: the output of `tools/ember plan RECIPE --json`; its feeding
+--plan PLAN.json: the output of `tools/ember plan RECIPE --json` (a regular file
+of at most 16 MiB: written by `... --json > plan.json`); its feeding
 section gives the host RAM the run needs (feeding.host_ram_bytes) and, when the
 data streams from storage, the read rate the fastest GPU needs
 (feeding.fastest.storage_bytes_per_s_if_streamed). --ram-gib and --data-mbs win.
@@ -68,6 +70,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -87,6 +90,7 @@ DATA_LOW_MBS = 200           # MB/s: below it (no --data-mbs / --plan), a warnin
 SHM_LOW_GIB = 1              # /dev/shm below this, with GPUs: a warning
 GPU_BUSY_GIB = 2             # memory in use on an idle GPU above this: another process holds it
 READ_SECONDS = 10            # the data read stops after this long, whatever --read-mib says
+PLAN_MAX_BYTES = 16 * MIB    # --plan: a plan's JSON is a few kB; a larger file is not one
 
 # Minimum driver of each CUDA major for minor version compatibility (CUDA 11 on):
 # an application built with CUDA X.y runs on any driver >= the minimum of X,
@@ -455,16 +459,29 @@ def read_shm():
         return {"error": f"/dev/shm: {e.strerror}"}
 
 
+def open_regular(path):
+    """An fd open for reading on `path` (symlinks followed) when it is a regular file, else None: a FIFO,
+    a socket or a device (/dev/zero) is not opened for good. O_NONBLOCK: opening a FIFO with no
+    writer returns at once instead of waiting for one (it has no effect on a regular file's reads)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
+
+
 def read_data(path, max_bytes, max_seconds=READ_SECONDS):
-    """Read files under path (sorted walk) until max_bytes or max_seconds: {"bytes", "seconds", "files",
-    "fstype", ...} or {"error"}. Each file's cached pages are dropped first (posix_fadvise DONTNEED: no
-    privilege needed; pages a process has dirty, or a file system that ignores it, stay cached)."""
+    """Read the regular files under path (sorted walk) until max_bytes or max_seconds: {"bytes", "seconds",
+    "files", "fstype", "skipped", ...} or {"error"}. Each file's cached pages are dropped first
+    (posix_fadvise DONTNEED: no privilege needed; pages a process has dirty, or a file system that ignores
+    it, stay cached). A FIFO, socket or device (or a symlink to one) is skipped: it is no dataset file,
+    and reading it would wait forever (a FIFO) or measure no disk (/dev/zero)."""
     root = Path(path)
     if not root.is_dir():
         return {"path": str(path), "error": "not a directory" if root.exists() else "does not exist"}
     point, fstype, source, _ = _mount_of(root)
     out = {"path": str(path), "fstype": fstype, "mount": point, "source": source, "bytes": 0, "files": 0,
-           "seconds": 0.0, "unreadable": 0}
+           "seconds": 0.0, "unreadable": 0, "skipped": 0}
     block = bytearray(4 * MIB)
     start = time.perf_counter()
     for dirpath, dirnames, filenames in os.walk(root):
@@ -473,9 +490,12 @@ def read_data(path, max_bytes, max_seconds=READ_SECONDS):
             if out["bytes"] >= max_bytes or time.perf_counter() - start > max_seconds:
                 break
             try:
-                fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+                fd = open_regular(os.path.join(dirpath, f))
             except OSError:
                 out["unreadable"] += 1
+                continue
+            if fd is None:
+                out["skipped"] += 1
                 continue
             try:
                 with contextlib.suppress(OSError, AttributeError):
@@ -493,7 +513,9 @@ def read_data(path, max_bytes, max_seconds=READ_SECONDS):
                 os.close(fd)
     out["seconds"] = time.perf_counter() - start
     if out["files"] == 0:
-        out["error"] = ("no readable file in it" + (f" ({out['unreadable']} unreadable)" if out["unreadable"] else ""))
+        why = [f"{out['unreadable']} unreadable"] if out["unreadable"] else []
+        why += [f"{out['skipped']} not regular files"] if out["skipped"] else []
+        out["error"] = "no readable regular file in it" + (f" ({', '.join(why)})" if why else "")
     return out
 
 
@@ -1015,6 +1037,8 @@ def check_data(probe, opts):
     mbs = d["bytes"] / 1e6 / max(d["seconds"], 1e-9)
     detail = (f"read {d['bytes'] / MIB:.0f} MiB in {d['files']} file(s) at {mbs:.0f} MB/s from {d['path']} "
               f"({d.get('fstype') or '?'})")
+    if d.get("skipped"):
+        detail += f"; {d['skipped']} FIFO/socket/device file(s) skipped"
     network = (d.get("fstype") or "").split(".")[0] in ("nfs", "nfs4", "cifs", "smb3", "fuse", "9p", "sshfs")
     if opts.data_mbs is not None:
         need = f"the run needs {_n(opts.data_mbs)} MB/s ({opts.plan_note or '--data-mbs'})"
@@ -1088,14 +1112,24 @@ def parse_rdzv(text):
 
 
 def read_plan(path):
-    """(ram_gib, data_mbs, note) from `tools/ember plan RECIPE --json`'s output."""
+    """(ram_gib, data_mbs, note) from `tools/ember plan RECIPE --json`'s output (a regular file of at most
+    PLAN_MAX_BYTES: /dev/zero or a FIFO is refused, not read without end or waited on)."""
     try:
-        plan = json.loads(Path(path).read_text(encoding="utf-8"))
+        fd = open_regular(path)
+        if fd is None:
+            raise UsageError(f"--plan {path}: not a regular file (a FIFO or a device?): give the file that "
+                             f"`tools/ember plan RECIPE --json > plan.json` wrote")
+        with open(fd, "rb") as f:
+            raw = f.read(PLAN_MAX_BYTES + 1)
+        if len(raw) > PLAN_MAX_BYTES:
+            raise UsageError(f"--plan {path}: over {PLAN_MAX_BYTES // MIB} MiB, not the JSON of "
+                             f"`tools/ember plan RECIPE --json` (a few kB)")
+        plan = json.loads(raw.decode("utf-8"))
         feeding = plan["feeding"]
         ram = feeding["host_ram_bytes"] / GIB
     except OSError as e:
         raise UsageError(f"--plan {path}: {e.strerror}")
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise UsageError(f"--plan {path}: not the JSON of `tools/ember plan RECIPE --json` ({type(e).__name__}: {e})")
     rate, note = None, f"plan {Path(path).name}"
     fastest = feeding.get("fastest") or {}

@@ -16,12 +16,18 @@ and announces, when HOST is not one of its own). Before any rank starts:
     (every "node" on this machine: tests);
   - the nodes meet at HOST:PORT within --startup-timeout S (default 60): one
     that does not come is named (node rank, the address), and the waiting
-    nodes exit 1 within S plus a few seconds; nodes started with a different
-    --nnodes or --nproc are refused;
+    nodes exit 1 within S plus a few seconds (a node that cannot reach
+    HOST:PORT too); nodes started with a different --nnodes or --nproc are
+    refused as soon as they see each other;
   - then torchrun's static rendezvous at HOST:PORT starts the ranks, rank =
     node rank x N + local rank (the same ranks, so the same result, as --nproc
     M*N on one node), with EMBER_EXPECT_WORLD_SIZE=M*N: a rank in a smaller
-    world refuses to train (the "each node formed a world of its own" failure).
+    world refuses to train (the "each node formed a world of its own" failure);
+  - at the end, node 0 waits at most S for the other nodes' launchers (not
+    torchrun's 300 s): one lost after its ranks finished is named in a line,
+    and node 0 exits 0 (its ranks finished; rank 0 wrote the results).
+torch's C++ log (c10d's connection retries, each with its stack frames) is off
+in this process; EMBER_LAUNCH_VERBOSE=1 keeps it.
 
 1. The config is checked once, before any rank starts: `BINARY --check args`
    with WORLD_SIZE=N (a typo, a bad value, trainer.cuda_graph with several
@@ -140,47 +146,72 @@ def loopback_problem(host, resolve=socket.getaddrinfo):
     return None
 
 
+def reach(host, port, deadline):
+    """Waits until a TCP connection to host:port succeeds (then closes it) or `deadline` (monotonic)
+    passes; True when it did. torch's TCPStore client, given the same wait, retries past it (about
+    2.4 times a 60 s timeout) and logs each attempt with its C++ stack frames: it is created only
+    once something listens (a bare connection does not disturb a TCPStore server)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=min(left, 2.0)):
+                return True
+        except OSError:
+            pass
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+
+
 def meet(launch):
     """The nodes meet at HOST:PORT (node 0 hosts a store there) before any rank starts: each
-    announces its --nnodes and --nproc; one missing after --startup-timeout is named. Returns
-    None or an error message."""
+    announces its --nnodes and --nproc; a node announcing other values is named at once, one
+    missing after --startup-timeout is named then. Returns None or an error message."""
     from torch.distributed import TCPStore
     where = f"{launch.host}:{launch.port}"
     me = {"nnodes": launch.nnodes, "nproc": launch.nproc, "host": socket.gethostname()}
     deadline = time.monotonic() + launch.startup_timeout
+    server = launch.node_rank == 0
+
+    def unreachable(why):
+        return (f"node {launch.node_rank} could not reach node 0's rendezvous at {where} within "
+                f"{launch.startup_timeout:g} s ({why}): start node 0 (--node-rank 0), and check that {where} "
+                f"is reachable from here (firewall, the right address: tools/ember doctor --rdzv {where})")
+
+    if not server and not reach(launch.host, launch.port, deadline):
+        return unreachable("nothing accepted a connection there")
     try:
-        store = TCPStore(launch.local_addr or launch.host if launch.node_rank == 0 else launch.host, launch.port,
-                         launch.nnodes, launch.node_rank == 0, timedelta(seconds=launch.startup_timeout),
-                         wait_for_workers=False)
+        store = TCPStore(launch.local_addr or launch.host if server else launch.host, launch.port,
+                         launch.nnodes, server,
+                         timedelta(seconds=max(deadline - time.monotonic(), 1.0)), wait_for_workers=False)
     except Exception as e:  # noqa: BLE001 - torch's store errors have no common base worth naming
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if launch.node_rank == 0:
+        if server:
             return (f"node 0 could not listen at {where} ({first}): is the port free, and "
                     f"{launch.local_addr or launch.host} an address of this machine? (--local-addr)")
-        return (f"node {launch.node_rank} could not reach node 0's rendezvous at {where} within "
-                f"{launch.startup_timeout:g} s ({first}): start node 0 (--node-rank 0), and check that {where} "
-                f"is reachable from here (firewall, the right address: tools/ember doctor --rdzv {where})")
+        return unreachable(first)
     store.set(f"ember/node/{launch.node_rank}", json.dumps(me))
-    keys = [f"ember/node/{r}" for r in range(launch.nnodes)]
+    seen = {}
     while True:
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        if not missing:
+        for r in range(launch.nnodes):
+            if r not in seen and store.check([f"ember/node/{r}"]):
+                seen[r] = json.loads(store.get(f"ember/node/{r}"))
+        differ = {r: o for r, o in seen.items() if (o["nnodes"], o["nproc"]) != (launch.nnodes, launch.nproc)}
+        if differ or len(seen) == launch.nnodes:
             break
         if time.monotonic() >= deadline:
+            missing = [r for r in range(launch.nnodes) if r not in seen]
             return (f"node {launch.node_rank} waited {launch.startup_timeout:g} s at {where} for node rank(s) "
                     f"{', '.join(map(str, missing))} of {launch.nnodes}: start them with the same command and "
                     f"their --node-rank, and check that they reach {where} (tools/ember doctor --rdzv {where})")
         time.sleep(0.1)
-    others = {r: json.loads(store.get(k)) for r, k in enumerate(keys)}
-    differ = [f"node {r} ({o['host']}): --nnodes {o['nnodes']} --nproc {o['nproc']}" for r, o in others.items()
-              if (o["nnodes"], o["nproc"]) != (launch.nnodes, launch.nproc)]
     store.set(f"ember/read/{launch.node_rank}", "1")
-    if launch.node_rank == 0:  # keep the store until every node has read the others' values
-        read = [f"ember/read/{r}" for r in range(launch.nnodes)]
-        while not all(store.check([k]) for k in read) and time.monotonic() < deadline + 10:
+    linger = time.monotonic() + 10  # bounds the waits below on a node that died meanwhile
+    if server:  # keep the store until every node seen has read the others' values
+        while not all(store.check([f"ember/read/{r}"]) for r in seen) and time.monotonic() < linger:
             time.sleep(0.05)
     else:  # torchrun's rendezvous reuses the port: wait until node 0's store has closed it
-        while time.monotonic() < deadline + 10:
+        while time.monotonic() < linger:
             try:
                 store.check(["ember/closed"])
             except Exception:  # noqa: BLE001 - the connection ends when node 0 closes its store
@@ -188,8 +219,10 @@ def meet(launch):
             time.sleep(0.05)
     del store
     if differ:
-        return (f"the nodes were started differently (this node: --nnodes {launch.nnodes} --nproc {launch.nproc}); "
-                + "; ".join(differ) + ": start every node with the same command")
+        return (f"the nodes were started differently (this node, {launch.node_rank}: --nnodes {launch.nnodes} "
+                f"--nproc {launch.nproc}); " + "; ".join(
+                    f"node {r} ({o['host']}): --nnodes {o['nnodes']} --nproc {o['nproc']}" for r, o in differ.items())
+                + ": start every node with the same command (the same --nnodes and --nproc)")
     return None
 
 
@@ -233,16 +266,85 @@ def torchrun_argv(launch, binary, args):
     return argv + ["--no-python", binary, *args]
 
 
+def import_torch_quietly():
+    """Imports torch in this process with its C++ log (c10d's connection retries and closed
+    sockets, each logged with some 20 C++ stack frames) off, unless EMBER_LAUNCH_VERBOSE=1:
+    what went wrong comes out as this script's one-line messages. The level is read once, when
+    libc10 loads; the environment is put back, so the ranks log as the user asked."""
+    if os.environ.get("EMBER_LAUNCH_VERBOSE") == "1" or "torch" in sys.modules:
+        return
+    before = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        import torch  # noqa: F401
+    finally:
+        if before is None:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
+        else:
+            os.environ["TORCH_CPP_LOG_LEVEL"] = before
+
+
+def end_barrier_agent(launch):
+    """torchrun's agent class with Ember's end barrier: after this node's ranks succeed, torchrun's
+    agents wait for each other (its exit barrier: node 0's agent holds the store the others still
+    use) for 300 s, and a node that died after training left node 0 waiting them out, then exiting
+    0 under a traceback. Here node 0 waits --startup-timeout S (its peers finish their ranks with
+    the last collective, before rank 0's test and summary), names the nodes that did not come, and
+    exits 0: its ranks finished and rank 0 wrote the results. The other nodes wait for node 0 as
+    torchrun does (a node 0 that dies closes the store: they learn it at once) and say so in a line."""
+    from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.utils import store as store_util
+
+    class Agent(LocalElasticAgent):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if launch.node_rank == 0:
+                self._exit_barrier_timeout = launch.startup_timeout
+
+        def _exit_barrier(self):
+            group, store = self._worker_group, self._store
+            try:
+                store.set(f"ember/end/{group.group_rank}", "1")
+                store_util.barrier(store=store, world_size=group.group_world_size,
+                                   key_prefix=_TERMINAL_STATE_SYNC_ID, barrier_timeout=self._exit_barrier_timeout)
+            except SignalException:
+                raise
+            except Exception as e:  # noqa: BLE001 - a store that timed out or closed: said below, in one line
+                if group.group_rank == 0:
+                    try:
+                        gone = [r for r in range(group.group_world_size) if not store.check([f"ember/end/{r}"])]
+                    except Exception:  # noqa: BLE001
+                        gone = []
+                    who = f"node(s) {', '.join(map(str, gone))}" if gone else "a node"
+                    print(f"[ember launch] this node's ranks finished and rank 0 wrote the run's results, but "
+                          f"{who} did not reach the end within {self._exit_barrier_timeout:g} s (--startup-timeout): "
+                          f"killed after training, its ranks failed at the end, or its launcher died; that node's "
+                          f"own exit status says how it ended", file=sys.stderr)
+                else:
+                    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    print(f"[ember launch] this node's ranks finished, but node 0's launcher did not confirm the "
+                          f"end ({first}): node 0's exit status and run folder say whether the run's results "
+                          f"were written", file=sys.stderr)
+
+    return Agent
+
+
 def launch_ranks(launch, binary, args):
     if os.environ.get("EMBER_LAUNCH_VERBOSE") != "1":
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
         logging.getLogger("torch.distributed.run").setLevel(logging.CRITICAL)
+    import_torch_quietly()
+    import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     os.environ["EMBER_EXPECT_WORLD_SIZE"] = str(launch.nnodes * launch.nproc)
     torchrun_args = get_args_parser().parse_args(torchrun_argv(launch, binary, args))
+    if launch.nnodes > 1:  # torchrun's launch_agent builds its agent by this module-level name
+        launcher_api.LocalElasticAgent = end_barrier_agent(launch)
     try:
         run(torchrun_args)
     except ChildFailedError as e:
@@ -281,6 +383,7 @@ def main(argv):
               file=sys.stderr)
         return status
     if launch.nnodes > 1:
+        import_torch_quietly()
         problem = meet(launch)
         if problem:
             print(f"[ember launch] error: {problem}; no rank was started", file=sys.stderr)

@@ -134,7 +134,10 @@ one machine take two folders. What changes with a shared study:
     a network file system depends on its file locking (often broken on NFS);
     Optuna recommends a database server (PostgreSQL, MySQL) for many workers
     and machines: use SQLite for a few drivers on one machine or a file
-    system with working locks.
+    system with working locks. A driver that finds the file locked by
+    another process says so and waits up to 60 s for it, then stops with
+    an error naming the lock; an in-memory database (sqlite://), which no
+    other driver sees, is refused.
 
 A trial that exits non-zero (other than after being pruned) is FAIL with user
 attributes exit_status, reason and log_tail (printed); the study goes on, unless
@@ -227,6 +230,58 @@ def safe_url(url):
         return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
     except sqlalchemy.exc.ArgumentError:
         return url
+
+
+def sqlite_memory(url):
+    """Whether a SQLAlchemy URL names an in-memory SQLite database (sqlite://, :memory:, mode=memory):
+    one that lives and dies with the process that opened it."""
+    import sqlalchemy
+    u = sqlalchemy.engine.make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return False
+    database = u.database or ""
+    return database in ("", ":memory:") or database.startswith("file::memory:") or u.query.get("mode") == "memory"
+
+
+def sqlite_busy(error):
+    """Whether a sqlite3 error is another connection's lock (SQLITE_BUSY / SQLITE_LOCKED; Python < 3.11
+    names no code: its message then)."""
+    name = getattr(error, "sqlite_errorname", None)
+    if name is not None:
+        return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    return "locked" in str(error) or "busy" in str(error)
+
+
+def wait_for_sqlite_lock(path, seconds):
+    """Returns once the SQLite database at `path` can take a write lock (at once when nothing holds
+    it, or when it does not exist yet); says so in a line when another process holds it, and raises
+    TuneError naming the lock after `seconds`. Without this, a driver opening a locked database sat
+    in SQLite's busy wait (SQLITE_BUSY_S per statement, OPEN_TRIES times: minutes) without a word."""
+    import sqlite3
+    if not Path(path).is_file():
+        return
+    start, said = time.monotonic(), False
+    while True:
+        left = seconds - (time.monotonic() - start)
+        try:
+            con = sqlite3.connect(path, timeout=max(0.0, min(1.0, left)), isolation_level=None)
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                con.execute("ROLLBACK")
+                return
+            finally:
+                con.close()
+        except sqlite3.Error as e:
+            if not sqlite_busy(e):
+                return  # not a lock (not a database, unreadable...): opening it says what
+        if time.monotonic() - start >= seconds:
+            raise TuneError(f"--storage: the SQLite database {path} stayed locked for {seconds:g} s: another "
+                            f"process holds a transaction open on it (`fuser {path}` names it); end that "
+                            f"process, or give another database")
+        if not said:
+            log(f"the SQLite database {path} is locked by another process (a driver creating the study, or a "
+                f"program in a transaction): waiting up to {seconds:g} s for it")
+            said = True
 
 
 # --------------------------------------------------------------------------- the search space
@@ -912,6 +967,8 @@ class Tuner:
         # isolation_level None: the sqlite3 module's own BEGIN (deferred, and only before a
         # write) is off; the "begin" listener below starts every transaction instead.
         engine_kwargs = {"connect_args": {"timeout": SQLITE_BUSY_S, "isolation_level": None}} if sqlite else {}
+        if sqlite:
+            wait_for_sqlite_lock(sqlalchemy.engine.make_url(url).database, SQLITE_BUSY_S)
         beat = self.args.heartbeat
         for attempt in range(1, OPEN_TRIES + 1):
             try:
@@ -928,8 +985,13 @@ class Tuner:
                                 f"a mysql+pymysql:// URL") from None
             except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
                 # Drivers started at once race to create the tables: the loser sees them made.
+                # A lock held through SQLite's own wait (SQLITE_BUSY_S) is not such a race.
+                cause = e.__cause__ or e
+                if sqlite and sqlite_busy(cause):
+                    raise TuneError(f"--storage {safe_url(url)}: the database stayed locked for {SQLITE_BUSY_S} s "
+                                    f"while this driver opened it: another process holds a transaction open on "
+                                    f"it; end that process, or give another database") from None
                 if attempt == OPEN_TRIES:
-                    cause = e.__cause__ or e
                     raise TuneError(f"--storage {safe_url(url)}: cannot open it ({type(cause).__name__}: "
                                     f"{str(cause).splitlines()[0]}); is the database reachable, and for "
                                     f"sqlite does its folder exist?") from None
@@ -1794,6 +1856,11 @@ def parse_args(argv):
         except sqlalchemy.exc.ArgumentError:
             parser.error(f"--storage {args.storage!r}: not a database URL (e.g. sqlite:////shared/study.db, "
                          f"postgresql://user:password@host/db)")
+        if sqlite_memory(args.storage):
+            parser.error(f"--storage {args.storage}: an in-memory SQLite database, which ends with this driver "
+                         f"and which no other driver sees: give a file every driver reaches "
+                         f"(sqlite:////shared/study.db), or leave --storage out for a study of this machine "
+                         f"alone (its --study folder's journal)")
         if args.study_name is not None and not args.study_name.strip():
             parser.error("--study-name: empty")
         if args.heartbeat is None:

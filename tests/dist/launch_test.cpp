@@ -4,6 +4,7 @@
 #include <ember/dist/launch.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include "train/test_task.h"
@@ -29,6 +30,45 @@ TEST(Slurm, NodeListsExpandInOrderWithTheirPadding) {
         << bad;
   EXPECT_EQ(expand_slurm_tasks_per_node("8(x2),4"), (std::vector<int64_t>{8, 8, 4}));
   EXPECT_EQ(expand_slurm_tasks_per_node("2"), (std::vector<int64_t>{2}));
+}
+
+// A damaged variable of 110 kB ("2(x100000)" repeated) asked for gigabytes and
+// aborted with std::bad_alloc; now both lists stop at 100000 nodes with a config
+// error (exit 2 from a recipe) that quotes the start of the value, not all of it.
+TEST(Slurm, ListsLongerThanAnyClusterAreConfigErrors) {
+  std::string tasks = "2(x100000)";
+  for (int i = 0; i < 10000; ++i) tasks += ",2(x100000)";
+  std::string nodes = "n[0-99999]";
+  for (int i = 0; i < 10000; ++i) nodes += ",m[0-99999]";
+  std::string names = "a";
+  for (int i = 0; i < 100000; ++i) names += ",a";  // 100001 plain names
+  for (const auto& [what, expand] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"tasks", [&] { expand_slurm_tasks_per_node(tasks); }},
+           {"tasks", [] { expand_slurm_tasks_per_node("1(x100001)"); }},
+           {"node list", [&] { expand_slurm_nodelist(nodes); }},
+           {"node list", [] { expand_slurm_nodelist("n[0-100000]"); }},
+           {"node list", [&] { expand_slurm_nodelist(names); }}}) {
+    try {
+      expand();
+      ADD_FAILURE() << what << ": expanded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
+      EXPECT_NE(std::string(e.what()).find("more than 100000 nodes"), std::string::npos) << e.what();
+      EXPECT_LT(std::string(e.what()).size(), 400u) << "the message quotes the whole value";
+    }
+  }
+  // The bound itself is allowed: 100000 nodes, in one range or in pieces.
+  EXPECT_EQ(expand_slurm_tasks_per_node("3(x99999),4").size(), 100000u);
+  EXPECT_EQ(expand_slurm_nodelist("n[0-99998],x").size(), 100000u);
+  // Through the environment a recipe reads: the same config error.
+  const std::string e = test_util::error_of([&] {
+    launch_env_from(fake({{"SLURM_PROCID", "0"},
+                          {"SLURM_STEP_NUM_TASKS", "2"},
+                          {"SLURM_STEP_TASKS_PER_NODE", tasks},
+                          {"MASTER_ADDR", "h"}}));
+  });
+  EXPECT_NE(e.find("[dist::slurm] tasks per node '2(x100000),2(x100000)"), std::string::npos) << e;
+  EXPECT_NE(e.find("(110010 characters)"), std::string::npos) << e;
 }
 
 TEST(Slurm, AnSrunTaskIsARankWhenTorchrunSetNothing) {

@@ -11,7 +11,7 @@
    trainer.resume=auto end where the straight run ends.
 3. Node 0 alone with --startup-timeout 5: exits 1 within the timeout plus a
    few seconds, naming node rank 1 and the address; node 1 alone names node
-   0's address.
+   0's address; neither prints C++ stack frames.
 4. A rendezvous host name that resolves to loopback (localhost) with
    --nnodes 2 is refused (exit 2) with the fix; a world smaller than promised
    (EMBER_EXPECT_WORLD_SIZE=2, one process) is refused.
@@ -156,6 +156,7 @@ def main():
         took = time.monotonic() - t0
         check(p.returncode == 1 and want in err and f"127.0.0.1:{port}" in err, (p.returncode, err[-2000:]))
         check(took < 5 + 20, f"node {rank} alone took {took:.1f} s with --startup-timeout 5")
+        check("frame #" not in err, f"node {rank} alone printed C++ stack frames:\n{err[-3000:]}")
         print(f"3. node {rank} alone: exit 1 after {took:.1f} s, naming the missing node and the address")
 
     # 4. A loopback name; a world smaller than promised.

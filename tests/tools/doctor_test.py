@@ -19,6 +19,7 @@ and on stand-ins, and the command line end to end.
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -579,9 +580,17 @@ class Readers(unittest.TestCase):
         self.assertGreater(m["MemTotal"], m["MemAvailable"] - 1)
 
 
-def run_doctor(*args, driver=False):
+def run_doctor(*args, driver=False, timeout=240, memory_cap=None):
+    """The doctor's (exit status, stdout, stderr); `memory_cap` bytes of address space (RLIMIT_AS) so
+    that a doctor that reads without end fails (MemoryError) instead of filling this machine."""
     cmd = [str(ROOT / "tools" / "ember"), "doctor"] if driver else [sys.executable, str(DOCTOR)]
-    p = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=240)
+
+    def cap():
+        if memory_cap:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+
+    p = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=cap)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -649,6 +658,40 @@ class ThisMachine(unittest.TestCase):
             self.assertEqual(doctor.read_plan(plan)[1], 2500.0)
             (Path(tmp) / "bad.json").write_text("{}")
             self.assertEqual(run_doctor("--plan", Path(tmp) / "bad.json")[0], 2)
+
+    def test_plan_that_is_no_file(self):
+        """--plan /dev/zero was read without end (then the OOM killer, or a MemoryError traceback), a FIFO
+        with no writer waited forever, a huge file was read whole: each is a bad command line (2) now."""
+        with tempfile.TemporaryDirectory() as tmp:
+            fifo = Path(tmp) / "plan.fifo"
+            os.mkfifo(fifo)
+            big = Path(tmp) / "big.json"
+            with open(big, "wb") as f:  # sparse: its size, not its disk
+                f.truncate(doctor.PLAN_MAX_BYTES + 1)
+            for plan, word in (("/dev/zero", "not a regular file"), (fifo, "not a regular file"),
+                               (big, "over 16 MiB")):
+                # A hang is a failure of the test (TimeoutExpired), not of the suite's time budget.
+                rc, _, err = run_doctor("--only", "ram", "--plan", plan, timeout=60, memory_cap=2 * GIB)
+                self.assertEqual(rc, 2, (plan, err[-2000:]))
+                self.assertIn(f"--plan {plan}: {word}", err)
+                self.assertNotIn("Traceback", err)
+
+    def test_data_with_a_fifo_and_a_device(self):
+        """A FIFO under --data made the read wait forever; a symlink to /dev/zero was read as a
+        multi-GB/s disk. Both are skipped and counted; only the regular file is read."""
+        with tempfile.TemporaryDirectory() as tmp:
+            os.mkfifo(Path(tmp) / "a.fifo")
+            os.symlink("/dev/zero", Path(tmp) / "b.zero")
+            (Path(tmp) / "c.bin").write_bytes(b"z" * 123_456)
+            rc, out, err = run_doctor("--only", "data", "--data", tmp, "--data-mbs", "0.001", "--json",
+                                      timeout=60, memory_cap=2 * GIB)
+            self.assertEqual(rc, 0, err[-2000:])
+            facts = json.loads(out)["facts"]["data"]
+            self.assertEqual((facts["bytes"], facts["files"], facts["skipped"]), (123_456, 1, 2), facts)
+            self.assertIn("2 FIFO/socket/device file(s) skipped", json.loads(out)["checks"][0]["detail"])
+            (Path(tmp) / "c.bin").unlink()
+            r = doctor.read_data(tmp, 1 << 20)
+            self.assertEqual(r["error"], "no readable regular file in it (2 not regular files)", r)
 
     def test_driver_forwards(self):
         rc, out, _ = run_doctor("--only", "disk,ram", "--disk", "/", "--json", driver=True)

@@ -155,6 +155,76 @@ def refused_up_front(env, name, space, *extra, has_check=False, says=()):
     print(f"{name}: OK ({output.strip().splitlines()[-1]})")
 
 
+HOLD_LOCK = r"""
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("BEGIN EXCLUSIVE")
+con.execute("CREATE TABLE IF NOT EXISTS held (x)")
+print("locked", flush=True)
+sys.stdin.read()  # until the test closes stdin
+con.execute("ROLLBACK")
+"""
+
+
+def locked_database(env, tune_py, space):
+    """--storage on a SQLite file another process holds locked: the driver says so at once, then goes
+    on when the lock is released (it waited SQLite's busy timeout, 60 s per try, four tries, without a
+    word); held past the wait, it is an error naming the lock."""
+    import importlib.util
+    import threading
+    db = env.work / "locked.db"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        check(holder.stdout.readline().strip() == "locked", "the lock holder did not start")
+        path = env.work / "locked_space.toml"
+        path.write_text(space)
+        driver = subprocess.Popen([sys.executable, str(tune_py), "--binary", str(env.fake), "--space", str(path),
+                                   "--study", str(env.work / "locked_study"), "--trials", "1", "--sampler",
+                                   "random", "--storage", f"sqlite:///{db}"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=dict(os.environ, FAKE_LOG=str(env.log), FAKE_CHECK="0"))
+        lines, said = [], threading.Event()
+
+        def read():
+            for line in driver.stdout:
+                lines.append(line)
+                if "is locked by another process" in line:
+                    said.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        said.wait(timeout=50)  # under SQLite's own 60 s wait: a silent driver is still in it
+        holder.stdin.close()  # release the lock either way
+        driver.wait(timeout=300)
+        reader.join(timeout=10)
+        output = "".join(lines)
+        check(said.is_set(), f"the driver did not say the database is locked:\n{output}")
+        check(driver.returncode == 0 and "trial 0 COMPLETE" in output, f"after the lock:\n{output}")
+    finally:
+        if not holder.stdin.closed:
+            holder.stdin.close()
+        holder.wait(timeout=30)
+    # Held past the wait: an error naming the file and the lock (the function, with a short wait).
+    spec = importlib.util.spec_from_file_location("tune_under_test", tune_py)
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        check(holder.stdout.readline().strip() == "locked", "the lock holder did not start")
+        try:
+            tune.wait_for_sqlite_lock(str(db), 1.5)
+            check(False, "a database held locked was opened")
+        except tune.TuneError as e:
+            check(f"{db} stayed locked for 1.5 s" in str(e) and "fuser" in str(e), str(e))
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    tune.wait_for_sqlite_lock(str(db), 1.5)  # released: returns
+    print("--storage on a locked SQLite file: said at once, goes on when released, an error when held: OK")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tune", type=Path, default=Path(__file__).resolve().parents[2] / "tools" / "tune.py")
@@ -205,6 +275,12 @@ def main():
                          says=["trainer.epochs=1.5", "integer"])
         refused_up_front(env, "enqueued value outside its range", good, "--enqueue", "optim.lr=-1",
                          says=["optim.lr", "> 0"])
+
+        # A shared study in a database no other driver sees.
+        for url in ("sqlite://", "sqlite:///:memory:"):
+            refused_up_front(env, f"--storage {url}", good, "--storage", url,
+                             says=[f"--storage {url}: an in-memory SQLite database", "sqlite:////shared/study.db"])
+        locked_database(env, args.tune, good)
 
         # With --check: every extreme point is checked by the recipe itself.
         cross = good + '[params."optim.momentum"]\nlow = 0.0\nhigh = 0.9\n'

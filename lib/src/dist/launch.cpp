@@ -15,6 +15,17 @@
 namespace ember::dist {
 namespace {
 
+/// Entries a Slurm node or tasks-per-node list may expand to: more nodes than any
+/// cluster has (the largest run a few tens of thousands), so a longer list is a
+/// damaged variable, refused before it asks for gigabytes.
+constexpr size_t kMaxSlurmEntries = 100000;
+
+/// An environment variable's value as a message quotes it: at most 80 characters.
+std::string quoted(const std::string& value) {
+  if (value.size() <= 80) return fmt::format("'{}'", value);
+  return fmt::format("'{}...' ({} characters)", value.substr(0, 80), value.size());
+}
+
 int64_t to_int(const std::string& name, const std::string& v, const char* who) {
   try {
     size_t used = 0;
@@ -22,7 +33,7 @@ int64_t to_int(const std::string& name, const std::string& v, const char* who) {
     if (used == v.size()) return x;
   } catch (const std::exception&) {
   }
-  throw Error(fmt::format("[dist::launch_env] {}='{}' is not an integer (set by {})", name, v, who));
+  throw Error(fmt::format("[dist::launch_env] {}={} is not an integer (set by {})", name, quoted(v), who));
 }
 
 int64_t int_or(const EnvReader& read, const char* name, int64_t fallback, const char* who) {
@@ -83,8 +94,8 @@ LaunchEnv slurm_env(const EnvReader& read) {
   if (per_node) {
     const std::vector<int64_t> tasks = expand_slurm_tasks_per_node(*per_node);
     EMBER_CHECK(node >= 0 && node < static_cast<int64_t>(tasks.size()),
-                "[dist::launch_env] SLURM_NODEID={} but SLURM_STEP_TASKS_PER_NODE='{}' lists {} node(s)",
-                node, *per_node, tasks.size());
+                "[dist::launch_env] SLURM_NODEID={} but SLURM_STEP_TASKS_PER_NODE={} lists {} node(s)", node,
+                quoted(*per_node), tasks.size());
     e.local_world_size = tasks[static_cast<size_t>(node)];
   }
   if (const auto addr = read("MASTER_ADDR")) {
@@ -105,12 +116,14 @@ LaunchEnv slurm_env(const EnvReader& read) {
 std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
   std::vector<std::string> out;
   const auto bad = [&](const std::string& why) {
-    return Error(ErrorKind::kConfig, fmt::format("[dist::slurm] node list '{}': {}", list, why));
+    return Error(ErrorKind::kConfig, fmt::format("[dist::slurm] node list {}: {}", quoted(list), why));
   };
   for (const std::string& item : split(list, ',', /*brackets=*/true)) {
     if (item.empty()) throw bad("an empty name");
     const size_t open = item.find('[');
     if (open == std::string::npos) {
+      if (out.size() >= kMaxSlurmEntries)
+        throw bad(fmt::format("more than {} nodes: not a node list Slurm wrote", kMaxSlurmEntries));
       out.push_back(item);
       continue;
     }
@@ -129,7 +142,10 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
       };
       const int64_t lo = number(ends[0]);
       const int64_t hi = ends.size() == 2 ? number(ends[1]) : lo;
-      if (hi < lo || hi - lo > 100000) throw bad(fmt::format("range '{}'", range));
+      if (hi < lo) throw bad(fmt::format("range '{}'", range));
+      if (static_cast<size_t>(hi - lo) >= kMaxSlurmEntries - out.size())
+        throw bad(fmt::format("more than {} nodes (at range '{}'): not a node list Slurm wrote",
+                              kMaxSlurmEntries, range));
       const size_t width = ends[0].size();  // "01-10": zero padding to the first end's width
       for (int64_t i = lo; i <= hi; ++i) {
         std::string n = std::to_string(i);
@@ -148,12 +164,15 @@ std::vector<int64_t> expand_slurm_tasks_per_node(const std::string& list) {
     const int64_t n = to_int("SLURM_STEP_TASKS_PER_NODE", item.substr(0, x), "Slurm");
     int64_t repeat = 1;
     if (x != std::string::npos) {
-      EMBER_CHECK_KIND(kConfig, item.back() == ')', "[dist::slurm] tasks per node '{}': '{}' lacks ')'", list,
-                       item);
+      EMBER_CHECK_KIND(kConfig, item.back() == ')', "[dist::slurm] tasks per node {}: '{}' lacks ')'",
+                       quoted(list), item);
       repeat = to_int("SLURM_STEP_TASKS_PER_NODE", item.substr(x + 2, item.size() - x - 3), "Slurm");
     }
-    EMBER_CHECK_KIND(kConfig, n >= 1 && repeat >= 1 && repeat <= 100000, "[dist::slurm] tasks per node '{}'",
-                     list);
+    EMBER_CHECK_KIND(kConfig, n >= 1 && repeat >= 1,
+                     "[dist::slurm] tasks per node {}: '{}' is not N or N(xM)", quoted(list), item);
+    EMBER_CHECK_KIND(kConfig, static_cast<uint64_t>(repeat) <= kMaxSlurmEntries - out.size(),
+                     "[dist::slurm] tasks per node {}: more than {} nodes: not a list Slurm wrote",
+                     quoted(list), kMaxSlurmEntries);
     out.insert(out.end(), static_cast<size_t>(repeat), n);
   }
   return out;

@@ -7,7 +7,14 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
@@ -242,6 +249,47 @@ struct ProcessGroup::Heartbeat {
   }
 };
 
+namespace {
+
+/// Whether a TCP connection to host:port succeeds (it is closed at once)
+/// before `deadline`, trying every 200 ms. c10d's TCPStore client, given the
+/// same wait, retries past it (about 2.4 times a 60 s wait) and logs each try
+/// with some 20 C++ stack frames: it is created once something listens (a bare
+/// connection does not disturb a TCPStore server).
+bool reachable_before(const std::string& host, int64_t port, Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  for (;;) {
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) == 0) {
+      bool ok = false;
+      for (addrinfo* a = found; a != nullptr && !ok; a = a->ai_next) {
+        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          ok = true;
+        } else if (errno == EINPROGRESS) {
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+          pollfd p{fd, POLLOUT, 0};
+          int error = 0;
+          socklen_t size = sizeof(error);
+          ok = poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 2000))) == 1 &&
+               getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0;
+        }
+        close(fd);
+      }
+      freeaddrinfo(found);
+      if (ok) return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(std::chrono::milliseconds(200), deadline - Clock::now()));
+  }
+}
+
+}  // namespace
+
 /// Every rank writes ember/joined/<rank> (its host name) and waits, up to
 /// `limit`, for the others': one that does not come is named with the address
 /// the ranks meet at, instead of a hang or a count of clients.
@@ -285,6 +333,24 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
   if (options.device().is_cuda() && !options.device().has_index())
     options.device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(e.local_rank)));
   c10::intrusive_ptr<c10d::Store> store;
+  const auto unreachable = [&](const std::string& why) {
+    return Error(
+        ErrorKind::kDistributed,
+        fmt::format(
+            "[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
+            "({}): is rank 0's node started, and does {}:{} reach it from here (firewall, the address "
+            "resolving to another machine or to 127.0.1.1)? dist.startup_timeout_s sets this wait",
+            e.rank, e.master_addr, e.master_port, options.startup_timeout().count() / 1000.0, why,
+            e.master_addr, e.master_port));
+  };
+  if (!so.isServer) {
+    const auto deadline = Clock::now() + options.startup_timeout();
+    if (!reachable_before(e.master_addr, e.master_port, deadline))
+      throw unreachable("nothing accepted a connection there");
+    so.timeout = std::max<std::chrono::milliseconds>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+        std::chrono::seconds(1));
+  }
   try {
     store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
     // torchrun's agent keeps its store across restarts of the workers: keys
@@ -292,14 +358,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const LaunchEnv& e, ProcessGr
     // be read as this one's.
     store = c10::make_intrusive<c10d::PrefixStore>("ember/attempt_" + std::to_string(e.restart_count), store);
   } catch (const std::exception& ex) {
-    throw Error(
-        ErrorKind::kDistributed,
-        fmt::format(
-            "[dist::ProcessGroup] rank {} could not reach the rendezvous store at {}:{} within {} s "
-            "({}): is rank 0's node started, and does {}:{} reach it from here (firewall, the address "
-            "resolving to another machine or to 127.0.1.1)? dist.startup_timeout_s sets this wait",
-            e.rank, e.master_addr, e.master_port, options.startup_timeout().count() / 1000.0,
-            core::message_of(ex), e.master_addr, e.master_port));
+    throw unreachable(core::message_of(ex));
   }
   std::vector<std::string> hosts;
   if (e.world_size > 1) {

@@ -42,11 +42,12 @@ std::string host_name();
 LaunchEnv launch_env_from(const EnvReader& read);
 
 /// Slurm's compressed host list, expanded in order: "gpu[01-03,07],cpu5" ->
-/// gpu01 gpu02 gpu03 gpu07 cpu5 (zero padding kept). A malformed list is an
-/// error naming it.
+/// gpu01 gpu02 gpu03 gpu07 cpu5 (zero padding kept). A malformed list, or one
+/// of more than 100000 nodes, is a config error (ErrorKind::kConfig) naming it.
 std::vector<std::string> expand_slurm_nodelist(const std::string& list);
 
-/// Slurm's tasks per node, "8(x2),4" -> {8, 8, 4}.
+/// Slurm's tasks per node, "8(x2),4" -> {8, 8, 4}; malformed or more than
+/// 100000 nodes: a config error.
 std::vector<int64_t> expand_slurm_tasks_per_node(const std::string& list);
 
 /// What is wrong with `var`=`value` (NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME)
