@@ -367,7 +367,7 @@ def distributed_rows(dc, work, build, data):
     dc.sharding_vs_ddp(c, "sharding on 2 gloo ranks", 2, ("parameters",), device="cpu", backend="gloo")
     r = c.results.rows[-1]
     check(r["status"] == "ok" and "every rank equal to rank 0" in r["detail"]
-          and r["numbers"]["parameters"]["vs_ddp"] <= 1e-6, r)
+          and r["numbers"]["parameters"]["vs_ddp"] <= 2 * 2.0 ** -52 * 3595 * 21, r)  # float64 (BlockNet, odd)
     print(f"8. sharding on 2 Gloo ranks: {r['detail']} ({r['seconds']:.0f} s)")
     if data:
         c.data = Path(data)

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 
@@ -238,6 +239,60 @@ TEST(PruningCallback, EvalPicksTheDataEvaluatedAroundAStep) {
     EXPECT_EQ(cb->reports()[0].eval_before.samples, samples) << to_string(split);
     EXPECT_EQ(cb->reports()[0].eval_after.samples, samples) << to_string(split);
   }
+}
+
+/// Stores a signal's number into the stop token when an epoch starts, as a SIGTERM arriving then would.
+struct SignalAt : train::Callback {
+  SignalAt(std::atomic<int>& t, int64_t e) : token(t), epoch(e) {}
+  std::string name() const override { return "signal_at"; }
+  void on_epoch_start(train::Trainer&, int64_t e) override {
+    if (e == epoch) token = 15;
+  }
+  std::atomic<int>& token;
+  int64_t epoch;
+};
+
+TEST(PruningCallback, ALatencyStepHonoursTheStopTokenAndResumesToFinishIt) {
+  // The signal lands as the latency step begins: the step used to run to its end (minutes of layer
+  // timing on a real model) before the trainer read the token. Now it stops at its first check, is not
+  // counted as done, and the resumed run does it.
+  const std::string dir = fresh_dir("latency_stop");
+  std::atomic<int> token{0};
+  auto latency_options = [&] {
+    return options({1}, 0.5).target(PruneTarget::kLatency).speedup(1.2).latency_batch(8).timing_steps(0);
+  };
+  {
+    BlobTask task(deterministic());
+    train::TrainerOptions o = trainer_options(3, dir);
+    o.stop_signal(&token);
+    train::Trainer t(o);
+    t.add_callback(std::make_shared<SignalAt>(token, 1));  // before the pruning callback's hook
+    auto cb = std::make_shared<PruningCallback>(latency_options());
+    t.add_callback(cb);
+    const train::FitResult r = t.fit(task);
+    EXPECT_EQ(r.stop_cause, train::StopCause::kSignal);
+    EXPECT_EQ(cb->outcome().steps, 0);
+    EXPECT_TRUE(cb->reports().empty());
+    EXPECT_EQ(task.net()->fc1->options.out_features(), 32) << "stopped before any width was chosen";
+  }
+  token = 0;
+  BlobTask resumed(deterministic());
+  train::TrainerOptions o = trainer_options(3, dir);
+  o.resume(train::ResumeFrom::latest());
+  o.stop_signal(&token);
+  train::Trainer t(o);
+  auto cb = std::make_shared<PruningCallback>(latency_options());
+  t.add_callback(cb);
+  const train::FitResult r = t.fit(resumed);
+  EXPECT_FALSE(r.stopped_early);
+  EXPECT_EQ(cb->outcome().steps, 1);
+  ASSERT_EQ(cb->reports().size(), 1u);
+  const LatencyOutcome& l = cb->reports()[0].result.latency;
+  EXPECT_NE(l.status, LatencyOutcome::Status::kNotAsked);
+  EXPECT_NE(l.status, LatencyOutcome::Status::kStopped);
+  EXPECT_EQ(cb->outcome().latency_status, l.status);
+  EXPECT_EQ(l.met(), l.reason.empty()) << l.reason;
+  remove_dir(dir);
 }
 
 }  // namespace

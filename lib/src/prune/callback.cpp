@@ -156,6 +156,9 @@ nlohmann::json report_json(const PruningReport& report, int64_t step) {
           {"latency_batch", report.latency_batch},
           {"latency_us_before", report.result.latency_us_before},
           {"latency_us_after", report.result.latency_us_after},
+          {"latency_outcome", to_string(report.result.latency.status)},
+          {"latency_reason", report.result.latency.reason},
+          {"latency_rounds", report.result.latency.rounds},
           {"eval_before", eval_json(report.eval_before)},
           {"eval_after", eval_json(report.eval_after)},
           {"shapes", shapes},
@@ -227,15 +230,26 @@ class AgreedLatency : public LatencySource {
   double model_us(torch::nn::Module& model, const std::function<void()>& infer) override {
     return agree(local_.model_us(model, infer));
   }
+  double noise(bool op) const override { return noise_[op ? 1 : 0]; }
+  bool any(bool local) override { return agree(local ? 1.0 : 0.0) > 0; }
 
  private:
-  double agree(double us) {
-    if (ranks_.world_size() == 1) return us;
-    torch::Tensor t = torch::tensor({us}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+  /// The ranks' mean of `value`; the noises travel along (their mean), so every rank decides alike.
+  double agree(double value) {
+    noise_[0] = local_.noise(false);
+    noise_[1] = local_.noise(true);
+    if (ranks_.world_size() == 1) return value;
+    const double n = static_cast<double>(ranks_.world_size());
+    torch::Tensor t = torch::tensor({value / n, noise_[0], noise_[1]},
+                                    torch::TensorOptions().dtype(torch::kFloat64).device(device_));
     ranks_.all_reduce_sum(t);
-    return t.item<double>() / static_cast<double>(ranks_.world_size());
+    const torch::Tensor c = t.cpu();
+    noise_[0] = c[1].item<double>() / n;
+    noise_[1] = c[2].item<double>() / n;
+    return c[0].item<double>();
   }
 
+  double noise_[2] = {0, 0};
   MeasuredLatency& local_;
   train::Distribution& ranks_;
   torch::Device device_;
@@ -289,9 +303,11 @@ std::string PruningReport::table() const {
           "warning: the pruned model is not faster on this device: small layers are bound by kernel launches "
           "and memory, not arithmetic. Try larger batches, prune.round_to=8 (tensor cores), or prune less.\n";
   }
-  if (speedup_goal > 0)
-    s += fmt::format("latency target {:.2f}x of the dense model's inference at batch {} (measured above)\n",
-                     speedup_goal, latency_batch);
+  if (speedup_goal > 0) {
+    s += fmt::format("latency target {:.2f}x of the dense model's inference at batch {}: {} ({:.2f}x measured)\n",
+                     speedup_goal, latency_batch, to_string(result.latency.status), result.latency.reached);
+    if (!result.latency.met()) s += "  " + result.latency.reason + "\n";
+  }
   if (eval_before.samples > 0 && eval_before.accuracy >= 0)
     s += fmt::format("accuracy    {:.4f} -> {:.4f} (before fine-tuning)\n", eval_before.accuracy,
                      eval_after.accuracy);
@@ -360,7 +376,8 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
                      options_.heads());
   }
   if (options_.pruner().round_to() == 0)  // the device's multiple, in the dtype the layers compute in
-    options_.pruner().round_to(default_round_to(device_of(*model), compute_dtype(trainer, *model)));
+    options_.pruner().round_to(default_round_to(device_of(*model), compute_dtype(trainer, *model),
+                                                trainer.options().precision() == amp::Precision::kTf32));
   if (options_.target() == PruneTarget::kLatency) latency_example_ = latency_batch(task, options_, example_);
   pruner_ = std::make_unique<Pruner>(*model, std::move(forward), options_.pruner());
   if (resumed_) {
@@ -389,10 +406,10 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
 void PruningCallback::on_epoch_start(train::Trainer& trainer, int64_t epoch) {
   const auto& epochs = options_.epochs();
   while (steps_done_ < static_cast<int64_t>(epochs.size()) && epochs[steps_done_] <= epoch)
-    prune_step(trainer, epoch, steps_done_);
+    if (!prune_step(trainer, epoch, steps_done_)) break;  // stopped by a signal: the trainer stops next
 }
 
-void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t step) {
+bool PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t step) {
   train::Task& task = *trainer.task();
   auto model = task.model();
   const auto n = static_cast<double>(options_.epochs().size());
@@ -432,6 +449,19 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
                   : heads           ? std::move(*heads)
                                     : std::move(*channels);
   report.ratio = pruner_->ratio();
+  if (report.result.latency.status == LatencyOutcome::Status::kStopped) {
+    // Interrupted by a signal: the step is not done. The checkpoint the trainer now writes keeps what
+    // was removed (plan_), and a resume runs the step again from there toward the same goal.
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    plan_ = pruner_->plan();
+    ratio_ = pruner_->ratio();
+    outcome_.after = report.result.after;
+    if (outcome_.latency_us_before <= 0) outcome_.latency_us_before = report.result.latency_us_before;
+    if (trainer.options().distribution()->is_writer())
+      std::cerr << "[prune] pruning step " << step + 1 << " stopped by a signal: " << report.result.latency.reason
+                << "; resume to finish it\n";
+    return false;
+  }
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // taylor's, sliced along
   // Data-parallel ranks prune the same weights by the same rule: their
   // architectures must agree (a differing rank is named, and no rank trains on).
@@ -467,6 +497,12 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   if (report.speedup_goal > 0) {
     if (outcome_.latency_us_before <= 0) outcome_.latency_us_before = report.result.latency_us_before;
     outcome_.latency_us_after = report.result.latency_us_after;
+    outcome_.latency_status = report.result.latency.status;
+    outcome_.latency_reason = report.result.latency.reason;
+    if (!report.result.latency.met() && writer)  // also in the report and the summary; stderr for logs
+      std::cerr << fmt::format("[prune] warning: latency target of step {} {}: {:.2f}x measured for {:.2f}x: {}\n",
+                               step + 1, to_string(report.result.latency.status), report.result.latency.reached,
+                               report.speedup_goal, report.result.latency.reason);
   }
   if (outcome_.steps == 0) {
     outcome_.train_step_ms_before = report.train_step_ms_before;
@@ -478,30 +514,47 @@ void PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   outcome_.infer_ms_after = report.infer_ms_after;
   ++outcome_.steps;
   reports_.push_back(std::move(report));
+  return true;
 }
 
 PruneResult PruningCallback::prune_to_latency(train::Trainer& trainer, train::Task& task, double speedup) {
   auto model = task.model();
   const torch::Device device = device_of(*model);
   const torch::Tensor& input = latency_example_.input;
+  // The layout the steps run in: the trainer's (it makes 4-d inputs NHWC), or the data's own.
   const bool channels_last =
-      input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(torch::MemoryFormat::ChannelsLast);
+      input.dim() == 4 && (trainer.options().channels_last() ||
+                           (!input.is_contiguous() && input.is_contiguous(torch::MemoryFormat::ChannelsLast)));
   MeasuredLatency latency(LatencyOptions()
                               .batch(latency_example_.size())
                               .device(device)
                               .dtype(compute_dtype(trainer, *model))
+                              .tf32(trainer.options().precision() == amp::Precision::kTf32 && device.is_cuda())
                               .channels_last(channels_last)
+                              .yardstick_us(outcome_.yardstick_us)
                               .table(options_.latency_table()));
   // Inference as the evaluation runs it. The snapshot puts the modules' modes and the random
   // generators back afterwards; the tensors are the pruner's to resize, so they are not kept.
   const core::ModelSnapshot modes(*model, core::ModelSnapshotOptions().parameters(false).buffers(false));
+  data::Batch example = latency_example_;
+  if (channels_last) example.input = example.input.contiguous(torch::MemoryFormat::ChannelsLast);
   const auto infer = [&] {
     model->eval();
     torch::NoGradGuard ng;
-    with_precision(trainer, device.type(), [&] { return task.evaluation_step(latency_example_); });
+    with_precision(trainer, device.type(), [&] { return task.evaluation_step(example); });
   };
   AgreedLatency agreed(latency, *trainer.options().distribution(), device);
-  return pruner_->prune_to_latency(speedup, agreed, infer, trainer.optimizer());
+  const bool writer = trainer.options().distribution()->is_writer();
+  const std::atomic<int>* token = trainer.options().stop_signal();
+  LatencyTargetOptions target = LatencyTargetOptions(speedup)
+                                    .overshoot(options_.overshoot())
+                                    .time_budget_s(options_.latency_budget_s())
+                                    .stop([token] { return token != nullptr && token->load() != 0; });
+  if (options_.verbose() && writer)
+    target.progress([](const std::string& line) { std::cout << "[prune] " << line << "\n" << std::flush; });
+  PruneResult r = pruner_->prune_to_latency(target, agreed, infer, trainer.optimizer());
+  outcome_.yardstick_us = latency.yardstick_us();
+  return r;
 }
 
 void PruningCallback::on_before_optimizer_step(train::Trainer&, torch::optim::Optimizer&) {
@@ -523,7 +576,8 @@ void PruningCallback::on_checkpoint_save(train::Trainer&, torch::serialize::Outp
                 torch::tensor({static_cast<double>(o.after.macs), static_cast<double>(o.after.params),
                                o.train_step_ms_before, o.train_step_ms_after, o.infer_ms_before,
                                o.infer_ms_after, o.accuracy_after_first_step, static_cast<double>(o.steps),
-                               o.latency_us_before, o.latency_us_after, static_cast<double>(o.round_to)},
+                               o.latency_us_before, o.latency_us_after, static_cast<double>(o.round_to),
+                               static_cast<double>(o.latency_status), o.yardstick_us},
                               torch::kFloat64));
 }
 
@@ -543,7 +597,7 @@ void PruningCallback::on_checkpoint_load(train::Trainer& trainer, torch::seriali
   outcome_ = PruningOutcome{};
   outcome_.before = outcome_.after = original_;
   torch::Tensor o;  // absent from checkpoints written before it was kept
-  if (archive.try_read("outcome", o) && (o.numel() == 8 || o.numel() == 11)) {
+  if (archive.try_read("outcome", o) && (o.numel() == 8 || o.numel() == 11 || o.numel() == 13)) {
     const auto a = o.to(torch::kFloat64).contiguous();
     const double* p = a.data_ptr<double>();
     outcome_.after.macs = static_cast<int64_t>(p[0]);
@@ -558,6 +612,10 @@ void PruningCallback::on_checkpoint_load(train::Trainer& trainer, torch::seriali
       outcome_.latency_us_before = p[8];
       outcome_.latency_us_after = p[9];
       outcome_.round_to = static_cast<int64_t>(p[10]);
+    }
+    if (o.numel() == 13) {
+      outcome_.latency_status = static_cast<LatencyOutcome::Status>(static_cast<int>(p[11]));
+      outcome_.yardstick_us = p[12];
     }
   }
   resumed_ = true;
@@ -587,6 +645,12 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
             "file caching per-layer latencies (auto = $XDG_CACHE_HOME or ~/.cache /ember/latency.json; "
             "none = not kept)",
             core::OnResume::kMayChange);
+  c.declare("prune.latency_budget_s", d.latency_budget_s(),
+            "seconds one latency pruning step may take, layer timing included (0 = no limit)",
+            core::Bounds::at_least(0), core::OnResume::kMayChange);
+  c.declare("prune.overshoot", d.overshoot(),
+            "prune.target=latency: how far past its goal a step may plan (0.1 = 10% faster than asked)",
+            core::Bounds::from_below(0, 1));
   c.declare("prune.heads", d.heads(),
             "share of each attention layer's heads removed in total by the last step (whole heads; 0 = none)",
             core::Bounds::from_below(0, 1));
@@ -597,7 +661,7 @@ void declare_pruning_keys(core::Config& c, const PruningCallbackOptions& d) {
             "no group loses more than this fraction of its channels", core::Bounds{0.0, 1.0, true});
   c.declare("prune.round_to", d.pruner().round_to(),
             "remaining channels rounded down to a multiple of this (0 = the device's: 8 on AVX2/AVX-512 "
-            "CPUs and on CUDA in fp16/bf16, else 1)",
+            "CPUs and on CUDA in fp16/bf16, 4 in TF32, else 1)",
             core::Bounds::between(0, 1 << 16));
   c.declare("prune.ignored", ignored, "comma-separated layers whose shapes stay (e.g. \"stem,fc\")");
   c.declare("prune.taylor_batches", d.taylor_batches(), "batches whose gradients feed taylor importance",
@@ -662,6 +726,8 @@ PruningCallbackOptions pruning_options_from_config(const core::Config& c) {
       .speedup(c.get_float("prune.speedup"))
       .latency_batch(c.get_int("prune.latency_batch"))
       .latency_table(latency_table_path(c.get_string("prune.latency_table")))
+      .latency_budget_s(c.get_float("prune.latency_budget_s"))
+      .overshoot(c.get_float("prune.overshoot"))
       .pruner(p)
       .taylor_batches(c.get_int("prune.taylor_batches"))
       .sparsity_l1(c.get_float("prune.sparsity_l1"))

@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
@@ -48,23 +50,29 @@ std::string dtype_name(torch::Dtype dtype) {
   return std::string(c10::toString(dtype));
 }
 
-/// Median of three means of `reps` runs of `run`, after `warmup` runs, in microseconds.
-double time_us(const std::function<void()>& run, const torch::Device& device, int64_t warmup, int64_t reps) {
-  const auto sync = [&] {
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
-  };
-  for (int64_t i = 0; i < warmup; ++i) run();
-  std::vector<double> means;
-  for (int round = 0; round < 3; ++round) {
-    sync();
-    const auto t0 = Clock::now();
+/// Runs `run` `reps` times between two readings of the device's clock, in microseconds per run:
+/// CUDA events on the current stream on a GPU (the host clock would add launch and sync latency),
+/// the steady clock on the CPU, or the injected one.
+double mean_us(const std::function<void()>& run, int64_t reps, const torch::Device& device,
+               const std::function<double()>& clock) {
+  if (clock) {
+    const double t0 = clock();
     for (int64_t i = 0; i < reps; ++i) run();
-    sync();
-    means.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
-                    static_cast<double>(reps));
+    return (clock() - t0) / static_cast<double>(reps);
   }
-  std::sort(means.begin(), means.end());
-  return means[1];
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device.index());
+    const auto stream = c10::cuda::getCurrentCUDAStream(device.index());
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);  // timing enabled
+    start.record(stream);
+    for (int64_t i = 0; i < reps; ++i) run();
+    stop.record(stream);
+    stop.synchronize();
+    return 1e3 * static_cast<double>(start.elapsed_time(stop)) / static_cast<double>(reps);
+  }
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < reps; ++i) run();
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / static_cast<double>(reps);
 }
 
 }  // namespace
@@ -128,8 +136,11 @@ std::string latency_device_name(torch::Device device) {
   return fmt::format("cpu {} {} threads", at::get_cpu_capability(), at::get_num_threads());
 }
 
-int64_t default_round_to(torch::Device device, torch::Dtype dtype) {
-  if (device.is_cuda()) return dtype == torch::kHalf || dtype == torch::kBFloat16 ? 8 : 1;
+int64_t default_round_to(torch::Device device, torch::Dtype dtype, bool tf32) {
+  if (device.is_cuda()) {
+    if (dtype == torch::kHalf || dtype == torch::kBFloat16) return 8;
+    return dtype == torch::kFloat && tf32 ? 4 : 1;
+  }
   // oneDNN's blocked layouts group channels by 8 (AVX2) or 16 (AVX-512). 8 on both: on the AVX-512
   // machine this was measured on, multiples of 16 left the latency target steps too coarse for
   // 16-channel stages (ResNet-14 on Fashion-MNIST at 1.5x: -1.06 points with 16, -0.41 with 8).
@@ -139,9 +150,13 @@ int64_t default_round_to(torch::Device device, torch::Dtype dtype) {
 
 MeasuredLatency::MeasuredLatency(LatencyOptions options)
     : options_(std::move(options)), device_name_(latency_device_name(options_.device())) {
-  EMBER_CHECK(options_.batch() >= 1 && options_.reps() >= 1 && options_.warmup() >= 0,
-              "[prune::MeasuredLatency] batch {} and reps {} must be >= 1, warmup {} >= 0", options_.batch(),
-              options_.reps(), options_.warmup());
+  EMBER_CHECK(options_.batch() >= 1 && options_.reps() >= 1 && options_.warmup() >= 0 &&
+                  options_.min_time_us() >= 0 && options_.yardstick_us() >= 0,
+              "[prune::MeasuredLatency] batch {} and reps {} must be >= 1, warmup {}, min_time_us {} and "
+              "yardstick_us {} >= 0",
+              options_.batch(), options_.reps(), options_.warmup(), options_.min_time_us(),
+              options_.yardstick_us());
+  yardstick_us_ = options_.yardstick_us();
   const std::string& path = options_.table();
   if (path.empty() || !core::is_file(path)) return;
   try {
@@ -184,9 +199,27 @@ void MeasuredLatency::save() {
   dirty_ = false;
 }
 
+MeasuredLatency::Timing MeasuredLatency::time(const std::function<void()>& run, double min_time_us) {
+  const torch::Device& device = options_.device();
+  const auto& clock = options_.clock_us();
+  for (int64_t i = 0; i < options_.warmup(); ++i) run();
+  // One run tells how many make a mean of at least min_time_us.
+  const double one = std::max(mean_us(run, 1, device, clock), 1e-3);
+  const double cover = min_time_us >= 0 ? min_time_us : options_.min_time_us();
+  const int64_t reps = std::max(options_.reps(), static_cast<int64_t>(std::ceil(cover / one)));
+  std::vector<double> means;
+  for (int round = 0; round < 3; ++round) means.push_back(mean_us(run, reps, device, clock));
+  std::sort(means.begin(), means.end());
+  Timing t;
+  t.us = means[1];
+  t.spread = t.us > 0 ? (means[2] - means[0]) / t.us : 0.0;
+  return t;
+}
+
 std::string MeasuredLatency::full_key(const LayerOp& op) const {
+  const bool tf32 = options_.tf32() && options_.dtype() == torch::kFloat;
   return fmt::format(
-      "{} | {} | {} | {}", device_name_, dtype_name(options_.dtype()),
+      "{} | {}{} | {} | {}", device_name_, dtype_name(options_.dtype()), tf32 ? "+TF32" : "",
       options_.channels_last() && op.kind == LayerOp::Kind::kConv ? "channels_last" : "contiguous",
       op.key(options_.batch()));
 }
@@ -218,25 +251,54 @@ double MeasuredLatency::op_us(const LayerOp& op) {
     }
     run = [&] { torch::convolution(x, w, {}, op.stride, op.padding, op.dilation, false, {0}, op.groups); };
   }
-  const double us = time_us(run, options_.device(), options_.warmup(), options_.reps());
-  entries_[key] = us;
+  const Timing timing = time(run);
+  entries_[key] = timing.us;
   ++timed_ops_;
   dirty_ = true;
-  return us;
+  // The layers' noise: the median spread of what this object timed (a table entry has none).
+  op_spreads_.push_back(timing.spread);
+  std::vector<double> s = op_spreads_;
+  std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2), s.end());
+  op_noise_ = s[s.size() / 2];
+  return timing.us;
 }
 
 double MeasuredLatency::model_us(torch::nn::Module&, const std::function<void()>& infer) {
-  const auto& reference = options_.reference();
-  if (!reference) return time_us(infer, options_.device(), options_.warmup(), options_.reps());
-  if (reference_us_ <= 0)
-    reference_us_ = time_us(reference, options_.device(), options_.warmup(), options_.reps());
-  std::vector<double> ratios;
-  for (int round = 0; round < 5; ++round) {
-    const double r = time_us(reference, options_.device(), 1, options_.reps());
-    ratios.push_back(time_us(infer, options_.device(), 1, options_.reps()) / r);
+  if (!options_.paired()) {
+    const Timing t = time(infer);
+    model_noise_ = t.spread;
+    return t.us;
   }
+  std::function<void()> yardstick = options_.reference();
+  if (!yardstick) {
+    if (!yardstick_) {
+      // A fixed matrix product in the layers' dtype: the same work at every call of every run.
+      const auto t = torch::TensorOptions().device(options_.device()).dtype(options_.dtype());
+      torch::NoGradGuard ng;
+      yardstick_a_ = torch::randn({256, 256}, t);
+      yardstick_b_ = torch::randn({256, 256}, t);
+      yardstick_ = [this] {
+        c10::InferenceMode inference;
+        torch::mm(yardstick_a_, yardstick_b_);
+      };
+    }
+    yardstick = yardstick_;
+  }
+  // Alternating rounds; each ratio pairs two measurements taken moments apart and over the same wall
+  // time (a yardstick timed for a few milliseconds beside a model timed for seconds sees another load).
+  std::vector<double> ratios;
+  double first_yardstick = 0;
+  for (int round = 0; round < 5; ++round) {
+    const double m = time(infer).us;
+    const double y = time(yardstick, std::max(options_.min_time_us(), m)).us;
+    if (round == 0) first_yardstick = y;
+    ratios.push_back(m / std::max(y, 1e-9));
+  }
+  if (yardstick_us_ <= 0) yardstick_us_ = first_yardstick;
   std::sort(ratios.begin(), ratios.end());
-  return reference_us_ * ratios[ratios.size() / 2];
+  const double median = ratios[2];
+  model_noise_ = median > 0 ? (ratios[3] - ratios[1]) / median : 0.0;  // the middle three's spread
+  return yardstick_us_ * median;
 }
 
 }  // namespace ember::prune

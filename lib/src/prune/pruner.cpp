@@ -13,8 +13,15 @@
 
 #include "core/check.h"
 #include "ember/prune/heads.h"
+#include "prune/pruner_internal.h"
 
 namespace ember::prune {
+
+using internal::add_warnings;
+using internal::apply_checked;
+using internal::diff;
+using internal::over_group_mean;
+using internal::parameter_shapes;
 
 Importance importance_from_string(const std::string& name) {
   if (name == "l1") return Importance::kL1;
@@ -130,23 +137,15 @@ void Pruner::resume(Plan applied, double ratio, core::ModelCost original, double
   original_latency_us_ = original_latency_us;
 }
 
-namespace {
+namespace internal {
 
-/// A group's unit scores in double, over their mean (as they are when units of
-/// different groups compete: global ranking, the latency target).
 torch::Tensor over_group_mean(const torch::Tensor& scores) {
   const torch::Tensor s = scores.to(torch::kDouble);
   const double mean = s.mean().item<double>();
   return (mean > 0 ? s / mean : s).contiguous();
 }
 
-}  // namespace
-
-/// A group the pruner may shrink, in channels of its reference dimension.
-struct Pruner::Candidate {
-  size_t group;
-  int64_t units, width, original, min_keep;
-};
+}  // namespace internal
 
 std::vector<Pruner::Candidate> Pruner::candidates(const DependencyGraph& graph,
                                                   const std::vector<torch::Tensor>& scores) const {
@@ -262,7 +261,7 @@ Plan make_plan(const DependencyGraph& graph, const std::vector<std::vector<int64
   return Plan(std::move(entries));
 }
 
-namespace {
+namespace internal {
 
 std::map<std::string, std::vector<int64_t>> parameter_shapes(const torch::nn::Module& model) {
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -280,8 +279,6 @@ std::vector<ShapeChange> diff(const std::map<std::string, std::vector<int64_t>>&
   return changes;
 }
 
-/// Applies `plan` and counts the pruned model's cost; a forward pass that
-/// fails now is reported with its usual causes.
 core::ModelCost apply_checked(torch::nn::Module& model, const ForwardFn& forward, const Plan& plan,
                               torch::optim::Optimizer* optimizer, const char* caller) {
   prune::apply_plan(model, plan, optimizer);
@@ -302,7 +299,7 @@ void add_warnings(std::vector<std::string>& to, const std::vector<std::string>& 
     if (std::find(to.begin(), to.end(), w) == to.end()) to.push_back(w);
 }
 
-}  // namespace
+}  // namespace internal
 
 PruneResult Pruner::step(double ratio, torch::optim::Optimizer* optimizer) {
   EMBER_CHECK(ratio >= 0.0 && ratio < 1.0, "[prune::Pruner::step] ratio {} must be in [0, 1)", ratio);
@@ -398,192 +395,6 @@ PruneResult Pruner::prune_to(Target target, double fraction, torch::optim::Optim
       break;
     }
   }
-  total.changes = diff(shapes_before, parameter_shapes(model_));
-  return total;
-}
-
-}  // namespace ember::prune
-
-namespace ember::prune {
-
-Plan Pruner::select_for_latency(const DependencyGraph& graph, LatencySource& latency, double goal_us) const {
-  const auto scores =
-      importance(graph, options_.importance(), options_.seed() + static_cast<uint64_t>(steps_));
-  const std::vector<Candidate> cands = candidates(graph, scores);
-  const std::vector<LayerOp> ops = layer_ops(model_, forward_);
-
-  // Which groups set each layer's output and input channels, and by how many channels per unit.
-  struct Term {
-    size_t cand;
-    int64_t per_unit;
-  };
-  std::map<std::pair<std::string, int64_t>, std::vector<Term>> terms_of;  // (tensor, dim) -> terms
-  for (size_t ci = 0; ci < cands.size(); ++ci) {
-    const Group& g = graph.groups()[cands[ci].group];
-    for (const Group::Member& m : g.members) {
-      const TensorDim& td = graph.dims()[m.dim];
-      if (td.role != DimRole::kOut && td.role != DimRole::kIn) continue;
-      const auto positions =
-          std::count_if(m.unit_of.begin(), m.unit_of.end(), [](int64_t u) { return u >= 0; });
-      terms_of[{td.name, td.dim}].push_back({ci, positions / g.num_units});
-    }
-  }
-  struct Deps {
-    std::vector<Term> out, in;
-  };
-  std::vector<Deps> deps(ops.size());
-  std::vector<std::vector<size_t>> ops_of(cands.size());  // candidate -> layers it resizes
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const bool grouped = ops[i].groups > 1 && !ops[i].depthwise();  // left at its time: not modelled
-    if (grouped) continue;
-    deps[i].out = terms_of[{ops[i].weight, 0}];
-    if (!ops[i].depthwise()) deps[i].in = terms_of[{ops[i].weight, 1}];
-    for (const auto* side : {&deps[i].out, &deps[i].in})
-      for (const Term& t : *side)
-        if (ops_of[t.cand].empty() || ops_of[t.cand].back() != i) ops_of[t.cand].push_back(i);
-  }
-
-  std::vector<int64_t> keep(cands.size());
-  for (size_t ci = 0; ci < cands.size(); ++ci) keep[ci] = cands[ci].units;
-  const auto op_time = [&](size_t i, const std::vector<int64_t>& k) {
-    LayerOp op = ops[i];
-    for (const Term& t : deps[i].out) op.out -= (cands[t.cand].units - k[t.cand]) * t.per_unit;
-    for (const Term& t : deps[i].in) op.in -= (cands[t.cand].units - k[t.cand]) * t.per_unit;
-    if (op.depthwise() || (ops[i].depthwise() && op.out != ops[i].out)) op.in = op.groups = op.out;
-    return latency.op_us(op);
-  };
-  std::vector<double> now(ops.size());
-  double total = 0;
-  for (size_t i = 0; i < ops.size(); ++i) total += now[i] = op_time(i, keep);
-
-  // Units of each group, least important first, and their scores over the group's mean.
-  std::vector<std::vector<int64_t>> order(cands.size());
-  std::vector<std::vector<double>> cost(cands.size());
-  for (size_t ci = 0; ci < cands.size(); ++ci) {
-    const torch::Tensor n = over_group_mean(scores[cands[ci].group]);
-    const torch::Tensor o = std::get<1>(n.sort(/*stable=*/true, 0, false)).contiguous();
-    order[ci].assign(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel());
-    for (int64_t u : order[ci]) cost[ci].push_back(n.data_ptr<double>()[u]);
-  }
-
-  const int64_t r = options_.round_to();
-  while (total > goal_us) {
-    // Per group: the next narrower width (a multiple of round_to) that saves time; the cheapest per us
-    // wins, unless some steps alone reach the goal: then the cheapest of those (no needless overshoot).
-    double best = std::numeric_limits<double>::infinity(), best_finishing = best;
-    size_t best_ci = 0, finishing_ci = 0;
-    int64_t best_units = -1, finishing_units = -1;
-    for (size_t ci = 0; ci < cands.size(); ++ci) {
-      const Candidate& c = cands[ci];
-      if (ops_of[ci].empty()) continue;
-      const int64_t lowest = std::max(r > 1 ? (c.min_keep + r - 1) / r * r : c.min_keep, c.width);
-      double touched = 0;
-      for (size_t i : ops_of[ci]) touched += now[i];
-      std::vector<int64_t> k = keep;
-      for (int64_t channels = (keep[ci] * c.width - 1) / r * r; channels >= lowest; channels -= r) {
-        const int64_t units = channels / c.width;
-        if (units >= keep[ci] || units < 1) continue;
-        k[ci] = units;
-        double saving = 0;
-        for (size_t i : ops_of[ci]) saving += now[i] - op_time(i, k);
-        if (saving <= 0.01 * touched) continue;  // within a step (or the timing's noise): look further
-        const int64_t gone = c.units - keep[ci];
-        double removed = 0;
-        for (int64_t u = gone; u < c.units - units; ++u) removed += cost[ci][static_cast<size_t>(u)];
-        if (removed / saving < best) {
-          best = removed / saving;
-          best_ci = ci;
-          best_units = units;
-        }
-        if (total - saving <= goal_us && removed < best_finishing) {
-          best_finishing = removed;
-          finishing_ci = ci;
-          finishing_units = units;
-        }
-        break;
-      }
-    }
-    if (best_units < 0) break;  // nothing left that saves time
-    if (finishing_units >= 0) {
-      best_ci = finishing_ci;
-      best_units = finishing_units;
-    }
-    keep[best_ci] = best_units;
-    for (size_t i : ops_of[best_ci]) now[i] = op_time(i, keep);
-    total = 0;
-    for (double t : now) total += t;
-  }
-
-  std::vector<std::vector<int64_t>> remove(graph.groups().size());
-  for (size_t ci = 0; ci < cands.size(); ++ci)
-    remove[cands[ci].group].assign(order[ci].begin(), order[ci].begin() + (cands[ci].units - keep[ci]));
-  return make_plan(graph, remove);
-}
-
-PruneResult Pruner::prune_to_latency(double speedup, LatencySource& latency,
-                                     const std::function<void()>& infer, torch::optim::Optimizer* optimizer,
-                                     int max_rounds) {
-  EMBER_CHECK(std::isfinite(speedup) && speedup >= 1.0,
-              "[prune::Pruner::prune_to_latency] speedup {} must be >= 1 (1.5 = 1.5x faster)", speedup);
-  EMBER_CHECK(max_rounds >= 1, "[prune::Pruner::prune_to_latency] max_rounds {} must be >= 1", max_rounds);
-  EMBER_CHECK(static_cast<bool>(infer), "[prune::Pruner::prune_to_latency] infer is empty");
-  PruneResult total;
-  total.before = core::count_cost(model_, forward_);
-  total.after = total.before;
-  const auto shapes_before = parameter_shapes(model_);
-  double measured = latency.model_us(model_, infer);
-  if (original_latency_us_ <= 0) original_latency_us_ = measured;
-  const double goal = original_latency_us_ / speedup;
-  total.latency_us_before = measured;
-  const auto layers_us = [&] {
-    double t = 0;
-    for (const LayerOp& op : layer_ops(model_, forward_)) t += latency.op_us(op);
-    return t;
-  };
-  // The model's measured time against its layers' time from the table: a line,
-  // proportional at first, then through the first and the latest measurement.
-  double first_layers = -1, first_measured = measured;
-  bool stuck = false;
-  for (int round = 0; round < max_rounds && measured > goal; ++round) {
-    const DependencyGraph graph = DependencyGraph::build(
-        model_, forward_,
-        GraphOptions().ignored_layers(options_.ignored_layers()).print_warnings(options_.print_warnings()));
-    add_warnings(total.warnings, graph.warnings());
-    const double layers = layers_us();
-    if (first_layers < 0) first_layers = layers;
-    if (layers <= 0) {
-      stuck = true;
-      break;
-    }
-    // Pruned channels cannot come back, so each round errs short of the goal: timing noise can make
-    // the line too flat, so the slope stays within [0.75, 2] x proportional, and one round takes at
-    // most 30% of the layers' remaining time (the next round measures again).
-    const double proportional = first_measured / first_layers;
-    double slope = measured / layers;
-    if (first_layers - layers > 1e-9)
-      slope = std::clamp((first_measured - measured) / (first_layers - layers), 0.75 * proportional,
-                         2.0 * proportional);
-    const double layers_goal = std::max(layers - (measured - goal) / slope, 0.7 * layers);
-    const Plan plan = select_for_latency(graph, latency, layers_goal);
-    ++steps_;
-    if (plan.empty()) {
-      stuck = true;
-      break;
-    }
-    total.after = apply_checked(model_, forward_, plan, optimizer, "prune_to_latency");
-    plan_ = plan_.then(plan);
-    total.plan = total.plan.then(plan);
-    measured = latency.model_us(model_, infer);
-  }
-  total.latency_us_after = measured;
-  if (measured > goal)
-    total.warnings.push_back(fmt::format(
-        "[prune::Pruner::prune_to_latency] reached {:.2f}x of the {:.2f}x asked for ({:.1f} us, goal {:.1f} "
-        "us): {}",
-        original_latency_us_ / measured, speedup, measured, goal,
-        stuck ? "no narrower width of any group saves time any more (max_ratio, round_to, ignored layers, "
-                "unprunable channels)"
-              : "out of rounds"));
   total.changes = diff(shapes_before, parameter_shapes(model_));
   return total;
 }

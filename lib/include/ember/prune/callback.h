@@ -80,6 +80,11 @@ struct PruningCallbackOptions {
   TORCH_ARG(int64_t, latency_batch) = 0;
   /// The latency table's file ("" = kept in memory only; LatencyOptions::table).
   TORCH_ARG(std::string, latency_table) = "";
+  /// Seconds one latency pruning step may take, layer timing included
+  /// (LatencyTargetOptions::time_budget_s); 0 = no limit.
+  TORCH_ARG(double, latency_budget_s) = 600;
+  /// How far past its goal a latency step may plan (LatencyTargetOptions::overshoot).
+  TORCH_ARG(double, overshoot) = 0.1;
   /// Share of each attention layer's heads removed by the last step (cumulative, of the original
   /// heads; whole heads, head_dim kept); 0 = none. Needs core::HeadedAttention layers.
   TORCH_ARG(double, heads) = 0.0;
@@ -125,6 +130,12 @@ struct PruningOutcome {
   int64_t steps = 0;                                         ///< pruning steps run
   /// The latency target's measured inference, before the first step and after the last (0 = none).
   double latency_us_before = 0, latency_us_after = 0;
+  /// How the last latency step ended (met, overshot, missed...; kNotAsked: no latency target).
+  LatencyOutcome::Status latency_status = LatencyOutcome::Status::kNotAsked;
+  /// Why, unless it was met (not kept in checkpoints: "" after a resume past it).
+  std::string latency_reason;
+  /// The paired yardstick's time all latency steps are scaled by (MeasuredLatency::yardstick_us).
+  double yardstick_us = 0;
   int64_t round_to = 1;  ///< the channel multiple used (prune.round_to, or the device's)
 };
 
@@ -152,7 +163,8 @@ class PruningCallback : public train::Callback {
   const PruningCallbackOptions& options() const { return options_; }
 
  private:
-  void prune_step(train::Trainer& trainer, int64_t epoch, int64_t step);
+  /// false: stopped by a signal before it was done (a resume runs it again).
+  bool prune_step(train::Trainer& trainer, int64_t epoch, int64_t step);
   PruneResult prune_to_latency(train::Trainer& trainer, train::Task& task, double speedup);
 
   PruningCallbackOptions options_;

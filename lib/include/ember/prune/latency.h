@@ -60,6 +60,17 @@ class LatencySource {
   virtual double op_us(const LayerOp& op) = 0;
   /// Microseconds of one inference forward of the whole model; `infer` runs it once.
   virtual double model_us(torch::nn::Module& model, const std::function<void()>& infer) = 0;
+  /// The relative uncertainty of the last model_us (op: false) or of the
+  /// layer times (op: true); 0 = exact. A change smaller than this is not
+  /// believed: the pruner takes no width step whose saving is within it and
+  /// stops when a round's measured gain is.
+  virtual double noise(bool op) const {
+    (void)op;
+    return 0.0;
+  }
+  /// A decision every data-parallel rank must take alike (stop, out of time):
+  /// true on all ranks when `local` is true on any. One process: `local`.
+  virtual bool any(bool local) { return local; }
 };
 
 struct LatencyOptions {
@@ -68,17 +79,39 @@ struct LatencyOptions {
   TORCH_ARG(torch::Device, device) = torch::kCPU;
   /// The dtype the layers compute in (autocast's for mixed precision).
   TORCH_ARG(torch::Dtype, dtype) = torch::kFloat;
-  /// Convs timed on channels-last inputs.
+  /// fp32 layers run with TF32 tensor-core math (precision tf32 on CUDA): their
+  /// own table entries, since TF32 and fp32 convolutions differ in speed and in
+  /// the widths they run fast. The caller sets the math mode; this only keys it.
+  TORCH_ARG(bool, tf32) = false;
+  /// Convs timed on channels-last inputs and weights (trainer.channels_last).
   TORCH_ARG(bool, channels_last) = false;
   /// File of the cached table, shared by devices (keys name theirs); "" = kept in memory only.
   TORCH_ARG(std::string, table) = "";
-  /// Untimed runs before, then timed runs of each measurement (the median of three means).
-  TORCH_ARG(int64_t, warmup) = 3;
-  TORCH_ARG(int64_t, reps) = 10;
-  /// If set: the unpruned model's inference, kept aside. model_us then times it and the model in
-  /// alternating rounds and returns the reference's first measurement x the median of the paired
-  /// ratios, so that drift in the machine's load between measurements cancels out.
+  /// Untimed runs before each measurement.
+  TORCH_ARG(int64_t, warmup) = 1;
+  /// Runs in each of the three timed means: at least `reps`, and enough for a
+  /// mean to cover `min_time_us` of work, so that a small layer is not timed
+  /// by its launch overhead or the clock's resolution. A measurement is the
+  /// median of the three means; their spread is its noise.
+  TORCH_ARG(int64_t, reps) = 1;
+  TORCH_ARG(double, min_time_us) = 2000;
+  /// Paired model timing: model_us times the model and a yardstick in
+  /// alternating rounds, the yardstick over as much wall time as the model,
+  /// and returns the yardstick's time x the median of the paired ratios, so
+  /// that drift in the machine's load between measurements (30% seen on a
+  /// shared 2-core machine) cancels. The yardstick is
+  /// `reference` if set (e.g. the unpruned model kept aside), else a fixed
+  /// matrix product in `dtype` on the device. false: the model alone.
+  TORCH_ARG(bool, paired) = true;
   TORCH_ARG(std::function<void()>, reference) = nullptr;
+  /// The yardstick's time that paired ratios are scaled by; 0 = measured at
+  /// the first model_us. A caller timing one model over several objects (the
+  /// pruning callback's steps) keeps yardstick_us() and passes it back, so
+  /// that all its measurements share one scale.
+  TORCH_ARG(double, yardstick_us) = 0;
+  /// Microseconds since any fixed point; nullptr = the steady clock on the
+  /// CPU and CUDA events on a GPU. Tests inject a clock the timed work advances.
+  TORCH_ARG(std::function<double()>, clock_us) = nullptr;
 };
 
 /// Times layers and models on the device; layer times are cached in a table
@@ -95,6 +128,9 @@ class MeasuredLatency : public LatencySource {
 
   double op_us(const LayerOp& op) override;
   double model_us(torch::nn::Module& model, const std::function<void()>& infer) override;
+  double noise(bool op) const override { return op ? op_noise_ : model_noise_; }
+  /// The paired yardstick's time (0 before the first paired model_us).
+  double yardstick_us() const { return yardstick_us_; }
 
   /// Writes the table (also done by the destructor); no-op without a file.
   void save();
@@ -108,22 +144,32 @@ class MeasuredLatency : public LatencySource {
 
  private:
   std::string full_key(const LayerOp& op) const;
+  struct Timing {
+    double us = 0, spread = 0;  // the median of three means; (max - min) / median
+  };
+  /// Each of the three means covers at least `min_time_us` (< 0: the options').
+  Timing time(const std::function<void()>& run, double min_time_us = -1);
 
   LatencyOptions options_;
   std::string device_name_;
   std::map<std::string, double> entries_;
   int64_t timed_ops_ = 0;
   bool dirty_ = false;
-  double reference_us_ = 0;  // the reference's first measurement
+  double yardstick_us_ = 0;
+  double op_noise_ = 0, model_noise_ = 0;
+  std::vector<double> op_spreads_;
+  std::function<void()> yardstick_;
+  torch::Tensor yardstick_a_, yardstick_b_;
 };
 
 /// The device as latency-table keys name it: "cpu <ISA> <threads> threads" or "cuda <name>".
 std::string latency_device_name(torch::Device device);
 
 /// The channel multiple the device runs fast, the default of prune.round_to:
-/// 8 on CUDA for fp16/bf16 (tensor-core tiles), 1 for fp32 on CUDA; on a CPU
-/// with AVX2 or AVX-512, 8 (oneDNN's channel blocks are 8 or 16; 16 was
-/// measured too coarse for the latency target on small ResNets), else 1.
-int64_t default_round_to(torch::Device device, torch::Dtype dtype);
+/// on CUDA 8 for fp16/bf16 and 4 for TF32 (tensor-core tiles: 16 bytes of k
+/// per MMA row), 1 for plain fp32; on a CPU with AVX2 or AVX-512, 8 (oneDNN's
+/// channel blocks are 8 or 16; 16 was measured too coarse for the latency
+/// target on small ResNets), else 1.
+int64_t default_round_to(torch::Device device, torch::Dtype dtype, bool tf32 = false);
 
 }  // namespace ember::prune

@@ -20,6 +20,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,51 @@ struct ShapeChange {
   std::vector<int64_t> before, after;
 };
 
+/// How a latency target ended. Pruned channels cannot come back, so every
+/// ending but kMet says why, in `reason` and in the result's warnings.
+struct LatencyOutcome {
+  enum class Status {
+    kNotAsked,   ///< not a latency target
+    kMet,        ///< within [goal x (1 - overshoot), goal x (1 + tolerance)] of the goal's time
+    kOvershot,   ///< faster than the goal by more than the overshoot bound (measured after the fact)
+    kMissed,     ///< stopped short: out of rounds, nothing left that saves time, or gains within the noise
+    kStopped,    ///< LatencyTargetOptions::stop asked (a signal): what was applied stays
+    kOutOfTime,  ///< LatencyTargetOptions::time_budget_s ran out: what was applied stays
+  };
+  Status status = Status::kNotAsked;
+  double goal = 0;     ///< the speed-up asked for
+  double reached = 0;  ///< the speed-up measured at the end
+  double noise = 0;    ///< the relative noise of the last model measurement
+  int rounds = 0;      ///< prune-and-measure rounds taken
+  std::string reason;  ///< why, unless kMet
+  bool met() const { return status == Status::kMet; }
+};
+const char* to_string(LatencyOutcome::Status status);
+
+/// What Pruner::prune_to_latency aims at and how far it may go.
+struct LatencyTargetOptions {
+  /* implicit */ LatencyTargetOptions(double speedup) : speedup_(speedup) {}  // NOLINT
+  /// The inference speed-up to reach (1.5 = 1.5x faster), of the original latency.
+  TORCH_ARG(double, speedup);
+  /// Prune-and-measure rounds at most.
+  TORCH_ARG(int, max_rounds) = 8;
+  /// The goal counts as met within this fraction above its time.
+  TORCH_ARG(double, tolerance) = 0.03;
+  /// How far past the goal a round may plan: no width step is taken whose
+  /// predicted time is below goal x (1 - overshoot); the round stops short
+  /// instead, and the next measures again.
+  TORCH_ARG(double, overshoot) = 0.1;
+  /// Seconds the whole call may take (layer timing included); 0 = no limit.
+  TORCH_ARG(double, time_budget_s) = 0;
+  /// Asked between layer timings and rounds: true stops with what is applied
+  /// (LatencyOutcome::kStopped). The pruning callback passes the trainer's stop token.
+  TORCH_ARG(std::function<bool()>, stop) = nullptr;
+  /// Called with a line of progress (each round's measurement, and every ~10 s while layers are timed).
+  TORCH_ARG(std::function<void(const std::string&)>, progress) = nullptr;
+  /// Seconds since any fixed point; nullptr = the steady clock (tests inject one).
+  TORCH_ARG(std::function<double()>, clock_s) = nullptr;
+};
+
 struct PruneResult {
   Plan plan;  ///< what this call removed, relative to the model before it
   std::vector<ShapeChange> changes;
@@ -99,6 +145,8 @@ struct PruneResult {
   /// Inference latency before and after, as the LatencySource measured it (prune_to_latency; 0 = not
   /// measured).
   double latency_us_before = 0, latency_us_after = 0;
+  /// How prune_to_latency ended (kNotAsked for the other targets).
+  LatencyOutcome latency;
   /// Per-layer shapes, then MACs and parameters before -> after with ratios (and latency, if measured).
   std::string table() const;
 };
@@ -130,18 +178,24 @@ class Pruner {
 
   /// Prunes until `latency` measures the model's inference (`infer`: one
   /// forward at the batch the speed-up is asked for) at most the original
-  /// latency / `speedup` (the original: measured at the first call, or set by
-  /// resume). Greedy, in rounds: each round asks `latency` for the time of
-  /// every conv and linear layer (layer_ops) at the next narrower width of
-  /// each group (a multiple of options().round_to(); a width that saves no
-  /// time is skipped over to the next one that does), removes the channels
-  /// with the least importance per saved microsecond until the layers' time
-  /// reaches what the last measurement says is needed, then measures the
-  /// model again. Layer importance is normalised by its group's mean, as
-  /// global ranking. Stops after `max_rounds`, or when nothing more can be
-  /// removed, with a warning in the result if the goal was not met.
-  PruneResult prune_to_latency(double speedup, LatencySource& latency, const std::function<void()>& infer,
-                               torch::optim::Optimizer* optimizer = nullptr, int max_rounds = 8);
+  /// latency / options.speedup() (the original: measured at the first call, or
+  /// set by resume). Greedy, in rounds: each round asks `latency` for the time
+  /// of every conv and linear layer (layer_ops) at narrower widths of each
+  /// group, removes the channels with the least importance per saved
+  /// microsecond until the layers' time reaches what the last measurement says
+  /// is needed, then measures the model again. Widths are multiples of
+  /// options().round_to() times a power of two, 8-16 steps per group (each new
+  /// width is a new timing); a step whose saving
+  /// is within the layer timings' noise is not taken, nor one predicted past
+  /// the overshoot bound. Layer importance is normalised by its group's mean,
+  /// as global ranking. Stops when the goal is met, after max_rounds, when
+  /// nothing more saves time, when a round's measured gain is within the
+  /// model timing's noise (the layers it can narrow no longer decide the
+  /// model's time: pruning on would only cost accuracy), on stop() or at the
+  /// time budget; the result's `latency` says which, and every ending but a
+  /// met goal adds a warning.
+  PruneResult prune_to_latency(const LatencyTargetOptions& options, LatencySource& latency,
+                               const std::function<void()>& infer, torch::optim::Optimizer* optimizer = nullptr);
   /// The latency the first prune_to_latency measured (0 before).
   double original_latency_us() const { return original_latency_us_; }
 
@@ -163,7 +217,8 @@ class Pruner {
   std::vector<Candidate> candidates(const DependencyGraph& graph,
                                     const std::vector<torch::Tensor>& scores) const;
   Plan select(const DependencyGraph& graph, double ratio) const;
-  Plan select_for_latency(const DependencyGraph& graph, LatencySource& latency, double goal_us) const;
+  struct LatencyRound;
+  Plan select_for_latency(const DependencyGraph& graph, LatencySource& latency, LatencyRound& round) const;
 
   torch::nn::Module& model_;
   ForwardFn forward_;
