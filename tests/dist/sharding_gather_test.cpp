@@ -26,12 +26,19 @@ namespace {
 
 constexpr int64_t kBlocks = 4;
 
-// Four residual blocks run through core::BlockModel, a stem and a head outside them.
+// Four residual blocks run through core::BlockModel, a stem and a head outside
+// them; with `norms`, each block normalises its input first (a pre-norm block)
+// and the residual stream is float32 also under autocast (as a transformer's
+// embeddings make it).
 struct FourBlocksImpl : torch::nn::Module, core::BlockModel {
-  FourBlocksImpl() {
+  explicit FourBlocksImpl(bool with_norms = false) : norms(with_norms) {
     stem = register_module("stem", torch::nn::Linear(8, 16));
-    for (int64_t i = 0; i < kBlocks; ++i)
-      layers.push_back(register_module("block" + std::to_string(i), torch::nn::Linear(16, 16)));
+    for (int64_t i = 0; i < kBlocks; ++i) {
+      torch::nn::Sequential block;
+      if (norms) block->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})));
+      block->push_back(torch::nn::Linear(16, 16));
+      layers.push_back(register_module("block" + std::to_string(i), block));
+    }
     head = register_module("head", torch::nn::Linear(16, 4));
   }
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
@@ -41,29 +48,31 @@ struct FourBlocksImpl : torch::nn::Module, core::BlockModel {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor h = torch::tanh(stem->forward(x));
+    if (norms) h = h.to(torch::kFloat);
     for (size_t i = 0; i < layers.size(); ++i) {
-      torch::nn::Linear& l = layers[i];
+      torch::nn::Sequential& l = layers[i];
       h = run_block(
           static_cast<int64_t>(i), *l, [&](const torch::Tensor& t) { return t + torch::tanh(l->forward(t)); },
           h);
     }
     return head->forward(h);
   }
+  bool norms;
   torch::nn::Linear stem{nullptr}, head{nullptr};
-  std::vector<torch::nn::Linear> layers;
+  std::vector<torch::nn::Sequential> layers;
 };
 TORCH_MODULE(FourBlocks);
 
 // Gaussian blobs (test_util::make_blobs), this rank's share of each batch.
 class BlocksTask : public train::Task {
  public:
-  BlocksTask(int64_t rank, int64_t world, torch::Device device) {
+  BlocksTask(int64_t rank, int64_t world, torch::Device device, bool norms = false) {
     // The same weights in every run: the ranks are threads of one process,
     // whose global generator must not be drawn by both at once.
     static std::mutex init;
     const std::lock_guard<std::mutex> lock(init);
     torch::manual_seed(1234);
-    net_ = FourBlocks();
+    net_ = FourBlocks(norms);
     net_->to(device);
     train_ = std::make_unique<data::TensorLoader>(
         test_util::make_blobs(128, 1),
@@ -91,8 +100,9 @@ struct Trained {
 /// `steps` SGD steps of BlocksTask on `group` with `sharding` (nullptr: one
 /// process, no callback).
 Trained train(const std::shared_ptr<ProcessGroup>& group, std::optional<ShardingOptions> sharding,
-              torch::Device device, int64_t steps = 3, amp::Precision precision = amp::Precision::kFp32) {
-  BlocksTask task(group ? group->rank() : 0, group ? group->size() : 1, device);
+              torch::Device device, int64_t steps = 3, amp::Precision precision = amp::Precision::kFp32,
+              bool norms = false) {
+  BlocksTask task(group ? group->rank() : 0, group ? group->size() : 1, device, norms);
   train::TrainerOptions o;
   o.max_steps(steps).epochs(100).val_every(0).checkpoint_every(0).precision(precision);
   o.optimizer(optim::OptimizerOptions().kind(optim::OptimizerKind::kSgd).lr(0.1).momentum(0.9));
@@ -184,6 +194,38 @@ TEST(ShardingGather, Bf16MixedGathersInBf16WithAutocastsValues) {
     EXPECT_EQ(2 * bf16[r].stats.bytes, fp32[r].stats.bytes) << "bf16: half the bytes";
     for (const auto& w : bf16[r].weights) EXPECT_EQ(w.scalar_type(), torch::kFloat32);
   }
+}
+
+// CPU autocast leaves layer_norm out of its lists: a float32 activation meeting
+// a bfloat16 norm weight is refused by the CPU kernel ("mixed dtype (CPU)"), so
+// on the CPU the default gathers in float32 (CharGpt's ZeRO-3 under bf16-mixed
+// died at its first step in the sharding bench); CUDA autocast runs layer_norm
+// in float32 and gathers in bf16 there. Forced on the CPU, the refusal comes back.
+TEST(ShardingGather, Bf16MixedWithNormsTrainsOnTheCpuByDefault) {
+  std::vector<Trained> by_default(2), off(2);
+  std::vector<std::string> errors(2);
+  on_two_ranks([&](const std::shared_ptr<ProcessGroup>& group) {
+    const ShardingOptions o = ShardingOptions().stage(Sharding::kParameters);
+    by_default[group->rank()] = train(group, o, torch::kCPU, 2, amp::Precision::kBf16Mixed, /*norms=*/true);
+    off[group->rank()] = train(group, ShardingOptions(o).gather_in_compute_dtype(false), torch::kCPU, 2,
+                               amp::Precision::kBf16Mixed, /*norms=*/true);
+    try {
+      train(group, ShardingOptions(o).gather_in_compute_dtype(true), torch::kCPU, 2, amp::Precision::kBf16Mixed,
+            /*norms=*/true);
+    } catch (const std::exception& e) {
+      errors[group->rank()] = e.what();
+    }
+  });
+  if (HasFailure()) return;
+  for (int64_t r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(by_default[r].stats.gathers, 2 * 2 * kBlocks);
+    for (const auto& w : by_default[r].weights) EXPECT_TRUE(torch::isfinite(w).all().item<bool>());
+    expect_bitwise(by_default[r], off[r], "the CPU's default vs float32 gathers asked for");
+    EXPECT_EQ(by_default[r].stats.bytes, off[r].stats.bytes) << "float32 gathers";
+    EXPECT_NE(errors[r].find("mixed dtype"), std::string::npos) << errors[r];
+  }
+  expect_bitwise(by_default[0], by_default[1], "rank 0 vs rank 1");
 }
 
 // --- CUDA (not yet run on a GPU when written) ---------------------------------

@@ -5,9 +5,11 @@
 #include "ember/prune/latency.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <unistd.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -547,6 +549,43 @@ TEST(MeasuredLatency, EachMeanCoversEnoughWork) {
       LatencyOptions().warmup(2).min_time_us(1000).paired(false).clock_us([&] { return now; }));
   EXPECT_EQ(latency.model_us(*unused, run), 150.0);
   EXPECT_EQ(runs, 2 + 1 + 3 * 7);
+}
+
+// On a GPU (device check, call 1: the *Cuda suites): layers timed with CUDA events, fp32 and TF32
+// entries apart, and the paired model timing on the device.
+TEST(MeasuredLatencyCuda, LayersTimedWithEventsAndTf32KeyedApart) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  LayerOp conv;
+  conv.kind = LayerOp::Kind::kConv;
+  conv.weight = "c.weight";
+  conv.in = conv.out = 64;
+  conv.kernel = {3, 3};
+  conv.stride = conv.dilation = {1, 1};
+  conv.padding = {1, 1};
+  conv.extent = {28, 28};
+  const auto on_gpu = LatencyOptions().device(torch::Device(torch::kCUDA, 0));
+  MeasuredLatency fp32(LatencyOptions(on_gpu).batch(32)), tf32(LatencyOptions(on_gpu).batch(32).tf32(true));
+  MeasuredLatency big(LatencyOptions(on_gpu).batch(256));
+  const double small_us = fp32.op_us(conv), big_us = big.op_us(conv);
+  EXPECT_GT(small_us, 0.0);
+  EXPECT_TRUE(std::isfinite(small_us));
+  // Eight times the work takes longer: the events time the kernels, not a constant launch cost.
+  EXPECT_GT(big_us, small_us);
+  tf32.op_us(conv);
+  const std::string k32 = fp32.entries().begin()->first, ktf = tf32.entries().begin()->first;
+  EXPECT_EQ(k32.rfind("cuda ", 0), 0u) << k32;
+  EXPECT_NE(k32.find(" | Float | "), std::string::npos) << k32;
+  EXPECT_NE(ktf.find(" | Float+TF32 | "), std::string::npos) << ktf;
+  nn::Conv2d model(nn::Conv2dOptions(64, 64, 3).padding(1));
+  model->to(torch::Device(torch::kCUDA, 0));
+  const torch::Tensor x = torch::randn({32, 64, 28, 28}, torch::Device(torch::kCUDA, 0));
+  const double us = fp32.model_us(*model, [&] {
+    torch::NoGradGuard ng;
+    model->forward(x);
+  });
+  EXPECT_GT(us, 0.0);
+  EXPECT_GT(fp32.yardstick_us(), 0.0);
+  EXPECT_GE(fp32.noise(false), 0.0);
 }
 
 }  // namespace

@@ -765,7 +765,9 @@ void ShardedDataParallel::on_fit_start(train::Trainer& trainer) {
     c10d::verify_params_across_processes(group_->c10d(), ps, std::nullopt);  // same architecture everywhere
   }
   group_->broadcast_module_state(model, /*parameters=*/true);  // rank 0's weights
-  if (options_.stage() == Sharding::kParameters && options_.gather_in_compute_dtype())
+  const auto trainable = optim::trainable_named_parameters(model);
+  const bool on_cuda = !trainable.empty() && trainable.front().second.is_cuda();
+  if (options_.stage() == Sharding::kParameters && options_.gather_in_compute_dtype().value_or(on_cuda))
     impl_->compute_dtype = amp::autocast_dtype(trainer.options().precision());
   impl_->plan_units(model);
   impl_->lay_out();

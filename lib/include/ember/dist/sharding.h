@@ -105,7 +105,12 @@ struct ShardingOptions {
   /// a weight autocast keeps in float32 (a norm's) is used rounded to the
   /// compute dtype, and its gradient arrives in it, as with FSDP's
   /// MixedPrecision(param_dtype). Checkpoints and the model after fit are float32.
-  TORCH_ARG(bool, gather_in_compute_dtype) = true;
+  /// Unset (the default): on CUDA only. CPU autocast leaves layer_norm out of
+  /// its lists, so there a float32 activation would meet a 16-bit norm weight,
+  /// which the CPU kernel refuses ("mixed dtype (CPU)"); on the CPU the blocks
+  /// are gathered in float32 and autocast casts what it casts. true forces it
+  /// (a model without such ops), false turns it off.
+  TORCH_ARG(std::optional<bool>, gather_in_compute_dtype) = std::nullopt;
 };
 
 /// How kParameters gathered the blocks' parameters since on_fit_start.
