@@ -210,7 +210,8 @@ TEST(ShardingGather, Bf16MixedWithNormsTrainsOnTheCpuByDefault) {
     off[group->rank()] = train(group, ShardingOptions(o).gather_in_compute_dtype(false), torch::kCPU, 2,
                                amp::Precision::kBf16Mixed, /*norms=*/true);
     try {
-      train(group, ShardingOptions(o).gather_in_compute_dtype(true), torch::kCPU, 2, amp::Precision::kBf16Mixed,
+      train(group, ShardingOptions(o).gather_in_compute_dtype(true), torch::kCPU, 2,
+            amp::Precision::kBf16Mixed,
             /*norms=*/true);
     } catch (const std::exception& e) {
       errors[group->rank()] = e.what();

@@ -276,10 +276,12 @@ TEST(LatencyPruning, StopsWhenARoundsMeasuredGainIsWithinTheNoise) {
   const core::ModelCost before = core::count_cost(*s.model, s.forward);
   std::vector<std::string> lines;
   const PruneResult r = pruner.prune_to_latency(
-      LatencyTargetOptions(1.5).progress([&](const std::string& l) { lines.push_back(l); }), latency, s.infer);
+      LatencyTargetOptions(1.5).progress([&](const std::string& l) { lines.push_back(l); }), latency,
+      s.infer);
   EXPECT_EQ(r.latency.status, LatencyOutcome::Status::kMissed);
   EXPECT_EQ(r.latency.rounds, 1) << "one round shows the gain is noise; the old greedy ran all 8";
-  EXPECT_NE(r.latency.reason.find("no longer decides this model's time"), std::string::npos) << r.latency.reason;
+  EXPECT_NE(r.latency.reason.find("no longer decides this model's time"), std::string::npos)
+      << r.latency.reason;
   // One round takes at most 30% of the layers' time: most of the model is left.
   EXPECT_GT(r.after.macs * 2, before.macs);
   ASSERT_GE(lines.size(), 2u);
@@ -296,7 +298,8 @@ TEST(LatencyPruning, NoStepIsPlannedPastTheOvershootBound) {
     StepLatency latency(s.forward, 8);
     latency.only = "c4.weight";
     Pruner pruner(*s.model, s.forward, quiet());
-    const PruneResult r = pruner.prune_to_latency(LatencyTargetOptions(1.1).overshoot(overshoot), latency, s.infer);
+    const PruneResult r =
+        pruner.prune_to_latency(LatencyTargetOptions(1.1).overshoot(overshoot), latency, s.infer);
     if (overshoot == 0.1) {
       EXPECT_EQ(r.latency.status, LatencyOutcome::Status::kMet) << r.latency.reason;
       EXPECT_LE(r.latency_us_after, r.latency_us_before / 1.1);
@@ -358,9 +361,11 @@ TEST(LatencyPruning, AStopOrTheTimeBudgetEndsItWithWhatIsApplied) {
       o.stop([&] { return ++asks > 6; });  // a signal arrives while the first round chooses widths
     Pruner pruner(*s.model, s.forward, quiet());
     const PruneResult r = pruner.prune_to_latency(o, ticking, s.infer);
-    EXPECT_EQ(r.latency.status, budget ? LatencyOutcome::Status::kOutOfTime : LatencyOutcome::Status::kStopped);
+    EXPECT_EQ(r.latency.status,
+              budget ? LatencyOutcome::Status::kOutOfTime : LatencyOutcome::Status::kStopped);
     ASSERT_FALSE(r.warnings.empty());
-    EXPECT_NE(r.warnings.back().find(budget ? "time budget of 40 s" : "stopped on request"), std::string::npos)
+    EXPECT_NE(r.warnings.back().find(budget ? "time budget of 40 s" : "stopped on request"),
+              std::string::npos)
         << r.warnings.back();
     if (budget) {
       EXPECT_LT(now_s, 40 + 20) << "stopped within a few timings of the budget";

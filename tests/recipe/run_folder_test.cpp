@@ -321,10 +321,10 @@ TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndSt
       // output and monitoring
       "mfu.flops_per_sample", "mfu.peak_tflops", "monitor.csv", "monitor.data_wait_warning",
       "monitor.histogram_every", "monitor.nvml", "monitor.step_timing", "monitor.tensorboard", "prune.eval",
-      "prune.latency_budget_s", "prune.latency_table", "prune.timing_steps", "run.allow_changes", "run.dir", "run.malloc_tuning",
-      "run.overwrite", "sample.length", "sample.prompt", "sample.temperature", "sample.top_k",
-      "trainer.checkpoint_every", "trainer.log_every", "trainer.profile_steps", "trainer.profile_wait",
-      "trainer.progress", "trainer.val_every",
+      "prune.latency_budget_s", "prune.latency_table", "prune.timing_steps", "run.allow_changes", "run.dir",
+      "run.malloc_tuning", "run.overwrite", "sample.length", "sample.prompt", "sample.temperature",
+      "sample.top_k", "trainer.checkpoint_every", "trainer.log_every", "trainer.profile_steps",
+      "trainer.profile_wait", "trainer.progress", "trainer.val_every",
       // when to stop
       "early_stop.min_delta", "early_stop.monitor", "early_stop.patience", "trainer.detect_anomaly",
       "trainer.nonfinite_patience", "trainer.resume",

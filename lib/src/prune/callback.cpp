@@ -304,8 +304,9 @@ std::string PruningReport::table() const {
           "and memory, not arithmetic. Try larger batches, prune.round_to=8 (tensor cores), or prune less.\n";
   }
   if (speedup_goal > 0) {
-    s += fmt::format("latency target {:.2f}x of the dense model's inference at batch {}: {} ({:.2f}x measured)\n",
-                     speedup_goal, latency_batch, to_string(result.latency.status), result.latency.reached);
+    s += fmt::format(
+        "latency target {:.2f}x of the dense model's inference at batch {}: {} ({:.2f}x measured)\n",
+        speedup_goal, latency_batch, to_string(result.latency.status), result.latency.reached);
     if (!result.latency.met()) s += "  " + result.latency.reason + "\n";
   }
   if (eval_before.samples > 0 && eval_before.accuracy >= 0)
@@ -458,8 +459,8 @@ bool PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
     outcome_.after = report.result.after;
     if (outcome_.latency_us_before <= 0) outcome_.latency_us_before = report.result.latency_us_before;
     if (trainer.options().distribution()->is_writer())
-      std::cerr << "[prune] pruning step " << step + 1 << " stopped by a signal: " << report.result.latency.reason
-                << "; resume to finish it\n";
+      std::cerr << "[prune] pruning step " << step + 1
+                << " stopped by a signal: " << report.result.latency.reason << "; resume to finish it\n";
     return false;
   }
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // taylor's, sliced along
@@ -500,9 +501,10 @@ bool PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
     outcome_.latency_status = report.result.latency.status;
     outcome_.latency_reason = report.result.latency.reason;
     if (!report.result.latency.met() && writer)  // also in the report and the summary; stderr for logs
-      std::cerr << fmt::format("[prune] warning: latency target of step {} {}: {:.2f}x measured for {:.2f}x: {}\n",
-                               step + 1, to_string(report.result.latency.status), report.result.latency.reached,
-                               report.speedup_goal, report.result.latency.reason);
+      std::cerr << fmt::format(
+          "[prune] warning: latency target of step {} {}: {:.2f}x measured for {:.2f}x: {}\n", step + 1,
+          to_string(report.result.latency.status), report.result.latency.reached, report.speedup_goal,
+          report.result.latency.reason);
   }
   if (outcome_.steps == 0) {
     outcome_.train_step_ms_before = report.train_step_ms_before;
@@ -523,16 +525,18 @@ PruneResult PruningCallback::prune_to_latency(train::Trainer& trainer, train::Ta
   const torch::Tensor& input = latency_example_.input;
   // The layout the steps run in: the trainer's (it makes 4-d inputs NHWC), or the data's own.
   const bool channels_last =
-      input.dim() == 4 && (trainer.options().channels_last() ||
-                           (!input.is_contiguous() && input.is_contiguous(torch::MemoryFormat::ChannelsLast)));
-  MeasuredLatency latency(LatencyOptions()
-                              .batch(latency_example_.size())
-                              .device(device)
-                              .dtype(compute_dtype(trainer, *model))
-                              .tf32(trainer.options().precision() == amp::Precision::kTf32 && device.is_cuda())
-                              .channels_last(channels_last)
-                              .yardstick_us(outcome_.yardstick_us)
-                              .table(options_.latency_table()));
+      input.dim() == 4 &&
+      (trainer.options().channels_last() ||
+       (!input.is_contiguous() && input.is_contiguous(torch::MemoryFormat::ChannelsLast)));
+  MeasuredLatency latency(
+      LatencyOptions()
+          .batch(latency_example_.size())
+          .device(device)
+          .dtype(compute_dtype(trainer, *model))
+          .tf32(trainer.options().precision() == amp::Precision::kTf32 && device.is_cuda())
+          .channels_last(channels_last)
+          .yardstick_us(outcome_.yardstick_us)
+          .table(options_.latency_table()));
   // Inference as the evaluation runs it. The snapshot puts the modules' modes and the random
   // generators back afterwards; the tensors are the pruner's to resize, so they are not kept.
   const core::ModelSnapshot modes(*model, core::ModelSnapshotOptions().parameters(false).buffers(false));

@@ -53,8 +53,8 @@ const char* to_string(LatencyOutcome::Status status) {
 
 /// One round's selection: what it aims at, and what it reports back.
 struct Pruner::LatencyRound {
-  double layers_goal = 0;   ///< the layers' time this round aims at (us)
-  double layers_floor = 0;  ///< no step predicted below this (the overshoot bound)
+  double layers_goal = 0;               ///< the layers' time this round aims at (us)
+  double layers_floor = 0;              ///< no step predicted below this (the overshoot bound)
   std::function<bool()> halted;         // stop or out of time, agreed by the ranks
   std::function<void(int64_t)> report;  // progress while layers are timed (widths looked up)
   /// Given the layers' time with every group at its narrowest: whether the goal can be reached
@@ -228,12 +228,12 @@ Plan Pruner::select_for_latency(const DependencyGraph& graph, LatencySource& lat
 PruneResult Pruner::prune_to_latency(const LatencyTargetOptions& o, LatencySource& latency,
                                      const std::function<void()>& infer, torch::optim::Optimizer* optimizer) {
   const char* where = "[prune::Pruner::prune_to_latency]";
-  EMBER_CHECK(std::isfinite(o.speedup()) && o.speedup() >= 1.0, "{} speedup {} must be >= 1 (1.5 = 1.5x faster)",
-              where, o.speedup());
+  EMBER_CHECK(std::isfinite(o.speedup()) && o.speedup() >= 1.0,
+              "{} speedup {} must be >= 1 (1.5 = 1.5x faster)", where, o.speedup());
   EMBER_CHECK(o.max_rounds() >= 1, "{} max_rounds {} must be >= 1", where, o.max_rounds());
   EMBER_CHECK(o.tolerance() >= 0 && o.overshoot() >= 0 && o.overshoot() < 1 && o.time_budget_s() >= 0,
-              "{} tolerance {} and time_budget_s {} must be >= 0, overshoot {} in [0, 1)", where, o.tolerance(),
-              o.time_budget_s(), o.overshoot());
+              "{} tolerance {} and time_budget_s {} must be >= 0, overshoot {} in [0, 1)", where,
+              o.tolerance(), o.time_budget_s(), o.overshoot());
   EMBER_CHECK(static_cast<bool>(infer), "{} infer is empty", where);
   const auto clock = o.clock_s() ? o.clock_s() : [] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -265,8 +265,8 @@ PruneResult Pruner::prune_to_latency(const LatencyTargetOptions& o, LatencySourc
   const double goal = original_latency_us_ / o.speedup();
   total.latency_us_before = measured;
   const auto speed = [&](double us) { return original_latency_us_ / us; };
-  progress(fmt::format("latency target {:.2f}x: {:.2f}x measured before this step (noise {:.1f}%)", o.speedup(),
-                       speed(measured), 100 * noise));
+  progress(fmt::format("latency target {:.2f}x: {:.2f}x measured before this step (noise {:.1f}%)",
+                       o.speedup(), speed(measured), 100 * noise));
   const auto layers_us = [&] {
     double t = 0;
     for (const LayerOp& op : layer_ops(model_, forward_)) t += latency.op_us(op);
@@ -304,8 +304,8 @@ PruneResult Pruner::prune_to_latency(const LatencyTargetOptions& o, LatencySourc
     const double proportional = first_measured / first_layers;
     double slope = proportional, aim_slope = 2.0 * proportional;
     if (first_layers - layers > 1e-9)
-      slope = aim_slope = std::clamp((first_measured - measured) / (first_layers - layers), 0.75 * proportional,
-                                     2.0 * proportional);
+      slope = aim_slope = std::clamp((first_measured - measured) / (first_layers - layers),
+                                     0.75 * proportional, 2.0 * proportional);
     LatencyRound lr;
     lr.layers_goal = std::max(layers - (measured - goal) / aim_slope, 0.7 * layers);
     lr.layers_floor = layers - (measured - goal * (1 - o.overshoot())) / slope;
@@ -328,13 +328,15 @@ PruneResult Pruner::prune_to_latency(const LatencyTargetOptions& o, LatencySourc
     if (plan.empty()) {
       if (lr.halt) break;
       missed = lr.out_of_reach
-                   ? fmt::format("out of reach: even with every group at its narrowest (max_ratio {}, round_to "
-                                 "{}) the layers' times predict at most {:.2f}x, so nothing was pruned",
-                                 options_.max_ratio(), options_.round_to(), best_possible)
+                   ? fmt::format(
+                         "out of reach: even with every group at its narrowest (max_ratio {}, round_to "
+                         "{}) the layers' times predict at most {:.2f}x, so nothing was pruned",
+                         options_.max_ratio(), options_.round_to(), best_possible)
                : lr.blocked_by_floor
-                   ? fmt::format("the next width step of every group would go more than {:.0f}% past the goal "
-                                 "(LatencyTargetOptions::overshoot; a finer prune.round_to allows smaller steps)",
-                                 100 * o.overshoot())
+                   ? fmt::format(
+                         "the next width step of every group would go more than {:.0f}% past the goal "
+                         "(LatencyTargetOptions::overshoot; a finer prune.round_to allows smaller steps)",
+                         100 * o.overshoot())
                    : "no narrower width of any group saves more time than the timing's noise (max_ratio, "
                      "round_to, ignored layers, unprunable channels)";
       break;
@@ -357,11 +359,12 @@ PruneResult Pruner::prune_to_latency(const LatencyTargetOptions& o, LatencySourc
           "{:.1f}%): {}, so pruning on would cost accuracy for nothing",
           round + 1, 100 * (1 - lr.layers_goal / layers), gain >= 0 ? "fell" : "rose", 100 * std::abs(gain),
           100 * std::max(noise, 0.01),
-          gain >= 0 ? "what the pruner can narrow no longer decides this model's time here (fixed costs, "
-                      "launches, memory)"
-                    : "the narrower model runs slower as a whole than its layers one by one (odd widths: "
-                      "prune.round_to=0 takes the device's multiple), or this machine's load is too uneven to "
-                      "tell");
+          gain >= 0
+              ? "what the pruner can narrow no longer decides this model's time here (fixed costs, "
+                "launches, memory)"
+              : "the narrower model runs slower as a whole than its layers one by one (odd widths: "
+                "prune.round_to=0 takes the device's multiple), or this machine's load is too uneven to "
+                "tell");
       break;
     }
   }
@@ -390,10 +393,10 @@ PruneResult Pruner::prune_to_latency(const LatencyTargetOptions& o, LatencySourc
     outcome.status = Status::kMet;
   }
   if (!outcome.met())
-    total.warnings.push_back(fmt::format("{} {}: reached {:.2f}x of the {:.2f}x asked for ({:.1f} us, goal {:.1f} "
-                                         "us): {}",
-                                         where, to_string(outcome.status), outcome.reached, o.speedup(), measured,
-                                         goal, outcome.reason));
+    total.warnings.push_back(fmt::format(
+        "{} {}: reached {:.2f}x of the {:.2f}x asked for ({:.1f} us, goal {:.1f} "
+        "us): {}",
+        where, to_string(outcome.status), outcome.reached, o.speedup(), measured, goal, outcome.reason));
   total.changes = diff(shapes_before, parameter_shapes(model_));
   return total;
 }

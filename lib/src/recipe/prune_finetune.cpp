@@ -107,14 +107,15 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const RunConte
     summary.extra["latency_ms_before"] = pruned.latency_us_before / 1e3;
     summary.extra["latency_ms_after"] = pruned.latency_us_after / 1e3;
     summary.extra["latency_speedup"] = pruned.latency_us_before / pruned.latency_us_after;
-    summary.extra["latency_goal_met"] = pruned.latency_status == prune::LatencyOutcome::Status::kMet ? 1.0 : 0.0;
+    summary.extra["latency_goal_met"] =
+        pruned.latency_status == prune::LatencyOutcome::Status::kMet ? 1.0 : 0.0;
     speed += fmt::format(", latency target {:.2f}x: {:.2f}x measured ({})", c.get_float("prune.speedup"),
                          summary.extra["latency_speedup"], prune::to_string(pruned.latency_status));
     if (pruned.latency_status != prune::LatencyOutcome::Status::kMet)
-      std::cerr << fmt::format("prune_finetune: warning: the latency target {:.2f}x was {} ({:.2f}x measured){}{}\n",
-                               c.get_float("prune.speedup"), prune::to_string(pruned.latency_status),
-                               summary.extra["latency_speedup"], pruned.latency_reason.empty() ? "" : ": ",
-                               pruned.latency_reason);
+      std::cerr << fmt::format(
+          "prune_finetune: warning: the latency target {:.2f}x was {} ({:.2f}x measured){}{}\n",
+          c.get_float("prune.speedup"), prune::to_string(pruned.latency_status),
+          summary.extra["latency_speedup"], pruned.latency_reason.empty() ? "" : ": ", pruned.latency_reason);
   }
   if (pruned.accuracy_after_first_step >= 0)
     summary.extra["pruned_test_accuracy_before_finetune"] = pruned.accuracy_after_first_step;

@@ -195,7 +195,8 @@ class Pruner {
   /// time budget; the result's `latency` says which, and every ending but a
   /// met goal adds a warning.
   PruneResult prune_to_latency(const LatencyTargetOptions& options, LatencySource& latency,
-                               const std::function<void()>& infer, torch::optim::Optimizer* optimizer = nullptr);
+                               const std::function<void()>& infer,
+                               torch::optim::Optimizer* optimizer = nullptr);
   /// The latency the first prune_to_latency measured (0 before).
   double original_latency_us() const { return original_latency_us_; }
 
