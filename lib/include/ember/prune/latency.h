@@ -92,7 +92,8 @@ struct LatencyOptions {
   /// Runs in each of the three timed means: at least `reps`, and enough for a
   /// mean to cover `min_time_us` of work, so that a small layer is not timed
   /// by its launch overhead or the clock's resolution. A measurement is the
-  /// median of the three means; their spread is its noise.
+  /// median of the three means; its distance to the nearer of the other two
+  /// is its noise (one mean thrown off by a burst of load does not count).
   TORCH_ARG(int64_t, reps) = 1;
   TORCH_ARG(double, min_time_us) = 2000;
   /// Paired model timing: model_us times the model and a yardstick in
@@ -145,7 +146,7 @@ class MeasuredLatency : public LatencySource {
  private:
   std::string full_key(const LayerOp& op) const;
   struct Timing {
-    double us = 0, spread = 0;  // the median of three means; (max - min) / median
+    double us = 0, spread = 0;  // the median of three means; its distance to the nearer other / median
   };
   /// Each of the three means covers at least `min_time_us` (< 0: the options').
   Timing time(const std::function<void()>& run, double min_time_us = -1);
