@@ -84,6 +84,20 @@ struct WideCase {
   std::function<void()> infer = [] {};
 };
 
+/// A square conv "c.weight" at stride 1, padded to keep its extent (`kernel` / 2).
+LayerOp conv_op(int64_t in, int64_t out, int64_t kernel, int64_t extent) {
+  LayerOp op;
+  op.kind = LayerOp::Kind::kConv;
+  op.weight = "c.weight";
+  op.in = in;
+  op.out = out;
+  op.kernel = {kernel, kernel};
+  op.stride = op.dilation = {1, 1};
+  op.padding = {kernel / 2, kernel / 2};
+  op.extent = {extent, extent};
+  return op;
+}
+
 PrunerOptions quiet() {
   return PrunerOptions().print_warnings(false);
 }
@@ -410,14 +424,7 @@ TEST(LatencyPruning, RefusesBadArguments) {
 TEST(MeasuredLatency, TableIsBuiltOnceAndReused) {
   const std::string path = temp_path("table.json");
   core::remove_file(path);
-  LayerOp conv;
-  conv.kind = LayerOp::Kind::kConv;
-  conv.weight = "c.weight";
-  conv.in = 4;
-  conv.out = 8;
-  conv.kernel = conv.stride = conv.dilation = {1, 1};
-  conv.padding = {0, 0};
-  conv.extent = {4, 4};
+  const LayerOp conv = conv_op(4, 8, 1, 4);
   LayerOp linear;
   linear.in = 8;
   linear.out = 3;
@@ -475,14 +482,7 @@ TEST(MeasuredLatency, DefaultRoundToPerDevice) {
 }
 
 TEST(MeasuredLatency, TF32AndChannelsLastAreTheirOwnEntries) {
-  LayerOp conv;
-  conv.kind = LayerOp::Kind::kConv;
-  conv.weight = "c.weight";
-  conv.in = 4;
-  conv.out = 8;
-  conv.kernel = conv.stride = conv.dilation = {1, 1};
-  conv.padding = {0, 0};
-  conv.extent = {4, 4};
+  const LayerOp conv = conv_op(4, 8, 1, 4);
   const auto base = LatencyOptions().batch(2).warmup(0).min_time_us(0).paired(false);
   std::set<std::string> keys;
   for (bool tf32 : {false, true})
@@ -563,14 +563,7 @@ TEST(MeasuredLatency, EachMeanCoversEnoughWork) {
 // entries apart, and the paired model timing on the device.
 TEST(MeasuredLatencyCuda, LayersTimedWithEventsAndTf32KeyedApart) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  LayerOp conv;
-  conv.kind = LayerOp::Kind::kConv;
-  conv.weight = "c.weight";
-  conv.in = conv.out = 64;
-  conv.kernel = {3, 3};
-  conv.stride = conv.dilation = {1, 1};
-  conv.padding = {1, 1};
-  conv.extent = {28, 28};
+  const LayerOp conv = conv_op(64, 64, 3, 28);
   const auto on_gpu = LatencyOptions().device(torch::Device(torch::kCUDA, 0));
   MeasuredLatency fp32(LatencyOptions(on_gpu).batch(32)), tf32(LatencyOptions(on_gpu).batch(32).tf32(true));
   MeasuredLatency big(LatencyOptions(on_gpu).batch(256));
