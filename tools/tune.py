@@ -105,10 +105,12 @@ one machine take two folders. What changes with a shared study:
     trials every --heartbeat S seconds (default 10; Optuna's heartbeat, in
     the database's clock). A RUNNING trial without one for 6 * S seconds
     (its driver was killed, its machine lost) is failed by any other driver
-    (Optuna's fail_stale_trials) and its point enqueued again (user attribute
-    retry_of): FAIL without a reason, not counted, its folder kept on its
-    machine. A driver too slow to beat in time sees its trial taken over and
-    stops it. (The journal's rule, a trial RUNNING when a driver starts was
+    (Optuna's fail_stale_trials, less a driver's own trials) and its point
+    enqueued again (user attribute retry_of): FAIL without a reason, not
+    counted, its folder kept on its machine. A driver too slow to beat in time
+    sees its trial taken over and stops it; having been stalled itself (it may
+    have held sqlite's lock, so that no other could beat), it judges no other
+    driver until it has beaten on time for 6 * S seconds again. (The journal's rule, a trial RUNNING when a driver starts was
     left by a dead one, does not hold: another driver may be running it.)
   - Each trial records its driver as user attribute "driver" (host:pid), shown
     in the table; a COMPLETE trial keeps its run/config.toml as user attribute
@@ -163,6 +165,7 @@ space file or metric name, 130 interrupted (the study is resumable).
 """
 import argparse
 import contextlib
+import copy
 import ctypes
 import difflib
 import fcntl
@@ -939,6 +942,7 @@ class Tuner:
         self.next_look = 0.0  # --storage: monotonic time it is read again
         self.backoff_until = 0.0  # --storage: no trial starts before (a trial given back)
         self.next_beat = 0.0  # --storage: monotonic time of the next heartbeat
+        self.alive_since = None  # --storage: monotonic time since which this driver has beaten on time
         self.said_waiting = False
         self.gpus = detect_gpus()
         self.threads = None
@@ -976,7 +980,7 @@ class Tuner:
                     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                     storage = optuna.storages.RDBStorage(
                         url, engine_kwargs=engine_kwargs, heartbeat_interval=beat,
-                        grace_period=GRACE_BEATS * beat, heartbeat_stale_trial_callback=self.retry_stale)
+                        grace_period=GRACE_BEATS * beat)
                 break
             except ImportError as e:
                 raise TuneError(f"--storage {safe_url(url)}: the venv lacks its database driver "
@@ -1130,7 +1134,7 @@ class Tuner:
     # ---- the shared study (--storage)
 
     def retry_stale(self, study, t):
-        """Optuna's heartbeat_stale_trial_callback: a RUNNING trial whose driver stopped beating
+        """A RUNNING trial whose driver stopped beating
         (killed, its machine gone) was failed by this driver's fail_stale(): its point runs again
         (not counted: it has no "reason"; folder kept on the machine that ran it)."""
         who = t.user_attrs.get("driver", "a driver")
@@ -1141,24 +1145,53 @@ class Tuner:
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
 
     def fail_stale(self):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(self.study)
+        """Fails the other drivers' RUNNING trials without a heartbeat for the grace period
+        (Optuna's fail_stale_trials, less two misjudgements). Never a trial running here: its
+        driver is this one, alive. And nothing while this driver has not itself beaten on time
+        for a whole grace period: stopped or starved (SIGSTOP, swap, a suspended VM) in the middle
+        of a transaction, it held sqlite's write lock and the others could not beat either; their
+        last heartbeats are old because of it, so it first beats for a grace period again."""
+        storage = self.study._storage
+        here = {run.trial._trial_id for run in self.running.values()}
+        failed = []
+        for trial_id in storage._get_stale_trial_ids(self.study._study_id):
+            if trial_id in here:
+                continue
+            try:
+                if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                    failed.append(trial_id)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # another driver failed it first
+        for trial_id in failed:
+            self.retry_stale(self.study, copy.deepcopy(storage.get_trial(trial_id)))
 
     def beat(self):
         """Every --heartbeat seconds: a heartbeat for each trial running here, a check that none
-        of them was failed meanwhile as stale by another driver (this one too slow), and
-        Optuna's fail_stale_trials over the study (other drivers' trials without heartbeat)."""
+        of them was failed meanwhile as stale by another driver (this one too slow), and the
+        stale check over the other drivers' trials, once this driver has beaten on time for a
+        grace period (fail_stale)."""
         now = time.monotonic()
         if now < self.next_beat:
             return
-        self.next_beat = now + self.args.heartbeat
+        interval = self.args.heartbeat
+        # Stalled: held up for half the grace period or more (a busy machine's loop is late by
+        # less), long enough for the others' heartbeats to age past it behind this driver's lock.
+        stall = GRACE_BEATS // 2 * interval
+        if self.alive_since is None:
+            self.alive_since = now - GRACE_BEATS * interval  # held no lock before its first beat
+        elif now - self.next_beat > stall:
+            self.alive_since = now  # stalled since the last beat
+        self.next_beat = now + interval
         storage = self.study._storage
         for run in self.running.values():
             storage.record_heartbeat(run.trial._trial_id)
             if not run.lost and self.taken_over(run):
                 self.lose(run)
-        self.fail_stale()
+        done = time.monotonic()
+        if done - now > stall:
+            self.alive_since = done  # stalled inside this beat's own transactions
+        if done - self.alive_since >= GRACE_BEATS * interval:
+            self.fail_stale()
 
     def taken_over(self, run):
         """The trial is no longer RUNNING in the shared study: another driver failed it as stale."""

@@ -26,7 +26,10 @@ folder, on one SQLite file (a study name per phase):
    trial FAILed; no point evaluated twice among the counted trials. Again
    with the driver SIGSTOPped for 9 s instead (alive, but too slow to beat):
    the same, and once continued it says its trial was taken over, tells
-   Optuna nothing of it and exits 0.
+   Optuna nothing of it and exits 0 (stopped outside a transaction: the test
+   holds sqlite's write lock while it sends SIGSTOP). Then the write lock held
+   by the test for 9 s while both drivers train (a driver stopped inside a
+   transaction): no trial is failed, all 4 COMPLETE.
 3. Refused: --study-name without --storage and a URL that is not one (exit 2),
    a database whose driver the venv lacks (exit 1, saying what to install), a
    study folder holding a journal (exit 1), and a driver given the other
@@ -44,6 +47,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -277,7 +281,14 @@ def phase2(args, work, env, pause=False):
     check(len(hit) == 1, f"the first driver had trials {hit}")
     hit = hit[0]
     if pause:
+        # Stopped outside a transaction: with sqlite's write lock held here, the victim holds none
+        # (every driver transaction begins IMMEDIATE). Stopped inside one, no driver could beat
+        # and none is judged (a stalled driver first beats for a grace period again).
+        lock = sqlite3.connect(work / "study.db", timeout=60, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
         victim.send_signal(signal.SIGSTOP)
+        lock.execute("ROLLBACK")
+        lock.close()
         time.sleep(9)  # > 6 heartbeats
         victim.send_signal(signal.SIGCONT)
     else:
@@ -308,6 +319,33 @@ def phase2(args, work, env, pause=False):
     check(len(runs) == 5 and len(set(runs)) == 5, f"expected 5 runs (4 + the stale one): {runs}")
     print(f"phase 2 OK ({name}): the {'paused' if pause else 'killed'} driver's trial {hit} failed by the other's "
           f"heartbeat check and run again as trial {retries[0].number}; 4 trials counted")
+
+
+def held_lock(args, work, env):
+    """sqlite's write lock held elsewhere for 9 s (> 6 heartbeats) while both drivers train:
+    neither can beat, and neither fails the other's trial once it gets the lock back."""
+    from optuna.trial import TrialState as S
+    env = dict(env, FAKE_EPOCH_S="1", FAKE_LOG=str(work / "fake_lock.log"))
+    shared = Shared(args.tune, work / "fake_recipe", work, "lock", FAKE_SPACE,
+                    ["--trials", "4", "--sampler", "random", "--pruner", "none", "--heartbeat", "1"], env)
+    shared.start(2)
+    dirs = [d for _, _, d in shared.drivers]
+
+    def both_trained():
+        return all(any('"epoch": 1' in p.read_text() for p in d.glob("trials/*/run/metrics.jsonl")) for d in dirs)
+    wait_for(both_trained, "a val record of each driver's trial")
+    lock = sqlite3.connect(work / "study.db", timeout=60, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    time.sleep(9)
+    lock.execute("ROLLBACK")
+    lock.close()
+    results = shared.wait()
+    for rc, output in results:
+        check(rc == 0 and "Traceback" not in output and "had no heartbeat" not in output
+              and "failed by another driver" not in output, f"a driver: exit {rc}:\n{output}")
+    trials = shared.trials()
+    check([t.state for t in trials] == [S.COMPLETE] * 4, f"lock: {[(t.number, t.state.name) for t in trials]}")
+    print("held lock OK: no driver could beat for 9 s, and none failed the other's trial after")
 
 
 def phase3(args, work, env):
@@ -385,6 +423,7 @@ def main():
     copies(args, args.work, env)
     phase2(args, args.work, env)
     phase2(args, args.work, env, pause=True)
+    held_lock(args, args.work, env)
     phase3(args, args.work, env)
     print(f"fake recipe phases: {time.monotonic() - started:.0f} s")
     if not args.binary or not Path(args.binary).is_file():
