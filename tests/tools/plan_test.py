@@ -59,8 +59,10 @@ EXAMPLE = ROOT / "tests" / "tools" / "plan_measure_example.json"
 GPUS = ROOT / "tools" / "plan" / "gpus.toml"
 
 _spec = importlib.util.spec_from_file_location("plan", ROOT / "tools" / "plan" / "plan.py")
-plan = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(plan)
+plan = importlib.util.module_from_spec(_spec)  # the command line: parse_args, main
+_spec.loader.exec_module(plan)  # (it put tools/ on sys.path: the planner's parts, below)
+from embertools.plan import arithmetic, constants, formats  # noqa: E402
+from embertools.plan import inputs as plan_inputs, nodes as plan_nodes  # noqa: E402
 
 GIB = 1024**3
 
@@ -119,67 +121,67 @@ def write_json(folder, name, obj):
 class Arithmetic(unittest.TestCase):
     def test_allreduce_by_hand(self):
         # 4 GPUs, 100 MB over 25 GB/s: 2 * 3/4 * 1e8 / 25e9 = 1.5e8 / 2.5e10 = 0.006 s.
-        self.assertAlmostEqual(plan.allreduce_seconds(1e8, 4, 25e9), 0.006, places=12)
+        self.assertAlmostEqual(arithmetic.allreduce_seconds(1e8, 4, 25e9), 0.006, places=12)
         # 2 GPUs send half each way twice: 2 * 1/2 * 1e8 / 25e9 = 0.004 s.
-        self.assertAlmostEqual(plan.allreduce_seconds(1e8, 2, 25e9), 0.004, places=12)
+        self.assertAlmostEqual(arithmetic.allreduce_seconds(1e8, 2, 25e9), 0.004, places=12)
         # 8 GPUs, FashionNet's 874,344 gradient bytes over 25 GbE (3.125 GB/s):
         # 2 * 7/8 * 874,344 = 1,530,102 bytes / 3.125e9 = 4.8963264e-4 s.
-        self.assertAlmostEqual(plan.allreduce_seconds(874_344, 8, 3.125e9), 4.8963264e-4, places=12)
-        self.assertEqual(plan.allreduce_seconds(1e9, 1, 1e9), 0.0)
+        self.assertAlmostEqual(arithmetic.allreduce_seconds(874_344, 8, 3.125e9), 4.8963264e-4, places=12)
+        self.assertEqual(arithmetic.allreduce_seconds(1e9, 1, 1e9), 0.0)
         # With a 1 ms step: 1 / (1 + 0.48963264) = 0.671308...; below 0.8, so it does not pay.
-        eff = plan.scaling_efficiency(1e-3, 4.8963264e-4)
+        eff = arithmetic.scaling_efficiency(1e-3, 4.8963264e-4)
         self.assertAlmostEqual(eff, 1 / 1.48963264, places=12)
-        self.assertLess(eff, plan.PAYS_EFFICIENCY)
+        self.assertLess(eff, constants.PAYS_EFFICIENCY)
         # 6 GB of gradients on 8 H100s over NVLink (450 GB/s): 1.75 * 6e9 / 450e9 = 0.0233 s.
-        self.assertAlmostEqual(plan.allreduce_seconds(6e9, 8, 450e9), 0.023333333333, places=9)
+        self.assertAlmostEqual(arithmetic.allreduce_seconds(6e9, 8, 450e9), 0.023333333333, places=9)
 
     def test_largest_batch_by_hand(self):
         # 16 GiB, 10% margin: 0.9 * 17,179,869,184 = 15,461,882,265.6 bytes.
-        budget = plan.memory_budget(16, 0.10)
+        budget = arithmetic.memory_budget(16, 0.10)
         self.assertAlmostEqual(budget, 15_461_882_265.6, places=3)
         # Minus 0.5 GiB context (536,870,912), 1e9 resident, F 2e9:
         # room 11,925,011,353.6 -> 119 samples of 1e8 bytes.
         args = dict(fixed_bytes=2e9, per_sample_bytes=1e8, resident_bytes=1e9, context_bytes=0.5 * GIB)
-        self.assertEqual(plan.largest_batch(budget, **args), 119)
-        self.assertLessEqual(plan.memory_needed(119, **args), budget)
-        self.assertGreater(plan.memory_needed(120, **args), budget)
-        self.assertEqual(plan.memory_needed(119, **args), 0.5 * GIB + 1e9 + 2e9 + 119 * 1e8)
+        self.assertEqual(arithmetic.largest_batch(budget, **args), 119)
+        self.assertLessEqual(arithmetic.memory_needed(119, **args), budget)
+        self.assertGreater(arithmetic.memory_needed(120, **args), budget)
+        self.assertEqual(arithmetic.memory_needed(119, **args), 0.5 * GIB + 1e9 + 2e9 + 119 * 1e8)
         # One sample short of fitting, and nothing left at all.
-        self.assertEqual(plan.largest_batch(3.5 * GIB, 2 * GIB, GIB + 1, 0, 0.5 * GIB), 0)
-        self.assertEqual(plan.largest_batch(3.5 * GIB, 2 * GIB, GIB, 0, 0.5 * GIB), 1)
-        self.assertEqual(plan.largest_batch(GIB, 2 * GIB, 1, 0, 0), 0)
+        self.assertEqual(arithmetic.largest_batch(3.5 * GIB, 2 * GIB, GIB + 1, 0, 0.5 * GIB), 0)
+        self.assertEqual(arithmetic.largest_batch(3.5 * GIB, 2 * GIB, GIB, 0, 0.5 * GIB), 1)
+        self.assertEqual(arithmetic.largest_batch(GIB, 2 * GIB, 1, 0, 0), 0)
 
     def test_fit_memory_from_probes(self):
-        fixed, per_sample = plan.fit_memory([{"batch": 8, "peak_bytes": 7_046_000},
+        fixed, per_sample = arithmetic.fit_memory([{"batch": 8, "peak_bytes": 7_046_000},
                                              {"batch": 32, "peak_bytes": 21_734_000}])
         self.assertAlmostEqual(per_sample, 612_000, places=6)  # (21,734,000 - 7,046,000) / 24
         self.assertAlmostEqual(fixed, 2_150_000, places=3)
         with self.assertRaises(ValueError):
-            plan.fit_memory([{"batch": 8, "peak_bytes": 1}])
+            arithmetic.fit_memory([{"batch": 8, "peak_bytes": 1}])
 
     def test_epoch_time_and_cost_by_hand(self):
         # 50,000 samples, batch 256, 1e10 FLOPs/sample, 312 TFLOP/s at MFU 0.4:
         # a batch is 2.56e12 / 1.248e14 = 0.0205128 s; ceil(50000/256) = 196 batches = 4.0205128 s.
-        step, bound = plan.step_seconds(256, 1e10, 312e12, 0.4, 1e-3)
+        step, bound = arithmetic.step_seconds(256, 1e10, 312e12, 0.4, 1e-3)
         self.assertAlmostEqual(step, 2.56e12 / 1.248e14, places=12)
         self.assertFalse(bound)
-        epoch = plan.epoch_seconds(50_000, 256, 1e10, 312e12, 0.4, 1e-3)
+        epoch = arithmetic.epoch_seconds(50_000, 256, 1e10, 312e12, 0.4, 1e-3)
         self.assertAlmostEqual(epoch, 196 * 2.56e12 / 1.248e14, places=9)
         # At $2.00 per hour: 4.0205128 / 3600 * 2 = $0.00223362.
-        self.assertAlmostEqual(plan.cost_usd(epoch, 2.0), epoch / 1800, places=12)
-        self.assertAlmostEqual(plan.cost_usd(3600, 2.5), 2.5)
-        self.assertIsNone(plan.cost_usd(epoch, None))
+        self.assertAlmostEqual(arithmetic.cost_usd(epoch, 2.0), epoch / 1800, places=12)
+        self.assertAlmostEqual(arithmetic.cost_usd(3600, 2.5), 2.5)
+        self.assertIsNone(arithmetic.cost_usd(epoch, None))
         # Accumulation: 4 micro-batches per optimizer step.
-        self.assertAlmostEqual(plan.step_seconds(256, 1e10, 312e12, 0.4, 1e-3, accumulate=4)[0], 4 * step)
+        self.assertAlmostEqual(arithmetic.step_seconds(256, 1e10, 312e12, 0.4, 1e-3, accumulate=4)[0], 4 * step)
         # FashionNet on an H100 in bf16: 128 * 28,984,320 / (989e12 * 0.3) = 12.5 us < 1 ms: the floor.
-        step, bound = plan.step_seconds(128, 28_984_320, 989e12, 0.3, 1e-3)
+        step, bound = arithmetic.step_seconds(128, 28_984_320, 989e12, 0.3, 1e-3)
         self.assertEqual(step, 1e-3)
         self.assertTrue(bound)
-        self.assertAlmostEqual(plan.epoch_seconds(60_000, 128, 28_984_320, 989e12, 0.3, 1e-3), 0.469)
+        self.assertAlmostEqual(arithmetic.epoch_seconds(60_000, 128, 28_984_320, 989e12, 0.3, 1e-3), 0.469)
 
     def test_host_ram(self):
         # 55,440,000 resident + 3 staged batches of 128 x 792 B = 55,744,128 bytes.
-        self.assertEqual(plan.host_ram_bytes(55_440_000, 128, 792.0), 55_744_128)
+        self.assertEqual(arithmetic.host_ram_bytes(55_440_000, 128, 792.0), 55_744_128)
 
 
 class StepFloor(unittest.TestCase):
@@ -187,15 +189,15 @@ class StepFloor(unittest.TestCase):
     US = 1e-6
 
     def floor(self, m, **kw):
-        return plan.step_floor(m, None, kw.get("launch_us", plan.LAUNCH_US),
-                               kw.get("graph_launch_us", plan.GRAPH_LAUNCH_US), kw.get("kernel_us", plan.KERNEL_US))
+        return arithmetic.step_floor(m, None, kw.get("launch_us", constants.LAUNCH_US),
+                               kw.get("graph_launch_us", constants.GRAPH_LAUNCH_US), kw.get("kernel_us", constants.KERNEL_US))
 
     def test_fused_optimizer_launches_per_group_not_per_tensor(self):
-        launches = plan.optimizer_launches
+        launches = arithmetic.optimizer_launches
         for name in ("sgd", "adam", "adamw"):
             for fp16 in (False, True):
-                fused = [plan.optimizer_launches(name, True, n, fp16) for n in (2, 16, 160)]
-                unfused = [plan.optimizer_launches(name, False, n, fp16) for n in (2, 16, 160)]
+                fused = [arithmetic.optimizer_launches(name, True, n, fp16) for n in (2, 16, 160)]
+                unfused = [arithmetic.optimizer_launches(name, False, n, fp16) for n in (2, 16, 160)]
                 self.assertEqual(len(set(fused)), 1, (name, fp16, fused))  # the tensor count does not matter
                 # LibTorch's: the same launches for every tensor, 14 more tensors then 144 more.
                 self.assertEqual((unfused[2] - unfused[1]) * 14, (unfused[1] - unfused[0]) * 144, (name, unfused))
@@ -205,7 +207,7 @@ class StepFloor(unittest.TestCase):
             # Loss scaling adds launches.
             self.assertGreater(launches(name, True, 16, True), launches(name, True, 16, False))
         # Adam's step count is taken back on a skipped step (_foreach_sub_); SGD has no count.
-        scaler = plan.GRAD_SCALER_KERNELS
+        scaler = constants.GRAD_SCALER_KERNELS
         self.assertEqual(launches("sgd", True, 16, True) - launches("sgd", True, 16, False), scaler)
         self.assertGreater(launches("adam", True, 16, True) - launches("adam", True, 16, False), scaler)
         # Adam does more per step than SGD, fused or not.
@@ -252,15 +254,15 @@ class StepFloor(unittest.TestCase):
             for n in (4, 40):
                 for scaled in (False, True):
                     ops = launches(cls, n, scaled, fused=True, **options)
-                    expected = plan.optimizer_launches(name, True, n, scaled)
-                    expected -= plan.GRAD_SCALER_KERNELS if scaled else 0  # the scaler's own are not the step's
+                    expected = arithmetic.optimizer_launches(name, True, n, scaled)
+                    expected -= constants.GRAD_SCALER_KERNELS if scaled else 0  # the scaler's own are not the step's
                     self.assertEqual(len(ops), expected, (name, n, scaled, ops))
         # LibTorch's SGD (optim.fused=false) is torch's single-tensor SGD: per tensor add (weight
         # decay), mul_ + add_ (momentum), add_. The plan counts the decay for every tensor; here the
         # 10 vectors' group has none.
         cls, options = classes["sgd"]
         ops = launches(cls, 20, False, foreach=False, **options)
-        self.assertEqual(len(ops) + 10, plan.optimizer_launches("sgd", False, 20, False), ops)
+        self.assertEqual(len(ops) + 10, arithmetic.optimizer_launches("sgd", False, 20, False), ops)
 
     def test_estimate_of_an_older_measurement(self):
         # No step_ops: 3 kernels per forward node + the optimizer's; fused (or not saying) launches per group.
@@ -273,24 +275,24 @@ class StepFloor(unittest.TestCase):
         self.assertEqual(f_old, f_fused)  # not saying = Ember's default, fused
         self.assertIn("fused assumed", how_old)
         self.assertLess(f_fused, f_unfused)
-        saved = plan.optimizer_launches("sgd", False, 16, False) - plan.optimizer_launches("sgd", True, 16, False)
-        self.assertAlmostEqual(f_unfused - f_fused, saved * plan.LAUNCH_US * self.US, places=12)
+        saved = arithmetic.optimizer_launches("sgd", False, 16, False) - arithmetic.optimizer_launches("sgd", True, 16, False)
+        self.assertAlmostEqual(f_unfused - f_fused, saved * constants.LAUNCH_US * self.US, places=12)
         self.assertIn("LibTorch's sgd", how_unfused)
         # The forward's nodes still count: a deeper model has a higher floor, the optimizer unchanged.
         self.assertGreater(self.floor(dict(old, forward_graph_nodes=80))[0], f_old)
         # fp16-mixed adds the GradScaler's launches.
         self.assertGreater(self.floor(dict(old, precision="fp16-mixed"))[0], f_old)
         # Nothing counted: the constant.
-        self.assertEqual(self.floor(small_model())[0], plan.STEP_FLOOR_MS / 1000)
-        self.assertEqual(plan.step_floor(old, 2.5, 5.0)[0], 0.0025)  # --step-floor-ms wins
+        self.assertEqual(self.floor(small_model())[0], constants.STEP_FLOOR_MS / 1000)
+        self.assertEqual(arithmetic.step_floor(old, 2.5, 5.0)[0], 0.0025)  # --step-floor-ms wins
 
     def test_counted_eager_step(self):
         m = small_model(step_ops={"eager": 200, "graph_outside": None, "graph_inside": None}, cuda_graph=False,
                         optimizer_fused=True, forward_graph_nodes=40, parameter_tensors=16)
         floor, how = self.floor(m)
         # The host launches every op; the device runs each faster than that: the host's time is the floor.
-        self.assertAlmostEqual(floor, 200 * plan.LAUNCH_US * self.US, places=12)
-        self.assertGreater(plan.LAUNCH_US, plan.KERNEL_US)
+        self.assertAlmostEqual(floor, 200 * constants.LAUNCH_US * self.US, places=12)
+        self.assertGreater(constants.LAUNCH_US, constants.KERNEL_US)
         self.assertIn("200 ops", how)
         # The counts win over the estimate from nodes and tensors; twice the ops, twice the floor.
         self.assertAlmostEqual(self.floor(dict(m, step_ops={"eager": 400}))[0], 2 * floor, places=12)
@@ -303,9 +305,9 @@ class StepFloor(unittest.TestCase):
         acc = dict(m, accumulate_grad_batches=4)
         per_micro, how = self.floor(acc)
         self.assertIn("/ 4", how)
-        step, bound = plan.step_seconds(128, 1.0, 1e15, 0.3, per_micro, accumulate=4)
+        step, bound = arithmetic.step_seconds(128, 1.0, 1e15, 0.3, per_micro, accumulate=4)
         self.assertTrue(bound)
-        self.assertAlmostEqual(step, 200 * plan.LAUNCH_US * self.US, places=12)
+        self.assertAlmostEqual(step, 200 * constants.LAUNCH_US * self.US, places=12)
 
     def test_graph_floor(self):
         eager = small_model(step_ops={"eager": 200, "graph_outside": None, "graph_inside": None},
@@ -316,15 +318,15 @@ class StepFloor(unittest.TestCase):
         f_graph, how = self.floor(graph)
         # One graph launch instead of 200: the floor drops, yet never below what the device must run.
         self.assertLess(f_graph, f_eager)
-        self.assertGreaterEqual(f_graph, (198 + 12) * plan.KERNEL_US * self.US)
+        self.assertGreaterEqual(f_graph, (198 + 12) * constants.KERNEL_US * self.US)
         self.assertIn("198 ops inside", how)
         self.assertIn("--kernel-us", how)
         # Nothing outside the graph: the floor is the device's time for the graph's kernels alone.
         bare = dict(graph, step_ops={"eager": 200, "graph_outside": 0, "graph_inside": 198})
-        self.assertAlmostEqual(self.floor(bare)[0], 198 * plan.KERNEL_US * self.US, places=12)
+        self.assertAlmostEqual(self.floor(bare)[0], 198 * constants.KERNEL_US * self.US, places=12)
         # A free device (kernel_us 0) leaves the host: one graph launch + the ops outside it.
         self.assertAlmostEqual(self.floor(graph, kernel_us=0.0)[0],
-                               (plan.GRAPH_LAUNCH_US + 12 * plan.LAUNCH_US) * self.US, places=12)
+                               (constants.GRAPH_LAUNCH_US + 12 * constants.LAUNCH_US) * self.US, places=12)
         # Ops launched outside the graph never lower the floor, and raise it once the host bounds it.
         floors = [self.floor(dict(graph, step_ops={"eager": 200, "graph_outside": g, "graph_inside": 198}))[0]
                   for g in (0, 10, 100, 1000)]
@@ -435,13 +437,13 @@ class Plans(unittest.TestCase):
         self.assertEqual(status, 2)  # a usage error, as a bad --margin
         self.assertIn("A999", err)
         # A family prices every row of it; an exact name wins over it in either order.
-        gpus = plan.load_gpus(GPUS)
+        gpus = plan_inputs.load_gpus(GPUS)
         for items in (["h100-pcie=2", "H100=2.5"], ["H100=2.5", "H100-PCIe=2"]):
-            prices = plan.parse_prices(items + ["A100=1.5"], gpus)
+            prices = plan_inputs.parse_prices(items + ["A100=1.5"], gpus)
             self.assertEqual(prices, {"H100-SXM": 2.5, "H100-PCIe": 2.0, "A100-40GB": 1.5, "A100-80GB": 1.5})
         for bad in ("H1=2", "H100=cheap", "H100=-1", "H100", "H100=nan", "H100=1e400", "H100=20000"):
             with self.assertRaises(plan.UsageError):
-                plan.parse_prices([bad], gpus)
+                plan_inputs.parse_prices([bad], gpus)
 
     def test_calibrated_mfu_from_run_folders(self):
         runs = self.dir / "runs"
@@ -458,23 +460,23 @@ class Plans(unittest.TestCase):
         run("fashion_mnist-3", 5, device="cuda:0", precision="fp32", monitor={"mfu": None})  # no MFU
         run("cifar_resnet-1", 1, device="cuda:0", precision="fp32", monitor={"mfu": 0.5})  # other recipe
         (runs / "fashion_mnist-4").mkdir()  # unfinished: no summary.json
-        found = plan.find_run_calibrations(runs, "fashion_mnist")
+        found = plan_inputs.find_run_calibrations(runs, "fashion_mnist")
         self.assertEqual([(c.run, c.value) for c in found], [(str(runs / "fashion_mnist-1"), 0.042)])
         m = json.loads(EXAMPLE.read_text())
         for precision in ("bf16-mixed", "fp32"):  # fp32 borrows the bf16 run's: the only one
-            cal = plan.choose_mfu(precision, None, found, m)
+            cal = plan_inputs.choose_mfu(precision, None, found, m)
             self.assertEqual((cal.value, cal.source, cal.precision), (0.042, "run", "bf16-mixed"))
         # A newer fp32 run: fp32 takes it, bf16-mixed keeps its own precision's.
         run("fashion_mnist-5", 1, device="cuda:0", precision="fp32", monitor={"mfu": 0.02})
-        found = plan.find_run_calibrations(runs, "fashion_mnist")
-        self.assertEqual(plan.choose_mfu("fp32", None, found, m).value, 0.02)
-        self.assertEqual(plan.choose_mfu("bf16-mixed", None, found, m).value, 0.042)
-        self.assertEqual(plan.choose_mfu("tf32", None, found, m).value, 0.02)  # newest of any precision
-        self.assertEqual(plan.choose_mfu("fp32", 0.6, found, m).source, "--mfu")
-        self.assertEqual(plan.choose_mfu("fp32", None, [], m).value, plan.DEFAULT_MFU)
+        found = plan_inputs.find_run_calibrations(runs, "fashion_mnist")
+        self.assertEqual(plan_inputs.choose_mfu("fp32", None, found, m).value, 0.02)
+        self.assertEqual(plan_inputs.choose_mfu("bf16-mixed", None, found, m).value, 0.042)
+        self.assertEqual(plan_inputs.choose_mfu("tf32", None, found, m).value, 0.02)  # newest of any precision
+        self.assertEqual(plan_inputs.choose_mfu("fp32", 0.6, found, m).source, "--mfu")
+        self.assertEqual(plan_inputs.choose_mfu("fp32", None, [], m).value, constants.DEFAULT_MFU)
         # A CUDA measurement's own MFU comes after runs of its precision.
         m_cuda = dict(m, device="cuda:0", precision="fp32", measured=dict(m["measured"], mfu=0.11))
-        self.assertEqual(plan.choose_mfu("fp32", None, [], m_cuda).source, "measurement")
+        self.assertEqual(plan_inputs.choose_mfu("fp32", None, [], m_cuda).source, "measurement")
         # End to end: the rows use it, the output says where it came from.
         status, out, err = run_main([EXAMPLE, "--json", "--runs-dir", runs])
         self.assertEqual(status, 0, err)
@@ -496,7 +498,7 @@ class Plans(unittest.TestCase):
                     "kernel_us", "graph_pool_doubles_per_sample_bytes"):
             self.assertIn(key, result["assumptions"])
         self.assertIsNone(result["assumptions"]["step_launches"])  # the example counted nothing
-        self.assertEqual(set(result["mfu"]), set(plan.PRECISIONS))
+        self.assertEqual(set(result["mfu"]), set(constants.PRECISIONS))
         self.assertEqual(result["mfu"]["fp32"]["source"], "default")
         row_keys = {"gpu", "precision", "memory_gib", "peak_tflops", "mfu", "memory_needed_bytes",
                     "memory_budget_bytes", "fits", "largest_batch", "step_seconds", "launch_bound",
@@ -721,12 +723,12 @@ class Sharding(unittest.TestCase):
         psi = 7.5e9
         paper = {"none": 120.0, "optimizer": 31.4, "gradients": 16.6, "parameters": 1.9}
         for stage, gb in paper.items():
-            state = plan.model_state_bytes(2 * psi, 2 * psi, 12 * psi, stage, 64)
+            state = arithmetic.model_state_bytes(2 * psi, 2 * psi, 12 * psi, stage, 64)
             self.assertEqual(round(state["total"] / 1e9, 1), gb, stage)
         # The formulas: 16 psi; 4 psi + 12 psi / 64; 2 psi + 14 psi / 64; 16 psi / 64.
-        self.assertAlmostEqual(plan.model_state_bytes(2 * psi, 2 * psi, 12 * psi, "optimizer", 64)["total"],
+        self.assertAlmostEqual(arithmetic.model_state_bytes(2 * psi, 2 * psi, 12 * psi, "optimizer", 64)["total"],
                                4 * psi + 12 * psi / 64)
-        self.assertAlmostEqual(plan.model_state_bytes(2 * psi, 2 * psi, 12 * psi, "gradients", 64)["total"],
+        self.assertAlmostEqual(arithmetic.model_state_bytes(2 * psi, 2 * psi, 12 * psi, "gradients", 64)["total"],
                                2 * psi + 14 * psi / 64)
         # The same through the plan: a measurement with the paper's bytes, every parameter in one of 32
         # blocks, planned at 64 GPUs.
@@ -757,22 +759,22 @@ class Sharding(unittest.TestCase):
     def test_one_over_n_with_padding(self):
         # 17 elements of 4 bytes in pieces of 10 and 7, over 4 ranks: ceil(10/4) + ceil(7/4) = 3 + 2 = 5
         # elements a rank (20 bytes), not 17/4 = 4.25.
-        self.assertEqual(plan.padded_elements([10, 7], 4), 5)
-        self.assertAlmostEqual(plan.shard_bytes(68, 4, [10, 7]), 20.0)
-        self.assertAlmostEqual(plan.shard_bytes(68, 4), 17.0)  # one piece: the padding is left out
-        self.assertEqual(plan.shard_bytes(68, 1, [10, 7]), 68.0)  # one rank holds everything
+        self.assertEqual(arithmetic.padded_elements([10, 7], 4), 5)
+        self.assertAlmostEqual(arithmetic.shard_bytes(68, 4, [10, 7]), 20.0)
+        self.assertAlmostEqual(arithmetic.shard_bytes(68, 4), 17.0)  # one piece: the padding is left out
+        self.assertEqual(arithmetic.shard_bytes(68, 1, [10, 7]), 68.0)  # one rank holds everything
         # Pieces that divide evenly scale exactly 1/N; any pieces hold at most one element more each.
         for n in (2, 4, 8, 16):
-            self.assertAlmostEqual(plan.shard_bytes(4 * 4096, n, [1024, 3072]), 4 * 4096 / n)
+            self.assertAlmostEqual(arithmetic.shard_bytes(4 * 4096, n, [1024, 3072]), 4 * 4096 / n)
             units = [1000, 333, 7]
-            self.assertLessEqual(plan.shard_bytes(4 * 1340, n, units), 4 * (1340 / n + len(units)))
-            self.assertGreaterEqual(plan.shard_bytes(4 * 1340, n, units), 4 * 1340 / n)
+            self.assertLessEqual(arithmetic.shard_bytes(4 * 1340, n, units), 4 * (1340 / n + len(units)))
+            self.assertGreaterEqual(arithmetic.shard_bytes(4 * 1340, n, units), 4 * 1340 / n)
         # Each stage splits one more state; the rest stay whole.
         full = dict(parameters=100.0, gradients=200.0, optimizer_state=400.0)
         for stage, split in (("none", set()), ("optimizer", {"optimizer_state"}),
                              ("gradients", {"optimizer_state", "gradients"}),
                              ("parameters", {"optimizer_state", "gradients", "parameters"})):
-            state = plan.model_state_bytes(100, 200, 400, stage, 4)
+            state = arithmetic.model_state_bytes(100, 200, 400, stage, 4)
             for key, value in full.items():
                 self.assertAlmostEqual(state[key], value / 4 if key in split else value, msg=(stage, key))
         # Through the plan: the measurement's pieces pad what each GPU holds.
@@ -789,30 +791,30 @@ class Sharding(unittest.TestCase):
     def test_communication_per_stage(self):
         b, n = 1e9, 8
         ring = 7 / 8 * b  # (n-1)/n of the buffer: one reduce-scatter or all-gather
-        self.assertAlmostEqual(plan.collective_bytes("all-reduce", b, n), 2 * ring)
-        self.assertAlmostEqual(plan.collective_bytes("all-gather", b, n), ring)
+        self.assertAlmostEqual(arithmetic.collective_bytes("all-reduce", b, n), 2 * ring)
+        self.assertAlmostEqual(arithmetic.collective_bytes("all-gather", b, n), ring)
         # An all-reduce's bytes over the link are the data-parallel table's time.
-        self.assertAlmostEqual(plan.collective_bytes("all-reduce", b, n) / 450e9, plan.allreduce_seconds(b, n, 450e9))
-        volume = {s: plan.communication(s, n, b, b)["bytes_per_step"] for s in plan.SHARDING}
+        self.assertAlmostEqual(arithmetic.collective_bytes("all-reduce", b, n) / 450e9, arithmetic.allreduce_seconds(b, n, 450e9))
+        volume = {s: arithmetic.communication(s, n, b, b)["bytes_per_step"] for s in constants.SHARDING}
         self.assertAlmostEqual(volume["none"], 2 * ring)  # DDP: all-reduce
         # ZeRO-1 and ZeRO-2: a reduce-scatter of the gradients + an all-gather of the updated parameters,
         # which is what DDP's all-reduce is made of (ZeRO-1 does not all-reduce).
         self.assertAlmostEqual(volume["optimizer"], volume["none"])
-        self.assertEqual([c["op"] for c in plan.communication("optimizer", n, b, b)["collectives"]],
+        self.assertEqual([c["op"] for c in arithmetic.communication("optimizer", n, b, b)["collectives"]],
                          ["reduce-scatter", "all-gather"])
         self.assertAlmostEqual(volume["gradients"], volume["none"])
         self.assertAlmostEqual(volume["parameters"], 1.5 * volume["none"])  # 2 all-gathers + reduce-scatter
         # Accumulation of 4: ZeRO-2 and ZeRO-3 reduce-scatter (and ZeRO-3 gathers) every micro-batch,
         # DDP and ZeRO-1 (the gradients accumulate whole in .grad, as DDP's no_sync) at the last one only.
-        acc = {s: plan.communication(s, n, b, b, accumulate=4)["bytes_per_step"] for s in plan.SHARDING}
+        acc = {s: arithmetic.communication(s, n, b, b, accumulate=4)["bytes_per_step"] for s in constants.SHARDING}
         self.assertAlmostEqual(acc["none"], 2 * ring)
         self.assertAlmostEqual(acc["optimizer"], 2 * ring)
-        self.assertEqual({c["per"] for c in plan.communication("optimizer", n, b, b, 4)["collectives"]}, {"step"})
+        self.assertEqual({c["per"] for c in arithmetic.communication("optimizer", n, b, b, 4)["collectives"]}, {"step"})
         self.assertAlmostEqual(acc["gradients"], 4 * ring + ring)
         self.assertAlmostEqual(acc["parameters"], 4 * 3 * ring)
         # ZeRO-3 gathers per micro-batch only the blocks' parameters (0.8 of them here); the rest (0.2),
         # whole on every rank, once per step after the optimizer step, like ZeRO-2.
-        zero3 = plan.communication("parameters", n, b, b, accumulate=4, block_parameter_bytes=0.8 * b)
+        zero3 = arithmetic.communication("parameters", n, b, b, accumulate=4, block_parameter_bytes=0.8 * b)
         self.assertAlmostEqual(zero3["micro_batch_bytes"], 7 / 8 * (2 * 0.8 * b + b))
         self.assertAlmostEqual(zero3["step_bytes"], 7 / 8 * 0.2 * b)
         self.assertAlmostEqual(zero3["bytes_per_step"], 4 * 7 / 8 * 2.6 * b + 7 / 8 * 0.2 * b)
@@ -820,13 +822,13 @@ class Sharding(unittest.TestCase):
                          [("all-gather", "block parameters", "micro-batch")] * 2
                          + [("reduce-scatter", "gradients", "micro-batch"), ("all-gather", "other parameters", "step")])
         # Every parameter in a block: no per-step all-gather at all.
-        self.assertEqual(len(plan.communication("parameters", n, b, b, block_parameter_bytes=b)["collectives"]), 3)
+        self.assertEqual(len(arithmetic.communication("parameters", n, b, b, block_parameter_bytes=b)["collectives"]), 3)
         # Parameters and gradients of other widths: each collective moves its own buffer.
-        mixed = plan.communication("gradients", n, 2e9, 4e9)
+        mixed = arithmetic.communication("gradients", n, 2e9, 4e9)
         self.assertAlmostEqual(mixed["bytes_per_step"], 7 / 8 * 4e9 + 7 / 8 * 2e9)
         self.assertEqual({c["of"] for c in mixed["collectives"]}, {"gradients", "parameters"})
-        for s in plan.SHARDING:
-            self.assertEqual(plan.communication(s, 1, b, b)["bytes_per_step"], 0.0)  # one GPU sends nothing
+        for s in constants.SHARDING:
+            self.assertEqual(arithmetic.communication(s, 1, b, b)["bytes_per_step"], 0.0)  # one GPU sends nothing
 
     def test_links_and_times_in_the_rows(self):
         m = block_model(accumulate=2)
@@ -838,7 +840,7 @@ class Sharding(unittest.TestCase):
             for r in rows:
                 self.assertEqual((r["link"], r["link_gb_s"]), (name, gb_s))
                 # 2.9e9 of the 3e9 parameters are in the blocks.
-                sent = plan.communication(r["sharding"], n, 4 * 3e9, 4 * 3e9, 2, 4 * 2.9e9)["bytes_per_step"]
+                sent = arithmetic.communication(r["sharding"], n, 4 * 3e9, 4 * 3e9, 2, 4 * 2.9e9)["bytes_per_step"]
                 self.assertAlmostEqual(r["communication_bytes"], sent)
                 self.assertAlmostEqual(r["communication_seconds"], sent / (gb_s * 1e9))
                 self.assertAlmostEqual(r["step_seconds"], r["compute_seconds"] + r["communication_seconds"])
@@ -983,26 +985,26 @@ class Checkpointing(unittest.TestCase):
     def test_estimates_by_hand(self):
         # A = 1000 bytes a sample, 4 blocks saving 800 of them, their inputs 40 (10 each).
         # Every block checkpointed: 1000 - 800 + 40 + one block's 200 while it is recomputed = 440.
-        self.assertAlmostEqual(plan.full_checkpoint_per_sample_bytes(1000, 4, 1, 800, 40), 440)
+        self.assertAlmostEqual(arithmetic.full_checkpoint_per_sample_bytes(1000, 4, 1, 800, 40), 440)
         # Every 2nd (blocks 0 and 2): 1000 - 400 + 20 + 200 = 820.
-        self.assertEqual(plan.checkpointed_blocks(4, 2), 2)
-        self.assertAlmostEqual(plan.full_checkpoint_per_sample_bytes(1000, 4, 2, 800, 40), 820)
-        self.assertEqual(plan.checkpointed_blocks(5, 2), 3)  # blocks 0, 2, 4
+        self.assertEqual(arithmetic.checkpointed_blocks(4, 2), 2)
+        self.assertAlmostEqual(arithmetic.full_checkpoint_per_sample_bytes(1000, 4, 2, 800, 40), 820)
+        self.assertEqual(arithmetic.checkpointed_blocks(5, 2), 3)  # blocks 0, 2, 4
         # The largest block, when known, is the one held while it is recomputed.
-        self.assertAlmostEqual(plan.full_checkpoint_per_sample_bytes(1000, 4, 1, 800, 40, 350), 590)
+        self.assertAlmostEqual(arithmetic.full_checkpoint_per_sample_bytes(1000, 4, 1, 800, 40, 350), 590)
         # One block alone saves nothing: its input is kept and all of it comes back.
-        self.assertAlmostEqual(plan.full_checkpoint_per_sample_bytes(1000, 1, 1, 800, 40), 1040)
+        self.assertAlmostEqual(arithmetic.full_checkpoint_per_sample_bytes(1000, 1, 1, 800, 40), 1040)
         # Light: the blocks drop 12/34 of what they save, the one in backward holds it again.
         s = 12 / 34
-        self.assertAlmostEqual(plan.LIGHT_RECOMPUTED_SHARE, s)
-        self.assertAlmostEqual(plan.light_checkpoint_per_sample_bytes(1000, 4, 800), 1000 - s * 800 + s * 200)
-        self.assertAlmostEqual(plan.light_checkpoint_per_sample_bytes(1000, 4, 800, 0.5), 1000 - 400 + 100)
+        self.assertAlmostEqual(constants.LIGHT_RECOMPUTED_SHARE, s)
+        self.assertAlmostEqual(arithmetic.light_checkpoint_per_sample_bytes(1000, 4, 800), 1000 - s * 800 + s * 200)
+        self.assertAlmostEqual(arithmetic.light_checkpoint_per_sample_bytes(1000, 4, 800, 0.5), 1000 - 400 + 100)
         # Time: full recomputes the checkpointed blocks' forward, 2 x MACs of 6 x MACs to train.
-        self.assertAlmostEqual(plan.recompute_factor("full", 6e9, 1e9, 4, 1), 1 + 2 / 6)
-        self.assertAlmostEqual(plan.recompute_factor("full", 6e9, 1e9, 4, 2), 1 + 2 / 6 / 2)
-        self.assertEqual(plan.recompute_factor("light", 6e9, 1e9, 4, 1), 1.0)
+        self.assertAlmostEqual(arithmetic.recompute_factor("full", 6e9, 1e9, 4, 1), 1 + 2 / 6)
+        self.assertAlmostEqual(arithmetic.recompute_factor("full", 6e9, 1e9, 4, 2), 1 + 2 / 6 / 2)
+        self.assertEqual(arithmetic.recompute_factor("light", 6e9, 1e9, 4, 1), 1.0)
         # Light's recomputation is memory-bound: 8 samples x 1 MB read and written at 2 TB/s = 8 us.
-        self.assertAlmostEqual(plan.light_recompute_seconds(8, 1e6, 2e12), 8e-6)
+        self.assertAlmostEqual(arithmetic.light_recompute_seconds(8, 1e6, 2e12), 8e-6)
 
     def test_estimated_from_the_blocks(self):
         m = block_model(params=1e9, per_sample=2e9, blocks=20)
@@ -1013,7 +1015,7 @@ class Checkpointing(unittest.TestCase):
         self.assertFalse(acts["none"]["estimated"])
         self.assertAlmostEqual(acts["full"]["per_sample_bytes"], a0 - inside + inputs + inside / 20)
         self.assertAlmostEqual(acts["light"]["per_sample_bytes"],
-                               a0 - plan.LIGHT_RECOMPUTED_SHARE * inside + plan.LIGHT_RECOMPUTED_SHARE * inside / 20)
+                               a0 - constants.LIGHT_RECOMPUTED_SHARE * inside + constants.LIGHT_RECOMPUTED_SHARE * inside / 20)
         self.assertTrue(acts["full"]["estimated"] and acts["light"]["estimated"])
         macs = m["blocks"]["forward_macs_per_sample"]
         self.assertAlmostEqual(acts["full"]["recompute_factor"], 1 + 2 * macs / m["train_flops_per_sample"])
@@ -1029,7 +1031,7 @@ class Checkpointing(unittest.TestCase):
         self.assertAlmostEqual(rows["full"]["step_seconds"], none_step * acts["full"]["recompute_factor"])
         self.assertAlmostEqual(rows["full"]["recompute_seconds"], rows["full"]["step_seconds"] - none_step)
         # Light: the dropped bytes once more through HBM (H100-SXM: 3,350 GB/s).
-        dropped = plan.LIGHT_RECOMPUTED_SHARE * inside
+        dropped = constants.LIGHT_RECOMPUTED_SHARE * inside
         self.assertAlmostEqual(rows["light"]["recompute_seconds"], 2 * 8 * dropped / 3350e9)
         # The text labels them.
         self.assertRegex(text, r"bf16-mixed\s+full\s+A .*estimated: 20 blocks keep their inputs")
@@ -1341,10 +1343,10 @@ class Options(unittest.TestCase):
         # The stages and modes asked for, in the order of least split first; all = every one.
         args = plan.parse_args(["m.json", "--world-size", "4", "--sharding", "parameters", "--sharding", "none"])
         self.assertEqual(args.sharding, ["none", "parameters"])
-        self.assertEqual(plan.parse_args(["m.json", "--world-size", "4"]).sharding, list(plan.SHARDING))
+        self.assertEqual(plan.parse_args(["m.json", "--world-size", "4"]).sharding, list(constants.SHARDING))
         self.assertEqual(plan.parse_args(["m.json"]).sharding, ["none"])  # one GPU: nothing to split
         self.assertEqual(plan.parse_args(["m.json", "--activation-checkpoint", "all", "--activation-checkpoint",
-                                          "full"]).activation_checkpoint, list(plan.CHECKPOINT_MODES))
+                                          "full"]).activation_checkpoint, list(constants.CHECKPOINT_MODES))
 
     def test_ember_forwards_every_planner_option(self):
         source = (ROOT / "tools" / "plan" / "plan.py").read_text()
@@ -1393,45 +1395,45 @@ class Nodes(unittest.TestCase):
     def test_ring_by_hand(self):
         # Bus bandwidth: the slowest hop. 2 nodes of 8 H100s (NVLink 450 GB/s) with one 100 GbE NIC each
         # (12.5 GB/s): the NIC; with 8 NICs of 400 Gb/s (8 x 50 = 400 GB/s): still the NICs, below NVLink.
-        self.assertEqual(plan.ring_bus_bandwidth(2, 8, 450e9, 12.5e9), 12.5e9)
-        self.assertEqual(plan.ring_bus_bandwidth(2, 8, 450e9, 400e9), 400e9)
-        self.assertEqual(plan.ring_bus_bandwidth(1, 8, 450e9, 12.5e9), 450e9)  # one node: no NIC in the ring
-        self.assertEqual(plan.ring_bus_bandwidth(4, 1, 450e9, 12.5e9), 12.5e9)  # a GPU a node: only NICs
+        self.assertEqual(arithmetic.ring_bus_bandwidth(2, 8, 450e9, 12.5e9), 12.5e9)
+        self.assertEqual(arithmetic.ring_bus_bandwidth(2, 8, 450e9, 400e9), 400e9)
+        self.assertEqual(arithmetic.ring_bus_bandwidth(1, 8, 450e9, 12.5e9), 450e9)  # one node: no NIC in the ring
+        self.assertEqual(arithmetic.ring_bus_bandwidth(4, 1, 450e9, 12.5e9), 12.5e9)  # a GPU a node: only NICs
         # NCCL's ring latency: 16 GPUs on 2 nodes, all-reduce: 2 x 15 = 30 steps, 2 x 1 = 2 across:
         # 8.4 + 28 x 3.4 + 2 x 9.6 = 8.4 + 95.2 + 19.2 = 122.8 us. Reduce-scatter: 15 steps, 1 across:
         # 8.4 + 14 x 3.4 + 9.6 = 65.6 us. One node of 8: 8.4 + 14 x 3.4 = 56.0 us. 4 nodes of 1 GPU: 6 steps,
         # all across: 8.4 + 6 x 9.6 = 66.0 us. One GPU: nothing.
         nv, net = 3.4e-6, 9.6e-6
-        self.assertAlmostEqual(plan.ring_latency_seconds("all-reduce", 16, 2, nv, net), 122.8e-6, places=12)
-        self.assertAlmostEqual(plan.ring_latency_seconds("reduce-scatter", 16, 2, nv, net), 65.6e-6, places=12)
-        self.assertAlmostEqual(plan.ring_latency_seconds("all-gather", 16, 2, nv, net), 65.6e-6, places=12)
-        self.assertAlmostEqual(plan.ring_latency_seconds("all-reduce", 8, 1, nv, net), 56.0e-6, places=12)
-        self.assertAlmostEqual(plan.ring_latency_seconds("all-reduce", 4, 4, nv, net), 66.0e-6, places=12)
-        self.assertEqual(plan.ring_latency_seconds("all-reduce", 1, 1, nv, net), 0.0)
+        self.assertAlmostEqual(arithmetic.ring_latency_seconds("all-reduce", 16, 2, nv, net), 122.8e-6, places=12)
+        self.assertAlmostEqual(arithmetic.ring_latency_seconds("reduce-scatter", 16, 2, nv, net), 65.6e-6, places=12)
+        self.assertAlmostEqual(arithmetic.ring_latency_seconds("all-gather", 16, 2, nv, net), 65.6e-6, places=12)
+        self.assertAlmostEqual(arithmetic.ring_latency_seconds("all-reduce", 8, 1, nv, net), 56.0e-6, places=12)
+        self.assertAlmostEqual(arithmetic.ring_latency_seconds("all-reduce", 4, 4, nv, net), 66.0e-6, places=12)
+        self.assertEqual(arithmetic.ring_latency_seconds("all-reduce", 1, 1, nv, net), 0.0)
         # 1 GB all-reduced over those 16 GPUs at 12.5 GB/s in one collective: 2 x 15/16 x 1e9 / 12.5e9 = 0.15 s
         # + 122.8 us; a reduce-scatter, half: 0.075 s + 65.6 us; in 39 buckets: 39 latencies.
-        self.assertAlmostEqual(plan.collective_seconds("all-reduce", 1e9, 16, 2, 12.5e9, nv, net), 0.1501228,
+        self.assertAlmostEqual(arithmetic.collective_seconds("all-reduce", 1e9, 16, 2, 12.5e9, nv, net), 0.1501228,
                                places=12)
-        self.assertAlmostEqual(plan.collective_seconds("reduce-scatter", 1e9, 16, 2, 12.5e9, nv, net), 0.0750656,
+        self.assertAlmostEqual(arithmetic.collective_seconds("reduce-scatter", 1e9, 16, 2, 12.5e9, nv, net), 0.0750656,
                                places=12)
-        self.assertAlmostEqual(plan.collective_seconds("all-reduce", 1e9, 16, 2, 12.5e9, nv, net, calls=39),
+        self.assertAlmostEqual(arithmetic.collective_seconds("all-reduce", 1e9, 16, 2, 12.5e9, nv, net, calls=39),
                                0.15 + 39 * 122.8e-6, places=12)
         # Overlap: 39 buckets of 0.1547892 s in all behind a 0.0533333 s backward: all but
         # 0.0533333 x 38/39 = 0.0519658 s shows (0.1028234 s); a reduction that fits behind backward shows
         # only its last bucket (6.0728889 ms / 39 = 0.1557151 ms); one bucket shows whole.
         backward = 0.08 * 2 / 3
-        self.assertAlmostEqual(plan.exposed_seconds(0.1547892, 39, backward), 0.1547892 - backward * 38 / 39,
+        self.assertAlmostEqual(arithmetic.exposed_seconds(0.1547892, 39, backward), 0.1547892 - backward * 38 / 39,
                                places=12)
-        self.assertAlmostEqual(plan.exposed_seconds(0.1547892, 39, backward), 0.1028234, places=7)
-        self.assertAlmostEqual(plan.exposed_seconds(6.0728889e-3, 39, backward), 6.0728889e-3 / 39, places=12)
-        self.assertEqual(plan.exposed_seconds(0.01, 1, backward), 0.01)
+        self.assertAlmostEqual(arithmetic.exposed_seconds(0.1547892, 39, backward), 0.1028234, places=7)
+        self.assertAlmostEqual(arithmetic.exposed_seconds(6.0728889e-3, 39, backward), 6.0728889e-3 / 39, places=12)
+        self.assertEqual(arithmetic.exposed_seconds(0.01, 1, backward), 0.01)
 
     def test_one_and_two_nodes_by_hand(self):
         """hand_model() with DDP on 2 nodes of 8 H100s, each with one 100 GbE NIC, and with 8 NDR NICs."""
         plan_2x_eth = self.plan_json(hand_model(), *self.HAND, "--nodes", "2", "--inter-link", "eth-100")["nodes"]
         one, two = plan_2x_eth["counts"]
         self.assertEqual((one["nodes"], one["gpus"], two["nodes"], two["gpus"]), (1, 8, 2, 16))
-        self.assertEqual(plan.collective_calls(hand_model(), "none", "gradients"), 39)
+        self.assertEqual(plan_nodes.collective_calls(hand_model(), "none", "gradients"), 39)
         # One node: 2 x 7/8 x 1e9 / 450e9 = 3.8888889 ms + 39 x 56 us = 2.184 ms: 6.0728889 ms, of which the
         # last bucket shows, 0.1557151 ms: step 0.0801557 s, 8 GPUs x 8 samples / step = 798.45 samples/s.
         self.assertEqual((one["link"], one["bus_gb_s"]), ("NVLink", 450.0))
@@ -1501,21 +1503,21 @@ class Nodes(unittest.TestCase):
         m = hand_model()
         bus, hops = 50e9, (3.4e-6, 9.6e-6)
         # ZeRO-1: reduce-scatter (39 buckets, behind a long backward: its last bucket shows) + all-gather (whole).
-        rs = plan.collective_seconds("reduce-scatter", 1e9, 16, 2, bus, *hops, calls=39)
-        ag = plan.collective_seconds("all-gather", 1e9, 16, 2, bus, *hops, calls=39)
-        got = plan.step_communication(m, "optimizer", 16, 2, bus, hops, 1, 10.0)
+        rs = arithmetic.collective_seconds("reduce-scatter", 1e9, 16, 2, bus, *hops, calls=39)
+        ag = arithmetic.collective_seconds("all-gather", 1e9, 16, 2, bus, *hops, calls=39)
+        got = plan_nodes.step_communication(m, "optimizer", 16, 2, bus, hops, 1, 10.0)
         self.assertAlmostEqual(got["seconds"], rs + ag, places=12)
         self.assertAlmostEqual(got["exposed_seconds"], rs / 39 + ag, places=12)
         # DDP with no backward to hide behind: all of it shows.
-        ar = plan.collective_seconds("all-reduce", 1e9, 16, 2, bus, *hops, calls=39)
-        self.assertAlmostEqual(plan.step_communication(m, "none", 16, 2, bus, hops, 1, 0.0)["exposed_seconds"], ar)
+        ar = arithmetic.collective_seconds("all-reduce", 1e9, 16, 2, bus, *hops, calls=39)
+        self.assertAlmostEqual(plan_nodes.step_communication(m, "none", 16, 2, bus, hops, 1, 0.0)["exposed_seconds"], ar)
         # ZeRO-3 with 4 micro-batches: per micro-batch two all-gathers of the 32 blocks (32 collectives each,
         # whole) and a reduce-scatter in 32 + 1 units; per step the parameters outside the blocks (one).
-        z3 = plan.step_communication(m, "parameters", 16, 2, bus, hops, 4, 10.0)
+        z3 = plan_nodes.step_communication(m, "parameters", 16, 2, bus, hops, 4, 10.0)
         inside, outside = m["blocks"]["parameter_bytes"], m["parameter_bytes"] - m["blocks"]["parameter_bytes"]
-        gather = plan.collective_seconds("all-gather", inside, 16, 2, bus, *hops, calls=32)
-        reduce = plan.collective_seconds("reduce-scatter", 1e9, 16, 2, bus, *hops, calls=33)
-        rest = plan.collective_seconds("all-gather", outside, 16, 2, bus, *hops, calls=1)
+        gather = arithmetic.collective_seconds("all-gather", inside, 16, 2, bus, *hops, calls=32)
+        reduce = arithmetic.collective_seconds("reduce-scatter", 1e9, 16, 2, bus, *hops, calls=33)
+        rest = arithmetic.collective_seconds("all-gather", outside, 16, 2, bus, *hops, calls=1)
         self.assertAlmostEqual(z3["seconds"], 4 * (2 * gather + reduce) + rest, places=12)
         self.assertAlmostEqual(z3["exposed_seconds"], 4 * (2 * gather + reduce / 33) + rest, places=12)
 
@@ -1561,8 +1563,8 @@ class Nodes(unittest.TestCase):
         self.assertEqual({r["world_size"] for r in result["configurations"]["rows"]}, {16})
         self.assertEqual((result["assumptions"]["nodes"], result["assumptions"]["gpus_per_node"]), (2, 8))
         self.assertEqual([c["nodes"] for c in result["nodes"]["counts"]], [1, 2])
-        self.assertEqual(plan.node_counts(5), [1, 2, 4, 5])
-        self.assertEqual(plan.node_counts(1), [1])
+        self.assertEqual(plan_nodes.node_counts(5), [1, 2, 4, 5])
+        self.assertEqual(plan_nodes.node_counts(1), [1])
 
     def test_older_options_plan_as_before(self):
         """--world-size and --link without the topology flags plan what they did: nodes of 8 and one 400G IB NIC a
@@ -1655,8 +1657,8 @@ class Nodes(unittest.TestCase):
             nodes = self.plan_json(gpt2_xl(), *base, "--inter-link", *link.split())["nodes"]
             two = nodes["counts"][1]
             self.assertEqual(two["bus_gb_s"], float(gb_s), link)
-            self.assertEqual(plan.fmt_seconds(two["communication_seconds"]), comm.strip(), link)
-            self.assertEqual(plan.fmt_seconds(two["exposed_seconds"]), exposed.strip(), link)
+            self.assertEqual(formats.fmt_seconds(two["communication_seconds"]), comm.strip(), link)
+            self.assertEqual(formats.fmt_seconds(two["exposed_seconds"]), exposed.strip(), link)
             self.assertEqual(f"{two['speedup']:.2f}", speedup, link)
             self.assertEqual(f"{two['efficiency']:.2f}", efficiency, link)
             self.assertEqual(nodes["verdict"]["second_node"], verdict, link)
@@ -1674,7 +1676,7 @@ class GpuTable(unittest.TestCase):
         rows = re.findall(r'\{"(\w+)",\s*"(\w*)",' + ",".join([number] * 4) + r"\}", source)
         self.assertGreaterEqual(len(rows), 10, "kGpuPeaks not found in flops.cpp: update this parser")
         cpp = {(model, variant): [float(x) / 1e12 for x in peaks] for model, variant, *peaks in rows}
-        gpus = plan.load_gpus(GPUS)
+        gpus = plan_inputs.load_gpus(GPUS)
         self.assertEqual({g["name"] for g in gpus}, set(self.CPP_ROW))
         for gpu in gpus:
             expected = cpp[self.CPP_ROW[gpu["name"]]]
