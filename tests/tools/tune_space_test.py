@@ -208,20 +208,21 @@ def locked_database(env, tune_py, space):
     # Held past the wait: an error naming the file and the lock (the function, with a short wait).
     spec = importlib.util.spec_from_file_location("tune_under_test", tune_py)
     tune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune)
+    spec.loader.exec_module(tune)  # it put its tools/ on sys.path: the tuner's parts
+    from embertools.tune.common import TuneError, wait_for_sqlite_lock
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         check(holder.stdout.readline().strip() == "locked", "the lock holder did not start")
         try:
-            tune.wait_for_sqlite_lock(str(db), 1.5)
+            wait_for_sqlite_lock(str(db), 1.5)
             check(False, "a database held locked was opened")
-        except tune.TuneError as e:
+        except TuneError as e:
             check(f"{db} stayed locked for 1.5 s" in str(e) and "fuser" in str(e), str(e))
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
-    tune.wait_for_sqlite_lock(str(db), 1.5)  # released: returns
+    wait_for_sqlite_lock(str(db), 1.5)  # released: returns
     print("--storage on a locked SQLite file: said at once, goes on when released, an error when held: OK")
 
 
