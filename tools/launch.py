@@ -45,7 +45,7 @@ in this process; EMBER_LAUNCH_VERBOSE=1 keeps it.
 Exit status: the failing rank's, 0 when every rank succeeded, 2 for a bad
 command line of this script.
 """
-import ipaddress
+import importlib
 import json
 import logging
 import os
@@ -56,13 +56,19 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the shared package, embertools
+from embertools.errors import EXIT_USAGE  # noqa: E402
+from embertools.net import loopback_problem  # noqa: E402  (also the doctor's rendezvous rule)
+from embertools.ranks import rank_env  # noqa: E402
 
 
 def usage_error(message):
     print(f"[ember launch] error: {message}", file=sys.stderr)
     print("usage: launch.py --nproc N [--nnodes M --node-rank R --rdzv HOST:PORT [--local-addr A] "
           "[--startup-timeout S]] BINARY [args...]", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 @dataclass
@@ -122,28 +128,6 @@ def parse(argv):
     if not rest:
         raise ValueError("no binary given")
     return launch, rest[0], rest[1:]
-
-
-def loopback_problem(host, resolve=socket.getaddrinfo):
-    """Why HOST cannot be a rendezvous for several machines, or None. A loopback IP
-    written as such is accepted (all nodes on this machine); a name that resolves
-    to one is the /etc/hosts trap."""
-    try:
-        ipaddress.ip_address(host)
-        return None
-    except ValueError:
-        pass
-    try:
-        addrs = {a[4][0] for a in resolve(host, None, proto=socket.IPPROTO_TCP)}
-    except OSError as e:
-        return f"--rdzv host {host!r} does not resolve here ({e.strerror or e}): use an address every node reaches"
-    loop = sorted(a for a in addrs if ipaddress.ip_address(a.split("%")[0]).is_loopback)
-    if loop:
-        return (f"--rdzv host {host!r} resolves to the loopback address {loop[0]} here (/etc/hosts?): the other "
-                f"nodes cannot reach it, and each node would meet only itself. Give node 0's network address "
-                f"(its IP on the interface the nodes share: `ip -brief addr`), and on node 0 add "
-                f"--local-addr THAT_IP; tools/ember doctor --nnodes N --rdzv HOST:PORT checks it")
-    return None
 
 
 def reach(host, port, deadline):
@@ -228,9 +212,8 @@ def meet(launch):
 
 def check_config(binary, args, nproc, world=None):
     """Runs BINARY --check with the environment of rank 0 of `world` (default nproc); returns its exit status."""
-    env = dict(os.environ, WORLD_SIZE=str(world or nproc), RANK="0", LOCAL_RANK="0",
-               LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-               MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
+    env = rank_env(0, world or nproc, os.environ.get("MASTER_PORT", "29500"), local_world=nproc,
+                   addr=os.environ.get("MASTER_ADDR", "127.0.0.1"))
     try:
         done = subprocess.run([binary, "--check", *args], env=env, stdout=subprocess.DEVNULL)
     except OSError as e:
@@ -276,7 +259,7 @@ def import_torch_quietly():
     before = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     try:
-        import torch  # noqa: F401
+        importlib.import_module("torch")  # loads libc10, which reads the level now
     finally:
         if before is None:
             del os.environ["TORCH_CPP_LOG_LEVEL"]
@@ -376,7 +359,7 @@ def main(argv):
         problem = loopback_problem(launch.host)
         if problem:
             print(f"[ember launch] error: {problem}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     status = check_config(binary, args, launch.nproc, launch.nnodes * launch.nproc)
     if status != 0:
         print(f"[ember launch] the config was refused (exit status {status}); no rank was started",

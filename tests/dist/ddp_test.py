@@ -18,16 +18,15 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and checks:
 """
 import argparse
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # embertools: starting ranks
+from embertools.ranks import RankTimeout, start_ranks, wait_ranks  # noqa: E402
 from tolerance import EPS64, bound, identical, relative_l2  # noqa: E402
 
 
@@ -37,37 +36,18 @@ def check(ok, what):
         raise AssertionError(what)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(binary, world, out, *args, per_rank=None, timeout=120, wait_for=None):
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        extra = [str(x) for x in per_rank(rank)] if per_rank else []
-        procs.append(subprocess.Popen([binary, "--out", str(out), *map(str, args), *extra], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    t0 = time.monotonic()
-    results = {}
-    ranks = wait_for if wait_for is not None else range(world)
-    for rank in ranks:
-        try:
-            o, e = procs[rank].communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise AssertionError(f"rank {rank} did not finish within {timeout} s")
-        results[rank] = (procs[rank].returncode, e, time.monotonic() - t0)
-    for p in procs:  # ranks not waited for (a hung one)
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    return results
+    """Starts `world` ranks of `binary` as torchrun would (embertools.ranks; OMP_NUM_THREADS=1), rank r
+    with per_rank(r)'s arguments last; waits for the ranks `wait_for` (default all) and kills the others.
+    Returns {rank: (exit status, stderr, seconds)}."""
+    extra = per_rank or (lambda rank: [])
+    procs = start_ranks(lambda rank: [binary, "--out", out, *args, *extra(rank)], world,
+                        env={"OMP_NUM_THREADS": "1"})
+    try:
+        done = wait_ranks(procs, timeout, wait_for)
+    except RankTimeout as e:
+        raise AssertionError(str(e)) from None
+    return {rank: (rc, err, seconds) for rank, (rc, _, err, seconds) in done.items()}
 
 
 def params(out, rank):

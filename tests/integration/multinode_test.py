@@ -28,23 +28,19 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # embertools
+from embertools.ranks import free_port  # noqa: E402
 
 
 def check(ok, what):
     """An assert that PYTHONOPTIMIZE cannot remove."""
     if not ok:
         raise AssertionError(what)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kill_tree(pid):

@@ -34,24 +34,26 @@ DOCTOR = ROOT / "tools" / "doctor.py"
 _spec = importlib.util.spec_from_file_location("doctor", DOCTOR)
 doctor = importlib.util.module_from_spec(_spec)
 sys.modules["doctor"] = doctor
-_spec.loader.exec_module(doctor)
+_spec.loader.exec_module(doctor)  # the command line; it put tools/ on sys.path: the doctor's parts
+from embertools import net, nvml as nvml_reader  # noqa: E402
+from embertools.doctor import checks as doctor_checks, common as doctor_common, facts as doctor_facts  # noqa: E402
 
 GIB = 1024**3
-UP = doctor.IFF_UP | doctor.IFF_RUNNING
+UP = net.IFF_UP | net.IFF_RUNNING
 
 
 def opts(**kw):
     kw.setdefault("env", {})
-    return doctor.Options(**kw)
+    return doctor_common.Options(**kw)
 
 
 def probe(o, **facts):
-    return doctor.Probe(o, read=False, **facts)
+    return doctor_facts.Probe(o, read=False, **facts)
 
 
 def judge(check, o=None, **facts):
     o = o or opts()
-    return doctor.CHECKS[check](probe(o, **facts), o)
+    return doctor_checks.CHECKS[check](probe(o, **facts), o)
 
 
 def torch_facts(cuda="13.0", nccl=(2, 28, 9), device_count=8, **kw):
@@ -77,7 +79,7 @@ NO_NVML = {"error": "libnvidia-ml.so.1: cannot open shared object file: No such 
 
 def iface(name, address, family=4, flags=UP):
     if name == "lo":
-        flags |= doctor.IFF_LOOPBACK
+        flags |= net.IFF_LOOPBACK
     return {"name": name, "family": family, "address": address, "flags": flags}
 
 
@@ -121,7 +123,7 @@ class Torch(unittest.TestCase):
 
 class CudaCompatibility(unittest.TestCase):
     def test_rule(self):
-        rule = doctor.cuda_compatibility
+        rule = doctor_checks.cuda_compatibility
         self.assertEqual(rule((13, 0), (13, 0), "580.65.06")[0], "ok")
         self.assertEqual(rule((12, 4), (13, 0), "580.65.06")[0], "ok")    # backward compatibility
         s, detail, todo = rule((13, 1), (13, 0), "580.65.06")            # minor version compatibility
@@ -254,7 +256,7 @@ class NcclSocket(unittest.TestCase):
     NAMES = ["lo", "eth0", "eth1", "ens5", "docker0", "ib0"]
 
     def test_syntax(self):
-        m = doctor.nccl_match
+        m = net.nccl_match
         self.assertEqual(m("eth", self.NAMES), ["eth0", "eth1"])            # prefixes
         self.assertEqual(m("eth0,ens", self.NAMES), ["eth0", "ens5"])       # a list
         self.assertEqual(m("=eth", self.NAMES), [])                         # '=': exact names
@@ -264,14 +266,14 @@ class NcclSocket(unittest.TestCase):
         self.assertEqual(m("eth0:29500", self.NAMES), ["eth0"])             # name:port
 
     def test_own_choice(self):
-        pick = doctor.nccl_socket_interfaces
+        pick = net.nccl_socket_interfaces
         self.assertEqual(pick(NODE_IFACES, {})[0][0], ("eth0", "10.0.0.5"))
         ib = NODE_IFACES + [iface("ib0", "192.168.1.5")]
         self.assertEqual(pick(ib, {})[0][0][0], "ib0")                      # InfiniBand first
         only = [iface("lo", "127.0.0.1"), iface("docker0", "172.17.0.1")]
         self.assertEqual(pick(only, {})[0][0][0], "docker0")                # then docker, then lo
         self.assertEqual(pick([iface("lo", "127.0.0.1")], {})[0][0][0], "lo")
-        down = [iface("lo", "127.0.0.1"), iface("eth0", "10.0.0.5", flags=doctor.IFF_UP)]  # not running
+        down = [iface("lo", "127.0.0.1"), iface("eth0", "10.0.0.5", flags=net.IFF_UP)]  # not running
         self.assertEqual(pick(down, {})[0][0][0], "lo")
         v6 = [iface("lo", "::1", 6), iface("eth0", "fd00::5", 6)]           # IPv6 loopback skipped
         self.assertEqual(pick(v6, {})[0], [("eth0", "fd00::5")])
@@ -465,11 +467,11 @@ class Data(unittest.TestCase):
 
 class Summary(unittest.TestCase):
     def test_exit_and_table(self):
-        ok, warn, fail = (doctor.Result("a", "ok", "fine"), doctor.Result("b", "warning", "hm", "do x"),
-                          doctor.Result("c", "failure", "bad", "do y"))
-        self.assertEqual(doctor.exit_status([ok, warn]), 0)
-        self.assertEqual(doctor.exit_status([ok, warn, fail]), 1)
-        lines = doctor.render([ok, warn, fail]).splitlines()
+        ok, warn, fail = (doctor_common.Result("a", "ok", "fine"), doctor_common.Result("b", "warning", "hm", "do x"),
+                          doctor_common.Result("c", "failure", "bad", "do y"))
+        self.assertEqual(doctor_checks.exit_status([ok, warn]), 0)
+        self.assertEqual(doctor_checks.exit_status([ok, warn, fail]), 1)
+        lines = doctor_checks.render([ok, warn, fail]).splitlines()
         self.assertEqual(len(lines), 4)
         self.assertTrue(lines[2].startswith("failure  c  bad"), lines)
         self.assertIn("do y", lines[2])
@@ -517,7 +519,7 @@ class Readers(unittest.TestCase):
             src, lib = Path(tmp) / "fake_nvml.c", Path(tmp) / "libfake_nvml.so"
             src.write_text(FAKE_NVML)
             subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-            facts = doctor.read_nvml(str(lib))
+            facts = nvml_reader.read_nvml(str(lib))
             self.assertEqual(facts["driver"], "590.44.01")
             self.assertEqual(facts["cuda_driver"], [13, 1])
             self.assertEqual([g["name"] for g in facts["gpus"]], ["Fake H200 0", "Fake H200 1", "Fake H200 2"])
@@ -528,12 +530,12 @@ class Readers(unittest.TestCase):
             import ctypes
             self.assertEqual(ctypes.CDLL(str(lib)).fake_live(), 0, "nvmlShutdown not called")
             o = opts()
-            r = doctor.check_topology(probe(o, nvml=facts), o)
+            r = doctor_checks.check_topology(probe(o, nvml=facts), o)
             self.assertEqual(r.status, "warning")
             self.assertIn("GPU0-GPU2 SYS", r.detail)
 
     def test_nvml_missing(self):
-        facts = doctor.read_nvml("libno_such_nvml.so.1")
+        facts = nvml_reader.read_nvml("libno_such_nvml.so.1")
         self.assertIn("libno_such_nvml.so.1", facts["error"])
 
     def fake_torch(self, body):
@@ -541,7 +543,7 @@ class Readers(unittest.TestCase):
         self.addCleanup(shutil.rmtree, tmp)
         (Path(tmp) / "torch").mkdir()
         (Path(tmp) / "torch" / "__init__.py").write_text(body)
-        return doctor.read_torch(env={**os.environ, "PYTHONPATH": tmp}, timeout=60)
+        return doctor_facts.read_torch(env={**os.environ, "PYTHONPATH": tmp}, timeout=60)
 
     def test_torch_that_does_not_import(self):
         facts = self.fake_torch('raise OSError("libcudart.so.13: cannot open shared object file")\n')
@@ -549,7 +551,7 @@ class Readers(unittest.TestCase):
         facts = self.fake_torch("import os\nos.abort()\n")
         self.assertIn("exit status", facts["error"])
         o = opts()
-        self.assertEqual(doctor.check_torch(probe(o, torch=facts), o).status, "failure")
+        self.assertEqual(doctor_checks.check_torch(probe(o, torch=facts), o).status, "failure")
 
     def test_torch_cpu_build(self):
         facts = self.fake_torch("__version__ = '2.11.0+cpu'\nclass version:\n    cuda = None\n"
@@ -558,25 +560,25 @@ class Readers(unittest.TestCase):
                          ("2.11.0+cpu", None, None, 0))
 
     def test_interfaces_here(self):
-        facts = doctor.read_interfaces()
+        facts = net.read_interfaces()
         lo = [i for i in facts if i["name"] == "lo" and i["family"] == 4]
         self.assertEqual([i["address"] for i in lo], ["127.0.0.1"], facts)
-        self.assertTrue(lo[0]["flags"] & doctor.IFF_LOOPBACK and lo[0]["flags"] & doctor.IFF_UP)
+        self.assertTrue(lo[0]["flags"] & net.IFF_LOOPBACK and lo[0]["flags"] & net.IFF_UP)
 
     def test_disk_memory_data_here(self):
         with tempfile.TemporaryDirectory() as tmp:
-            d = doctor.read_disk(Path(tmp) / "not" / "yet")
+            d = doctor_facts.read_disk(Path(tmp) / "not" / "yet")
             self.assertEqual(d["existing"], tmp)
             self.assertGreater(d["total"], 0)
             for i, size in enumerate((3_000_000, 1_000, 0)):
                 (Path(tmp) / f"part{i}").write_bytes(b"x" * size)
             (Path(tmp) / "sub").mkdir()
             (Path(tmp) / "sub" / "more").write_bytes(b"y" * 500)
-            r = doctor.read_data(tmp, 1 << 30)
+            r = doctor_facts.read_data(tmp, 1 << 30)
             self.assertEqual((r["bytes"], r["files"]), (3_001_500, 4))
-            self.assertEqual(doctor.read_data(tmp, 1_000_000)["bytes"], 1_000_000)  # --read-mib caps it
-        self.assertIn("error", doctor.read_data("/no/such/folder", 1))
-        m = doctor.read_meminfo()
+            self.assertEqual(doctor_facts.read_data(tmp, 1_000_000)["bytes"], 1_000_000)  # --read-mib caps it
+        self.assertIn("error", doctor_facts.read_data("/no/such/folder", 1))
+        m = doctor_facts.read_meminfo()
         self.assertGreater(m["MemTotal"], m["MemAvailable"] - 1)
 
 
@@ -599,7 +601,7 @@ class ThisMachine(unittest.TestCase):
         rc, out, err = run_doctor("--json")
         report = json.loads(out)
         status = {c["name"]: c for c in report["checks"]}
-        self.assertEqual(list(status), list(doctor.CHECKS))
+        self.assertEqual(list(status), list(doctor_checks.CHECKS))
         self.assertEqual(rc, report["exit"])
         self.assertEqual(rc, 1 if any(c["status"] == "failure" for c in report["checks"]) else 0)
         if report["facts"]["nvml"].get("error"):  # no NVIDIA driver here
@@ -611,13 +613,13 @@ class ThisMachine(unittest.TestCase):
             self.assertEqual(status["topology"]["status"], "skipped")
             self.assertIn("no GPU visible", status["topology"]["detail"])
         rc, text, _ = run_doctor()
-        self.assertEqual(len(text.strip().splitlines()), len(doctor.CHECKS) + 2)  # header, checks, summary
+        self.assertEqual(len(text.strip().splitlines()), len(doctor_checks.CHECKS) + 2)  # header, checks, summary
         self.assertTrue(text.strip().endswith(f"exit {rc}"), text)
 
     def test_cpu_only(self):
         rc, out, _ = run_doctor("--cpu-only", "--json")
         checks = {c["name"]: c["status"] for c in json.loads(out)["checks"]}
-        for name in doctor.GPU_CHECKS:
+        for name in doctor_common.GPU_CHECKS:
             self.assertEqual(checks[name], "skipped", name)
         self.assertEqual(rc, 1 if "failure" in checks.values() else 0)
 
@@ -667,7 +669,7 @@ class ThisMachine(unittest.TestCase):
             os.mkfifo(fifo)
             big = Path(tmp) / "big.json"
             with open(big, "wb") as f:  # sparse: its size, not its disk
-                f.truncate(doctor.PLAN_MAX_BYTES + 1)
+                f.truncate(doctor_common.PLAN_MAX_BYTES + 1)
             for plan, word in (("/dev/zero", "not a regular file"), (fifo, "not a regular file"),
                                (big, "over 16 MiB")):
                 # A hang is a failure of the test (TimeoutExpired), not of the suite's time budget.
@@ -690,7 +692,7 @@ class ThisMachine(unittest.TestCase):
             self.assertEqual((facts["bytes"], facts["files"], facts["skipped"]), (123_456, 1, 2), facts)
             self.assertIn("2 FIFO/socket/device file(s) skipped", json.loads(out)["checks"][0]["detail"])
             (Path(tmp) / "c.bin").unlink()
-            r = doctor.read_data(tmp, 1 << 20)
+            r = doctor_facts.read_data(tmp, 1 << 20)
             self.assertEqual(r["error"], "no readable regular file in it (2 not regular files)", r)
 
     def test_driver_forwards(self):

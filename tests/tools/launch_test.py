@@ -31,11 +31,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # machine at load 12) comes before its --startup-timeout starts: a bound on a hang, not a speed.
 SLACK_S = 60
 
-# check and free_port: the multi-node integration test's own (one copy of each).
+# check: the multi-node integration test's own; free_port: embertools.ranks (it put tools/ on sys.path).
 _spec = importlib.util.spec_from_file_location("multinode_test", ROOT / "tests" / "integration" / "multinode_test.py")
 multinode = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(multinode)
-check, free_port = multinode.check, multinode.free_port
+check = multinode.check
+from embertools.ranks import free_port  # noqa: E402
 
 RECIPE = """#!/bin/bash
 # A stand-in recipe: --check accepts any config; a rank exits 0 at once. With EMBER_TEST_KILL_LAUNCHER=1

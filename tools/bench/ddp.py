@@ -16,44 +16,28 @@ Arguments other than --binary, --nproc, --threads and --timeout go to every rank
 """
 import argparse
 import os
-import socket
-import subprocess
 import sys
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/: embertools
+from embertools.ranks import RankTimeout, start_ranks, wait_ranks  # noqa: E402
 
 
 def launch_ranks(cmd, nproc, threads, timeout, label, env=None):
-    """Starts `nproc` processes of `cmd` as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>, OMP_NUM_THREADS=threads; `env`
-    adds to os.environ) and waits for them. Returns each rank's (stdout, stderr); exits with the
-    failing ranks' stderr when one fails, and kills them all when they run past `timeout` seconds."""
-    port = free_port()
-    procs = []
-    for rank in range(nproc):
-        rank_env = dict(os.environ, **(env or {}), RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
-                        LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                        OMP_NUM_THREADS=str(threads))
-        procs.append(subprocess.Popen([str(c) for c in cmd], env=rank_env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    outs = []
+    """Starts `nproc` processes of `cmd` as torchrun would (embertools.ranks: MASTER_ADDR=127.0.0.1, a
+    free MASTER_PORT; OMP_NUM_THREADS=threads; `env` adds to os.environ) and waits for them. Returns each
+    rank's (stdout, stderr); exits with the failing ranks' stderr when one fails, and kills them all when
+    they run past `timeout` seconds."""
+    procs = start_ranks(lambda rank: cmd, nproc, env={**(env or {}), "OMP_NUM_THREADS": str(threads)})
     try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=timeout))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
+        done = wait_ranks(procs, timeout)
+    except RankTimeout:
         sys.exit(f"[bench {label}] the ranks did not finish within {timeout:.0f} s (--timeout)")
-    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
+    failed = [r for r, (rc, _, _, _) in done.items() if rc != 0]
     if failed:
         for r in failed:
-            sys.stderr.write(f"[bench {label}] rank {r} exited {procs[r].returncode}:\n{outs[r][1]}")
+            sys.stderr.write(f"[bench {label}] rank {r} exited {done[r][0]}:\n{done[r][2]}")
         sys.exit(1)
-    return outs
+    return [(out, err) for _, out, err, _ in (done[r] for r in range(nproc))]
 
 
 def run_ranks(binary, nproc, threads, timeout, rest, label):
