@@ -63,6 +63,9 @@ def check(ok, what):
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "tools" / "dev" / "device_check.py"
+sys.path.insert(0, str(ROOT / "tools"))  # the check's parts, in the shared package embertools
+from embertools.device_check import (benches as dc_benches, cases as dc_cases, common as dc_common,  # noqa: E402
+                                     goals as dc_goals, long_rows as dc_long, schedule as dc_schedule)
 FILES = {"device_check.txt", "device_check.jsonl", "logs.tar.gz"}
 
 
@@ -96,104 +99,104 @@ def short_name(name, n=48):
     return name if len(name) <= n else name[: n - 3] + "..."
 
 
-def goal_judges(dc):
+def goal_judges():
     """The goals of the GPU rows on fabricated numbers: met, not met, not judged, and the text."""
-    g = dc.goal("CNN b128: graphs", 1.73, ">=", 2, "x Python eager")
+    g = dc_goals.goal("CNN b128: graphs", 1.73, ">=", 2, "x Python eager")
     check(g["met"] is False and g["text"] == "CNN b128: graphs 1.73x Python eager (goal >= 2: not met)", g)
-    check(dc.goal("x", float("nan"), "<", 1)["met"] is None and dc.goal("x", None, "<", 1)["met"] is None, "NaN, None")
-    met, missed, unknown = dc.goal("a", 2, ">=", 2), dc.goal("b", 3, "<", 2), dc.goal("c", None, "<", 2)
-    check(dc.goal_status([met]) == "ok" and dc.goal_status([met, unknown]) == dc.NOT_JUDGED
-          and dc.goal_status([met, missed, unknown]) == dc.GOAL_NOT_MET and dc.goal_status([]) == dc.NOT_JUDGED,
+    check(dc_goals.goal("x", float("nan"), "<", 1)["met"] is None and dc_goals.goal("x", None, "<", 1)["met"] is None, "NaN, None")
+    met, missed, unknown = dc_goals.goal("a", 2, ">=", 2), dc_goals.goal("b", 3, "<", 2), dc_goals.goal("c", None, "<", 2)
+    check(dc_goals.goal_status([met]) == "ok" and dc_goals.goal_status([met, unknown]) == dc_goals.NOT_JUDGED
+          and dc_goals.goal_status([met, missed, unknown]) == dc_goals.GOAL_NOT_MET and dc_goals.goal_status([]) == dc_goals.NOT_JUDGED,
           "goal_status: ok only when every goal is met, not met before not judged")
 
     fast = {"cnn b128": {"ember": 8.0, "ember-graph": 4.0, "python": 10.0, "python-fused": 9.0, "compile": 5.0}}
-    check(dc.goal_status(dc.speed_goals(fast)) == "ok", dc.speed_goals(fast))
+    check(dc_goals.goal_status(dc_goals.speed_goals(fast)) == "ok", dc_goals.speed_goals(fast))
     fused_peer = {"cnn b128": dict(fast["cnn b128"], **{"python-fused": 7.0})}  # 2.5x default, 1.75x fused
-    check(dc.speed_goals(fused_peer)[0]["met"] is False, ("judged against Python at its best", dc.speed_goals(fused_peer)))
+    check(dc_goals.speed_goals(fused_peer)[0]["met"] is False, ("judged against Python at its best", dc_goals.speed_goals(fused_peer)))
     slow = {"cnn b128": dict(fast["cnn b128"], **{"ember-graph": 6.0})}  # 1.5x Python fused, 0.83x compile
-    check([x["met"] for x in dc.speed_goals(slow)] == [False, False], dc.speed_goals(slow))
+    check([x["met"] for x in dc_goals.speed_goals(slow)] == [False, False], dc_goals.speed_goals(slow))
     no_compile = {"cnn b128": dict(fast["cnn b128"], compile=None, errors={"compile": "torch.compile failed: gcc"})}
-    g = dc.speed_goals(no_compile)
-    check(dc.goal_status(g) == dc.NOT_JUDGED and g[0]["met"] is True and "gcc" in g[1]["text"], g)
+    g = dc_goals.speed_goals(no_compile)
+    check(dc_goals.goal_status(g) == dc_goals.NOT_JUDGED and g[0]["met"] is True and "gcc" in g[1]["text"], g)
 
     row = {"pipeline": "224px", "output": "fp32", "achieved_gbs": 3000.0, "host_us": 30.0}
     aug = {"copy_gbs": 4000.0, "rows": [row]}
-    check(dc.goal_status(dc.augment_goals(aug)) == "ok", dc.augment_goals(aug))
+    check(dc_goals.goal_status(dc_goals.augment_goals(aug)) == "ok", dc_goals.augment_goals(aug))
     aug_slow = {"copy_gbs": 4000.0, "rows": [dict(row, achieved_gbs=2000.0)]}  # 0.5 of copy
-    check(dc.goal_status(dc.augment_goals(aug_slow)) == dc.GOAL_NOT_MET, dc.augment_goals(aug_slow))
-    check(dc.goal_status(dc.augment_goals({"copy_gbs": 1.0, "rows": []})) == dc.NOT_JUDGED, "no rows")
+    check(dc_goals.goal_status(dc_goals.augment_goals(aug_slow)) == dc_goals.GOAL_NOT_MET, dc_goals.augment_goals(aug_slow))
+    check(dc_goals.goal_status(dc_goals.augment_goals({"copy_gbs": 1.0, "rows": []})) == dc_goals.NOT_JUDGED, "no rows")
 
-    check(dc.goal_status(dc.monitor_goals({"default": {"overhead": "-0.40%", "own_time": "0.1%"}})) == "ok", "mon")
-    check(dc.goal_status(dc.monitor_goals({"default": {"overhead": "2.50%", "own_time": "0.1%"}})) == dc.GOAL_NOT_MET,
+    check(dc_goals.goal_status(dc_goals.monitor_goals({"default": {"overhead": "-0.40%", "own_time": "0.1%"}})) == "ok", "mon")
+    check(dc_goals.goal_status(dc_goals.monitor_goals({"default": {"overhead": "2.50%", "own_time": "0.1%"}})) == dc_goals.GOAL_NOT_MET,
           "monitor 2.5%")
-    check(dc.goal_status(dc.monitor_goals({})) == dc.NOT_JUDGED, "monitor without its row")
+    check(dc_goals.goal_status(dc_goals.monitor_goals({})) == dc_goals.NOT_JUDGED, "monitor without its row")
 
     amp = {"fp16-mixed": {"ember_ms": 101.0}, "fp16-mixed no-scaler": {"ember_ms": 100.0}}
-    check(dc.goal_status(dc.amp_goals(amp)) == "ok", dc.amp_goals(amp))
+    check(dc_goals.goal_status(dc_goals.amp_goals(amp)) == "ok", dc_goals.amp_goals(amp))
     amp["fp16-mixed"]["ember_ms"] = 110.0
-    check(dc.goal_status(dc.amp_goals(amp)) == dc.GOAL_NOT_MET, dc.amp_goals(amp))
+    check(dc_goals.goal_status(dc_goals.amp_goals(amp)) == dc_goals.GOAL_NOT_MET, dc_goals.amp_goals(amp))
 
     accs, secs = [0.9412, 0.9430, 0.9401], [4.1, 4.4, 4.9]
-    check(dc.goal_status(dc.speedrun_goals(accs, secs, 60000)) == "ok", dc.speedrun_goals(accs, secs, 60000))
-    check(dc.goal_status(dc.speedrun_goals(accs, secs + [5.2], 60000)) == dc.GOAL_NOT_MET, "a seed at 5.2 s")
-    check(dc.goal_status(dc.speedrun_goals([0.9399] + accs, secs, 60000)) == dc.GOAL_NOT_MET, "a seed at 93.99%")
-    g = dc.speedrun_goals(accs, secs, 30000)
-    check(dc.goal_status(g) == dc.NOT_JUDGED and "30000 training images" in g[0]["text"], g)
+    check(dc_goals.goal_status(dc_goals.speedrun_goals(accs, secs, 60000)) == "ok", dc_goals.speedrun_goals(accs, secs, 60000))
+    check(dc_goals.goal_status(dc_goals.speedrun_goals(accs, secs + [5.2], 60000)) == dc_goals.GOAL_NOT_MET, "a seed at 5.2 s")
+    check(dc_goals.goal_status(dc_goals.speedrun_goals([0.9399] + accs, secs, 60000)) == dc_goals.GOAL_NOT_MET, "a seed at 93.99%")
+    g = dc_goals.speedrun_goals(accs, secs, 30000)
+    check(dc_goals.goal_status(g) == dc_goals.NOT_JUDGED and "30000 training images" in g[0]["text"], g)
 
     eager = {"batch": 128, "peak_bytes": 100 << 20, "graph_pool": False,
              "step_ops": {"eager": 52, "graph_outside": None, "graph_inside": None}}
     graph = {"batch": 128, "peak_bytes": 130 << 20, "graph_pool": True,
              "step_ops": {"eager": 52, "graph_outside": 6, "graph_inside": 46}}
-    status, text = dc.memory_verdict(eager, graph)
+    status, text = dc_benches.memory_verdict(eager, graph)
     check(status == "ok" and "eager 100.0 MiB, graph 130.0 MiB" in text and "graph_outside 6" in text, text)
-    check(dc.memory_verdict(eager, dict(graph, peak_bytes=90 << 20))[0] == "FAIL", "graph below eager")
-    check(dc.memory_verdict(eager, dict(graph, graph_pool=None))[0] == dc.NOT_JUDGED, "no graph ran")
-    check(dc.find_field({"verify": {"x": 1}}, "x") == 1 and dc.find_field({"x": 2, "v": {"x": 1}}, "x") == 2
-          and dc.find_field({}, "x") is None, "find_field")
-    check(dc.lr_suggestion("steepest ... valley rule: 0.02\noptim.lr=0.0123\n") == 0.0123
-          and dc.lr_suggestion("no line") is None, "lr_suggestion")
+    check(dc_benches.memory_verdict(eager, dict(graph, peak_bytes=90 << 20))[0] == "FAIL", "graph below eager")
+    check(dc_benches.memory_verdict(eager, dict(graph, graph_pool=None))[0] == dc_goals.NOT_JUDGED, "no graph ran")
+    check(dc_benches.find_field({"verify": {"x": 1}}, "x") == 1 and dc_benches.find_field({"x": 2, "v": {"x": 1}}, "x") == 2
+          and dc_benches.find_field({}, "x") is None, "find_field")
+    check(dc_benches.lr_suggestion("steepest ... valley rule: 0.02\noptim.lr=0.0123\n") == 0.0123
+          and dc_benches.lr_suggestion("no line") is None, "lr_suggestion")
 
 
-def plan_checks(dc):
+def plan_checks():
     """0. The plan, from the module: sums, caps, order."""
-    check(dc.plan_problems() == [], dc.plan_problems())
-    steps = dc.planned_steps()
-    check(dc.CAP_FACTOR == 2 and all(s["cap"] == 2 * s["estimate"] and s["basis"].strip() for s in steps),
+    check(dc_schedule.plan_problems() == [], dc_schedule.plan_problems())
+    steps = dc_schedule.planned_steps()
+    check(dc_common.CAP_FACTOR == 2 and all(s["cap"] == 2 * s["estimate"] and s["basis"].strip() for s in steps),
           "every row capped at twice its estimate, with a basis")
-    one = dc.plan_seconds(1, gpus=1)
-    check(one <= dc.CALL1_WORK and dc.CALL1_WORK + 100 <= dc.DEFAULT_BUDGET,
-          f"call 1 estimated {one} s on one GPU (set-up included): want <= {dc.CALL1_WORK} s, a 100 s margin in "
-          f"the {dc.DEFAULT_BUDGET} s budget; move a row to call 2 or 3, or shorten it")
-    several = dc.plan_seconds(1, gpus=8)
-    check(several > one and several <= dc.DEFAULT_BUDGET,
+    one = dc_schedule.plan_seconds(1, gpus=1)
+    check(one <= dc_common.CALL1_WORK and dc_common.CALL1_WORK + 100 <= dc_common.DEFAULT_BUDGET,
+          f"call 1 estimated {one} s on one GPU (set-up included): want <= {dc_common.CALL1_WORK} s, a 100 s margin in "
+          f"the {dc_common.DEFAULT_BUDGET} s budget; move a row to call 2 or 3, or shorten it")
+    several = dc_schedule.plan_seconds(1, gpus=8)
+    check(several > one and several <= dc_common.DEFAULT_BUDGET,
           f"call 1 with several GPUs estimated {several} s: want its rows for several GPUs in it, within the budget")
-    two = dc.plan_seconds(2)
-    check(two <= dc.CALL2_BUDGET, f"call 2 estimated {two} s, over its {dc.CALL2_BUDGET} s budget")
-    call1 = dc.planned_steps((1,))
+    two = dc_schedule.plan_seconds(2)
+    check(two <= dc_common.CALL2_BUDGET, f"call 2 estimated {two} s, over its {dc_common.CALL2_BUDGET} s budget")
+    call1 = dc_schedule.planned_steps((1,))
     names = [s["name"] for s in call1]
     wave3 = [n for n in names if n.startswith("wave 3:")]
-    check(len(wave3) >= 5 and all(names.index(n) < names.index(dc.SPEED_GOAL_ROW) for n in wave3),
+    check(len(wave3) >= 5 and all(names.index(n) < names.index(dc_benches.SPEED_GOAL_ROW) for n in wave3),
           ("the wave-3 rows in call 1 before the speed goal", names))
-    before = dc.SETUP_ESTIMATE + sum(s["estimate"] for s in call1[:names.index(dc.SPEED_GOAL_ROW)])
-    check(before <= 0.3 * dc.CALL1_WORK, f"the speed goal starts at ~{before} s into call 1: want it early")
-    many = [s for s in dc.planned_steps() if s["gpus"] > 1]
+    before = dc_common.SETUP_ESTIMATE + sum(s["estimate"] for s in call1[:names.index(dc_benches.SPEED_GOAL_ROW)])
+    check(before <= 0.3 * dc_common.CALL1_WORK, f"the speed goal starts at ~{before} s into call 1: want it early")
+    many = [s for s in dc_schedule.planned_steps() if s["gpus"] > 1]
     check(many and all(s["call"] == 1 and "GPUs" in s["name"] for s in many),
           "the rows needing several GPUs are in call 1 (skipped at once on one GPU) and say so in their names")
-    check(any(s["name"].startswith("compute-sanitizer racecheck") for s in dc.planned_steps((2,))), "racecheck: call 2")
-    m = dc.gtest_match
-    check(m("ShardingCuda.ZeroThreeMatchesDdp", dc.WAVE3_SHARDING_FILTER)
-          and m("SyncBatchNormCuda.TwoReplicas", dc.WAVE3_SHARDING_FILTER)
-          and not m("ShardingCuda.ZeroThreeMatchesDdp", dc.GPU_CASES_FILTER)
-          and not m("ActivationCheckpointCuda.UnderAGraph", dc.GPU_CASES_FILTER)
-          and m("ActivationCheckpointCuda.UnderAGraph", dc.WAVE3_AC_FILTER)
-          and m("Backend/OpsCuda.CudaPathMatchesTheCpuReference/3", dc.GPU_CASES_FILTER)
-          and m("PruneLatencyCuda.MeetsItsTarget", dc.GPU_CASES_FILTER)
-          and not m("FusedOptim.CudaGraphOnTheCpuIsAConfigError", dc.GPU_CASES_FILTER)
-          and not m("ShardingCuda.X", dc.WAVE3_AC_FILTER), "gtest filters: the wave-3 suites apart from the rest")
+    check(any(s["name"].startswith("compute-sanitizer racecheck") for s in dc_schedule.planned_steps((2,))), "racecheck: call 2")
+    m = dc_cases.gtest_match
+    check(m("ShardingCuda.ZeroThreeMatchesDdp", dc_cases.WAVE3_SHARDING_FILTER)
+          and m("SyncBatchNormCuda.TwoReplicas", dc_cases.WAVE3_SHARDING_FILTER)
+          and not m("ShardingCuda.ZeroThreeMatchesDdp", dc_cases.GPU_CASES_FILTER)
+          and not m("ActivationCheckpointCuda.UnderAGraph", dc_cases.GPU_CASES_FILTER)
+          and m("ActivationCheckpointCuda.UnderAGraph", dc_cases.WAVE3_AC_FILTER)
+          and m("Backend/OpsCuda.CudaPathMatchesTheCpuReference/3", dc_cases.GPU_CASES_FILTER)
+          and m("PruneLatencyCuda.MeetsItsTarget", dc_cases.GPU_CASES_FILTER)
+          and not m("FusedOptim.CudaGraphOnTheCpuIsAConfigError", dc_cases.GPU_CASES_FILTER)
+          and not m("ShardingCuda.X", dc_cases.WAVE3_AC_FILTER), "gtest filters: the wave-3 suites apart from the rest")
     check(m("A.b", "") and m("A.b", "A.?") and not m("A.bc", "A.?") and not m("A.b", "*-A.*") and m("B.b", "*-A.*"),
           "gtest_match: '*', '?', negative patterns")
     r = subprocess.run([sys.executable, str(CHECK), "--plan"], capture_output=True, text=True)
-    check(r.returncode == 0 and "call 1:" in r.stdout and "needs 2 GPUs" in r.stdout and dc.SPEED_GOAL_ROW in r.stdout,
+    check(r.returncode == 0 and "call 1:" in r.stdout and "needs 2 GPUs" in r.stdout and dc_benches.SPEED_GOAL_ROW in r.stdout,
           r.stdout[-2000:] + r.stderr)
     return one, several, two
 
@@ -242,28 +245,28 @@ sys.exit(1 if failed else 0)
 '''
 
 
-def new_check(dc, work, build):
+def new_check(work, build):
     """A Check as main() makes it, for calling the rows' functions directly."""
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    c = dc.Check(argparse.Namespace(out=str(out), work=str(work), python=sys.executable, budget=600,
-                                    binaries=str(build), data=None))
+    c = dc_common.Check(argparse.Namespace(out=str(out), work=str(work), python=sys.executable, budget=600,
+                                           binaries=str(build), data=None))
     c.bins = build
     c.env["OMP_NUM_THREADS"] = "1"
     return c
 
 
-def crash_resume(dc, work, build):
+def crash_resume(work, build):
     """6. The gtest runner on a fake binary that crashes, hangs, dies at start or at exit."""
-    c = new_check(dc, work, build)
+    c = new_check(work, build)
     fake = work / "fake_gtest"
     fake.write_text(f"#!{sys.executable}\n" + FAKE_GTEST)
     fake.chmod(0o755)
     calls = work / "calls.jsonl"
     listing = subprocess.run([str(fake), "--gtest_list_tests"], capture_output=True, text=True,
                              env=dict(os.environ, FAKE_GTEST_CALLS=str(calls))).stdout
-    names = dc.gtest_listing(listing)
+    names = dc_common.gtest_listing(listing)
     check(names == ["A.one", "A.two", "B.three/0", "B.three/1", "C.four"], names)
 
     def run(log, **env):
@@ -271,7 +274,7 @@ def crash_resume(dc, work, build):
         for k in [k for k in c.env if k.startswith("FAKE_GTEST_")]:
             del c.env[k]
         c.env.update({f"FAKE_GTEST_{k.upper()}": v for k, v in env.items()}, FAKE_GTEST_CALLS=str(calls))
-        got = dc.run_gtest(c, fake, names, "*", log)
+        got = dc_cases.run_gtest(c, fake, names, "*", log)
         return got, [json.loads(l) for l in calls.read_text().splitlines()]
 
     (res, deaths, processes, stopped), argv = run("one_crash.log", crash="A.two", fail="C.four")
@@ -310,8 +313,8 @@ def crash_resume(dc, work, build):
         del c.env[k]
     c.env.update(FAKE_GTEST_CALLS=str(calls), FAKE_GTEST_CRASH="A.two", FAKE_GTEST_SKIP="B.three/0,B.three/1")
     before = len(c.results.rows)
-    dc.gtest_rows(c, "fake cases", "A.*:B.*", "rows.log")
-    dc.gtest_rows(c, "no such cases", "Nothing.*", "none.log")
+    dc_cases.gtest_rows(c, "fake cases", "A.*:B.*", "rows.log")
+    dc_cases.gtest_rows(c, "no such cases", "Nothing.*", "none.log")
     rows = {r["name"]: r for r in c.results.rows[before:]}
     check(rows["gpu test A.one"]["status"] == "ok" and rows["gpu test A.two"]["status"] == "FAIL"
           and rows["gpu test B.three"]["status"] == "skip" and "gpu test C.four" not in rows, rows)
@@ -321,9 +324,9 @@ def crash_resume(dc, work, build):
           rows["no such cases"])
 
 
-def sanitizer_and_doctor(dc):
+def sanitizer_and_doctor():
     """7. compute-sanitizer's and the doctor's output judged, on made-up outputs."""
-    v = dc.sanitizer_verdict
+    v = dc_cases.sanitizer_verdict
     clean = "========= COMPUTE-SANITIZER\n[  PASSED  ] 14 tests.\n========= ERROR SUMMARY: 0 errors\n"
     check(v(0, clean)[:2] == ("ok", "14 tests, 0 errors"), v(0, clean))
     found = ("========= COMPUTE-SANITIZER\n========= Invalid __global__ write of size 4 bytes\n=========     at "
@@ -347,31 +350,31 @@ def sanitizer_and_doctor(dc):
 
     facts = {"nvml": {"driver": "580.159.04", "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]},
              "torch": {"version": "2.11.0+cu130", "device_count": 1}}
-    checks = [{"name": n, "status": "ok", "detail": f"{n} fine", "todo": ""} for n in dc.DOCTOR_GPU_CHECKS]
+    checks = [{"name": n, "status": "ok", "detail": f"{n} fine", "todo": ""} for n in dc_goals.DOCTOR_GPU_CHECKS]
     checks.append({"name": "shm", "status": "warning", "detail": "/dev/shm holds 64 MiB", "todo": ""})
     expect = {"gpus": 1, "gpu_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "torch": "2.11.0+cu130"}
     good = "$ doctor.py --json\n" + json.dumps({"checks": checks, "exit": 0, "facts": facts}, indent=1)
-    status, detail, numbers = dc.doctor_verdict(0, good, expect)
+    status, detail, numbers = dc_goals.doctor_verdict(0, good, expect)
     check(status == "ok" and "this machine: shm warning" in detail and numbers["gpus"] == "ok", (status, detail))
-    check(dc.doctor_verdict(0, good, dict(expect, driver="580.159.03"))[0] == "FAIL", "driver read differently")
-    check(dc.doctor_verdict(0, good, dict(expect, gpus=2))[0] == "FAIL", "GPU count read differently")
+    check(dc_goals.doctor_verdict(0, good, dict(expect, driver="580.159.03"))[0] == "FAIL", "driver read differently")
+    check(dc_goals.doctor_verdict(0, good, dict(expect, gpus=2))[0] == "FAIL", "GPU count read differently")
     checks[2] = dict(checks[2], status="failure", detail="no NVIDIA GPU visible")
     failing = json.dumps({"checks": checks, "exit": 1, "facts": facts})
-    check(checks[2]["name"] == "gpus" and dc.doctor_verdict(1, failing, expect)[0] == "FAIL", "the gpus check failed")
-    check(dc.doctor_verdict(-11, "Segmentation fault", expect)[0] == "FAIL", "no JSON")
+    check(checks[2]["name"] == "gpus" and dc_goals.doctor_verdict(1, failing, expect)[0] == "FAIL", "the gpus check failed")
+    check(dc_goals.doctor_verdict(-11, "Segmentation fault", expect)[0] == "FAIL", "no JSON")
 
 
-def distributed_rows(dc, work, build, data):
+def distributed_rows(work, build, data):
     """8. The several-GPU rows' code on 2 Gloo ranks on the CPU."""
-    c = new_check(dc, work, build)
-    dc.sharding_vs_ddp(c, "sharding on 2 gloo ranks", 2, ("parameters",), device="cpu", backend="gloo")
+    c = new_check(work, build)
+    dc_cases.sharding_vs_ddp(c, "sharding on 2 gloo ranks", 2, ("parameters",), device="cpu", backend="gloo")
     r = c.results.rows[-1]
     check(r["status"] == "ok" and "every rank equal to rank 0" in r["detail"]
           and r["numbers"]["parameters"]["vs_ddp"] <= 2 * 2.0 ** -52 * 3595 * 21, r)  # float64 (BlockNet, odd)
     print(f"8. sharding on 2 Gloo ranks: {r['detail']} ({r['seconds']:.0f} s)")
     if data:
         c.data = Path(data)
-        dc.sync_batchnorm_ranks(c, "sync batch norm on 2 gloo ranks", 2, device="cpu")
+        dc_cases.sync_batchnorm_ranks(c, "sync batch norm on 2 gloo ranks", 2, device="cpu")
         r = c.results.rows[-1]
         check(r["status"] == "ok", r)
         print(f"8. SyncBatchNorm on 2 Gloo ranks: {r['detail']} ({r['seconds']:.0f} s)")
@@ -387,11 +390,9 @@ def main():
     work.mkdir(parents=True)
 
     # 0. The plan.
-    sys.path.insert(0, str(ROOT / "tools" / "dev"))
-    import device_check as dc
-    one, several, two = plan_checks(dc)
-    print(f"0. plan: call 1 {one} s on one GPU ({several} s with several) of {dc.DEFAULT_BUDGET}, call 2 {two} s "
-          f"of {dc.CALL2_BUDGET}; caps at 2x, wave 3 and the speed goal first")
+    one, several, two = plan_checks()
+    print(f"0. plan: call 1 {one} s on one GPU ({several} s with several) of {dc_common.DEFAULT_BUDGET}, call 2 {two} s "
+          f"of {dc_common.CALL2_BUDGET}; caps at 2x, wave 3 and the speed goal first")
 
     # 1. No time for any row.
     out = work / "out1"
@@ -401,11 +402,11 @@ def main():
     check_files(out)
     rows = rows_of(out)
     steps = [r for r in rows if r["status"] not in ("info",) and r["name"] != "summary"]
-    check(len(steps) == sum(len(s["rows"]) for s in dc.planned_steps()), (len(steps), text))
+    check(len(steps) == sum(len(s["rows"]) for s in dc_schedule.planned_steps()), (len(steps), text))
     for r in steps:
         want = "skip" if is_gpu_row(r) else "not run (budget)"
         check(r["status"] == want, (r, text))
-    several_gpus = {s["name"] for s in dc.planned_steps() if s["gpus"] > 1}
+    several_gpus = {s["name"] for s in dc_schedule.planned_steps() if s["gpus"] > 1}
     check(all("needs 2 GPUs" in r["detail"] for r in steps if r["name"] in several_gpus), "several-GPU rows say so")
     check(any(r["call"] == 3 for r in steps), "call 3 rows are listed too")
     check([r["call"] for r in steps] == sorted(r["call"] for r in steps), "rows run call by call")
@@ -421,7 +422,7 @@ def main():
     rows = {r["name"]: r for r in rows_of(out)}
     check(rows["binaries load (every library found)"]["status"] == "ok", rows)
     check(rows["kernels, emulated launches (CPU)"]["status"] == "ok", rows)
-    check(rows[dc.DOCTOR_ROW]["status"] == "ok" and "--cpu-only" in rows[dc.DOCTOR_ROW]["detail"], rows[dc.DOCTOR_ROW])
+    check(rows[dc_goals.DOCTOR_ROW]["status"] == "ok" and "--cpu-only" in rows[dc_goals.DOCTOR_ROW]["detail"], rows[dc_goals.DOCTOR_ROW])
     cases = [r for n, r in rows.items() if n.startswith("gpu test ")]
     check(len(cases) >= 12, [r["name"] for r in cases])
     want = {"gpu test AugmentCuda.ParamsOnTheDeviceOrPinnedAndStridedInputs",
@@ -430,10 +431,10 @@ def main():
     check(want <= rows.keys(), f"rows missing: {sorted(want - rows.keys())}")
     for r in cases:
         check(r["status"] == "skip" and "no CUDA device" in r["detail"], r)
-    for row in (dc.GPU_CASES_ROW, dc.WAVE3_AC_ROW, dc.WAVE3_SHARDING_ROW):
+    for row in (dc_cases.GPU_CASES_ROW, dc_cases.WAVE3_AC_ROW, dc_cases.WAVE3_SHARDING_ROW):
         check(rows[row]["status"] == "skip", rows[row])
     if not any(n.startswith(("gpu test ShardingCuda.", "gpu test SyncBatchNormCuda.")) for n in rows):
-        check("no case matched" in rows[dc.WAVE3_SHARDING_ROW]["detail"], rows[dc.WAVE3_SHARDING_ROW])
+        check("no case matched" in rows[dc_cases.WAVE3_SHARDING_ROW]["detail"], rows[dc_cases.WAVE3_SHARDING_ROW])
     check(rows["call 2 next"]["status"] == "info" and "racecheck" in rows["call 2 next"]["detail"], rows["call 2 next"])
     for n, r in rows.items():
         if is_gpu_row(r):
@@ -473,7 +474,7 @@ def main():
 
     # 5. The readers of the GPU rows, on the same programs' CPU output.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    goal_judges(dc)
+    goal_judges()
     print("5. goals judged: met, not met, not judged")
     data = "/usr/share/datasets/fashion-mnist"
     has_data = Path(data, "train-images-idx3-ubyte.gz").exists()
@@ -482,20 +483,20 @@ def main():
                               "data.test_subset=200", "data.val_size=200", "trainer.epochs=1", "trainer.progress=false",
                               f"run.dir={work / 'recipe_run'}"], capture_output=True, text=True, env=env)
         check(out.returncode == 0, out.stderr[-2000:])
-        v = dc.result_values(out.stdout)
+        v = dc_common.result_values(out.stdout)
         check(0 < v["test_accuracy"] <= 1 and v["samples_per_second"] > 0 and v["epochs"] == 1, v)
         print(f"5. recipe result line: {sorted(v)}")
     out = subprocess.run([str(build / "bin" / "ember_bench_monitor"), "--device", "cpu", "--batch-size", "8",
                           "--steps", "3", "--rounds", "1"], capture_output=True, text=True, env=env)
     check(out.returncode == 0, out.stderr[-2000:])
-    n = dc.monitor_numbers(out.stdout)
+    n = dc_long.monitor_numbers(out.stdout)
     check(set(n) == {"default", "full"} and all(x["overhead"].endswith("%") for x in n.values()),
           (n, out.stdout))
     out = subprocess.run([str(build / "bin" / "ember_bench_prune"), "--device", "cpu", "--blocks", "1", "--batch", "4",
                           "--steps", "1", "--rounds", "1", "--also-round-to", "8", "--latency", "1.2"],
                          capture_output=True, text=True, env=env)
     check(out.returncode == 0, out.stderr[-2000:])
-    n = dc.prune_numbers(out.stdout)
+    n = dc_long.prune_numbers(out.stdout)
     check({"0.00", "0.30", "0.50", "0.70", "0.50 r8", "latency"} <= set(n) and n["0.00"]["train_x"] == "1.00x",
           (n, out.stdout))
     check(n["latency"]["goal"] == "1.20" and float(n["latency"]["when_pruned"]) > 0
@@ -507,30 +508,30 @@ def main():
                           "ember", "python", "--reps", "1", "--steps", "1", "--warmup", "0", "--threads", "1",
                           "--json", str(js)], capture_output=True, text=True, env=env)
     check(out.returncode == 0, out.stdout[-1000:] + out.stderr[-2000:])
-    n = dc.speed_numbers(js)
+    n = dc_benches.speed_numbers(js)
     check(set(n) == {"cnn b128"} and n["cnn b128"]["ember"] > 0 and n["cnn b128"]["python"] > 0, n)
-    g = dc.speed_goals(n)  # no ember-graph side on the CPU: not judged, and it says why
-    check(dc.goal_status(g) == dc.NOT_JUDGED and "no ember-graph side" in g[0]["text"], g)
-    check("cnn b128: eager" in dc.speed_detail(n), dc.speed_detail(n))
+    g = dc_goals.speed_goals(n)  # no ember-graph side on the CPU: not judged, and it says why
+    check(dc_goals.goal_status(g) == dc_goals.NOT_JUDGED and "no ember-graph side" in g[0]["text"], g)
+    check("cnn b128: eager" in dc_benches.speed_detail(n), dc_benches.speed_detail(n))
     print(f"5. speed.py's JSON read: {n}")
     if has_data:
         tiny = [f"data.root={data}", "data.train_subset=600", "data.test_subset=100", "data.val_size=0",
                 "data.batch_size=32", "trainer.device=cpu", "trainer.progress=false"]
         out = subprocess.run([str(build / "bin" / "fashion_mnist"), "--find-lr", str(work / "lr_find.json"), *tiny,
                               "lr_find.steps=40"], capture_output=True, text=True, env=env)
-        lr = dc.lr_suggestion(out.stdout)
+        lr = dc_benches.lr_suggestion(out.stdout)
         check(out.returncode == 0 and lr is not None and lr > 0, out.stdout[-1000:] + out.stderr[-2000:])
         js = work / "measure.json"
         out = subprocess.run([str(build / "bin" / "fashion_mnist"), "--measure", str(js), *tiny,
                               "trainer.precision=fp32", "plan.precisions=fp32", "plan.verify=true",
                               "plan.timed_steps=2"], capture_output=True, text=True, env=env)
         check(out.returncode == 0, out.stderr[-2000:])
-        m = dc.measure_memory(json.loads(js.read_text()))
+        m = dc_benches.measure_memory(json.loads(js.read_text()))
         check(m["batch"] == 32 and m["peak_bytes"] > 0 and m["graph_pool"] is False, m)
         ops = m["step_ops"]
         check(isinstance(ops, dict) and ops["eager"] > 0 and ops["graph_outside"] is None, m)
-        status, text = dc.memory_verdict(m, m)  # the CPU ran no graph: nothing to compare
-        check(status == dc.NOT_JUDGED and "step_ops eager" in text, (status, text))
+        status, text = dc_benches.memory_verdict(m, m)  # the CPU ran no graph: nothing to compare
+        check(status == dc_goals.NOT_JUDGED and "step_ops eager" in text, (status, text))
         print(f"5. lr-find's line read (optim.lr={lr:.3g}); --measure's JSON read: {m}")
         # The scaling row's reader: scaling.py at 1 and 2 Gloo ranks, a few steps each.
         js = work / "scaling.json"
@@ -539,13 +540,13 @@ def main():
                               "--repeats", "1", "--no-reference", "--data", data, "--work", str(work / "scaling"),
                               "--json", str(js)], capture_output=True, text=True, env=env)
         check(out.returncode == 0, out.stdout[-1000:] + out.stderr[-2000:])
-        n = dc.scaling_numbers(js)
+        n = dc_benches.scaling_numbers(js)
         check(set(n) == {"1", "2"} and n["1"]["ratio"] == 1 and all(
             v["min"] <= v["per_rank"] <= v["max"] and v["per_rank"] > 0 for v in n.values())
               and n["2"]["total"] == 2 * n["2"]["per_rank"], n)  # scaling.py's median x 2: exact
-        d = dc.scaling_detail(n)
+        d = dc_benches.scaling_detail(n)
         check(d.startswith("1 rank: ") and "2 ranks: " in d and "(1.00x" in d, d)
-        only = dc.scaling_detail({"1": n["1"]})
+        only = dc_benches.scaling_detail({"1": n["1"]})
         check("scaling needs several GPUs" in only and "x," not in only, only)
         check("| ranks | samples/s per rank" in out.stdout, out.stdout)
         print(f"5. scaling.py's JSON read: {d}")
@@ -570,16 +571,16 @@ def main():
         check(r.returncode == 0, r.stderr[-2000:])
         peaks[(sharding, ac)] = json.loads(js.read_text())["trials"][0]["peak_bytes"]
     m = json.loads((work / "gpt.json").read_text())
-    errors = dc.shard_plan_errors(json.loads(out.stdout), m["parameter_bytes"] + m["buffer_bytes"], peaks)
+    errors = dc_benches.shard_plan_errors(json.loads(out.stdout), m["parameter_bytes"] + m["buffer_bytes"], peaks)
     check([e["case"] for e in errors] == ["none/none", "parameters/full"]
           and all(e["planned"] > 0 and e["measured"] > 0 and abs(e["error"]) < 1 for e in errors), errors)
     print("5. the sharding row's plan and bs-find read: " +
           ", ".join(f"{e['case']} {100 * e['error']:+.0f}%" for e in errors))
-    crash_resume(dc, work / "w6", build)
+    crash_resume(work / "w6", build)
     print("6. gtest crash: the rest resumed in one process per crash; death at start, at exit, a hang at the cap")
-    sanitizer_and_doctor(dc)
+    sanitizer_and_doctor()
     print("7. compute-sanitizer: ok, FAIL, skip (environment); the doctor's JSON against the set-up's reading")
-    distributed_rows(dc, work / "w8", build, data if has_data else None)
+    distributed_rows(work / "w8", build, data if has_data else None)
     if not has_data:
         print(f"SKIP: no Fashion-MNIST at {data}: the recipe's result line was not read (everything else passed)")
         return 77

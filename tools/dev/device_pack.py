@@ -40,9 +40,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from device_check import BENCHES, RECIPES, TESTS  # what the check runs, so what the pack carries
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))  # the shared package, embertools
+from embertools.device_check.common import BENCHES, RECIPES, TESTS  # noqa: E402 (what the check runs: the pack carries it)
 MIB = 1 << 20
 TRAVEL_LIMIT = 64 * MIB      # the device tool's limit on what travels
 SPARE = 8 * MIB              # kept free of it
