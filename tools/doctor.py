@@ -169,7 +169,7 @@ def main(argv=None):
         opts, only, as_json = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as e:
         print(f"error: [doctor] {e}", file=sys.stderr)
-        return 2
+        return e.exit_status
     probe = Probe(opts)
     results = run_checks(probe, opts, only)
     if as_json:

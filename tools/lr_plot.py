@@ -27,11 +27,13 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg", force=True)
 from matplotlib.figure import Figure  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the shared package, embertools
+from embertools.errors import ToolError  # noqa: E402
+
 FIG_SIZE_IN, DPI = (8.0, 4.5), 100  # 800 x 450 pixels, as tools/report.py's plots
 
 
-class PlotError(Exception):
-    """Bad input: the message says where, what, and what to do."""
+PlotError = ToolError  # bad input (exit 1): the message says where, what, and what to do
 
 
 def _values(curve, key, path, n):
@@ -113,7 +115,7 @@ def main(argv=None):
             raise PlotError(f"{args.out}: cannot write ({e.strerror or e}); pass a writable --out") from None
     except PlotError as e:
         print(f"[lr_plot] error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     print(f"wrote {args.out}")
     return 0
 

@@ -50,6 +50,10 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the shared package, embertools
+from embertools import runs  # noqa: E402
+from embertools.errors import ToolError  # noqa: E402
+
 FIG_SIZE_IN = (8.0, 4.5)  # every plot: width, height in inches
 DPI = 100  # -> 800 x 450 pixels
 WIDTH_PX, HEIGHT_PX = round(FIG_SIZE_IN[0] * DPI), round(FIG_SIZE_IN[1] * DPI)
@@ -63,8 +67,7 @@ SUMMARY_ORDER = ["recipe", "device", "precision", "parameters", "epochs", "steps
                  "samples_per_second"]
 
 
-class ReportError(Exception):
-    """Bad input: the message says where, what, and what to do."""
+ReportError = ToolError  # bad input (exit 1): the message says where, what, and what to do
 
 
 def warn(message):
@@ -103,7 +106,7 @@ def load_run(path, skip_bad_lines=False):
         raise ReportError(f"{path}: no such folder (pass a run folder: the run.dir of a training run)")
     if not path.is_dir():
         raise ReportError(f"{path}: not a folder (pass the run folder that holds metrics.jsonl)")
-    metrics = path / "metrics.jsonl"
+    metrics = path / runs.METRICS
     if not metrics.is_file():
         raise ReportError(f"{metrics}: not found (is {path} a run folder? a run writes it from its "
                           f"first logged step on)")
@@ -159,16 +162,14 @@ def load_run(path, skip_bad_lines=False):
                           f"smaller trainer.log_every)")
 
     summary = None
-    summary_path = path / "summary.json"
+    summary_path = path / runs.SUMMARY
     if summary_path.is_file():
         try:
-            summary = json.loads(summary_path.read_text(encoding="utf-8"))
-            if not isinstance(summary, dict):
-                raise ValueError("not a JSON object")
+            summary = runs.load_summary(path)
         except ValueError as e:
             note(f"{summary_path}: unreadable ({e}); reporting the run as unfinished")
             summary = None
-    config_path = path / "config.toml"
+    config_path = path / runs.CONFIG
     config = config_path.read_text(encoding="utf-8", errors="replace") if config_path.is_file() else None
     return Run(path=path, name=path.resolve().name or str(path), steps=steps,
                train_epochs=[tables["train_epoch"][k] for k in sorted(tables["train_epoch"])],
@@ -617,7 +618,7 @@ def main(argv=None):
                               f"writable --out") from None
     except ReportError as e:
         print(f"[report] error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     for run in runs:
         if run.summary is None:
             print(f"{run.name}: unfinished (no summary.json): plotting what metrics.jsonl holds")

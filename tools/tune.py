@@ -173,7 +173,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the shared package, embertools
 
-from embertools.errors import UsageError
+from embertools.errors import EXIT_INTERRUPTED, UsageError
 from embertools.tune.common import GRACE_BEATS, HEARTBEAT_S, TuneError, log, sqlite_memory
 from embertools.tune.recipe import binary_check, check_points, check_space, recipe_keys
 from embertools.tune.space import load_space
@@ -324,16 +324,13 @@ def main(argv=None):
             if tuner.stopping:
                 log(f"interrupted: rerun the same command to resume "
                     f"{tuner.where if tuner.shared else f'the study in {args.study}'}")
-                return 130
+                return EXIT_INTERRUPTED
     except KeyboardInterrupt:  # before the trials started: nothing to stop
         print("[tune] interrupted", file=sys.stderr)
-        return 130
-    except UsageError as e:
-        print(f"[tune] error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_INTERRUPTED
     except TuneError as e:
         print(f"[tune] error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status  # 2 a UsageError (a MetricError too), 1 the others
     return 0
 
 

@@ -301,7 +301,7 @@ def resolve_topology(world_size, nodes, gpus_per_node, intra, inter, nics, link=
                          f"has one node of {gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''}: give --nodes N "
                          f"with N > 1 (e.g. --nodes 2)")
     if gpus_per_node == 1 and intra is not None:
-        raise UsageError(f"--intra-link links the GPUs inside a node, but each node has one GPU: give "
+        raise UsageError("--intra-link links the GPUs inside a node, but each node has one GPU: give "
                          "--gpus-per-node G with G > 1 (e.g. --gpus-per-node 8)")
     return dict(out, world_size=world, nodes=nodes, gpus_per_node=gpus_per_node)
 
@@ -318,7 +318,7 @@ def main(argv=None):
         plan = make_plan(m, gpus, prices, args, args.measurement)
     except PlanError as e:
         print(f"[plan] error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, UsageError) else 1
+        return e.exit_status  # 2 a UsageError, 1 bad input
     print(json.dumps(plan, indent=1) if args.json else render(plan))
     return 0
 

@@ -1,13 +1,13 @@
 """The planner's inputs: MEASURE.json (checked key by key), the GPU table (gpus.toml), --price, and
 the MFU calibrations found in earlier run folders.
 """
-import glob
 import json
 import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from embertools import runs
 from embertools.errors import UsageError
 from .arithmetic import fit_memory
 from .constants import (CHECKPOINT_MODES, DEFAULT_GPUS, DEFAULT_MFU, GPU_FIELDS, MAX_USD_PER_HOUR, PCIE_GB_S,
@@ -245,16 +245,11 @@ class Calibration:
 
 
 def find_run_calibrations(runs_dir, recipe):
-    """CUDA runs of `recipe` under `runs_dir` with a monitor.mfu, newest first."""
+    """CUDA runs of `recipe` under `runs_dir` with a monitor.mfu, newest first (an unreadable summary is
+    no calibration; report.py is the place to complain)."""
     found = []
-    for summary_path in glob.glob(str(Path(runs_dir) / (glob.escape(recipe) + "*") / "summary.json")):
-        summary_path = Path(summary_path)
-        try:
-            summary = json.loads(summary_path.read_text(encoding="utf-8"))
-            mtime = summary_path.stat().st_mtime
-        except (OSError, ValueError):
-            continue  # an unreadable summary is no calibration; report.py is the place to complain
-        if not isinstance(summary, dict) or summary.get("recipe", recipe) != recipe:
+    for folder, summary, mtime in runs.summaries(runs_dir, recipe):
+        if summary.get("recipe", recipe) != recipe:
             continue
         device = summary.get("device")
         mfu = (summary.get("monitor") or {}).get("mfu") if isinstance(summary.get("monitor"), dict) else None
@@ -262,8 +257,7 @@ def find_run_calibrations(runs_dir, recipe):
             continue
         if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
             continue
-        found.append((mtime, Calibration(float(mfu), "run", summary.get("precision"),
-                                         str(summary_path.parent), device)))
+        found.append((mtime, Calibration(float(mfu), "run", summary.get("precision"), str(folder), device)))
     found.sort(key=lambda t: (t[0], t[1].run), reverse=True)
     return [c for _, c in found]
 

@@ -1,6 +1,5 @@
 """One trial: its process (dying with the driver), its run folder's val records and summary, its log's tail.
 """
-import json
 import signal
 import subprocess
 import time
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import optuna
 
+from embertools import runs
 from .common import LOG_TAIL_CHARS, LOG_TAIL_LINES
 from .space import _is_int, _is_number
 
@@ -58,25 +58,9 @@ class TrialRun:
 
 def read_val_records(run):
     """New complete "val" records of the trial's metrics.jsonl since the last call."""
-    path = run.folder / "run" / "metrics.jsonl"
-    try:
-        with open(path, "rb") as f:
-            f.seek(run.offset)
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    run.offset += len(data)
-    lines = (run.partial + data).split(b"\n")
-    run.partial = lines.pop()  # b"" after a complete line
-    out = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a damaged line: the summary still gives the final value
-        if isinstance(record, dict) and record.get("kind") == "val" and _is_int(record.get("epoch")):
-            out.append(record)
-    return out
+    records, run.offset, run.partial = runs.read_new_records(run.folder / "run" / runs.METRICS, run.offset,
+                                                             run.partial)
+    return [r for r in records if r.get("kind") == "val" and _is_int(r.get("epoch"))]
 
 
 def log_tail(path):
@@ -89,11 +73,7 @@ def log_tail(path):
 
 def read_summary(run):
     """The trial's run/summary.json as a dict, or None (missing, damaged)."""
-    try:
-        summary = json.loads((run.folder / "run" / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
+    return runs.read_summary(run.folder / "run")
 
 
 def final_value(run, space):
