@@ -28,7 +28,7 @@ matplotlib.use("Agg", force=True)
 from matplotlib.figure import Figure  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the shared package, embertools
-from embertools.errors import ToolError  # noqa: E402
+from embertools.errors import ToolError, load_json  # noqa: E402
 
 FIG_SIZE_IN, DPI = (8.0, 4.5), 100  # 800 x 450 pixels, as tools/report.py's plots
 
@@ -51,12 +51,7 @@ def _positive(x):
 
 def load_curve(path):
     """(lrs, losses, smoothed, points, stop_reason); points: [(label, lr, loss, style)]."""
-    try:
-        curve = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlotError(f"{path}: not found (write it with `RECIPE --find-lr {path}`)") from None
-    except (OSError, ValueError) as e:
-        raise PlotError(f"{path}: not readable as JSON ({e})") from None
+    curve = load_json(path, f"write it with `RECIPE --find-lr {path}`")
     if not isinstance(curve, dict):
         raise PlotError(f"{path}: expected a JSON object")
     lrs = curve.get("lrs")

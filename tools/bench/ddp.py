@@ -46,14 +46,21 @@ def run_ranks(binary, nproc, threads, timeout, rest, label):
     sys.stdout.write(outs[0][0])
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--binary", required=True, help="build/bin/ember_bench_ddp")
+def rank_bench_main(doc, label, timeout):
+    """The command line of a bench whose binary runs on ranks (this one, sharding.py): --binary,
+    --nproc, --threads, --timeout (default `timeout` s); the other arguments go to every rank."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--binary", required=True, help=f"build/bin/ember_bench_{label}")
     p.add_argument("--nproc", type=int, default=2, help="ranks on this machine (default 2)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (OMP_NUM_THREADS; default 1)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the ranks (default 1800)")
+    p.add_argument("--timeout", type=float, default=timeout, help=f"seconds to wait for the ranks (default {timeout})")
     a, rest = p.parse_known_args()
-    run_ranks(a.binary, a.nproc, a.threads, a.timeout, rest, "ddp")
+    run_ranks(a.binary, a.nproc, a.threads, a.timeout, rest, label)
+
+
+def main():
+    rank_bench_main(__doc__, "ddp", 1800)
+
 
 if __name__ == "__main__":
     main()

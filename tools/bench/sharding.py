@@ -11,22 +11,15 @@ tools/bench/sharding.cpp.
 
 Arguments other than --binary, --nproc, --threads and --timeout go to every rank.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp import run_ranks  # noqa: E402
+from ddp import rank_bench_main  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--binary", required=True, help="build/bin/ember_bench_sharding")
-    p.add_argument("--nproc", type=int, default=2, help="ranks on this machine (default 2)")
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (OMP_NUM_THREADS; default 1)")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the ranks (default 3600)")
-    a, rest = p.parse_known_args()
-    run_ranks(a.binary, a.nproc, a.threads, a.timeout, rest, "sharding")
+    rank_bench_main(__doc__, "sharding", 3600)
 
 
 if __name__ == "__main__":

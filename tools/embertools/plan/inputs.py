@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embertools import runs
-from embertools.errors import UsageError
+from embertools.errors import UsageError, load_json
 from .arithmetic import fit_memory
 from .constants import (CHECKPOINT_MODES, DEFAULT_GPUS, DEFAULT_MFU, GPU_FIELDS, MAX_USD_PER_HOUR, PCIE_GB_S,
     PlanError)
@@ -36,12 +36,7 @@ def _number(obj, key, path, minimum=None, integer=False):
 def load_measurement(path):
     """MEASURE.json, checked: a dict with the schema-1 keys this script reads."""
     path = Path(path)
-    try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlanError(f"{path}: not found (write it with `RECIPE --measure {path}`)") from None
-    except (OSError, ValueError) as e:
-        raise PlanError(f"{path}: not readable as JSON ({e})") from None
+    m = load_json(path, f"write it with `RECIPE --measure {path}`")
     if not isinstance(m, dict):
         raise PlanError(f"{path}: a JSON {type(m).__name__}, expected an object")
     if m.get("schema") != 1:
