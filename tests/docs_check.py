@@ -21,11 +21,16 @@ shared/):
    text of its map to the rest of the documentation).
 
 5. the README's driver table (rows starting with `| \`COMMAND`) lists every
-   command of `tools/ember` (the patterns of its final `case`).
+   command of `tools/ember` (the patterns of its final `case`);
+6. the tools' shared package, tools/embertools/: tools/README.md names each
+   of its modules (`tools/embertools/NAME.py`) and subpackages
+   (`tools/embertools/NAME/`), and every module of it opens with a docstring
+   saying what it holds.
 
 Links inside code blocks and code spans are not links. Exit 0 when all hold,
 1 with one line per broken reference otherwise.
 """
+import ast
 import os
 import re
 import subprocess
@@ -163,6 +168,30 @@ def check_driver_table(root, errors):
             errors.append(f"README.md: the driver table has no row for `tools/ember {c}`")
 
 
+def check_tools_package(root, files, errors):
+    """Rule 6: tools/README.md names every module and subpackage of tools/embertools/, and each of
+    its modules has a docstring."""
+    package = "tools/embertools/"
+    modules = [f for f in files if f.startswith(package) and f.endswith(".py")]
+    if not modules:
+        return
+    readme = (root / "tools" / "README.md").read_text(encoding="utf-8")
+    names = set()
+    for rel in modules:
+        top = rel[len(package):].split("/")
+        names.add(package + (top[0] + "/" if len(top) > 1 else top[0]))
+        try:
+            docstring = ast.get_docstring(ast.parse((root / rel).read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError) as e:
+            errors.append(f"{rel}: not readable as Python ({e})")
+            continue
+        if not docstring:
+            errors.append(f"{rel}: no docstring (a module of the shared package says what it holds)")
+    for name in sorted(names - {package + "__init__.py"}):
+        if f"`{name}`" not in readme:
+            errors.append(f"tools/README.md: does not name `{name}` (the shared package's map, \"The shared package\")")
+
+
 def main(argv):
     root = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
     check((root / "README.md").is_file(), f"{root}: no README.md (pass the repository's root)")
@@ -173,6 +202,7 @@ def main(argv):
         check_markdown(root, rel, errors)
     check_readme_refs(root, files, errors)
     check_driver_table(root, errors)
+    check_tools_package(root, files, errors)
     for e in errors:
         print(e)
     print(f"docs check: {len(markdown)} Markdown files, {len(errors)} broken reference(s)")

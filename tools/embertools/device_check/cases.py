@@ -315,7 +315,8 @@ def telemetry(c: Check, metrics):
         missing.remove("gpu_util")
     f = lambda k, fmt: (fmt % r[k]) if r.get(k) is not None else "-"
     detail = (f"step {f('step_ms', '%.2f')} ms (data {f('data_ms', '%.2f')} fwd {f('forward_ms', '%.2f')} bwd "
-              f"{f('backward_ms', '%.2f')} opt {f('optimizer_ms', '%.2f')}), mem {f('gpu_mem_allocated_mib', '%.0f')} MiB "
+              f"{f('backward_ms', '%.2f')} opt {f('optimizer_ms', '%.2f')}), "
+              f"mem {f('gpu_mem_allocated_mib', '%.0f')} MiB "
               f"peak {f('gpu_mem_peak_mib', '%.0f')}, util {f('gpu_util', '%.0f')}%, {f('gpu_power_w', '%.0f')} W, "
               f"{f('gpu_temp_c', '%.0f')} C, sm {f('gpu_sm_clock_mhz', '%.0f')} MHz, mfu {f('mfu', '%.4f')}")
     c.report("telemetry (fashion bf16, cuda)", "FAIL" if missing else "ok",
@@ -325,7 +326,8 @@ def telemetry(c: Check, metrics):
 
 for _p in PRECISIONS:
     step(f"fashion_mnist {_p}, 1 epoch (cuda)",
-         rows=[f"fashion_mnist {_p}, 1 epoch (cuda)"] + (["telemetry (fashion bf16, cuda)"] if _p == "bf16-mixed" else []))(
+         rows=[f"fashion_mnist {_p}, 1 epoch (cuda)"]
+         + (["telemetry (fashion bf16, cuda)"] if _p == "bf16-mixed" else []))(
         lambda c, p=_p: fashion_short(c, p))
 
 
@@ -371,7 +373,8 @@ def out_of_memory(c: Check):
           and "Exception raised from" not in out and (run / "config.toml").exists()
           and not (run / "summary.json").exists() and not (run / "run.lock").exists())
     c.report(name, "ok" if ok else "FAIL",
-             f"exit {rc}: {said[:300]}" if ok else f"exit {rc}, want 1 and an explained error: {said[:300] or first_failure(out)}",
+             f"exit {rc}: {said[:300]}" if ok
+             else f"exit {rc}, want 1 and an explained error: {said[:300] or first_failure(out)}",
              seconds=time.monotonic() - t0)
 
 
@@ -425,7 +428,8 @@ def plan_vs_run(c: Check):
     mem_err = (predicted_mem - measured_mem) / measured_mem
     step_err = (predicted_step - measured_step) / measured_step
     gpu_verify = cuda["verify"]
-    gpu_line_err = (gpu_verify["predicted_peak_bytes"] - gpu_verify["measured_peak_bytes"]) / gpu_verify["measured_peak_bytes"]
+    gpu_line_err = ((gpu_verify["predicted_peak_bytes"] - gpu_verify["measured_peak_bytes"])
+                    / gpu_verify["measured_peak_bytes"])
     goals = [goal("memory planned on the CPU", 100 * abs(mem_err), "<=", 15, "% off", "%", fmt="{:.0f}"),
              goal("step time planned", 100 * abs(step_err), "<=", 30, "% off", "%", fmt="{:.0f}")]
     c.report(PLAN_ROW, goal_status(goals),

@@ -28,7 +28,8 @@ MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 # Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
 RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
 BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
-           "ember_bench_heads", "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding", "ember_bench_activation_checkpoint")
+           "ember_bench_heads", "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding",
+           "ember_bench_activation_checkpoint")
 TESTS = ("ember_tests", "ember_ddp_worker", "ember_parity_grad_scaler")
 # The GPU test cases that compute-sanitizer runs: the two custom kernels.
 SANITIZED = "AugmentCuda.*:*OpsCuda.*"
@@ -336,7 +337,8 @@ print("INFO " + json.dumps(d))
                 f"-DEMBER_CUDA_ARCHITECTURES={cap}", "-DEMBER_OPENCV=OFF", "-DCMAKE_SKIP_RPATH=ON"]
         if shutil.which("ninja"):
             args += ["-G", "Ninja"]
-        nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else "")
+        nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc")
+                                        else "")
         if nvcc:
             args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
         if (PACK / "googletest").is_dir():

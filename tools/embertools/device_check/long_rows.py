@@ -116,7 +116,8 @@ def fashion_full(c: Check, precision, accs):
     if len(accs) == len(PRECISIONS):
         spread = max(accs.values()) - min(accs.values())
         c.report("fashion_mnist accuracies agree across precisions (cuda)", "ok" if spread <= 0.005 else "FAIL",
-                 f"spread {100 * spread:.2f} points (want <= 0.5): " + ", ".join(f"{p} {a:.4f}" for p, a in accs.items()))
+                 f"spread {100 * spread:.2f} points (want <= 0.5): "
+                 + ", ".join(f"{p} {a:.4f}" for p, a in accs.items()))
 
 
 # 8 epochs of 469 eager steps (~1-2 ms each) and 8 test passes: ~15 s with the start-up.
@@ -218,9 +219,9 @@ SPEED_TABLE_ROW = ("speed bench: MLP/CNN/GPT steps, Ember eager + graphs vs Pyth
 
 @step(SPEED_TABLE_ROW)
 def speed_table(c: Check):
-    """The GPU speed table (docs/training.md, "Measured"): 6 cases x 6 sides x 2 reps. Each ember side is a process (~3 s
-    to start), each torch.compile a fresh compile (~20 s cold per case, ~5 s from the cache): more
-    than a 200 s second call has, so it runs last, or in a call of its own."""
+    """The GPU speed table (docs/training.md, "Measured"): 6 cases x 6 sides x 2 reps. Each ember side
+    is a process (~3 s to start), each torch.compile a fresh compile (~20 s cold per case, ~5 s from
+    the cache): more than a 200 s second call has, so it runs last, or in a call of its own."""
     js = c.work / "speed_gpu.json"
     bench_row(c, SPEED_TABLE_ROW, speed_cmd(c, js, "--reps", "2", "--steps", "100", "--warmup", "20"),
               "speed_bench.log", numbers=lambda _: speed_numbers(js), detail=speed_detail,
@@ -246,8 +247,8 @@ def cifar(c: Check):
 def prune_finetune(c: Check):
     keys = ("dense_test_accuracy", "test_accuracy", "train_step_speedup", "inference_speedup")
     recipe_row(c, "prune_finetune 3 + 2 epochs (cuda)", "prune_finetune",
-               [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=3", "finetune.epochs=2", "prune.round_to=8",
-                f"run.dir={c.runs_dir('prune_finetune')}"], "prune_finetune.log",
+               [f"data.root={c.data}", "trainer.device=cuda", "trainer.epochs=3", "finetune.epochs=2",
+                "prune.round_to=8", f"run.dir={c.runs_dir('prune_finetune')}"], "prune_finetune.log",
                detail=lambda v: ", ".join(f"{k} {v[k]:.4g}" for k in keys if k in v))
 
 

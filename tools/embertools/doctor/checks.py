@@ -234,7 +234,8 @@ def _listing(interfaces):
 
 def _good_interface(interfaces):
     """A name and address to suggest: the first running non-loopback interface with IPv4, else any."""
-    usable = [i for i in usable_interfaces(interfaces) if not i["flags"] & IFF_LOOPBACK and not is_loopback(i["address"])]
+    usable = [i for i in usable_interfaces(interfaces)
+              if not i["flags"] & IFF_LOOPBACK and not is_loopback(i["address"])]
     usable.sort(key=lambda i: i["family"])
     return (usable[0]["name"], usable[0]["address"]) if usable else (None, None)
 
