@@ -25,7 +25,6 @@
 Exit 77 (skipped) without Fashion-MNIST.
 """
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # embertools
+from embertools import runs  # noqa: E402
 from embertools.ranks import free_port  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def kill_tree(pid):
 
 
 def summary(run):
-    return json.loads((Path(run) / "summary.json").read_text())
+    return runs.load_summary(run)
 
 
 def same_result(a, b, what):

@@ -51,7 +51,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp import launch_ranks  # noqa: E402
+from ddp import launch_ranks  # noqa: E402  (ddp.py put tools/ on sys.path: embertools)
+from embertools import runs  # noqa: E402
 
 # Per recipe: the data key, its default, and the keys that make a run short and quiet.
 RECIPES = {
@@ -126,12 +127,12 @@ def run_once(a, binary, nproc, threads, run_dir, rest):
     launch_ranks([binary, *keys, *rest], nproc, threads, a.timeout, "scaling")
     run_dir = Path(run_dir)
     try:
-        rate, timed = per_rank_rate((run_dir / "metrics.jsonl").read_text(), a.warmup, a.batch)
+        rate, timed = per_rank_rate((run_dir / runs.METRICS).read_text(), a.warmup, a.batch)
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"[bench scaling] {run_dir}/metrics.jsonl: {e}")
     if timed != a.steps:
         sys.exit(f"[bench scaling] {run_dir}: {timed} steps timed, expected {a.steps} (--steps)")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = runs.load_summary(run_dir)
     return {"per_rank": rate, "timed_steps": timed, "whole_run_total": summary.get("samples_per_second")}
 
 

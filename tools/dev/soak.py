@@ -26,7 +26,6 @@ import argparse
 import collections
 import gzip
 import io
-import json
 import os
 import pickle
 import random
@@ -38,6 +37,9 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shared package, embertools
+from embertools import runs  # noqa: E402
 
 TRAILER = 24  # ember/train/checkpoint.h: "EMBERCK1", length, CRC-32
 
@@ -160,7 +162,7 @@ def main():
         print(f"soak: the straight run failed ({r.returncode}):\n{r.stderr[-2000:]}", file=sys.stderr)
         return 2
     whole = time.monotonic() - t0
-    trained = json.loads((straight / "summary.json").read_text())["train_seconds"]
+    trained = runs.load_summary(straight)["train_seconds"]
     startup = max(whole - trained, 0.1)  # process start, data, model; the test and summary
     print(f"straight run: {whole:.1f} s ({trained:.1f} s training), {r.stdout.strip().splitlines()[-1]}")
 
@@ -217,8 +219,7 @@ def main():
     differ = sorted(n for n in set(want) & set(got) if want[n] != got[n])
     if differ:
         problems.append(f"{len(differ)} of {len(want)} entries of the final checkpoint differ: {differ[:8]}")
-    s_want = json.loads((straight / "summary.json").read_text())
-    s_got = json.loads((soak / "summary.json").read_text())
+    s_want, s_got = runs.load_summary(straight), runs.load_summary(soak)
     for key in ("test_accuracy", "test_loss", "steps", "epochs"):
         if s_want.get(key) != s_got.get(key):
             problems.append(f"summary.json {key}: straight {s_want.get(key)}, soaked {s_got.get(key)}")
