@@ -185,11 +185,16 @@ MUTANTS = (
            r"dist\.sharding",
            "each rank clips its shard by its own norm, not the global one: the ranks step by different factors"),
     Mutant("sharding_gathers_no_block_before_backward", "lib/src/dist/sharding.cpp",
-           "        if (auto self = weak.lock()) self->gather_params(self->units[u]);\n",
-           "        (void)weak;\n",
+           "        if (auto self = weak.lock()) self->gather_with_prefetch(index, -1);\n",
+           "        (void)weak, (void)index;\n",
            ("ember_ddp_worker",),
            r"dist\.sharding",
            "a block's parameters are not gathered again for its backward: it reads freed storage"),
+    Mutant("data_parallel_plan_shards_pruned_parameters", "lib/src/dist/data_parallel.cpp",
+           "  EMBER_CHECK_KIND(kConfig, !sharded() || needs.resizes_parameters.empty(),\n",
+           "  EMBER_CHECK_KIND(kConfig, !sharded() || !needs.resizes_parameters.empty(),\n",
+           ("ember_tests",), r"DataParallelPlan\.|RunContext\.PruneFinetune",
+           "the data-parallel plan lets sharding run with pruning, which resizes parameters that live in shards"),
     Mutant("replicas_sum_is_the_tensor", "lib/src/dist/replica_backend.cpp",
            "        t.mul_(getSize());\n",
            "        (void)0;\n",
@@ -272,12 +277,26 @@ MUTANTS = (
     # The optimizer step and the fit plan (issue 30): one definition each, which the eager loop
     # and the (emulated) graph share.
     Mutant("optimizer_step_clips_scaled_gradients", "lib/src/train/optimizer_step.cpp",
-           "  if (scaler_) scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch\n"
-           "  if (max_grad_norm_ > 0 && !(hooks_.clip && hooks_.clip(max_grad_norm_)))\n"
-           "    optim::clip_grad_norm_(params_, max_grad_norm_);\n",
-           "  if (max_grad_norm_ > 0 && !(hooks_.clip && hooks_.clip(max_grad_norm_)))\n"
-           "    optim::clip_grad_norm_(params_, max_grad_norm_);\n"
-           "  if (scaler_) scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch\n",
+           "  if (scaler_) {\n"
+           "    scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch\n"
+           "    if (partitioned_) partitioned_->agree_found_inf(*scaler_, optimizer_);\n"
+           "  }\n"
+           "  if (max_grad_norm_ > 0) {\n"
+           "    if (partitioned_)\n"
+           "      partitioned_->clip_grad_norm(max_grad_norm_);\n"
+           "    else\n"
+           "      optim::clip_grad_norm_(params_, max_grad_norm_);\n"
+           "  }\n",
+           "  if (max_grad_norm_ > 0) {\n"
+           "    if (partitioned_)\n"
+           "      partitioned_->clip_grad_norm(max_grad_norm_);\n"
+           "    else\n"
+           "      optim::clip_grad_norm_(params_, max_grad_norm_);\n"
+           "  }\n"
+           "  if (scaler_) {\n"
+           "    scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch\n"
+           "    if (partitioned_) partitioned_->agree_found_inf(*scaler_, optimizer_);\n"
+           "  }\n",
            ("ember_tests",), r"Precision\.",
            "fp16-mixed clips the scaled gradients, then unscales: the clip threshold is off by the loss scale"),
     Mutant("optimizer_step_scale_not_updated_sync_free", "lib/src/train/optimizer_step.cpp",

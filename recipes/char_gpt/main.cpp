@@ -7,7 +7,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -23,20 +22,10 @@ using models::SampleOptions;
 class CharGptTask : public train::Task {
  public:
   CharGptTask(const core::Config& c, const recipe::RunContext& ctx) : block_(c.get_int("data.block_size")) {
+    // (the keys' bounds hold: block_size >= 1, stride >= 0, val_fraction in [0, 1))
     const std::string path = c.get_string("data.path");
-    int64_t stride = c.get_int("data.stride");
-    if (stride == 0) stride = block_;
+    const int64_t stride = c.get_int("data.stride") == 0 ? block_ : c.get_int("data.stride");
     const double val_fraction = c.get_float("data.val_fraction");
-    if (block_ < 1)
-      throw Error(ErrorKind::kConfig,
-                  "[char_gpt] data.block_size=" + std::to_string(block_) + " must be >= 1");
-    if (stride < 1)
-      throw Error(ErrorKind::kConfig,
-                  "[char_gpt] data.stride=" + std::to_string(stride) + " must be >= 1 (0 = block_size)");
-    if (!(val_fraction >= 0 && val_fraction < 1))
-      throw Error(ErrorKind::kConfig,
-                  fmt::format("[char_gpt] data.val_fraction={} must be in [0, 1)", val_fraction));
-
     const torch::Tensor bytes = data::read_text_corpus(path);
     const int64_t n = bytes.size(0);
     const int64_t n_val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(n)));
@@ -99,46 +88,20 @@ class CharGptTask : public train::Task {
   std::unique_ptr<data::TensorLoader> train_, val_;
 };
 
-/// After training: validation bits per byte, tokens/s, MFU, and a text sample.
+/// After training: validation bits per byte (the runner's val_loss is of the
+/// final weights), tokens/s and the Monitor's MFU, and a text sample.
 void finish(train::Task& task, const core::Config& c, const recipe::RunContext& ctx,
             const train::FitResult& fit, recipe::RunSummary& summary) {
   auto& t = dynamic_cast<CharGptTask&>(task);
   CharGpt& net = t.net();
-  const torch::Device device = net->wte->weight.device();
-
-  // fit.last_val is the last epoch's validation; evaluate again when it is
-  // missing or older than the final weights (max_steps mid-epoch, val_every > 1).
-  train::EvalResult val = fit.last_val;
-  const int64_t val_every = c.get_int("trainer.val_every");
-  const bool current =
-      val.samples > 0 && !fit.stopped_early && val_every > 0 && fit.epochs_completed % val_every == 0;
-  if (t.val_loader() && !current) {
-    // Evaluate as training did (autocast for *-mixed).
-    train::Trainer evaluator{train::TrainerOptions().precision(ctx.precision())};
-    val = evaluator.evaluate(task, *t.val_loader());
-  }
-  if (val.samples > 0) {
-    summary.extra["val_loss"] = val.loss;
-    summary.extra["val_bpb"] = val.loss / std::log(2.0);  // nats per byte -> bits per byte
-  }
-
-  const double flops_per_token = static_cast<double>(net->flops_per_token());
-  const double tokens_per_second = static_cast<double>(fit.samples) * static_cast<double>(t.block_size()) /
-                                   std::max(fit.train_seconds, 1e-9);
-  summary.extra["flops_per_token"] = flops_per_token;
-  summary.extra["tokens_per_second"] = tokens_per_second;
-  // The Monitor's peak (datasheet on a GPU, a measured matmul on the CPU, or mfu.peak_tflops).
-  const auto peak = summary.monitor.find("peak_flops");
-  if (peak != summary.monitor.end() && fit.samples > 0) {
-    const std::string math = core::to_string(amp::math_type(ctx.precision()));
-    summary.extra["mfu"] = flops_per_token * tokens_per_second / peak->second;
-    std::cerr << fmt::format(
-        "char_gpt: {:.3g} FLOPs/token x {:.0f} tokens/s = {:.3g} TFLOP/s of {:.3g} peak ({})\n",
-        flops_per_token, tokens_per_second, flops_per_token * tokens_per_second / 1e12, peak->second / 1e12,
-        c.get_float("mfu.peak_tflops") > 0 ? std::string("mfu.peak_tflops")
-        : device.is_cpu()                  ? "measured " + math + " matmul"
-                                           : "datasheet " + math);
-  }
+  if (fit.last_val.samples > 0)
+    summary.extra["val_bpb"] = fit.last_val.loss / std::log(2.0);  // nats per byte -> bits per byte
+  summary.extra["flops_per_token"] = static_cast<double>(net->flops_per_token());
+  summary.extra["tokens_per_second"] = summary.samples_per_second * static_cast<double>(t.block_size());
+  // The Monitor's (training FLOPs per sample x samples/s / its peak: datasheet, measured matmul, or
+  // mfu.peak_tflops; summary.json's monitor.peak_flops_source says which).
+  if (const auto mfu = summary.monitor.find("mfu"); mfu != summary.monitor.end())
+    summary.extra["mfu"] = mfu->second;
 
   const SampleOptions so = models::sample_options_from_config(c);
   const std::string prompt = c.get_string("sample.prompt");

@@ -167,7 +167,7 @@ class AugmentOps(WithLibrary):
             apply(self.x.float(), p, (20, 24))
         with self.assertRaisesRegex(RuntimeError, r"params must be float32 \[8, 15\]"):
             apply(self.x, p[:4], (20, 24))
-        with self.assertRaisesRegex(RuntimeError, "crop must be none, pad or resized"):
+        with self.assertRaisesRegex(RuntimeError, "unknown crop mode 'bogus'; choose none, pad or resized"):
             sample(torch.arange(8), 20, 24, crop="bogus")
 
 

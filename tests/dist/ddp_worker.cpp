@@ -315,7 +315,7 @@ int main(int argc, char** argv) {
       std::ofstream(a.out + ".rank0.json")
           << "{\"steps\": " << fit.steps << ", \"skipped_steps\": " << fit.skipped_steps
           << ", \"train_loss\": " << fit.last_train.loss << ", \"backend\": \""
-          << (group ? group->backend() : "none") << "\"}\n";
+          << (group ? dist::to_string(group->backend()) : "none") << "\"}\n";
     }
   } catch (const Error& e) {  // Ember's own errors say what is wrong already
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -44,7 +44,7 @@ TEST(ProcessGroup, BackendNamesRoundTripAndOthersAreConfigErrors) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfig);
     EXPECT_NE(std::string(e.what()).find("dist.backend=\"mpi\""), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("expected gloo, nccl or auto"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("choose gloo, nccl or auto"), std::string::npos) << e.what();
   }
 }
 
@@ -74,7 +74,7 @@ TEST(ProcessGroup, AutoIsGlooOnTheCpuAndEachBackendItsDevice) {
       GTEST_SKIP() << e.what();
     throw;
   }
-  EXPECT_EQ(group->backend(), "gloo");
+  EXPECT_EQ(group->backend(), dist::Backend::kGloo);
   torch::Tensor t = torch::ones({3});
   group->all_reduce_sum_(t);
   EXPECT_TRUE(torch::equal(t, torch::ones({3})));
@@ -127,7 +127,7 @@ TEST(ProcessGroup, ARankWhoseStoreIsNotThereIsToldWithoutStackFrames) {
 
 TEST(ReplicaGroup, CollectivesGiveWhatIdenticalRanksWould) {
   const auto group = ProcessGroup::create_replicas(1, 4, {});
-  EXPECT_EQ(group->backend(), "replicas");
+  EXPECT_EQ(group->backend(), dist::Backend::kReplicas);
   EXPECT_EQ(group->rank(), 1);
   EXPECT_EQ(group->size(), 4);
   torch::Tensor t = torch::tensor({1.0f, -2.0f});

@@ -62,7 +62,7 @@ refused max_steps 'trainer.max_steps must be in \[-1' trainer.max_steps=-2
 refused optimizer_name 'optim.name' optim.name=sgdd
 refused hue 'augment.hue must be in \[0, 0.5\]' augment.hue=0.7
 refused config_folder 'is a folder, not a config file' --config "$out"
-# The tools' keys (lib/src/recipe/tools.cpp): bounds, and keys that bound each other, checked with the rest.
+# The tools' keys (lib/src/recipe/tools/keys.cpp): bounds, and keys that bound each other, checked with the rest.
 refused lr_find_order 'lr_find.min_lr=1 must be below lr_find.max_lr=0.1' lr_find.min_lr=1 lr_find.max_lr=0.1
 refused lr_find_equal 'lr_find.min_lr=0.1 must be below lr_find.max_lr=0.1' lr_find.min_lr=0.1 lr_find.max_lr=0.1
 refused lr_find_nan 'lr_find.min_lr' lr_find.min_lr=nan

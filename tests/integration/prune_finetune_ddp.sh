@@ -51,7 +51,7 @@ for bad in dist.sharding=optimizer prune.importance=taylor; do
   rc=$?
   set -e
   [[ $rc != 0 ]] || fail "$bad on 2 ranks was accepted"
-  expect_in "$out/bad.err" "\[prune_finetune\]"
+  expect_in "$out/bad.err" "\[dist\] $bad"  # refused by the data-parallel plan, before any work
 done
 echo "dist.sharding and taylor importance refused on 2 ranks"
 

@@ -502,7 +502,7 @@ TEST(MonitorWriters, RecordKindNamesAreTheFilesKinds) {
     ADD_FAILURE() << "an unknown kind was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kData);
-    EXPECT_NE(std::string(e.what()).find("'epoch'; expected step, train_epoch or val"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'epoch'; choose step, train_epoch or val"), std::string::npos)
         << e.what();
   }
 }

@@ -2,6 +2,7 @@
 // plan on disk, sparsity regularisation, and an exact resume of a pruned run.
 
 #include "ember/prune/callback.h"
+#include "ember/prune/keys.h"
 
 #include <gtest/gtest.h>
 

@@ -16,6 +16,7 @@
 #include "ember/core/error.h"
 #include "ember/models/char_gpt.h"
 #include "ember/prune/callback.h"
+#include "ember/prune/keys.h"
 #include "prune/models.h"
 #include "tolerance.h"
 #include "train/test_task.h"

@@ -240,9 +240,9 @@ TEST(RunContext, ShardingThatTheModelCannotDoIsRefusedByCheck) {
   recipe::declare_recipe_keys(c);
   c.set_override("dist.sharding=optimizer");
   c.set_override("trainer.cuda_graph=true");
-  EXPECT_NO_THROW(dist::check_data_parallel(c, 1, nullptr)) << "one process: no sharding";
+  EXPECT_NO_THROW(dist::data_parallel_plan_from_config(c, 1).check({})) << "one process: no sharding";
   try {
-    dist::check_data_parallel(c, 2, nullptr);
+    dist::data_parallel_plan_from_config(c, 2).check({});
     ADD_FAILURE() << "sharding with a CUDA graph accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfig);

@@ -407,7 +407,7 @@ int main(int argc, char** argv) {
 
       std::printf(
           "DDP backward vs local backward and all-reduce alone: %lld ranks, %s over %s, %s per rank%s\n",
-          static_cast<long long>(env.world_size), group->backend().c_str(),
+          static_cast<long long>(env.world_size), dist::to_string(group->backend()),
           device.is_cuda() ? "the local interconnect" : "loopback TCP", core::describe_device(device).c_str(),
           device.is_cuda() ? "" : fmt::format(", OMP_NUM_THREADS={}", a.threads).c_str());
       std::printf(
@@ -464,7 +464,7 @@ int main(int argc, char** argv) {
           "\"allreduce_per_param_ms\": %.3f, \"bucket_copy_ms\": %.3f, \"exposed_bucketed_ms\": %.3f, "
           "\"exposed_per_param_ms\": %.3f, \"overlap_bucketed\": %.4f, \"overlap_per_param\": %.4f, "
           "\"bucketed_vs_per_param_backward\": %.4f, \"bucketed_vs_per_param_step\": %.4f}\n",
-          device.str().c_str(), group->backend().c_str(), static_cast<long long>(env.world_size),
+          device.str().c_str(), dist::to_string(group->backend()), static_cast<long long>(env.world_size),
           static_cast<long long>(a.threads), grad_mib, static_cast<long long>(a.batch),
           static_cast<long long>(a.rounds), a.bucket_cap_mb, nb, np, nparams, median(t[kLocal]), median(aa),
           median(t[kDdpBucketed]), median(t[kDdpPerParam]), median(t[kAllReduceBucketed]),

@@ -4,31 +4,25 @@
 #include <torch/version.h>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 
 namespace ember::amp {
 
+namespace {
+constexpr core::EnumNames<Precision, 4> kPrecisionNames{"precision",
+                                                        {{{Precision::kFp32, "fp32"},
+                                                          {Precision::kTf32, "tf32"},
+                                                          {Precision::kBf16Mixed, "bf16-mixed"},
+                                                          {Precision::kFp16Mixed, "fp16-mixed"}}},
+                                                        "tf32 on CUDA only"};
+}  // namespace
+
 Precision parse_precision(const std::string& name) {
-  if (name == "fp32") return Precision::kFp32;
-  if (name == "tf32") return Precision::kTf32;
-  if (name == "bf16-mixed") return Precision::kBf16Mixed;
-  if (name == "fp16-mixed") return Precision::kFp16Mixed;
-  detail::fail(ErrorKind::kConfig,
-               "[amp::Precision] unknown precision '{}'; use fp32, tf32 (CUDA), bf16-mixed or fp16-mixed",
-               name);
+  return kPrecisionNames.parse(name, "amp::Precision");
 }
 
 std::string to_string(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kTf32:
-      return "tf32";
-    case Precision::kBf16Mixed:
-      return "bf16-mixed";
-    case Precision::kFp16Mixed:
-      return "fp16-mixed";
-  }
-  return "?";
+  return kPrecisionNames.name(precision);
 }
 
 core::MathType math_type(Precision precision) {

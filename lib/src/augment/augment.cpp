@@ -13,27 +13,23 @@
 #include "core/check.h"
 #include "core/staging.h"
 #include "ember/augment/philox.h"
+#include "ember/core/enum_names.h"
 #include "ember/core/error.h"
 
 namespace ember::augment {
 
+namespace {
+constexpr core::EnumNames<CropMode, 3> kCropModeNames{
+    "crop mode",
+    {{{CropMode::kNone, "none"}, {CropMode::kPad, "pad"}, {CropMode::kRandomResized, "resized"}}}};
+}  // namespace
+
 CropMode parse_crop_mode(const std::string& name, const std::string& what) {
-  if (name == "none") return CropMode::kNone;
-  if (name == "pad") return CropMode::kPad;
-  if (name == "resized") return CropMode::kRandomResized;
-  ember::detail::fail(ErrorKind::kConfig, "{} must be none, pad or resized, got \"{}\"", what, name);
+  return kCropModeNames.parse(name, what);
 }
 
 const char* to_string(CropMode mode) {
-  switch (mode) {
-    case CropMode::kPad:
-      return "pad";
-    case CropMode::kRandomResized:
-      return "resized";
-    case CropMode::kNone:
-      break;
-  }
-  return "none";
+  return kCropModeNames.name(mode);
 }
 
 namespace {
@@ -501,7 +497,7 @@ torch::Tensor sample_params_op(const torch::Tensor& sample_indices, int64_t heig
   using namespace ember::augment;
   AugmentOptions o;
   o.size(size.vec()).padding(padding).scale(scale.vec()).ratio(ratio.vec()).hflip(hflip).vflip(vflip);
-  o.crop(parse_crop_mode(std::string(crop), "[ember::augment_sample_params] crop"));
+  o.crop(parse_crop_mode(std::string(crop), "ember::augment_sample_params crop"));
   EMBER_CHECK(color.size() == 4,
               "[ember::augment_sample_params] color must be [brightness, contrast, saturation, hue]");
   o.brightness(color[0]).contrast(color[1]).saturation(color[2]).hue(color[3]).color_p(color_p).grayscale(

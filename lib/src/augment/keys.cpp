@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 
 namespace ember::augment {
 
@@ -14,17 +15,11 @@ std::vector<double> as_doubles(const std::vector<int64_t>& v) {
   return {v.begin(), v.end()};
 }
 
-c10::ScalarType parse_dtype(const std::string& s) {
-  if (s == "float32") return torch::kFloat32;
-  if (s == "float16") return torch::kFloat16;
-  if (s == "bfloat16") return torch::kBFloat16;
-  throw Error(ErrorKind::kConfig,
-              "[augment] augment.dtype must be float32, float16 or bfloat16, got \"" + s + "\"");
-}
-
-const char* dtype_name(c10::ScalarType t) {
-  return t == torch::kFloat16 ? "float16" : t == torch::kBFloat16 ? "bfloat16" : "float32";
-}
+constexpr core::EnumNames<c10::ScalarType, 3> kDtypeNames{
+    "augment.dtype",
+    {{{torch::kFloat32, "float32"}, {torch::kFloat16, "float16"}, {torch::kBFloat16, "bfloat16"}}}};
+constexpr core::EnumNames<Layout, 2> kLayoutNames{"augment.layout",
+                                                  {{{Layout::kNCHW, "nchw"}, {Layout::kNHWC, "nhwc"}}}};
 
 }  // namespace
 
@@ -55,8 +50,8 @@ void declare_augment_keys(core::Config& c, const AugmentOptions& d, const MixOpt
   c.declare("augment.erase_value", d.erase_value(), "value of erased pixels, after normalisation");
   c.declare("augment.mean", d.mean(), "per-channel mean of pixel/255 ([] = no normalisation)");
   c.declare("augment.std", d.std(), "per-channel std of pixel/255", Bounds::positive());
-  c.declare("augment.dtype", dtype_name(d.dtype()), "output dtype: float32 | float16 | bfloat16");
-  c.declare("augment.layout", d.layout() == Layout::kNHWC ? "nhwc" : "nchw", "output layout: nchw | nhwc");
+  c.declare("augment.dtype", kDtypeNames.name(d.dtype()), "output dtype: float32 | float16 | bfloat16");
+  c.declare("augment.layout", kLayoutNames.name(d.layout()), "output layout: nchw | nhwc");
   c.declare("augment.mix.mixup_alpha", m.mixup_alpha(), "Mixup Beta(alpha, alpha) (0 = off)",
             Bounds::at_least(0));
   c.declare("augment.mix.cutmix_alpha", m.cutmix_alpha(), "CutMix Beta(alpha, alpha) (0 = off)",
@@ -75,7 +70,7 @@ void declare_augment_keys(core::Config& c, const AugmentOptions& d, const MixOpt
 AugmentOptions augment_options_from_config(const core::Config& c) {
   AugmentOptions o;
   const std::string crop = c.get_string("augment.crop");
-  o.crop(parse_crop_mode(crop, "[augment] augment.crop"));
+  o.crop(parse_crop_mode(crop, "augment.crop"));
   std::vector<int64_t> size;
   for (double v : c.get_float_list("augment.size")) {
     EMBER_CHECK_KIND(kConfig, v >= 1 && v == std::floor(v),
@@ -91,11 +86,8 @@ AugmentOptions augment_options_from_config(const core::Config& c) {
   o.color_p(c.get_float("augment.color_p")).grayscale(c.get_float("augment.grayscale"));
   o.erase(c.get_float("augment.erase")).erase_value(c.get_float("augment.erase_value"));
   o.mean(c.get_float_list("augment.mean")).std(c.get_float_list("augment.std"));
-  o.dtype(parse_dtype(c.get_string("augment.dtype")));
-  const std::string layout = c.get_string("augment.layout");
-  EMBER_CHECK_KIND(kConfig, layout == "nchw" || layout == "nhwc",
-                   "[augment] augment.layout must be nchw or nhwc, got \"{}\"", layout);
-  o.layout(layout == "nhwc" ? Layout::kNHWC : Layout::kNCHW);
+  o.dtype(kDtypeNames.parse(c.get_string("augment.dtype"), "augment"));
+  o.layout(kLayoutNames.parse(c.get_string("augment.layout"), "augment"));
   // Validate now (a bad value is a config error before training starts).
   const int64_t probe_h = size.empty() ? 8 : size[0], probe_w = size.empty() ? 8 : size[1];
   try {

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 #include "ember/core/snapshot.h"
 #include "ember/version.h"
 
@@ -570,18 +571,19 @@ torch::Tensor conv2d_after(Recomputed fn, const torch::Tensor& input, const torc
       [&](const torch::Tensor& a) { return module->forward(a); }, o);
 }
 
+namespace {
+constexpr EnumNames<CheckpointMode, 2> kCheckpointModeNames{
+    "activation checkpointing mode",
+    {{{CheckpointMode::kFull, "full"}, {CheckpointMode::kLight, "light"}}},
+    "full: recompute whole blocks; light: recompute norms and activations only"};
+}  // namespace
+
 const char* to_string(CheckpointMode mode) {
-  return mode == CheckpointMode::kLight ? "light" : "full";
+  return kCheckpointModeNames.name(mode);
 }
 
 CheckpointMode parse_checkpoint_mode(const std::string& name) {
-  if (name == "full") return CheckpointMode::kFull;
-  if (name == "light") return CheckpointMode::kLight;
-  detail::fail(
-      ErrorKind::kConfig,
-      "[core::parse_checkpoint_mode] unknown activation checkpointing mode '{}'; choose full (recompute "
-      "whole blocks) or light (recompute norms and activations only)",
-      name);
+  return kCheckpointModeNames.parse(name, "core::parse_checkpoint_mode");
 }
 
 }  // namespace ember::core

@@ -1,24 +1,21 @@
 // ember::ErrorKind names.
 #include "ember/core/error.h"
+#include "ember/core/enum_names.h"
 
 namespace ember {
 
+namespace {
+constexpr core::EnumNames<ErrorKind, 6> kErrorKindNames{"error kind",
+                                                        {{{ErrorKind::kGeneral, "general"},
+                                                          {ErrorKind::kConfig, "config"},
+                                                          {ErrorKind::kData, "data"},
+                                                          {ErrorKind::kCheckpoint, "checkpoint"},
+                                                          {ErrorKind::kDistributed, "distributed"},
+                                                          {ErrorKind::kDiverged, "diverged"}}}};
+}  // namespace
+
 const char* to_string(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kConfig:
-      return "config";
-    case ErrorKind::kData:
-      return "data";
-    case ErrorKind::kCheckpoint:
-      return "checkpoint";
-    case ErrorKind::kDistributed:
-      return "distributed";
-    case ErrorKind::kDiverged:
-      return "diverged";
-    case ErrorKind::kGeneral:
-      break;
-  }
-  return "general";
+  return kErrorKindNames.name(kind);
 }
 
 }  // namespace ember

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 #include "ember/core/file.h"
 #include "ember/version.h"
 
@@ -259,18 +260,16 @@ PeakFlops cpu_peak(MathType math) {
 
 }  // namespace
 
+namespace {
+constexpr EnumNames<MathType, 4> kMathNames{"math type",
+                                            {{{MathType::kFp32, "fp32"},
+                                              {MathType::kTf32, "tf32"},
+                                              {MathType::kBf16, "bf16"},
+                                              {MathType::kFp16, "fp16"}}}};
+}  // namespace
+
 const char* to_string(MathType math) {
-  switch (math) {
-    case MathType::kTf32:
-      return "tf32";
-    case MathType::kBf16:
-      return "bf16";
-    case MathType::kFp16:
-      return "fp16";
-    case MathType::kFp32:
-      break;
-  }
-  return "fp32";
+  return kMathNames.name(math);
 }
 
 double peak_flops(const torch::Device& device, MathType math) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 
 namespace ember::data {
 namespace {
@@ -41,15 +42,17 @@ std::vector<std::string> split_files(const CifarOptions& o, Split split) {
 
 }  // namespace
 
+namespace {
+constexpr core::EnumNames<CifarVariant, 2> kCifarNames{
+    "CIFAR variant", {{{CifarVariant::kCifar10, "cifar10"}, {CifarVariant::kCifar100, "cifar100"}}}};
+}  // namespace
+
 CifarVariant parse_cifar_variant(const std::string& name) {
-  if (name == "cifar10") return CifarVariant::kCifar10;
-  if (name == "cifar100") return CifarVariant::kCifar100;
-  detail::fail(ErrorKind::kConfig,
-               "[data::CifarVariant] unknown CIFAR variant '{}'; choose cifar10 or cifar100", name);
+  return kCifarNames.parse(name, "data::CifarVariant");
 }
 
 const char* to_string(CifarVariant variant) {
-  return variant == CifarVariant::kCifar100 ? "cifar100" : "cifar10";
+  return kCifarNames.name(variant);
 }
 
 int64_t cifar_num_classes(const CifarOptions& options) {

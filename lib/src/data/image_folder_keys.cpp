@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 #include "ember/data/image_folder.h"
 
 namespace ember::data {
@@ -29,12 +30,11 @@ ImageFolderOptions image_folder_options_from_config(const core::Config& c, const
                    size.size() == 2 && size[0] >= 1 && size[1] >= 1 && size[0] == std::floor(size[0]) &&
                        size[1] == std::floor(size[1]),
                    "[image_folder] data.size must be [H, W] in whole pixels, got {} values", size.size());
-  const std::string on_error = c.get_string("data.on_error");
-  EMBER_CHECK_KIND(kConfig, on_error == "fail" || on_error == "skip",
-                   "[image_folder] data.on_error must be fail or skip, got \"{}\"", on_error);
+  constexpr core::EnumNames<OnError, 2> kOnErrorNames{"data.on_error",
+                                                      {{{OnError::kFail, "fail"}, {OnError::kSkip, "skip"}}}};
   auto o = ImageFolderOptions({static_cast<int64_t>(size[0]), static_cast<int64_t>(size[1])})
                .threads(c.get_int("data.threads"))
-               .on_error(on_error == "skip" ? OnError::kSkip : OnError::kFail)
+               .on_error(kOnErrorNames.parse(c.get_string("data.on_error"), "image_folder"))
                .max_pixels(c.get_int("data.max_pixels"));
   const std::string cache_dir = c.get_string("data.cache_dir");
   if (!cache_dir.empty())

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "ember/core/blocks.h"
 
 namespace ember::dist {
 
@@ -75,24 +74,6 @@ ProcessGroupOptions process_group_options_from_config(const core::Config& c, con
       std::chrono::milliseconds(static_cast<int64_t>(std::llround(c.get_float("dist.timeout_s") * 1000))));
   o.device(device);
   return o;
-}
-
-void check_data_parallel(const core::Config& c, int64_t world_size, torch::nn::Module* model) {
-  if (world_size <= 1) return;
-  const Sharding stage = sharding_options_from_config(c).stage();
-  if (stage == Sharding::kNone) return;
-  EMBER_CHECK_KIND(
-      kConfig, !c.has("trainer.cuda_graph") || !c.get_bool("trainer.cuda_graph"),
-      "[dist] dist.sharding={} with trainer.cuda_graph=true: the sharded step's collectives and "
-      "hooks cannot be captured in a CUDA graph; set trainer.cuda_graph=false or dist.sharding=none",
-      to_string(stage));
-  EMBER_CHECK_KIND(
-      kConfig,
-      stage != Sharding::kParameters || model == nullptr || dynamic_cast<core::BlockModel*>(model) != nullptr,
-      "[dist] dist.sharding=parameters gathers each block's parameters just before it runs, so the "
-      "model must run its blocks through core::BlockModel (as CharGpt and CifarResNet do); this "
-      "recipe's model ({}) does not: use dist.sharding=gradients (ZeRO-2) or optimizer",
-      model ? model->name() : "");
 }
 
 }  // namespace ember::dist

@@ -26,6 +26,7 @@
 #include "core/check.h"
 #include "core/message.h"
 #include "dist/replica_backend.h"
+#include "ember/core/enum_names.h"
 #include "ember/dist/launch.h"
 
 #if EMBER_WITH_NCCL
@@ -136,26 +137,23 @@ PeerReport read_peers(c10d::Store& probe, int64_t rank, int64_t size, int64_t mi
 
 }  // namespace
 
+namespace {
+// dist.backend's choices; kReplicas is the replica group's own (make_replica_group), never configured.
+constexpr core::EnumNames<Backend, 3> kBackendChoices{
+    "backend", {{{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}, {Backend::kAuto, "auto"}}}};
+constexpr core::EnumNames<Backend, 4> kBackendNames{"backend",
+                                                    {{{Backend::kGloo, "gloo"},
+                                                      {Backend::kNccl, "nccl"},
+                                                      {Backend::kAuto, "auto"},
+                                                      {Backend::kReplicas, "replicas"}}}};
+}  // namespace
+
 Backend parse_backend(const std::string& name) {
-  if (name == "auto") return Backend::kAuto;
-  if (name == "gloo") return Backend::kGloo;
-  if (name == "nccl") return Backend::kNccl;
-  detail::fail(ErrorKind::kConfig, "[dist::ProcessGroup] dist.backend '{}': expected gloo, nccl or auto",
-               name);
+  return kBackendChoices.parse(name, "dist::ProcessGroup");
 }
 
 const char* to_string(Backend backend) {
-  switch (backend) {
-    case Backend::kGloo:
-      return "gloo";
-    case Backend::kNccl:
-      return "nccl";
-    case Backend::kReplicas:
-      return "replicas";
-    case Backend::kAuto:
-      break;
-  }
-  return "auto";
+  return kBackendNames.name(backend);
 }
 
 LaunchEnv launch_env() {

@@ -18,36 +18,30 @@
 #include "ember/amp/grad_scaler.h"
 #include "ember/amp/precision.h"
 #include "ember/core/blocks.h"
+#include "ember/core/enum_names.h"
 #include "ember/optim/fused.h"
 #include "ember/optim/optimizer.h"
 #include "ember/train/trainer.h"
 
 namespace ember::dist {
 
+namespace {
+constexpr core::EnumNames<Sharding, 4> kShardingNames{
+    "dist.sharding stage",
+    {{{Sharding::kNone, "none"},
+      {Sharding::kOptimizer, "optimizer"},
+      {Sharding::kGradients, "gradients"},
+      {Sharding::kParameters, "parameters"}}},
+    "none: plain DDP; optimizer: its state, ZeRO-1; gradients: + gradients, ZeRO-2; parameters: + the "
+    "blocks' parameters, ZeRO-3"};
+}  // namespace
+
 Sharding parse_sharding(const std::string& name) {
-  if (name == "none") return Sharding::kNone;
-  if (name == "optimizer") return Sharding::kOptimizer;
-  if (name == "gradients") return Sharding::kGradients;
-  if (name == "parameters") return Sharding::kParameters;
-  detail::fail(
-      ErrorKind::kConfig,
-      "[dist] dist.sharding={} is not a sharding stage: none (plain DDP), optimizer (the optimizer "
-      "state, ZeRO-1), gradients (+ gradients, ZeRO-2) or parameters (+ the blocks' parameters, ZeRO-3)",
-      name);
+  return kShardingNames.parse(name, "dist");
 }
 
 const char* to_string(Sharding sharding) {
-  switch (sharding) {
-    case Sharding::kNone:
-      return "none";
-    case Sharding::kOptimizer:
-      return "optimizer";
-    case Sharding::kGradients:
-      return "gradients";
-    case Sharding::kParameters:
-      return "parameters";
-  }
-  return "?";
+  return kShardingNames.name(sharding);
 }
 
 namespace {
@@ -811,7 +805,7 @@ void ShardedDataParallel::on_before_backward(train::Trainer&, const train::StepO
   if (micro.completes_step()) impl_->buffers_need_sync = true;
 }
 
-std::optional<torch::Tensor> ShardedDataParallel::clip_grad_norm(train::Trainer&, double max_norm) {
+torch::Tensor ShardedDataParallel::clip_grad_norm(double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& u : impl_->units) grads.push_back(u.shard_grads);
@@ -830,17 +824,15 @@ std::optional<torch::Tensor> ShardedDataParallel::clip_grad_norm(train::Trainer&
   return total;
 }
 
-void ShardedDataParallel::on_before_optimizer_step(train::Trainer& trainer,
-                                                   torch::optim::Optimizer& optimizer) {
+void ShardedDataParallel::agree_found_inf(amp::GradScaler& scaler, torch::optim::Optimizer& optimizer) {
   // fp16-mixed: a rank that saw inf/NaN in its shard makes every rank skip.
-  if (amp::GradScaler* scaler = trainer.grad_scaler())
-    for (auto& [device, flag] : scaler->found_inf_per_device(optimizer)) {
-      torch::Tensor f = flag;
-      group_->all_reduce_max_(f);
-    }
+  for (auto& [device, flag] : scaler.found_inf_per_device(optimizer)) {
+    torch::Tensor f = flag;
+    group_->all_reduce_max_(f);
+  }
 }
 
-void ShardedDataParallel::on_step_end(train::Trainer&, const train::StepInfo&) {
+void ShardedDataParallel::after_step() {
   impl_->gather_stepped_params();
 }
 

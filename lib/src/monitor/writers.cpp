@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 #include "ember/core/file.h"
 #include "ember/monitor/tensorboard.h"
 
@@ -64,24 +65,18 @@ double Record::get(const std::string& name) const {
   return std::numeric_limits<double>::quiet_NaN();
 }
 
+namespace {
+constexpr core::EnumNames<RecordKind, 3> kRecordNames{
+    "record kind",
+    {{{RecordKind::kStep, "step"}, {RecordKind::kTrainEpoch, "train_epoch"}, {RecordKind::kVal, "val"}}}};
+}  // namespace
+
 RecordKind parse_record_kind(const std::string& name) {
-  if (name == "step") return RecordKind::kStep;
-  if (name == "train_epoch") return RecordKind::kTrainEpoch;
-  if (name == "val") return RecordKind::kVal;
-  detail::fail(ErrorKind::kData,
-               "[monitor::Record] unknown record kind '{}'; expected step, train_epoch or val", name);
+  return kRecordNames.parse(name, "monitor::Record", ErrorKind::kData);
 }
 
 const char* to_string(RecordKind kind) {
-  switch (kind) {
-    case RecordKind::kTrainEpoch:
-      return "train_epoch";
-    case RecordKind::kVal:
-      return "val";
-    case RecordKind::kStep:
-      break;
-  }
-  return "step";
+  return kRecordNames.name(kind);
 }
 
 JsonlWriter::JsonlWriter(const std::string& path, double time_origin)

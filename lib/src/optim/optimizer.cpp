@@ -7,28 +7,23 @@
 #include <unordered_set>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 #include "ember/optim/fused.h"
 
 namespace ember::optim {
 
+namespace {
+constexpr core::EnumNames<OptimizerKind, 3> kOptimizerNames{
+    "optimizer",
+    {{{OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kAdamW, "adamw"}}}};
+}  // namespace
+
 OptimizerKind parse_optimizer_kind(const std::string& name) {
-  if (name == "sgd") return OptimizerKind::kSgd;
-  if (name == "adam") return OptimizerKind::kAdam;
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  detail::fail(ErrorKind::kConfig,
-               "[optim::make_optimizer] unknown optimizer '{}'; choose sgd, adam or adamw", name);
+  return kOptimizerNames.parse(name, "optim::make_optimizer");
 }
 
 const char* to_string(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kAdam:
-      return "adam";
-    case OptimizerKind::kAdamW:
-      return "adamw";
-    case OptimizerKind::kSgd:
-      break;
-  }
-  return "sgd";
+  return kOptimizerNames.name(kind);
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> trainable_named_parameters(

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 
 namespace ember::optim {
 namespace {
@@ -71,28 +72,20 @@ double WarmupSchedule::lr_at(int64_t step, double base_lr) const {
   return after_->lr_at(step - warmup_steps_, base_lr);
 }
 
+namespace {
+constexpr core::EnumNames<ScheduleKind, 4> kScheduleNames{"schedule",
+                                                          {{{ScheduleKind::kConstant, "constant"},
+                                                            {ScheduleKind::kStep, "step"},
+                                                            {ScheduleKind::kCosine, "cosine"},
+                                                            {ScheduleKind::kOneCycle, "onecycle"}}}};
+}  // namespace
+
 ScheduleKind parse_schedule_kind(const std::string& name) {
-  if (name == "constant") return ScheduleKind::kConstant;
-  if (name == "step") return ScheduleKind::kStep;
-  if (name == "cosine") return ScheduleKind::kCosine;
-  if (name == "onecycle") return ScheduleKind::kOneCycle;
-  detail::fail(ErrorKind::kConfig,
-               "[optim::make_schedule] unknown schedule '{}'; choose constant, step, cosine or onecycle",
-               name);
+  return kScheduleNames.parse(name, "optim::make_schedule");
 }
 
 const char* to_string(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kStep:
-      return "step";
-    case ScheduleKind::kCosine:
-      return "cosine";
-    case ScheduleKind::kOneCycle:
-      return "onecycle";
-    case ScheduleKind::kConstant:
-      break;
-  }
-  return "constant";
+  return kScheduleNames.name(kind);
 }
 
 std::shared_ptr<Schedule> make_schedule(const ScheduleOptions& o) {

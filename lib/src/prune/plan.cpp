@@ -320,16 +320,16 @@ void resize_layer(torch::nn::Module& m) {
   }
 }
 
-}  // namespace
+// A tensor the plan may slice, with the module that owns it.
+struct Target {
+  torch::Tensor tensor;
+  std::shared_ptr<torch::nn::Module> module;
+  bool is_param = false;
+};
+using EntriesByTensor = std::map<std::string, std::vector<const PlanEntry*>>;
 
-void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* optimizer) {
-  if (plan.empty()) return;
-  // Tensors by qualified name (each tensor once: tied weights under their first name), and owners.
-  struct Target {
-    torch::Tensor tensor;
-    std::shared_ptr<torch::nn::Module> module;
-    bool is_param = false;
-  };
+// The model's tensors by qualified name (each tensor once: tied weights under their first name).
+std::unordered_map<std::string, Target> targets_by_name(torch::nn::Module& model) {
   std::unordered_map<std::string, Target> by_name;
   std::set<const c10::TensorImpl*> seen;
   for (const auto& item : model.named_modules()) {
@@ -341,8 +341,12 @@ void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimi
     for (const auto& p : item.value()->named_parameters(false)) add(p.key(), p.value(), true);
     for (const auto& b : item.value()->named_buffers(false)) add(b.key(), b.value(), false);
   }
-  // Validate everything before touching anything.
-  std::map<std::string, std::vector<const PlanEntry*>> per_tensor;
+  return by_name;
+}
+
+// The plan's entries by tensor, each checked against the tensor it names.
+EntriesByTensor check_entries(const Plan& plan, const std::unordered_map<std::string, Target>& by_name) {
+  EntriesByTensor per_tensor;
   for (const PlanEntry& e : plan.entries()) {
     auto it = by_name.find(e.name);
     EMBER_CHECK(it != by_name.end(),
@@ -360,6 +364,12 @@ void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimi
         e.name, e.dim, t.size(e.dim), e.size);
     per_tensor[e.name].push_back(&e);
   }
+  return per_tensor;
+}
+
+// Each sliced tensor's layer can take its new shape, and the optimizer's state of it can be sliced.
+void check_layers(const EntriesByTensor& per_tensor, const std::unordered_map<std::string, Target>& by_name,
+                  torch::optim::Optimizer* optimizer) {
   for (const auto& [name, entries] : per_tensor) {
     const Target& target = by_name.at(name);
     const auto& m = *target.module;
@@ -375,60 +385,67 @@ void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimi
       if (it != optimizer->state().end()) check_state_type(*it->second, name);
     }
   }
-  // Head entries: the module takes head counts, has the heads the plan was made for, and every
-  // dimension its layout lays out in heads is sliced by the plan.
-  std::vector<std::pair<core::HeadedAttention*, const HeadEntry*>> head_counts;
-  if (!plan.heads().empty()) {
-    std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> modules;
-    for (const auto& item : model.named_modules()) modules.emplace(item.key(), item.value());
-    for (const HeadEntry& h : plan.heads()) {
-      auto it = modules.find(h.module);
-      EMBER_CHECK(it != modules.end(),
-                  "[prune::apply_plan] the plan removes heads of {}, which this model does not have (was the "
-                  "plan made for another model or config?)",
-                  h.module);
-      auto* attention = dynamic_cast<core::HeadedAttention*>(it->second.get());
-      EMBER_CHECK(attention != nullptr,
-                  "[prune::apply_plan] the plan removes heads of {}, which is not a core::HeadedAttention",
-                  h.module);
-      const core::HeadLayout layout = attention->head_layout();
-      EMBER_CHECK(
-          layout.n_head == h.n_head && layout.n_kv_head == h.n_kv_head,
-          "[prune::apply_plan] {} has {} heads ({} kv), the plan was made for {} ({} kv) (apply a plan "
-          "to the model as constructed, before loading pruned weights, and only once)",
-          h.module, layout.n_head, layout.n_kv_head, h.n_head, h.n_kv_head);
-      // Within each span, the tensor entry keeps exactly the kept heads' blocks (kv heads: whole groups).
-      const int64_t group = h.n_head / h.n_kv_head;
-      for (const core::HeadSpan& span : layout.spans) {
-        const std::string name = h.module.empty() ? span.parameter : h.module + "." + span.parameter;
-        const bool query = span.role == core::HeadRole::kQuery;
-        const int64_t count = query ? h.n_head : h.n_kv_head, end = span.offset + count * layout.head_dim;
-        std::vector<int64_t> want;
-        for (int64_t head : h.keep)
-          if (query || head % group == 0)
-            for (int64_t c = 0; c < layout.head_dim; ++c)
-              want.push_back(span.offset + (query ? head : head / group) * layout.head_dim + c);
-        const PlanEntry* entry = nullptr;
-        for (const PlanEntry* e :
-             per_tensor.count(name) ? per_tensor.at(name) : std::vector<const PlanEntry*>{})
-          if (e->dim == span.dim) entry = e;
-        std::vector<int64_t> kept;
-        if (entry) {
-          for (int64_t k : entry->keep)
-            if (k >= span.offset && k < end) kept.push_back(k);
-        } else {
-          for (int64_t k = span.offset; k < end; ++k) kept.push_back(k);
-        }
-        EMBER_CHECK(
-            kept == want,
-            "[prune::apply_plan] the plan keeps heads [{}] of {}, but its entry for {} dim {} does not "
-            "keep exactly their rows or columns (a plan edited by hand?)",
-            fmt::join(h.keep, ", "), h.module, name, span.dim);
-      }
-      head_counts.emplace_back(attention, &h);
-    }
-  }
+}
 
+// Head entries: the module takes head counts, has the heads the plan was made for, and every
+// dimension its layout lays out in heads is sliced by the plan. Returns the modules and their entries.
+std::vector<std::pair<core::HeadedAttention*, const HeadEntry*>> check_heads(
+    torch::nn::Module& model, const Plan& plan, const EntriesByTensor& per_tensor) {
+  std::vector<std::pair<core::HeadedAttention*, const HeadEntry*>> head_counts;
+  if (plan.heads().empty()) return head_counts;
+  std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> modules;
+  for (const auto& item : model.named_modules()) modules.emplace(item.key(), item.value());
+  for (const HeadEntry& h : plan.heads()) {
+    auto it = modules.find(h.module);
+    EMBER_CHECK(it != modules.end(),
+                "[prune::apply_plan] the plan removes heads of {}, which this model does not have (was the "
+                "plan made for another model or config?)",
+                h.module);
+    auto* attention = dynamic_cast<core::HeadedAttention*>(it->second.get());
+    EMBER_CHECK(attention != nullptr,
+                "[prune::apply_plan] the plan removes heads of {}, which is not a core::HeadedAttention",
+                h.module);
+    const core::HeadLayout layout = attention->head_layout();
+    EMBER_CHECK(layout.n_head == h.n_head && layout.n_kv_head == h.n_kv_head,
+                "[prune::apply_plan] {} has {} heads ({} kv), the plan was made for {} ({} kv) (apply a plan "
+                "to the model as constructed, before loading pruned weights, and only once)",
+                h.module, layout.n_head, layout.n_kv_head, h.n_head, h.n_kv_head);
+    // Within each span, the tensor entry keeps exactly the kept heads' blocks (kv heads: whole groups).
+    const int64_t group = h.n_head / h.n_kv_head;
+    for (const core::HeadSpan& span : layout.spans) {
+      const std::string name = h.module.empty() ? span.parameter : h.module + "." + span.parameter;
+      const bool query = span.role == core::HeadRole::kQuery;
+      const int64_t count = query ? h.n_head : h.n_kv_head, end = span.offset + count * layout.head_dim;
+      std::vector<int64_t> want;
+      for (int64_t head : h.keep)
+        if (query || head % group == 0)
+          for (int64_t c = 0; c < layout.head_dim; ++c)
+            want.push_back(span.offset + (query ? head : head / group) * layout.head_dim + c);
+      const PlanEntry* entry = nullptr;
+      if (auto e = per_tensor.find(name); e != per_tensor.end())
+        for (const PlanEntry* x : e->second)
+          if (x->dim == span.dim) entry = x;
+      std::vector<int64_t> kept;
+      if (entry) {
+        for (int64_t k : entry->keep)
+          if (k >= span.offset && k < end) kept.push_back(k);
+      } else {
+        for (int64_t k = span.offset; k < end; ++k) kept.push_back(k);
+      }
+      EMBER_CHECK(kept == want,
+                  "[prune::apply_plan] the plan keeps heads [{}] of {}, but its entry for {} dim {} does not "
+                  "keep exactly their rows or columns (a plan edited by hand?)",
+                  fmt::join(h.keep, ", "), h.module, name, span.dim);
+    }
+    head_counts.emplace_back(attention, &h);
+  }
+  return head_counts;
+}
+
+// Slices each tensor, its gradient and its optimizer state; returns the modules whose tensors changed.
+std::set<torch::nn::Module*> slice_tensors(const EntriesByTensor& per_tensor,
+                                           std::unordered_map<std::string, Target>& by_name,
+                                           torch::optim::Optimizer* optimizer) {
   torch::NoGradGuard no_grad;
   std::set<torch::nn::Module*> touched;
   for (const auto& [name, entries] : per_tensor) {
@@ -452,7 +469,19 @@ void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimi
     if (grad.defined()) t.mutable_grad() = grad.contiguous();
     touched.insert(target.module.get());
   }
-  for (torch::nn::Module* m : touched) resize_layer(*m);
+  return touched;
+}
+
+}  // namespace
+
+void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* optimizer) {
+  if (plan.empty()) return;
+  std::unordered_map<std::string, Target> by_name = targets_by_name(model);
+  // Everything is checked before anything is touched.
+  const EntriesByTensor per_tensor = check_entries(plan, by_name);
+  check_layers(per_tensor, by_name, optimizer);
+  const auto head_counts = check_heads(model, plan, per_tensor);
+  for (torch::nn::Module* m : slice_tensors(per_tensor, by_name, optimizer)) resize_layer(*m);
   for (const auto& [attention, h] : head_counts) {
     const auto kept = static_cast<int64_t>(h->keep.size());
     attention->set_head_count(kept, kept / (h->n_head / h->n_kv_head));

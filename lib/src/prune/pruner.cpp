@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 #include "ember/prune/heads.h"
 #include "prune/pruner_internal.h"
 
@@ -23,29 +24,21 @@ using internal::diff;
 using internal::over_group_mean;
 using internal::parameter_shapes;
 
+namespace {
+constexpr core::EnumNames<Importance, 5> kImportanceNames{"importance",
+                                                          {{{Importance::kL1, "l1"},
+                                                            {Importance::kL2, "l2"},
+                                                            {Importance::kNormScale, "bn_scale"},
+                                                            {Importance::kTaylor, "taylor"},
+                                                            {Importance::kRandom, "random"}}}};
+}  // namespace
+
 Importance importance_from_string(const std::string& name) {
-  if (name == "l1") return Importance::kL1;
-  if (name == "l2") return Importance::kL2;
-  if (name == "bn_scale") return Importance::kNormScale;
-  if (name == "taylor") return Importance::kTaylor;
-  if (name == "random") return Importance::kRandom;
-  detail::fail("[prune] unknown importance '{}': use l1, l2, bn_scale, taylor or random", name);
+  return kImportanceNames.parse(name, "prune", ErrorKind::kGeneral);
 }
 
 std::string to_string(Importance importance) {
-  switch (importance) {
-    case Importance::kL1:
-      return "l1";
-    case Importance::kL2:
-      return "l2";
-    case Importance::kNormScale:
-      return "bn_scale";
-    case Importance::kTaylor:
-      return "taylor";
-    case Importance::kRandom:
-      return "random";
-  }
-  return "?";
+  return kImportanceNames.name(importance);
 }
 
 std::vector<torch::Tensor> importance(const DependencyGraph& graph, Importance criterion, uint64_t seed) {

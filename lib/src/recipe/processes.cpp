@@ -15,6 +15,7 @@
 #include "ember/dist/keys.h"
 #include "ember/dist/sync_batchnorm.h"
 #include "ember/prune/callback.h"
+#include "ember/prune/keys.h"
 #include "ember/recipe/host_malloc.h"
 #include "ember/recipe/run_folder.h"
 #include "ember/train/keys.h"
@@ -94,32 +95,29 @@ void claim_processes_folder(Processes& p, const core::Config& config, const std:
 void check_before_work(const RecipeSpec& spec, const core::Config& config, int64_t world_size) {
   const torch::Device device = core::resolve_device(config.get_string("trainer.device"));
   train::check_trainer_options(train::trainer_options_from_config(config), device.type(), world_size);
-  // The data-parallel keys against the model (built from the config alone, on the CPU, when the recipe can).
-  const dist::Sharding sharding = dist::sharding_options_from_config(config).stage();
+  // The data-parallel plan against the work: pruning, and the model (built
+  // from the config alone, on the CPU, when the recipe can and it matters).
+  const dist::DataParallelPlan plan = dist::data_parallel_plan_from_config(config, world_size);
+  dist::WorkNeeds needs = pruning_needs(config);
   std::shared_ptr<torch::nn::Module> model;
-  if (world_size > 1 && sharding != dist::Sharding::kNone && spec.make_model) model = spec.make_model(config);
-  dist::check_data_parallel(config, world_size, model.get());
-  EMBER_CHECK_KIND(kConfig,
-                   world_size <= 1 || sharding == dist::Sharding::kNone || !config.has("prune.epochs") ||
-                       prune::pruning_options_from_config(config).epochs().empty(),
-                   "[recipe] dist.sharding={} with prune.epochs={}: pruning resizes parameters that live in "
-                   "shards across ranks; prune with dist.sharding=none",
-                   dist::to_string(sharding), config.get_text("prune.epochs"));
+  if (plan.sharded() && spec.make_model) model = spec.make_model(config);
+  needs.model = model.get();
+  plan.check(needs);
   if (spec.check) spec.check(config, world_size);
 }
 
-int64_t sync_batch_norms(const core::Config& config, train::Task& task,
-                         const std::shared_ptr<dist::ProcessGroup>& group) {
-  if (!group || !config.get_bool("dist.sync_batchnorm")) return 0;
-  int64_t swapped = 0;
-  try {
-    swapped = dist::convert_sync_batchnorm(*task.model(), group);
-  } catch (const Error& e) {
-    throw Error(ErrorKind::kConfig, fmt::format("[recipe] dist.sync_batchnorm=true: {}", e.what()));
+dist::WorkNeeds pruning_needs(const core::Config& config, bool prunes) {
+  dist::WorkNeeds needs;
+  if (!config.has("prune.epochs")) return needs;
+  const prune::PruningCallbackOptions o = prune::pruning_options_from_config(config);
+  if (!prunes && o.epochs().empty()) return needs;
+  needs.resizes_parameters =
+      prunes ? "pruning" : fmt::format("prune.epochs={}", config.get_text("prune.epochs"));
+  if (o.pruner().importance() == prune::Importance::kTaylor) {
+    needs.decides_from_local_gradients = "prune.importance=taylor";
+    needs.decides_instead = "prune.importance=l1, l2 or bn_scale";
   }
-  if (swapped == 0 && group->rank() == 0)
-    std::cerr << "[recipe] note: dist.sync_batchnorm=true, but the model has no batch norm\n";
-  return swapped;
+  return needs;
 }
 
 }  // namespace ember::recipe::detail

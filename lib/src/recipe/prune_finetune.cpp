@@ -6,11 +6,12 @@
 #include <iostream>
 
 #include "core/check.h"
-#include "ember/dist/ddp.h"
+#include "ember/dist/data_parallel.h"
 #include "ember/dist/distribution.h"
 #include "ember/dist/keys.h"
 #include "ember/monitor/keys.h"
 #include "ember/train/keys.h"
+#include "recipe/runner.h"
 #include "recipe/stop_signals.h"
 
 namespace ember::recipe {
@@ -23,16 +24,7 @@ void declare_prune_finetune_keys(core::Config& c, const prune::PruningCallbackOp
 }
 
 void check_prune_finetune_launch(const core::Config& c, int64_t world_size) {
-  if (world_size == 1) return;
-  EMBER_CHECK_KIND(kConfig, c.get_string("dist.sharding") == "none",
-                   "[prune_finetune] dist.sharding={} with pruning: pruning resizes parameters that live in "
-                   "shards across ranks; prune with dist.sharding=none",
-                   c.get_string("dist.sharding"));
-  EMBER_CHECK_KIND(
-      kConfig, c.get_string("prune.importance") != "taylor",
-      "[prune_finetune] prune.importance=taylor on {} ranks: each rank's gradients are of its own "
-      "shard of the data, so the ranks would rank channels differently; use l1, l2 or bn_scale",
-      world_size);
+  dist::data_parallel_plan_from_config(c, world_size).check(detail::pruning_needs(c, /*prunes=*/true));
 }
 
 void prune_and_finetune(train::Task& task, const core::Config& c, const RunContext& context,
@@ -60,9 +52,8 @@ void prune_and_finetune(train::Task& task, const core::Config& c, const RunConte
   train::Trainer trainer(o);
   if (writer) monitor::add_monitoring(trainer, c, o.run_dir());
   trainer.add_callback(pruning);
-  if (group)
-    trainer.add_callback(
-        std::make_shared<dist::DistributedDataParallel>(group, dist::ddp_options_from_config(c)));
+  // DDP (check_prune_finetune_launch refused sharding), registered after the pruning.
+  dist::DataParallelRun(dist::data_parallel_plan_from_config(c, context.world_size()), group).attach(trainer);
   train::FitResult fit;
   {
     const detail::ScopedStopSignals signals(!group);

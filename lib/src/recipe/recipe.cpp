@@ -12,10 +12,11 @@
 #include "core/check.h"
 #include "core/message.h"
 #include "ember/core/device.h"
-#include "ember/dist/ddp.h"
+#include "ember/dist/data_parallel.h"
 #include "ember/dist/distribution.h"
 #include "ember/dist/keys.h"
 #include "ember/dist/launch.h"
+#include "ember/dist/topology.h"
 #include "ember/monitor/keys.h"
 #include "ember/monitor/nvml.h"
 #include "ember/monitor/telemetry.h"
@@ -86,42 +87,14 @@ std::string out_of_memory_message(const c10::OutOfMemoryError& e, const std::str
                                 dir, dir));
 }
 
-// Where the run ran, for summary.json: nodes and ranks per node (the
-// launcher's LOCAL_WORLD_SIZE), the distinct hosts, the link between a node's
-// GPUs (NVML's P2P status between its first two) and between nodes (the
-// interface or InfiniBand adapter the backend uses, with its speed).
-void record_topology(RunSummary& summary, const Processes& p, const RunContext& ctx) {
-  const int64_t per_node = std::max<int64_t>(p.env.local_world_size, 1);
-  const int64_t nodes = std::max<int64_t>(p.env.world_size / per_node, 1);
-  summary.monitor["nodes"] = static_cast<double>(nodes);
-  summary.monitor["ranks_per_node"] = static_cast<double>(p.env.distributed() ? per_node : 1);
-  std::vector<std::string> hosts = p.group ? p.group->hosts() : std::vector<std::string>{};
-  if (hosts.empty()) hosts.push_back(dist::host_name());
-  std::sort(hosts.begin(), hosts.end());
-  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
-  summary.monitor_text["hosts"] = fmt::format("{}", fmt::join(hosts, ", "));
-  std::string intra = "one rank per node";
-  if (p.env.distributed() && per_node > 1) {
-    intra = "CPU ranks on one host (shared memory)";
-    if (ctx.device().is_cuda() && torch::cuda::device_count() >= 2) {
-      intra = "not reported (NVML)";
-      std::string why;
-      if (const auto nvml = monitor::Nvml::open("", &why)) {
-        const auto a = nvml->find(monitor::cuda_device_uuid(torch::Device(torch::kCUDA, 0)));
-        const auto b = nvml->find(monitor::cuda_device_uuid(torch::Device(torch::kCUDA, 1)));
-        if (a && b && a->index >= 0 && b->index >= 0) {
-          const std::string link = nvml->link_between(a->index, b->index);
-          if (!link.empty()) intra = link;
-        }
-      }
-    }
-  }
-  summary.monitor_text["intra_node_link"] = intra;
-  summary.monitor_text["inter_node_link"] =
-      nodes > 1 && p.group
-          ? dist::network_link(p.group->backend() == "nccl" ? dist::Backend::kNccl : dist::Backend::kGloo,
-                               dist::system_env, dist::network_interfaces())
-          : "one node";
+// The link between this node's first two GPUs, from NVML ("" when it cannot say).
+std::string first_gpu_link() {
+  std::string why;
+  const auto nvml = monitor::Nvml::open("", &why);
+  if (!nvml) return "";
+  const auto a = nvml->find(monitor::cuda_device_uuid(torch::Device(torch::kCUDA, 0)));
+  const auto b = nvml->find(monitor::cuda_device_uuid(torch::Device(torch::kCUDA, 1)));
+  return a && b && a->index >= 0 && b->index >= 0 ? nvml->link_between(a->index, b->index) : "";
 }
 
 // What run_recipe needs of a run that failed: the data-parallel group this
@@ -140,7 +113,10 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   // The data is read (and checked: data.val_size against the training set...)
   // before the run folder is claimed: a refused command leaves nothing there.
   std::unique_ptr<train::Task> task = spec.make_task(config, ctx);
-  detail::sync_batch_norms(config, *task, p.group);  // before DDP broadcasts and buckets the model
+  // (what the plan refuses was refused before any work: detail::check_before_work)
+  dist::DataParallelRun data_parallel(dist::data_parallel_plan_from_config(config, ctx.world_size()),
+                                      p.group);
+  data_parallel.prepare_model(*task->model());  // before DDP broadcasts and buckets the model
   train::TrainerOptions options = train::trainer_options_from_config(config);
   options.run_dir(ctx.run_dir());
   if (p.group)  // a stop must be agreed by every rank: torchrun ends the group on a signal
@@ -156,22 +132,14 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   if (auto es = train::early_stopping_options_from_config(config))
     trainer.add_callback(std::make_shared<train::EarlyStopping>(*es));
   if (spec.add_callbacks) spec.add_callbacks(trainer, *task, config, ctx);
-  std::shared_ptr<dist::ShardedDataParallel> sharded;
-  if (p.group) {  // last: after callbacks that change the model (pruning)
-    // (what the sharding keys refuse was refused before any work: detail::check_before_work)
-    const dist::ShardingOptions sharding = dist::sharding_options_from_config(config);
-    if (sharding.stage() == dist::Sharding::kNone)
-      trainer.add_callback(
-          std::make_shared<dist::DistributedDataParallel>(p.group, dist::ddp_options_from_config(config)));
-    else
-      trainer.add_callback(sharded = std::make_shared<dist::ShardedDataParallel>(p.group, sharding));
-  }
+  data_parallel.attach(trainer);  // last: after callbacks that change the model (pruning)
 
   if (p.writer())
     std::cerr << fmt::format(
         "{}: {} parameters on {}{}, run folder {}\n", spec.name, train::count_parameters(*task->model()),
         core::describe_device(ctx.device()),
-        p.group ? fmt::format(" x {} ranks ({})", ctx.world_size(), p.group->backend()) : "", ctx.run_dir());
+        p.group ? fmt::format(" x {} ranks ({})", ctx.world_size(), dist::to_string(p.group->backend())) : "",
+        ctx.run_dir());
   train::FitResult fit;
   try {
     const detail::ScopedStopSignals signals(!p.group);
@@ -196,22 +164,17 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
     return 130;
   }
   if (!fit.stop_reason.empty()) std::cerr << fmt::format("{}: {}\n", spec.name, fit.stop_reason);
+  // The summary's validation is of the final weights: evaluated again where the
+  // last one is older (trainer.max_steps mid-epoch, trainer.val_every > 1, a stop).
+  const bool val_current = fit.last_val.samples > 0 && !fit.stopped_early && options.val_every() > 0 &&
+                           fit.epochs_completed % options.val_every() == 0;
+  if (p.writer() && task->val_loader() && !val_current) fit.last_val = trainer.validate(*task);
 
   RunSummary summary = detail::summarize(spec.name, p, options, fit, *task->model());
   summary.monitor = mon->summary().as_map();
-  if (sharded) {  // what each rank kept between steps: the largest over ranks (a collective)
-    const dist::ShardedBytes& b = sharded->last_step_bytes();
-    torch::Tensor most =
-        torch::tensor({static_cast<double>(b.parameters), static_cast<double>(b.gradients),
-                       static_cast<double>(b.optimizer_state)},
-                      torch::TensorOptions().dtype(torch::kFloat64).device(p.group->device()));
-    p.group->all_reduce_max_(most);
-    const torch::Tensor host = most.cpu();
-    summary.monitor["sharded_parameter_bytes_per_rank"] = host[0].item<double>();
-    summary.monitor["sharded_gradient_bytes_per_rank"] = host[1].item<double>();
-    summary.monitor["sharded_optimizer_state_bytes_per_rank"] = host[2].item<double>();
-  }
-  record_topology(summary, p, ctx);
+  data_parallel.summarize(summary.monitor);  // every rank: a collective
+  dist::describe_topology(p.env, p.group.get(), ctx.device(), first_gpu_link)
+      .add_to(summary.monitor, summary.monitor_text);
   if (!mon->summary().peak_flops_source.empty())
     summary.monitor_text["peak_flops_source"] = mon->summary().peak_flops_source;
   // Rank 0 tests and writes the summary (all replicas are identical).

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ember/core/config.h"
+#include "ember/dist/data_parallel.h"
 #include "ember/dist/process_group.h"
 #include "ember/recipe/recipe.h"
 #include "ember/recipe/run_folder.h"
@@ -17,7 +18,7 @@
 
 namespace ember::recipe::detail {
 
-/// What a recipe's process does instead of training (tools.cpp).
+/// What a recipe's process does instead of training (tools/).
 enum class Tool {
   kNone,           ///< train
   kMeasure,        ///< --measure: what `tools/ember plan` plans from
@@ -76,20 +77,19 @@ Processes start_processes(const core::Config& config, const std::string& recipe_
 /// writes config.toml); the other ranks do nothing.
 void claim_processes_folder(Processes& processes, const core::Config& config, const std::string& recipe_name);
 
-/// dist.sync_batchnorm=true on several ranks (`group`): the task's model's
-/// batch norms become dist::SyncBatchNorm (convert_sync_batchnorm), before
-/// DDP is added; a model whose batch norms cannot be swapped is a config
-/// error naming one, a model without any a note. Returns how many were
-/// swapped (0 without a group or the key).
-int64_t sync_batch_norms(const core::Config& config, train::Task& task,
-                         const std::shared_ptr<dist::ProcessGroup>& group);
+/// What pruning asks of the ranks (dist::DataParallelPlan::check refuses it
+/// with sharding, and Taylor importance on several ranks): nothing without
+/// the prune.* keys or, unless `prunes` (the recipe prunes whatever
+/// prune.epochs says: prune_finetune), with prune.epochs empty.
+dist::WorkNeeds pruning_needs(const core::Config& config, bool prunes = false);
 
-/// The keys of the recipe tools: plan.*, bs_find.*, lr_find.*.
+/// The keys of the recipe tools: plan.*, bs_find.*, lr_find.* (tools/keys.cpp).
 void declare_tool_keys(core::Config& config);
-/// Runs command_line.tool (`tools/ember plan`, `bs-find`, `lr-find` call these) instead of training:
+/// Runs command_line.tool (`tools/ember plan`, `bs-find`, `lr-find` call these) instead of training
+/// (tools/run_tool.cpp):
 /// builds the task, trains a few steps in this process (no run folder), prints a report, writes
 /// command_line.tool_out. Returns the exit status; errors are thrown as in a run.
-int run_tool(const RecipeSpec& spec, core::Config& config, const CommandLine& command_line);
+int run_tool(const RecipeSpec& spec, const core::Config& config, const CommandLine& command_line);
 
 /// summary.json's content from a finished fit (before testing).
 RunSummary summarize(const std::string& recipe, const Processes& processes,

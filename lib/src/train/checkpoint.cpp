@@ -28,6 +28,7 @@
 
 #include "core/check.h"
 #include "core/message.h"
+#include "ember/core/enum_names.h"
 #include "ember/core/snapshot.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/trainer.h"
@@ -87,35 +88,26 @@ std::string short_what(const std::exception& e) {
 // The kind of optimizer whose state a checkpoint holds, and this run's.
 enum class StateKind { kUnknown, kSgd, kAdam, kAdamW, kAdamOrAdamW, kRmsprop, kAdagrad, kLbfgs };
 
-// The name written in a checkpoint ("optimizer") and shown in messages.
+// The names written in a checkpoint ("optimizer") and shown in messages.
+constexpr core::EnumNames<StateKind, 7> kStateKindNames{
+    "optimizer",
+    {{{StateKind::kSgd, "sgd"},
+      {StateKind::kAdam, "adam"},
+      {StateKind::kAdamW, "adamw"},
+      // a checkpoint from before issue 29: Adam's and AdamW's options look alike (never read back)
+      {StateKind::kAdamOrAdamW, "adam or adamw"},
+      {StateKind::kRmsprop, "rmsprop"},
+      {StateKind::kAdagrad, "adagrad"},
+      {StateKind::kLbfgs, "lbfgs"}}}};
+
 const char* to_string(StateKind kind) {
-  switch (kind) {
-    case StateKind::kSgd:
-      return "sgd";
-    case StateKind::kAdam:
-      return "adam";
-    case StateKind::kAdamW:
-      return "adamw";
-    case StateKind::kAdamOrAdamW:  // a checkpoint from before issue 29: Adam's and AdamW's options look alike
-      return "adam or adamw";
-    case StateKind::kRmsprop:
-      return "rmsprop";
-    case StateKind::kAdagrad:
-      return "adagrad";
-    case StateKind::kLbfgs:
-      return "lbfgs";
-    case StateKind::kUnknown:
-      break;
-  }
-  return "";
+  return kind == StateKind::kUnknown ? "" : kStateKindNames.name(kind);
 }
 
 // A checkpoint's "optimizer" name read back; kUnknown for one Ember never writes.
 StateKind parse_state_kind(const std::string& name) {
-  for (const StateKind k : {StateKind::kSgd, StateKind::kAdam, StateKind::kAdamW, StateKind::kRmsprop,
-                            StateKind::kAdagrad, StateKind::kLbfgs})
-    if (name == to_string(k)) return k;
-  return StateKind::kUnknown;
+  const std::optional<StateKind> k = kStateKindNames.find(name);
+  return k && *k != StateKind::kAdamOrAdamW ? *k : StateKind::kUnknown;
 }
 
 // Whether state saved by a `was` optimizer loads into a `now` one (unknown: not decided here).

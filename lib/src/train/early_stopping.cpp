@@ -3,19 +3,23 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "ember/core/enum_names.h"
 #include "ember/train/trainer.h"
 
 namespace ember::train {
 
+namespace {
+constexpr core::EnumNames<EarlyStoppingMetric, 2> kMetricNames{
+    "early_stop.monitor metric",
+    {{{EarlyStoppingMetric::kValLoss, "val_loss"}, {EarlyStoppingMetric::kValAccuracy, "val_accuracy"}}}};
+}  // namespace
+
 EarlyStoppingMetric parse_early_stopping_metric(const std::string& name) {
-  if (name == "val_loss") return EarlyStoppingMetric::kValLoss;
-  if (name == "val_accuracy") return EarlyStoppingMetric::kValAccuracy;
-  detail::fail(ErrorKind::kConfig, "[train::EarlyStopping] monitor={}: choose val_loss or val_accuracy",
-               name);
+  return kMetricNames.parse(name, "train::EarlyStopping");
 }
 
 const char* to_string(EarlyStoppingMetric metric) {
-  return metric == EarlyStoppingMetric::kValAccuracy ? "val_accuracy" : "val_loss";
+  return kMetricNames.name(metric);
 }
 
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {

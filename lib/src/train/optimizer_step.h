@@ -1,11 +1,14 @@
 #pragma once
 // One optimizer step, written once: the eager loop calls it at the end of
 // each accumulation window, and the CUDA graph captures it inside the whole
-// step. In order: unscale the gradients (fp16-mixed), clip them, the
-// callbacks' on_before_optimizer_step (the gradients are final there), the
-// step (skipped on the device when sync-free, on the host otherwise, never
-// without loss scaling), the loss-scale update, and the schedule's advance
-// on the device (DeviceSteps, when the rates live there). Zeroing the
+// step. In order: unscale the gradients (fp16-mixed; a partitioned step
+// agrees the inf/NaN flags over its ranks), clip them (a partitioned step by
+// the norm over every rank's part), the callbacks' on_before_optimizer_step
+// (the gradients are final there), the step (skipped on the device when
+// sync-free, on the host otherwise, never without loss scaling), the
+// loss-scale update, a partitioned step's after_step (the updated parts
+// shared), and the schedule's advance on the device (DeviceSteps, when the
+// rates live there). Zeroing the
 // gradients and the host's counters are the caller's: a graph keeps its
 // gradient tensors.
 
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "ember/amp/grad_scaler.h"
+#include "ember/train/callback.h"
 #include "train/device_steps.h"
 
 namespace ember::train {
@@ -33,19 +37,13 @@ struct StepTaken {
 
 class OptimizerStep {
  public:
-  /// The callbacks' part of a step.
-  struct Hooks {
-    /// Clips by the global norm when a callback holds the gradients in shards
-    /// (Callback::clip_grad_norm); nullopt: the step clips `params` itself.
-    std::function<std::optional<torch::Tensor>(double max_norm)> clip;
-    /// The callbacks' on_before_optimizer_step.
-    std::function<void(torch::optim::Optimizer&)> before_step;
-  };
-  /// `scaler` and `device_steps` may be null (no loss scaling; rates on the
-  /// host); all outlive the step.
+  /// `scaler`, `device_steps` and `partitioned` may be null (no loss
+  /// scaling; rates on the host; every rank holds all of its gradients and
+  /// optimizer state); all outlive the step. `before_step`: the callbacks'
+  /// on_before_optimizer_step.
   OptimizerStep(const FitPlan& plan, torch::optim::Optimizer& optimizer, amp::GradScaler* scaler,
                 DeviceSteps* device_steps, std::vector<torch::Tensor> params, double clip_grad_norm,
-                Hooks hooks);
+                PartitionedStep* partitioned, std::function<void(torch::optim::Optimizer&)> before_step);
 
   StepTaken operator()();
 
@@ -56,7 +54,8 @@ class OptimizerStep {
   std::vector<torch::Tensor> params_;
   double max_grad_norm_;
   bool sync_free_;
-  Hooks hooks_;
+  PartitionedStep* partitioned_;
+  std::function<void(torch::optim::Optimizer&)> before_step_;
 };
 
 }  // namespace ember::train

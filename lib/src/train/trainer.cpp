@@ -338,17 +338,21 @@ std::unique_ptr<Trainer::Fit> Trainer::begin_fit(Task& task) {
   f->watch.emplace(plan.graph ? divergence::DivergenceWatch::Record::kTensorOps
                               : divergence::DivergenceWatch::Record::kAuto);
   f->params = optim::trainable_parameters(*f->model);
-  OptimizerStep::Hooks hooks;
-  hooks.clip = [this](double max_norm) -> std::optional<torch::Tensor> {
-    for (auto& cb : callbacks_)
-      if (auto norm = cb->clip_grad_norm(*this, max_norm)) return norm;
-    return std::nullopt;
-  };
-  hooks.before_step = [this](torch::optim::Optimizer& o) {
-    for (auto& cb : callbacks_) cb->on_before_optimizer_step(*this, o);
-  };
+  PartitionedStep* partitioned = nullptr;
+  for (auto& cb : callbacks_)
+    if (PartitionedStep* p = cb->partitioned_step()) {
+      EMBER_CHECK(partitioned == nullptr,
+                  "[train::Trainer] two callbacks partition the optimizer step (the second: '{}'); a run has "
+                  "one data-parallel layout",
+                  cb->name());
+      partitioned = p;
+    }
   f->step = std::make_unique<OptimizerStep>(plan, *optimizer_, grad_scaler_.get(), device_steps_.get(),
-                                            f->params, options_.clip_grad_norm(), std::move(hooks));
+                                            f->params, options_.clip_grad_norm(), partitioned,
+                                            [this](torch::optim::Optimizer& o) {
+                                              for (auto& cb : callbacks_)
+                                                cb->on_before_optimizer_step(*this, o);
+                                            });
   // Every process must continue from the same point (a rank that found another
   // checkpoint, or none, would drift silently) with as many batches per epoch
   // (else the epoch-end sums would wait forever).

@@ -81,9 +81,8 @@ enum class CropMode {
   kRandomResized  ///< torchvision RandomResizedCrop(size, scale, ratio)
 };
 /// "none", "pad", "resized" -> CropMode; anything else is a config error
-/// ("<what> must be none, pad or resized"), `what` naming the setting.
-CropMode parse_crop_mode(const std::string& name,
-                         const std::string& what = "[augment::parse_crop_mode] crop");
+/// ("[<what>] unknown crop mode 'x'; choose none, pad or resized"), `what` naming the setting.
+CropMode parse_crop_mode(const std::string& name, const std::string& what = "augment::parse_crop_mode");
 /// "none", "pad" or "resized".
 const char* to_string(CropMode mode);
 

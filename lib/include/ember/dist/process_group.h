@@ -109,8 +109,8 @@ class ProcessGroup {
 
   int64_t rank() const { return rank_; }
   int64_t size() const { return size_; }
-  /// "gloo" or "nccl" (kAuto resolved), for messages and records.
-  std::string backend() const { return to_string(backend_); }
+  /// kGloo, kNccl or kReplicas (kAuto resolved); to_string names it.
+  Backend backend() const { return backend_; }
   const torch::Device& device() const { return options_.device(); }
   const ProcessGroupOptions& options() const { return options_; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& c10d() const { return pg_; }

@@ -128,7 +128,7 @@ struct ShardedBytes {
   int64_t optimizer_state = 0;  ///< the optimizer's state tensors
 };
 
-class ShardedDataParallel : public train::Callback {
+class ShardedDataParallel : public train::Callback, private train::PartitionedStep {
  public:
   ShardedDataParallel(std::shared_ptr<ProcessGroup> group, ShardingOptions options = {});
   ~ShardedDataParallel() override;
@@ -139,9 +139,9 @@ class ShardedDataParallel : public train::Callback {
   void on_before_forward(train::Trainer& trainer, const train::MicroBatch& micro) override;
   void on_before_backward(train::Trainer& trainer, const train::StepOutput& out,
                           const train::MicroBatch& micro) override;
-  std::optional<torch::Tensor> clip_grad_norm(train::Trainer& trainer, double max_norm) override;
-  void on_before_optimizer_step(train::Trainer& trainer, torch::optim::Optimizer& optimizer) override;
-  void on_step_end(train::Trainer& trainer, const train::StepInfo& info) override;
+  /// The optimizer step's parts that need every rank: found-inf agreed, the
+  /// global clip norm, the updated shards all-gathered.
+  train::PartitionedStep* partitioned_step() override { return this; }
   void on_epoch_end(train::Trainer& trainer, int64_t epoch, const train::EvalResult& train) override;
   void on_checkpoint_gather(train::Trainer& trainer) override;
   void on_checkpoint_written(train::Trainer& trainer) override;
@@ -160,6 +160,10 @@ class ShardedDataParallel : public train::Callback {
   struct Impl;
 
  private:
+  void agree_found_inf(amp::GradScaler& scaler, torch::optim::Optimizer& optimizer) override;
+  torch::Tensor clip_grad_norm(double max_norm) override;
+  void after_step() override;
+
   std::shared_ptr<ProcessGroup> group_;
   ShardingOptions options_;
   std::shared_ptr<Impl> impl_;

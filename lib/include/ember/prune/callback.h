@@ -182,9 +182,4 @@ class PruningCallback : public train::Callback {
   PruningOutcome outcome_;
 };
 
-/// Declares the prune.* keys (defaults from `defaults`).
-void declare_pruning_keys(core::Config& config, const PruningCallbackOptions& defaults = {});
-/// Reads the prune.* keys.
-PruningCallbackOptions pruning_options_from_config(const core::Config& config);
-
 }  // namespace ember::prune

@@ -13,7 +13,7 @@
 //   spec.finish = recipe::prune_and_finetune;
 
 #include "ember/core/config.h"
-#include "ember/prune/callback.h"
+#include "ember/prune/keys.h"
 #include "ember/recipe/recipe.h"
 #include "ember/train/task.h"
 #include "ember/train/trainer.h"

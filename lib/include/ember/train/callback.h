@@ -18,10 +18,13 @@
 //       at an accumulation boundary (every k-th batch, or the epoch's last):
 //         on_step_phase(kOptimizer)
 //         unscale gradients (fp16-mixed; inf/NaN check, once per effective batch)
-//         clip gradients (if trainer.clip_grad_norm > 0; no host sync; clip_grad_norm may take it over)
+//           PartitionedStep::agree_found_inf      <- a partitioned step: every rank's flags alike
+//         clip gradients (if trainer.clip_grad_norm > 0; no host sync)
+//           PartitionedStep::clip_grad_norm       <- a partitioned step: by the norm over every rank
 //         on_before_optimizer_step      <- gradients are final (unscaled, clipped) here
-//         optimizer.step(), skipped on inf/NaN gradients (fp16-mixed)
-//         loss-scale update (fp16-mixed); zero grads
+//         optimizer.step(), skipped on inf/NaN gradients (fp16-mixed); loss-scale update
+//           PartitionedStep::after_step           <- a partitioned step: each rank's update shared
+//         zero grads
 //         LR schedule for the next step (advances only if the optimizer stepped)
 //         on_step_phase(kCallbacks)
 //         on_step_end                   <- one call per step, skipped ones included
@@ -51,6 +54,10 @@
 #include <map>
 #include <optional>
 #include <string>
+
+namespace ember::amp {
+class GradScaler;
+}  // namespace ember::amp
 
 namespace ember::train {
 
@@ -118,6 +125,26 @@ struct StepInfo {
   bool graph_replay = false;
 };
 
+/// The parts of the one optimizer step that need every rank, for a parallel
+/// layout whose ranks each hold a part of the gradients and of the optimizer
+/// state (dist::ShardedDataParallel, ZeRO-1/2/3). A callback offers one
+/// through Callback::partitioned_step(); at most one callback of a Trainer
+/// may. The step calls it in this order (train/optimizer_step.h).
+class PartitionedStep {
+ public:
+  virtual ~PartitionedStep() = default;
+  /// fp16-mixed, after unscaling: the GradScaler's inf/NaN flags made the
+  /// same on every rank (each saw only its part), so all skip the same steps.
+  virtual void agree_found_inf(amp::GradScaler& scaler, torch::optim::Optimizer& optimizer) = 0;
+  /// trainer.clip_grad_norm > 0: clips this rank's part by the global norm
+  /// over every rank's part, g *= min(1, max_norm / (norm + 1e-6)) as
+  /// torch.nn.utils.clip_grad_norm_, and returns that norm.
+  virtual torch::Tensor clip_grad_norm(double max_norm) = 0;
+  /// After optimizer.step(), stepped or skipped: each rank's updated part
+  /// where the other ranks need it (the parameters all-gathered).
+  virtual void after_step() = 0;
+};
+
 class Callback {
  public:
   virtual ~Callback() = default;
@@ -142,14 +169,10 @@ class Callback {
     default_hooks_ |= kOptimizerHook;
   }
   virtual void on_step_end(Trainer& trainer, const StepInfo& info) {}
-  /// Clipping by the global norm (trainer.clip_grad_norm > 0), in the
-  /// optimizer step after unscaling: a callback that holds each rank's share
-  /// of the gradients (dist::ShardedDataParallel) clips them itself, by the
-  /// norm over all ranks, and returns that norm; the first callback that
-  /// returns one replaces the loop's own clipping. Default: nullopt.
-  virtual std::optional<torch::Tensor> clip_grad_norm(Trainer& trainer, double max_norm) {
-    return std::nullopt;
-  }
+  /// A callback whose ranks each hold a part of the gradients and the
+  /// optimizer state (dist::ShardedDataParallel) takes over those parts of
+  /// the optimizer step; null (the default) for every other.
+  virtual PartitionedStep* partitioned_step() { return nullptr; }
   virtual void on_epoch_end(Trainer& trainer, int64_t epoch, const EvalResult& train) {}
   virtual void on_validation_end(Trainer& trainer, int64_t epoch, const EvalResult& val) {}
   virtual void on_fit_end(Trainer& trainer) {}

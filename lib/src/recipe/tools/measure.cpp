@@ -1,51 +1,38 @@
-// The recipe runner's tools: `RECIPE --measure FILE` (what `tools/ember plan`
-// plans from), `RECIPE --find-batch-size FILE` and `RECIPE --find-lr FILE`.
-// Each builds the recipe's task as a run would, trains a few steps in this
-// process (no run folder), prints a report and writes FILE (JSON).
+// `RECIPE --measure FILE`: what `tools/ember plan` plans from: the model and
+// data sizes, the step's memory per precision (a line through two batch
+// sizes), activation checkpointing's modes, the launch count and the speed.
+
 #include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
 #include "core/check.h"
 #include "core/json_number.h"
 #include "ember/amp/precision.h"
+#include "ember/core/activation_checkpoint.h"
 #include "ember/core/blocks.h"
 #include "ember/core/device.h"
 #include "ember/core/file.h"
 #include "ember/core/flops.h"
 #include "ember/core/memory.h"
 #include "ember/core/op_counter.h"
-#include "ember/dist/ddp.h"
-#include "ember/dist/distribution.h"
-#include "ember/dist/keys.h"
-#include "ember/dist/process_group.h"
-#include "ember/dist/sharding.h"
 #include "ember/optim/optimizer.h"
-#include "ember/train/batch_size_finder.h"
-#include "ember/train/checkpoint.h"
 #include "ember/train/keys.h"
-#include "ember/train/lr_finder.h"
 #include "ember/train/task_cost.h"
 #include "ember/version.h"
-#include "recipe/runner.h"
-
-#if EMBER_WITH_CUDA_KERNELS
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
-#endif
+#include "recipe/tools/tools.h"
 
 namespace ember::recipe::detail {
+
 namespace {
 
 using ember::detail::json_number;
-using Clock = std::chrono::steady_clock;
-constexpr double kMiB = 1 << 20;
 
 int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
   int64_t n = 0;
@@ -74,49 +61,6 @@ std::string data_path(const core::Config& c) {
     if (c.has(key) && !c.get_string(key).empty()) return c.get_string(key);
   return "";
 }
-
-/// The context with a training batch of `batch` (RunContext::batch_size: the task's in place of
-/// data.batch_size).
-RunContext with_batch(const RunContext& context, int64_t batch) {
-  RunContext c = context;
-  c.batch_size(batch);
-  return c;
-}
-
-/// Trainer options for a few steps of the recipe's training, writing nothing.
-/// With trainer.cuda_graph, at least until two steps after the capture (an
-/// emulated graph on the CPU: the same step, bookkeeping and operators).
-train::TrainerOptions probe_options(const core::Config& c, train::Task& task, int64_t steps) {
-  train::TrainerOptions o = train::trainer_options_from_config(c);
-  if (o.cuda_graph()) {
-    steps = std::max<int64_t>(steps, train::kCudaGraphWarmupSteps + 3);
-    const auto params = task.model()->parameters();
-    o.emulate_cuda_graph(params.empty() || !params.front().is_cuda());
-  }
-  o.run_dir("")
-      .resume(train::ResumeFrom::fresh())
-      .max_steps(steps)
-      .epochs(std::numeric_limits<int32_t>::max())
-      .val_every(0)
-      .checkpoint_every(0);
-  return o;
-}
-
-/// Steps timed (or counted) after the warm-up: with a CUDA graph, after the
-/// capture too, so that only replays are measured.
-int64_t untimed_steps(const train::TrainerOptions& o) {
-  return o.cuda_graph() ? train::kCudaGraphWarmupSteps + 1 : 2;
-}
-
-/// Reads the optimizer's state size when the fit ends (the optimizer lives until then).
-class OptimizerStateProbe : public train::Callback {
- public:
-  std::string name() const override { return "optimizer_state_probe"; }
-  void on_fit_end(train::Trainer& trainer) override {
-    if (trainer.optimizer()) bytes = optim::optimizer_state_bytes(*trainer.optimizer());
-  }
-  int64_t bytes = 0;
-};
 
 /// Times steps warmup+1 .. last, syncing with the device only at both ends
 /// (a sync per step would add its latency to every step it times). With a
@@ -221,142 +165,6 @@ int64_t forward_graph_nodes(train::Task& task) {
       if (e.function) todo.push_back(e.function.get());
   }
   return static_cast<int64_t>(seen.size());
-}
-
-/// The memory a batch's training loop may use: bs_find.budget_gib, else what
-/// the device has free now (GPU) or the host's MemAvailable (CPU), less
-/// `held`, what the built task holds before training (model, resident data).
-int64_t memory_budget(const core::Config& c, const torch::Device& device, int64_t available, int64_t held,
-                      std::string* what) {
-  // What NCCL allocates outside the caching allocator on each rank: per
-  // channel and peer, a send and a receive buffer per protocol (Simple:
-  // NCCL_BUFFSIZE, 4 MiB; LL128: about 4.6 MiB; LL: 256 KiB), up to 32 channels
-  // on NVLink: about 0.6 GiB for the rings alone, more with trees and NVLS.
-  // A replica group sends nothing and allocates none of it. Not measured
-  // on 8 GPUs yet: bs_find.comm_reserve_gib sets it.
-  constexpr double kNcclReserveGib = 1.0;
-  double reserve_gib = c.get_float("bs_find.comm_reserve_gib");
-  if (reserve_gib < 0)
-    reserve_gib = device.is_cuda() && c.get_int("bs_find.world_size") > 1 ? kNcclReserveGib : 0;
-  const auto reserve = static_cast<int64_t>(reserve_gib * (1 << 30));
-  const std::string less_reserve =
-      reserve > 0 ? fmt::format(", less {:.2f} GiB for the communication library (bs_find.comm_reserve_gib)",
-                                reserve_gib)
-                  : "";
-  const double gib = c.get_float("bs_find.budget_gib");
-  if (gib > 0) {
-    *what = fmt::format("bs_find.budget_gib={}{}", gib, less_reserve);
-    return std::max<int64_t>(static_cast<int64_t>(gib * (1 << 30)) - reserve, 0);
-  }
-  *what = fmt::format("{} {:.2f} GiB, less {:.2f} GiB the model and data hold{}",
-                      device.is_cuda() ? "the GPU's free" : "the host's available (MemAvailable)",
-                      available / double(1 << 30), held / double(1 << 30), less_reserve);
-  return std::max<int64_t>(available - held - reserve, 0);
-}
-
-/// Bytes the device has free now: the GPU's free memory, the host's MemAvailable.
-int64_t available_memory(const torch::Device& device) {
-#if EMBER_WITH_CUDA_KERNELS
-  if (device.is_cuda()) {
-    size_t free = 0, total = 0;
-    const c10::cuda::CUDAGuard guard(device.index());
-    C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return static_cast<int64_t>(free);
-  }
-#endif
-  (void)device;
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemAvailable:") return kib * 1024;
-    in.ignore(1 << 10, '\n');
-  }
-  ember::detail::fail(ErrorKind::kConfig,
-                      "[bs-find] cannot read the host's available memory; set bs_find.budget_gib=<GiB>");
-}
-
-/// What a run on `group` adds to its Trainer: DDP, or dist.sharding's stage.
-std::shared_ptr<train::Callback> data_parallel_callback(const core::Config& config,
-                                                        const std::shared_ptr<dist::ProcessGroup>& group) {
-  const dist::ShardingOptions sharding = dist::sharding_options_from_config(config);
-  if (sharding.stage() == dist::Sharding::kNone)
-    return std::make_shared<dist::DistributedDataParallel>(group, dist::ddp_options_from_config(config));
-  return std::make_shared<dist::ShardedDataParallel>(group, sharding);
-}
-
-/// Peak bytes of `steps` training steps at `batch` in `precision`, on top of
-/// what the task holds once built; the optimizer's state bytes go to *opt_bytes.
-/// `limit` > 0 (CPU): allocations beyond it throw c10::OutOfMemoryError, so
-/// that a size too large fails fast instead of filling the host's memory.
-/// `cap` > 0 (CPU): the meter's limit in force before and after the probe
-/// (bytes since the meter started: the task's build counts too).
-/// `ranks` (a replica group, bs_find.world_size): the steps are one rank's of
-/// a data-parallel run on that many ranks, DDP or dist.sharding as configured.
-int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const RunContext& context,
-                   core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
-                   int64_t* opt_bytes, int64_t limit = 0, int64_t cap = 0,
-                   const std::shared_ptr<dist::ProcessGroup>& ranks = nullptr) {
-  const torch::Device device = context.device();
-  std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(context, batch).precision(precision));
-  sync_batch_norms(config, *task, ranks);  // dist.sync_batchnorm: what each rank of the run allocates
-  train::TrainerOptions o = probe_options(config, *task, steps);
-  o.precision(precision);
-  if (ranks) o.distribution(dist::make_distribution(ranks));
-  train::Trainer trainer(o);
-  auto opt = std::make_shared<OptimizerStateProbe>();
-  trainer.add_callback(opt);
-  if (ranks) trainer.add_callback(data_parallel_callback(config, ranks));
-  const int64_t before = meter.current();
-  meter.reset_peak();
-  struct Unlimit {  // also when the fit throws
-    core::MemoryMeter& m;
-    int64_t cap;
-    ~Unlimit() {
-      if (m.device().is_cpu()) m.set_limit(cap);
-    }
-  } unlimit{meter, cap};
-  if (limit > 0 && device.is_cpu()) meter.set_limit(cap > 0 ? std::min(before + limit, cap) : before + limit);
-  const train::FitResult fit = trainer.fit(*task);
-  if (opt_bytes) *opt_bytes = opt->bytes;
-  // A graph's pool stays reserved while the short last batch and evaluation
-  // allocate beside it: a graph run holds an eager step's peak plus the pool.
-  return meter.peak() - before + fit.graph_pool_bytes;
-}
-
-/// "fp32, bf16-mixed" -> {"fp32", "bf16-mixed"}.
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char ch : text + ",") {
-    if (ch == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else if (ch != ' ') {
-      cur += ch;
-    }
-  }
-  return out;
-}
-
-/// Host settings, device, seed and precision, as a run starts (start_processes,
-/// without the process group and the run folder): the tools' context, one
-/// process (rank 0 of 1) and no run folder.
-RunContext start_tool(const core::Config& config) {
-  EMBER_CHECK_KIND(kConfig, !dist::launch_env().distributed(),
-                   "the recipe tools (--measure, --find-batch-size, --find-lr) run in one process; "
-                   "start them without torchrun");
-  start_host(config);
-  const RunContext context = context_from_config(config);
-  torch::manual_seed(context.seed());
-  return context;
-}
-
-void write_json(const std::string& path, const nlohmann::json& j) {
-  if (path.empty() || path == "-") return;
-  const size_t slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0) core::make_dirs(path.substr(0, slash));
-  core::write_file_atomic(path, j.dump(2) + "\n");
 }
 
 /// "1.50 GiB", "24.0 MiB": bytes for a message.
@@ -595,13 +403,17 @@ void measure_checkpointing(Measurement& m, core::MemoryMeter& meter, amp::Precis
   const std::string own = m.j["activation_checkpoint"].get<std::string>();
   const auto [small, large] = probe_batches(m);
   nlohmann::json modes = nlohmann::json::object();
-  for (const char* mode : {"none", "full", "light"}) {
+  // Each mode the run does not use: none (nullopt), full, light.
+  for (const std::optional<core::CheckpointMode> checkpointing :
+       {std::optional<core::CheckpointMode>(), std::optional(core::CheckpointMode::kFull),
+        std::optional(core::CheckpointMode::kLight)}) {
+    const bool off = !checkpointing;
+    const std::string mode = off ? "none" : core::to_string(*checkpointing);
     if (own == mode) continue;
-    const bool off = std::string(mode) == "none";
     core::Config config = m.config;
     // Full checkpointing cannot be captured in a CUDA graph (models/keys.cpp):
     // that mode is probed eager, and its entry says so.
-    const bool eager = std::string(mode) == "full" && config.get_bool("trainer.cuda_graph");
+    const bool eager = checkpointing == core::CheckpointMode::kFull && config.get_bool("trainer.cuda_graph");
     if (eager) config.set_override("trainer.cuda_graph=false");
     config.set_override(fmt::format("model.activation_checkpoint_every={}", off ? 0 : 1));
     if (!off) config.set_override(fmt::format("model.activation_checkpoint={}", mode));
@@ -763,7 +575,9 @@ void measure_speed(Measurement& m) {
   std::cerr << fmt::format("[plan] speed at batch {}: {:.0f} samples/s\n", m.speed_batch, sps);
 }
 
-int measure(const RecipeSpec& spec, core::Config& config, const std::string& out) {
+}  // namespace
+
+int measure(const RecipeSpec& spec, const core::Config& config, const std::string& out) {
   const RunContext ctx = start_tool(config);
   Measurement m{spec, config, ctx};
   m.config_batch = m.batch = m.speed_batch = config.get_int("data.batch_size");
@@ -787,292 +601,6 @@ int measure(const RecipeSpec& spec, core::Config& config, const std::string& out
   measure_speed(m);
   write_json(out, m.j);
   return 0;
-}
-
-int find_batch_size(const RecipeSpec& spec, core::Config& config, const std::string& out) {
-  const RunContext ctx = start_tool(config);
-  const torch::Device device = ctx.device();
-  const double cap_gib = config.get_float("bs_find.gpu_memory_gib");
-  if (cap_gib > 0) {  // a smaller GPU, emulated: the caching allocator refuses beyond the cap
-    EMBER_CHECK_KIND(kConfig, device.is_cuda(),
-                     "bs_find.gpu_memory_gib needs a CUDA device (trainer.device={})", device.str());
-#if EMBER_WITH_CUDA_KERNELS
-    const double total = static_cast<double>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
-    const double fraction = cap_gib * (1 << 30) / total;
-    EMBER_CHECK_KIND(kConfig, fraction <= 1, "bs_find.gpu_memory_gib={} is more than the GPU's {:.1f} GiB",
-                     cap_gib, total / (1 << 30));
-    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
-    if (config.get_float("bs_find.budget_gib") <= 0)
-      config.set_override(fmt::format("bs_find.budget_gib={}", cap_gib));
-#endif
-  }
-  const amp::Precision precision = ctx.precision();
-  const int64_t steps = config.get_int("bs_find.steps");
-  // bs_find.world_size=N: each trial is one rank's steps of an N-rank run
-  // (DDP's buckets, or dist.sharding's shares of 1/N), in this one process.
-  const int64_t world_size = config.get_int("bs_find.world_size");
-  const std::shared_ptr<dist::ProcessGroup> ranks =
-      world_size > 1
-          ? dist::ProcessGroup::create_replicas(0, world_size, dist::ProcessGroupOptions().device(device))
-          : nullptr;
-  const std::string sharding = config.get_string("dist.sharding");
-  EMBER_CHECK_KIND(kConfig, world_size > 1 || sharding == "none",
-                   "[bs-find] dist.sharding={} splits the model's state between ranks: say how many with "
-                   "bs_find.world_size=N (the batch that fits one rank of N)",
-                   sharding);
-  core::warm_up_device_libraries(device);  // its workspaces are not a batch's memory
-  const int64_t available = available_memory(device);
-  core::MemoryMeter meter(device);
-  int64_t held = 0, max_batch = config.get_int("bs_find.max_batch");
-  {  // what the task holds before training; the training set's size (a larger batch has nothing to fill it)
-    const int64_t before = meter.current();
-    std::unique_ptr<train::Task> task = spec.make_task(config, ctx);
-    held = meter.current() - before;
-    if (max_batch <= 0) max_batch = task->train_loader().num_samples();
-  }
-  std::string budget_source;
-  const int64_t budget = memory_budget(config, device, available, held, &budget_source);
-  std::cerr << fmt::format(
-      "[bs-find] {} on {}, {}{}: the largest batch whose training steps fit {:.2f} GiB ({}), up to {}\n",
-      spec.name, core::describe_device(device), amp::to_string(precision),
-      ranks ? fmt::format(", one rank of {} (dist.sharding={})", world_size, sharding) : "",
-      budget / double(1 << 30), budget_source, max_batch);
-  const train::BatchSizeResult r = train::find_batch_size(
-      [&](int64_t batch) {
-        int64_t peak = 0;
-        try {
-          peak = probe_peak(spec, config, ctx, meter, batch, precision, steps, nullptr, budget, 0, ranks);
-        } catch (const c10::OutOfMemoryError&) {
-          std::cerr << fmt::format("[bs-find] batch {:>6}: out of memory\n", batch);
-          throw;  // find_batch_size counts it as too large
-        }
-        std::cerr << fmt::format("[bs-find] batch {:>6}: peak {:9.1f} MiB {}\n", batch, peak / kMiB,
-                                 peak <= budget ? "fits" : "over the budget");
-        return peak;
-      },
-      train::BatchSizeFinderOptions()
-          .start(std::min(config.get_int("bs_find.start"), max_batch))
-          .max_batch(max_batch)
-          .budget_bytes(budget)
-          .margin(config.get_float("bs_find.margin")));
-  nlohmann::json trials = nlohmann::json::array();
-  for (const auto& t : r.trials) {
-    trials.push_back({{"batch", t.batch}, {"fits", t.fits}, {"peak_bytes", t.peak_bytes}});
-  }
-  write_json(out, {{"recipe", spec.name},
-                   {"device", device.str()},
-                   {"precision", amp::to_string(precision)},
-                   {"world_size", world_size},
-                   {"sharding", sharding},
-                   {"activation_checkpoint_every", config.has("model.activation_checkpoint_every")
-                                                       ? config.get_int("model.activation_checkpoint_every")
-                                                       : 0},
-                   {"budget_bytes", budget},
-                   {"budget_source", budget_source},
-                   {"margin", r.margin},
-                   {"largest", r.largest},
-                   {"recommended", r.recommended},
-                   {"per_sample_bytes", r.per_sample_bytes},
-                   {"fixed_bytes", r.fixed_bytes},
-                   {"trials", trials}});
-  EMBER_CHECK(
-      r.largest > 0,
-      "[bs-find] not even a batch of {} fits {:.2f} GiB ({}); use a smaller model, bf16-mixed, or a larger "
-      "bs_find.budget_gib",
-      r.trials.empty() ? 0 : r.trials.front().batch, budget / double(1 << 30), budget_source);
-  std::cout << fmt::format(
-      "largest batch that fits: {} ({} sizes tried); recommended with a {:.0f}% memory margin:\n"
-      "data.batch_size={}\n",
-      r.largest, r.trials.size(), 100 * r.margin, r.recommended);
-  return 0;
-}
-
-int find_lr(const RecipeSpec& spec, core::Config& config, const std::string& out) {
-  const RunContext ctx = start_tool(config);
-  const torch::Device device = ctx.device();
-  std::unique_ptr<train::Task> task = spec.make_task(config, ctx);
-  const train::TrainerOptions options = train::trainer_options_from_config(config);
-  const train::LrFinderOptions f = train::LrFinderOptions()
-                                       .min_lr(config.get_float("lr_find.min_lr"))
-                                       .max_lr(config.get_float("lr_find.max_lr"))
-                                       .steps(config.get_int("lr_find.steps"))
-                                       .smoothing(config.get_float("lr_find.smoothing"))
-                                       .divergence(config.get_float("lr_find.divergence"));
-  std::cerr << fmt::format("[lr-find] {} on {}: {} steps, lr from {:.3g} to {:.3g}\n", spec.name,
-                           core::describe_device(device), f.steps(), f.min_lr(), f.max_lr());
-  const train::LrFinderResult r = train::find_lr(*task, options, f);
-  const auto point = [](const char* rule, double lr, int64_t index) {
-    return index < 0 ? nlohmann::json(nullptr) : nlohmann::json{{"rule", rule}, {"lr", lr}, {"index", index}};
-  };
-  nlohmann::json j{{"recipe", spec.name},
-                   {"device", device.str()},
-                   {"lrs", r.lrs},
-                   {"losses", nlohmann::json::array()},
-                   {"smoothed", nlohmann::json::array()},
-                   {"online", nlohmann::json::array()},
-                   {"smoothing", r.smoothing},
-                   {"suggestion", point("steepest", r.suggested_lr, r.suggested_index)},
-                   {"valley", point("valley", r.valley_lr, r.valley_index)},
-                   {"stop_reason", r.stop_reason}};
-  for (double v : r.losses) j["losses"].push_back(json_number(v));
-  for (double v : r.smoothed) j["smoothed"].push_back(json_number(v));
-  for (double v : r.online) j["online"].push_back(json_number(v));
-  write_json(out, j);
-  std::cerr << fmt::format("[lr-find] {} steps recorded: {}\n", r.lrs.size(), r.stop_reason);
-  EMBER_CHECK(r.suggested_index >= 0,
-              "[lr-find] the curve has too few points for a suggestion ({}); raise lr_find.steps or lower "
-              "lr_find.min_lr",
-              r.stop_reason);
-  std::cout << fmt::format(
-      "steepest descent of the smoothed loss against log10(lr) at lr={:.3g}; valley rule: {:.3g}\n"
-      "optim.lr={:.3g}\n",
-      r.suggested_lr, r.valley_lr, r.suggested_lr);
-  return 0;
-}
-
-}  // namespace
-
-void declare_tool_keys(core::Config& c) {
-  c.declare("plan.probe_small", 8, "tools/ember plan: the smaller batch whose training memory is measured",
-            core::Bounds::between(1, 1 << 20));
-  c.declare("plan.probe_large", 32, "tools/ember plan: the larger one (at most data.batch_size)",
-            core::Bounds::between(2, 1 << 20));
-  c.declare("plan.steps", 3,
-            "tools/ember plan: training steps per memory probe (the first allocates the optimizer state)",
-            core::Bounds::between(2, 1000));
-  c.declare(
-      "plan.timed_steps", 10,
-      "tools/ember plan: steps timed at data.batch_size (after 2 warm-up steps; with trainer.cuda_graph, "
-      "graph replays only)",
-      core::Bounds::between(1, 100000));
-  c.declare("plan.precisions", "fp32, bf16-mixed",
-            "tools/ember plan: the precisions whose training memory is measured (fp16-mixed has bf16-mixed's "
-            "widths)");
-  c.declare("plan.verify", false,
-            "tools/ember plan: also measure at data.batch_size and print predicted vs measured memory");
-  c.declare("plan.activation_checkpoint", true,
-            "tools/ember plan: also measure the training memory with each activation-checkpointing mode "
-            "(models made of blocks: CharGpt, CifarResNet)");
-  c.declare("plan.host_memory_gib", 0.0,
-            "tools/ember plan: tensor memory the CPU measurement may use; a model or probe past it is "
-            "refused, probes then shrink (0 = 90% of the host's MemAvailable)",
-            core::Bounds::between(0, 1 << 20));
-  const train::BatchSizeFinderOptions bs;  // budget_gib, max_batch: 0 = chosen here; steps: the tool's own
-  c.declare("bs_find.margin", bs.margin(),
-            "tools/ember bs-find: share of the memory budget the recommended batch leaves free",
-            core::Bounds::from_below(0, 1));
-  c.declare("bs_find.budget_gib", 0.0,
-            "tools/ember bs-find: memory the training loop may use (0 = what the GPU has free, or the host's "
-            "MemAvailable, less what the model and data hold)",
-            core::Bounds::between(0, 1 << 20));
-  c.declare("bs_find.gpu_memory_gib", 0.0,
-            "tools/ember bs-find: cap the CUDA caching allocator at this many GiB, to size for a smaller GPU "
-            "(0 = the whole GPU)",
-            core::Bounds::between(0, 1 << 20));
-  c.declare("bs_find.world_size", 1,
-            "tools/ember bs-find: measure one rank of this many data-parallel ranks (DDP, or dist.sharding's "
-            "shares of 1/N), in one process whose collectives send nothing",
-            core::Bounds::between(1, 1 << 16));
-  c.declare("bs_find.comm_reserve_gib", -1.0,
-            "tools/ember bs-find: memory kept off the budget for the communication library's own buffers, "
-            "which a replica group (bs_find.world_size) does not allocate (-1 = 1 GiB on CUDA with "
-            "bs_find.world_size > 1, for NCCL's channel buffers; 0 otherwise)",
-            core::Bounds::between(-1, 1 << 20));
-  c.declare("bs_find.start", bs.start(), "tools/ember bs-find: first batch size tried (then doubled)",
-            core::Bounds::between(1, 1 << 24));
-  c.declare("bs_find.max_batch", 0, "tools/ember bs-find: largest batch tried (0 = the training set's size)",
-            core::Bounds::between(0, 1 << 30));
-  c.declare("bs_find.steps", 3,
-            "tools/ember bs-find: training steps at each size (>= 2: optimizer state, then a steady step)",
-            core::Bounds::between(2, 1000));
-  const train::LrFinderOptions lr;
-  c.declare("lr_find.min_lr", lr.min_lr(), "tools/ember lr-find: first learning rate of the sweep",
-            core::Bounds::positive());
-  c.declare("lr_find.max_lr", lr.max_lr(), "tools/ember lr-find: last learning rate of the sweep",
-            core::Bounds::positive());
-  c.declare("lr_find.steps", lr.steps(), "tools/ember lr-find: optimizer steps of the sweep",
-            core::Bounds::between(5, 1 << 20));
-  c.declare("lr_find.smoothing", lr.smoothing(),
-            "tools/ember lr-find: factor of the loss's exponential moving average (0 = a window of 5% of the "
-            "steps)",
-            core::Bounds::from_below(0, 1));
-  c.declare("lr_find.divergence", lr.divergence(),
-            "tools/ember lr-find: stop once the smoothed loss passes this x its minimum",
-            core::Bounds{1.0, std::numeric_limits<double>::infinity(), true});
-  // Keys that bound each other, refused with the others before any work (exit 2).
-  c.add_check([](const core::Config& config) {
-    const double min_lr = config.get_float("lr_find.min_lr"), max_lr = config.get_float("lr_find.max_lr");
-    EMBER_CHECK_KIND(kConfig, min_lr < max_lr,
-                     "[lr-find] lr_find.min_lr={} must be below lr_find.max_lr={} (the sweep rises from one "
-                     "to the other)",
-                     min_lr, max_lr);
-    const int64_t small = config.get_int("plan.probe_small"), large = config.get_int("plan.probe_large");
-    EMBER_CHECK_KIND(kConfig, small < large,
-                     "[plan] plan.probe_small={} must be below plan.probe_large={} (memory is fitted "
-                     "through two different batch sizes)",
-                     small, large);
-    const int64_t start = config.get_int("bs_find.start"), max_batch = config.get_int("bs_find.max_batch");
-    EMBER_CHECK_KIND(kConfig, max_batch == 0 || start <= max_batch,
-                     "[bs-find] bs_find.start={} is above bs_find.max_batch={}; lower bs_find.start or raise "
-                     "bs_find.max_batch (0 = the training set's size)",
-                     start, max_batch);
-    const std::vector<std::string> names = split_list(config.get_string("plan.precisions"));
-    EMBER_CHECK_KIND(kConfig, !names.empty(),
-                     "[plan] plan.precisions is empty; name one or more of fp32, tf32, bf16-mixed, "
-                     "fp16-mixed");
-    bool has_run_precision = false;
-    const amp::Precision run = amp::parse_precision(config.get_string("trainer.precision"));
-    for (const std::string& name : names) {
-      try {
-        has_run_precision |= amp::parse_precision(name) == run;
-      } catch (const Error& e) {
-        ember::detail::fail(ErrorKind::kConfig, "[plan] plan.precisions={}: {}",
-                            config.get_string("plan.precisions"), e.what());
-      }
-    }
-    EMBER_CHECK_KIND(kConfig, !config.get_bool("plan.verify") || has_run_precision,
-                     "[plan] plan.verify checks trainer.precision={}, which is not among plan.precisions={}; "
-                     "add it there",
-                     config.get_string("trainer.precision"), config.get_string("plan.precisions"));
-  });
-}
-
-// --export OUT: the checkpoint trainer.resume names (a file, or a run
-// folder's last; "auto": run.dir's) as one safetensors file.
-int export_model(const RecipeSpec& spec, const core::Config& config, const std::string& out) {
-  const train::ResumeFrom from = train::ResumeFrom::parse(config.get_string("trainer.resume"));
-  std::string path = from.path;
-  if (from.kind == train::ResumeFrom::Kind::kLatest) path = config.get_string("run.dir");
-  EMBER_CHECK_KIND(kConfig, from.kind != train::ResumeFrom::Kind::kFresh && !path.empty(),
-                   "[{}] --export needs the checkpoint: trainer.resume=RUN_DIR or a checkpoint file "
-                   "(or trainer.resume=auto with run.dir)",
-                   spec.name);
-  if (core::is_dir(path))
-    path = core::is_dir(path + "/checkpoints") ? path + "/checkpoints/last.pt" : path + "/last.pt";
-  const train::NamedTensors tensors = train::checkpoint_model_tensors(path);
-  train::save_safetensors(out, tensors,
-                          {{"recipe", spec.name}, {"checkpoint", path}, {"ember", EMBER_VERSION_STRING}});
-  int64_t elements = 0;
-  for (const auto& [name, t] : tensors) elements += t.numel();
-  std::cout << fmt::format("{}: wrote {} tensors ({} elements) of {} to {}\n", spec.name, tensors.size(),
-                           elements, path, out);
-  return 0;
-}
-
-int run_tool(const RecipeSpec& spec, core::Config& config, const CommandLine& cl) {
-  switch (cl.tool) {
-    case Tool::kMeasure:
-      return measure(spec, config, cl.tool_out);
-    case Tool::kFindBatchSize:
-      return find_batch_size(spec, config, cl.tool_out);
-    case Tool::kFindLr:
-      return find_lr(spec, config, cl.tool_out);
-    case Tool::kExport:
-      return export_model(spec, config, cl.tool_out);
-    case Tool::kNone:
-      break;
-  }
-  ember::detail::fail("[recipe] run_tool called without a tool (the runner trains instead)");
 }
 
 }  // namespace ember::recipe::detail
