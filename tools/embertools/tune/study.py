@@ -596,10 +596,10 @@ class Tuner:
         what = f"exit status {rc} ({reason})" if _is_int(rc) else reason
         raise TuneError(f"the first {SAME_FAILURE_STOP} trials all failed with {what} (trials {numbers}): "
                         f"stopping the study, since the setup (fixed arguments, --config, the recipe) rather "
-                        f"than the sampled points is likely wrong. Their last log line"
+                        "than the sampled points is likely wrong. Their last log line"
                         f"{'s' if len(lines) > 1 else ''}:\n" + "\n".join("    " + line for line in lines)
-                        + f"\nFix it and rerun the same command (these trials count toward --trials), or use "
-                          f"another --study folder")
+                        + "\nFix it and rerun the same command (these trials count toward --trials), or use "
+                          "another --study folder")
 
     def metric_error(self, what, fields):
         """The objective names nothing the recipe records: stop the running trials (not counted,
