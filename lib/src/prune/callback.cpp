@@ -414,34 +414,7 @@ bool PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   if (eval_loader) report.eval_before = trainer.evaluate(task, *eval_loader);
   const Timing before = time_steps(trainer, task, example_, options_.timing_steps());
 
-  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
-  EMBER_CHECK(options_.pruner().importance() != Importance::kTaylor ||
-                  trainer.options().distribution()->world_size() == 1,
-              "[prune::PruningCallback] prune.importance=taylor takes gradients of this rank's shard, so the "
-              "ranks of a "
-              "data-parallel run would prune different channels: use l1, l2 or bn_scale there");
-  if (options_.pruner().importance() == Importance::kTaylor)
-    collect_taylor_gradients(trainer, task, epoch, options_.taylor_batches());
-  std::optional<PruneResult> heads;  // whole heads first, then channels
-  if (options_.heads() > 0) {
-    report.heads_ratio = options_.heads() * progress;
-    heads = pruner_->step_heads(report.heads_ratio, trainer.optimizer());
-  }
-  std::optional<PruneResult> channels;
-  if (options_.target() == PruneTarget::kLatency) {
-    report.speedup_goal = std::pow(options_.speedup(), progress);
-    report.latency_batch = latency_example_.size();
-    channels = prune_to_latency(trainer, task, report.speedup_goal);
-  } else if (options_.target_macs() > 0) {
-    channels = pruner_->prune_to(Target::kMacs, 1.0 - (1.0 - options_.target_macs()) * progress,
-                                 trainer.optimizer());
-  } else if (options_.ratio() > 0 || !heads) {
-    report.ratio = options_.ratio() * progress;
-    channels = pruner_->step(report.ratio, trainer.optimizer());
-  }
-  report.result = heads && channels ? chain(std::move(*heads), std::move(*channels))
-                  : heads           ? std::move(*heads)
-                                    : std::move(*channels);
+  report.result = remove(trainer, task, epoch, progress, report);
   report.ratio = pruner_->ratio();
   if (report.result.latency.status == LatencyOutcome::Status::kStopped) {
     // Interrupted by a signal: the step is not done. The checkpoint the trainer now writes keeps what
@@ -476,6 +449,43 @@ bool PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   ratio_ = pruner_->ratio();
   steps_done_ = step + 1;
 
+  record(trainer, epoch, step, std::move(report));
+  return true;
+}
+
+PruneResult PruningCallback::remove(train::Trainer& trainer, train::Task& task, int64_t epoch,
+                                    double progress, PruningReport& report) {
+  for (auto& p : task.model()->parameters()) p.mutable_grad() = torch::Tensor();
+  EMBER_CHECK(options_.pruner().importance() != Importance::kTaylor ||
+                  trainer.options().distribution()->world_size() == 1,
+              "[prune::PruningCallback] prune.importance=taylor takes gradients of this rank's shard, so the "
+              "ranks of a "
+              "data-parallel run would prune different channels: use l1, l2 or bn_scale there");
+  if (options_.pruner().importance() == Importance::kTaylor)
+    collect_taylor_gradients(trainer, task, epoch, options_.taylor_batches());
+  std::optional<PruneResult> heads;  // whole heads first, then channels
+  if (options_.heads() > 0) {
+    report.heads_ratio = options_.heads() * progress;
+    heads = pruner_->step_heads(report.heads_ratio, trainer.optimizer());
+  }
+  std::optional<PruneResult> channels;
+  if (options_.target() == PruneTarget::kLatency) {
+    report.speedup_goal = std::pow(options_.speedup(), progress);
+    report.latency_batch = latency_example_.size();
+    channels = prune_to_latency(trainer, task, report.speedup_goal);
+  } else if (options_.target_macs() > 0) {
+    channels = pruner_->prune_to(Target::kMacs, 1.0 - (1.0 - options_.target_macs()) * progress,
+                                 trainer.optimizer());
+  } else if (options_.ratio() > 0 || !heads) {
+    report.ratio = options_.ratio() * progress;
+    channels = pruner_->step(report.ratio, trainer.optimizer());
+  }
+  return heads && channels ? chain(std::move(*heads), std::move(*channels))
+         : heads           ? std::move(*heads)
+                           : std::move(*channels);
+}
+
+void PruningCallback::record(train::Trainer& trainer, int64_t epoch, int64_t step, PruningReport report) {
   const std::string& dir = trainer.options().run_dir();
   const bool writer =
       trainer.options().distribution()->is_writer();  // data-parallel: rank 0 writes and reports
@@ -509,7 +519,6 @@ bool PruningCallback::prune_step(train::Trainer& trainer, int64_t epoch, int64_t
   outcome_.infer_ms_after = report.infer_ms_after;
   ++outcome_.steps;
   reports_.push_back(std::move(report));
-  return true;
 }
 
 PruneResult PruningCallback::prune_to_latency(train::Trainer& trainer, train::Task& task, double speedup) {

@@ -165,7 +165,13 @@ class PruningCallback : public train::Callback {
  private:
   /// false: stopped by a signal before it was done (a resume runs it again).
   bool prune_step(train::Trainer& trainer, int64_t epoch, int64_t step);
+  /// The step's removal: whole heads, then channels toward `progress` (this
+  /// step's share) of the goal; the report's ratio and goals are filled in.
+  PruneResult remove(train::Trainer& trainer, train::Task& task, int64_t epoch, double progress,
+                     PruningReport& report);
   PruneResult prune_to_latency(train::Trainer& trainer, train::Task& task, double speedup);
+  /// A finished step: its plan and report written (rank 0) and printed, the outcome updated.
+  void record(train::Trainer& trainer, int64_t epoch, int64_t step, PruningReport report);
 
   PruningCallbackOptions options_;
   std::unique_ptr<Pruner> pruner_;
