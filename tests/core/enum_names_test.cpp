@@ -29,7 +29,9 @@ namespace {
 
 enum class Fruit { kApple, kBanana, kCherry };
 constexpr core::EnumNames<Fruit, 3> kFruits{
-    "fruit", {{{Fruit::kApple, "apple"}, {Fruit::kBanana, "banana"}, {Fruit::kCherry, "cherry"}}}, "all sweet"};
+    "fruit",
+    {{{Fruit::kApple, "apple"}, {Fruit::kBanana, "banana"}, {Fruit::kCherry, "cherry"}}},
+    "all sweet"};
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -45,9 +47,10 @@ TEST(EnumNames, NamesParseAndListWithTheNearestName) {
   EXPECT_STREQ(kFruits.name(Fruit::kCherry), "cherry");
   EXPECT_EQ(kFruits.list(), "apple, banana or cherry");
   EXPECT_FALSE(kFruits.find("Apple").has_value());  // names are exact
-  EXPECT_EQ(error_of([] { kFruits.parse("banan", "shop"); }),
-            "[shop] unknown fruit 'banan'; choose apple, banana or cherry (all sweet) (did you mean 'banana'?) "
-            "{config}");
+  EXPECT_EQ(
+      error_of([] { kFruits.parse("banan", "shop"); }),
+      "[shop] unknown fruit 'banan'; choose apple, banana or cherry (all sweet) (did you mean 'banana'?) "
+      "{config}");
   // Far from every name: no guess.
   EXPECT_EQ(error_of([] { kFruits.parse("pineapple", "shop", ErrorKind::kData); }),
             "[shop] unknown fruit 'pineapple'; choose apple, banana or cherry (all sweet) {data}");
@@ -76,8 +79,9 @@ TEST(EnumNames, EveryParsedEnumRoundTrips) {
       {ScheduleKind::kConstant, ScheduleKind::kStep, ScheduleKind::kCosine, ScheduleKind::kOneCycle},
       optim::parse_schedule_kind, "schedule");
   using dist::Sharding;
-  expect_round_trip<Sharding>({Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients, Sharding::kParameters},
-                              dist::parse_sharding, "sharding");
+  expect_round_trip<Sharding>(
+      {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients, Sharding::kParameters},
+      dist::parse_sharding, "sharding");
   expect_round_trip<dist::Backend>({dist::Backend::kAuto, dist::Backend::kGloo, dist::Backend::kNccl},
                                    dist::parse_backend, "backend");
   EXPECT_STREQ(dist::to_string(dist::Backend::kReplicas), "replicas");
@@ -104,8 +108,8 @@ TEST(EnumNames, EveryParsedEnumRoundTrips) {
                                 monitor::parse_record_kind, "record");
   using amp::Precision;
   expect_round_trip<Precision>(
-      {Precision::kFp32, Precision::kTf32, Precision::kBf16Mixed, Precision::kFp16Mixed}, amp::parse_precision,
-      "precision");
+      {Precision::kFp32, Precision::kTf32, Precision::kBf16Mixed, Precision::kFp16Mixed},
+      amp::parse_precision, "precision");
   expect_round_trip<core::CheckpointMode>({core::CheckpointMode::kFull, core::CheckpointMode::kLight},
                                           core::parse_checkpoint_mode, "checkpoint mode");
 }

@@ -55,8 +55,10 @@ TEST(DataParallelPlan, TheLayoutFollowsDistShardingOnSeveralRanksOnly) {
     EXPECT_FALSE(one.sharded()) << "one process keeps everything whole: " << k.sharding;
   }
   EXPECT_STREQ(dist::to_string(DataParallelism::kZero3), "ZeRO-3");
-  EXPECT_TRUE(dist::data_parallel_plan_from_config(dist_config("dist.sync_batchnorm=true"), 2).sync_batchnorm);
-  EXPECT_FALSE(dist::data_parallel_plan_from_config(dist_config("dist.sync_batchnorm=true"), 1).sync_batchnorm);
+  EXPECT_TRUE(
+      dist::data_parallel_plan_from_config(dist_config("dist.sync_batchnorm=true"), 2).sync_batchnorm);
+  EXPECT_FALSE(
+      dist::data_parallel_plan_from_config(dist_config("dist.sync_batchnorm=true"), 1).sync_batchnorm);
 }
 
 // The refusals, each with the keys to change; none on one process.
@@ -68,7 +70,8 @@ TEST(DataParallelPlan, RefusesWhatTheLayoutCannotDoBeforeAnyWork) {
   EXPECT_NE(refusal(zero1, pruning).find("dist.sharding=optimizer with prune.epochs=[1]"), std::string::npos);
   const dist::DataParallelPlan ddp = dist::data_parallel_plan_from_config(dist_config(), 2);
   EXPECT_EQ(refusal(ddp, pruning), "") << "DDP prunes: every rank resizes alike";
-  EXPECT_EQ(refusal(dist::data_parallel_plan_from_config(dist_config("dist.sharding=optimizer"), 1), pruning), "");
+  EXPECT_EQ(refusal(dist::data_parallel_plan_from_config(dist_config("dist.sharding=optimizer"), 1), pruning),
+            "");
 
   dist::WorkNeeds taylor;
   taylor.decides_from_local_gradients = "prune.importance=taylor";
@@ -145,7 +148,8 @@ TEST(Topology, NodesRanksAndLinksFromTheLaunch) {
   EXPECT_EQ(numbers.at("ranks_per_node"), 2);
   EXPECT_EQ(text.at("intra_node_link"), t.intra_node_link);
 
-  const dist::Topology one = dist::describe_topology(dist::LaunchEnv{}, nullptr, torch::Device(torch::kCPU), {});
+  const dist::Topology one =
+      dist::describe_topology(dist::LaunchEnv{}, nullptr, torch::Device(torch::kCPU), {});
   EXPECT_EQ(one.nodes, 1);
   EXPECT_EQ(one.ranks_per_node, 1);
   EXPECT_EQ(one.intra_node_link, "one rank per node");

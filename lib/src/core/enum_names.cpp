@@ -48,8 +48,8 @@ std::string nearest_name(std::string_view name, const std::string_view* names, s
 void fail_unknown(ErrorKind kind, std::string_view where, std::string_view noun, std::string_view name,
                   const std::string_view* names, size_t count, std::string_view hint) {
   const std::string near = nearest_name(name, names, count);
-  ember::detail::fail(kind, "[{}] unknown {} '{}'; choose {}{}{}", where, noun, name, list_names(names, count),
-                      hint.empty() ? std::string() : fmt::format(" ({})", hint),
+  ember::detail::fail(kind, "[{}] unknown {} '{}'; choose {}{}{}", where, noun, name,
+                      list_names(names, count), hint.empty() ? std::string() : fmt::format(" ({})", hint),
                       near.empty() ? std::string() : fmt::format(" (did you mean '{}'?)", near));
 }
 

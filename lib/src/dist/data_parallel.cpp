@@ -16,12 +16,13 @@
 namespace ember::dist {
 namespace {
 
-constexpr core::EnumNames<DataParallelism, 5> kDataParallelismNames{"data parallelism",
-                                                                    {{{DataParallelism::kOneProcess, "one process"},
-                                                                      {DataParallelism::kDdp, "DDP"},
-                                                                      {DataParallelism::kZero1, "ZeRO-1"},
-                                                                      {DataParallelism::kZero2, "ZeRO-2"},
-                                                                      {DataParallelism::kZero3, "ZeRO-3"}}}};
+constexpr core::EnumNames<DataParallelism, 5> kDataParallelismNames{
+    "data parallelism",
+    {{{DataParallelism::kOneProcess, "one process"},
+      {DataParallelism::kDdp, "DDP"},
+      {DataParallelism::kZero1, "ZeRO-1"},
+      {DataParallelism::kZero2, "ZeRO-2"},
+      {DataParallelism::kZero3, "ZeRO-3"}}}};
 
 DataParallelism kind_of(int64_t world_size, Sharding stage) {
   if (world_size <= 1) return DataParallelism::kOneProcess;
@@ -65,13 +66,14 @@ void DataParallelPlan::check(const WorkNeeds& needs) const {
       "[dist] dist.sharding={} with trainer.cuda_graph=true: the sharded step's collectives and "
       "hooks cannot be captured in a CUDA graph; set trainer.cuda_graph=false or dist.sharding=none",
       to_string(stage));
-  EMBER_CHECK_KIND(kConfig,
-                   stage != Sharding::kParameters || needs.model == nullptr ||
-                       dynamic_cast<const core::BlockModel*>(needs.model) != nullptr,
-                   "[dist] dist.sharding=parameters gathers each block's parameters just before it runs, so the "
-                   "model must run its blocks through core::BlockModel (as CharGpt and CifarResNet do); this "
-                   "recipe's model ({}) does not: use dist.sharding=gradients (ZeRO-2) or optimizer",
-                   needs.model ? needs.model->name() : "");
+  EMBER_CHECK_KIND(
+      kConfig,
+      stage != Sharding::kParameters || needs.model == nullptr ||
+          dynamic_cast<const core::BlockModel*>(needs.model) != nullptr,
+      "[dist] dist.sharding=parameters gathers each block's parameters just before it runs, so the "
+      "model must run its blocks through core::BlockModel (as CharGpt and CifarResNet do); this "
+      "recipe's model ({}) does not: use dist.sharding=gradients (ZeRO-2) or optimizer",
+      needs.model ? needs.model->name() : "");
   EMBER_CHECK_KIND(kConfig, !sharded() || needs.resizes_parameters.empty(),
                    "[dist] dist.sharding={} with {}: pruning resizes parameters that live in shards across "
                    "ranks; prune with dist.sharding=none (DDP)",

@@ -9,7 +9,8 @@
 
 namespace ember::dist {
 
-void Topology::add_to(std::map<std::string, double>& numbers, std::map<std::string, std::string>& text) const {
+void Topology::add_to(std::map<std::string, double>& numbers,
+                      std::map<std::string, std::string>& text) const {
   numbers["nodes"] = static_cast<double>(nodes);
   numbers["ranks_per_node"] = static_cast<double>(ranks_per_node);
   text["hosts"] = fmt::format("{}", fmt::join(hosts, ", "));
@@ -34,7 +35,8 @@ Topology describe_topology(const LaunchEnv& env, const ProcessGroup* group, cons
       t.intra_node_link = link.empty() ? "not reported (NVML)" : link;
     }
   }
-  if (t.nodes > 1 && group) t.inter_node_link = network_link(group->backend(), system_env, network_interfaces());
+  if (t.nodes > 1 && group)
+    t.inter_node_link = network_link(group->backend(), system_env, network_interfaces());
   return t;
 }
 

@@ -29,8 +29,9 @@ namespace enum_names_detail {
 std::string list_names(const std::string_view* names, size_t count);
 /// The name within a third of its length (at least 2 edits) of `name`, or "".
 std::string nearest_name(std::string_view name, const std::string_view* names, size_t count);
-[[noreturn]] void fail_unknown(ErrorKind kind, std::string_view where, std::string_view noun, std::string_view name,
-                               const std::string_view* names, size_t count, std::string_view hint);
+[[noreturn]] void fail_unknown(ErrorKind kind, std::string_view where, std::string_view noun,
+                               std::string_view name, const std::string_view* names, size_t count,
+                               std::string_view hint);
 }  // namespace enum_names_detail
 
 template <typename E, size_t N>

@@ -7,9 +7,9 @@
 
 #include "core/check.h"
 #include "core/json_number.h"
+#include "ember/core/device.h"
 #include "ember/train/keys.h"
 #include "ember/train/lr_finder.h"
-#include "ember/core/device.h"
 #include "recipe/tools/tools.h"
 
 namespace ember::recipe::detail {

@@ -8,8 +8,8 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <unordered_set>
 
 #include "core/check.h"

@@ -106,7 +106,8 @@ int64_t available_memory(const torch::Device& device) {
 /// a data-parallel run on that many ranks, DDP or dist.sharding as configured.
 int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const RunContext& context,
                    core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
-                   int64_t* opt_bytes, int64_t limit, int64_t cap, const std::shared_ptr<dist::ProcessGroup>& ranks) {
+                   int64_t* opt_bytes, int64_t limit, int64_t cap,
+                   const std::shared_ptr<dist::ProcessGroup>& ranks) {
   const torch::Device device = context.device();
   std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(context, batch).precision(precision));
   dist::DataParallelRun data_parallel(dist::data_parallel_plan_from_config(config, ranks ? ranks->size() : 1),
