@@ -338,13 +338,14 @@ void measure_model_and_data(Measurement& m, train::Task& task, const core::Memor
 /// large}, halved while they do not fit the host (the line through two
 /// smaller ones extrapolates as well); below batches 1 and 2 nothing is left
 /// to measure. Returns the probes; `sizes` and `peaks` are the last pair.
-nlohmann::json probe_two_batches(Measurement& m, const core::Config& config, core::MemoryMeter& meter,
-                                 amp::Precision precision, int64_t sizes[2], int64_t peaks[2],
-                                 int64_t* opt_bytes) {
+nlohmann::json probe_two_batches(Measurement& m, core::MemoryMeter& meter, amp::Precision precision,
+                                 int64_t sizes[2], int64_t peaks[2], int64_t* opt_bytes,
+                                 const ProbeVariant& variant = {}) {
   nlohmann::json probes = nlohmann::json::array();
   for (int i = 0; i < 2;) {
     try {
-      peaks[i] = probe_peak(m.spec, config, m.ctx, meter, sizes[i], precision, m.steps, opt_bytes, 0, m.cap);
+      peaks[i] = probe_peak(m.spec, m.config, m.ctx, meter, sizes[i], precision, m.steps, opt_bytes, 0, m.cap,
+                            nullptr, variant);
     } catch (const std::exception& e) {
       if (!out_of_memory(e)) throw;
       if (sizes[1] <= 2)
@@ -410,19 +411,19 @@ void measure_checkpointing(Measurement& m, core::MemoryMeter& meter, amp::Precis
     const bool off = !checkpointing;
     const std::string mode = off ? "none" : core::to_string(*checkpointing);
     if (own == mode) continue;
-    core::Config config = m.config;
+    // The run's task, its model's blocks set to this mode (every block, or none).
     // Full checkpointing cannot be captured in a CUDA graph (models/keys.cpp):
     // that mode is probed eager, and its entry says so.
-    const bool eager = checkpointing == core::CheckpointMode::kFull && config.get_bool("trainer.cuda_graph");
-    if (eager) config.set_override("trainer.cuda_graph=false");
-    config.set_override(fmt::format("model.activation_checkpoint_every={}", off ? 0 : 1));
-    if (!off) config.set_override(fmt::format("model.activation_checkpoint={}", mode));
+    ProbeVariant variant;
+    variant.checkpointing = core::ActivationCheckpointing().every(off ? 0 : 1);
+    if (!off) variant.checkpointing->mode(*checkpointing);
+    variant.eager = checkpointing == core::CheckpointMode::kFull && m.config.get_bool("trainer.cuda_graph");
     int64_t sizes[2] = {small, large};
     int64_t peaks[2] = {0, 0};
     nlohmann::json line =
-        memory_line(probe_two_batches(m, config, meter, precision, sizes, peaks, nullptr), sizes, peaks);
+        memory_line(probe_two_batches(m, meter, precision, sizes, peaks, nullptr, variant), sizes, peaks);
     if (!off) line["every"] = 1;
-    if (eager) line["cuda_graph"] = false;
+    if (variant.eager) line["cuda_graph"] = false;
     std::cerr << fmt::format(
         "[plan] {} with {} activation checkpointing: {:.1f} MiB + {:.2f} MiB per sample\n",
         amp::to_string(precision), mode, line["fixed_bytes"].get<double>() / kMiB,
@@ -453,7 +454,7 @@ void measure_memory(Measurement& m, core::MemoryMeter& meter) {
     int64_t sizes[2] = {small, large};
     int64_t peaks[2] = {0, 0};
     nlohmann::json& entry = memory[amp::to_string(p)];
-    entry = memory_line(probe_two_batches(m, m.config, meter, p, sizes, peaks, &opt_bytes), sizes, peaks);
+    entry = memory_line(probe_two_batches(m, meter, p, sizes, peaks, &opt_bytes), sizes, peaks);
     const double per_sample = entry["per_sample_bytes"].get<double>();
     const double fixed = entry["fixed_bytes"].get<double>();
     if (sizes[1] != large) entry["probes_reduced_from"] = {small, large};

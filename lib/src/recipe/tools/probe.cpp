@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "ember/core/blocks.h"
 #include "ember/core/file.h"
 #include "ember/core/memory.h"
 #include "ember/dist/data_parallel.h"
@@ -107,14 +108,20 @@ int64_t available_memory(const torch::Device& device) {
 int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const RunContext& context,
                    core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
                    int64_t* opt_bytes, int64_t limit, int64_t cap,
-                   const std::shared_ptr<dist::ProcessGroup>& ranks) {
+                   const std::shared_ptr<dist::ProcessGroup>& ranks, const ProbeVariant& variant) {
   const torch::Device device = context.device();
   std::unique_ptr<train::Task> task = spec.make_task(config, with_batch(context, batch).precision(precision));
+  if (variant.checkpointing) {
+    auto* blocks = dynamic_cast<core::BlockModel*>(task->model().get());
+    EMBER_CHECK(blocks != nullptr, "[plan] {}'s model is not made of blocks (core::BlockModel)", spec.name);
+    blocks->set_activation_checkpointing(*variant.checkpointing);
+  }
   dist::DataParallelRun data_parallel(dist::data_parallel_plan_from_config(config, ranks ? ranks->size() : 1),
                                       ranks);
   data_parallel.prepare_model(*task->model());  // dist.sync_batchnorm: what each rank of the run allocates
   train::TrainerOptions o = probe_options(config, *task, steps);
   o.precision(precision);
+  if (variant.eager) o.cuda_graph(false).emulate_cuda_graph(false);
   if (ranks) o.distribution(dist::make_distribution(ranks));
   train::Trainer trainer(o);
   auto opt = std::make_shared<OptimizerStateProbe>();

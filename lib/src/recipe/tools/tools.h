@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ember/amp/precision.h"
+#include "ember/core/activation_checkpoint.h"
 #include "ember/core/config.h"
 #include "ember/core/memory.h"
 #include "ember/dist/process_group.h"
@@ -50,6 +52,13 @@ train::TrainerOptions probe_options(const core::Config& c, train::Task& task, in
 int64_t untimed_steps(const train::TrainerOptions& o);
 /// Bytes the device has free now: the GPU's free memory, the host's MemAvailable.
 int64_t available_memory(const torch::Device& device);
+/// A probe's variant of the run, set on the task the config builds (never by
+/// writing the config): another activation-checkpointing policy on the
+/// model's blocks (core::BlockModel), eager steps instead of a CUDA graph.
+struct ProbeVariant {
+  std::optional<core::ActivationCheckpointing> checkpointing;
+  bool eager = false;
+};
 /// Peak bytes of `steps` training steps at `batch` in `precision`, on top of
 /// what the task holds once built; the optimizer's state bytes go to *opt_bytes.
 /// `limit` > 0 (CPU): allocations beyond it throw c10::OutOfMemoryError, so
@@ -61,7 +70,8 @@ int64_t available_memory(const torch::Device& device);
 int64_t probe_peak(const RecipeSpec& spec, const core::Config& config, const RunContext& context,
                    core::MemoryMeter& meter, int64_t batch, amp::Precision precision, int64_t steps,
                    int64_t* opt_bytes, int64_t limit = 0, int64_t cap = 0,
-                   const std::shared_ptr<dist::ProcessGroup>& ranks = nullptr);
+                   const std::shared_ptr<dist::ProcessGroup>& ranks = nullptr,
+                   const ProbeVariant& variant = {});
 /// "fp32, bf16-mixed" -> {"fp32", "bf16-mixed"}.
 std::vector<std::string> split_list(const std::string& text);
 /// Host settings, device, seed and precision, as a run starts (start_processes,
