@@ -14,7 +14,8 @@
 #include "ember/core/file.h"
 #include "fuzz/fuzz_common.h"
 
-#define EMBER_FUZZ_TARGETS(X) X(idx) X(cifar) X(image) X(config) X(checkpoint) X(prune_plan) X(safetensors)
+#define EMBER_FUZZ_TARGETS(X) \
+  X(idx) X(cifar) X(image) X(config) X(checkpoint) X(prune_plan) X(safetensors) X(tar) X(manifest)
 
 #define EMBER_DECLARE(name) extern "C" int ember_fuzz_##name(const uint8_t*, size_t);
 EMBER_FUZZ_TARGETS(EMBER_DECLARE)

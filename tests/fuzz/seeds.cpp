@@ -9,6 +9,8 @@
 #include "ember/core/file.h"
 #include "ember/data/cifar.h"
 #include "ember/data/idx.h"
+#include "ember/data/shards.h"
+#include "ember/data/tar.h"
 #include "ember/prune/plan.h"
 #include "ember/train/checkpoint.h"
 #include "ember/train/safetensors.h"
@@ -110,6 +112,25 @@ void make_seeds(const std::string& dir) {
     put(dir, "checkpoint", "valid-archive", with_pick(0, sealed.substr(0, sealed.size() - 24)));
     put(dir, "checkpoint", "valid-sealed", with_pick(1, sealed));
   }
+  // Tar: a WebDataset shard of two samples, with a name ustar splits into a
+  // prefix, one it holds only in a pax record, and a non-ASCII one (pax).
+  {
+    data::TarWriter w(tmp + "/shard.tar");
+    w.add("000000.txt", "first");
+    w.add("000000.cls", "3");
+    w.add(std::string(120, 'd') + "/000001.txt", std::string(700, 'x'));
+    w.add(std::string(130, 'n') + ".cls", "1");
+    w.add("caf\xc3\xa9.txt", "");
+    w.finish();
+    put(dir, "tar", "valid-ustar-pax", core::read_file(tmp + "/shard.tar"));
+  }
+  // Manifest: wids shard-index JSON with every field, relative and absolute URLs.
+  data::write_manifest(tmp + "/index.json",
+                       {{"train-000000.tar", 10, 20480, 0x1234abcdu},
+                        {"http://127.0.0.1:8000/train-000001.tar", 7, 10240, std::nullopt},
+                        {"pipe:cat /data/train-000002.tar", -1, -1, std::nullopt}},
+                       "seed");
+  put(dir, "manifest", "valid-wids", core::read_file(tmp + "/index.json"));
   std::printf("seeds written under %s\n", dir.c_str());
 }
 
