@@ -30,6 +30,11 @@ target_include_directories(ember_private_deps SYSTEM INTERFACE
   "${EMBER_TOMLPP_INCLUDE_DIR}" "${EMBER_NLOHMANN_INCLUDE_DIR}")
 
 find_package(ZLIB REQUIRED)   # gzip-compressed IDX files
+# The image codecs of streamed datasets (augment/decode.cpp): libjpeg-turbo's
+# libjpeg API (crop and DCT-scaled decoding) and libpng. Debian:
+# libjpeg62-turbo-dev, libpng-dev (tools/ember setup installs them).
+find_package(JPEG REQUIRED)
+find_package(PNG REQUIRED)
 find_package(Threads REQUIRED)
 
 if(EMBER_BUILD_TESTS)

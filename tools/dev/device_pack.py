@@ -5,7 +5,8 @@
 
 BUILD_DIR holds a build made for the pack (tools/ember device-pack configures
 it: sm_90 only, no OpenCV, no RPATH). Copies, stripped:
-  build/lib/libember.so.0, build/bin/<recipes and benches>, build/tests/<test binaries>
+  build/lib/libember.so.0 and the Debian libraries it needs that the GPU machine lacks (CARRIED_LIBS),
+  build/bin/<recipes and benches>, build/tests/<test binaries>
 and beside them the data (Fashion-MNIST whole, the fortunes), the sources
 of a fallback build on a machine without apt (GoogleTest, the header-only
 toml++ and nlohmann_json, zlib's headers) and manifest.json (torch version,
@@ -24,8 +25,9 @@ call 3); a subset of the training images
 only last, as it leaves the speed run's goal unjudged (FASHION_TRAIN).
 
 Refuses (exit 1) when a packed binary needs a library that the GPU machine
-does not have: allowed are glibc, libstdc++, libgcc_s, zlib and what the torch
-wheel and its nvidia-* packages ship (read from this venv), or when the pack
+does not have: allowed are glibc, libstdc++, libgcc_s, zlib, what the torch
+wheel and its nvidia-* packages ship (read from this venv) and the libraries
+the pack carries (CARRIED_LIBS), or when the pack
 and the tree that travels with it would not fit the device tool's 64 MiB.
 """
 import argparse
@@ -49,6 +51,10 @@ SPARE = 8 * MIB              # kept free of it
 SYSTEM_LIBS = {  # on every glibc machine
     "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2",
     "libstdc++.so.6", "libgcc_s.so.1", "libz.so.1"}
+# Debian libraries libember needs that the GPU machine lacks, carried beside
+# libember.so.0 (both need only glibc and zlib): the image codecs of the
+# streamed datasets' decoding (augment/decode.h).
+CARRIED_LIBS = ("libjpeg.so.62", "libpng16.so.16")
 FASHION_TRAIN = 60000  # training images packed (all: the speed run's goal needs them); the test split whole
 
 
@@ -71,6 +77,15 @@ def symbol_versions(files):
             if key > newest.get(lib, ((),))[0]:
                 newest[lib] = (key, f"{lib}_{ver}")
     return {lib: name for lib, (_, name) in newest.items()}
+
+
+def system_library(name):
+    """The file of a system library by its SONAME (ldconfig's cache)."""
+    for line in subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True).stdout.splitlines():
+        parts = line.strip().split(" => ")
+        if len(parts) == 2 and parts[0].split(" ")[0] == name and "x86-64" in parts[0]:
+            return Path(parts[1]).resolve()
+    raise SystemExit(f"[device-pack] error: {name} is not installed here (tools/ember setup installs it)")
 
 
 def strip_copy(src, dst, keep_symbols=False):
@@ -138,7 +153,8 @@ def foreign_libraries(files, allowed, allow_prefixes=()):
 def report_foreign(bad, root):
     for f, libs in bad.items():
         log(f"error: {Path(f).relative_to(root)} needs {', '.join(libs)}, which the GPU machine does not have")
-    log("allowed: glibc, libstdc++, libgcc_s, zlib and the torch wheel's libraries (torch/lib, nvidia/*/lib); "
+    log("allowed: glibc, libstdc++, libgcc_s, zlib, the torch wheel's libraries (torch/lib, nvidia/*/lib) and "
+        f"{', '.join(CARRIED_LIBS)} (carried); "
         "build the pack without that dependency (tools/ember device-pack configures it)")
 
 
@@ -162,7 +178,7 @@ def main():
         ap.error("--venv-python is required")
     info = torch_info(a.venv_python)
     wheel_libs = {f for d in info["libs"] for f in os.listdir(d)}
-    allowed = SYSTEM_LIBS | wheel_libs | {"libember.so.0"}
+    allowed = SYSTEM_LIBS | wheel_libs | {"libember.so.0"} | set(CARRIED_LIBS)
 
     if a.check_needed:
         b = Path(a.check_needed)
@@ -171,7 +187,8 @@ def main():
         if bad:
             report_foreign(bad, b)
             return 1
-        log(f"{len(files)} binaries of {b} need only glibc, libstdc++, libgcc_s, zlib, the torch wheel's libraries"
+        log(f"{len(files)} binaries of {b} need only glibc, libstdc++, libgcc_s, zlib, the torch wheel's libraries, "
+            f"the pack's {', '.join(CARRIED_LIBS)}"
             + (f" and {', '.join(p + '*' for p in a.allow)}" if a.allow else ""))
         return 0
     if not a.build:
@@ -184,6 +201,8 @@ def main():
     # (its SONAME); no symbolic links in the pack.
     lib = (build / "lib" / "libember.so").resolve()
     strip_copy(lib, out / "build" / "lib" / "libember.so.0", keep_symbols=True)
+    for name in CARRIED_LIBS:
+        strip_copy(system_library(name), out / "build" / "lib" / name, keep_symbols=True)
     for name in RECIPES + BENCHES:
         strip_copy(build / "bin" / name, out / "build" / "bin" / name)
     for name in TESTS:
@@ -195,7 +214,8 @@ def main():
         report_foreign(bad, out)
         return 1
     versions = symbol_versions(sorted(f for f in (out / "build").rglob("*") if f.is_file()))
-    log("every packed binary needs only glibc, libstdc++, libgcc_s, zlib and the torch wheel's libraries "
+    log(f"every packed binary needs only glibc, libstdc++, libgcc_s, zlib, the torch wheel's libraries and "
+        f"{', '.join(CARRIED_LIBS)} (carried) "
         f"(at least {', '.join(sorted(versions.values()))})")
 
     # Data: Fashion-MNIST in the real format (FASHION_TRAIN training images), the fortunes' text files.

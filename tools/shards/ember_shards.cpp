@@ -1,13 +1,17 @@
 // ember_shards: WebDataset shards listed, indexed and verified.
 //
+//   ember_shards [--retries N] [--backoff S] [--stall S] COMMAND ...
+//
 //   ember_shards list SHARD...                  every member: key, extension, bytes, CRC-32
 //   ember_shards index SPEC --out FILE [--name NAME]
 //                                               scans the shards SPEC names (data::shard_list),
 //                                               writes their manifest (wids JSON + crc32)
 //   ember_shards verify MANIFEST                rereads every shard against its manifest entry
 //
-// Exit status: 0 done (verify: every shard agrees), 1 a shard is damaged or
-// disagrees with the manifest, 2 a usage error.
+// A SHARD is a path, an http(s):// URL or pipe:COMMAND (data::open_shard);
+// --retries, --backoff and --stall set how HTTP is retried (data::HttpOptions).
+// Exit status: 0 done (verify: every shard agrees), 1 a shard is damaged,
+// unreadable or disagrees with the manifest, 2 a usage error.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -17,6 +21,7 @@
 
 #include "ember/core/error.h"
 #include "ember/data/byte_source.h"
+#include "ember/data/shard_loader.h"
 #include "ember/data/shards.h"
 
 using namespace ember;
@@ -25,7 +30,8 @@ namespace {
 
 int usage(const std::string& why) {
   std::cerr << "ember_shards: " << why << "\n"
-            << "usage: ember_shards list SHARD...\n"
+            << "usage: ember_shards [--retries N] [--backoff S] [--stall S] COMMAND ...\n"
+               "       ember_shards list SHARD...\n"
                "       ember_shards index SPEC --out FILE [--name NAME]\n"
                "       ember_shards verify MANIFEST\n";
   return 2;
@@ -37,9 +43,13 @@ struct Scan {
   int64_t bytes = 0;
   uint32_t crc32 = 0;
 };
-Scan scan(const std::string& path, bool print) {
-  data::FileSource file(path);
-  data::ChecksumSource source(file);
+data::HttpOptions http;
+
+Scan scan(const std::string& url, bool print) {
+  data::ShardInfo info;
+  info.url = url;
+  const std::unique_ptr<data::ByteSource> opened = data::open_shard(info, http);
+  data::ChecksumSource source(*opened);
   data::ShardSampleReader reader(source);
   while (auto sample = reader.next(true)) {
     if (!print) continue;
@@ -85,7 +95,7 @@ int index(const std::vector<std::string>& args) {
   std::vector<data::ShardInfo> shards = data::shard_list(spec);
   int64_t total = 0;
   for (data::ShardInfo& s : shards) {
-    const Scan scanned = scan(local_path(s), false);
+    const Scan scanned = scan(s.url, false);
     s.samples = scanned.samples;
     s.bytes = scanned.bytes;
     s.crc32 = scanned.crc32;
@@ -105,7 +115,7 @@ int verify(const std::vector<std::string>& args) {
   for (const data::ShardInfo& s : shards) {
     std::string problem;
     try {
-      const Scan got = scan(local_path(s), false);
+      const Scan got = scan(s.url, false);
       total += got.samples;
       if (s.bytes >= 0 && got.bytes != s.bytes)
         problem += fmt::format(" {} bytes, the manifest says {};", got.bytes, s.bytes);
@@ -129,9 +139,26 @@ int verify(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage("name a command");
-  const std::string command = argv[1];
-  const std::vector<std::string> args(argv + 2, argv + argc);
+  std::vector<std::string> all(argv + 1, argv + argc);
+  size_t i = 0;
+  try {
+    for (; i + 1 < all.size() && all[i].rfind("--", 0) == 0; i += 2) {
+      if (all[i] == "--retries") {
+        http.retries = std::stoi(all[i + 1]);
+      } else if (all[i] == "--backoff") {
+        http.backoff_seconds = std::stod(all[i + 1]);
+      } else if (all[i] == "--stall") {
+        http.stall_seconds = std::stoi(all[i + 1]);
+      } else {
+        return usage("unknown option " + all[i]);
+      }
+    }
+  } catch (const std::exception&) {
+    return usage("a number is expected after " + all[i]);
+  }
+  if (i >= all.size()) return usage("name a command");
+  const std::string command = all[i];
+  const std::vector<std::string> args(all.begin() + static_cast<std::ptrdiff_t>(i) + 1, all.end());
   try {
     if (command == "list") return list(args);
     if (command == "index") return index(args);

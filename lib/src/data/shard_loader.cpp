@@ -20,14 +20,11 @@ struct ShardLoader::Slot {
   DecodedSample decoded;  // kDecoded
 };
 
-std::unique_ptr<ByteSource> open_shard(const ShardInfo& shard) {
+std::unique_ptr<ByteSource> open_shard(const ShardInfo& shard, const HttpOptions& http) {
   const std::string& url = shard.url;
   if (url.rfind("pipe:", 0) == 0) return std::make_unique<PipeSource>(url.substr(5));
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0)
-    detail::fail(ErrorKind::kConfig,
-                 "[data] {}: this Ember reads shards from local paths and pipe:COMMAND only; fetch the shard "
-                 "with a command, e.g. pipe:curl -fsS --retry 5 {}",
-                 url, url);
+    return std::make_unique<HttpSource>(url, http);
   auto file = std::make_unique<FileSource>(url);
   if (shard.bytes >= 0 && file->size() != shard.bytes)
     detail::fail(ErrorKind::kData,

@@ -70,6 +70,49 @@ class PipeSource : public ByteSource {
   int err_ = -1;  // its standard error, a temporary file
 };
 
+/// How HttpSource retries.
+struct HttpOptions {
+  /// Attempts after the first, for a transport error (refused, reset, cut
+  /// short), a stall, or an HTTP status 408, 429 or 5xx. Other statuses
+  /// (404, 403...) are not retried: the server's answer would not change.
+  int retries = 5;
+  /// The wait before the first retry; it doubles for each next one, up to 30 s.
+  double backoff_seconds = 0.5;
+  int connect_timeout_seconds = 30;
+  /// Under one byte a second for this long: a stall, retried. (libcurl
+  /// averages the speed over its last 5 seconds, so a stall is seen about
+  /// 6 s after this.)
+  int stall_seconds = 60;
+};
+
+/// An http(s):// URL, through libcurl (loaded when the first one is opened,
+/// so libember runs without it until then). A retry resumes where the body
+/// stopped (an HTTP Range request; a server that ignores Range sends the
+/// body again and the part already read is dropped), so the bytes read are
+/// those of one whole transfer. When the retries are spent, the error (kData)
+/// names the URL, the HTTP status or the transport error, the attempts and
+/// the byte it stopped at. Memory: at most 8 MiB received ahead of read().
+class HttpSource : public ByteSource {
+ public:
+  HttpSource(std::string url, HttpOptions options = {});
+  ~HttpSource() override;
+  HttpSource(const HttpSource&) = delete;
+  HttpSource& operator=(const HttpSource&) = delete;
+  size_t read(char* buffer, size_t n) override;
+  const std::string& name() const override { return url_; }
+
+ private:
+  struct Transfer;
+  void start(int64_t offset);  // a new attempt, from byte `offset`
+  void pump();                 // runs the transfer a little; retries or fails an ended attempt
+
+  std::string url_;
+  HttpOptions options_;
+  std::unique_ptr<Transfer> transfer_;
+  std::string range_;  // "OFFSET-", alive while its attempt runs
+  int attempts_ = 0;   // failed attempts so far
+};
+
 /// Another source, with the CRC-32 (zlib's) and count of every byte that
 /// passes: what a manifest's checksum is checked against. Skips read.
 class ChecksumSource : public ByteSource {

@@ -64,13 +64,14 @@ struct DecodedSample {
 /// cannot use (no label, a damaged image...).
 using SampleDecoder = std::function<DecodedSample(const ShardSample& sample, int64_t id, int64_t epoch)>;
 
-/// Opens a shard for reading; the default, open_shard, reads local paths and
-/// "pipe:COMMAND".
+/// Opens a shard for reading; the default, open_shard, reads local paths,
+/// http(s):// URLs and "pipe:COMMAND".
 using ShardOpener = std::function<std::unique_ptr<ByteSource>(const ShardInfo& shard)>;
 
-/// A local file (checked against the manifest's size when it has one) or a
-/// "pipe:COMMAND" (data/byte_source.h's PipeSource).
-std::unique_ptr<ByteSource> open_shard(const ShardInfo& shard);
+/// A local file (checked against the manifest's size when it has one), an
+/// http(s):// URL (HttpSource, retried as `http` says) or a "pipe:COMMAND"
+/// (PipeSource): data/byte_source.h.
+std::unique_ptr<ByteSource> open_shard(const ShardInfo& shard, const HttpOptions& http = {});
 
 /// Fills in each shard's sample count (and size, CRC-32) by reading the shards
 /// whose count is unknown, on `threads` threads. With `cache` set, the
@@ -107,7 +108,7 @@ struct ShardLoaderOptions {
   /// Runs on the batch once on `device` (e.g. GPU augmentation).
   TORCH_ARG(std::function<Batch(Batch)>, device_transform);
   /// How shards are opened.
-  TORCH_ARG(ShardOpener, open) = open_shard;
+  TORCH_ARG(ShardOpener, open) = [](const ShardInfo& shard) { return open_shard(shard); };
 };
 
 /// What a loader has done since it was made.
