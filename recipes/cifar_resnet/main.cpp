@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
     const data::CifarOptions co = data::cifar_options_from_config(c);
     const int64_t classes = data::cifar_num_classes(co);
     models::CifarResNet net(models::cifar_resnet_options_from_config(c).num_classes(classes));
+    if (recipe::streaming(c))
+      return recipe::ClassificationTask::from_shards(c, ctx, torch::nn::AnyModule(net), classes);
     const std::string root = c.get_string("data.root");
     return recipe::ClassificationTask::from_config(c, ctx, torch::nn::AnyModule(net),
                                                    {data::load_cifar(root, data::Split::kTrain, co),

@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
   };
   spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
     models::FashionNet net(models::fashion_net_options_from_config(c));
+    if (recipe::streaming(c))
+      return recipe::ClassificationTask::from_shards(c, ctx, torch::nn::AnyModule(net), 10);
     const std::string root = c.get_string("data.root");
     return recipe::ClassificationTask::from_config(
         c, ctx, torch::nn::AnyModule(net),

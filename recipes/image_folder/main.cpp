@@ -3,8 +3,10 @@
 // root/val/<class>/*.jpg). Images are decoded once with OpenCV on several
 // threads, resized to data.size and kept whole in memory as uint8 (optionally
 // cached to one file), then augmented per batch: random resized crops and
-// flips by default, by the fused kernel on a GPU. The model is
-// models::CifarResNet (any input size: global pooling). See README.md.
+// flips by default, by the fused kernel on a GPU. With data.shards it streams
+// WebDataset shards instead, each image decoded straight into its augmented
+// crop (docs/data.md). The model is models::CifarResNet (any input size:
+// global pooling). See README.md.
 #include <ember/ember.h>
 #include <fmt/format.h>
 
@@ -37,6 +39,14 @@ int main(int argc, char** argv) {
     models::declare_cifar_resnet_keys(c, models::CifarResNetOptions().width(32).blocks(2));
   };
   spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
+    if (recipe::streaming(c)) {  // WebDataset shards (docs/data.md): classes from data.num_classes
+      const int64_t classes = c.get_int("data.num_classes");
+      if (classes < 1)
+        throw Error(ErrorKind::kConfig,
+                    "[image_folder] data.shards needs data.num_classes (the labels are 0..N-1)");
+      models::CifarResNet net(models::cifar_resnet_options_from_config(c).num_classes(classes));
+      return recipe::ClassificationTask::from_shards(c, ctx, torch::nn::AnyModule(net), 0);
+    }
     const auto load = [&](const std::string& split) {
       const std::string dir = c.get_string("data.root") + "/" + split;
       data::ImageFolder f = data::load_image_folder(dir, data::image_folder_options_from_config(c, split));

@@ -180,12 +180,13 @@ TEST(Shards, ManifestsRoundTripAndResolveRelativeUrls) {
     EXPECT_EQ(back[i].bytes, shards[i].bytes);
     EXPECT_EQ(back[i].crc32, shards[i].crc32);
   }
-  // shard_list: a manifest, or patterns separated by white space.
+  // shard_list: a manifest, or patterns separated by "::" or newlines (a pipe: command keeps its spaces).
   EXPECT_EQ(data::shard_list(dir + "/index.json").size(), 4u);
-  const auto listed = data::shard_list(" x-{0..1}.tar\n y.tar ");
-  ASSERT_EQ(listed.size(), 3u);
+  const auto listed = data::shard_list(" x-{0..1}.tar\n y.tar :: pipe:aws s3 cp s3://b/z-{0..1}.tar - ");
+  ASSERT_EQ(listed.size(), 5u);
   EXPECT_EQ(listed[2].url, "y.tar");
   EXPECT_EQ(listed[2].samples, -1);
+  EXPECT_EQ(listed[4].url, "pipe:aws s3 cp s3://b/z-1.tar -");
   // Damaged manifests name the file and the entry.
   auto error = [&](const std::string& text) {
     test_util::write_bytes(dir + "/bad.json", text);

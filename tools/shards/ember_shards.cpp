@@ -7,6 +7,12 @@
 //                                               scans the shards SPEC names (data::shard_list),
 //                                               writes their manifest (wids JSON + crc32)
 //   ember_shards verify MANIFEST                rereads every shard against its manifest entry
+//   ember_shards write SOURCE OUT_DIR [--from folder|idx|cifar10|cifar100] [--split train|test]
+//                [--name NAME] [--shard-mb MB | --samples-per-shard N] [--seed S] [--no-shuffle]
+//                [--threads N] [--base-url URL] [--verify]
+//                                               shards of an image folder (the files' own JPEG/PNG
+//                                               bytes), IDX or CIFAR files (.npy images), shuffled,
+//                                               with their manifest OUT_DIR/NAME.json (data/shard_writer.h)
 //
 // A SHARD is a path, an http(s):// URL or pipe:COMMAND (data::open_shard);
 // --retries, --backoff and --stall set how HTTP is retried (data::HttpOptions).
@@ -20,8 +26,12 @@
 #include <fmt/format.h>
 
 #include "ember/core/error.h"
+#include "ember/core/file.h"
 #include "ember/data/byte_source.h"
+#include "ember/data/cifar.h"
+#include "ember/data/idx.h"
 #include "ember/data/shard_loader.h"
+#include "ember/data/shard_writer.h"
 #include "ember/data/shards.h"
 
 using namespace ember;
@@ -29,11 +39,16 @@ using namespace ember;
 namespace {
 
 int usage(const std::string& why) {
-  std::cerr << "ember_shards: " << why << "\n"
-            << "usage: ember_shards [--retries N] [--backoff S] [--stall S] COMMAND ...\n"
-               "       ember_shards list SHARD...\n"
-               "       ember_shards index SPEC --out FILE [--name NAME]\n"
-               "       ember_shards verify MANIFEST\n";
+  std::cerr
+      << "ember_shards: " << why << "\n"
+      << "usage: ember_shards [--retries N] [--backoff S] [--stall S] COMMAND ...\n"
+         "       ember_shards list SHARD...\n"
+         "       ember_shards index SPEC --out FILE [--name NAME]\n"
+         "       ember_shards verify MANIFEST\n"
+         "       ember_shards write SOURCE OUT_DIR [--from folder|idx|cifar10|cifar100] [--split "
+         "train|test]\n"
+         "                 [--name NAME] [--shard-mb MB | --samples-per-shard N] [--seed S] [--no-shuffle]\n"
+         "                 [--threads N] [--base-url URL] [--verify]\n";
   return 2;
 }
 
@@ -136,6 +151,90 @@ int verify(const std::vector<std::string>& args) {
   return bad == 0 ? 0 : 1;
 }
 
+bool exists(const std::string& path) {
+  return core::is_file(path);
+}
+
+int write(const std::vector<std::string>& args) {
+  std::vector<std::string> positional;
+  std::string from, split = "train";
+  data::ShardWriterOptions o;
+  bool verify_after = false, named = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool has_value = i + 1 < args.size();
+    if (a == "--from" && has_value) {
+      from = args[++i];
+    } else if (a == "--split" && has_value) {
+      split = args[++i];
+    } else if (a == "--name" && has_value) {
+      o.name(args[++i]);
+      named = true;
+    } else if (a == "--shard-mb" && has_value) {
+      o.shard_bytes(static_cast<int64_t>(std::stod(args[++i]) * (1 << 20)));
+    } else if (a == "--samples-per-shard" && has_value) {
+      o.samples_per_shard(std::stoll(args[++i]));
+    } else if (a == "--seed" && has_value) {
+      o.seed(std::stoull(args[++i]));
+    } else if (a == "--threads" && has_value) {
+      o.threads(std::stoll(args[++i]));
+    } else if (a == "--base-url" && has_value) {
+      o.base_url(args[++i]);
+    } else if (a == "--no-shuffle") {
+      o.shuffle(false);
+    } else if (a == "--verify") {
+      verify_after = true;
+    } else if (a.rfind("--", 0) == 0) {
+      return usage("write: unknown option " + a);
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (positional.size() != 2) return usage("write: give SOURCE and OUT_DIR");
+  if (split != "train" && split != "test") return usage("write: --split is train or test");
+  const std::string& source = positional[0];
+  const std::string& out = positional[1];
+  if (from.empty()) {
+    from = exists(source + "/train-images-idx3-ubyte.gz") || exists(source + "/train-images-idx3-ubyte")
+               ? "idx"
+           : exists(source + "/data_batch_1.bin") || exists(source + "/cifar-10-batches-bin/data_batch_1.bin")
+               ? "cifar10"
+           : exists(source + "/train.bin") || exists(source + "/cifar-100-binary/train.bin") ? "cifar100"
+                                                                                             : "folder";
+  }
+  const data::Split which = split == "train" ? data::Split::kTrain : data::Split::kTest;
+  data::SampleSource samples;
+  std::string classes;
+  if (from == "folder") {
+    auto [s, names] = data::image_folder_samples(source);
+    samples = std::move(s);
+    classes = fmt::format("{} classes", names.size());
+  } else if (from == "idx") {
+    samples = data::tensor_samples(data::load_mnist(source, which), fmt::format("IDX {} {}", source, split));
+    classes = "10 classes";
+  } else if (from == "cifar10" || from == "cifar100") {
+    data::CifarOptions co;
+    co.variant(data::parse_cifar_variant(from));
+    samples = data::tensor_samples(data::load_cifar(source, which, co),
+                                   fmt::format("{} {} {}", from, source, split));
+    classes = fmt::format("{} classes", data::cifar_num_classes(co));
+  } else {
+    return usage("write: --from is folder, idx, cifar10 or cifar100");
+  }
+  if (!named) o.name(from == "folder" ? "shard" : split);
+  const data::ShardWriteResult r = data::write_shards(out, samples, o);
+  int64_t bytes = 0;
+  for (const data::ShardInfo& s : r.shards) bytes += s.bytes;
+  std::fprintf(stderr,
+               "[shards] %s: %lld samples (%s) in %zu shards of %.1f MiB on average (%lld kept from an "
+               "earlier run); manifest %s/%s.json\n",
+               out.c_str(), static_cast<long long>(r.samples), classes.c_str(), r.shards.size(),
+               static_cast<double>(bytes) / static_cast<double>(r.shards.size()) / (1 << 20),
+               static_cast<long long>(r.kept), out.c_str(), o.name().c_str());
+  if (verify_after) return verify({out + "/" + o.name() + ".json"});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,14 +257,23 @@ int main(int argc, char** argv) {
   }
   if (i >= all.size()) return usage("name a command");
   const std::string command = all[i];
+  if (command == "--help" || command == "-h" || command == "help") {
+    usage("WebDataset shards listed, indexed, verified and written (docs/data.md)");
+    return 0;
+  }
   const std::vector<std::string> args(all.begin() + static_cast<std::ptrdiff_t>(i) + 1, all.end());
   try {
     if (command == "list") return list(args);
     if (command == "index") return index(args);
     if (command == "verify") return verify(args);
+    if (command == "write") return write(args);
     return usage("unknown command " + command);
   } catch (const Error& e) {
     std::cerr << e.what() << "\n";
     return e.kind() == ErrorKind::kConfig ? 2 : 1;
+  } catch (const std::invalid_argument&) {
+    return usage("a number is expected after an option");
+  } catch (const std::out_of_range&) {
+    return usage("a number out of range");
   }
 }

@@ -99,19 +99,21 @@ std::vector<std::string> expand_braces(const std::string& pattern) {
 }
 
 std::vector<ShardInfo> shard_list(const std::string& spec) {
+  // Patterns are separated by "::" (webdataset's separator) or newlines, not
+  // by spaces: a pipe: command holds spaces.
   std::vector<std::string> words;
-  std::string word;
-  for (const char c : spec + " ") {
-    if (std::isspace(static_cast<unsigned char>(c))) {
-      if (!word.empty()) words.push_back(std::move(word));
-      word.clear();
-    } else {
-      word += c;
-    }
+  std::string rest = spec;
+  for (size_t at = 0; at <= rest.size();) {
+    size_t end = std::min(rest.find("::", at), rest.find('\n', at));
+    if (end == std::string::npos) end = rest.size();
+    std::string word = rest.substr(at, end - at);
+    const size_t b = word.find_first_not_of(" \t\r"), e = word.find_last_not_of(" \t\r");
+    if (b != std::string::npos) words.push_back(word.substr(b, e - b + 1));
+    at = end + (end < rest.size() && rest[end] == ':' ? 2 : 1);
   }
   EMBER_CHECK_KIND(kConfig, !words.empty(),
                    "[data] no shards named: give a manifest (.json), a pattern such as "
-                   "train-{{000000..000146}}.tar, or shard paths");
+                   "train-{{000000..000146}}.tar, or shard paths separated by ::");
   std::vector<ShardInfo> shards;
   for (const std::string& w : words) {
     if (w.size() > 5 && w.compare(w.size() - 5, 5, ".json") == 0) {

@@ -2,6 +2,7 @@
 #include "ember/data/tar.h"
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -372,6 +373,7 @@ void TarWriter::write(const char* data, size_t n) {
     detail::fail(ErrorKind::kData, "[data] cannot write {}: {} (a full disk?)", partial_,
                  std::strerror(errno));
   bytes_ += static_cast<int64_t>(n);
+  crc_ = static_cast<uint32_t>(::crc32(crc_, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n)));
 }
 
 void TarWriter::add(std::string_view name, std::string_view bytes, int64_t mtime) {

@@ -50,6 +50,7 @@ void declare_classification_keys(core::Config& c, const ClassificationOptions& d
   c.declare("data.resident", d.resident(), "on a GPU, keep the uint8 dataset in device memory",
             core::OnResume::kMayChange);
   augment::declare_augment_keys(c, d.augment(), d.mix());
+  declare_stream_keys(c);
   c.add_check([](const core::Config& config) { classification_options_from_config(config, RunContext()); });
 }
 

@@ -5,7 +5,8 @@
 //   - a brace pattern, as webdataset spells it: "train-{000000..000146}.tar"
 //     (a decimal range, zero-padded to the width of its ends when they are),
 //     "{a,b,c}" alternatives; several braces expand as a product, left to right;
-//   - several such names or patterns separated by spaces or newlines;
+//   - several such names or patterns separated by "::" (webdataset's
+//     separator) or newlines (not spaces: a pipe: command holds spaces);
 //   - a manifest: a JSON file (its name ends in .json) in webdataset's wids
 //     shard-index format, {"__kind__": "wids-shard-index-v1", "wids_version":
 //     1, "name": ..., "shardlist": [{"url": ..., "nsamples": ..., "filesize":
@@ -48,8 +49,8 @@ constexpr int64_t kMaxExpandedShards = 10'000'000;
 std::vector<std::string> expand_braces(const std::string& pattern);
 
 /// The shards a spec names: a manifest (ends in .json: read, every URL
-/// resolved), or brace patterns separated by white space (samples, bytes
-/// and checksums not known).
+/// resolved), or brace patterns separated by "::" or newlines (samples,
+/// bytes and checksums not known).
 std::vector<ShardInfo> shard_list(const std::string& spec);
 
 /// Reads a manifest (wids shard-index JSON, local file). Errors (kData) name

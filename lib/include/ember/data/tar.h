@@ -89,6 +89,8 @@ class TarWriter {
   void finish();
   /// Bytes written so far (headers, data and padding).
   int64_t bytes() const { return bytes_; }
+  /// zlib's CRC-32 of those bytes (after finish(): of the whole archive).
+  uint32_t crc32() const { return crc_; }
 
  private:
   void write(const char* data, size_t n);
@@ -97,6 +99,7 @@ class TarWriter {
   std::string partial_;
   std::FILE* file_ = nullptr;
   int64_t bytes_ = 0;
+  uint32_t crc_ = 0;
 };
 
 }  // namespace ember::data

@@ -31,10 +31,12 @@
 #include <memory>
 
 #include "ember/augment/augment.h"
+#include "ember/augment/decode.h"
 #include "ember/augment/keys.h"
 #include "ember/augment/mix.h"
 #include "ember/core/config.h"
 #include "ember/data/loader.h"
+#include "ember/data/shard_loader.h"
 #include "ember/recipe/run_context.h"
 #include "ember/train/task.h"
 
@@ -84,7 +86,8 @@ struct ClassificationOptions {
 };
 
 /// Declares data.{batch_size, eval_batch_size, train_subset, test_subset,
-/// val_size, prefetch, resident} and the augment.* keys with `defaults`.
+/// val_size, prefetch, resident}, the augment.* keys with `defaults`, and
+/// the streaming keys (declare_stream_keys).
 void declare_classification_keys(core::Config& config, const ClassificationOptions& defaults);
 /// ClassificationOptions from those keys and the run's context: its device,
 /// seed, rank and world size, and train_batch_size (a tool's batch, else
@@ -99,6 +102,51 @@ struct ClassificationData {
   int64_t num_classes = 0;
 };
 
+/// A streamed labelled dataset: WebDataset shards (docs/data.md) whose samples
+/// hold an image (KEY.jpg, .jpeg or .png: decoded straight into the augmented
+/// crop, augment/decode.h) or a raw uint8 tensor (KEY.npy: augmented whole, as
+/// in memory), and a label (StreamOptions::label). Shards with their sample
+/// counts known (a manifest, or data::count_samples).
+struct ClassificationShards {
+  std::vector<data::ShardInfo> train;
+  std::vector<data::ShardInfo> val;  ///< empty: no validation
+  std::vector<data::ShardInfo> test;
+  int64_t num_classes = 0;
+};
+
+/// How shards are streamed and decoded (the data.stream.* keys).
+struct StreamOptions {
+  /// The loaders' options: order (streams, shuffle_block), readers, decode
+  /// threads, read_ahead, on_error, max_member_bytes. Batch size, seed,
+  /// ranks, device and transforms are set by the task.
+  TORCH_ARG(data::ShardLoaderOptions, loader);
+  /// Retries of http(s):// shards.
+  TORCH_ARG(data::HttpOptions, http);
+  /// JPEG/PNG decoding: DCT scaling, max_pixels, the evaluation resize.
+  TORCH_ARG(augment::DecodeOptions, decode);
+  /// Where a sample's label is: "cls" (KEY.cls, an integer as text) or
+  /// "json:FIELD" (an integer field of KEY.json).
+  TORCH_ARG(std::string, label) = "cls";
+};
+
+/// Declares data.shards, data.val_shards, data.test_shards, data.num_classes
+/// and the data.stream.* keys (docs/data.md).
+void declare_stream_keys(core::Config& config);
+/// Whether the run streams shards (data.shards is set).
+bool streaming(const core::Config& config);
+StreamOptions stream_options_from_config(const core::Config& config);
+/// The shards the keys name, their sample counts filled in (a manifest's, or
+/// counted once and cached under data.stream.count_cache). Checks what the
+/// in-memory keys cannot do with shards (train_subset, test_subset, val_size).
+ClassificationShards classification_shards_from_config(const core::Config& config,
+                                                       const StreamOptions& stream);
+
+/// Decodes a classification sample: the image or tensor, and its label
+/// checked against `num_classes`. `options` is the augmentation the image is
+/// cropped and flipped by (training) or augment::eval_options of it.
+data::SampleDecoder classification_decoder(const augment::AugmentOptions& options, uint64_t seed,
+                                           const StreamOptions& stream, int64_t num_classes);
+
 class ClassificationTask : public train::Task {
  public:
   /// `model` maps float images [B, C, H, W] to logits [B, num_classes]; it is
@@ -106,10 +154,20 @@ class ClassificationTask : public train::Task {
   ClassificationTask(torch::nn::AnyModule model, ClassificationData data,
                      const ClassificationOptions& options);
 
+  /// Streams `shards` through data::ShardLoader (training sharded between
+  /// the ranks as TensorLoader would; validation and test whole on every rank).
+  ClassificationTask(torch::nn::AnyModule model, ClassificationShards shards,
+                     const ClassificationOptions& options, const StreamOptions& stream);
+
   /// With classification_options_from_config(config, context).
   static std::unique_ptr<ClassificationTask> from_config(const core::Config& config,
                                                          const RunContext& context,
                                                          torch::nn::AnyModule model, ClassificationData data);
+  /// Streamed: the shards the data.shards keys name (streaming(config) must
+  /// hold); `num_classes` the recipe's (0: data.num_classes).
+  static std::unique_ptr<ClassificationTask> from_shards(const core::Config& config,
+                                                         const RunContext& context,
+                                                         torch::nn::AnyModule model, int64_t num_classes);
 
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
   /// Cross-entropy on mixed soft targets (or the labels when nothing is mixed
@@ -130,7 +188,7 @@ class ClassificationTask : public train::Task {
   int64_t num_classes_;
   augment::MixOptions mix_;
   uint64_t seed_;
-  std::unique_ptr<data::TensorLoader> train_, val_, test_;
+  std::unique_ptr<data::Loader> train_, val_, test_;
 };
 
 }  // namespace ember::recipe
