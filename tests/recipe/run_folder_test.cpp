@@ -331,7 +331,10 @@ TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndSt
       // where and how fast it runs; where the data is read from
       "data.cache_dir", "data.eval_batch_size", "data.path", "data.prefetch", "data.resident", "data.root",
       "data.threads", "dist.backend", "dist.rank", "dist.startup_timeout_s", "dist.timeout_s",
-      "trainer.device", "trainer.threads",
+      "trainer.device", "trainer.threads", "data.shards", "data.val_shards", "data.test_shards",
+      "data.stream.count_cache", "data.stream.decode_threads", "data.stream.prefetch",
+      "data.stream.read_ahead", "data.stream.readers", "data.stream.http_retries",
+      "data.stream.http_stall_seconds", "data.stream.max_member_bytes",
       // how the ranks share the state (checkpoints hold no shards)
       "dist.sharding"};
   const auto sorted = [](std::vector<std::string> v) {

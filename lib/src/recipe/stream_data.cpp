@@ -114,15 +114,15 @@ void declare_stream_keys(core::Config& c) {
             Bounds::at_least(0), OnResume::kMayChange);
   c.declare(
       "data.stream.on_error", "fail",
-      "a damaged shard or sample: fail (name it) or skip (count it, another sample of the batch stands in)",
-      OnResume::kMayChange);
+      "a damaged shard or sample: fail (name it) or skip (count it, another sample of the batch stands in)");
   c.declare("data.stream.label", "cls", "where a sample's label is: cls, or json:FIELD");
   c.declare("data.stream.max_member_bytes", d.max_member_bytes(), "tar members larger than this are refused",
             Bounds::between(1, int64_t{1} << 40), OnResume::kMayChange);
+  // (on_error, dct_scaling and max_pixels change what the run trains on: they hold for its resumes)
   c.declare("data.stream.dct_scaling", true,
-            "decode JPEG crops at 1/2, 1/4, 1/8 size in the DCT when they allow", OnResume::kMayChange);
+            "decode JPEG crops at 1/2, 1/4, 1/8 size in the DCT when they allow");
   c.declare("data.stream.max_pixels", int64_t{64} << 20, "images declaring more pixels are refused",
-            Bounds::between(1, int64_t{1} << 34), OnResume::kMayChange);
+            Bounds::between(1, int64_t{1} << 34));
   c.declare("data.stream.http_retries", data::HttpOptions().retries, "retries of an http(s):// shard",
             Bounds::between(0, 100), OnResume::kMayChange);
   c.declare("data.stream.http_stall_seconds", data::HttpOptions().stall_seconds,
