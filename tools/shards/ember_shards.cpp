@@ -151,10 +151,6 @@ int verify(const std::vector<std::string>& args) {
   return bad == 0 ? 0 : 1;
 }
 
-bool exists(const std::string& path) {
-  return core::is_file(path);
-}
-
 int write(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   std::string from, split = "train";
@@ -195,12 +191,15 @@ int write(const std::vector<std::string>& args) {
   const std::string& source = positional[0];
   const std::string& out = positional[1];
   if (from.empty()) {
-    from = exists(source + "/train-images-idx3-ubyte.gz") || exists(source + "/train-images-idx3-ubyte")
+    from = core::is_file(source + "/train-images-idx3-ubyte.gz") ||
+                   core::is_file(source + "/train-images-idx3-ubyte")
                ? "idx"
-           : exists(source + "/data_batch_1.bin") || exists(source + "/cifar-10-batches-bin/data_batch_1.bin")
+           : core::is_file(source + "/data_batch_1.bin") ||
+                   core::is_file(source + "/cifar-10-batches-bin/data_batch_1.bin")
                ? "cifar10"
-           : exists(source + "/train.bin") || exists(source + "/cifar-100-binary/train.bin") ? "cifar100"
-                                                                                             : "folder";
+           : core::is_file(source + "/train.bin") || core::is_file(source + "/cifar-100-binary/train.bin")
+               ? "cifar100"
+               : "folder";
   }
   const data::Split which = split == "train" ? data::Split::kTrain : data::Split::kTest;
   data::SampleSource samples;

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "data/image_folder_internal.h"
+#include "data/splitmix.h"
 #include "ember/core/file.h"
 #include "ember/data/npy.h"
 #include "ember/data/tar.h"
@@ -21,12 +22,6 @@ namespace {
 
 /// A tar member's header (and pax record, rarely) on top of its bytes.
 constexpr int64_t kMemberOverhead = 1024;
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 /// The samples' order and where each shard starts in it.
 struct Plan {
@@ -40,12 +35,9 @@ Plan make_plan(const SampleSource& source, const ShardWriterOptions& o) {
   p.order.resize(static_cast<size_t>(source.size));
   std::iota(p.order.begin(), p.order.end(), int64_t{0});
   if (o.shuffle()) {
-    uint64_t state = mix64(o.seed() ^ 0x7368617264ULL);
-    for (int64_t i = source.size - 1; i > 0; --i) {
-      state += 0x9e3779b97f4a7c15ULL;
-      const auto j = static_cast<int64_t>(mix64(state) % static_cast<uint64_t>(i + 1));  // bias < 2^-40 here
-      std::swap(p.order[i], p.order[j]);
-    }
+    detail::Rng rng(o.seed(), 0, /*what=*/0x7368617264ULL,
+                    0);  // the same stream as shard_order.cpp's, keyed apart
+    detail::shuffle(p.order.data(), source.size, rng);
   }
   p.first.push_back(0);
   int64_t bytes = 0, count = 0;

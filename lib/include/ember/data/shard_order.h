@@ -68,9 +68,8 @@ std::vector<int64_t> epoch_sample_order(const std::vector<int64_t>& shard_sample
                                         const ShardOrderOptions& options);
 
 /// What one rank reads from one shard for a stretch of its epoch: the
-/// samples `samples` (indices within the shard, ascending, some repeated
-/// never), to be served at the rank's positions `positions` (same length,
-/// position i of the rank's part is sample samples[j] when positions[j] = i).
+/// samples `samples` (indices within the shard, ascending, each once), to be served at the rank's positions
+/// `positions` (same length, position i of the rank's part is sample samples[j] when positions[j] = i).
 struct ShardVisit {
   int64_t shard = 0;
   std::vector<int64_t> samples;    ///< within the shard, ascending
