@@ -386,6 +386,16 @@ MUTANTS = (
            ";",
            ("ember_tests",), r"ActivationCheckpoint\.",
            "a model in eval mode still checkpoints its blocks"),
+    Mutant("shard_cache_crc_unchecked", "lib/src/data/shard_cache.cpp",
+           "(!options_.verify || !crc_known || file_crc32(path) == expected.crc32)",
+           "(true || file_crc32(path) == expected.crc32)",
+           ("ember_tests",), r"ShardCache\.",
+           "a cached shard with a flipped byte (its size unchanged) is used instead of fetched again"),
+    Mutant("token_windows_overlap_wrong", "lib/src/data/tokens.cpp",
+           "const int64_t start = (id - first_[f]) * block;",
+           "const int64_t start = (id - first_[f]) * (block + 1);",
+           ("ember_tests",), r"TokenLoader\.",
+           "token windows start every block + 1 tokens: the targets' last token is never an input, files run short"),
 )
 
 

@@ -3,7 +3,7 @@
 
     tools/ember doctor [--cpu-only] [--nnodes N] [--nproc N] [--rdzv HOST:PORT]
                        [--data DIR] [--disk DIR] [--ram-gib G] [--disk-gib G] [--data-mbs R]
-                       [--plan PLAN.json] [--only CHECK ...] [--json]
+                       [--cores-per-gpu N] [--plan PLAN.json] [--only CHECK ...] [--json]
     python3 tools/doctor.py --nnodes 2 --nproc 8 --rdzv 10.0.0.8:29400 --data /data/imagenet
 
 Each check prints one line, `STATUS  CHECK  DETAIL (what to do)`, STATUS one of
@@ -48,6 +48,10 @@ Checks (--only takes these names):
   data         read throughput of --data DIR (up to --read-mib MiB of its regular
                files, their cached pages dropped first; FIFOs, sockets and devices
                are skipped and counted) against --data-mbs or the plan's rate.
+  cpu          CPU cores per GPU (this process's affinity set, else os.cpu_count(),
+               over --nproc, else the GPUs torch sees, else NVML's) against what
+               decoding streamed shards needs: --cores-per-gpu or the plan's
+               cpu_cores_per_gpu; skipped without either (or with --cpu-only).
 
 --cpu-only: the GPU checks (driver, gpus, topology, nccl, shm, nccl-socket)
 are skipped and a CPU build of torch is fine. Without it, a machine without a
@@ -59,7 +63,9 @@ into failures: the other nodes cannot reach them.
 of at most 16 MiB: written by `... --json > plan.json`); its feeding
 section gives the host RAM the run needs (feeding.host_ram_bytes) and, when the
 data streams from storage, the read rate the fastest GPU needs
-(feeding.fastest.storage_bytes_per_s_if_streamed). --ram-gib and --data-mbs win.
+(feeding.fastest.storage_bytes_per_s_if_streamed) and, when the recipe streams shards
+(the plan's data_rate), the CPU cores per GPU decoding them at its speed
+(feeding.fastest.cpu_cores_per_gpu). --ram-gib, --data-mbs and --cores-per-gpu win.
 """
 import argparse
 import json
@@ -90,8 +96,9 @@ def parse_rdzv(text):
 
 
 def read_plan(path):
-    """(ram_gib, data_mbs, note) from `tools/ember plan RECIPE --json`'s output (a regular file of at most
-    PLAN_MAX_BYTES: /dev/zero or a FIFO is refused, not read without end or waited on)."""
+    """(ram_gib, data_mbs, note, cores_per_gpu) from `tools/ember plan RECIPE --json`'s output (a regular file
+    of at most PLAN_MAX_BYTES: /dev/zero or a FIFO is refused, not read without end or waited on); data_mbs
+    None unless the data streams, cores_per_gpu None without the plan's data_rate (data in memory)."""
     try:
         fd = open_regular(path)
         if fd is None:
@@ -109,13 +116,17 @@ def read_plan(path):
         raise UsageError(f"--plan {path}: {e.strerror}")
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise UsageError(f"--plan {path}: not the JSON of `tools/ember plan RECIPE --json` ({type(e).__name__}: {e})")
-    rate, note = None, f"plan {Path(path).name}"
-    fastest = feeding.get("fastest") or {}
+    rate, cores, note = None, None, f"plan {Path(path).name}"
+    fastest = feeding.get("fastest") if isinstance(feeding.get("fastest"), dict) else {}
     if feeding.get("streams") and fastest.get("storage_bytes_per_s_if_streamed"):
         rate = fastest["storage_bytes_per_s_if_streamed"] / 1e6
+    need = fastest.get("cpu_cores_per_gpu")
+    if "data_rate" in plan and isinstance(need, (int, float)) and not isinstance(need, bool) and need > 0:
+        cores = float(need)
+    if rate is not None or cores is not None:
         sps = fastest.get("samples_per_second") or 0
         note += f": {fastest.get('gpu')} {fastest.get('precision')} at {sps:.0f} samples/s"
-    return ram, rate, note
+    return ram, rate, note, cores
 
 
 def parse_args(argv):
@@ -132,6 +143,8 @@ def parse_args(argv):
     p.add_argument("--ram-gib", type=float, help="host RAM the run needs, GiB")
     p.add_argument("--disk-gib", type=float, help="free disk the run needs at --disk, GiB")
     p.add_argument("--data-mbs", type=float, help="read rate the run needs from --data, MB/s")
+    p.add_argument("--cores-per-gpu", type=float, metavar="N",
+                   help="CPU cores each GPU needs decoding its data (the plan's cpu_cores_per_gpu)")
     p.add_argument("--plan", type=Path, metavar="PLAN.json", help="tools/ember plan RECIPE --json's output")
     p.add_argument("--read-mib", type=int, default=256, help="read at most this much of --data (default 256)")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the rendezvous (default 3)")
@@ -148,19 +161,21 @@ def parse_args(argv):
         if value is not None and value < low:
             raise UsageError(f"{name} {value}: must be >= {low}")
     for name, value in (("--ram-gib", a.ram_gib), ("--disk-gib", a.disk_gib), ("--data-mbs", a.data_mbs),
-                        ("--timeout", a.timeout)):
+                        ("--cores-per-gpu", a.cores_per_gpu), ("--timeout", a.timeout)):
         if value is not None and not (0 < value < float("inf")):
             raise UsageError(f"{name} {value}: must be a positive number")
     opts = Options(cpu_only=a.cpu_only, nnodes=a.nnodes, nproc=a.nproc, data=a.data, disk=a.disk,
-                   ram_gib=a.ram_gib, disk_gib=a.disk_gib, data_mbs=a.data_mbs, read_mib=a.read_mib,
-                   timeout=a.timeout, rdzv=parse_rdzv(a.rdzv) if a.rdzv else None)
+                   ram_gib=a.ram_gib, disk_gib=a.disk_gib, data_mbs=a.data_mbs, cores_per_gpu=a.cores_per_gpu,
+                   read_mib=a.read_mib, timeout=a.timeout, rdzv=parse_rdzv(a.rdzv) if a.rdzv else None)
     if a.plan:
-        ram, rate, note = read_plan(a.plan)
+        ram, rate, note, cores = read_plan(a.plan)
         opts.plan_note = note
         if opts.ram_gib is None:
             opts.ram_gib = ram
         if opts.data_mbs is None:
             opts.data_mbs = rate
+        if opts.cores_per_gpu is None and cores is not None:
+            opts.cores_per_gpu, opts.cores_note = cores, note
     return opts, only, a.json
 
 

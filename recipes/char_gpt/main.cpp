@@ -22,6 +22,10 @@ using models::SampleOptions;
 class CharGptTask : public train::Task {
  public:
   CharGptTask(const core::Config& c, const recipe::RunContext& ctx) : block_(c.get_int("data.block_size")) {
+    if (!c.get_string("data.tokens").empty()) {
+      from_tokens(c, ctx);
+      return;
+    }
     // (the keys' bounds hold: block_size >= 1, stride >= 0, val_fraction in [0, 1))
     const std::string path = c.get_string("data.path");
     const int64_t stride = c.get_int("data.stride") == 0 ? block_ : c.get_int("data.stride");
@@ -62,12 +66,35 @@ class CharGptTask : public train::Task {
                              n, path, train_->num_samples(), block_, val_ ? val_->num_samples() : 0);
   }
 
+  /// llm.c token files (data.tokens, data.val_tokens): windows of block_size + 1
+  /// tokens in the sharded datasets' elastic order (data/tokens.h).
+  void from_tokens(const core::Config& c, const recipe::RunContext& ctx) {
+    const std::vector<data::TokenFileInfo> train = data::token_files(c.get_string("data.tokens"));
+    vocab_ = c.get_int("data.vocab_size") > 0 ? c.get_int("data.vocab_size")
+                                              : data::natural_vocab_size(train.front().format);
+    net_ = CharGpt(models::char_gpt_options_from_config(c).block_size(block_).vocab_size(vocab_));
+    net_->to(ctx.device());
+    data::TokenLoaderOptions o;
+    o.batch_size(recipe::train_batch_size(c, ctx)).block(block_).vocab_size(vocab_).device(ctx.device());
+    o.order().seed(ctx.seed()).num_replicas(ctx.world_size()).rank(ctx.rank());
+    train_ = std::make_unique<data::TokenLoader>(train, o);
+    if (const std::string val = c.get_string("data.val_tokens"); !val.empty()) {
+      o.batch_size(c.get_int("data.eval_batch_size"));
+      o.order().shuffle(false).num_replicas(1).rank(0);
+      val_ = std::make_unique<data::TokenLoader>(data::token_files(val), o);
+    }
+    std::cerr << fmt::format(
+        "char_gpt: {} token files ({} train windows of {}+1 tokens, {} validation), "
+        "vocabulary {}\n",
+        train.size(), train_->num_samples(), block_, val_ ? val_->num_samples() : 0, vocab_);
+  }
+
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
   int64_t tokens_per_sample() const override { return block_; }
   double train_flops_per_sample() const override {
     return static_cast<double>(net_->flops_per_token()) * static_cast<double>(block_);
   }
-  /// batch.input: uint8 [B, T+1]; predicts bytes 1..T from bytes 0..T-1.
+  /// batch.input: uint8 [B, T+1] (bytes) or int32 (tokens); predicts 1..T from 0..T-1.
   train::StepOutput training_step(const data::Batch& b) override {
     const torch::Tensor x = b.input.narrow(1, 0, block_).to(torch::kLong);
     const torch::Tensor y = b.input.narrow(1, 1, block_).to(torch::kLong);
@@ -81,11 +108,15 @@ class CharGptTask : public train::Task {
 
   CharGpt& net() { return net_; }
   int64_t block_size() const { return block_; }
+  /// 256 for bytes; a token file's vocabulary otherwise.
+  int64_t vocab_size() const { return vocab_; }
+  bool tokens() const { return dynamic_cast<const data::TokenLoader*>(train_.get()) != nullptr; }
 
  private:
   int64_t block_;
+  int64_t vocab_ = 256;
   CharGpt net_{nullptr};
-  std::unique_ptr<data::TensorLoader> train_, val_;
+  std::unique_ptr<data::Loader> train_, val_;
 };
 
 /// After training: validation bits per byte (the runner's val_loss is of the
@@ -94,7 +125,7 @@ void finish(train::Task& task, const core::Config& c, const recipe::RunContext& 
             const train::FitResult& fit, recipe::RunSummary& summary) {
   auto& t = dynamic_cast<CharGptTask&>(task);
   CharGpt& net = t.net();
-  if (fit.last_val.samples > 0)
+  if (fit.last_val.samples > 0 && !t.tokens())
     summary.extra["val_bpb"] = fit.last_val.loss / std::log(2.0);  // nats per byte -> bits per byte
   summary.extra["flops_per_token"] = static_cast<double>(net->flops_per_token());
   summary.extra["tokens_per_second"] = summary.samples_per_second * static_cast<double>(t.block_size());
@@ -105,7 +136,10 @@ void finish(train::Task& task, const core::Config& c, const recipe::RunContext& 
 
   const SampleOptions so = models::sample_options_from_config(c);
   const std::string prompt = c.get_string("sample.prompt");
-  if (so.length() > 0) {
+  if (so.length() > 0 && t.vocab_size() != 256) {
+    std::cout << "char_gpt: no text sample: the model's tokens are not bytes, and Ember has no tokenizer to "
+                 "decode them\n";
+  } else if (so.length() > 0) {
     const torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed());
     const std::string text = prompt + net->generate(prompt, so, gen);
     std::cout << fmt::format(
@@ -126,6 +160,17 @@ int main(int argc, char** argv) {
     c.declare("data.path", "/usr/share/games/fortunes",
               "a text file, or a folder whose regular files without an extension are concatenated by name",
               core::OnResume::kMayChange);
+    c.declare(
+        "data.tokens", "",
+        "llm.c token files (.bin) to train on instead of data.path, e.g. tok/train-{000000..000009}.bin "
+        "(tools/ember shards write TEXT OUT --from text)",
+        core::OnResume::kMayChange);
+    c.declare("data.val_tokens", "", "token files to validate on (with data.tokens; \"\" = none)",
+              core::OnResume::kMayChange);
+    c.declare("data.vocab_size", 0,
+              "the model's vocabulary with data.tokens (0 = the token format's: 50257 GPT-2, 128256 LLaMA-3; "
+              "256 for byte tokens)",
+              core::Bounds::between(0, 1 << 24));
     c.declare("data.block_size", CharGptOptions().block_size(), "context length in bytes (T)",
               core::Bounds::between(1, 1 << 16));
     c.declare("data.stride", 0, "bytes between the starts of training windows (0 = block_size)",

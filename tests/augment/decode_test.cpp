@@ -4,6 +4,7 @@
 // damaged and oversized files are refused. Pixel parity with torchvision:
 // tests/augment/decode_parity_test.py.
 #include <ember/augment/decode.h>
+#include <ember/augment/nvjpeg.h>
 #include <ember/augment/param.h>
 #include <ember/core/error.h>
 #include <gtest/gtest.h>
@@ -179,4 +180,24 @@ TEST(Decode, DamagedOversizedAndForeignFilesAreRefused) {
   EXPECT_NE(error(png, augment::DecodeOptions().max_pixels(100)).find("over max_pixels"), std::string::npos);
   EXPECT_EQ(error(jpeg), "");
   EXPECT_EQ(error(png), "");
+}
+
+// nvJPEG (augment/nvjpeg.h) decodes on a CUDA device only: without one (or
+// without nvJPEG) the decoder refuses to be made, saying why. Its decoding is
+// judged on a GPU by the device check's data rows (not yet run).
+TEST(Decode, NvjpegRefusesWhereItCannotRun) {
+  std::string why;
+  EXPECT_FALSE(augment::nvjpeg_available(torch::kCPU, &why));
+  EXPECT_FALSE(why.empty());
+  if (torch::cuda::is_available() && augment::nvjpeg_available(torch::kCUDA))
+    GTEST_SKIP() << "nvJPEG runs here";
+  why.clear();
+  EXPECT_FALSE(augment::nvjpeg_available(torch::kCUDA, &why));
+  try {
+    augment::NvjpegDecoder decoder(torch::kCUDA);
+    ADD_FAILURE() << "an nvJPEG decoder was made where nvjpeg_available says: " << why;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
 }

@@ -7,8 +7,8 @@ With EMBER_DEVICE_ALLOW_CPU=1 and no GPU, on the binaries of BUILD_DIR:
      its estimate; call 1 on one GPU within CALL1_WORK (420 s) of its 520 s
      budget (a 100 s margin), with several GPUs within the budget, call 2
      within its 200 s; every wave-3 row in call 1 before the speed goal, and
-     the speed goal in the first 30% of call 1; the wave-3 gtest filters
-     apart from the rest of the *Cuda cases;
+     the speed goal in the first 30% of call 1; the data rows in call 3; the
+     wave-3 gtest filters apart from the rest of the *Cuda cases;
   1. a budget too small for any row: every GPU row is skipped (those needing
      several GPUs say so), every other row is `not run (budget)`, and OUT
      holds exactly device_check.txt, device_check.jsonl and logs.tar.gz;
@@ -28,7 +28,9 @@ With EMBER_DEVICE_ALLOW_CPU=1 and no GPU, on the binaries of BUILD_DIR:
      scaling.py's JSON, lr-find's optim.lr= line, --measure's JSON), from
      tiny CPU runs: a changed output format fails here, not on a rented GPU;
      and the goals are judged right (met, not met, not judged) on fabricated
-     numbers;
+     numbers; the data rows on the CPU, on a small JPEG set made as the pack's
+     is: ember_bench_data's JSON line and image_folder's summary read, nvJPEG
+     refused on the CPU and the rows FAIL with its error line;
   6. a crash in a gtest process, on a fake gtest binary that dies (SIGSEGV) in
      a chosen case: that case is FAIL and the rest run in ONE new process (a
      filter naming exactly them), one more process per further crash; a death
@@ -65,7 +67,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "tools" / "dev" / "device_check.py"
 sys.path.insert(0, str(ROOT / "tools"))  # the check's parts, in the shared package embertools
 from embertools.device_check import (benches as dc_benches, cases as dc_cases, common as dc_common,  # noqa: E402
-                                     goals as dc_goals, long_rows as dc_long, schedule as dc_schedule)
+                                     goals as dc_goals, jpeg_set as dc_jpeg, long_rows as dc_long,
+                                     schedule as dc_schedule)
+sys.path.insert(0, str(ROOT / "tools" / "dev"))  # device_pack.make_jpeg_set: the pack's JPEG set, smaller
+import device_pack  # noqa: E402
 FILES = {"device_check.txt", "device_check.jsonl", "logs.tar.gz"}
 
 
@@ -156,6 +161,27 @@ def goal_judges():
     check(dc_benches.lr_suggestion("steepest ... valley rule: 0.02\noptim.lr=0.0123\n") == 0.0123
           and dc_benches.lr_suggestion("no line") is None, "lr_suggestion")
 
+    # The data rows: nvJPEG against the CPU threads; the loader's data wait and accuracies.
+    check(dc_goals.goal_status(dc_goals.decode_goals(4000.0, 5200.0)) == "ok", dc_goals.decode_goals(4000.0, 5200.0))
+    g = dc_goals.decode_goals(4000.0, 2000.0)
+    check(dc_goals.goal_status(g) == dc_goals.GOAL_NOT_MET and "nvJPEG 0.50x the CPU threads' images/s" in g[0]["text"], g)
+    check(dc_goals.goal_status(dc_goals.decode_goals(4000.0, None)) == dc_goals.NOT_JUDGED, "no nvJPEG number")
+    runs = {"CPU decode": {"data_share": 0.41, "test_accuracy": 0.96}, "nvJPEG": {"data_share": 0.08, "test_accuracy": 0.92}}
+    g = dc_goals.loader_goals(runs)
+    check(dc_goals.goal_status(g) == "ok" and g[0]["text"].startswith("data wait, the better run (nvJPEG) 8%"), g)
+    check(dc_goals.goal_status(dc_goals.loader_goals({k: dict(r, data_share=0.3) for k, r in runs.items()}))
+          == dc_goals.GOAL_NOT_MET, "both runs wait 30% of the step")
+    check(dc_goals.goal_status(dc_goals.loader_goals(dict(runs, nvJPEG={"data_share": 0.05, "test_accuracy": 0.2})))
+          == dc_goals.GOAL_NOT_MET, "an accuracy near chance")
+    check(dc_goals.goal_status(dc_goals.loader_goals({k: dict(r, data_share=None) for k, r in runs.items()}))
+          == dc_goals.NOT_JUDGED, "no data_share")
+    line = dc_long.data_bench_line('[bench] note\n{"side": "ember", "images": 1536, "threads": 16, "readers": 1, '
+                                   '"images_per_second": [5012.5, 5100.0], "dct_diff_mean": 0.0000, '
+                                   '"dct_diff_max": 0, "samples_skipped": 0}\n')
+    check(line["images_per_second"] == [5012.5, 5100.0] and line["samples_skipped"] == 0, line)
+    check(dc_jpeg.class_colour(0) == (64, 64, 64) and dc_jpeg.class_colour(5) == (192, 64, 192)
+          and len({dc_jpeg.class_colour(k) for k in range(dc_jpeg.CLASSES)}) == dc_jpeg.CLASSES, "class colours")
+
 
 def plan_checks():
     """0. The plan, from the module: sums, caps, order."""
@@ -183,6 +209,8 @@ def plan_checks():
     check(many and all(s["call"] == 1 and "GPUs" in s["name"] for s in many),
           "the rows needing several GPUs are in call 1 (skipped at once on one GPU) and say so in their names")
     check(any(s["name"].startswith("compute-sanitizer racecheck") for s in dc_schedule.planned_steps((2,))), "racecheck: call 2")
+    check({dc_long.DECODE_ROW, dc_long.LOADER_ROW} <= {s["name"] for s in dc_schedule.planned_steps((3,))},
+          "the data rows: call 3")
     m = dc_cases.gtest_match
     check(m("ShardingCuda.ZeroThreeMatchesDdp", dc_cases.WAVE3_SHARDING_FILTER)
           and m("SyncBatchNormCuda.TwoReplicas", dc_cases.WAVE3_SHARDING_FILTER)
@@ -362,6 +390,40 @@ def sanitizer_and_doctor():
     failing = json.dumps({"checks": checks, "exit": 1, "facts": facts})
     check(checks[2]["name"] == "gpus" and dc_goals.doctor_verdict(1, failing, expect)[0] == "FAIL", "the gpus check failed")
     check(dc_goals.doctor_verdict(-11, "Segmentation fault", expect)[0] == "FAIL", "no JSON")
+
+
+def data_rows(work, build):
+    """5. The data rows' code on the CPU: a small JPEG set made as device_pack.py makes the pack's (jpeg_set.py,
+    smaller images), the shards repeated into an epoch; decode_row and loader_row with device=cpu: the CPU
+    side's numbers read (ember_bench_data's JSON line, summary.json's monitor), nvJPEG refused on the CPU and
+    the row FAIL with that side's first error line."""
+    c = new_check(work, build)
+    jpeg = work / "jpeg"
+    counts = device_pack.make_jpeg_set(jpeg, build / "bin" / "ember_shards", splits=(("train", 16, 0), ("val", 8, 1)),
+                                       long_side=120, say=lambda _: None)
+    check(counts == {"train": 16, "val": 8} and dc_jpeg.split_images(jpeg, "train") == 16
+          and not (jpeg / "images").exists(), counts)
+    listed = json.loads((jpeg / "train.json").read_text())["shardlist"]
+    n = dc_jpeg.repeated_manifest(jpeg / "train.json", work / "elsewhere" / "x3.json", 3)
+    again = json.loads((work / "elsewhere" / "x3.json").read_text())["shardlist"]
+    check(n == 48 and len(again) == 3 * len(listed) and all(Path(e["url"]).is_absolute() and Path(e["url"]).is_file()
+                                                          for e in again), again)
+    c.jpeg = jpeg
+    dc_long.decode_row(c, "decode on the cpu", device="cpu", threads=1, per_epoch=32, batch=8, size=64, epochs=2)
+    r = c.results.rows[-1]
+    check(r["status"] == "FAIL" and "nvJPEG: exit 1: ember_bench_data: " in r["detail"]
+          and "nvjpeg" in r["detail"].split("ember_bench_data: ", 1)[1].lower() and "CPU decode" in r["detail"]
+          and r["numbers"]["cpu"]["images_per_second"] > 0 and r["numbers"]["cpu"]["images"] == 32, r)
+    print(f"5. the decode row on the CPU: {r['detail']}")
+    tiny = ("augment.size=[32,32]", "model.width=8", "model.blocks=1", "data.batch_size=16", "data.eval_batch_size=8",
+            "trainer.epochs=2", "sched.warmup_epochs=0.5", "trainer.precision=fp32", "trainer.threads=1")
+    dc_long.loader_row(c, "loader on the cpu", device="cpu", threads=1, per_epoch=32, args=tiny)
+    r = c.results.rows[-1]
+    check(r["status"] == "FAIL" and "nvJPEG: exit 2: error: " in r["detail"] and "data.stream.nvjpeg" in r["detail"], r)
+    cpu = r["numbers"]["cpu"]
+    check(cpu["samples_per_second"] > 0 and 0 <= cpu["data_share"] <= 1 and 0 <= cpu["test_accuracy"] <= 1
+          and cpu["steps"] == 4 and cpu["step_ms"] > 0, cpu)
+    print(f"5. the loader row on the CPU: {r['detail']}")
 
 
 def distributed_rows(work, build, data):
@@ -576,6 +638,7 @@ def main():
           and all(e["planned"] > 0 and e["measured"] > 0 and abs(e["error"]) < 1 for e in errors), errors)
     print("5. the sharding row's plan and bs-find read: " +
           ", ".join(f"{e['case']} {100 * e['error']:+.0f}%" for e in errors))
+    data_rows(work / "w5", build)
     crash_resume(work / "w6", build)
     print("6. gtest crash: the rest resumed in one process per crash; death at start, at exit, a hang at the cap")
     sanitizer_and_doctor()

@@ -6,7 +6,8 @@
 #  2. a folder of JPEGs of varied sizes (hundreds to over a thousand pixels a
 #     side) is sharded with the files' own bytes; image_folder trains from the
 #     shards with RandomResizedCrop, from a manifest, from http:// URLs of a
-#     real server on the loopback, and from pipe:cat;
+#     real server on the loopback (also through a local cache, one of whose
+#     entries is damaged between two runs), and from pipe:cat;
 #  3. a pipe: command that fails stops the run with its status and stderr.
 # Usage: shards_recipes.sh FASHION_MNIST_BIN IMAGE_FOLDER_BIN EMBER_SHARDS_BIN PYTHON FASHION_ROOT WORK
 set -euo pipefail
@@ -89,16 +90,41 @@ if not s['test_accuracy'] > 0.6:
 print('image_folder from JPEG shards (RandomResizedCrop 64 of 150..1400 px JPEGs): test_accuracy', s['test_accuracy'])
 " "$out/if-run/summary.json"
 
+# The ImageNet-style config (recipes/image_folder/imagenet.toml: RandomResizedCrop 224 from 0.08, flip, label
+# smoothing, a ResNet, cosine after warm-up, on_error=skip), its sizes made small: it trains end to end.
+"$image_folder" --config "$here/../../recipes/image_folder/imagenet.toml" data.shards="$out/js/train.json" \
+  data.test_shards="$out/js/val.json" data.num_classes=3 augment.size=[64,64] model.width=8 model.blocks=1 \
+  data.batch_size=24 data.eval_batch_size=36 trainer.epochs=4 trainer.threads=2 optim.lr=0.05 sched.warmup_epochs=0.5 \
+  data.stream.decode_threads=2 data.stream.streams=2 data.stream.shuffle_block=16 run.dir="$out/in-run" \
+  >"$out/in.out" 2>"$out/in.err" || { cat "$out/in.err"; fail "image_folder with imagenet.toml"; }
+"$py" -c "
+import json, sys
+s = json.load(open(sys.argv[1]))
+if not (s['test_accuracy'] > 0.5 and s['shard_samples_skipped'] == 0):
+    sys.exit(f'FAILED: imagenet.toml, small: test_accuracy {s[\"test_accuracy\"]}, want > 0.5; skipped {s[\"shard_samples_skipped\"]}')
+print('imagenet.toml (small sizes): test_accuracy', s['test_accuracy'])
+" "$out/in-run/summary.json"
+grep -q 'label_smoothing = 0.1' "$out/in-run/config.toml" || fail "imagenet.toml's label smoothing is not in the run's config"
+
+# nvJPEG decodes on a GPU: asked for on the CPU, the run is refused before any work.
+set +e
+"$image_folder" "${common[@]}" data.shards="$out/js/train.json" data.test_shards="$out/js/val.json" \
+  data.stream.nvjpeg=true trainer.device=cpu run.dir="$out/nvjpeg-run" >/dev/null 2>"$out/nvjpeg.err"; rc=$?
+set -e
+expect_rc 2 "$rc" "data.stream.nvjpeg on the CPU"
+expect_in "$out/nvjpeg.err" "data.stream.nvjpeg decodes JPEG images on the GPU: it needs trainer.device=cuda"
+
 # The same shards over HTTP (a brace pattern, counts cached) and through pipe:cat: the same run, bitwise.
 port_file="$out/port"
 "$py" -c "
 import http.server, functools, sys, threading
 h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])
-http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+log = open(sys.argv[3], 'a', buffering=1)  # one line per request: the cache test counts them
+http.server.SimpleHTTPRequestHandler.log_message = lambda self, f, *a: log.write((f % a) + '\n')
 s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), h)
 s.handle_error = lambda *a: None  # a reader that stops early resets its connection: not news
 open(sys.argv[2], 'w').write(str(s.server_address[1]))
-s.serve_forever()" "$out/js" "$port_file" &
+s.serve_forever()" "$out/js" "$port_file" "$out/requests.log" &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 50); do [[ -s "$port_file" ]] && break; sleep 0.1; done
@@ -120,6 +146,42 @@ for name in ("http-run", "pipe-run"):
     if any(runs[name][k] != runs["if-run"][k] for k in keys):
         sys.exit(f"FAILED: {name} ended at {[runs[name][k] for k in keys]}, the manifest's run at {[runs['if-run'][k] for k in keys]}")
 print("http:// and pipe:cat shards train to the manifest run's test loss and accuracy, to the last digit")
+PY
+
+# The same over http:// through a local cache: each shard fetched once; a cache entry damaged
+# between two runs (one byte, same size) is fetched again, never used; the same run to the last digit.
+requests() { grep -c "GET /$1 " "$out/requests.log" || true; }
+cached=(data.shards="http://127.0.0.1:$port/train-{000000..000007}.tar" data.stream.count_cache="$out/counts"
+        data.test_shards="http://127.0.0.1:$port/val-{000000..000002}.tar" data.stream.cache_dir="$out/cache")
+before3=$(requests train-000003.tar); before5=$(requests train-000005.tar)
+"$image_folder" "${common[@]}" "${cached[@]}" run.dir="$out/cache-run1" >"$out/cache1.out" 2>"$out/cache1.err" \
+  || { cat "$out/cache1.err"; fail "image_folder from http:// shards through the cache"; }
+[[ $(( $(requests train-000003.tar) - before3 )) == 1 ]] || fail "the cached run fetched train-000003.tar $(( $(requests train-000003.tar) - before3 )) times, want once"
+"$py" - "$out/cache" <<'PY'
+import sys
+from pathlib import Path
+entries = [p for p in Path(sys.argv[1]).iterdir() if p.name.endswith("train-000003.tar")]
+if len(entries) != 1:
+    sys.exit(f"FAILED: {len(entries)} cache entries for train-000003.tar")
+data = bytearray(entries[0].read_bytes())
+data[len(data) // 2] ^= 0x10
+entries[0].write_bytes(bytes(data))
+print(f"damaged the cache entry {entries[0].name} (one byte of {len(data)})")
+PY
+"$image_folder" "${common[@]}" "${cached[@]}" run.dir="$out/cache-run2" >"$out/cache2.out" 2>"$out/cache2.err" \
+  || { cat "$out/cache2.err"; fail "image_folder from http:// shards through a damaged cache"; }
+[[ $(( $(requests train-000003.tar) - before3 )) == 2 ]] || fail "the damaged entry of train-000003.tar was not fetched again"
+[[ $(( $(requests train-000005.tar) - before5 )) == 1 ]] || fail "the good entry of train-000005.tar was fetched again"
+"$py" - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+want = json.loads((out / "if-run" / "summary.json").read_text())
+for name in ("cache-run1", "cache-run2"):
+    got = json.loads((out / name / "summary.json").read_text())
+    if [got["test_accuracy"], got["test_loss"]] != [want["test_accuracy"], want["test_loss"]]:
+        sys.exit(f"FAILED: {name} ended at {got['test_accuracy']} {got['test_loss']}, the manifest's run at {want['test_accuracy']} {want['test_loss']}")
+print("http:// shards through the cache: each fetched once, the damaged entry fetched again; the same run to the last digit")
 PY
 
 # 3. A failing pipe: command stops the run with its status and stderr.

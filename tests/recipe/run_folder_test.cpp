@@ -293,6 +293,9 @@ core::Config every_recipes_keys() {
   c.declare("data.block_size", 128, "");
   c.declare("data.stride", 0, "");
   c.declare("data.val_fraction", 0.1, "");
+  c.declare("data.tokens", "", "", core::OnResume::kMayChange);
+  c.declare("data.val_tokens", "", "", core::OnResume::kMayChange);
+  c.declare("data.vocab_size", 0, "");
   for (const char* key :
        {"model.width", "model.blocks", "model.hidden", "model.n_layer", "model.n_head", "model.n_embd"})
     c.declare(key, 1, "");
@@ -334,7 +337,9 @@ TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndSt
       "trainer.device", "trainer.threads", "data.shards", "data.val_shards", "data.test_shards",
       "data.stream.count_cache", "data.stream.decode_threads", "data.stream.prefetch",
       "data.stream.read_ahead", "data.stream.readers", "data.stream.http_retries",
-      "data.stream.http_stall_seconds", "data.stream.max_member_bytes",
+      "data.stream.http_stall_seconds", "data.stream.max_member_bytes", "data.stream.cache_dir",
+      "data.stream.cache_gib", "data.stream.cache_verify", "data.stream.served_log", "data.tokens",
+      "data.val_tokens",
       // how the ranks share the state (checkpoints hold no shards)
       "dist.sharding"};
   const auto sorted = [](std::vector<std::string> v) {
@@ -354,10 +359,11 @@ TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndSt
     EXPECT_EQ(safe_keys(c), sorted(with_length)) << schedule;
   }
   // Everything else changes what is trained or in what order.
-  for (const char* key : {"data.batch_size", "data.val_size", "data.size", "augment.crop", "optim.lr",
-                          "sched.name", "trainer.seed", "trainer.precision", "dist.world_size",
-                          "dist.bucket_cap_mb", "prune.epochs", "prune.seed", "finetune.lr", "model.width",
-                          "data.block_size", "plan.steps", "lr_find.steps", "bs_find.steps"})
+  for (const char* key :
+       {"data.batch_size", "data.val_size", "data.size", "augment.crop", "optim.lr", "sched.name",
+        "trainer.seed", "trainer.precision", "dist.world_size", "dist.bucket_cap_mb", "prune.epochs",
+        "prune.seed", "finetune.lr", "model.width", "data.block_size", "data.vocab_size", "plan.steps",
+        "lr_find.steps", "bs_find.steps"})
     EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume(key, c)) << key;
   EXPECT_FALSE(recipe::key_is_safe_to_change_on_resume("trainer.progress_x", c)) << "not declared";
 }

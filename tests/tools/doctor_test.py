@@ -12,7 +12,8 @@ and on stand-ins, and the command line end to end.
    disk, memory, a data folder read whole.
 4. The real doctor here: without a GPU the GPU checks say "no GPU visible" and it exits 1; with
    --cpu-only they are skipped; a rendezvous on a closed local port fails naming host and port, on
-   a listening socket it is ok; bad command lines exit 2; --plan; tools/ember doctor forwards.
+   a listening socket it is ok; bad command lines exit 2; --plan (its CPU cores per GPU with the
+   plan's data_rate); tools/ember doctor forwards.
 
     python3 tests/tools/doctor_test.py [-v]
 """
@@ -465,6 +466,52 @@ class Data(unittest.TestCase):
         self.assertIn("does not exist", r.detail)
 
 
+class Cpu(unittest.TestCase):
+    """CPU cores per GPU here against what decoding the streamed shards needs per GPU."""
+
+    def test_enough_and_short(self):
+        need = 11.08  # 12 cores to have
+        r = judge("cpu", opts(cores_per_gpu=need, nproc=8), cpus={"count": 96, "affinity": 96})
+        self.assertEqual(r.status, "ok", r)
+        self.assertIn("96 CPU cores for 8 GPUs (--nproc 8): 12 per GPU", r.detail)
+        self.assertIn("12 cores per GPU needed (11.1; --cores-per-gpu)", r.detail)
+        # A cpuset of 64 of the 96: 8 a GPU, fewer than the 11.08 needed.
+        r = judge("cpu", opts(cores_per_gpu=need, nproc=8), cpus={"count": 96, "affinity": 64})
+        self.assertEqual(r.status, "warning", r)
+        self.assertTrue(r.detail.startswith("the GPUs will wait for data: 12 cores per GPU needed"), r.detail)
+        self.assertIn("8 here: 64 CPU cores (of 96: this process's affinity) for 8 GPUs", r.detail)
+        self.assertIn("data.stream.dct_scaling", r.todo)
+        # Cores are shared by all GPUs: 89 of them feed 8 GPUs at 11.08 each (88.64), 88 do not.
+        self.assertEqual(judge("cpu", opts(cores_per_gpu=need, nproc=8), cpus={"count": 89, "affinity": 89}).status,
+                         "ok")
+        self.assertEqual(judge("cpu", opts(cores_per_gpu=need, nproc=8), cpus={"count": 88, "affinity": 88}).status,
+                         "warning")
+
+    def test_from_the_plan(self):
+        o = opts(cores_per_gpu=20.0, nproc=1, cores_note="plan plan.json: H200 bf16-mixed at 16250 samples/s")
+        r = judge("cpu", o, cpus={"count": 16, "affinity": None})  # no affinity call: os.cpu_count()
+        self.assertEqual(r.status, "warning")
+        self.assertIn("20 cores per GPU needed at the plan's speed (plan plan.json: H200 bf16-mixed at 16250 "
+                      "samples/s), 16 here: 16 CPU cores for 1 GPU (--nproc 1)", r.detail)
+
+    def test_gpus_counted_as_the_gpus_check_does(self):
+        cpus = {"count": 64, "affinity": 64}
+        r = judge("cpu", opts(cores_per_gpu=6), cpus=cpus, torch=torch_facts(device_count=8))
+        self.assertEqual(r.status, "ok")
+        self.assertIn("64 CPU cores for 8 GPUs (as torch sees them): 8 per GPU", r.detail)
+        r = judge("cpu", opts(cores_per_gpu=6), cpus=cpus, torch=torch_facts(device_count=0), nvml=nvml_facts(n=4))
+        self.assertIn("for 4 GPUs (as the driver lists them): 16 per GPU", r.detail)
+        r = judge("cpu", opts(cores_per_gpu=6), cpus=cpus, torch={"python": "p", "error": "ImportError"}, nvml=NO_NVML)
+        self.assertEqual(r.status, "skipped")
+        self.assertIn("no GPU visible", r.detail)
+
+    def test_skipped(self):
+        r = judge("cpu")  # no need given: no fact read (the probe would raise)
+        self.assertEqual(r.status, "skipped")
+        self.assertIn("--cores-per-gpu", r.detail)
+        self.assertEqual(judge("cpu", opts(cores_per_gpu=4, cpu_only=True)).status, "skipped")
+
+
 class Summary(unittest.TestCase):
     def test_exit_and_table(self):
         ok, warn, fail = (doctor_common.Result("a", "ok", "fine"), doctor_common.Result("b", "warning", "hm", "do x"),
@@ -643,7 +690,8 @@ class ThisMachine(unittest.TestCase):
     def test_bad_command_lines(self):
         for args, word in ((["--rdzv", "head"], "HOST:PORT"), (["--rdzv", "head:0"], "HOST:PORT"),
                            (["--only", "gpu"], "no such check"), (["--nnodes", "0"], "--nnodes"),
-                           (["--ram-gib", "nan"], "--ram-gib"), (["--plan", "/no/such/plan.json"], "--plan")):
+                           (["--ram-gib", "nan"], "--ram-gib"), (["--plan", "/no/such/plan.json"], "--plan"),
+                           (["--cores-per-gpu", "0"], "--cores-per-gpu")):
             rc, _, err = run_doctor(*args)
             self.assertEqual(rc, 2, args)
             self.assertIn(word, err, args)
@@ -660,6 +708,29 @@ class ThisMachine(unittest.TestCase):
             self.assertEqual(doctor.read_plan(plan)[1], 2500.0)
             (Path(tmp) / "bad.json").write_text("{}")
             self.assertEqual(run_doctor("--plan", Path(tmp) / "bad.json")[0], 2)
+            self.assertIsNone(doctor.read_plan(plan)[3])  # no data_rate: no CPU need
+            rc, out, _ = run_doctor("--only", "cpu", "--plan", plan, "--nproc", "1")
+            self.assertRegex(out, r"skipped +cpu +no need given")
+
+    def test_plan_with_a_data_rate(self):
+        """A plan of a recipe streaming shards: the fastest GPU's CPU cores, far more than this machine has
+        (warning, exit 0); --cores-per-gpu wins over it."""
+        with tempfile.TemporaryDirectory() as tmp:
+            plan = Path(tmp) / "plan.json"
+            plan.write_text(json.dumps({"data_rate": {"images_per_core_second": 812.5, "samples": 2438,
+                                                      "seconds": 3.0, "decode_threads": 1},
+                                        "feeding": {"host_ram_bytes": GIB, "streams": False, "fastest": {
+                                            "gpu": "H200", "precision": "bf16-mixed", "samples_per_second": 8.125e6,
+                                            "storage_bytes_per_s_if_streamed": 2.5e9, "cpu_cores_per_gpu": 10000.0}}}))
+            self.assertEqual(doctor.read_plan(plan)[3], 10000.0)
+            rc, out, _ = run_doctor("--only", "cpu", "--plan", plan, "--nproc", "1")
+            self.assertEqual(rc, 0, out)
+            self.assertIn("warning  cpu  the GPUs will wait for data: 10000 cores per GPU needed at the plan's speed "
+                          "(plan plan.json: H200 bf16-mixed at 8125000 samples/s)", out)
+            rc, out, _ = run_doctor("--only", "cpu", "--plan", plan, "--nproc", "1", "--cores-per-gpu", "0.001")
+            self.assertEqual(rc, 0, out)
+            self.assertRegex(out, r"ok +cpu +\d+ CPU cores.* for 1 GPU \(--nproc 1\): .*1 core per GPU needed "
+                                  r"\(0\.001; --cores-per-gpu\)")
 
     def test_plan_that_is_no_file(self):
         """--plan /dev/zero was read without end (then the OOM killer, or a MemoryError traceback), a FIFO

@@ -33,10 +33,13 @@ at twice it. Rows run in the plan's order:
           racecheck, the latency target and tensor-core rounding, the
           head-pruned GPT, the GradScaler's parity with torch;
   call 3 (another lease): the long rows: the speed run's 5 seeds, the
+          data rows (the pack's JPEG shards decoded into 224 batches by a
+          CPU thread per core against nvJPEG, and image_folder training a
+          ResNet from them both ways: images/s, the monitor's data wait), the
           benches (augmentation bandwidth, monitoring, mixed precision,
           pruning, the whole speed table, weak scaling), accuracies that take
           minutes, char_gpt's GPU config, bs-find's out-of-memory search; one
-          command of it runs the first ~500 s of its 1250.
+          command of it runs the first ~500 s of its 1300.
 Before each row it compares the row's estimate with the time left and reports
 `not run (budget)` instead of starting what would not finish; a row stops at
 its cap (twice its estimate) or at the budget, whichever comes first, and

@@ -27,7 +27,9 @@ GPU of the table (tools/plan/gpus.toml, editable) and prints:
      largest batch that fits, time per step and per epoch, cost per epoch and
      per run (at --price or the table's usd_per_hour);
   2. feeding: host RAM the dataset and loader need, host-to-device and storage
-     read rates at the fastest GPU's samples/s;
+     read rates at the fastest GPU's samples/s; for a recipe streaming shards
+     (MEASURE.json's data_rate: samples one CPU core decodes a second) the CPU
+     cores each GPU needs at its samples/s, also a cores/GPU column of 1, 4, 5;
   3. data-parallel on 2/4/8 GPUs over NVLink, PCIe and networks;
   4. sharding and activation checkpointing (shown at --world-size N > 1, or
      when the measurement allows checkpointing): per GPU, for each dist.sharding

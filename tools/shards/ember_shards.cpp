@@ -13,11 +13,18 @@
 //                                               shards of an image folder (the files' own JPEG/PNG
 //                                               bytes), IDX or CIFAR files (.npy images), shuffled,
 //                                               with their manifest OUT_DIR/NAME.json (data/shard_writer.h)
+//   ember_shards write TEXT OUT_DIR --from text [--tokenizer bytes] [--tokens-per-shard N]
+//                [--val-fraction F]
+//                                               a text file or folder (data::read_text_corpus) as llm.c
+//                                               token files OUT_DIR/train-NNNNNN.bin (and val-...: the
+//                                               text's last F), one token per byte (data/tokens.h);
+//                                               other tokenizers: tools/ember shards tokenize
 //
 // A SHARD is a path, an http(s):// URL or pipe:COMMAND (data::open_shard);
 // --retries, --backoff and --stall set how HTTP is retried (data::HttpOptions).
 // Exit status: 0 done (verify: every shard agrees), 1 a shard is damaged,
 // unreadable or disagrees with the manifest, 2 a usage error.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -33,6 +40,8 @@
 #include "ember/data/shard_loader.h"
 #include "ember/data/shard_writer.h"
 #include "ember/data/shards.h"
+#include "ember/data/text.h"
+#include "ember/data/tokens.h"
 
 using namespace ember;
 
@@ -48,7 +57,9 @@ int usage(const std::string& why) {
          "       ember_shards write SOURCE OUT_DIR [--from folder|idx|cifar10|cifar100] [--split "
          "train|test]\n"
          "                 [--name NAME] [--shard-mb MB | --samples-per-shard N] [--seed S] [--no-shuffle]\n"
-         "                 [--threads N] [--base-url URL] [--verify]\n";
+         "                 [--threads N] [--base-url URL] [--verify]\n"
+         "       ember_shards write TEXT OUT_DIR --from text [--tokenizer bytes] [--tokens-per-shard N]\n"
+         "                 [--val-fraction F]\n";
   return 2;
 }
 
@@ -151,9 +162,34 @@ int verify(const std::vector<std::string>& args) {
   return bad == 0 ? 0 : 1;
 }
 
+/// Text as llm.c token files, one token per byte (vocabulary 256).
+int write_text(const std::string& source, const std::string& out, const std::string& tokenizer,
+               int64_t per_shard, double val_fraction) {
+  if (tokenizer != "bytes")
+    return usage(
+        "write --from text: this tool's tokenizer is 'bytes'; for a tokenizer file (tokenizer.json) "
+        "use tools/ember shards tokenize");
+  if (!(val_fraction >= 0 && val_fraction < 1)) return usage("write: --val-fraction is in [0, 1)");
+  const torch::Tensor bytes = data::read_text_corpus(source);
+  const int64_t n_val = static_cast<int64_t>(std::llround(val_fraction * static_cast<double>(bytes.size(0))));
+  const int64_t n_train = bytes.size(0) - n_val;
+  const auto written = [&](const char* name, int64_t begin, int64_t n) {
+    if (n == 0) return;
+    const std::vector<std::string> paths =
+        data::write_token_shards(out, name, bytes.narrow(0, begin, n), per_shard, data::TokenFormat::kGpt2);
+    std::fprintf(stderr, "[shards] %s: %lld tokens in %zu token files: %s/%s-{000000..%06zu}.bin\n",
+                 out.c_str(), static_cast<long long>(n), paths.size(), out.c_str(), name, paths.size() - 1);
+  };
+  written("train", 0, n_train);
+  written("val", n_train, n_val);
+  return 0;
+}
+
 int write(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
-  std::string from, split = "train";
+  std::string from, split = "train", tokenizer = "bytes";
+  int64_t tokens_per_shard = 100'000'000;  // llm.c's
+  double val_fraction = 0;
   data::ShardWriterOptions o;
   bool verify_after = false, named = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -176,6 +212,12 @@ int write(const std::vector<std::string>& args) {
       o.threads(std::stoll(args[++i]));
     } else if (a == "--base-url" && has_value) {
       o.base_url(args[++i]);
+    } else if (a == "--tokenizer" && has_value) {
+      tokenizer = args[++i];
+    } else if (a == "--tokens-per-shard" && has_value) {
+      tokens_per_shard = std::stoll(args[++i]);
+    } else if (a == "--val-fraction" && has_value) {
+      val_fraction = std::stod(args[++i]);
     } else if (a == "--no-shuffle") {
       o.shuffle(false);
     } else if (a == "--verify") {
@@ -190,6 +232,7 @@ int write(const std::vector<std::string>& args) {
   if (split != "train" && split != "test") return usage("write: --split is train or test");
   const std::string& source = positional[0];
   const std::string& out = positional[1];
+  if (from == "text") return write_text(source, out, tokenizer, tokens_per_shard, val_fraction);
   if (from.empty()) {
     from = core::is_file(source + "/train-images-idx3-ubyte.gz") ||
                    core::is_file(source + "/train-images-idx3-ubyte")
@@ -218,7 +261,7 @@ int write(const std::vector<std::string>& args) {
                                    fmt::format("{} {} {}", from, source, split));
     classes = fmt::format("{} classes", data::cifar_num_classes(co));
   } else {
-    return usage("write: --from is folder, idx, cifar10 or cifar100");
+    return usage("write: --from is folder, idx, cifar10, cifar100 or text");
   }
   if (!named) o.name(from == "folder" ? "shard" : split);
   const data::ShardWriteResult r = data::write_shards(out, samples, o);

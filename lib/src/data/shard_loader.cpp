@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 
 #include "core/check.h"
 #include "core/staging.h"
@@ -122,6 +124,7 @@ ShardLoader::ShardLoader(std::vector<ShardInfo> shards, SampleDecoder decode, Sh
 
 ShardLoader::~ShardLoader() {
   stop_threads();
+  if (served_log_ != nullptr) std::fclose(served_log_);
 }
 
 int64_t ShardLoader::part_size() const {
@@ -396,12 +399,28 @@ Batch ShardLoader::assemble(int64_t begin, int64_t end) {
   return batch;
 }
 
+void ShardLoader::log_served(const Batch& batch, int64_t number) {
+  if (served_log_ == nullptr) {
+    served_log_ = std::fopen(options_.served_log().c_str(), "a");
+    if (served_log_ == nullptr)
+      detail::fail(ErrorKind::kData, "[data] cannot append to {}: {}", options_.served_log(),
+                   std::strerror(errno));
+  }
+  std::string line = fmt::format("{} {}", batch.epoch, number);
+  const torch::Tensor ids = batch.index.contiguous();
+  for (int64_t i = 0; i < ids.numel(); ++i) line += fmt::format(" {}", ids.data_ptr<int64_t>()[i]);
+  line += '\n';
+  std::fwrite(line.data(), 1, line.size(), served_log_);
+  std::fflush(served_log_);
+}
+
 std::optional<Batch> ShardLoader::next() {
   torch::NoGradGuard no_grad;
   if (consumed_ >= end_) return std::nullopt;
   const int64_t begin = consumed_;
   const int64_t end = std::min(end_, begin + options_.batch_size());
   Batch batch = assemble(begin, end);
+  if (!options_.served_log().empty()) log_served(batch, begin / options_.batch_size());
   if (options_.transform()) batch = options_.transform()(std::move(batch));
   if (!options_.device().is_cpu()) {
     batch.input = detail::to_device_async(batch.input, options_.device());

@@ -185,6 +185,7 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   }
   if (spec.finish && (p.writer() || spec.finish_on_every_rank)) spec.finish(*task, config, ctx, fit, summary);
   if (!p.writer()) return 0;
+  detail::add_stream_counts(summary, *task);
   write_summary(ctx.run_dir() + "/summary.json", summary);
   std::cout << detail::result_line(summary, task->test_loader() != nullptr, ctx.run_dir());
   return 0;

@@ -95,6 +95,9 @@ int run_tool(const RecipeSpec& spec, const core::Config& config, const CommandLi
 RunSummary summarize(const std::string& recipe, const Processes& processes,
                      const train::TrainerOptions& options, const train::FitResult& fit,
                      torch::nn::Module& model);
+/// Adds "shard_samples_skipped" (samples left out under data.stream.on_error=skip
+/// by this rank's training, validation and test loaders) when the task streams shards.
+void add_stream_counts(RunSummary& summary, train::Task& task);
 /// The last line on stdout: test accuracy and loss, the extra numbers, epochs, speed, the summary's path.
 std::string result_line(const RunSummary& summary, bool has_test, const std::string& run_dir);
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "ember/augment/nvjpeg.h"
 #include "ember/core/enum_names.h"
 #include "ember/data/npy.h"
 #include "ember/recipe/classification.h"
@@ -74,8 +75,7 @@ bool holds_images(const data::ShardInfo& shard, const data::ShardOpener& open, i
 std::vector<data::ShardInfo> shards_of(const core::Config& c, const char* key, const StreamOptions& stream) {
   const std::string spec = c.get_string(key);
   if (spec.empty()) return {};
-  const data::HttpOptions http = stream.http();
-  const data::ShardOpener open = [http](const data::ShardInfo& s) { return data::open_shard(s, http); };
+  const data::ShardOpener open = shard_opener(stream);
   const std::string cache = c.get_string("data.stream.count_cache");
   std::string cache_file;
   if (!cache.empty()) cache_file = fmt::format("{}/{}-counts.json", cache, std::string(key).substr(5));
@@ -131,6 +131,20 @@ void declare_stream_keys(core::Config& c) {
   c.declare("data.stream.count_cache", "",
             "folder caching the sample counts of shards named without a manifest (\"\" = count every run)",
             OnResume::kMayChange);
+  c.declare("data.stream.cache_dir", "",
+            "folder caching remote shards (http(s)://, pipe:) on local disk (\"\" = read them at each visit)",
+            OnResume::kMayChange);
+  c.declare("data.stream.cache_gib", 64.0, "the most GiB the shard cache holds (least recently used evicted)",
+            Bounds::positive(), OnResume::kMayChange);
+  c.declare("data.stream.cache_verify", true, "check each cached shard's CRC-32 before use (its size always)",
+            OnResume::kMayChange);
+  c.declare(
+      "data.stream.nvjpeg", false,
+      "decode JPEG images on the GPU with nvJPEG (trainer.device=cuda; not yet run on a GPU: docs/data.md)");
+  c.declare("data.stream.served_log", "",
+            "a file each training batch's sample ids are appended to (\"EPOCH BATCH ID...\"; {rank} = the "
+            "rank): what each step trained on (\"\" = none)",
+            OnResume::kMayChange);
   c.add_check([](const core::Config& config) {
     (void)stream_options_from_config(config);
     if (!streaming(config)) return;
@@ -160,9 +174,18 @@ StreamOptions stream_options_from_config(const core::Config& c) {
       .dct_scaling(c.get_bool("data.stream.dct_scaling"))
       .max_pixels(c.get_int("data.stream.max_pixels"));
   s.label(c.get_string("data.stream.label"));
+  s.served_log(c.get_string("data.stream.served_log"));
+  s.nvjpeg(c.get_bool("data.stream.nvjpeg"));
   EMBER_CHECK_KIND(kConfig, s.label() == "cls" || (s.label().rfind("json:", 0) == 0 && s.label().size() > 5),
                    "[recipe] data.stream.label='{}': choose cls or json:FIELD", s.label());
   return s;
+}
+
+data::ShardOpener shard_opener(const StreamOptions& stream) {
+  const data::HttpOptions http = stream.http();
+  data::ShardOpener direct = [http](const data::ShardInfo& s) { return data::open_shard(s, http); };
+  if (!stream.cache()) return direct;
+  return [cache = stream.cache(), direct](const data::ShardInfo& s) { return cache->open(s, direct); };
 }
 
 ClassificationShards classification_shards_from_config(const core::Config& c, const StreamOptions& stream) {
@@ -180,13 +203,30 @@ ClassificationShards classification_shards_from_config(const core::Config& c, co
 }
 
 data::SampleDecoder classification_decoder(const augment::AugmentOptions& options, uint64_t seed,
-                                           const StreamOptions& stream, int64_t num_classes) {
-  return [options, seed, decode = stream.decode(), label = stream.label(), num_classes](
+                                           const StreamOptions& stream, int64_t num_classes,
+                                           torch::Device device) {
+  const bool nvjpeg = stream.nvjpeg();
+  if (nvjpeg) {
+    std::string why;
+    EMBER_CHECK_KIND(kConfig, augment::nvjpeg_available(device, &why), "[recipe] data.stream.nvjpeg: {}",
+                     why);
+    if (!device.has_index()) device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(0));
+  }
+  return [options, seed, decode = stream.decode(), label = stream.label(), num_classes, nvjpeg, device](
              const data::ShardSample& s, int64_t id, int64_t epoch) -> data::DecodedSample {
     torch::Tensor target = torch::tensor(label_of(s, label, num_classes), torch::kInt64);
-    for (const char* ext : kImageExtensions)
-      if (const std::string* image = s.find(ext))
-        return {augment::decode_image(*image, options, seed, id, epoch, decode), target};
+    for (const char* ext : kImageExtensions) {
+      const std::string* image = s.find(ext);
+      if (image == nullptr) continue;
+      if (nvjpeg && std::string_view(ext) != "png") {
+        // One decoder per decoder thread (its own CUDA stream), made at its first JPEG.
+        thread_local std::unique_ptr<augment::NvjpegDecoder> gpu;
+        if (!gpu || gpu->device() != device) gpu = std::make_unique<augment::NvjpegDecoder>(device);
+        return {gpu->decode_image(*image, options, seed, id, epoch, decode), target};
+      }
+      torch::Tensor decoded = augment::decode_image(*image, options, seed, id, epoch, decode);
+      return {nvjpeg ? decoded.to(device) : decoded, target};
+    }
     if (const std::string* npy = s.find("npy")) {
       torch::Tensor t = data::read_npy(*npy, "the .npy member");
       EMBER_CHECK_KIND(kData, t.scalar_type() == torch::kUInt8 && (t.dim() == 2 || t.dim() == 3),
@@ -207,8 +247,11 @@ ClassificationTask::ClassificationTask(torch::nn::AnyModule model, Classificatio
   EMBER_CHECK(!shards.train.empty() && !shards.test.empty(),
               "[recipe::ClassificationTask] no training or test shards");
   model_.ptr()->to(o.device());
-  const data::HttpOptions http = stream.http();
-  const data::ShardOpener open = [http](const data::ShardInfo& s) { return data::open_shard(s, http); };
+  EMBER_CHECK_KIND(kConfig, !stream.nvjpeg() || o.device().is_cuda(),
+                   "[recipe] data.stream.nvjpeg decodes JPEG images on the GPU: it needs trainer.device=cuda "
+                   "(this run trains on {})",
+                   o.device().str());
+  const data::ShardOpener open = shard_opener(stream);
   const bool images = holds_images(shards.train.front(), open, stream.loader().max_member_bytes());
   const augment::AugmentOptions eval = augment::eval_options(o.augment());
   // Images are cropped and flipped as they are decoded; tensors are augmented whole, as in memory.
@@ -218,6 +261,12 @@ ClassificationTask::ClassificationTask(torch::nn::AnyModule model, Classificatio
   const auto loader = [&](const std::vector<data::ShardInfo>& list, bool training) {
     data::ShardLoaderOptions l = stream.loader();
     l.open(open).device(o.device()).batch_size(training ? o.batch_size() : o.eval_batch_size());
+    if (training && !stream.served_log().empty()) {
+      std::string log = stream.served_log();
+      if (const size_t at = log.find("{rank}"); at != std::string::npos)
+        log.replace(at, 6, std::to_string(o.rank()));
+      l.served_log(log);
+    }
     l.order()
         .seed(o.seed())
         .shuffle(training)
@@ -229,8 +278,8 @@ ClassificationTask::ClassificationTask(torch::nn::AnyModule model, Classificatio
     } else {
       l.device_transform(batch_transform(a));
     }
-    return std::make_unique<data::ShardLoader>(list,
-                                               classification_decoder(a, o.seed(), stream, num_classes_), l);
+    return std::make_unique<data::ShardLoader>(
+        list, classification_decoder(a, o.seed(), stream, num_classes_, o.device()), l);
   };
   train_ = loader(shards.train, true);
   if (!shards.val.empty()) val_ = loader(shards.val, false);
@@ -248,7 +297,14 @@ std::unique_ptr<ClassificationTask> ClassificationTask::from_shards(const core::
                    num_classes);
   EMBER_CHECK_KIND(kConfig, keyed > 0 || num_classes > 0,
                    "[recipe] data.shards needs data.num_classes (the labels are 0..N-1)");
-  const StreamOptions stream = stream_options_from_config(c);
+  StreamOptions stream = stream_options_from_config(c);
+  if (const std::string dir = c.get_string("data.stream.cache_dir"); !dir.empty()) {
+    data::ShardCacheOptions cache;
+    cache.dir = dir;
+    cache.max_bytes = static_cast<int64_t>(c.get_float("data.stream.cache_gib") * double(int64_t{1} << 30));
+    cache.verify = c.get_bool("data.stream.cache_verify");
+    stream.cache(std::make_shared<data::ShardCache>(cache));
+  }
   ClassificationShards shards = classification_shards_from_config(c, stream);
   shards.num_classes = num_classes > 0 ? num_classes : keyed;
   return std::make_unique<ClassificationTask>(std::move(model), std::move(shards),

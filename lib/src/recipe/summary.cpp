@@ -5,6 +5,7 @@
 
 #include "core/json_number.h"
 #include "ember/core/file.h"
+#include "ember/data/shard_loader.h"
 #include "recipe/runner.h"
 
 namespace ember::recipe {
@@ -57,6 +58,18 @@ RunSummary summarize(const std::string& recipe, const Processes& p, const train:
     if (fit.last_val.accuracy >= 0) summary.extra["val_accuracy"] = fit.last_val.accuracy;
   }
   return summary;
+}
+
+void add_stream_counts(RunSummary& summary, train::Task& task) {
+  int64_t skipped = 0;
+  bool streamed = false;
+  for (data::Loader* loader : {&task.train_loader(), task.val_loader(), task.test_loader()}) {
+    if (const auto* shards = dynamic_cast<const data::ShardLoader*>(loader)) {
+      streamed = true;
+      skipped += shards->stats().samples_skipped;
+    }
+  }
+  if (streamed) summary.extra["shard_samples_skipped"] = static_cast<double>(skipped);
 }
 
 std::string result_line(const RunSummary& summary, bool has_test, const std::string& run_dir) {

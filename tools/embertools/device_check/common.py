@@ -12,6 +12,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from .jpeg_set import PACKED as JPEG_PACKED
 
 ROOT = Path(__file__).resolve().parents[3]  # the clone: tools/embertools/device_check/ is three below it
 PACK = ROOT / ".device"
@@ -26,10 +27,10 @@ CAP_FACTOR = 2  # a row is stopped at CAP_FACTOR x its estimate
 SETUP_ESTIMATE = 15
 MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 # Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
-RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune")
+RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune", "image_folder")
 BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
            "ember_bench_heads", "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding",
-           "ember_bench_activation_checkpoint")
+           "ember_bench_activation_checkpoint", "ember_bench_data")
 TESTS = ("ember_tests", "ember_ddp_worker", "ember_parity_grad_scaler")
 # The GPU test cases that compute-sanitizer runs: the two custom kernels.
 SANITIZED = "AugmentCuda.*:*OpsCuda.*"
@@ -103,6 +104,7 @@ class Check:
         self.info = {}
         self.data = None  # Fashion-MNIST folder
         self.text = None  # char_gpt's corpus
+        self.jpeg = None  # the data rows' JPEG shards (train.json, val.json: jpeg_set.py)
         self.current = None  # the step running now
         self.manifest = {}
         self.load_problem = None  # unloadable()'s answer
@@ -380,6 +382,9 @@ print("INFO " + json.dumps(d))
             if Path(t).is_dir():
                 self.text = Path(t)
                 break
+        jpeg = PACK / JPEG_PACKED
+        if (jpeg / "train.json").is_file() and (jpeg / "val.json").is_file():
+            self.jpeg = jpeg
 
     # ---- helpers for rows --------------------------------------------------
 

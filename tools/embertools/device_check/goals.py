@@ -114,6 +114,37 @@ def amp_goals(n):
                  "x the step without it", fmt="{:.3f}", missing="no fp16-mixed row with and without the scaler")]
 
 
+def decode_goals(cpu, gpu):
+    """The decode row's goal (ember_bench_data, long_rows.py), from the images/s of its two sides: nvJPEG
+    (data.stream.nvjpeg) decodes into the same 224 batches on the GPU at >= 1x the CPU decoder threads,
+    one per core. Why 1x: 16 cores are about one GPU's share of a DGX H100 (112 cores for 8 GPUs), and
+    nvJPEG is worth turning on only when it feeds a GPU at least as fast as that share of cores does
+    (its entropy decoding still runs on those threads: docs/data.md)."""
+    return [goal("nvJPEG", gpu / cpu if cpu and gpu else None, ">=", 1, "x the CPU threads' images/s",
+                 missing="a side gave no images/s")]
+
+
+LOADER_DATA_WAIT = 0.2  # the monitor's own warning: monitor.data_wait_warning's default (monitor.h)
+LOADER_ACCURACY = 0.5  # 4x chance on the JPEG set's 8 colour classes (jpeg_set.py)
+
+
+def loader_goals(runs):
+    """The loader row's goals (image_folder from the JPEG shards, long_rows.py), from runs = {label:
+    {"data_share", "test_accuracy", ...}} (a run that failed is absent): the better run waits for data
+    under LOADER_DATA_WAIT of its step time (the monitor's data_share; over it the monitor itself warns
+    that the input pipeline is the bottleneck), and every run ends at test accuracy >= LOADER_ACCURACY
+    (a loader that mixed up images and labels scores ~1/8)."""
+    shares = {k: r.get("data_share") for k, r in runs.items() if r.get("data_share") is not None}
+    best = min(shares, key=shares.get) if shares else None
+    goals = [goal(f"data wait, the better run ({best or 'none'})", 100 * shares[best] if best else None, "<",
+                  100 * LOADER_DATA_WAIT, "% of the step time", "%", fmt="{:.0f}",
+                  missing="no run gave the monitor's data_share")]
+    for k, r in runs.items():
+        goals.append(goal(f"{k}: test accuracy", r.get("test_accuracy"), ">=", LOADER_ACCURACY, fmt="{:.3f}",
+                          missing="no test_accuracy in its summary.json"))
+    return goals
+
+
 SPEEDRUN_IMAGES = 60000  # the speed run's goal is for the whole training set
 
 

@@ -1,4 +1,5 @@
-"""The long rows (call 3): the speedrun, the benches at full size, the recipes' accuracies.
+"""The long rows (call 3): the speedrun, the data rows (JPEG shards decoded on the CPU and with
+nvJPEG), the benches at full size, the recipes' accuracies.
 """
 import gzip
 import json
@@ -9,9 +10,10 @@ import time
 
 from .benches import bench_row, speed_cmd, speed_detail, speed_numbers
 from .cases import PRECISIONS
-from .common import Check, ROOT, first_failure, short
-from .goals import (accuracy_detail, accuracy_over, amp_goals, augment_goals, goal, goal_numbers, goal_status,
-    monitor_goals, recipe_row, speed_goals, speedrun_goals, step)
+from .common import Check, ROOT, exit_text, first_failure, short
+from .goals import (accuracy_detail, accuracy_over, amp_goals, augment_goals, decode_goals, goal, goal_numbers,
+    goal_status, loader_goals, monitor_goals, recipe_row, speed_goals, speedrun_goals, step)
+from .jpeg_set import CLASSES as JPEG_CLASSES, repeated_manifest, split_images
 
 
 # ---- the long rows: benches, accuracies -----------------------------------------------
@@ -47,6 +49,177 @@ def speedrun_gpu(c: Check):
     c.report(SPEEDRUN_ROW, goal_status(goals), "; ".join([g["text"] for g in goals] + [text]),
              numbers={"accuracy": accs, "train_seconds": secs, "train_images": train_images,
                       "goals": goal_numbers(goals)}, seconds=time.monotonic() - t0)
+
+
+# ---- the data rows: the packed JPEG shards, decoded by CPU threads and by nvJPEG -----------
+
+DECODE_ROW = "streamed JPEG decode into 224 batches: a CPU thread per core vs nvJPEG (cuda)"
+LOADER_ROW = "loader feeding a ResNet step: image_folder from JPEG shards, CPU decode vs nvJPEG, bf16 (cuda)"
+DATA_EPOCH = 1536  # samples an epoch of either row reads: the 48 packed training JPEGs 32 times over
+# The loader row's run: imagenet.toml (RandomResizedCrop 224 from 0.08, flip, label smoothing, SGD, cosine)
+# at 3 epochs of 12 steps. The model: models::CifarResNet width 32, one block a stage: ~2.4 G multiply-adds a
+# forward per 224 image (stem 0.04, stages 0.93, 0.72, 0.70), 0.6x ResNet-50's 4.1 G; it keeps 224 x 224 through
+# its first stage (ResNet-50's stem divides the side by 4), so it moves more memory per image. A step of the
+# same order as ResNet-50's: the pace a real ImageNet run asks the loader for.
+LOADER_ARGS = ("augment.size=[224,224]", "model.width=32", "model.blocks=1", "data.batch_size=128",
+               "trainer.epochs=3", "sched.warmup_epochs=0.5", "trainer.precision=bf16-mixed",
+               "trainer.channels_last=true")
+DATA_SIDES = (("CPU decode", "cpu"), ("nvJPEG", "nvjpeg"))  # (label, key of the row's numbers)
+
+
+def cores():
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def error_line(out, prefixes):
+    """The program's own error message: its first line starting with one of `prefixes` ('error: ' for a
+    recipe, 'ember_bench_data: ' for the bench), else first_failure()."""
+    return next((short(l, 300) for l in out.splitlines() if l.startswith(prefixes)), None) or first_failure(out)
+
+
+def data_bench_line(out):
+    """The JSON line ember_bench_data prints: {"side", "images", "threads", "readers", "images_per_second":
+    [one per epoch after the first], "dct_diff_mean", "dct_diff_max", "samples_skipped"}."""
+    for line in reversed(out.splitlines()):
+        if line.startswith("{") and '"side"' in line:
+            return json.loads(line)
+    raise ValueError("no JSON line in ember_bench_data's output")
+
+
+def data_epoch_manifest(c: Check, per_epoch):
+    """The packed training shards repeated into an epoch of >= per_epoch samples, in the work folder:
+    (manifest, samples an epoch, JPEGs, times over)."""
+    n = split_images(c.jpeg, "train")
+    times = max(1, -(-per_epoch // n))
+    manifest = c.work / "jpeg" / f"train_x{times}.json"
+    return manifest, repeated_manifest(c.jpeg / "train.json", manifest, times), n, times
+
+
+def nvjpeg_hint(c: Check):
+    """Why nvJPEG may be missing here, when the pack says so."""
+    if c.manifest and c.manifest.get("nvjpeg") is False:
+        return (" (the pack carries no libnvjpeg.so.13: the venv had no nvidia-nvjpeg wheel when it was packed; "
+                "tools/ember setup installs it)")
+    return ""
+
+
+def data_failures(c: Check, errors, skipped):
+    """The detail of a data row that failed: each side's error, samples skipped (the JPEGs are valid)."""
+    parts = [f"{label}: {errors[key]}" for label, key in DATA_SIDES if key in errors]
+    parts += [f"{label}: {skipped[key]} samples skipped (every packed JPEG is valid)" for label, key in DATA_SIDES
+              if skipped.get(key)]
+    return "; ".join(parts) + (nvjpeg_hint(c) if "nvjpeg" in errors else "")
+
+
+def decode_row(c: Check, name, device="cuda", threads=None, per_epoch=DATA_EPOCH, batch=128, size=224, epochs=3):
+    """ember_bench_data on the packed JPEG shards, twice: `threads` decoder threads (default one per
+    core) decoding on the CPU, then the same threads driving nvJPEG (--nvjpeg); each epoch is the
+    shards repeated to >= per_epoch samples, decoded into RandomResizedCrop `size` + flip, batches of
+    `batch` normalised on `device`; the median images/s of the epochs after the first. FAIL when a side
+    fails (nvJPEG's first error line in the detail) or skips a sample; else decode_goals() decide."""
+    if not c.jpeg:
+        c.report(name, "skip", "no JPEG shards (tools/ember device-pack packs them)")
+        return
+    t0 = time.monotonic()
+    threads = threads or cores()
+    manifest, images, n, times = data_epoch_manifest(c, per_epoch)
+    got, errors, skipped = {}, {}, {}
+    for label, key in DATA_SIDES:
+        rc, out = c.run([c.exe("ember_bench_data"), "--shards", manifest, "--device", device, "--threads", threads,
+                         "--batch", batch, "--size", size, "--epochs", epochs] + (["--nvjpeg"] if key == "nvjpeg"
+                                                                                  else []), f"data_decode_{key}.log")
+        if rc != 0:
+            errors[key] = f"{exit_text(rc)}: {error_line(out, ('ember_bench_data: ',))}"
+            continue
+        try:
+            j = data_bench_line(out)
+            got[key] = {"images_per_second": statistics.median(j["images_per_second"]),
+                        "epochs": j["images_per_second"], "threads": j["threads"], "images": j["images"]}
+            skipped[key] = j["samples_skipped"]
+        except (ValueError, KeyError, TypeError, statistics.StatisticsError) as e:
+            errors[key] = f"output not read ({type(e).__name__}: {short(e, 100)})"
+    text = "; ".join(f"{label} {got[key]['images_per_second']:.0f} images/s" for label, key in DATA_SIDES
+                     if key in got)
+    text = (f"{images} images an epoch ({n} JPEGs x {times}), batch {batch}, {threads} decoder thread"
+            f"{'s' if threads != 1 else ''}, {device}"
+            + (f": {text}" if text else ""))
+    if errors or any(skipped.values()):
+        c.report(name, "FAIL", data_failures(c, errors, skipped) + f"; {text}", numbers=got,
+                 seconds=time.monotonic() - t0)
+        return
+    goals = decode_goals(got["cpu"]["images_per_second"], got["nvjpeg"]["images_per_second"])
+    c.report(name, goal_status(goals), "; ".join([g["text"] for g in goals] + [text]),
+             numbers=dict(got, goals=goal_numbers(goals)), seconds=time.monotonic() - t0)
+
+
+def loader_row(c: Check, name, device="cuda", threads=None, per_epoch=DATA_EPOCH, args=LOADER_ARGS):
+    """image_folder (recipes/image_folder/imagenet.toml, `args` over it) trained from the packed JPEG
+    shards on `device` twice: decoded by `threads` CPU threads (default one per core), then with
+    data.stream.nvjpeg=true; each epoch the shards repeated to >= per_epoch samples, the test on the
+    packed val shards. Reports each run's samples/s, the monitor's data_share (the share of the step
+    time spent waiting for the batch: does the GPU starve?) and test accuracy. FAIL when a run fails
+    (its first error line) or skips a sample; else loader_goals() decide."""
+    if not c.jpeg:
+        c.report(name, "skip", "no JPEG shards (tools/ember device-pack packs them)")
+        return
+    t0 = time.monotonic()
+    threads = threads or cores()
+    manifest, images, n, times = data_epoch_manifest(c, per_epoch)
+    runs, errors, skipped = {}, {}, {}
+    for label, key in DATA_SIDES:
+        run = c.runs_dir(f"loader-{key}")
+        rc, v, out = c.recipe("image_folder", f"data_loader_{key}.log",
+                              ["--config", ROOT / "recipes" / "image_folder" / "imagenet.toml",
+                               f"data.shards={manifest}", f"data.test_shards={c.jpeg / 'val.json'}",
+                               f"data.num_classes={JPEG_CLASSES}", f"trainer.device={device}",
+                               f"data.stream.decode_threads={threads}", *args,
+                               *(["data.stream.nvjpeg=true"] if key == "nvjpeg" else []), f"run.dir={run}"])
+        if rc != 0:
+            errors[key] = f"{exit_text(rc)}: {error_line(out, ('error: ',))}"
+            continue
+        try:
+            s = json.loads((run / "summary.json").read_text())
+            monitor = s.get("monitor") or {}
+            runs[key] = {"samples_per_second": s["samples_per_second"], "data_share": monitor.get("data_share"),
+                           "step_ms": monitor.get("step_ms"), "test_accuracy": s["test_accuracy"],
+                           "steps": s["steps"], "train_seconds": s["train_seconds"]}
+            skipped[key] = s.get("shard_samples_skipped", 0)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            errors[key] = f"summary.json not read ({type(e).__name__}: {short(e, 100)})"
+
+    def said(r):
+        f = lambda k, fmt, scale=1: "?" if r[k] is None else fmt.format(scale * r[k])
+        return (f"{f('samples_per_second', '{:.0f}')} samples/s, data wait {f('data_share', '{:.0f}%', 100)} of "
+                f"the step time (step {f('step_ms', '{:.1f}')} ms), test accuracy {f('test_accuracy', '{:.3f}')}")
+
+    text = (f"{images} samples an epoch ({n} JPEGs x {times}), {threads} decoder thread{'s' if threads != 1 else ''}, "
+            f"{device}: "
+            + "; ".join(f"{label}: {said(runs[key])}" for label, key in DATA_SIDES if key in runs))
+    if errors or any(skipped.values()):
+        c.report(name, "FAIL", data_failures(c, errors, skipped) + f"; {text}", numbers=runs,
+                 seconds=time.monotonic() - t0)
+        return
+    goals = loader_goals({label: runs[key] for label, key in DATA_SIDES})
+    c.report(name, goal_status(goals), "; ".join([g["text"] for g in goals] + [text]),
+             numbers=dict(runs, goals=goal_numbers(goals)), seconds=time.monotonic() - t0)
+
+
+@step(DECODE_ROW)
+def decode_gpu(c: Check):
+    """nvJPEG's first run on a GPU (docs/data.md: "On the GPU: nvJPEG"), against the CPU's decoder threads
+    feeding the same GPU batches. Two processes of ~3 s start each; 3 epochs of 1536 images."""
+    decode_row(c, DECODE_ROW)
+
+
+@step(LOADER_ROW)
+def loader_gpu(c: Check):
+    """The streamed loader feeding a training step on the GPU, from CPU threads and from nvJPEG: two
+    image_folder runs of 36 steps at batch 128 and a test pass."""
+    loader_row(c, LOADER_ROW)
 
 
 @step("augment bench: kernel vs copy bandwidth (cuda)")

@@ -6,7 +6,7 @@ from .cases import (BS_FIND_ROW, GPU_CASES_ROW, PLAN_ROW, SHARDING_GPUS_ROW, SHA
     WAVE3_AC_ROW, WAVE3_SHARDING_ROW)
 from .common import CAP_FACTOR, SETUP_ESTIMATE
 from .goals import DOCTOR_ROW, STEPS
-from .long_rows import SPEEDRUN_ROW, SPEED_TABLE_ROW
+from .long_rows import DECODE_ROW, LOADER_ROW, SPEEDRUN_ROW, SPEED_TABLE_ROW
 
 
 # ---- the plan ---------------------------------------------------------------------------
@@ -20,7 +20,7 @@ from .long_rows import SPEEDRUN_ROW, SPEED_TABLE_ROW
 # capped at CAP_FACTOR x its estimate. Call 1 runs in this order; the wave-3 rows and the speed goal
 # come first so that an overrun elsewhere cannot cost them.
 PLAN = [
-    (1, "binaries load (every library found)", 4, "ldd on 17 executables and the listing: in the set-up with the "
+    (1, "binaries load (every library found)", 4, "ldd on 18 executables and the listing: in the set-up with the "
                                                   "pack, in this row with --binaries or a build (3.1-5.4 s here)"),
     (1, "kernels, emulated launches (CPU)", 5, "the *Emulated cases, CPU only: 3.1-5.2 s here"),
     (1, DOCTOR_ROW, 8, "stdlib; torch imported in a child (~4 s), NVML through ctypes: 3.5-10.5 s here "
@@ -67,6 +67,13 @@ PLAN = [
     (3, BS_FIND_ROW, 15, "~3 s start, ~10 batch sizes on a 2 GiB cap (the gtest case recovers a real OOM "
                          "in call 1)"),
     (3, SPEEDRUN_ROW, 90, "5 seeds x ~10 s when the goal is met (< 5 s of training each)"),
+    (3, DECODE_ROW, 20, "2 ember_bench_data processes (~3 s start each), 3 epochs of 1536 JPEGs: ~1 s on 16 "
+                        "threads at ~5000 images/s (FFCV's 326 per core, ours cheaper: 25 KB files); nvJPEG, never "
+                        "run, up to ~10 s at 500 images/s"),
+    (3, LOADER_ROW, 30, "2 image_folder runs (~3 s start, cuDNN's first convolutions), 36 steps at batch 128: "
+                        "4608 images of 14 GFLOPs a training step each (~0.5 s at 100-200 TFLOP/s) or the "
+                        "decoding's pace (~1 s at ~5000 images/s), a test pass of 24 images; nvJPEG's run slower "
+                        "if it decodes slower"),
     (3, SCALING_ROW, 40, "1 rank on one GPU: 3 repeats x ~5 s; about 4x that with 8 GPUs"),
     (3, "augment bench: kernel vs copy bandwidth (cuda)", 30, "one process, 224 px pipelines, copy bandwidth"),
     (3, "monitor overhead bench (cuda)", 35, "5 rounds x 3 settings x 100 steps at batch 256"),

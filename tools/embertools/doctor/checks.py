@@ -1,6 +1,7 @@
 """The doctor's judging: each check takes the probe and the options and returns a Result; then the
 exit status and the text.
 """
+import math
 import os
 
 from embertools.net import IFF_LOOPBACK, is_loopback, nccl_socket_interfaces, usable_interfaces
@@ -452,6 +453,53 @@ def check_data(probe, opts):
     return Result("data", "ok", detail)
 
 
+CPU_TODO = ("a node with more CPU cores per GPU, JPEG crops decoded at 1/2 to 1/8 size "
+            "(data.stream.dct_scaling=true, the default), smaller images in the shards, or augmentation on the GPU")
+
+
+def _gpus_to_feed(probe, opts):
+    """(GPUs this node's run feeds, how counted): --nproc; else the GPUs torch sees; else those NVML lists
+    (torch sees none: the gpus check says why); 0 when none."""
+    if opts.nproc is not None:
+        return opts.nproc, f"--nproc {opts.nproc}"
+    t = probe["torch"]
+    seen = None if t.get("error") else t.get("device_count")
+    if seen:
+        return seen, "as torch sees them"
+    n = probe["nvml"]
+    return len([] if n.get("error") else n.get("gpus", [])), "as the driver lists them"
+
+
+def check_cpu(probe, opts):
+    """CPU cores per GPU here (the affinity set, else os.cpu_count(), over the GPUs to feed) against what
+    each GPU needs decoding its samples: the plan's cpu_cores_per_gpu (its fastest GPU at its speed,
+    from MEASURE.json's data_rate) or --cores-per-gpu."""
+    if opts.cores_per_gpu is None:
+        return Result("cpu", "skipped", "no need given: --plan PLAN.json of a recipe that streams shards "
+                      "(its data_rate), or --cores-per-gpu N")
+    if opts.cpu_only:
+        return Result("cpu", "skipped", "--cpu-only: no GPU to feed")
+    c = probe["cpus"]
+    cores = c.get("affinity") or c.get("count")
+    if not cores:
+        return Result("cpu", "warning", f"cannot count the CPU cores ({c.get('error', 'os.cpu_count() is None')})",
+                      "nproc shows them")
+    gpus, how = _gpus_to_feed(probe, opts)
+    if not gpus:
+        return Result("cpu", "skipped", "no GPU visible (see gpus); --nproc N gives the GPUs to feed")
+    total = c.get("count")
+    here = (f"{cores} CPU cores" + (f" (of {total}: this process's affinity)" if total and total != cores else "")
+            + f" for {gpus} GPU{'s' if gpus > 1 else ''} ({how})")
+    need, have = opts.cores_per_gpu, cores / gpus
+    whole = math.ceil(need - 1e-9)  # a part of a core is a core to have
+    exact = "" if whole == need else (f"{need:.1f}; " if need >= 1 else f"{need:.2g}; ")
+    at = " at the plan's speed" if opts.cores_note.startswith("plan ") else ""
+    needed = f"{whole} core{'s' if whole != 1 else ''} per GPU needed{at} ({exact}{opts.cores_note})"
+    if cores < need * gpus:
+        return Result("cpu", "warning", f"the GPUs will wait for data: {needed}, {_n(have)} here: {here}", CPU_TODO)
+    return Result("cpu", "ok", f"{here}: {_n(have)} per GPU; decoding the data: {needed}")
+
+
 CHECKS = {
     "torch": check_torch,
     "driver": check_driver,
@@ -466,6 +514,7 @@ CHECKS = {
     "disk": check_disk,
     "ram": check_ram,
     "data": check_data,
+    "cpu": check_cpu,
 }
 
 

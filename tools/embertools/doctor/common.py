@@ -43,9 +43,11 @@ class Options:
     ram_gib: float | None = None      # host RAM the run needs, GiB
     disk_gib: float | None = None     # free disk the run needs, GiB
     data_mbs: float | None = None     # read rate the run needs, MB/s (10^6 bytes)
+    cores_per_gpu: float | None = None  # CPU cores each GPU needs decoding its data (the plan's data_rate)
+    cores_note: str = "--cores-per-gpu"  # where cores_per_gpu came from
     read_mib: int = 256
     timeout: float = 3.0              # seconds, the rendezvous connection
-    plan_note: str = ""               # where ram_gib / data_mbs came from, when from --plan
+    plan_note: str = ""               # where ram_gib / data_mbs / cores_per_gpu came from, when from --plan
     env: dict = field(default_factory=lambda: dict(os.environ))
 
 

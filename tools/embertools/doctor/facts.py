@@ -1,5 +1,5 @@
 """The doctor's facts: what this machine says (torch in a child process, the hostname, the rendezvous,
-disks, memory, /dev/shm, the data's read rate), each read once, when a check first asks (Probe).
+disks, memory, /dev/shm, the data's read rate, the CPU cores), each read once, when a check first asks (Probe).
 A test gives them instead.
 """
 import contextlib
@@ -180,6 +180,13 @@ def read_meminfo():
     return out
 
 
+def read_cpus():
+    """{"count": os.cpu_count(), "affinity": the CPUs this process may run on (sched_getaffinity: a
+    container's or taskset's cpuset), or None where the platform has no such call}."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {"count": os.cpu_count(), "affinity": affinity}
+
+
 def read_shm():
     try:
         return {"total": shutil.disk_usage("/dev/shm").total}
@@ -257,6 +264,7 @@ READERS = {
     "disk": lambda o: read_disk(o.disk),
     "meminfo": lambda o: read_meminfo(),
     "shm": lambda o: read_shm(),
+    "cpus": lambda o: read_cpus(),
     "data": lambda o: read_data(o.data, o.read_mib * MIB),
 }
 

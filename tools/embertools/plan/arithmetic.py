@@ -221,6 +221,13 @@ def host_ram_bytes(resident_bytes, batch, sample_bytes, staged_batches=LOADER_HO
     return resident_bytes + staged_batches * batch * sample_bytes
 
 
+def cpu_cores_per_gpu(samples_per_second_per_gpu, images_per_core_second):
+    """CPU cores that decode a GPU's training samples as fast as it trains on them: its samples/s over
+    what one core decodes a second (MEASURE.json's data_rate, measured with one decoder thread). A
+    fraction: the display rounds it up."""
+    return samples_per_second_per_gpu / images_per_core_second
+
+
 # Sharding (dist.sharding) and activation checkpointing (model.activation_checkpoint_every): the model
 # of docs/planning.md's "sharding" and "activation checkpointing", as pure functions of numbers.
 

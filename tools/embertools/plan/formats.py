@@ -1,5 +1,6 @@
 """Numbers and tables as the plan prints them: bytes, rates, seconds, dollars, SI prefixes.
 """
+import math
 
 from .constants import GIB, MIB
 
@@ -56,6 +57,11 @@ def fmt_si(x):
 
 def fmt_count(n):
     return f"{n:,.0f}"
+
+
+def fmt_cores(x):
+    """CPU cores, rounded up: 11.08 -> "12" (a part of a core is a core to have)."""
+    return f"{math.ceil(x - 1e-9):,}"
 
 
 def table(headers, rows, right=()):

@@ -87,7 +87,25 @@ def load_measurement(path):
                 # Means over the counted steps: a read every 8 steps makes a fraction.
                 ops[key] = _number(ops, key, f"{path}: step_ops", minimum=1 if key == "eager" else 0)
     _check_scaling_fields(m, path)
+    _check_data_rate(m, path)
     return m
+
+
+def _check_data_rate(m, path):
+    """data_rate (optional: a recipe streaming data.shards): {images_per_core_second > 0, samples,
+    seconds, decode_threads}, the training samples one CPU core decodes a second."""
+    rate = m.get("data_rate")
+    if rate is None:
+        return
+    where = f"{path}: data_rate"
+    if not isinstance(rate, dict):
+        raise PlanError(f"{where}: expected an object {{images_per_core_second, samples, seconds, decode_threads}}")
+    if _number(rate, "images_per_core_second", where) <= 0:
+        raise PlanError(f"{where}: 'images_per_core_second' {rate['images_per_core_second']} must be positive "
+                        f"(remeasure: plan.data_seconds longer)")
+    _optional_number(rate, "samples", where, minimum=1, integer=True)
+    _optional_number(rate, "seconds", where)
+    _optional_number(rate, "decode_threads", where, minimum=1, integer=True)
 
 
 def _optional_number(obj, key, where, minimum=0, integer=False):

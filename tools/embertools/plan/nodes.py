@@ -14,7 +14,8 @@ from .constants import (BACKWARD_SHARE, DEFAULT_MFU, GATHERED_BLOCKS, GIB, LIGHT
     PRECISIONS, PlanError)
 from .formats import fmt_bytes, fmt_seconds
 from .inputs import choose_mfu, describe_mfu, find_run_calibrations
-from .rows import best_row_per_gpu, data_parallel, feeding, graph_pool_doubles, memory_model, plan_rows, recommend
+from .rows import (add_cpu_cores, best_row_per_gpu, data_parallel, feeding, graph_pool_doubles, memory_model, plan_rows,
+    recommend)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -361,6 +362,7 @@ def make_plan(m, gpus, prices, args, measurement_path):
                           for p in precisions},
         "rows": [asdict(r) for r in rows],
         "feeding": feeding(m, rows, args.host_ram_gib, args.margin, gpus),
+        **({"data_rate": dict(m["data_rate"])} if m.get("data_rate") is not None else {}),
         "data_parallel": {
             "rule": f"ring all-reduce 2(n-1)/n x gradient_bytes / link bandwidth, no overlap; pays when "
                     f"t_step / (t_step + t_allreduce) >= {PAYS_EFFICIENCY}",
@@ -375,4 +377,5 @@ def make_plan(m, gpus, prices, args, measurement_path):
         "recommendation": recommendation,
         "notes": notes,
     }
+    add_cpu_cores(plan)
     return plan

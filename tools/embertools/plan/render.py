@@ -2,7 +2,7 @@
 """
 
 from .constants import COLLECTIVE_OF, GIB, GPU_COUNTS, PAYS_EFFICIENCY, ZERO_NAMES
-from .formats import fmt_bytes, fmt_count, fmt_rate, fmt_seconds, fmt_si, fmt_usd, table
+from .formats import fmt_bytes, fmt_cores, fmt_count, fmt_rate, fmt_seconds, fmt_si, fmt_usd, table
 from .nodes import _nodes_word
 from .rows import largest_paying
 
@@ -48,7 +48,9 @@ def render(plan):
     out.append(f"GPUs at batch {ms['batch_size']} per GPU (per-step and epoch times at the MFU above; "
                f"* = launch-bound)")
     priced = any(r["usd_per_hour"] is not None for r in plan["rows"])
+    fed = "data_rate" in plan  # a recipe streaming shards: the CPU cores each GPU needs (cores/GPU)
     headers = ["GPU", "GiB", "precision", "fits", "max batch", "TFLOP/s", "step", "epoch"]
+    headers += ["cores/GPU"] if fed else []
     headers += ["$/h", "$/epoch", "$/run"] if priced else []
     body, last = [], None
     for r in plan["rows"]:
@@ -57,6 +59,8 @@ def render(plan):
                  fmt_count(r["largest_batch"]) if r["largest_batch"] else "none", f"{r['peak_tflops']:g}",
                  (fmt_seconds(r["step_seconds"]) + ("*" if r["launch_bound"] else "")) if timing else "-",
                  fmt_seconds(r["epoch_seconds"]) if timing else "-"]
+        if fed:
+            cells.append(fmt_cores(r["cpu_cores_per_gpu"]) if timing else "-")
         if priced:
             cells += [fmt_usd(r["usd_per_hour"]), fmt_usd(r["usd_per_epoch"]) if timing else "-",
                       fmt_usd(r["usd_per_run"]) if timing else "-"]
@@ -67,8 +71,8 @@ def render(plan):
         body.append([r["gpu"] if r["gpu"] != last else "", f"{r['memory_gib']:g}" if r["gpu"] != last else ""]
                     + cells)
         last = r["gpu"]
-    out.append(table(headers, body, right={"GiB", "max batch", "TFLOP/s", "step", "epoch", "$/h", "$/epoch",
-                                           "$/run"}))
+    out.append(table(headers, body, right={"GiB", "max batch", "TFLOP/s", "step", "epoch", "cores/GPU", "$/h",
+                                           "$/epoch", "$/run"}))
     if not priced:
         out.append("(no prices: --price GPU=USD_PER_HOUR adds cost per epoch and per run)")
 
@@ -95,6 +99,8 @@ def render(plan):
                    + ("" if f["streams"] else " if it had to stream"))
         out.append(f"  fastest    {x['gpu']} {x['precision']}: {fmt_count(x['samples_per_second'])} samples/s "
                    f"need\n             {h2d}; {storage}")
+    if fed:
+        out.extend(render_cpu_cores(plan))
 
     dp = plan["data_parallel"]
     if dp["gpus"]:
@@ -151,6 +157,21 @@ def render(plan):
     return "\n".join(out)
 
 
+def render_cpu_cores(plan):
+    """The feeding section's CPU line: what one core decodes (measured) and the cores the fastest GPU needs."""
+    rate, x = plan["data_rate"], plan["feeding"]["fastest"]
+    per_core = rate["images_per_core_second"]
+    measured = (f"measured: {fmt_count(rate['samples'])} samples in {rate['seconds']:.1f} s" if rate.get("samples")
+                and rate.get("seconds") else "measured")
+    out = [f"  CPU cores  one core decodes {per_core:,.1f} samples/s ({measured}, one decoder thread)"]
+    if x:
+        out[0] += ":"
+        out.append(f"             {x['gpu']} {x['precision']} needs {fmt_cores(x['cpu_cores_per_gpu'])} cores per GPU "
+                   f"({fmt_count(x['samples_per_second'])} / {per_core:,.1f} = {x['cpu_cores_per_gpu']:.1f}; cores/GPU "
+                   f"above);\n             tools/ember doctor --plan compares a node's cores per GPU")
+    return out
+
+
 def render_configurations(plan):
     """The text of the sharding and checkpointing section: the state per GPU of each stage, the
     activations per mode, and one row per GPU x stage x mode."""
@@ -202,7 +223,9 @@ def render_configurations(plan):
     priced = any(r["usd_per_hour"] is not None for r in cfg["rows"])
     rec = plan["recommendation"]
     heads = ["GPU", "GiB", "precision", "sharding", "checkpoint", "memory", "fits", "max batch"]
-    heads += (["link", "comm"] if n > 1 else []) + ["step", "epoch"] + (["$/run"] if priced else []) + [""]
+    fed = "data_rate" in plan
+    heads += (["link", "comm"] if n > 1 else []) + ["step", "epoch"] + (["cores/GPU"] if fed else [])
+    heads += (["$/run"] if priced else []) + [""]
     body, last = [], None
     for r in cfg["rows"]:
         timing = r["fits"]
@@ -215,6 +238,8 @@ def render_configurations(plan):
             cells += [r["link"], fmt_seconds(r["communication_seconds"])]
         cells += [(fmt_seconds(r["step_seconds"]) + ("*" if r["launch_bound"] else "")) if timing else "-",
                   fmt_seconds(r["epoch_seconds"]) if timing else "-"]
+        if fed:
+            cells.append(fmt_cores(r["cpu_cores_per_gpu"]) if timing else "-")
         if priced:
             cells.append(fmt_usd(r["usd_per_run"]) if timing else "-")
         cells.append("<- recommended" if picked else "")
@@ -225,7 +250,7 @@ def render_configurations(plan):
                + (", communication per optimizer step on the link (no overlap with compute)" if n > 1 else "")
                + ", step and epoch with recomputation" + (f", $/run on all {n} GPUs" if priced and n > 1 else ""))
     out.extend("  " + line for line in table(
-        heads, body, right={"GiB", "memory", "max batch", "comm", "step", "epoch", "$/run"}).split("\n"))
+        heads, body, right={"GiB", "memory", "max batch", "comm", "step", "epoch", "cores/GPU", "$/run"}).split("\n"))
     return out
 
 
@@ -254,8 +279,9 @@ def render_nodes(plan):
                f"a node, {lat['network_hop']:g} us a step across")
     out.append(f"  busbw = min(intra link, NICs x NIC); the gradients' reduction overlaps backward ("
                f"{a['backward_share']:.2g} of the math), all-gathers do not (plan --help: \"Nodes\")")
-    heads = ["nodes", "GPUs", "bound by", "busbw", "memory", "fits", "comm", "exposed", "step", "samples/s",
-             "speed-up", "efficiency"]
+    fed = "data_rate" in plan
+    heads = ["nodes", "GPUs", "bound by", "busbw", "memory", "fits", "comm", "exposed", "step", "samples/s"]
+    heads += (["cores/GPU"] if fed else []) + ["speed-up", "efficiency"]
     body = []
     for c in nd["counts"]:
         timing = c["speedup"] is not None  # times of a count that cannot hold the configuration would mislead
@@ -264,8 +290,9 @@ def render_nodes(plan):
                      "yes" if c["fits"] else "no", fmt_seconds(c["communication_seconds"]) if timing else "-",
                      fmt_seconds(c["exposed_seconds"]) if timing else "-",
                      fmt_seconds(c["step_seconds"]) if timing else "-",
-                     fmt_count(c["samples_per_second"]) if timing else "-",
-                     f"{c['speedup']:.2f}x" if timing else "-", f"{c['efficiency']:.2f}" if timing else "-"])
+                     fmt_count(c["samples_per_second"]) if timing else "-"]
+                    + ([fmt_cores(c["cpu_cores_per_gpu"]) if timing else "-"] if fed else [])
+                    + [f"{c['speedup']:.2f}x" if timing else "-", f"{c['efficiency']:.2f}" if timing else "-"])
     out.append(f"  the same batch per GPU (weak scaling), per optimizer step; speed-up and efficiency against the "
                f"fewest nodes that hold it; pays at efficiency >= {PAYS_EFFICIENCY}:")
     out.extend("  " + line for line in table(heads, body, right=set(heads[3:4] + heads[6:])).split("\n"))

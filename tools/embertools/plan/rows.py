@@ -4,11 +4,11 @@ data-parallel pay-off, feeding and the recommendation.
 import math
 from dataclasses import dataclass
 
-from .arithmetic import (allreduce_seconds, cost_usd, epoch_seconds, host_ram_bytes, largest_batch, memory_budget,
-    memory_needed, scaling_efficiency, step_seconds)
+from .arithmetic import (allreduce_seconds, cost_usd, cpu_cores_per_gpu, epoch_seconds, host_ram_bytes, largest_batch,
+    memory_budget, memory_needed, scaling_efficiency, step_seconds)
 from .constants import (DP_WORTH_SECONDS, GIB, GPU_COUNTS, LOADER_HOST_BATCHES, NEAR_TIE, NETWORKS, PAYS_EFFICIENCY,
     PCIE_GB_S, PEAK_KEYS)
-from .formats import fmt_bytes, fmt_seconds, fmt_usd
+from .formats import fmt_bytes, fmt_cores, fmt_count, fmt_seconds, fmt_usd
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -198,6 +198,38 @@ def feeding(m, rows, host_ram_gib, margin, gpus):
                           "storage_bytes_per_s_if_streamed": None if disk_per_sample is None
                           else sps * disk_per_sample}
     return out
+
+
+def add_cpu_cores(plan):
+    """With the plan's "data_rate" (MEASURE.json's, from a recipe streaming data.shards): the CPU cores
+    per GPU that decode the training samples as fast as each planned speed uses them (cpu_cores_per_gpu
+    of its samples/s per GPU), added in place as "cpu_cores_per_gpu" to each row, feeding.fastest, each
+    configuration row (train_samples / (world_size x epoch_seconds) samples/s per GPU) and each node
+    count (weak scaling: samples_per_second / gpus); the recommendation gets a reason. Without
+    data_rate nothing changes."""
+    rate = plan.get("data_rate")
+    if rate is None:
+        return
+    per_core = rate["images_per_core_second"]
+    train_samples = plan["measurement"]["train_samples"]
+    for r in plan["rows"]:
+        r["cpu_cores_per_gpu"] = cpu_cores_per_gpu(r["samples_per_second"], per_core)
+    fastest = plan["feeding"]["fastest"]
+    if fastest is not None:
+        fastest["cpu_cores_per_gpu"] = cpu_cores_per_gpu(fastest["samples_per_second"], per_core)
+    for r in plan["configurations"]["rows"]:
+        r["cpu_cores_per_gpu"] = cpu_cores_per_gpu(train_samples / (r["world_size"] * r["epoch_seconds"]), per_core)
+    for c in plan["nodes"].get("counts") or []:
+        c["cpu_cores_per_gpu"] = cpu_cores_per_gpu(c["samples_per_second"] / c["gpus"], per_core)
+    rec, cfg = plan["recommendation"], plan["configurations"]
+    key = (rec.get("gpu"), rec.get("precision"), rec.get("sharding"), rec.get("activation_checkpoint"))
+    picked = next((r for r in cfg["rows"] if cfg["shown"] and r["world_size"] == rec.get("world_size") and r["fits"]
+                   and (r["gpu"], r["precision"], r["sharding"], r["activation_checkpoint"]) == key), None)
+    picked = picked or next((r for r in plan["rows"] if r["fits"] and (r["gpu"], r["precision"]) == key[:2]), None)
+    if picked is not None:
+        sps = picked["cpu_cores_per_gpu"] * per_core
+        rec["reasons"].append(f"feeding it takes {fmt_cores(picked['cpu_cores_per_gpu'])} CPU cores per GPU "
+                              f"({fmt_count(sps)} samples/s a GPU; one core decodes {per_core:,.1f})")
 
 
 def recommend(m, rows, dp, config_precision):

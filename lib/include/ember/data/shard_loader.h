@@ -33,6 +33,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <map>
@@ -107,6 +108,10 @@ struct ShardLoaderOptions {
   TORCH_ARG(std::function<Batch(Batch)>, transform);
   /// Runs on the batch once on `device` (e.g. GPU augmentation).
   TORCH_ARG(std::function<Batch(Batch)>, device_transform);
+  /// When set, next() appends a line per batch to this file: "EPOCH BATCH ID ID ...",
+  /// the batch's number in the epoch and its samples' ids (what a step trained
+  /// on: for auditing the order and resumes). Flushed at each line.
+  TORCH_ARG(std::string, served_log);
   /// How shards are opened.
   TORCH_ARG(ShardOpener, open) = [](const ShardInfo& shard) { return open_shard(shard); };
 };
@@ -140,6 +145,7 @@ class ShardLoader : public Loader {
   int64_t part_size() const;
   const std::vector<ShardInfo>& shards() const { return shards_; }
   const ShardLoaderOptions& options() const { return options_; }
+  const SampleDecoder& decoder() const { return decode_; }
   ShardLoaderStats stats() const;
 
  private:
@@ -151,6 +157,7 @@ class ShardLoader : public Loader {
   void fail_position(int64_t position, const std::string& why);  // holds mutex_
   const ShardInfo& shard_of(int64_t id) const;
   Batch assemble(int64_t begin, int64_t end);
+  void log_served(const Batch& batch, int64_t number);  // a line of options_.served_log()
 
   std::vector<ShardInfo> shards_;
   std::vector<int64_t> counts_;
@@ -177,6 +184,7 @@ class ShardLoader : public Loader {
   std::exception_ptr error_;
   ShardLoaderStats stats_;
   std::vector<std::thread> threads_;
+  std::FILE* served_log_ = nullptr;  // options_.served_log(), opened at the first batch
 };
 
 }  // namespace ember::data

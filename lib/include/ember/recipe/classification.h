@@ -36,6 +36,7 @@
 #include "ember/augment/mix.h"
 #include "ember/core/config.h"
 #include "ember/data/loader.h"
+#include "ember/data/shard_cache.h"
 #include "ember/data/shard_loader.h"
 #include "ember/recipe/run_context.h"
 #include "ember/train/task.h"
@@ -127,7 +128,17 @@ struct StreamOptions {
   /// Where a sample's label is: "cls" (KEY.cls, an integer as text) or
   /// "json:FIELD" (an integer field of KEY.json).
   TORCH_ARG(std::string, label) = "cls";
+  /// The local cache of remote shards (data.stream.cache_dir), shared by the
+  /// task's loaders; none: remote shards are read from their URL at each visit.
+  TORCH_ARG(std::shared_ptr<data::ShardCache>, cache);
+  /// The training loader's served log (data.stream.served_log; "{rank}" replaced by the rank).
+  TORCH_ARG(std::string, served_log);
+  /// Decode JPEG images on the GPU with nvJPEG (data.stream.nvjpeg; needs a CUDA device).
+  TORCH_ARG(bool, nvjpeg) = false;
 };
+
+/// How the shards of `stream` are opened: through its cache when it has one.
+data::ShardOpener shard_opener(const StreamOptions& stream);
 
 /// Declares data.shards, data.val_shards, data.test_shards, data.num_classes
 /// and the data.stream.* keys (docs/data.md).
@@ -143,9 +154,12 @@ ClassificationShards classification_shards_from_config(const core::Config& confi
 
 /// Decodes a classification sample: the image or tensor, and its label
 /// checked against `num_classes`. `options` is the augmentation the image is
-/// cropped and flipped by (training) or augment::eval_options of it.
+/// cropped and flipped by (training) or augment::eval_options of it. With
+/// stream.nvjpeg(), JPEG images are decoded on `device` (a CUDA device) by a
+/// decoder of each decoder thread (augment/nvjpeg.h); PNG on the CPU, then copied there.
 data::SampleDecoder classification_decoder(const augment::AugmentOptions& options, uint64_t seed,
-                                           const StreamOptions& stream, int64_t num_classes);
+                                           const StreamOptions& stream, int64_t num_classes,
+                                           torch::Device device = torch::kCPU);
 
 class ClassificationTask : public train::Task {
  public:

@@ -21,6 +21,10 @@ void declare_tool_keys(core::Config& c) {
       "tools/ember plan: steps timed at data.batch_size (after 2 warm-up steps; with trainer.cuda_graph, "
       "graph replays only)",
       core::Bounds::between(1, 100000));
+  c.declare("plan.data_seconds", 3.0,
+            "tools/ember plan: seconds one decoder thread decodes streamed shards (data.shards) to measure "
+            "the samples a CPU core feeds",
+            core::Bounds::between(0.1, 600));
   c.declare("plan.precisions", "fp32, bf16-mixed",
             "tools/ember plan: the precisions whose training memory is measured (fp16-mixed has bf16-mixed's "
             "widths)");

@@ -22,6 +22,7 @@
 #include "ember/core/flops.h"
 #include "ember/core/memory.h"
 #include "ember/core/op_counter.h"
+#include "ember/data/shard_loader.h"
 #include "ember/optim/optimizer.h"
 #include "ember/train/keys.h"
 #include "ember/train/task_cost.h"
@@ -264,6 +265,39 @@ std::unique_ptr<train::Task> build_measured_task(Measurement& m, const core::Mem
 
 /// The model's and the data's sizes and the forward's cost, from the built
 /// task; a batch larger than the training set is cut to it.
+/// Streamed shards: the images a second one CPU core decodes into training
+/// samples (a copy of the training loader with one decoder thread and one
+/// reader; the host transform included, a GPU's augmentation not), over
+/// plan.data_seconds after a warm-up batch. The planner turns it into CPU
+/// cores per GPU.
+void measure_data_rate(Measurement& m, train::Task& task) {
+  const auto* shards = dynamic_cast<const data::ShardLoader*>(&task.train_loader());
+  if (shards == nullptr) return;
+  data::ShardLoaderOptions o = shards->options();
+  o.decode_threads(1).readers(1).prefetch(1).read_ahead(0).device(torch::kCPU).device_transform(nullptr);
+  o.served_log("");
+  data::ShardLoader probe(shards->shards(), shards->decoder(), o);
+  probe.start_epoch(0, 0);
+  if (!probe.next()) return;  // warm-up: the threads started, the first shard opened
+  const double budget = m.config.get_float("plan.data_seconds");
+  const auto t0 = std::chrono::steady_clock::now();
+  double seconds = 0;
+  int64_t samples = 0;
+  while (seconds < budget) {
+    const std::optional<data::Batch> b = probe.next();
+    if (!b) break;
+    samples += b->size();
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (samples == 0) return;
+  m.j["data_rate"] = {{"images_per_core_second", json_number(static_cast<double>(samples) / seconds)},
+                      {"samples", samples},
+                      {"seconds", json_number(seconds)},
+                      {"decode_threads", 1}};
+  std::cerr << fmt::format("[plan] data: {:.0f} samples/s decoded by one core ({} samples in {:.1f} s)\n",
+                           static_cast<double>(samples) / seconds, samples, seconds);
+}
+
 void measure_model_and_data(Measurement& m, train::Task& task, const core::MemoryMeter& meter) {
   nlohmann::json& j = m.j;
   const int64_t train_samples = task.train_loader().num_samples();
@@ -304,6 +338,7 @@ void measure_model_and_data(Measurement& m, train::Task& task, const core::Memor
   }
   // The dataset: what the loaded task holds beyond the model (CPU: counted; CUDA: estimated below).
   m.held = meter.current();
+  measure_data_rate(m, task);  // before the task's own loader starts its threads
   data::Loader& train_loader = task.train_loader();
   int64_t eval_samples = 0;
   if (task.val_loader()) eval_samples += task.val_loader()->num_samples();
