@@ -389,7 +389,7 @@ MUTANTS = (
     Mutant("shard_cache_crc_unchecked", "lib/src/data/shard_cache.cpp",
            "(!options_.verify || !crc_known || file_crc32(path) == expected.crc32)",
            "(true || file_crc32(path) == expected.crc32)",
-           ("ember_tests",), r"ShardCache\.",
+           ("ember_tests",), r"ShardCacheTest\.",
            "a cached shard with a flipped byte (its size unchanged) is used instead of fetched again"),
     Mutant("token_windows_overlap_wrong", "lib/src/data/tokens.cpp",
            "const int64_t start = (id - first_[f]) * block;",

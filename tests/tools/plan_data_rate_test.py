@@ -13,13 +13,12 @@ each GPU needs to be kept fed, and tools/doctor.py reading them from the plan.
 
     python3 tests/tools/plan_data_rate_test.py [-v]
 """
-import contextlib
 import copy
 import importlib.util
-import io
 import json
 import math
 import re
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -31,6 +30,9 @@ _spec = importlib.util.spec_from_file_location("plan", ROOT / "tools" / "plan" /
 plan = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(plan)  # it put tools/ on sys.path: the planner's parts, below
 from embertools.plan import arithmetic, formats  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan_test import run_main  # noqa: E402 (the planner suite's helper, one copy)
 
 _spec = importlib.util.spec_from_file_location("doctor", ROOT / "tools" / "doctor.py")
 doctor = importlib.util.module_from_spec(_spec)
@@ -50,17 +52,6 @@ def image_model(data_rate=RATE):
     if data_rate is not None:
         m["data_rate"] = dict(data_rate)
     return m
-
-
-def run_main(argv):
-    """(exit status, stdout, stderr) of plan.main(argv)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = plan.main([str(a) for a in argv])
-        except SystemExit as e:  # argparse's usage errors
-            status = e.code
-    return status, out.getvalue(), err.getvalue()
 
 
 def keys_named(obj, name):

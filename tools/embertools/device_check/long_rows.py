@@ -115,18 +115,25 @@ def data_failures(c: Check, errors, skipped):
     return "; ".join(parts) + (nvjpeg_hint(c) if "nvjpeg" in errors else "")
 
 
+def data_row_start(c: Check, name, threads, per_epoch):
+    """(start time, decoder threads, data_epoch_manifest(...)) of a data row, or None (reported as a skip)
+    when the pack holds no JPEG shards."""
+    if not c.jpeg:
+        c.report(name, "skip", "no JPEG shards (tools/ember device-pack packs them)")
+        return None
+    return time.monotonic(), threads or cores(), data_epoch_manifest(c, per_epoch)
+
+
 def decode_row(c: Check, name, device="cuda", threads=None, per_epoch=DATA_EPOCH, batch=128, size=224, epochs=3):
     """ember_bench_data on the packed JPEG shards, twice: `threads` decoder threads (default one per
     core) decoding on the CPU, then the same threads driving nvJPEG (--nvjpeg); each epoch is the
     shards repeated to >= per_epoch samples, decoded into RandomResizedCrop `size` + flip, batches of
     `batch` normalised on `device`; the median images/s of the epochs after the first. FAIL when a side
     fails (nvJPEG's first error line in the detail) or skips a sample; else decode_goals() decide."""
-    if not c.jpeg:
-        c.report(name, "skip", "no JPEG shards (tools/ember device-pack packs them)")
+    start = data_row_start(c, name, threads, per_epoch)
+    if start is None:
         return
-    t0 = time.monotonic()
-    threads = threads or cores()
-    manifest, images, n, times = data_epoch_manifest(c, per_epoch)
+    t0, threads, (manifest, images, n, times) = start
     got, errors, skipped = {}, {}, {}
     for label, key in DATA_SIDES:
         rc, out = c.run([c.exe("ember_bench_data"), "--shards", manifest, "--device", device, "--threads", threads,
@@ -163,12 +170,10 @@ def loader_row(c: Check, name, device="cuda", threads=None, per_epoch=DATA_EPOCH
     packed val shards. Reports each run's samples/s, the monitor's data_share (the share of the step
     time spent waiting for the batch: does the GPU starve?) and test accuracy. FAIL when a run fails
     (its first error line) or skips a sample; else loader_goals() decide."""
-    if not c.jpeg:
-        c.report(name, "skip", "no JPEG shards (tools/ember device-pack packs them)")
+    start = data_row_start(c, name, threads, per_epoch)
+    if start is None:
         return
-    t0 = time.monotonic()
-    threads = threads or cores()
-    manifest, images, n, times = data_epoch_manifest(c, per_epoch)
+    t0, threads, (manifest, images, n, times) = start
     runs, errors, skipped = {}, {}, {}
     for label, key in DATA_SIDES:
         run = c.runs_dir(f"loader-{key}")

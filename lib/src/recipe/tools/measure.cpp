@@ -268,8 +268,7 @@ std::unique_ptr<train::Task> build_measured_task(Measurement& m, const core::Mem
 /// Streamed shards: the images a second one CPU core decodes into training
 /// samples (a copy of the training loader with one decoder thread and one
 /// reader; the host transform included, a GPU's augmentation not), over
-/// plan.data_seconds after a warm-up batch. The planner turns it into CPU
-/// cores per GPU.
+/// plan.data_seconds. The planner turns it into CPU cores per GPU.
 void measure_data_rate(Measurement& m, train::Task& task) {
   const auto* shards = dynamic_cast<const data::ShardLoader*>(&task.train_loader());
   if (shards == nullptr) return;
@@ -277,19 +276,22 @@ void measure_data_rate(Measurement& m, train::Task& task) {
   o.decode_threads(1).readers(1).prefetch(1).read_ahead(0).device(torch::kCPU).device_transform(nullptr);
   o.served_log("");
   data::ShardLoader probe(shards->shards(), shards->decoder(), o);
-  probe.start_epoch(0, 0);
-  if (!probe.next()) return;  // warm-up: the threads started, the first shard opened
+  // Epochs after epoch until the budget is spent: thread starts and shard opens are counted as a run
+  // pays them (what was decoded ahead of the last batch taken is not: a few samples' worth).
   const double budget = m.config.get_float("plan.data_seconds");
   const auto t0 = std::chrono::steady_clock::now();
   double seconds = 0;
   int64_t samples = 0;
-  while (seconds < budget) {
-    const std::optional<data::Batch> b = probe.next();
-    if (!b) break;
-    samples += b->size();
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int64_t epoch = 0; seconds < budget; ++epoch) {
+    probe.start_epoch(epoch, 0);
+    while (seconds < budget) {
+      const std::optional<data::Batch> b = probe.next();
+      if (!b) break;
+      samples += b->size();
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
   }
-  if (samples == 0) return;
+  if (samples == 0 || seconds <= 0) return;
   m.j["data_rate"] = {{"images_per_core_second", json_number(static_cast<double>(samples) / seconds)},
                       {"samples", samples},
                       {"seconds", json_number(seconds)},
