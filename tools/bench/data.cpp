@@ -62,7 +62,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    torch::set_num_threads(1);  // the loader's threads are the parallelism, as DataLoader's workers
+    // The batch's normalisation (the consumer's, augment::apply) runs on the same cores as a training run's
+    // intra-op threads would; the decoding on the loader's threads.
+    torch::set_num_threads(static_cast<int>(threads));
+    recipe::tune_host_malloc();  // as the recipes do (run.malloc_tuning)
     const uint64_t seed = 0;
     augment::AugmentOptions a;
     a.size({size, size})

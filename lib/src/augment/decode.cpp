@@ -95,9 +95,12 @@ std::string decode_jpeg_crop(std::string_view bytes, const CropBox& box, const s
   }
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+  // DCT scaling at 1/8, 2/8 or 4/8 only: libjpeg-turbo's SIMD inverse DCTs are those sizes (and 8/8); at
+  // 3/8, 5/8, 6/8 and 7/8 the luma and the chroma (upsampled in the IDCT, at twice the size) take its
+  // scalar IDCTs, slower than decoding at full size.
   unsigned num = 8;
   if (dct_scaling) {
-    for (unsigned n = 1; n < 8; ++n)
+    for (const unsigned n : {1u, 2u, 4u})
       if (box.height * n >= 8 * size[0] && box.width * n >= 8 * size[1]) {
         num = n;
         break;

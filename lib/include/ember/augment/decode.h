@@ -7,8 +7,9 @@
 //
 // JPEG goes through libjpeg-turbo's libjpeg API: only the crop's rows and
 // (to the iMCU) columns are decoded and, with `dct_scaling`, the decoder
-// scales by n/8 in the DCT (the smallest n that keeps the crop at least the
-// output size on both sides), so a 224-pixel crop of a 2000-pixel photo
+// scales by n/8 in the DCT, n the smallest of 1, 2, 4 that keeps the crop at
+// least the output size on both sides (the sizes libjpeg-turbo's SIMD inverse
+// DCTs have; else 8: full size), so a 224-pixel crop of a 2000-pixel photo
 // decodes about a sixteenth of its pixels. PNG goes through libpng, whole.
 // The crop is then resized to the output size with antialiased bilinear
 // interpolation, ATen's (the op torchvision's v2 resize runs on uint8
