@@ -128,12 +128,14 @@ int main(int argc, char** argv) {
     }
     std::cout << fmt::format(
         "{{\"side\": \"{}\", \"images\": {}, \"threads\": {}, \"readers\": {}, \"images_per_second\": [{}], "
-        "\"dct_diff_mean\": {:.4f}, \"dct_diff_max\": {:.0f}, \"samples_skipped\": {}}}\n",
+        "\"dct_diff_mean\": {:.4f}, \"dct_diff_max\": {:.0f}, \"samples_skipped\": {}, \"peak_raw_samples\": "
+        "{}, "
+        "\"peak_raw_bytes\": {}}}\n",
         nvjpeg ? "ember-nvjpeg"
         : dct  ? "ember"
                : "ember-nodct",
-        images, threads, readers, fmt::join(rates, ", "), diff_mean, diff_max,
-        loader.stats().samples_skipped);
+        images, threads, readers, fmt::join(rates, ", "), diff_mean, diff_max, loader.stats().samples_skipped,
+        loader.stats().peak_raw_samples, loader.stats().peak_raw_bytes);
   } catch (const std::exception& e) {
     std::cerr << "ember_bench_data: " << e.what() << "\n";
     return 1;
