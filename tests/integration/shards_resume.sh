@@ -76,7 +76,8 @@ expect_in "$out/s2.err" "x 2 ranks (gloo)"
   >"$out/k.out" 2>"$out/k.err" &
 leader=$!
 for _ in $(seq 1 1200); do
-  [[ $(served_lines "$out/k.0.log") -ge 27 ]] && break  # epoch 2 under way: the epoch-1 checkpoint is written
+  # epoch 2 under way: the epoch-1 checkpoint is written
+  if [[ $(served_lines "$out/k.0.log") -ge 27 ]]; then break; fi
   kill -0 "$leader" 2>/dev/null || break
   sleep 0.02
 done
@@ -96,7 +97,7 @@ expect_in "$out/k1.err" "dist.world_size: 2 -> 1"
    data.stream.served_log="$out/t.log" >"$out/t.out" 2>"$out/t.err") &  # $! is the recipe's own pid
 pid=$!
 for _ in $(seq 1 1200); do
-  [[ $(served_lines "$out/t.log") -ge 28 ]] && break
+  if [[ $(served_lines "$out/t.log") -ge 28 ]]; then break; fi
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.02
 done

@@ -88,7 +88,7 @@ Scan scan(const std::string& url, bool print) {
 }
 
 std::string local_path(const data::ShardInfo& s) {
-  if (s.url.rfind("http://", 0) == 0 || s.url.rfind("https://", 0) == 0 || s.url.rfind("pipe:", 0) == 0)
+  if (data::is_remote_shard(s.url))
     throw Error(ErrorKind::kConfig,
                 fmt::format("[shards] {}: index and verify read local shards only", s.url));
   return s.url;

@@ -292,12 +292,17 @@ DecodePlan decode_plan(int64_t height, int64_t width, const AugmentOptions& o, u
   return plan;
 }
 
-torch::Tensor decode_image(std::string_view bytes, const AugmentOptions& options, uint64_t seed,
-                           int64_t sample, int64_t epoch, const DecodeOptions& decode) {
+DecodePlan decode_plan(std::string_view bytes, const AugmentOptions& options, uint64_t seed, int64_t sample,
+                       int64_t epoch, const DecodeOptions& decode) {
   const std::vector<int64_t> hw = image_size(bytes);
   EMBER_CHECK_KIND(kData, hw[0] * hw[1] <= decode.max_pixels(), "declares {}x{} pixels, over max_pixels ({})",
                    hw[0], hw[1], decode.max_pixels());
-  const DecodePlan plan = decode_plan(hw[0], hw[1], options, seed, sample, epoch, decode);
+  return decode_plan(hw[0], hw[1], options, seed, sample, epoch, decode);
+}
+
+torch::Tensor decode_image(std::string_view bytes, const AugmentOptions& options, uint64_t seed,
+                           int64_t sample, int64_t epoch, const DecodeOptions& decode) {
+  const DecodePlan plan = decode_plan(bytes, options, seed, sample, epoch, decode);
   return decode_crop(bytes, plan.box, options.size(), plan.hflip, plan.vflip, decode);
 }
 

@@ -153,6 +153,17 @@ NvjpegDecoder::~NvjpegDecoder() {
 
 torch::Tensor NvjpegDecoder::decode(std::string_view jpeg) {
 #if EMBER_WITH_NVJPEG
+  torch::Tensor out = decode_async(jpeg);
+  state_->stream.synchronize();
+  return out;
+#else
+  (void)jpeg;
+  detail::fail(ErrorKind::kConfig, "[augment::NvjpegDecoder] built without nvJPEG");
+#endif
+}
+
+torch::Tensor NvjpegDecoder::decode_async(std::string_view jpeg) {
+#if EMBER_WITH_NVJPEG
   const c10::cuda::CUDAGuard guard(device_);
   const auto* data = reinterpret_cast<const unsigned char*>(jpeg.data());
   int components = 0;
@@ -171,7 +182,6 @@ torch::Tensor NvjpegDecoder::decode(std::string_view jpeg) {
   check(api().decode(state_->handle, state_->jpeg, data, jpeg.size(), NVJPEG_OUTPUT_RGBI, &image,
                      state_->stream.stream()),
         "decoding");
-  state_->stream.synchronize();
   return out;
 #else
   (void)jpeg;
@@ -183,11 +193,8 @@ torch::Tensor NvjpegDecoder::decode_image(std::string_view jpeg, const AugmentOp
                                           int64_t sample, int64_t epoch,
                                           const DecodeOptions& decode_options) {
 #if EMBER_WITH_NVJPEG
-  const std::vector<int64_t> hw = image_size(jpeg);
-  EMBER_CHECK_KIND(kData, hw[0] * hw[1] <= decode_options.max_pixels(),
-                   "declares {}x{} pixels, over max_pixels ({})", hw[0], hw[1], decode_options.max_pixels());
-  const DecodePlan plan = decode_plan(hw[0], hw[1], options, seed, sample, epoch, decode_options);
-  const torch::Tensor whole = decode(jpeg);
+  const DecodePlan plan = decode_plan(jpeg, options, seed, sample, epoch, decode_options);
+  const torch::Tensor whole = decode_async(jpeg);
   const c10::cuda::CUDAGuard guard(device_);
   const c10::cuda::CUDAStreamGuard on(state_->stream);
   namespace F = torch::nn::functional;

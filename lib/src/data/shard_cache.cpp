@@ -47,11 +47,9 @@ std::string readable_part(const std::string& url) {
 
 uint32_t file_crc32(const std::string& path) {
   FileSource file(path);
-  std::vector<char> buffer(kChunk);
-  uint32_t crc = 0;
-  for (size_t got; (got = file.read(buffer.data(), buffer.size())) > 0;)
-    crc = crc32_update(crc, buffer.data(), got);
-  return crc;
+  ChecksumSource counted(file);
+  counted.drain();
+  return counted.crc32();
 }
 
 struct Entry {
@@ -61,10 +59,6 @@ struct Entry {
 };
 
 }  // namespace
-
-bool is_remote_shard(const std::string& url) {
-  return url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0 || url.rfind("pipe:", 0) == 0;
-}
 
 ShardCache::ShardCache(ShardCacheOptions options) : options_(std::move(options)) {
   EMBER_CHECK_KIND(kConfig, !options_.dir.empty(), "[data::ShardCache] no folder");
@@ -207,11 +201,10 @@ std::unique_ptr<ByteSource> ShardCache::fetch_entry(const ShardInfo& shard, cons
   int64_t bytes = 0;
   uint32_t crc = 0;
   try {
-    const std::unique_ptr<ByteSource> source = fetch(shard);
+    const std::unique_ptr<ByteSource> fetched = fetch(shard);
+    ChecksumSource source(*fetched);
     std::vector<char> buffer(kChunk);
-    for (size_t got; (got = source->read(buffer.data(), buffer.size())) > 0;) {
-      crc = crc32_update(crc, buffer.data(), got);
-      bytes += static_cast<int64_t>(got);
+    for (size_t got; (got = source.read(buffer.data(), buffer.size())) > 0;) {
       for (size_t done = 0; done < got;) {
         const ssize_t wrote = ::write(fd, buffer.data() + done, got - done);
         if (wrote < 0 && errno == EINTR) continue;
@@ -221,6 +214,8 @@ std::unique_ptr<ByteSource> ShardCache::fetch_entry(const ShardInfo& shard, cons
     }
     open_fd = false;
     if (::close(fd) != 0) out_of_space(errno);
+    bytes = source.bytes();
+    crc = source.crc32();
     const bool size_ok = shard.bytes < 0 || bytes == shard.bytes;
     const bool crc_ok = !shard.crc32 || crc == *shard.crc32;
     if (!size_ok || !crc_ok)

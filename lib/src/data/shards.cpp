@@ -266,4 +266,8 @@ uint32_t crc32_update(uint32_t crc, const char* data, size_t n) {
   return crc;
 }
 
+bool is_remote_shard(const std::string& url) {
+  return url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0 || url.rfind("pipe:", 0) == 0;
+}
+
 }  // namespace ember::data

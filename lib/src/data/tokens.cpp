@@ -145,7 +145,7 @@ std::vector<TokenFileInfo> token_files(const std::string& spec) {
   std::vector<TokenFileInfo> files;
   for (const ShardInfo& shard : shard_list(spec)) {
     EMBER_CHECK_KIND(
-        kConfig, shard.url.rfind("pipe:", 0) != 0 && shard.url.find("://") == std::string::npos,
+        kConfig, !is_remote_shard(shard.url),
         "[data] {}: token files are memory-mapped, so they must be local files (or on NFS); copy "
         "them first",
         shard.url);
@@ -220,9 +220,10 @@ std::optional<Batch> TokenLoader::next() {
   torch::Tensor input = torch::empty({n, block + 1}, torch::kInt32);
   torch::Tensor ids = torch::empty({n}, torch::kInt64);
   int32_t* out = input.data_ptr<int32_t>();
+  int64_t* id_out = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = part_[static_cast<size_t>(at_ + i)];
-    ids.data_ptr<int64_t>()[i] = id;
+    id_out[i] = id;
     const size_t f =
         static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), id) - first_.begin() - 1);
     const int64_t start = (id - first_[f]) * block;  // the window's first token

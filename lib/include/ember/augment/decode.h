@@ -73,6 +73,11 @@ struct DecodePlan {
 DecodePlan decode_plan(int64_t height, int64_t width, const AugmentOptions& options, uint64_t seed,
                        int64_t sample, int64_t epoch, const DecodeOptions& decode = {});
 
+/// decode_plan for an encoded image: its size read from the header, refused
+/// (kData) when it declares more than decode.max_pixels.
+DecodePlan decode_plan(std::string_view bytes, const AugmentOptions& options, uint64_t seed, int64_t sample,
+                       int64_t epoch, const DecodeOptions& decode = {});
+
 /// decode_crop of decode_plan: the sample's image as `options` augments it up
 /// to the crop and flips, at options.size().
 torch::Tensor decode_image(std::string_view bytes, const AugmentOptions& options, uint64_t seed,

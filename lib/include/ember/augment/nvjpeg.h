@@ -56,6 +56,8 @@ class NvjpegDecoder {
   torch::Device device() const { return device_; }
 
  private:
+  // decode() without the synchronisation: the image is complete once this decoder's stream has run.
+  torch::Tensor decode_async(std::string_view jpeg);
   struct State;
   torch::Device device_;
   std::unique_ptr<State> state_;

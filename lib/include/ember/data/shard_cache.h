@@ -60,9 +60,6 @@ struct ShardCacheStats {
   int64_t bytes_fetched = 0;
 };
 
-/// Whether a URL names a remote shard (http://, https://, pipe:): what the cache holds.
-bool is_remote_shard(const std::string& url);
-
 class ShardCache {
  public:
   using Fetch = std::function<std::unique_ptr<ByteSource>(const ShardInfo&)>;

@@ -108,6 +108,9 @@ class ShardSampleReader {
   int64_t samples_ = 0;
 };
 
+/// Whether a URL names a remote shard (http://, https://, pipe:), not a local path.
+bool is_remote_shard(const std::string& url);
+
 /// zlib's CRC-32 continued over `n` more bytes (start from 0).
 uint32_t crc32_update(uint32_t crc, const char* data, size_t n);
 
