@@ -7,8 +7,9 @@
 #   AVX-512 here -> ATen avx2,    oneDNN AVX2,  MKL AVX2
 #   AVX2 here    -> ATen default, oneDNN SSE41, MKL SSE4_2
 #
-# EMBER_DISPATCH_LEVEL=avx2|default picks the level instead. Exits 77 (ctest:
-# skipped) on a CPU with neither AVX-512 nor AVX2: nothing lower to force.
+# EMBER_DISPATCH_LEVEL=avx2|default picks the level instead. Exits 77
+# (ctest: skipped) on a CPU with neither AVX-512 nor AVX2: nothing lower to
+# force. Sets EMBER_NUMERICS_ONLY=1 for the command.
 #
 #   tests/lower_dispatch.sh COMMAND [ARGS...]
 set -euo pipefail
@@ -24,6 +25,9 @@ case "$level" in
   default) export ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 ;;
   *) echo "lower_dispatch: EMBER_DISPATCH_LEVEL=$level: expected avx2 or default" >&2; exit 2 ;;
 esac
+# The scripts of long tests read this to run only their numerically sensitive
+# parts here (their other checks do not depend on the kernels and ran once).
+export EMBER_NUMERICS_ONLY=1
 echo "lower_dispatch: ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA" \
      "MKL_ENABLE_INSTRUCTIONS=$MKL_ENABLE_INSTRUCTIONS" >&2
 exec "$@"

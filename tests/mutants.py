@@ -396,6 +396,16 @@ MUTANTS = (
            "const int64_t start = (id - first_[f]) * (block + 1);",
            ("ember_tests",), r"TokenLoader\.",
            "token windows start every block + 1 tokens: the targets' last token is never an input, files run short"),
+    Mutant("augment_copy_row_flip_ignored", "lib/src/augment/augment.cpp",
+           "for (int ox = 0; ox < ow; ++ox) d[ox] = t[r[(ow - 1 - ox) * c + ch]];",
+           "for (int ox = 0; ox < ow; ++ox) d[ox] = t[r[ox * c + ch]];",
+           ("ember_tests",), r"Augment\.",
+           "copied rows (images cropped while decoding) lose their horizontal flip in NCHW batches"),
+    Mutant("batch_buffers_reuse_held", "lib/src/recipe/classification.cpp",
+           "if (t.use_count() != 1 || t.storage().use_count() != 1) continue;",
+           "if (t.storage().use_count() < 1) continue;",
+           ("ember_tests",), r"Classification\.",
+           "a batch the trainer still holds is overwritten by the next one"),
 )
 
 

@@ -380,6 +380,16 @@ TEST(Augment, CpuRowsEqualThePerPixelCodeOfTheKernel) {
   const torch::Tensor gray = images(5, 17, 19, 1, 17);
   const std::vector<AugmentOptions> cases = {
       AugmentOptions().crop(CropMode::kPad).padding(5).size({20, 28}).hflip(0.5).vflip(0.5),
+      // Copied pixels (the box is the output size): the table lookups of the
+      // copy path, and its fallbacks on erased rows and colour-jittered samples.
+      AugmentOptions()
+          .hflip(0.5)
+          .vflip(0.5)
+          .erase(0.5)
+          .brightness(0.3)
+          .color_p(0.5)
+          .mean({0.5, 0.4, 0.3})
+          .std({0.2, 0.25, 0.3}),
       AugmentOptions()
           .crop(CropMode::kRandomResized)
           .size({16, 40})
@@ -423,6 +433,45 @@ TEST(Augment, CpuRowsEqualThePerPixelCodeOfTheKernel) {
           << "channels " << c << " max diff " << (r.images - want).abs().max().item<float>();
     }
   }
+}
+
+// Copied pixels in every dtype and layout: NCHW float32, float16 and bfloat16
+// are the NHWC float32 values, transposed and rounded.
+TEST(Augment, CopiedPixelsInEveryDtypeAndLayout) {
+  const torch::Tensor x = images(9, 13, 17, 3, 21);
+  const AugmentOptions o =
+      AugmentOptions().hflip(0.5).vflip(0.5).mean({0.485, 0.456, 0.406}).std({0.229, 0.224, 0.225});
+  const torch::Tensor want = augment(x, indices(9), AugmentOptions(o).layout(Layout::kNHWC), 3, 2).images;
+  for (const auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16})
+    for (const Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+      const torch::Tensor got =
+          augment(x, indices(9), AugmentOptions(o).dtype(dtype).layout(layout), 3, 2).images;
+      const torch::Tensor w = layout == Layout::kNCHW ? want.permute({0, 3, 1, 2}) : want;
+      EXPECT_TRUE(torch::equal(got, w.to(dtype)))
+          << c10::toString(dtype) << " layout " << static_cast<int>(layout);
+    }
+}
+
+// augment(..., out) writes the given tensor: the values of a fresh one; a
+// tensor of another shape, dtype or device, or not contiguous, is refused.
+TEST(Augment, IntoAGivenTensor) {
+  const torch::Tensor x = images(4, 20, 24, 3, 5);
+  const AugmentOptions o = AugmentOptions()
+                               .crop(CropMode::kRandomResized)
+                               .size({8, 12})
+                               .hflip(0.5)
+                               .mean({0.5, 0.5, 0.5})
+                               .std({0.25, 0.25, 0.25});
+  const torch::Tensor fresh = augment(x, indices(4), o, 7, 1).images;
+  EXPECT_EQ(output_shape(x, o), fresh.sizes().vec());
+  torch::Tensor out = torch::full(fresh.sizes(), 42.0f);
+  const AugmentResult r = augment(x, indices(4), o, 7, 1, out);
+  EXPECT_TRUE(torch::equal(out, fresh));
+  EXPECT_EQ(r.images.data_ptr(), out.data_ptr());
+  EXPECT_THROW(augment(x, indices(4), o, 7, 1, torch::empty({4, 3, 12, 8})), ember::Error);
+  EXPECT_THROW(augment(x, indices(4), o, 7, 1, torch::empty(fresh.sizes(), torch::kFloat16)), ember::Error);
+  EXPECT_THROW(augment(x, indices(4), o, 7, 1, torch::empty({4, 8, 12, 3}).permute({0, 3, 1, 2})),
+               ember::Error);
 }
 
 // ---- GPU == CPU ------------------------------------------------------------

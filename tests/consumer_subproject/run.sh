@@ -10,8 +10,8 @@
 # that include ember/version.h: the only place EMBER_WITH_CUDA_KERNELS is
 # defined; every other file is the same object as in the main build) and the
 # consumer's own file; checks with a dry run that linking the consumer would
-# build libember from Ember's sources in this tree. A few minutes instead of
-# compiling the library a second time.
+# build libember from Ember's sources in this tree. Compiled at -O0: a few
+# minutes instead of compiling the library a second time.
 # --full (consumer.subproject_full, label "long": tools/ember test -L long):
 # builds everything and runs the same program as the find_package consumer.
 set -euo pipefail
@@ -21,6 +21,9 @@ rm -rf "$work"; mkdir -p "$work"
 args=(-S "$here" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DEMBER_SOURCE_DIR=$src"
       "-DTorch_DIR=$torch_dir" -DEMBER_CUDA=OFF)
 if [[ -n "$launcher" ]]; then args+=("-DCMAKE_CXX_COMPILER_LAUNCHER=$launcher"); fi
+# Default mode compiles without optimisation (about half the time; it checks
+# that the files compile, and plans the link); --full builds as users do.
+[[ "$mode" == --full ]] || args+=("-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG")
 cmake "${args[@]}" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 if ! grep -q "CUDA kernels: OFF" "$work/configure.log"; then
   cat "$work/configure.log"

@@ -34,7 +34,9 @@ std::vector<Member> read_all(const std::string& archive, bool to_the_end = true)
     EXPECT_EQ(static_cast<int64_t>(m.bytes.size()), e->size) << e->name;
     out.push_back(std::move(m));
   }
-  if (to_the_end) EXPECT_EQ(reader.position(), static_cast<int64_t>(archive.size()));
+  if (to_the_end) {
+    EXPECT_EQ(reader.position(), static_cast<int64_t>(archive.size()));
+  }
   return out;
 }
 

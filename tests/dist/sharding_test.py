@@ -22,6 +22,7 @@ rounding that depends on the CPU; the bounds below are derived from the
 arithmetic, never from one machine's output.
 """
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -180,8 +181,13 @@ def main():
     a = p.parse_args()
     subprocess.run(["rm", "-rf", str(a.work)], check=True)
     a.work.mkdir(parents=True)
+    # Under tests/lower_dispatch.sh (EMBER_NUMERICS_ONLY=1) only the comparisons of different computations
+    # run: the collectives are exact and the killed run is compared with itself, on any kernels.
+    numerics_only = bool(os.environ.get("EMBER_NUMERICS_ONLY"))
     for test in (test_collectives, test_stages_match_ddp, test_with_activation_checkpointing,
                  test_killed_run_resumes_bit_identical, test_resume_at_another_world_size):
+        if numerics_only and test in (test_collectives, test_killed_run_resumes_bit_identical):
+            continue
         if a.only is None or a.only in test.__name__:
             test(a.binary, a.work)
     print("sharding_test: OK")

@@ -8,7 +8,7 @@ source "$here/checks.sh"
 rm -rf "$out"; mkdir -p "$out"
 [[ -f "$root/train-images-idx3-ubyte.gz" ]] || skip "no Fashion-MNIST at $root"
 # A step record every step: the interrupted run's last one is the step it stopped at.
-args=(run.dir="$out/run" data.root="$root" data.train_subset=20000 data.test_subset=1000 trainer.epochs=3
+args=(run.dir="$out/run" data.root="$root" data.train_subset=8000 data.test_subset=1000 trainer.epochs=3
       trainer.progress=false trainer.log_every=1)
 
 "$bin" "${args[@]}" >"$out/stdout1" 2>"$out/stderr1" &

@@ -50,6 +50,56 @@ TEST(Classification, ConfigKeysRoundTripAndReject) {
   EXPECT_THROW(m.set_override("augment.mix.label_smoothing=1.5"), Error);
 }
 
+// On the CPU the transform writes into an output batch it made before once
+// nothing else holds that batch, never into one still held (by the caller, a
+// view of it, a queue): every batch keeps the values of a fresh one.
+TEST(Classification, TransformReusesOnlyReleasedBatches) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  const torch::Tensor pixels = torch::randint(0, 256, {16, 12, 12, 3}, gen, torch::kUInt8);
+  const AugmentOptions o = AugmentOptions()
+                               .crop(CropMode::kRandomResized)
+                               .size({8, 8})
+                               .hflip(0.5)
+                               .mean({0.5, 0.5, 0.5})
+                               .std({0.2, 0.2, 0.2});
+  const auto transform = augment_transform(o, 5);
+  const auto batch = [&](int64_t first) {
+    data::Batch b;
+    b.index = torch::arange(first, first + 4, torch::kInt64);
+    b.input = pixels.index_select(0, b.index);
+    b.epoch = 1;
+    return b;
+  };
+  const auto fresh = [&](int64_t first) {
+    const data::Batch b = batch(first);
+    return augment::augment(b.input, b.index, o, 5, 1).images;
+  };
+  torch::Tensor a = transform(batch(0)).input;
+  const void* a_memory = a.data_ptr();
+  torch::Tensor b = transform(batch(4)).input;  // a is held: another buffer
+  EXPECT_NE(b.data_ptr(), a_memory);
+  EXPECT_TRUE(torch::equal(a, fresh(0)));
+  EXPECT_TRUE(torch::equal(b, fresh(4)));
+  const void* b_memory = b.data_ptr();
+  const torch::Tensor b_row = b.select(0, 1);  // a view holds b's memory
+  a.reset();
+  b.reset();
+  torch::Tensor c = transform(batch(8)).input;  // a's memory, free again
+  EXPECT_EQ(c.data_ptr(), a_memory);
+  EXPECT_TRUE(torch::equal(c, fresh(8)));
+  torch::Tensor d = transform(batch(12)).input;  // neither c's (held) nor b's (its row is held)
+  EXPECT_NE(d.data_ptr(), a_memory);
+  EXPECT_NE(d.data_ptr(), b_memory);
+  EXPECT_TRUE(torch::equal(c, fresh(8)));
+  EXPECT_TRUE(torch::equal(b_row, fresh(4).select(0, 1)));
+  EXPECT_TRUE(torch::equal(d, fresh(12)));
+  // A last, smaller batch gets a buffer of its own size.
+  data::Batch tail = batch(0);
+  tail.index = tail.index.narrow(0, 0, 3);
+  tail.input = tail.input.narrow(0, 0, 3);
+  EXPECT_EQ(transform(tail).input.size(0), 3);
+}
+
 TEST(Classification, LoaderTransformIsKeyedByIndexAndEpochAndSurvivesResume) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   data::TensorDataset ds{torch::randint(0, 256, {40, 12, 12, 3}, gen, torch::kUInt8),

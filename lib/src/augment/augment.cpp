@@ -288,10 +288,61 @@ void compute_row(const uint8_t* img, const detail::BatchGeometry& g, const detai
   }
 }
 
+// Each channel's output for each byte value, computed as compute_row computes
+// a pixel that is copied, not interpolated, and not colour-transformed (the
+// same operations in the same order, so the same bits).
+template <typename T>
+struct ByteTables {
+  T value[detail::kMaxChannels][256];
+};
+template <typename T>
+ByteTables<T> byte_tables(const detail::BatchGeometry& g) {
+  ByteTables<T> t;
+  for (int ch = 0; ch < g.c; ++ch)
+    for (int u = 0; u < 256; ++u) {
+      const float v = static_cast<float>(u) * (1.0f / 255.0f);
+      t.value[ch][u] = static_cast<T>((v - g.mean[ch]) * g.inv_std[ch]);
+    }
+  return t;
+}
+
+// A row that copies source pixels (the box is the output size: images that
+// were cropped and resized while decoding, or that already have the output
+// size), without colour or erasing, and lies inside the image: a table
+// lookup per value instead of compute_row's arithmetic. Returns false for
+// any other row (compute_row takes it).
+template <typename T>
+bool copy_row(const uint8_t* img, const detail::BatchGeometry& g, const detail::SamplePlan& s, int oy,
+              const ByteTables<T>& tables, bool nhwc, T* dst, int64_t plane) {
+  const bool erased = oy >= s.ey0 && oy < s.ey1 && std::max(s.ex0, 0) < std::min(s.ex1, g.ow);
+  if (!s.exact || s.color || erased) return false;
+  const int y = s.y0 + (s.vflip ? g.oh - 1 - oy : oy);
+  if (y < 0 || y >= g.h || s.x0 < 0 || s.x0 + g.ow > g.w) return false;
+  const int c = g.c, ow = g.ow;
+  const uint8_t* r = img + (static_cast<int64_t>(y) * g.w + s.x0) * c;
+  if (nhwc) {
+    for (int ox = 0; ox < ow; ++ox) {
+      const uint8_t* p = r + (s.hflip ? ow - 1 - ox : ox) * c;
+      for (int ch = 0; ch < c; ++ch) dst[ox * c + ch] = tables.value[ch][p[ch]];
+    }
+    return true;
+  }
+  for (int ch = 0; ch < c; ++ch) {
+    const T* t = tables.value[ch];
+    T* d = dst + ch * plane;
+    if (s.hflip)
+      for (int ox = 0; ox < ow; ++ox) d[ox] = t[r[(ow - 1 - ox) * c + ch]];
+    else
+      for (int ox = 0; ox < ow; ++ox) d[ox] = t[r[ox * c + ch]];
+  }
+  return true;
+}
+
 template <typename T>
 void apply_cpu_typed(const uint8_t* src, const float* params, const detail::BatchGeometry& g, bool nhwc,
                      T* dst) {
   const int64_t plane = static_cast<int64_t>(g.oh) * g.ow;
+  const ByteTables<T> tables = byte_tables<T>(g);
   at::parallel_for(0, static_cast<int64_t>(g.n) * g.oh, 16, [&](int64_t begin, int64_t end) {
     int64_t planned = -1;
     detail::SamplePlan plan{};
@@ -306,7 +357,11 @@ void apply_cpu_typed(const uint8_t* src, const float* params, const detail::Batc
           for (int ox = 0; ox < g.ow; ++ox)
             scratch.tx[ox] = detail::make_tap(plan.hflip ? g.ow - 1 - ox : ox, plan.sx, plan.x0, plan.bw);
       }
-      compute_row(src + i * static_cast<int64_t>(g.h) * g.w * g.c, g, plan, oy, scratch);
+      const uint8_t* img = src + i * static_cast<int64_t>(g.h) * g.w * g.c;
+      T* row_out = nhwc ? dst + (i * g.oh + oy) * static_cast<int64_t>(g.ow) * g.c
+                        : dst + i * g.c * plane + static_cast<int64_t>(oy) * g.ow;
+      if (copy_row(img, g, plan, oy, tables, nhwc, row_out, plane)) continue;
+      compute_row(img, g, plan, oy, scratch);
       const float* v = scratch.v.data();
       if (nhwc) {
         T* d = dst + (i * g.oh + oy) * static_cast<int64_t>(g.ow) * g.c;
@@ -408,7 +463,8 @@ namespace detail {
 
 ApplySetup setup_apply(const torch::Tensor& images, const torch::Tensor& params, c10::IntArrayRef size,
                        c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv, double contrast_center,
-                       double erase_value, c10::ScalarType dtype, bool channels_last) {
+                       double erase_value, c10::ScalarType dtype, bool channels_last,
+                       const torch::Tensor& out) {
   const AugmentOptions o = AugmentOptions()
                                .size(size.vec())
                                .mean(std::vector<double>(mean.begin(), mean.end()))
@@ -424,24 +480,26 @@ ApplySetup setup_apply(const torch::Tensor& images, const torch::Tensor& params,
               "[augment] the images are too large for 32-bit pixel indices; split or shrink them");
   const std::vector<int64_t> shape =
       channels_last ? std::vector<int64_t>{g.n, g.oh, g.ow, g.c} : std::vector<int64_t>{g.n, g.c, g.oh, g.ow};
-  return {batch_geometry(g, o.mean(), o.std(), contrast_center, erase_value),
-          torch::empty(shape, images.options().dtype(dtype))};
+  const BatchGeometry bg = batch_geometry(g, o.mean(), o.std(), contrast_center, erase_value);
+  if (!out.defined()) return {bg, torch::empty(shape, images.options().dtype(dtype))};
+  EMBER_CHECK(out.sizes() == c10::IntArrayRef(shape) && out.scalar_type() == dtype &&
+                  out.device() == images.device() && out.is_contiguous(),
+              "[augment] the output tensor must be a contiguous {} [{}] on {}, got {} [{}] on {}{}",
+              c10::toString(dtype), fmt::join(shape, ", "), images.device().str(),
+              c10::toString(out.scalar_type()), fmt::join(out.sizes(), ", "), out.device().str(),
+              out.is_contiguous() ? "" : " (not contiguous)");
+  return {bg, out};
 }
 
-// The CPU implementation of ember::augment_apply (the reference).
-torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor& params,
-                                c10::IntArrayRef size, c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv,
-                                double contrast_center, double erase_value, c10::ScalarType dtype,
-                                bool channels_last) {
-  ApplySetup setup =
-      setup_apply(images, params, size, mean, stdv, contrast_center, erase_value, dtype, channels_last);
+void apply_cpu(const torch::Tensor& images, const torch::Tensor& params, const ApplySetup& setup,
+               bool channels_last) {
   const BatchGeometry& bg = setup.geometry;
-  torch::Tensor& out = setup.out;
+  const torch::Tensor& out = setup.out;
   const torch::Tensor src = images.contiguous();
   const torch::Tensor par = params.to(torch::kCPU).contiguous();
   const uint8_t* sp = src.data_ptr<uint8_t>();
   const float* pp = par.data_ptr<float>();
-  switch (dtype) {
+  switch (out.scalar_type()) {
     case torch::kFloat32:
       apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<float>());
       break;
@@ -452,10 +510,33 @@ torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor
       apply_cpu_typed(sp, pp, bg, channels_last, out.data_ptr<c10::BFloat16>());
       break;
   }
-  return out;
+}
+
+// The CPU implementation of ember::augment_apply (the reference).
+torch::Tensor augment_apply_cpu(const torch::Tensor& images, const torch::Tensor& params,
+                                c10::IntArrayRef size, c10::ArrayRef<double> mean, c10::ArrayRef<double> stdv,
+                                double contrast_center, double erase_value, c10::ScalarType dtype,
+                                bool channels_last) {
+  ApplySetup setup =
+      setup_apply(images, params, size, mean, stdv, contrast_center, erase_value, dtype, channels_last);
+  apply_cpu(images, params, setup, channels_last);
+  return setup.out;
 }
 
 }  // namespace detail
+
+void apply_into(const torch::Tensor& images, const torch::Tensor& params, const AugmentOptions& options,
+                const torch::Tensor& out) {
+  EMBER_CHECK(images.is_cpu(), "[augment::apply_into] the images must be on the CPU, got {} (use apply)",
+              images.device().str());
+  const Geometry g = check_inputs(images, options);
+  const std::vector<int64_t> size = {g.oh, g.ow};
+  const bool nhwc = options.layout() == Layout::kNHWC;
+  const detail::ApplySetup setup =
+      detail::setup_apply(images, params, size, options.mean(), options.std(), options.contrast_center(),
+                          options.erase_value(), options.dtype(), nhwc, out);
+  detail::apply_cpu(images, params, setup, nhwc);
+}
 
 torch::Tensor apply(const torch::Tensor& images, const torch::Tensor& params, const AugmentOptions& options) {
   const Geometry g = check_inputs(images, options);  // for the output size; the op checks the rest
@@ -470,13 +551,23 @@ torch::Tensor apply(const torch::Tensor& images, const torch::Tensor& params, co
                  options.erase_value(), options.dtype(), options.layout() == Layout::kNHWC);
 }
 
+std::vector<int64_t> output_shape(const torch::Tensor& images, const AugmentOptions& options) {
+  const Geometry g = check_inputs(images, options);
+  return options.layout() == Layout::kNHWC ? std::vector<int64_t>{g.n, g.oh, g.ow, g.c}
+                                           : std::vector<int64_t>{g.n, g.c, g.oh, g.ow};
+}
+
 AugmentResult augment(const torch::Tensor& images, const torch::Tensor& sample_indices,
-                      const AugmentOptions& options, uint64_t seed, int64_t epoch) {
+                      const AugmentOptions& options, uint64_t seed, int64_t epoch, const torch::Tensor& out) {
   const Geometry g = check_inputs(images, options);
   EMBER_CHECK(sample_indices.dim() == 1 && sample_indices.size(0) == g.n,
               "[augment] sample_indices must be [N] with N = {} images, got [{}]", g.n,
               fmt::join(sample_indices.sizes(), ", "));
   torch::Tensor params = sample_params(options, sample_indices, g.h, g.w, seed, epoch);
+  if (out.defined()) {
+    apply_into(images, params, options, out);
+    return {out, params};
+  }
   // On a GPU the params go over before the op (no host sync), so it does not
   // re-check the values sample_params just drew.
   return {apply(images, ember::detail::to_device_async(params, images.device()), options), params};

@@ -157,8 +157,21 @@ torch::Tensor sample_params(const AugmentOptions& options, const torch::Tensor& 
 /// is in `params`.
 torch::Tensor apply(const torch::Tensor& images, const torch::Tensor& params, const AugmentOptions& options);
 
-/// sample_params + apply. `sample_indices` may be on any device (it is read on the CPU).
+/// apply() on the CPU into `out`, which must be contiguous and of apply's
+/// shape and dtype: the same values, no allocation. For callers that reuse
+/// their batch buffers (a float batch of 224 px images is above glibc's mmap
+/// threshold, so a fresh one is mapped, faulted in and unmapped each step).
+void apply_into(const torch::Tensor& images, const torch::Tensor& params, const AugmentOptions& options,
+                const torch::Tensor& out);
+
+/// The shape apply() returns for `images` (checked as apply checks them).
+std::vector<int64_t> output_shape(const torch::Tensor& images, const AugmentOptions& options);
+
+/// sample_params + apply. `sample_indices` may be on any device (it is read on
+/// the CPU). With `out` (CPU images only), apply_into writes it and it is
+/// returned.
 AugmentResult augment(const torch::Tensor& images, const torch::Tensor& sample_indices,
-                      const AugmentOptions& options, uint64_t seed, int64_t epoch);
+                      const AugmentOptions& options, uint64_t seed, int64_t epoch,
+                      const torch::Tensor& out = {});
 
 }  // namespace ember::augment

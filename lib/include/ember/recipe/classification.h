@@ -46,7 +46,8 @@ namespace ember::recipe {
 /// A loader transform: batch.input (uint8 [B, H, W, C], [B, H, W] or
 /// [B, 1, H, W]) -> augmented images, random per sample from (seed,
 /// batch.index, batch.epoch), so a resumed run sees the same augmentations.
-/// Runs on the batch's device.
+/// Runs on the batch's device. On the CPU the output batches are reused once
+/// nothing else holds them (up to 4 kept; the transform's copies share them).
 std::function<data::Batch(data::Batch)> augment_transform(augment::AugmentOptions options, uint64_t seed);
 
 /// The images and soft targets a classification step trains on: Mixup/CutMix
