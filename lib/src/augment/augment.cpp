@@ -529,6 +529,8 @@ void apply_into(const torch::Tensor& images, const torch::Tensor& params, const 
                 const torch::Tensor& out) {
   EMBER_CHECK(images.is_cpu(), "[augment::apply_into] the images must be on the CPU, got {} (use apply)",
               images.device().str());
+  EMBER_CHECK(!out.requires_grad(),
+              "[augment::apply_into] the output tensor requires grad; give a plain tensor");
   const Geometry g = check_inputs(images, options);
   const std::vector<int64_t> size = {g.oh, g.ow};
   const bool nhwc = options.layout() == Layout::kNHWC;
@@ -536,6 +538,7 @@ void apply_into(const torch::Tensor& images, const torch::Tensor& params, const 
       detail::setup_apply(images, params, size, options.mean(), options.std(), options.contrast_center(),
                           options.erase_value(), options.dtype(), nhwc, out);
   detail::apply_cpu(images, params, setup, nhwc);
+  out.unsafeGetTensorImpl()->bump_version();  // written in place: autograd's saved copies see it
 }
 
 torch::Tensor apply(const torch::Tensor& images, const torch::Tensor& params, const AugmentOptions& options) {

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -19,7 +20,9 @@ namespace {
 // fresh one is mapped, zero-filled page by page and unmapped at every step: a
 // fifth of a streamed run's CPU time on 2 cores. A batch the trainer or a
 // prefetch queue still holds (its storage is shared) is never handed out
-// again; at most kKeep are kept.
+// again; at most kKeep are kept. This holds for consumers that keep the batch
+// as a tensor (a view, a queue entry, autograd's saved input), as everything
+// in Ember does; not for one that keeps only its data pointer.
 class BatchBuffers {
  public:
   torch::Tensor take(const std::vector<int64_t>& shape, torch::ScalarType dtype) {
@@ -27,9 +30,16 @@ class BatchBuffers {
     torch::Tensor* reusable = nullptr;  // a free buffer of another shape, replaced when none fits
     for (torch::Tensor& t : kept_) {
       if (t.use_count() != 1 || t.storage().use_count() != 1) continue;
-      if (t.sizes() == c10::IntArrayRef(shape) && t.scalar_type() == dtype) return t.alias();
+      if (t.sizes() == c10::IntArrayRef(shape) && t.scalar_type() == dtype) {
+        // The counts are relaxed loads: order the last holder's reads before our writes.
+        std::atomic_thread_fence(std::memory_order_acquire);
+        return t.alias();
+      }
       reusable = &t;
     }
+    // A normal tensor even under InferenceMode: a transform copied into a
+    // training loader may hand it out later.
+    c10::InferenceMode normal(false);
     torch::Tensor fresh = torch::empty(shape, dtype);
     if (kept_.size() < kKeep)
       kept_.push_back(fresh);

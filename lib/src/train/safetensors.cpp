@@ -269,37 +269,28 @@ void check_tiling(const std::string& path, std::vector<Entry>& entries, uint64_t
       path, expected, data_size);
 }
 
-// The tensors' bytes, read into CPU tensors (BOOL bytes checked).
-NamedTensors read_tensors(std::ifstream& in, const std::string& path, const std::vector<Entry>& entries,
-                          uint64_t header_size) {
-  NamedTensors tensors;
-  tensors.reserve(entries.size());
-  for (const Entry& e : entries) {
-    torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
-    if (e.end == e.begin) {
-      tensors.emplace_back(e.name, std::move(t));
-      continue;
-    }
-    in.seekg(static_cast<std::streamoff>(8 + header_size + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    EMBER_CHECK(in.good(), "[train::load_safetensors] {}: tensor '{}': cannot read its {} bytes: {}", path,
-                e.name, e.end - e.begin, std::strerror(errno));
-    if (e.dtype == c10::kBool) {
-      const auto* p = static_cast<const uint8_t*>(t.data_ptr());
-      const uint64_t n = e.end - e.begin;
-      EMBER_CHECK(std::all_of(p, p + n, [](uint8_t b) { return b <= 1; }),
-                  "[train::load_safetensors] {}: tensor '{}': BOOL bytes must be 0 or 1", path, e.name);
-    }
-    tensors.emplace_back(e.name, std::move(t));
+// One tensor's bytes, read into a CPU tensor (BOOL bytes checked).
+torch::Tensor read_tensor(std::ifstream& in, const std::string& path, const Entry& e, uint64_t header_size) {
+  torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+  if (e.end == e.begin) return t;
+  in.seekg(static_cast<std::streamoff>(8 + header_size + e.begin));
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+  EMBER_CHECK(in.good(), "[train::load_safetensors] {}: tensor '{}': cannot read its {} bytes: {}", path,
+              e.name, e.end - e.begin, std::strerror(errno));
+  if (e.dtype == c10::kBool) {
+    const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+    const uint64_t n = e.end - e.begin;
+    EMBER_CHECK(std::all_of(p, p + n, [](uint8_t b) { return b <= 1; }),
+                "[train::load_safetensors] {}: tensor '{}': BOOL bytes must be 0 or 1", path, e.name);
   }
-  return tensors;
+  return t;
 }
 
-}  // namespace
-
-NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t file_size = 0, header_size = 0;
+// The file's header, validated whole (entries, metadata, tiling): its
+// entries in data order and the header's length.
+std::vector<Entry> read_entries(std::ifstream& in, const std::string& path, uint64_t& header_size,
+                                std::map<std::string, std::string>* metadata) {
+  uint64_t file_size = 0;
   const nlohmann::json header = read_header(in, path, file_size, header_size);
   if (metadata != nullptr) metadata->clear();
   std::vector<Entry> entries;
@@ -318,7 +309,39 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
     entries.push_back(parse_entry(path, name, info));
   }
   check_tiling(path, entries, file_size - 8 - header_size);
-  return read_tensors(in, path, entries, header_size);
+  return entries;
+}
+
+}  // namespace
+
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_size = 0;
+  const std::vector<Entry> entries = read_entries(in, path, header_size, metadata);
+  NamedTensors tensors;
+  tensors.reserve(entries.size());
+  for (const Entry& e : entries) tensors.emplace_back(e.name, read_tensor(in, path, e, header_size));
+  return tensors;
+}
+
+std::vector<TensorInfo> read_safetensors_header(const std::string& path,
+                                                std::map<std::string, std::string>* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_size = 0;
+  std::vector<TensorInfo> infos;
+  for (Entry& e : read_entries(in, path, header_size, metadata))
+    infos.push_back({std::move(e.name), e.dtype, std::move(e.shape)});
+  return infos;
+}
+
+void read_safetensors(const std::string& path, const std::function<bool(const TensorInfo&)>& want,
+                      const std::function<void(const std::string&, torch::Tensor)>& take) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_size = 0;
+  for (const Entry& e : read_entries(in, path, header_size, nullptr)) {
+    if (!want({e.name, e.dtype, e.shape})) continue;
+    take(e.name, read_tensor(in, path, e, header_size));
+  }
 }
 
 }  // namespace ember::train

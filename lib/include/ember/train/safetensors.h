@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -49,5 +50,24 @@ void save_safetensors(const std::string& path, const torch::nn::Module& module,
 /// storage: peak memory is the tensors themselves, not twice the file.
 NamedTensors load_safetensors(const std::string& path,
                               std::map<std::string, std::string>* metadata = nullptr);
+
+/// A tensor's entry in a file's header.
+struct TensorInfo {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+
+/// The header of `path`, validated as load_safetensors validates it (so every
+/// shape is one the file really holds the bytes of), no tensor read (so BOOL
+/// bytes are not checked): its entries in file order.
+std::vector<TensorInfo> read_safetensors_header(const std::string& path,
+                                                std::map<std::string, std::string>* metadata = nullptr);
+
+/// Reads, one at a time in file order, the tensors `want` accepts (after the
+/// whole header is validated) and hands each to `take`: peak memory is one
+/// tensor, whatever the file's size.
+void read_safetensors(const std::string& path, const std::function<bool(const TensorInfo&)>& want,
+                      const std::function<void(const std::string&, torch::Tensor)>& take);
 
 }  // namespace ember::train
