@@ -406,6 +406,11 @@ MUTANTS = (
            "if (t.storage().use_count() < 1) continue;",
            ("ember_tests",), r"Classification\.",
            "a batch the trainer still holds is overwritten by the next one"),
+    Mutant("pretrained_index_unchecked", "lib/src/train/pretrained.cpp",
+           "if (indexed) {",
+           "if (false) {",
+           ("ember_tests",), r"Pretrained\.",
+           "a sharded checkpoint whose index places a tensor in another file is loaded anyway"),
 )
 
 
