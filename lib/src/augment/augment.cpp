@@ -364,11 +364,10 @@ void apply_cpu_typed(const uint8_t* src, const float* params, const detail::Batc
       compute_row(img, g, plan, oy, scratch);
       const float* v = scratch.v.data();
       if (nhwc) {
-        T* d = dst + (i * g.oh + oy) * static_cast<int64_t>(g.ow) * g.c;
-        for (int64_t k = 0; k < static_cast<int64_t>(g.ow) * g.c; ++k) d[k] = static_cast<T>(v[k]);
+        for (int64_t k = 0; k < static_cast<int64_t>(g.ow) * g.c; ++k) row_out[k] = static_cast<T>(v[k]);
       } else {
         for (int ch = 0; ch < g.c; ++ch) {
-          T* d = dst + (i * g.c + ch) * plane + static_cast<int64_t>(oy) * g.ow;
+          T* d = row_out + ch * plane;
           for (int ox = 0; ox < g.ow; ++ox) d[ox] = static_cast<T>(v[ox * g.c + ch]);
         }
       }

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/edit_distance.h"
 
-namespace ember::core::enum_names_detail {
-namespace {
+namespace ember::core {
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -23,7 +23,9 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
-}  // namespace
+}  // namespace ember::core
+
+namespace ember::core::enum_names_detail {
 
 std::string list_names(const std::string_view* names, size_t count) {
   std::string s;

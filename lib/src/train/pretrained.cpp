@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/edit_distance.h"
 #include "ember/core/file.h"
 #include "ember/train/safetensors.h"
 
@@ -71,25 +72,11 @@ Index read_index(const std::string& path) {
   return index;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // Up to 3 of `candidates` closest to `name` (edit distance, then order).
 std::vector<std::string> closest(const std::string& name, const std::vector<std::string>& candidates) {
   std::vector<std::pair<size_t, size_t>> scored;  // distance, index
-  for (size_t i = 0; i < candidates.size(); ++i) scored.emplace_back(edit_distance(name, candidates[i]), i);
+  for (size_t i = 0; i < candidates.size(); ++i)
+    scored.emplace_back(core::edit_distance(name, candidates[i]), i);
   std::sort(scored.begin(), scored.end());
   std::vector<std::string> out;
   for (size_t k = 0; k < scored.size() && k < 3; ++k) out.push_back(candidates[scored[k].second]);
