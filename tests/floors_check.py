@@ -143,7 +143,15 @@ def main():
                 errors.append(f"{f.relative_to(root)}: area '{area}' is on no floor (add it to FLOORS and ARCHITECTURE.md)")
                 continue
             found.add(area)
-            for inc in INCLUDE.findall(f.read_text(encoding="utf-8")):
+            text = f.read_text(encoding="utf-8")
+            # A file that tests EMBER_WITH_CUDA_KERNELS includes the header that defines it: -Wundef
+            # catches one that does not in a file compiled alone, not in a unity batch (the batch's
+            # earlier files may have included it), where the test silently reads 0.
+            if re.search(r"^\s*#\s*(el)?if.*\bEMBER_WITH_CUDA_KERNELS\b", text, re.M) and \
+                    '"ember/version.h"' not in text:
+                errors.append(f"{f.relative_to(root)}: tests EMBER_WITH_CUDA_KERNELS without including "
+                              f"\"ember/version.h\" (which defines it)")
+            for inc in INCLUDE.findall(text):
                 if inc.split("/")[0] in ("recipes", "tests", "tools"):
                     errors.append(f"{f.relative_to(root)}: includes {inc} (lib/ never includes {inc.split('/')[0]}/)")
                     continue

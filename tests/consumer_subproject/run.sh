@@ -23,7 +23,8 @@ args=(-S "$here" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DEMBER_S
 if [[ -n "$launcher" ]]; then args+=("-DCMAKE_CXX_COMPILER_LAUNCHER=$launcher"); fi
 # Default mode compiles without optimisation (about half the time; it checks
 # that the files compile, and plans the link); --full builds as users do.
-[[ "$mode" == --full ]] || args+=("-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG")
+# Without --full: the files that differ without CUDA, each compiled alone (no unity batches) at -O0.
+[[ "$mode" == --full ]] || args+=("-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG" -DEMBER_UNITY=OFF)
 cmake "${args[@]}" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 if ! grep -q "CUDA kernels: OFF" "$work/configure.log"; then
   cat "$work/configure.log"

@@ -241,8 +241,8 @@ TEST(ModelCost, SmallConvNetSumAndAttribution) {
 
 namespace {
 /// One Linear registered twice (as "enc" and "dec") plus a raw tied parameter.
-struct TiedImpl : torch::nn::Module {
-  TiedImpl() : shared(torch::nn::Linear(4, 4)) {
+struct TiedLinearImpl : torch::nn::Module {
+  TiedLinearImpl() : shared(torch::nn::Linear(4, 4)) {
     register_module("enc", shared);
     register_module("dec", shared);
     scale = register_parameter("scale", torch::ones({4, 4}));
@@ -255,7 +255,7 @@ struct TiedImpl : torch::nn::Module {
 }  // namespace
 
 TEST(ModelCost, TiedWeightsCountOnceInParams) {
-  auto m = std::make_shared<TiedImpl>();
+  auto m = std::make_shared<TiedLinearImpl>();
   ASSERT_EQ(m->parameters().size(), 6u);  // listed under every name
   const ModelCost c = cost_of(m, torch::randn({3, 4}));
   EXPECT_EQ(c.params, (4 * 4 + 4) + 4 * 4);

@@ -23,7 +23,7 @@ using test_util::expect_same_batches;
 
 namespace {
 // Sample i is [i, i, i] with target i, so a batch's targets are its dataset indices.
-data::TensorDataset numbered(int64_t n) {
+data::TensorDataset numbered_samples(int64_t n) {
   return {torch::arange(n, torch::kInt64).unsqueeze(1).repeat({1, 3}), torch::arange(n, torch::kInt64)};
 }
 
@@ -38,7 +38,7 @@ std::vector<int64_t> to_vector(const torch::Tensor& t) {
 
 // The dataset indices of `epoch` in the order served (from batch `skip` on), checking on the way
 // that every batch's index is its targets (the dataset index) and its epoch is `epoch`.
-std::vector<int64_t> drain(data::Loader& loader, int64_t epoch, int64_t skip = 0) {
+std::vector<int64_t> drain_indices(data::Loader& loader, int64_t epoch, int64_t skip = 0) {
   loader.start_epoch(epoch, skip);
   std::vector<int64_t> out;
   while (auto b = loader.next()) {
@@ -95,11 +95,11 @@ TEST(DistributedSampler, EverySampleOnceAcrossRanksWhenTheyDivideTheDataset) {
   for (int64_t epoch : {0, 1}) {
     std::vector<int64_t> all;
     for (int64_t rank = 0; rank < replicas; ++rank) {
-      data::TensorLoader loader(numbered(n), sharded(replicas, rank).batch_size(3));
+      data::TensorLoader loader(numbered_samples(n), sharded(replicas, rank).batch_size(3));
       EXPECT_EQ(loader.shard_size(), 4);
       EXPECT_EQ(loader.num_samples(), 4);
       EXPECT_EQ(loader.num_batches(), 2);  // 3 + 1
-      const auto served = drain(loader, epoch);
+      const auto served = drain_indices(loader, epoch);
       EXPECT_EQ(served, reference_shard(to_vector(loader.epoch_order(epoch)), replicas, rank, false));
       EXPECT_EQ(served, to_vector(loader.shard_order(epoch)));
       all.insert(all.end(), served.begin(), served.end());
@@ -117,11 +117,11 @@ TEST(DistributedSampler, PadsWithTheFirstSamplesOfTheEpochOrder) {
   std::map<int64_t, int> count;
   std::vector<int64_t> order;
   for (int64_t rank = 0; rank < replicas; ++rank) {
-    data::TensorLoader loader(numbered(n), sharded(replicas, rank).batch_size(2));
+    data::TensorLoader loader(numbered_samples(n), sharded(replicas, rank).batch_size(2));
     EXPECT_EQ(loader.num_samples(), 3);
     EXPECT_EQ(loader.num_batches(), 2);
     order = to_vector(loader.epoch_order(epoch));
-    const auto served = drain(loader, epoch);
+    const auto served = drain_indices(loader, epoch);
     ASSERT_EQ(served.size(), 3u);
     for (int64_t i : served) ++count[i];
     // The padded order is order + order[0:2]; positions 10 and 11 land on ranks 2 and 3.
@@ -148,11 +148,11 @@ TEST(DistributedSampler, DropUnevenCutsTheTailOfTheEpochOrder) {
   std::vector<int64_t> order;
   size_t total = 0;
   for (int64_t rank = 0; rank < replicas; ++rank) {
-    data::TensorLoader loader(numbered(n), sharded(replicas, rank).batch_size(2).drop_uneven(true));
+    data::TensorLoader loader(numbered_samples(n), sharded(replicas, rank).batch_size(2).drop_uneven(true));
     EXPECT_EQ(loader.num_samples(), 2);
     EXPECT_EQ(loader.num_batches(), 1);
     order = to_vector(loader.epoch_order(epoch));
-    const auto served = drain(loader, epoch);
+    const auto served = drain_indices(loader, epoch);
     EXPECT_EQ(served, reference_shard(order, replicas, rank, true));
     total += served.size();
     served_all.insert(served.begin(), served.end());
@@ -185,14 +185,14 @@ TEST(DistributedSampler, MatchesPyTorchDistributedSampler) {
       SCOPED_TRACE("n " + std::to_string(c.n) + " replicas " + std::to_string(c.replicas) + " rank " +
                    std::to_string(rank) + (c.drop ? " drop" : " pad"));
       const auto opts = sharded(c.replicas, rank).batch_size(2).drop_uneven(c.drop);
-      data::TensorLoader plain(numbered(c.n), data::TensorLoaderOptions(opts).shuffle(false));
-      EXPECT_EQ(drain(plain, 0), c.shards[rank]);
+      data::TensorLoader plain(numbered_samples(c.n), data::TensorLoaderOptions(opts).shuffle(false));
+      EXPECT_EQ(drain_indices(plain, 0), c.shards[rank]);
       EXPECT_EQ(plain.num_samples(), static_cast<int64_t>(c.shards[rank].size()));
-      data::TensorLoader shuffled(numbered(c.n), opts);
+      data::TensorLoader shuffled(numbered_samples(c.n), opts);
       const auto order = to_vector(shuffled.epoch_order(4));
       std::vector<int64_t> expected;
       for (int64_t p : c.shards[rank]) expected.push_back(order[p]);
-      EXPECT_EQ(drain(shuffled, 4), expected);
+      EXPECT_EQ(drain_indices(shuffled, 4), expected);
     }
   }
   // The rule of distributed.py, transliterated, over a grid of sizes.
@@ -201,7 +201,8 @@ TEST(DistributedSampler, MatchesPyTorchDistributedSampler) {
       for (bool drop : {false, true}) {
         if (drop && n < replicas) continue;  // an error here (RejectsBadOptions); empty shards in PyTorch
         for (int64_t rank = 0; rank < replicas; ++rank) {
-          data::TensorLoader loader(numbered(n), sharded(replicas, rank).batch_size(1).drop_uneven(drop));
+          data::TensorLoader loader(numbered_samples(n),
+                                    sharded(replicas, rank).batch_size(1).drop_uneven(drop));
           const auto expected = reference_shard(to_vector(loader.epoch_order(2)), replicas, rank, drop);
           EXPECT_EQ(to_vector(loader.shard_order(2)), expected)
               << "n " << n << " replicas " << replicas << " rank " << rank << (drop ? " drop" : " pad");
@@ -216,7 +217,8 @@ TEST(DistributedSampler, OrderIsReshuffledPerEpochAndSharedByAllRanks) {
   const int64_t n = 40, replicas = 4;
   std::vector<std::unique_ptr<data::TensorLoader>> ranks;
   for (int64_t rank = 0; rank < replicas; ++rank) {
-    ranks.push_back(std::make_unique<data::TensorLoader>(numbered(n), sharded(replicas, rank).batch_size(4)));
+    ranks.push_back(
+        std::make_unique<data::TensorLoader>(numbered_samples(n), sharded(replicas, rank).batch_size(4)));
   }
   for (int64_t epoch : {0, 1, 2}) {
     const torch::Tensor order = ranks[0]->epoch_order(epoch);
@@ -224,10 +226,10 @@ TEST(DistributedSampler, OrderIsReshuffledPerEpochAndSharedByAllRanks) {
     for (int64_t rank = 0; rank < replicas; ++rank) {
       data::TensorLoader& loader = *ranks[rank];
       EXPECT_TRUE(torch::equal(loader.epoch_order(epoch), order));  // every rank computes the same order
-      const auto served = drain(loader, epoch);
-      EXPECT_EQ(served, drain(loader, epoch));  // the same on every call
-      data::TensorLoader again(numbered(n), sharded(replicas, rank).batch_size(4));
-      EXPECT_EQ(served, drain(again, epoch));  // and in a fresh loader with the same seed
+      const auto served = drain_indices(loader, epoch);
+      EXPECT_EQ(served, drain_indices(loader, epoch));  // the same on every call
+      data::TensorLoader again(numbered_samples(n), sharded(replicas, rank).batch_size(4));
+      EXPECT_EQ(served, drain_indices(again, epoch));  // and in a fresh loader with the same seed
       for (int64_t i : served) EXPECT_TRUE(seen.insert(i).second) << "sample " << i << " on two ranks";
     }
     EXPECT_EQ(seen.size(), static_cast<size_t>(n));
@@ -235,8 +237,8 @@ TEST(DistributedSampler, OrderIsReshuffledPerEpochAndSharedByAllRanks) {
   for (int64_t rank = 0; rank < replicas; ++rank) {
     EXPECT_NE(to_vector(ranks[rank]->shard_order(0)), to_vector(ranks[rank]->shard_order(1)));  // reshuffled
   }
-  data::TensorLoader other_seed(numbered(n), sharded(replicas, 0).batch_size(4).seed(6));
-  EXPECT_NE(drain(other_seed, 0), drain(*ranks[0], 0));
+  data::TensorLoader other_seed(numbered_samples(n), sharded(replicas, 0).batch_size(4).seed(6));
+  EXPECT_NE(drain_indices(other_seed, 0), drain_indices(*ranks[0], 0));
 }
 
 TEST(DistributedSampler, ResumeServesTheRemainingBatchesOfTheShard) {
@@ -246,7 +248,7 @@ TEST(DistributedSampler, ResumeServesTheRemainingBatchesOfTheShard) {
       for (int64_t rank = 0; rank < 3; ++rank) {
         SCOPED_TRACE(std::string(drop_last ? "drop_last" : "keep last") + " prefetch " +
                      std::to_string(prefetch) + " rank " + std::to_string(rank));
-        data::TensorLoader loader(numbered(50),
+        data::TensorLoader loader(numbered_samples(50),
                                   sharded(3, rank).batch_size(4).drop_last(drop_last).prefetch(prefetch));
         EXPECT_EQ(loader.num_batches(), drop_last ? 4 : 5);
         EXPECT_EQ(loader.num_samples(), drop_last ? 16 : 17);
@@ -270,9 +272,10 @@ TEST(DistributedSampler, PrefetchAndResidentChangeNoBatch) {
     for (int64_t rank = 0; rank < 4; ++rank) {
       SCOPED_TRACE(std::string(drop ? "drop" : "pad") + " rank " + std::to_string(rank));
       const auto opts = sharded(4, rank).batch_size(5).drop_uneven(drop);
-      data::TensorLoader off(numbered(37), data::TensorLoaderOptions(opts).transform(transform));
-      data::TensorLoader on(numbered(37), data::TensorLoaderOptions(opts).transform(transform).prefetch(3));
-      data::TensorLoader resident(numbered(37), data::TensorLoaderOptions(opts).resident(true));
+      data::TensorLoader off(numbered_samples(37), data::TensorLoaderOptions(opts).transform(transform));
+      data::TensorLoader on(numbered_samples(37),
+                            data::TensorLoaderOptions(opts).transform(transform).prefetch(3));
+      data::TensorLoader resident(numbered_samples(37), data::TensorLoaderOptions(opts).resident(true));
       for (int64_t epoch : {0, 1}) {
         const auto a = collect(off, epoch);
         EXPECT_EQ(static_cast<int64_t>(a.size()), off.num_batches());
@@ -295,13 +298,14 @@ TEST(DistributedSampler, BatchIndexIsTheDatasetIndexWhateverTheSharding) {
   };
   const int64_t n = 29, epoch = 2;
   std::map<int64_t, torch::Tensor> unsharded;
-  data::TensorLoader whole(numbered(n), data::TensorLoaderOptions().batch_size(4).seed(5).transform(keyed));
+  data::TensorLoader whole(numbered_samples(n),
+                           data::TensorLoaderOptions().batch_size(4).seed(5).transform(keyed));
   for (const data::Batch& b : collect(whole, epoch)) {
     for (int64_t i = 0; i < b.size(); ++i) unsharded[b.index[i].item<int64_t>()] = b.input[i];
   }
   ASSERT_EQ(unsharded.size(), static_cast<size_t>(n));
   for (int64_t rank = 0; rank < 3; ++rank) {
-    data::TensorLoader loader(numbered(n), sharded(3, rank).batch_size(4).transform(keyed));
+    data::TensorLoader loader(numbered_samples(n), sharded(3, rank).batch_size(4).transform(keyed));
     const auto shard = to_vector(loader.shard_order(epoch));
     size_t served = 0;
     for (const data::Batch& b : collect(loader, epoch)) {
@@ -317,31 +321,32 @@ TEST(DistributedSampler, BatchIndexIsTheDatasetIndexWhateverTheSharding) {
 }
 
 TEST(DistributedSampler, RejectsBadOptions) {
-  const auto ds = numbered(10);
+  const auto ds = numbered_samples(10);
   expect_error(ds, data::TensorLoaderOptions().num_replicas(0), "num_replicas must be >= 1");
   expect_error(ds, data::TensorLoaderOptions().num_replicas(-2), "num_replicas must be >= 1");
   expect_error(ds, data::TensorLoaderOptions().num_replicas(4).rank(4), "rank 4 is outside [0, 4)");
   expect_error(ds, data::TensorLoaderOptions().num_replicas(4).rank(-1), "rank -1 is outside [0, 4)");
   expect_error(ds, data::TensorLoaderOptions().rank(1),
                "rank 1 is outside [0, 1)");  // rank without replicas
-  expect_error(numbered(3), data::TensorLoaderOptions().num_replicas(4).drop_uneven(true),
+  expect_error(numbered_samples(3), data::TensorLoaderOptions().num_replicas(4).drop_uneven(true),
                "drop_uneven: 3 samples cannot give each of 4 replicas one");
   // 10 over 4 replicas: shards of 3, no full batch of 4.
   expect_error(ds, data::TensorLoaderOptions().num_replicas(4).batch_size(4).drop_last(true),
                "rank 0's shard of 3 samples (10 over 4 replicas) makes no batch of 4");
   // Padding covers fewer samples than replicas: each of 4 ranks gets one of the 3.
-  data::TensorLoader tiny(numbered(3), data::TensorLoaderOptions().num_replicas(4).rank(3).shuffle(false));
-  EXPECT_EQ(drain(tiny, 0), std::vector<int64_t>{0});
+  data::TensorLoader tiny(numbered_samples(3),
+                          data::TensorLoaderOptions().num_replicas(4).rank(3).shuffle(false));
+  EXPECT_EQ(drain_indices(tiny, 0), std::vector<int64_t>{0});
 }
 
 TEST(DistributedSamplerCuda, ResidentServesTheShard) {
   EMBER_REQUIRE_CUDA();
   for (int64_t rank = 0; rank < 3; ++rank) {
     const auto opts = sharded(3, rank).batch_size(8);
-    data::TensorLoader host(numbered(100), opts);
-    data::TensorLoader gpu(numbered(100),
+    data::TensorLoader host(numbered_samples(100), opts);
+    data::TensorLoader gpu(numbered_samples(100),
                            data::TensorLoaderOptions(opts).device(torch::kCUDA).resident(true));
-    data::TensorLoader streamed(numbered(100),
+    data::TensorLoader streamed(numbered_samples(100),
                                 data::TensorLoaderOptions(opts).device(torch::kCUDA).prefetch(2));
     for (int64_t skip : {0, 2}) {
       const auto expected = collect(host, 1, skip);

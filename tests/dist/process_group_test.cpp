@@ -152,7 +152,10 @@ std::vector<torch::Tensor> train_blobs(const std::shared_ptr<ProcessGroup>& grou
                                        const std::shared_ptr<train::Callback>& parallel, int64_t* state_bytes,
                                        optim::OptimizerKind kind = optim::OptimizerKind::kSgd,
                                        torch::ScalarType dtype = torch::kFloat32) {
-  test_util::BlobTask task({.dropout = false, .dtype = dtype});
+  test_util::BlobTask::Options task_options;
+  task_options.dropout = false;
+  task_options.dtype = dtype;
+  test_util::BlobTask task(task_options);
   train::TrainerOptions o;
   o.max_steps(6).epochs(100).val_every(0).checkpoint_every(0);
   o.optimizer(optim::OptimizerOptions().kind(kind).lr(1e-2));

@@ -375,7 +375,9 @@ TEST(SyncBatchNorm, PrunedAsBatchNorm) {
   for (const bool sync : {false, true}) {
     torch::manual_seed(5);
     models::CifarResNet net(models::CifarResNetOptions().width(8).blocks(1).in_channels(1));
-    if (sync) EXPECT_EQ(convert_sync_batchnorm(*net, group), 9);
+    if (sync) {
+      EXPECT_EQ(convert_sync_batchnorm(*net, group), 9);
+    }
     const torch::Tensor x = torch::randn({2, 1, 12, 12});
     prune::Pruner pruner(
         *net, [&] { return std::vector<torch::Tensor>{net(x)}; },

@@ -170,8 +170,9 @@ void check_case(const OpCase& op, const torch::Device& device) {
   const Tensors want = op.reference ? op.reference(cpu_inputs) : op.run(cpu_inputs);
   ASSERT_EQ(got.size(), want.size()) << op.name;
   for (size_t k = 0; k < got.size(); ++k) {
-    if (k == 0)
+    if (k == 0) {
       EXPECT_EQ(got[k].device().type(), device.type()) << op.name << ": the output stays on the device";
+    }
     const torch::Tensor g = got[k].cpu(), w = want[k].cpu();
     ASSERT_EQ(g.sizes(), w.sizes()) << op.name << " output " << k;
     ASSERT_EQ(g.scalar_type(), w.scalar_type()) << op.name << " output " << k;

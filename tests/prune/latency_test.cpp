@@ -24,7 +24,7 @@ namespace {
 
 namespace nn = torch::nn;
 
-std::string temp_path(const std::string& name) {
+std::string latency_path(const std::string& name) {
   const char* base = std::getenv("TMPDIR");
   return std::string(base ? base : "/tmp") + "/ember_latency_" + std::to_string(::getpid()) + "_" + name;
 }
@@ -98,7 +98,7 @@ LayerOp conv_op(int64_t in, int64_t out, int64_t kernel, int64_t extent) {
   return op;
 }
 
-PrunerOptions quiet() {
+PrunerOptions quiet_pruner() {
   return PrunerOptions().print_warnings(false);
 }
 
@@ -136,7 +136,7 @@ TEST(LayerOps, DepthwiseFollowsItsChannelsAfterPruning) {
   };
   EXPECT_TRUE(dw().depthwise());
   EXPECT_EQ(dw().groups, 8);
-  Pruner pruner(*net, forward, quiet());
+  Pruner pruner(*net, forward, quiet_pruner());
   pruner.step(0.5);
   const LayerOp after = dw();
   EXPECT_TRUE(after.depthwise());
@@ -150,7 +150,7 @@ TEST(LatencyPruning, MeetsTheGoalAtWidthsTheDeviceRunsFast) {
     WideCase s;
     StepLatency latency(s.forward, 8);
     const double dense = latency.model_us(*s.model, s.infer);
-    Pruner pruner(*s.model, s.forward, quiet());  // round_to 1: the steps come from the latency alone
+    Pruner pruner(*s.model, s.forward, quiet_pruner());  // round_to 1: the steps come from the latency alone
     const PruneResult r = pruner.prune_to_latency(speedup, latency, s.infer);
     EXPECT_DOUBLE_EQ(r.latency_us_before, dense);
     EXPECT_DOUBLE_EQ(r.latency_us_after, latency.model_us(*s.model, s.infer));
@@ -177,7 +177,7 @@ TEST(LatencyPruning, OnlyChannelsThatSaveTimeGo) {
   WideCase s;
   StepLatency latency(s.forward, 8);
   latency.only = "c4.weight";  // c4's input (the residual group of c2/c3) and output cost; nothing else
-  Pruner pruner(*s.model, s.forward, quiet());
+  Pruner pruner(*s.model, s.forward, quiet_pruner());
   // Met within the default tolerance (3%): the next step of c4 would go more than 10% past the goal.
   const PruneResult r = pruner.prune_to_latency(1.5, latency, s.infer);
   EXPECT_LE(r.latency_us_after, r.latency_us_before / 1.5 * 1.03);
@@ -208,7 +208,7 @@ TEST(LatencyPruning, ImportancePerSavedMicrosecondDecides) {
     }
     StepLatency latency(s.forward, 8);
     latency.only = "c4.weight";
-    Pruner pruner(*s.model, s.forward, quiet());
+    Pruner pruner(*s.model, s.forward, quiet_pruner());
     pruner.prune_to_latency(1.1, latency, s.infer);
     const int64_t out = s.model->c4->weight.size(0), in = s.model->c4->weight.size(1);
     if (outputs)
@@ -235,7 +235,7 @@ TEST(LatencyPruning, CheapestPerMicrosecondFirstOverSeveralSteps) {
   }
   StepLatency latency(s.forward, 8);
   latency.only = "c4.weight";
-  Pruner pruner(*s.model, s.forward, quiet());
+  Pruner pruner(*s.model, s.forward, quiet_pruner());
   const PruneResult r = pruner.prune_to_latency(LatencyTargetOptions(1.6).max_rounds(1), latency, s.infer);
   EXPECT_EQ(r.latency.rounds, 1);
   EXPECT_EQ(s.model->c4->weight.size(0), 48);
@@ -246,7 +246,7 @@ TEST(LatencyPruning, RoundToAndMaxRatioBoundTheWidths) {
   torch::manual_seed(4);
   WideCase s;
   StepLatency latency(s.forward, 1);  // no steps: every channel saves time
-  Pruner pruner(*s.model, s.forward, quiet().round_to(16).max_ratio(0.5));
+  Pruner pruner(*s.model, s.forward, quiet_pruner().round_to(16).max_ratio(0.5));
   const PruneResult r = pruner.prune_to_latency(1.8, latency, s.infer);
   ASSERT_FALSE(r.changes.empty());
   for (const ShapeChange& c : r.changes)
@@ -263,7 +263,7 @@ TEST(LatencyPruning, AnOutOfReachGoalPrunesNothingAndSaysSo) {
   torch::manual_seed(4);
   WideCase s;
   StepLatency latency(s.forward, 1);
-  Pruner pruner(*s.model, s.forward, quiet().round_to(16).max_ratio(0.5));
+  Pruner pruner(*s.model, s.forward, quiet_pruner().round_to(16).max_ratio(0.5));
   const PruneResult r = pruner.prune_to_latency(10.0, latency, s.infer);
   EXPECT_TRUE(r.plan.empty());
   EXPECT_TRUE(r.changes.empty());
@@ -289,7 +289,7 @@ TEST(LatencyPruning, StopsWhenARoundsMeasuredGainIsWithinTheNoise) {
   // The table promises 1.5x to a pruner that believes the layers (the optimistic reachability test
   // passes), but 98% of the measured time is fixed: rounds buy nothing measurable.
   latency.fixed = 200000;
-  Pruner pruner(*s.model, s.forward, quiet());
+  Pruner pruner(*s.model, s.forward, quiet_pruner());
   const core::ModelCost before = core::count_cost(*s.model, s.forward);
   std::vector<std::string> lines;
   const PruneResult r = pruner.prune_to_latency(
@@ -314,7 +314,7 @@ TEST(LatencyPruning, NoStepIsPlannedPastTheOvershootBound) {
     WideCase s;
     StepLatency latency(s.forward, 8);
     latency.only = "c4.weight";
-    Pruner pruner(*s.model, s.forward, quiet());
+    Pruner pruner(*s.model, s.forward, quiet_pruner());
     const PruneResult r =
         pruner.prune_to_latency(LatencyTargetOptions(1.1).overshoot(overshoot), latency, s.infer);
     if (overshoot == 0.1) {
@@ -344,7 +344,7 @@ TEST(LatencyPruning, WidthsStepOnAPowerOfTwoGridWhenRoundToIsOne) {
     }
   } counting(s.forward, 1);
   counting.keys = &asked;
-  Pruner pruner(*s.model, s.forward, quiet());
+  Pruner pruner(*s.model, s.forward, quiet_pruner());
   const PruneResult r = pruner.prune_to_latency(2.0, counting, s.infer);
   ASSERT_FALSE(r.changes.empty());
   for (const ShapeChange& c : r.changes)
@@ -376,7 +376,7 @@ TEST(LatencyPruning, AStopOrTheTimeBudgetEndsItWithWhatIsApplied) {
       o.time_budget_s(40);
     else
       o.stop([&] { return ++asks > 6; });  // a signal arrives while the first round chooses widths
-    Pruner pruner(*s.model, s.forward, quiet());
+    Pruner pruner(*s.model, s.forward, quiet_pruner());
     const PruneResult r = pruner.prune_to_latency(o, ticking, s.infer);
     EXPECT_EQ(r.latency.status,
               budget ? LatencyOutcome::Status::kOutOfTime : LatencyOutcome::Status::kStopped);
@@ -397,7 +397,7 @@ TEST(LatencyPruning, LaterStepsAimAtTheFirstMeasurement) {
   torch::manual_seed(5);
   WideCase s;
   StepLatency latency(s.forward, 8);
-  Pruner pruner(*s.model, s.forward, quiet());
+  Pruner pruner(*s.model, s.forward, quiet_pruner());
   const double dense = latency.model_us(*s.model, s.infer);
   pruner.prune_to_latency(1.2, latency, s.infer);
   const PruneResult second = pruner.prune_to_latency(1.6, latency, s.infer);
@@ -412,7 +412,7 @@ TEST(LatencyPruning, LaterStepsAimAtTheFirstMeasurement) {
 TEST(LatencyPruning, RefusesBadArguments) {
   WideCase s;
   StepLatency latency(s.forward, 8);
-  Pruner pruner(*s.model, s.forward, quiet());
+  Pruner pruner(*s.model, s.forward, quiet_pruner());
   EXPECT_THROW(pruner.prune_to_latency(0.9, latency, s.infer), Error);
   EXPECT_THROW(pruner.prune_to_latency(std::nan(""), latency, s.infer), Error);
   EXPECT_THROW(pruner.prune_to_latency(1.5, latency, {}), Error);
@@ -422,7 +422,7 @@ TEST(LatencyPruning, RefusesBadArguments) {
 }
 
 TEST(MeasuredLatency, TableIsBuiltOnceAndReused) {
-  const std::string path = temp_path("table.json");
+  const std::string path = latency_path("table.json");
   core::remove_file(path);
   const LayerOp conv = conv_op(4, 8, 1, 4);
   LayerOp linear;

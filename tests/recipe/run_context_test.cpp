@@ -71,7 +71,10 @@ recipe::RecipeSpec probe_spec(Seen& seen) {
   return spec;
 }
 
+}  // namespace
+
 // Runs in a fresh folder (a run without run.dir names runs/<recipe>-<time> under it).
+// Outside the anonymous namespace: TEST_F's classes derive from it.
 class RunContextTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -85,8 +88,6 @@ class RunContextTest : public testing::Test {
  private:
   char cwd_[4096] = {};
 };
-
-}  // namespace
 
 TEST_F(RunContextTest, TheRunnersDecisionsReachTheHooksThroughTheContextNotTheConfig) {
   Seen seen;

@@ -69,6 +69,7 @@ TEST(Distribution, EpochSumsCoverEveryRankAndOnlyTheWriterSavesCheckpoints) {
   }
 }
 
+namespace {
 // Rank 1 of two, whose peer's loss is NaN from its step `from` on: the
 // judged loss (the mean over ranks, one scalar all-reduce per step) turns NaN.
 struct NanPeer : Twin {
@@ -80,6 +81,7 @@ struct NanPeer : Twin {
   }
   int64_t from_, losses_ = 0;
 };
+}  // namespace
 
 TEST(Distribution, ADivergenceOnAnotherRankStopsThisOneAtTheSameStep) {
   // This rank's own loss stays finite; its peer's is NaN from step 11 on. Both

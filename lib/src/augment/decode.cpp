@@ -184,7 +184,7 @@ std::vector<int64_t> image_size(std::string_view bytes) {
     err.mgr.output_message = no_jpeg_output;
     if (setjmp(err.jump)) {
       jpeg_destroy_decompress(&cinfo);
-      detail::fail(ErrorKind::kData, "a damaged JPEG (libjpeg: {})", err.message);
+      ember::detail::fail(ErrorKind::kData, "a damaged JPEG (libjpeg: {})", err.message);
     }
     jpeg_create_decompress(&cinfo);
     jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
@@ -199,12 +199,12 @@ std::vector<int64_t> image_size(std::string_view bytes) {
     std::memset(&image, 0, sizeof image);
     image.version = PNG_IMAGE_VERSION;
     if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()))
-      detail::fail(ErrorKind::kData, "a damaged PNG (libpng: {})", image.message);
+      ember::detail::fail(ErrorKind::kData, "a damaged PNG (libpng: {})", image.message);
     std::vector<int64_t> hw{image.height, image.width};
     png_image_free(&image);
     return hw;
   }
-  detail::fail(ErrorKind::kData, "not JPEG or PNG content (the first bytes say neither)");
+  ember::detail::fail(ErrorKind::kData, "not JPEG or PNG content (the first bytes say neither)");
 }
 
 torch::Tensor decode_crop(std::string_view bytes, const CropBox& box, const std::vector<int64_t>& size,
@@ -225,7 +225,7 @@ torch::Tensor decode_crop(std::string_view bytes, const CropBox& box, const std:
   } else {
     bad = "not JPEG or PNG content (the first bytes say neither)";
   }
-  if (!bad.empty()) detail::fail(ErrorKind::kData, "{}", bad);
+  if (!bad.empty()) ember::detail::fail(ErrorKind::kData, "{}", bad);
   EMBER_CHECK_KIND(kData, d.box.top + d.box.height <= d.rows && d.box.left + d.box.width <= d.cols,
                    "a crop {}x{} at ({}, {}) outside the {}x{} image", d.box.height, d.box.width, d.box.top,
                    d.box.left, d.rows, d.cols);
@@ -285,9 +285,10 @@ DecodePlan decode_plan(int64_t height, int64_t width, const AugmentOptions& o, u
       break;
     }
     case CropMode::kPad:
-      detail::fail(ErrorKind::kConfig,
-                   "[augment] crop \"pad\" needs images of one size; decoded images take crop \"resized\" "
-                   "(training) or \"none\" (evaluation)");
+      ember::detail::fail(
+          ErrorKind::kConfig,
+          "[augment] crop \"pad\" needs images of one size; decoded images take crop \"resized\" "
+          "(training) or \"none\" (evaluation)");
   }
   return plan;
 }

@@ -96,8 +96,8 @@ const char* status_name(nvjpegStatus_t s) {
 
 void check(nvjpegStatus_t status, const char* what) {
   if (status != NVJPEG_STATUS_SUCCESS)
-    detail::fail(ErrorKind::kData, "[augment::NvjpegDecoder] {}: nvJPEG status {} ({})", what,
-                 static_cast<int>(status), status_name(status));
+    ember::detail::fail(ErrorKind::kData, "[augment::NvjpegDecoder] {}: nvJPEG status {} ({})", what,
+                        static_cast<int>(status), status_name(status));
 }
 
 }  // namespace
@@ -158,7 +158,7 @@ torch::Tensor NvjpegDecoder::decode(std::string_view jpeg) {
   return out;
 #else
   (void)jpeg;
-  detail::fail(ErrorKind::kConfig, "[augment::NvjpegDecoder] built without nvJPEG");
+  ember::detail::fail(ErrorKind::kConfig, "[augment::NvjpegDecoder] built without nvJPEG");
 #endif
 }
 
@@ -185,7 +185,7 @@ torch::Tensor NvjpegDecoder::decode_async(std::string_view jpeg) {
   return out;
 #else
   (void)jpeg;
-  detail::fail(ErrorKind::kConfig, "[augment::NvjpegDecoder] built without nvJPEG");
+  ember::detail::fail(ErrorKind::kConfig, "[augment::NvjpegDecoder] built without nvJPEG");
 #endif
 }
 
@@ -219,7 +219,7 @@ torch::Tensor NvjpegDecoder::decode_image(std::string_view jpeg, const AugmentOp
   return y;
 #else
   (void)jpeg, (void)options, (void)seed, (void)sample, (void)epoch, (void)decode_options;
-  detail::fail(ErrorKind::kConfig, "[augment::NvjpegDecoder] built without nvJPEG");
+  ember::detail::fail(ErrorKind::kConfig, "[augment::NvjpegDecoder] built without nvJPEG");
 #endif
 }
 

@@ -142,7 +142,7 @@ ConfigValue from_toml(const std::string& key, const toml::node& node, const Conf
       if (node.is_integer()) return static_cast<double>(*node.value<int64_t>());
       if (auto v = node.value_exact<double>()) {
         if (!std::isfinite(*v))
-          detail::fail(ErrorKind::kConfig, "[config] {}: {} must be finite", source, key);
+          ember::detail::fail(ErrorKind::kConfig, "[config] {}: {} must be finite", source, key);
         return *v;
       }
       throw bad();
@@ -309,8 +309,8 @@ class TomlCharacterScan {
   enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
 
   [[noreturn]] void fail_at(const char* what, unsigned c) const {
-    detail::fail(ErrorKind::kConfig, "[config] {}:{}:{}: {} (0x{:02x}){}", source_, line_, column_, what, c,
-                 c < 0x80 ? "; is this a text file?" : "");
+    ember::detail::fail(ErrorKind::kConfig, "[config] {}:{}:{}: {} (0x{:02x}){}", source_, line_, column_,
+                        what, c, c < 0x80 ? "; is this a text file?" : "");
   }
 
   // Control characters anywhere; non-ASCII where toml++ would ask whether it is whitespace.
@@ -443,8 +443,8 @@ void Config::merge_toml(std::string_view text, const std::string& source) {
     table = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
     const auto& where = e.source().begin;
-    detail::fail(ErrorKind::kConfig, "[config] {}:{}:{}: {} (fix the TOML syntax there)", source, where.line,
-                 where.column, e.description());
+    ember::detail::fail(ErrorKind::kConfig, "[config] {}:{}:{}: {} (fix the TOML syntax there)", source,
+                        where.line, where.column, e.description());
   }
   std::vector<std::pair<std::string, const toml::node*>> items;
   flatten(table, "", items);

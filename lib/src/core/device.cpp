@@ -20,7 +20,7 @@ torch::Device resolve_device(const std::string& spec) {
     try {
       d = torch::Device(spec);
     } catch (const std::exception&) {
-      detail::fail(ErrorKind::kConfig, "[device] device={}: expected cuda or cuda:N", spec);
+      ember::detail::fail(ErrorKind::kConfig, "[device] device={}: expected cuda or cuda:N", spec);
     }
     const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
     const int64_t index = d.has_index() ? d.index() : 0;
@@ -28,7 +28,7 @@ torch::Device resolve_device(const std::string& spec) {
                      count);
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
-  detail::fail(ErrorKind::kConfig, "[device] device={}: expected auto, cpu, cuda or cuda:N", spec);
+  ember::detail::fail(ErrorKind::kConfig, "[device] device={}: expected auto, cpu, cuda or cuda:N", spec);
 }
 
 std::string describe_device(const torch::Device& device) {

@@ -32,7 +32,7 @@ void make_dirs(const std::string& path) {
     if (part.empty()) continue;
     partial += part + "/";
     if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
-      detail::fail("[core::make_dirs] cannot create {}: {}", partial, std::strerror(errno));
+      ember::detail::fail("[core::make_dirs] cannot create {}: {}", partial, std::strerror(errno));
   }
 }
 
@@ -47,8 +47,8 @@ void write_file_atomic(const std::string& path, const std::string& bytes, const 
     const int err = errno;
     ::close(fd);
     ::unlink(tmp.c_str());
-    detail::fail("[core::write_file_atomic] {} {}: {} (the previous file, if any, is untouched)", what, path,
-                 std::strerror(err));
+    ember::detail::fail("[core::write_file_atomic] {} {}: {} (the previous file, if any, is untouched)", what,
+                        path, std::strerror(err));
   };
   size_t done = 0;
   while (done < bytes.size()) {
@@ -63,17 +63,17 @@ void write_file_atomic(const std::string& path, const std::string& bytes, const 
   if (::fsync(fd) != 0) fail_with("syncing");
   if (::close(fd) != 0) {
     ::unlink(tmp.c_str());
-    detail::fail("[core::write_file_atomic] closing {}: {}", path, std::strerror(errno));
+    ember::detail::fail("[core::write_file_atomic] closing {}: {}", path, std::strerror(errno));
   }
   if (!previous.empty() && ::rename(path.c_str(), previous.c_str()) != 0 && errno != ENOENT) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    detail::fail("[core::write_file_atomic] keeping {} as {}: {}", path, previous, std::strerror(err));
+    ember::detail::fail("[core::write_file_atomic] keeping {} as {}: {}", path, previous, std::strerror(err));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    detail::fail("[core::write_file_atomic] renaming onto {}: {}", path, std::strerror(err));
+    ember::detail::fail("[core::write_file_atomic] renaming onto {}: {}", path, std::strerror(err));
   }
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {  // make the rename itself durable
@@ -107,12 +107,12 @@ std::vector<std::string> list_dir(const std::string& dir) {
 
 void remove_file(const std::string& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-    detail::fail("[core::remove_file] cannot remove {}: {}", path, std::strerror(errno));
+    ember::detail::fail("[core::remove_file] cannot remove {}: {}", path, std::strerror(errno));
 }
 
 void rename_path(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
-    detail::fail("[core::rename_path] cannot move {} to {}: {}", from, to, std::strerror(errno));
+    ember::detail::fail("[core::rename_path] cannot move {} to {}: {}", from, to, std::strerror(errno));
 }
 
 int remove_temporaries(const std::string& dir) {

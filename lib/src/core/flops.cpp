@@ -101,7 +101,7 @@ PeakFlops cuda_peak(const torch::Device& device, MathType math) {
     return {peak, fmt::format("datasheet: {} dense {} (Ember's GPU table, lib/src/core/flops.cpp)", name,
                               to_string(math))};
   }
-  detail::fail(
+  ember::detail::fail(
       "[core::peak_flops] no peak FLOP/s known for GPU '{}' ({}); known: B200, H200, GH200, "
       "H100 SXM/PCIe/NVL, A100, L40S, L4, V100, T4. Set the dense {} peak by hand with {}=<TFLOP/s>",
       name, device.str(), to_string(math), kPeakKey);
@@ -282,14 +282,15 @@ PeakFlops peak_flops_info(const torch::Device& device, MathType math) {
 #if EMBER_WITH_CUDA_KERNELS
     return cuda_peak(device, math);
 #else
-    detail::fail(
+    ember::detail::fail(
         "[core::peak_flops] device {}: this Ember was built without CUDA (EMBER_CUDA=OFF or no nvcc); "
         "set the peak by hand with {}=<TFLOP/s>",
         device.str(), kPeakKey);
 #endif
   }
-  detail::fail("[core::peak_flops] no peak FLOP/s known for device {}; set it by hand with {}=<TFLOP/s>",
-               device.str(), kPeakKey);
+  ember::detail::fail(
+      "[core::peak_flops] no peak FLOP/s known for device {}; set it by hand with {}=<TFLOP/s>", device.str(),
+      kPeakKey);
 }
 
 }  // namespace ember::core

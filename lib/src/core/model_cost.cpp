@@ -72,7 +72,7 @@ std::optional<Shape> input_shape(const Node& node, const SavedVariable& saved, s
 }
 
 [[noreturn]] void unknown_shape(const Node& node) {
-  detail::fail(
+  ember::detail::fail(
       "[core::count_cost] {}: cannot recover the shapes of its inputs from the autograd graph "
       "(an unexpected LibTorch version?); please report it with the model",
       node.name());

@@ -17,11 +17,11 @@ namespace {
 
 // The counts of the one live counter. RecordFunction's callbacks are plain
 // function pointers: they reach their counter through here.
-struct Counts {
+struct OpCounts {
   std::atomic<bool> alive{false};
   std::atomic<int64_t> outside{0}, inside{0}, replays{0};
 };
-Counts g_counts;
+OpCounts g_counts;
 
 // Per thread: the operators and scopes open now, innermost last. An operator
 // that starts while another is open makes that one a composite.

@@ -32,14 +32,14 @@ int64_t ByteSource::skip(int64_t n) {
 FileSource::FileSource(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0)
-    detail::fail(ErrorKind::kData,
-                 "[data] cannot open {}: {}; check the path (and that this machine sees the "
-                 "same file system as the one that wrote it)",
-                 path_, std::strerror(errno));
+    ember::detail::fail(ErrorKind::kData,
+                        "[data] cannot open {}: {}; check the path (and that this machine sees the "
+                        "same file system as the one that wrote it)",
+                        path_, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd_);
-    detail::fail(ErrorKind::kData, "[data] {} is not a regular file", path_);
+    ember::detail::fail(ErrorKind::kData, "[data] {} is not a regular file", path_);
   }
   size_ = static_cast<int64_t>(st.st_size);
   ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -57,14 +57,14 @@ size_t FileSource::read(char* buffer, size_t n) {
       return static_cast<size_t>(got);
     }
     if (errno != EINTR)
-      detail::fail(ErrorKind::kData, "[data] cannot read {}: {}", path_, std::strerror(errno));
+      ember::detail::fail(ErrorKind::kData, "[data] cannot read {}: {}", path_, std::strerror(errno));
   }
 }
 
 int64_t FileSource::skip(int64_t n) {
   const int64_t step = std::min(n, std::max<int64_t>(0, size_ - position_));
   if (::lseek(fd_, static_cast<off_t>(position_ + step), SEEK_SET) < 0)
-    detail::fail(ErrorKind::kData, "[data] cannot seek in {}: {}", path_, std::strerror(errno));
+    ember::detail::fail(ErrorKind::kData, "[data] cannot seek in {}: {}", path_, std::strerror(errno));
   position_ += step;
   return step;
 }
@@ -73,7 +73,7 @@ PipeSource::PipeSource(std::string command) : command_(std::move(command)), name
   EMBER_CHECK_KIND(kConfig, !command_.empty(), "[data] 'pipe:' without a command");
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
-    detail::fail(ErrorKind::kData, "[data] {}: cannot make a pipe: {}", name_, std::strerror(errno));
+    ember::detail::fail(ErrorKind::kData, "[data] {}: cannot make a pipe: {}", name_, std::strerror(errno));
   char err_path[] = "/tmp/ember-pipe-stderr-XXXXXX";
   err_ = ::mkostemp(err_path, O_CLOEXEC);
   if (err_ >= 0) ::unlink(err_path);
@@ -89,7 +89,7 @@ PipeSource::PipeSource(std::string command) : command_(std::move(command)), name
   if (rc != 0) {
     ::close(fds[0]);
     if (err_ >= 0) ::close(err_);
-    detail::fail(ErrorKind::kData, "[data] {}: cannot start /bin/sh: {}", name_, std::strerror(rc));
+    ember::detail::fail(ErrorKind::kData, "[data] {}: cannot start /bin/sh: {}", name_, std::strerror(rc));
   }
   pid_ = pid;
   out_ = fds[0];
@@ -123,8 +123,8 @@ void PipeSource::reap() {
   }
   const std::string how = WIFEXITED(status) ? fmt::format("exited with status {}", WEXITSTATUS(status))
                                             : fmt::format("was killed by signal {}", WTERMSIG(status));
-  detail::fail(ErrorKind::kData, "[data] {}: the command {}; its standard error ends:\n{}", name_, how,
-               tail.empty() ? "(nothing)" : tail);
+  ember::detail::fail(ErrorKind::kData, "[data] {}: the command {}; its standard error ends:\n{}", name_, how,
+                      tail.empty() ? "(nothing)" : tail);
 }
 
 size_t PipeSource::read(char* buffer, size_t n) {
@@ -139,7 +139,7 @@ size_t PipeSource::read(char* buffer, size_t n) {
       return 0;
     }
     if (errno != EINTR)
-      detail::fail(ErrorKind::kData, "[data] {}: cannot read: {}", name_, std::strerror(errno));
+      ember::detail::fail(ErrorKind::kData, "[data] {}: cannot read: {}", name_, std::strerror(errno));
   }
 }
 

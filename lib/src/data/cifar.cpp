@@ -83,7 +83,7 @@ TensorDataset read_cifar_bin(const std::string& path, const CifarOptions& option
   const int64_t max_label = labels.max().item<int64_t>();
   if (max_label >= layout.classes) {
     const int64_t at = (labels >= layout.classes).nonzero().flatten()[0].item<int64_t>();
-    detail::fail(
+    ember::detail::fail(
         "[data::read_cifar_bin] {}: record {} has label {}, but {} has {} classes; is this a {} file?", path,
         at, labels[at].item<int64_t>(), layout.name, layout.classes,
         options.variant() == CifarVariant::kCifar10 ? "CIFAR-100" : "CIFAR-10");

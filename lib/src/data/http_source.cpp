@@ -22,7 +22,10 @@
 namespace ember::data {
 
 #if EMBER_HAVE_CURL_HEADERS
-namespace {
+// Named, not anonymous: HttpSource::Transfer (a class of the public header)
+// holds a Curl, which GCC would warn about from an anonymous namespace when
+// this file is compiled in a unity batch (-Wsubobject-linkage).
+namespace curl_api {
 
 /// libcurl's functions, resolved once from libcurl.so.4 (its ABI since 2006).
 struct Curl {
@@ -78,6 +81,13 @@ const Curl& curl() {
   });
   return c;
 }
+
+}  // namespace curl_api
+
+using curl_api::Curl;
+using curl_api::curl;
+
+namespace {
 
 constexpr size_t kPauseAbove = size_t{8} << 20;  // received bytes held before the transfer pauses
 
@@ -147,7 +157,7 @@ HttpSource::HttpSource(std::string url, HttpOptions options) : url_(std::move(ur
       "[data] {}: retries >= 0, stall_seconds >= 1 and connect_timeout_seconds >= 1, got {}, {}, {}", url_,
       options_.retries, options_.stall_seconds, options_.connect_timeout_seconds);
   if (!curl().missing.empty())
-    detail::fail(
+    ember::detail::fail(
         ErrorKind::kData,
         "[data] {}: HTTP shards need libcurl (libcurl.so.4), which cannot be loaded here ({}); install "
         "it (Debian: libcurl4), or read the shard through a command: pipe:curl -fsS {}",
@@ -209,14 +219,14 @@ void HttpSource::pump() {
     const bool retry = http_error ? retryable_status(status) : true;
     ++attempts_;
     if (!retry || attempts_ > options_.retries) {
-      detail::fail(ErrorKind::kData, "[data] {}: {} after {} attempt(s){} at byte {}; {}", url_, what,
-                   attempts_,
-                   retry ? fmt::format(" (retried {} times, backing off from {} s)", options_.retries,
-                                       options_.backoff_seconds)
-                         : " (not retried: the server's answer will not change)",
-                   t.received,
-                   http_error && status == 404 ? "check the URL and the shard list"
-                                               : "check the server, the network, or raise data.http_retries");
+      ember::detail::fail(
+          ErrorKind::kData, "[data] {}: {} after {} attempt(s){} at byte {}; {}", url_, what, attempts_,
+          retry ? fmt::format(" (retried {} times, backing off from {} s)", options_.retries,
+                              options_.backoff_seconds)
+                : " (not retried: the server's answer will not change)",
+          t.received,
+          http_error && status == 404 ? "check the URL and the shard list"
+                                      : "check the server, the network, or raise data.http_retries");
     }
     const double wait =
         std::min(30.0, options_.backoff_seconds * static_cast<double>(1 << std::min(attempts_ - 1, 10)));
@@ -260,7 +270,7 @@ size_t HttpSource::read(char* out, size_t n) {
 
 struct HttpSource::Transfer {};
 HttpSource::HttpSource(std::string url, HttpOptions options) : url_(std::move(url)), options_(options) {
-  detail::fail(
+  ember::detail::fail(
       ErrorKind::kData,
       "[data] {}: this Ember was built without libcurl's headers (Debian: libcurl4-openssl-dev), so it "
       "cannot read HTTP shards; read it through a command: pipe:curl -fsS {}",

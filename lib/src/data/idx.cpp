@@ -46,7 +46,7 @@ class IdxStream {
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
-      detail::fail("[data::read_idx] {}: not a regular file", path);
+      ember::detail::fail("[data::read_idx] {}: not a regular file", path);
     }
     file_bytes_ = static_cast<uint64_t>(st.st_size);
     f_ = gzdopen(fd, "rb");
@@ -70,8 +70,8 @@ class IdxStream {
       if (got < 0) {
         int err = 0;
         const char* msg = gzerror(f_, &err);
-        detail::fail("[data::read_idx] {}: corrupt gzip stream ({}); re-copy or re-download the file",
-                     basename(path_), msg ? msg : "unknown error");
+        ember::detail::fail("[data::read_idx] {}: corrupt gzip stream ({}); re-copy or re-download the file",
+                            basename(path_), msg ? msg : "unknown error");
       }
       if (got == 0) break;
       done += static_cast<size_t>(got);
@@ -114,7 +114,7 @@ std::string find_split_file(const std::string& root, const std::string& stem) {
     const std::string p = root + "/" + stem + ext;
     if (core::is_file(p)) return p;
   }
-  detail::fail(
+  ember::detail::fail(
       "[data::load_mnist] {}: neither {} nor {}.gz found; set data.root to the folder holding "
       "the IDX files (Debian: apt-get install dataset-fashion-mnist -> /usr/share/datasets/fashion-mnist)",
       root, stem, stem);
@@ -137,7 +137,7 @@ torch::Tensor read_idx(const std::string& path, int64_t max_bytes) {
   if (head[0] != 0 || head[1] != 0 || type == nullptr || ndim == 0) {
     std::string hint = "is this an IDX file?";
     if (head[0] == 0x1f && head[1] == 0x8b) hint = "it is gzip inside gzip: decompress it once";
-    detail::fail(
+    ember::detail::fail(
         "[data::read_idx] {}: bad magic 0x{:08x}: expected 0x0000TTDD with type TT in "
         "{{08,09,0B,0C,0D,0E}} and DD >= 1 dimensions ({})",
         name, magic, hint);

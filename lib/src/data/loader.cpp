@@ -77,7 +77,7 @@ TensorLoader::TensorLoader(TensorDataset dataset, TensorLoaderOptions options)
       resident_.targets = dataset_.targets.to(options_.device());
     } catch (const c10::Error& e) {
       const double mb = static_cast<double>(dataset_.inputs.nbytes() + dataset_.targets.nbytes()) / 1e6;
-      detail::fail(
+      ember::detail::fail(
           "[data::TensorLoader] resident: copying the dataset ({:.0f} MB) to {} failed: {} "
           "(set resident=false to stream batches from the host instead)",
           mb, options_.device().str(), e.what_without_backtrace());
@@ -153,7 +153,7 @@ Batch TensorLoader::gather(int64_t batch_index) const {
 void TensorLoader::copy_to_device(Batch& batch) const {
   const auto copy = [&](torch::Tensor& t) {
     if (!t.defined() || t.device() == options_.device()) return;
-    t = detail::to_device_async(t, options_.device());
+    t = ember::detail::to_device_async(t, options_.device());
   };
   copy(batch.input);
   copy(batch.target);

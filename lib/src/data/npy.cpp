@@ -13,7 +13,7 @@
 namespace ember::data {
 namespace {
 
-constexpr char kMagic[] = "\x93NUMPY";
+constexpr char kNpyMagic[] = "\x93NUMPY";
 
 // NumPy's dtype strings (without the byte-order character) and their dtypes.
 const std::pair<const char*, torch::ScalarType> kDtypes[] = {
@@ -42,9 +42,9 @@ std::string value_of(const std::string& header, const std::string& key) {
 
 torch::Tensor read_npy(std::string_view bytes, const std::string& where) {
   auto bad = [&](const std::string& what) {
-    detail::fail(ErrorKind::kData, "{}: not a usable .npy array: {}", where, what);
+    ember::detail::fail(ErrorKind::kData, "{}: not a usable .npy array: {}", where, what);
   };
-  if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, 6) != 0) bad("no \\x93NUMPY magic");
+  if (bytes.size() < 10 || std::memcmp(bytes.data(), kNpyMagic, 6) != 0) bad("no \\x93NUMPY magic");
   const auto major = static_cast<uint8_t>(bytes[6]);
   size_t header_len = 0, at = 0;
   if (major == 1) {
@@ -118,7 +118,7 @@ std::string write_npy(const torch::Tensor& tensor) {
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::string out(kMagic, 6);
+  std::string out(kNpyMagic, 6);
   out += '\x01';
   out += '\x00';
   out += static_cast<char>(header.size() & 0xff);

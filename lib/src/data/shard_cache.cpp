@@ -183,20 +183,21 @@ std::unique_ptr<ByteSource> ShardCache::fetch_entry(const ShardInfo& shard, cons
       fmt::format("{}/.{}{}{}-{}-{}", options_.dir, name, kPart, host_name(), ::getpid(), counter++);
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0)
-    detail::fail(ErrorKind::kData,
-                 "[data] cannot write to the shard cache {}: {}; check the folder, or read "
-                 "shards without a cache",
-                 options_.dir, std::strerror(errno));
+    ember::detail::fail(ErrorKind::kData,
+                        "[data] cannot write to the shard cache {}: {}; check the folder, or read "
+                        "shards without a cache",
+                        options_.dir, std::strerror(errno));
   bool open_fd = true;
   const auto out_of_space = [&](int err) {
     if (err == ENOSPC || err == EDQUOT)
-      detail::fail(ErrorKind::kData,
-                   "[data] the shard cache {} is out of space while fetching {}: free space there, lower "
-                   "the cache's size limit (data.stream.cache_gib), or read shards without a cache "
-                   "(data.stream.cache_dir=\"\")",
-                   options_.dir, shard.url);
-    detail::fail(ErrorKind::kData, "[data] cannot write {} (fetching {}): {}", temporary, shard.url,
-                 std::strerror(err));
+      ember::detail::fail(
+          ErrorKind::kData,
+          "[data] the shard cache {} is out of space while fetching {}: free space there, lower "
+          "the cache's size limit (data.stream.cache_gib), or read shards without a cache "
+          "(data.stream.cache_dir=\"\")",
+          options_.dir, shard.url);
+    ember::detail::fail(ErrorKind::kData, "[data] cannot write {} (fetching {}): {}", temporary, shard.url,
+                        std::strerror(err));
   };
   int64_t bytes = 0;
   uint32_t crc = 0;
@@ -219,7 +220,7 @@ std::unique_ptr<ByteSource> ShardCache::fetch_entry(const ShardInfo& shard, cons
     const bool size_ok = shard.bytes < 0 || bytes == shard.bytes;
     const bool crc_ok = !shard.crc32 || crc == *shard.crc32;
     if (!size_ok || !crc_ok)
-      detail::fail(
+      ember::detail::fail(
           ErrorKind::kData,
           "[data] {} gave {} bytes with CRC-32 {:08x}; its manifest says {} bytes{}: the remote shard "
           "is not the one the manifest describes; copy it again, or rewrite the manifest "

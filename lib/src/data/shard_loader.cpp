@@ -29,10 +29,11 @@ std::unique_ptr<ByteSource> open_shard(const ShardInfo& shard, const HttpOptions
     return std::make_unique<HttpSource>(url, http);
   auto file = std::make_unique<FileSource>(url);
   if (shard.bytes >= 0 && file->size() != shard.bytes)
-    detail::fail(ErrorKind::kData,
-                 "[data] {} is {} bytes, its manifest says {}: the shard changed (or is cut short) since the "
-                 "manifest was written; copy it again, or rewrite the manifest (ember_shards index)",
-                 url, file->size(), shard.bytes);
+    ember::detail::fail(
+        ErrorKind::kData,
+        "[data] {} is {} bytes, its manifest says {}: the shard changed (or is cut short) since the "
+        "manifest was written; copy it again, or rewrite the manifest (ember_shards index)",
+        url, file->size(), shard.bytes);
   return file;
 }
 
@@ -262,7 +263,7 @@ void ShardLoader::read_visit(const ShardVisit& visit) {
     }
     std::optional<ShardSample> sample = at == visit.samples[j] ? reader.next(true) : std::nullopt;
     if (!sample)
-      detail::fail(
+      ember::detail::fail(
           ErrorKind::kData,
           "[data] {} ended after {} samples, its manifest says {}: the shard changed since the manifest "
           "was written; rewrite the manifest (ember_shards index)",
@@ -403,8 +404,8 @@ void ShardLoader::log_served(const Batch& batch, int64_t number) {
   if (served_log_ == nullptr) {
     served_log_ = std::fopen(options_.served_log().c_str(), "a");
     if (served_log_ == nullptr)
-      detail::fail(ErrorKind::kData, "[data] cannot append to {}: {}", options_.served_log(),
-                   std::strerror(errno));
+      ember::detail::fail(ErrorKind::kData, "[data] cannot append to {}: {}", options_.served_log(),
+                          std::strerror(errno));
   }
   std::string line = fmt::format("{} {}", batch.epoch, number);
   const torch::Tensor ids = batch.index.contiguous();
@@ -423,8 +424,8 @@ std::optional<Batch> ShardLoader::next() {
   if (!options_.served_log().empty()) log_served(batch, begin / options_.batch_size());
   if (options_.transform()) batch = options_.transform()(std::move(batch));
   if (!options_.device().is_cpu()) {
-    batch.input = detail::to_device_async(batch.input, options_.device());
-    batch.target = detail::to_device_async(batch.target, options_.device());
+    batch.input = ember::detail::to_device_async(batch.input, options_.device());
+    batch.target = ember::detail::to_device_async(batch.target, options_.device());
   }
   if (options_.device_transform()) batch = options_.device_transform()(std::move(batch));
   return batch;

@@ -71,7 +71,7 @@ Order build_order(const std::vector<int64_t>& shard_samples, int64_t epoch, cons
   // 3. Streams of N / P samples, each shuffled window by window.
   const int64_t p = o.streams(), block = o.shuffle_block();
   std::vector<int64_t> begin(static_cast<size_t>(p) + 1);
-  for (int64_t s = 0; s <= p; ++s) begin[s] = static_cast<int64_t>(static_cast<__int128>(n) * s / p);
+  for (int64_t s = 0; s <= p; ++s) begin[s] = static_cast<int64_t>(static_cast<detail::Int128>(n) * s / p);
   int64_t longest = 0;
   for (int64_t s = 0; s < p; ++s) {
     const int64_t len = begin[s + 1] - begin[s];

@@ -134,13 +134,13 @@ std::vector<ShardInfo> read_manifest(const std::string& path) {
   try {
     j = nlohmann::json::parse(core::read_file(path));
   } catch (const nlohmann::json::exception& e) {
-    detail::fail(ErrorKind::kData, "[data] {}: not a JSON manifest ({})", path, e.what());
+    ember::detail::fail(ErrorKind::kData, "[data] {}: not a JSON manifest ({})", path, e.what());
   }
   auto bad = [&](const std::string& what) {
-    detail::fail(ErrorKind::kData,
-                 "[data] {}: {}; a manifest is wids shard-index JSON (tools/ember shards writes one; "
-                 "docs/data.md)",
-                 path, what);
+    ember::detail::fail(ErrorKind::kData,
+                        "[data] {}: {}; a manifest is wids shard-index JSON (tools/ember shards writes one; "
+                        "docs/data.md)",
+                        path, what);
   };
   if (!j.is_object()) bad("the top level is not an object");
   if (j.contains("__kind__") && j["__kind__"] != kKind)
@@ -225,7 +225,7 @@ bool ShardSampleReader::advance() {
     if (is_metadata_member(pending_->name)) continue;
     pending_name_ = split_member_name(pending_->name);
     if (!pending_name_)
-      detail::fail(
+      ember::detail::fail(
           ErrorKind::kData,
           "[data] {}: member '{}' (byte {}) has no extension, so it belongs to no sample; a WebDataset "
           "sample's files are KEY.EXT (000123.jpg, 000123.cls): rewrite the shard",
@@ -246,10 +246,10 @@ std::optional<ShardSample> ShardSampleReader::next(bool keep) {
   do {
     for (const auto& member : sample.members)
       if (member.first == pending_name_->extension)
-        detail::fail(ErrorKind::kData,
-                     "[data] {}: sample '{}' has two '{}' members (the second at byte {}); "
-                     "a sample holds one file per extension: rewrite the shard",
-                     source_.name(), sample.key, member.first, pending_->offset);
+        ember::detail::fail(ErrorKind::kData,
+                            "[data] {}: sample '{}' has two '{}' members (the second at byte {}); "
+                            "a sample holds one file per extension: rewrite the shard",
+                            source_.name(), sample.key, member.first, pending_->offset);
     sample.members.emplace_back(pending_name_->extension, keep ? tar_.read() : std::string());
   } while (advance() && pending_name_->key == sample.key);
   ++samples_;

@@ -7,6 +7,10 @@
 
 namespace ember::data::detail {
 
+// 128-bit integers (a GCC and clang extension; __extension__ keeps -Wpedantic quiet).
+__extension__ typedef unsigned __int128 Uint128;
+__extension__ typedef __int128 Int128;
+
 /// SplitMix64's finaliser: a bijective mix of 64 bits.
 inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -26,12 +30,12 @@ class Rng {
   }
   /// Uniform in [0, n), n >= 1, without modulo bias (Lemire's method).
   uint64_t below(uint64_t n) {
-    unsigned __int128 m = static_cast<unsigned __int128>(next()) * n;
+    Uint128 m = static_cast<Uint128>(next()) * n;
     auto low = static_cast<uint64_t>(m);
     if (low < n) {
       const uint64_t threshold = (0 - n) % n;
       while (low < threshold) {
-        m = static_cast<unsigned __int128>(next()) * n;
+        m = static_cast<Uint128>(next()) * n;
         low = static_cast<uint64_t>(m);
       }
     }

@@ -34,7 +34,7 @@ constexpr Field kSize{124, 12};
 constexpr Field kMtime{136, 12};
 constexpr Field kChecksum{148, 8};
 constexpr int kTypeflag = 156;
-constexpr Field kMagic{257, 6};
+constexpr Field kUstarMagic{257, 6};
 constexpr Field kVersion{263, 2};
 constexpr Field kPrefix{345, 155};
 
@@ -144,10 +144,11 @@ TarReader::TarReader(ByteSource& source, TarReaderOptions options) : source_(sou
 }
 
 void TarReader::fail(int64_t offset, const std::string& what) const {
-  detail::fail(ErrorKind::kData,
-               "[data] {}: not a readable tar archive at byte {}: {}; the shard is damaged or truncated: "
-               "rewrite it (tools/ember shards), or fetch it again",
-               source_.name(), offset, what);
+  ember::detail::fail(
+      ErrorKind::kData,
+      "[data] {}: not a readable tar archive at byte {}: {}; the shard is damaged or truncated: "
+      "rewrite it (tools/ember shards), or fetch it again",
+      source_.name(), offset, what);
 }
 
 void TarReader::read_exact(char* out, int64_t n) {
@@ -259,7 +260,7 @@ std::optional<TarEntry> TarReader::next() {
       name = *long_name;
     } else {
       name = text_of(block.data(), kName);
-      const bool posix = std::memcmp(block.data() + kMagic.offset, "ustar\0", 6) == 0 &&
+      const bool posix = std::memcmp(block.data() + kUstarMagic.offset, "ustar\0", 6) == 0 &&
                          std::memcmp(block.data() + kVersion.offset, "00", 2) == 0;
       const std::string prefix = posix ? text_of(block.data(), kPrefix) : "";
       if (!prefix.empty()) name = prefix + "/" + name;
@@ -293,10 +294,11 @@ std::optional<TarEntry> TarReader::next() {
 std::string TarReader::read() {
   EMBER_CHECK(!member_read_, "[data::TarReader] read() once per member, after next() returned one");
   if (unread_ > options_.max_member_bytes)
-    detail::fail(ErrorKind::kData,
-                 "[data] {}: a member of {} bytes at byte {}, over the limit of {} bytes; raise the limit "
-                 "(data.max_member_bytes) if the shard really holds members that large",
-                 source_.name(), unread_, position_, options_.max_member_bytes);
+    ember::detail::fail(
+        ErrorKind::kData,
+        "[data] {}: a member of {} bytes at byte {}, over the limit of {} bytes; raise the limit "
+        "(data.max_member_bytes) if the shard really holds members that large",
+        source_.name(), unread_, position_, options_.max_member_bytes);
   std::string bytes(static_cast<size_t>(unread_), '\0');
   read_exact(bytes.data(), unread_);
   unread_ = 0;
@@ -340,7 +342,7 @@ std::array<char, kBlock> header(std::string_view name, std::string_view prefix, 
   put_octal(h.data(), kSize, size);
   put_octal(h.data(), kMtime, mtime);
   h[kTypeflag] = type;
-  std::memcpy(h.data() + kMagic.offset, "ustar\0", 6);
+  std::memcpy(h.data() + kUstarMagic.offset, "ustar\0", 6);
   std::memcpy(h.data() + kVersion.offset, "00", 2);
   put_text(h.data(), kPrefix, prefix);
   std::memset(h.data() + kChecksum.offset, ' ', kChecksum.length);
@@ -357,7 +359,7 @@ std::array<char, kBlock> header(std::string_view name, std::string_view prefix, 
 TarWriter::TarWriter(std::string path) : path_(std::move(path)), partial_(path_ + ".partial") {
   file_ = std::fopen(partial_.c_str(), "wb");
   if (file_ == nullptr)
-    detail::fail(ErrorKind::kData, "[data] cannot write {}: {}", partial_, std::strerror(errno));
+    ember::detail::fail(ErrorKind::kData, "[data] cannot write {}: {}", partial_, std::strerror(errno));
   std::setvbuf(file_, nullptr, _IOFBF, size_t{1} << 20);
 }
 
@@ -370,8 +372,8 @@ TarWriter::~TarWriter() {
 
 void TarWriter::write(const char* data, size_t n) {
   if (std::fwrite(data, 1, n, file_) != n)
-    detail::fail(ErrorKind::kData, "[data] cannot write {}: {} (a full disk?)", partial_,
-                 std::strerror(errno));
+    ember::detail::fail(ErrorKind::kData, "[data] cannot write {}: {} (a full disk?)", partial_,
+                        std::strerror(errno));
   bytes_ += static_cast<int64_t>(n);
   crc_ = static_cast<uint32_t>(::crc32(crc_, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n)));
 }
@@ -426,7 +428,8 @@ void TarWriter::finish() {
   file_ = nullptr;
   if (!flushed || !closed) {
     core::remove_file(partial_);
-    detail::fail(ErrorKind::kData, "[data] cannot write {}: {} (a full disk?)", partial_, std::strerror(err));
+    ember::detail::fail(ErrorKind::kData, "[data] cannot write {}: {} (a full disk?)", partial_,
+                        std::strerror(err));
   }
   core::rename_path(partial_, path_);
 }

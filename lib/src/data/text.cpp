@@ -59,10 +59,11 @@ torch::Tensor read_text_corpus(const std::string& path, int64_t max_bytes) {
     if (!ec) total += n;
   }
   const auto too_big = [&](uintmax_t n) {
-    detail::fail(ErrorKind::kData,
-                 "[data::read_text_corpus] data.path={} holds {} bytes, more than the limit of {} bytes "
-                 "(read_text_corpus's max_bytes)",
-                 path, n, max_bytes);
+    ember::detail::fail(
+        ErrorKind::kData,
+        "[data::read_text_corpus] data.path={} holds {} bytes, more than the limit of {} bytes "
+        "(read_text_corpus's max_bytes)",
+        path, n, max_bytes);
   };
   if (total > static_cast<uintmax_t>(max_bytes)) too_big(total);
   std::string text;

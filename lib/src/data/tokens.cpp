@@ -73,10 +73,11 @@ TokenFileInfo read_token_header(const std::string& path) {
                      path, header[1], kLlama3Version);
     info.format = TokenFormat::kLlama3;
   } else {
-    detail::fail(ErrorKind::kData,
-                 "[data] {} is not a token file: its magic number is {}, not llm.c's 20240520 (GPT-2 tokens) "
-                 "or 20240801 (LLaMA-3 tokens); write one with tools/ember shards write --from text",
-                 path, header[0]);
+    ember::detail::fail(
+        ErrorKind::kData,
+        "[data] {} is not a token file: its magic number is {}, not llm.c's 20240520 (GPT-2 tokens) "
+        "or 20240801 (LLaMA-3 tokens); write one with tools/ember shards write --from text",
+        path, header[0]);
   }
   info.tokens = header[2];
   const int64_t want = kHeaderBytes + info.tokens * token_width(info.format);
@@ -175,7 +176,7 @@ TokenLoader::TokenLoader(std::vector<TokenFileInfo> files, TokenLoaderOptions op
     if (map == MAP_FAILED) {
       for (size_t i = 0; i < maps_.size(); ++i) ::munmap(const_cast<char*>(maps_[i]), lengths_[i]);
       maps_.clear();
-      detail::fail(ErrorKind::kData, "[data] cannot map {}: {}", f.path, std::strerror(err));
+      ember::detail::fail(ErrorKind::kData, "[data] cannot map {}: {}", f.path, std::strerror(err));
     }
     maps_.push_back(static_cast<const char*>(map));
     lengths_.push_back(length);
@@ -235,10 +236,11 @@ std::optional<Batch> TokenLoader::next() {
       out[i * (block + 1) + j] = static_cast<int32_t>(t);
     }
     if (options_.vocab_size() > 0 && most >= static_cast<uint64_t>(options_.vocab_size()))
-      detail::fail(ErrorKind::kData,
-                   "[data] {}: a token {} in the window at token {} is outside the model's vocabulary of {}: "
-                   "tokens of another tokenizer? (set the vocabulary size to the tokenizer's)",
-                   files_[f].path, most, start, options_.vocab_size());
+      ember::detail::fail(
+          ErrorKind::kData,
+          "[data] {}: a token {} in the window at token {} is outside the model's vocabulary of {}: "
+          "tokens of another tokenizer? (set the vocabulary size to the tokenizer's)",
+          files_[f].path, most, start, options_.vocab_size());
   }
   at_ += n;
   Batch b;

@@ -46,7 +46,7 @@ const char* to_string(Sharding sharding) {
 
 namespace {
 
-constexpr int64_t kMiB = 1024 * 1024;
+constexpr int64_t kBytesPerMiB = 1024 * 1024;
 constexpr size_t kMaxStateKinds = 8;
 // Units whose reduce-scatter may run at once while backward goes on: their
 // flat gradients are what a rank holds beyond its shard.
@@ -236,7 +236,7 @@ struct ShardedDataParallel::Impl : core::BlockHooks, std::enable_shared_from_thi
     }
     // The rest in buckets of about bucket_cap_mb, in reverse registration
     // order (roughly the order backward produces their gradients), each of one dtype.
-    const auto cap = static_cast<int64_t>(options.bucket_cap_mb() * kMiB);
+    const auto cap = static_cast<int64_t>(options.bucket_cap_mb() * kBytesPerMiB);
     Unit bucket;
     int64_t bytes = 0;
     for (size_t k = params.size(); k-- > 0;) {

@@ -142,7 +142,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model
                                                                         .weight_decay(p.weight_decay);
                                                                   });
   }
-  detail::fail("[optim::make_optimizer] unknown optimizer kind {}", static_cast<int>(o.kind()));
+  ember::detail::fail("[optim::make_optimizer] unknown optimizer kind {}", static_cast<int>(o.kind()));
 }
 
 bool for_each_state_tensor(torch::optim::OptimizerParamState& state,

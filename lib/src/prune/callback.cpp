@@ -360,8 +360,8 @@ void PruningCallback::on_fit_start(train::Trainer& trainer) {
     try {
       layers = attention_layers(*model, options_.pruner().ignored_layers());
     } catch (const Error& e) {
-      detail::fail(ErrorKind::kConfig, "[prune::PruningCallback] prune.heads={}: {}", options_.heads(),
-                   e.what());
+      ember::detail::fail(ErrorKind::kConfig, "[prune::PruningCallback] prune.heads={}: {}", options_.heads(),
+                          e.what());
     }
     EMBER_CHECK_KIND(kConfig, !layers.empty(),
                      "[prune::PruningCallback] prune.heads={}, but the model has no attention layer whose "

@@ -192,4 +192,20 @@ Plan prune_heads(torch::nn::Module& model, const HeadSelection& remove, torch::o
   return plan;
 }
 
+HeadSelection removed_heads(const Plan& plan) {
+  HeadSelection out;
+  for (const HeadEntry& h : plan.heads()) {
+    std::vector<int64_t> removed;
+    for (int64_t i = 0, k = 0; i < h.n_head; ++i) {
+      const bool kept = k < static_cast<int64_t>(h.keep.size()) && h.keep[static_cast<size_t>(k)] == i;
+      if (kept)
+        ++k;
+      else
+        removed.push_back(i);
+    }
+    if (!removed.empty()) out[h.module] = std::move(removed);
+  }
+  return out;
+}
+
 }  // namespace ember::prune

@@ -151,7 +151,7 @@ Plan Plan::from_json(const std::string& text) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    detail::fail("[prune::Plan::from_json] not valid JSON: {}", e.what());
+    ember::detail::fail("[prune::Plan::from_json] not valid JSON: {}", e.what());
   }
   const auto format = j.is_object() ? j.find("format") : j.end();
   EMBER_CHECK(
@@ -205,7 +205,7 @@ Plan Plan::load(const std::string& path) {
   try {
     return from_json(core::read_file(path));
   } catch (const Error& e) {
-    detail::fail("{} (file {})", e.what(), path);
+    ember::detail::fail("{} (file {})", e.what(), path);
   }
 }
 
@@ -321,7 +321,7 @@ void resize_layer(torch::nn::Module& m) {
 }
 
 // A tensor the plan may slice, with the module that owns it.
-struct Target {
+struct SliceTarget {
   torch::Tensor tensor;
   std::shared_ptr<torch::nn::Module> module;
   bool is_param = false;
@@ -329,14 +329,14 @@ struct Target {
 using EntriesByTensor = std::map<std::string, std::vector<const PlanEntry*>>;
 
 // The model's tensors by qualified name (each tensor once: tied weights under their first name).
-std::unordered_map<std::string, Target> targets_by_name(torch::nn::Module& model) {
-  std::unordered_map<std::string, Target> by_name;
+std::unordered_map<std::string, SliceTarget> targets_by_name(torch::nn::Module& model) {
+  std::unordered_map<std::string, SliceTarget> by_name;
   std::set<const c10::TensorImpl*> seen;
   for (const auto& item : model.named_modules()) {
     const std::string& path = item.key();
     const auto add = [&](const std::string& local, const torch::Tensor& t, bool is_param) {
       if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) return;
-      by_name.emplace(path.empty() ? local : path + "." + local, Target{t, item.value(), is_param});
+      by_name.emplace(path.empty() ? local : path + "." + local, SliceTarget{t, item.value(), is_param});
     };
     for (const auto& p : item.value()->named_parameters(false)) add(p.key(), p.value(), true);
     for (const auto& b : item.value()->named_buffers(false)) add(b.key(), b.value(), false);
@@ -345,7 +345,7 @@ std::unordered_map<std::string, Target> targets_by_name(torch::nn::Module& model
 }
 
 // The plan's entries by tensor, each checked against the tensor it names.
-EntriesByTensor check_entries(const Plan& plan, const std::unordered_map<std::string, Target>& by_name) {
+EntriesByTensor check_entries(const Plan& plan, const std::unordered_map<std::string, SliceTarget>& by_name) {
   EntriesByTensor per_tensor;
   for (const PlanEntry& e : plan.entries()) {
     auto it = by_name.find(e.name);
@@ -368,10 +368,11 @@ EntriesByTensor check_entries(const Plan& plan, const std::unordered_map<std::st
 }
 
 // Each sliced tensor's layer can take its new shape, and the optimizer's state of it can be sliced.
-void check_layers(const EntriesByTensor& per_tensor, const std::unordered_map<std::string, Target>& by_name,
+void check_layers(const EntriesByTensor& per_tensor,
+                  const std::unordered_map<std::string, SliceTarget>& by_name,
                   torch::optim::Optimizer* optimizer) {
   for (const auto& [name, entries] : per_tensor) {
-    const Target& target = by_name.at(name);
+    const SliceTarget& target = by_name.at(name);
     const auto& m = *target.module;
     const bool known = dynamic_cast<const torch::nn::ConvTranspose1dImpl*>(&m) == nullptr &&
                        dynamic_cast<const torch::nn::ConvTranspose2dImpl*>(&m) == nullptr &&
@@ -444,12 +445,12 @@ std::vector<std::pair<core::HeadedAttention*, const HeadEntry*>> check_heads(
 
 // Slices each tensor, its gradient and its optimizer state; returns the modules whose tensors changed.
 std::set<torch::nn::Module*> slice_tensors(const EntriesByTensor& per_tensor,
-                                           std::unordered_map<std::string, Target>& by_name,
+                                           std::unordered_map<std::string, SliceTarget>& by_name,
                                            torch::optim::Optimizer* optimizer) {
   torch::NoGradGuard no_grad;
   std::set<torch::nn::Module*> touched;
   for (const auto& [name, entries] : per_tensor) {
-    Target& target = by_name.at(name);
+    SliceTarget& target = by_name.at(name);
     torch::Tensor& t = target.tensor;
     torch::optim::OptimizerParamState* state = nullptr;
     if (optimizer && target.is_param) {
@@ -476,7 +477,7 @@ std::set<torch::nn::Module*> slice_tensors(const EntriesByTensor& per_tensor,
 
 void apply_plan(torch::nn::Module& model, const Plan& plan, torch::optim::Optimizer* optimizer) {
   if (plan.empty()) return;
-  std::unordered_map<std::string, Target> by_name = targets_by_name(model);
+  std::unordered_map<std::string, SliceTarget> by_name = targets_by_name(model);
   // Everything is checked before anything is touched.
   const EntriesByTensor per_tensor = check_entries(plan, by_name);
   check_layers(per_tensor, by_name, optimizer);

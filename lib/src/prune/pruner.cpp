@@ -278,7 +278,7 @@ core::ModelCost apply_checked(torch::nn::Module& model, const ForwardFn& forward
   try {
     return core::count_cost(model, forward);
   } catch (const std::exception& e) {
-    detail::fail(
+    ember::detail::fail(
         "[prune::Pruner::{}] the pruned model's forward pass fails ({}); the model is left pruned "
         "and inconsistent. Usual causes: a chunk/split of pruned channels with sizes fixed in code (the "
         "tracer assumes chunk(n), computed at run time), or a size kept in a custom module's own members. "
@@ -347,7 +347,7 @@ PruneResult Pruner::step_heads(double ratio, torch::optim::Optimizer* optimizer)
   try {
     result.after = core::count_cost(model_, forward_);
   } catch (const std::exception& e) {
-    detail::fail(
+    ember::detail::fail(
         "[prune::Pruner::step_heads] the model's forward pass fails after removing heads ({}); the model is "
         "left pruned and inconsistent. A core::HeadedAttention must take its head count from "
         "set_head_count and its inner width from its tensors.",

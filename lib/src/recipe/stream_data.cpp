@@ -66,10 +66,10 @@ bool holds_images(const data::ShardInfo& shard, const data::ShardOpener& open, i
       if (ext == image) return true;
     if (ext == "npy") return false;
   }
-  detail::fail(ErrorKind::kData,
-               "[recipe] {}: sample '{}' has no image (.jpg, .jpeg, .png) or tensor (.npy) member; a "
-               "classification shard's samples hold one of those and a label",
-               shard.url, first->key);
+  ember::detail::fail(ErrorKind::kData,
+                      "[recipe] {}: sample '{}' has no image (.jpg, .jpeg, .png) or tensor (.npy) member; a "
+                      "classification shard's samples hold one of those and a label",
+                      shard.url, first->key);
 }
 
 std::vector<data::ShardInfo> shards_of(const core::Config& c, const char* key, const StreamOptions& stream) {

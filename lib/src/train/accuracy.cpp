@@ -95,7 +95,7 @@ torch::Tensor count_correct(const torch::Tensor& logits, const torch::Tensor& ta
                              c10::cuda::getCurrentCUDAStream().stream());
   return out;
 #else
-  detail::fail(
+  ember::detail::fail(
       "[train::count_correct] logits are on {}, but this Ember was built without CUDA "
       "(EMBER_CUDA=OFF or no nvcc); rebuild with CUDA or move the tensors to the CPU",
       logits.device().str());

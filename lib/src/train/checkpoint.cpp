@@ -299,8 +299,9 @@ NamedTensors checkpoint_model_tensors(const std::string& path) {
     root.read("model", model);
     collect_tensors(model, "", out);
   } catch (const std::exception& e) {
-    detail::fail(ErrorKind::kCheckpoint, "[train::checkpoint_model_tensors] cannot read the model in {} ({})",
-                 path, short_what(e));
+    ember::detail::fail(ErrorKind::kCheckpoint,
+                        "[train::checkpoint_model_tensors] cannot read the model in {} ({})", path,
+                        short_what(e));
   }
   EMBER_CHECK_KIND(kCheckpoint, !out.empty(), "[train::checkpoint_model_tensors] {} holds no model tensors",
                    path);
@@ -352,10 +353,10 @@ std::string Trainer::find_resume_checkpoint(torch::serialize::InputArchive& root
           root.load_from(bytes.data(), bytes.size() - kTrailerBytes);
           problem = content_problem(root, names);
         } catch (const std::exception& e) {
-          detail::fail(ErrorKind::kCheckpoint,
-                       "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
-                       "checkpoint ({}); remove it or point trainer.resume at another one",
-                       path, short_what(e));
+          ember::detail::fail(ErrorKind::kCheckpoint,
+                              "[train::Trainer] cannot read checkpoint {}: it is damaged or not an Ember "
+                              "checkpoint ({}); remove it or point trainer.resume at another one",
+                              path, short_what(e));
         }
       }
     }
@@ -371,17 +372,18 @@ std::string Trainer::find_resume_checkpoint(torch::serialize::InputArchive& root
     problems.push_back(fmt::format("checkpoint {} cannot be used: {}", path, problem));
   }
   if (!problems.empty())
-    detail::fail(ErrorKind::kCheckpoint,
-                 "[train::Trainer] {}; no usable checkpoint to resume from: start a fresh run in another "
-                 "run.dir (or with run.overwrite=true, which moves this folder's contents aside)",
-                 fmt::join(problems, "; "));
+    ember::detail::fail(
+        ErrorKind::kCheckpoint,
+        "[train::Trainer] {}; no usable checkpoint to resume from: start a fresh run in another "
+        "run.dir (or with run.overwrite=true, which moves this folder's contents aside)",
+        fmt::join(problems, "; "));
   if (resume.kind == ResumeFrom::Kind::kLatest) {
     if (speaks)
       std::cerr << fmt::format(
           "[train::Trainer] trainer.resume=auto: no checkpoint at {}; starting a fresh run\n", latest);
     return "";
   }
-  detail::fail(
+  ember::detail::fail(
       ErrorKind::kCheckpoint,
       "[train::Trainer] trainer.resume={}: no such checkpoint (give a checkpoint file, a run folder, "
       "or auto to resume from run.dir when it holds one)",
@@ -487,10 +489,10 @@ void check_optimizer_state_fits(const std::string& path, const torch::optim::Opt
                                 torch::serialize::InputArchive& optim,
                                 torch::serialize::InputArchive& trainer_state) {
   const auto refuse = [&](const std::string& what) {
-    detail::fail(ErrorKind::kConfig,
-                 "[train::Trainer] checkpoint {} {}: resume with the optimizer settings that wrote it "
-                 "(optim.*, as in its run's config.toml), or start a fresh run in another run.dir",
-                 path, what);
+    ember::detail::fail(ErrorKind::kConfig,
+                        "[train::Trainer] checkpoint {} {}: resume with the optimizer settings that wrote it "
+                        "(optim.*, as in its run's config.toml), or start a fresh run in another run.dir",
+                        path, what);
   };
   const StateKind now = optimizer_kind(optimizer);
   const SavedGroups saved = saved_groups(optim);
@@ -542,10 +544,10 @@ void load_weights(const std::string& path, torch::nn::Module& model, torch::opti
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    detail::fail(ErrorKind::kCheckpoint,
-                 "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
-                 "written by a different recipe or config?",
-                 path, std::string(e.what()).substr(0, 300));
+    ember::detail::fail(ErrorKind::kCheckpoint,
+                        "[train::Trainer] checkpoint {} does not match this model/optimizer ({}); was it "
+                        "written by a different recipe or config?",
+                        path, std::string(e.what()).substr(0, 300));
   }
 }
 
@@ -593,7 +595,8 @@ void Trainer::save_checkpoint(const std::string& path) {
   EMBER_CHECK(task_ != nullptr && optimizer_ != nullptr, "[train::Trainer] save_checkpoint outside fit");
   // Never replace a good checkpoint with broken weights.
   if (const std::string bad = divergence::first_nonfinite_tensor(*task_->model()); !bad.empty())
-    detail::fail(ErrorKind::kDiverged, "{}", divergence::weights_message(bad, state_.global_step, path));
+    ember::detail::fail(ErrorKind::kDiverged, "{}",
+                        divergence::weights_message(bad, state_.global_step, path));
   if (device_steps_)
     state_.skipped_steps = device_steps_->read_skipped(state_.global_step);  // exact in the file
   torch::serialize::OutputArchive root, model, optim, state, callbacks;
@@ -630,7 +633,7 @@ void Trainer::resume(FitResult& result) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {  // LibTorch's, on a part of the archive of the wrong type or shape
-    detail::fail(
+    ember::detail::fail(
         ErrorKind::kCheckpoint,
         "[train::Trainer] cannot read checkpoint {}: a part of it is damaged or of another kind ({}); "
         "remove it or point trainer.resume at another one",
@@ -655,10 +658,11 @@ void Trainer::load_checkpoint(const std::string& path, torch::serialize::InputAr
     root.read("trainer", trainer_state);
     root.read("callbacks", callbacks);
   } catch (const std::exception& e) {
-    detail::fail(ErrorKind::kCheckpoint,
-                 "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
-                 "trainer.resume at another one",
-                 path, std::string(e.what()).substr(0, 200));
+    ember::detail::fail(
+        ErrorKind::kCheckpoint,
+        "[train::Trainer] checkpoint {} lacks part of an Ember checkpoint ({}); remove it or point "
+        "trainer.resume at another one",
+        path, std::string(e.what()).substr(0, 200));
   }
   // Callbacks first: one may reshape the model (pruning replays its plan) before the weights load.
   load_callback_states(path, callbacks);

@@ -12,10 +12,11 @@ namespace ember::train {
 namespace {
 
 // Far beyond any run, small enough that epochs x steps per epoch stays exact in a double.
-constexpr int64_t kMaxSteps = 1'000'000'000'000;
+constexpr int64_t kMaxFitSteps = 1'000'000'000'000;
 
 [[noreturn]] void refuse_cuda_graph(const std::string& why) {
-  detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: {}; or set it to false", why);
+  ember::detail::fail(ErrorKind::kConfig, "[train::Trainer] trainer.cuda_graph=true: {}; or set it to false",
+                      why);
 }
 
 }  // namespace
@@ -77,13 +78,13 @@ FitPlan plan_fit(const TrainerOptions& options, torch::nn::Module& model, torch:
   plan.batches_per_epoch = batches_per_epoch;
   plan.steps_per_epoch = (batches_per_epoch + plan.accumulate - 1) / plan.accumulate;
   // (The finders and the planner's probes run "forever" up to max_steps.)
-  const bool beyond = plan.steps_per_epoch > 0 && options.epochs() > kMaxSteps / plan.steps_per_epoch;
-  plan.run_steps = beyond ? kMaxSteps : options.epochs() * plan.steps_per_epoch;
+  const bool beyond = plan.steps_per_epoch > 0 && options.epochs() > kMaxFitSteps / plan.steps_per_epoch;
+  plan.run_steps = beyond ? kMaxFitSteps : options.epochs() * plan.steps_per_epoch;
   if (options.max_steps() > 0) plan.run_steps = std::min(plan.run_steps, options.max_steps());
   EMBER_CHECK_KIND(
       kConfig, !beyond || options.max_steps() > 0,
       "[train::Trainer] trainer.epochs={} x {} steps per epoch is more than {} steps: lower trainer.epochs",
-      options.epochs(), plan.steps_per_epoch, kMaxSteps);
+      options.epochs(), plan.steps_per_epoch, kMaxFitSteps);
   plan.schedule = options.schedule();
   if (const auto& in_epochs = options.epoch_schedule()) {
     EMBER_CHECK(!plan.schedule,

@@ -41,7 +41,7 @@ void write_into(torch::Tensor& into, const torch::Tensor& from) {
 }
 
 [[noreturn]] void capture_failed(const std::exception& e) {
-  detail::fail(
+  ember::detail::fail(
       "[train::Trainer] trainer.cuda_graph: capturing the training step failed: {}. Something in the step "
       "reads the device or allocates outside the graph's memory (an .item() or a data-dependent shape in "
       "Task::training_step, a host-side random draw, a callback hook that syncs); run with "
@@ -107,7 +107,7 @@ GraphStep::GraphStep(GraphStepOptions options, std::vector<torch::Tensor> params
   EMBER_CHECK(options_.zero_grad() != nullptr, "[train::GraphStep] options.zero_grad is required");
 #if !EMBER_WITH_CUDA_KERNELS
   if (!options_.emulated())
-    detail::fail(
+    ember::detail::fail(
         ErrorKind::kConfig,
         "[train::Trainer] trainer.cuda_graph=true: this Ember was built without CUDA; set it to false");
 #endif

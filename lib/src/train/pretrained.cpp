@@ -190,6 +190,8 @@ LoadReport load_pretrained(torch::nn::Module& model, const std::string& path, co
     torch::Tensor target;
     const FileTensor* source;
     bool transpose;
+    bool resize;
+    std::string name;  // the model's
   };
   std::map<std::string, std::vector<Plan>> by_file;
   std::set<std::string> used;
@@ -219,14 +221,18 @@ LoadReport load_pretrained(torch::nn::Module& model, const std::string& path, co
                   shape.size());
       std::swap(shape[0], shape[1]);
     }
-    if (shape != m.tensor.sizes().vec()) {
+    const std::vector<int64_t> model_shape = m.tensor.sizes().vec();
+    const bool resize = shape != model_shape && o.map().resize.accepts && o.map().resize.apply &&
+                        o.map().resize.accepts(as, shape, model_shape);
+    if (shape != model_shape && !resize) {
       report.mismatched.push_back(fmt::format("{}: the file's {} is {}{}, the model's {}", as, source->name,
                                               shape_str(source->info.shape), transpose ? " (transposed)" : "",
                                               shape_str(m.tensor.sizes().vec())));
       continue;
     }
-    by_file[source->file].push_back({m.tensor, source, transpose});
+    by_file[source->file].push_back({m.tensor, source, transpose, resize, as});
     report.loaded.push_back(as);
+    if (resize) report.resized.push_back(as);
   }
   for (const auto& [name, t] : in_file)
     if (used.count(name) == 0 && !reinit(name)) report.unexpected.push_back(name);
@@ -244,7 +250,9 @@ LoadReport load_pretrained(torch::nn::Module& model, const std::string& path, co
 
   // One tensor at a time, straight into the model's.
   torch::NoGradGuard no_grad;
-  for (const auto& [file, plans] : by_file) {
+  for (const auto& file_plans : by_file) {
+    const std::string& file = file_plans.first;  // a structured binding cannot be captured in C++17
+    const auto& plans = file_plans.second;
     std::map<std::string, const Plan*> wanted;
     for (const Plan& p : plans) wanted[p.source->name] = &p;
     read_safetensors(
@@ -261,10 +269,35 @@ LoadReport load_pretrained(torch::nn::Module& model, const std::string& path, co
         },
         [&](const std::string& name, torch::Tensor t) {
           const Plan& p = *wanted.at(name);
-          p.target.copy_(p.transpose ? t.t() : t);
+          if (p.transpose) t = t.t();
+          if (p.resize) {
+            t = o.map().resize.apply(p.name, t, p.target.sizes().vec());
+            EMBER_CHECK(t.sizes() == p.target.sizes(), "{}: resizing '{}' gave {}, the model's is {}", where,
+                        p.name, shape_str(t.sizes().vec()), shape_str(p.target.sizes().vec()));
+          }
+          p.target.copy_(t);
         });
   }
   return report;
+}
+
+void save_pretrained(const std::string& path, torch::nn::Module& model, const WeightMap& to_file) {
+  NamedTensors out;
+  std::set<std::string> written;
+  for (const ModelTensor& m : model_tensors(model)) {  // a tied tensor once, under its first name
+    const std::string& name = m.names.front();
+    const std::string file_name = to_file.rename ? to_file.rename(name) : name;
+    if (file_name.empty()) continue;
+    EMBER_CHECK(written.insert(file_name).second,
+                "[train::save_pretrained] {}: two model tensors are mapped to the file name '{}'", path,
+                file_name);
+    const bool transpose = to_file.transposed && to_file.transposed(name);
+    EMBER_CHECK(!transpose || m.tensor.dim() == 2,
+                "[train::save_pretrained] {}: '{}' is to be written transposed but has {} dimensions", path,
+                name, m.tensor.dim());
+    out.emplace_back(file_name, transpose ? m.tensor.detach().t() : m.tensor.detach());
+  }
+  save_safetensors(path, out, {{"format", "pt"}});
 }
 
 }  // namespace ember::train

@@ -62,7 +62,7 @@ void input_channels_last(data::Batch& batch) {
 void fail_if_diverged(const divergence::DivergenceWatch::State& st, int64_t patience, int64_t epoch,
                       const std::string& last_checkpoint) {
   if (patience <= 0 || st.streak < patience) return;
-  detail::fail(
+  ember::detail::fail(
       ErrorKind::kDiverged,
       "[train::Trainer] training diverged: the loss has been NaN or infinite for {} optimizer steps in a "
       "row, since step {} (epoch {}); {}; {}{}",
@@ -113,7 +113,7 @@ void Trainer::check_callbacks_capturable() const {
     refused.push_back(fmt::format("'{}' ({})", cb->name(), fmt::join(hooks, ", ")));
   }
   if (!refused.empty())
-    detail::fail(
+    ember::detail::fail(
         ErrorKind::kConfig,
         "[train::Trainer] trainer.cuda_graph=true: the callback(s) {} act inside each optimizer step, "
         "which a CUDA graph would run only once, at capture; remove them (monitor.histogram_every=0, "
@@ -364,10 +364,11 @@ std::unique_ptr<Trainer::Fit> Trainer::begin_fit(Task& task) {
 
 void Trainer::make_graph(Fit& f, Task& task) {
   if (const std::string why = task.cuda_graph_blocker(); !why.empty())
-    detail::fail(ErrorKind::kConfig,
-                 "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be captured: {}; or set "
-                 "trainer.cuda_graph=false",
-                 why);
+    ember::detail::fail(
+        ErrorKind::kConfig,
+        "[train::Trainer] trainer.cuda_graph=true: the task's step cannot be captured: {}; or set "
+        "trainer.cuda_graph=false",
+        why);
   // One sync-free optimizer step on one batch, with the loop's device
   // bookkeeping, as GraphStep captures it: device work only, nothing on the
   // host that a replay would have to repeat.
@@ -587,7 +588,7 @@ void Trainer::check_step_anomaly(Fit& f, const torch::Tensor& loss) {
   const double l = loss.item<double>();
   const std::string grads = grad_scaler_ ? "" : divergence::nonfinite_gradients(*f.model);
   if (std::isfinite(l) && grads.empty()) return;
-  detail::fail(
+  ember::detail::fail(
       ErrorKind::kDiverged,
       "[train::Trainer] trainer.detect_anomaly: at step {} (epoch {}, batch {}) the loss is {}{}; the "
       "step was not applied{}",
@@ -604,7 +605,8 @@ void Trainer::checkpoint_now(Fit& f) {  // after check_divergence(): the loss is
   if (f.plan.checkpoint_path.empty() && dist.world_size() > 1 && !options_.run_dir().empty()) {
     const std::string writers = options_.run_dir() + "/checkpoints/last.pt";
     if (const std::string bad = divergence::first_nonfinite_tensor(*f.model); !bad.empty())
-      detail::fail(ErrorKind::kDiverged, "{}", divergence::weights_message(bad, state_.global_step, writers));
+      ember::detail::fail(ErrorKind::kDiverged, "{}",
+                          divergence::weights_message(bad, state_.global_step, writers));
     last_checkpoint_ = writers;  // what the writer saved now: every rank's diagnosis names it
   }
   if (!f.plan.checkpoint_path.empty()) save_checkpoint(f.plan.checkpoint_path);

@@ -65,8 +65,8 @@ template <typename BatchNorm, typename Derived>
 class SyncBatchNormImplBase : public BatchNorm {
  public:
   /// A new batch norm (its tensors initialised as torch::nn::BatchNorm's).
-  SyncBatchNormImplBase(const torch::nn::BatchNormOptions& options, std::shared_ptr<ProcessGroup> group)
-      : BatchNorm(options), group_(std::move(group)) {}
+  SyncBatchNormImplBase(const torch::nn::BatchNormOptions& bn_options, std::shared_ptr<ProcessGroup> group)
+      : BatchNorm(bn_options), group_(std::move(group)) {}
   /// Takes over `bn`: its parameter tensors themselves (an optimizer holding
   /// them keeps working), buffers sharing its buffers' storage, its options
   /// and training mode.

@@ -75,4 +75,10 @@ Plan make_head_plan(torch::nn::Module& model, const HeadSelection& remove);
 Plan prune_heads(torch::nn::Module& model, const HeadSelection& remove,
                  torch::optim::Optimizer* optimizer = nullptr);
 
+/// The query heads `plan` removes, per module, numbered as before the plan
+/// (a plan composed with Plan::then, or replayed from a checkpoint, is
+/// relative to the unpruned model: these are then the original numbers, as
+/// Hugging Face's config.pruned_heads holds them). Modules losing none are left out.
+HeadSelection removed_heads(const Plan& plan);
+
 }  // namespace ember::prune

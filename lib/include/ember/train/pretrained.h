@@ -21,9 +21,14 @@
 // WeightMap adapts another naming: `rename` maps a file name to the model's
 // (an empty result drops the tensor, e.g. GPT-2's causal-mask buffers), and
 // `transposed` names the 2-D model tensors the file stores transposed
-// (GPT-2's Conv1D weights are [in, out]). Tied tensors (one tensor under two
-// names) need only one of their names in the file.
+// (GPT-2's Conv1D weights are [in, out]), and `resize` adapts a tensor whose
+// shape is legitimately another (a ViT's position table made for another
+// image size), decided from the shapes before anything is read and applied
+// as the tensor is read. Tied tensors (one tensor under two names) need only
+// one of their names in the file.
 #include <torch/nn/module.h>
+
+#include "ember/core/weight_map.h"
 
 #include <functional>
 #include <string>
@@ -31,12 +36,8 @@
 
 namespace ember::train {
 
-struct WeightMap {
-  /// File name -> model name ("" drops the tensor). Unset: the same name.
-  std::function<std::string(const std::string&)> rename;
-  /// Model names whose file tensor is the transpose of the model's (2-D).
-  std::function<bool(const std::string&)> transposed;
-};
+/// How a file's naming and layout map to a model's (core/weight_map.h).
+using WeightMap = core::WeightMap;
 
 struct PretrainedOptions {
   /// Refuse (ember::Error naming everything) unless every model tensor is
@@ -52,6 +53,7 @@ struct PretrainedOptions {
 struct LoadReport {
   std::vector<std::string> loaded;         ///< model names given their file tensor
   std::vector<std::string> reinitialised;  ///< model names left as initialised (reinit)
+  std::vector<std::string> resized;        ///< model names loaded through WeightMap::resize
   std::vector<std::string> missing;        ///< model names the file lacks
   std::vector<std::string> unexpected;     ///< file names (after rename) the model lacks
   std::vector<std::string> mismatched;     ///< "name: file [..], model [..]"
@@ -75,5 +77,13 @@ std::vector<std::string> checkpoint_files(const std::string& path);
 /// kept), under NoGradGuard.
 LoadReport load_pretrained(torch::nn::Module& model, const std::string& path,
                            const PretrainedOptions& options = {});
+
+/// The way back: `model`'s parameters and buffers written to the safetensors
+/// file `path` in another naming (a tied tensor once, under its first name).
+/// `to_file.rename` maps a model name to the file's ("" leaves the tensor
+/// out; unset: the same name) and `to_file.transposed` names the 2-D model
+/// tensors the file stores transposed. The metadata is {"format": "pt"}, which
+/// transformers' from_pretrained requires. Written atomically.
+void save_pretrained(const std::string& path, torch::nn::Module& model, const WeightMap& to_file = {});
 
 }  // namespace ember::train

@@ -14,6 +14,7 @@
 #include "ember/dist/keys.h"
 #include "ember/dist/process_group.h"
 #include "ember/train/batch_size_finder.h"
+#include "ember/version.h"
 #include "recipe/tools/tools.h"
 
 #if EMBER_WITH_CUDA_KERNELS

@@ -18,6 +18,7 @@
 #include "ember/dist/process_group.h"
 #include "ember/optim/optimizer.h"
 #include "ember/train/keys.h"
+#include "ember/version.h"
 #include "recipe/tools/tools.h"
 
 #if EMBER_WITH_CUDA_KERNELS
