@@ -12,12 +12,19 @@
 # same in every clone whose build folder sits at the same place in it.
 #
 # Left alone (compiled by themselves): files with their own COMPILE_OPTIONS,
-# COMPILE_DEFINITIONS or INCLUDE_DIRECTORIES. Files are batched in their
+# COMPILE_DEFINITIONS, INCLUDE_DIRECTORIES, COMPILE_FLAGS, OBJECT_DEPENDS,
+# SKIP_PRECOMPILE_HEADERS, HEADER_FILE_ONLY or SKIP_UNITY_BUILD_INCLUSION, or
+# another LANGUAGE than CXX. The batched files are marked HEADER_FILE_ONLY
+# in this directory: no other target of it may list them. Files are batched in their
 # order in the target, so a batch holds neighbours (mostly one area, one
 # namespace); a file's file-local names must still differ from every other
 # file's (with BY_FOLDER: in its folder), as a batch's composition moves when
 # files are added.
 function(ember_unity target batch)
+  if(NOT batch MATCHES "^[1-9][0-9]*$")
+    message(FATAL_ERROR "ember_unity(${target}): the batch size must be a whole number >= 1, got '${batch}' "
+                        "(EMBER_UNITY_BATCH)")
+  endif()
   set(_by_folder FALSE)
   if("BY_FOLDER" IN_LIST ARGN)
     set(_by_folder TRUE)
@@ -30,10 +37,19 @@ function(ember_unity target batch)
     if(NOT _src MATCHES "\\.cpp$")
       continue()
     endif()
-    get_source_file_property(_opts "${_src}" COMPILE_OPTIONS)
-    get_source_file_property(_defs "${_src}" COMPILE_DEFINITIONS)
-    get_source_file_property(_incs "${_src}" INCLUDE_DIRECTORIES)
-    if(_opts OR _defs OR _incs)
+    # A file compiled its own way stays its own unit (SKIP_PRECOMPILE_HEADERS:
+    # the torch-free files, which compile faster without the torch PCH).
+    set(_own FALSE)
+    foreach(_prop COMPILE_OPTIONS COMPILE_DEFINITIONS INCLUDE_DIRECTORIES COMPILE_FLAGS OBJECT_DEPENDS
+                  SKIP_PRECOMPILE_HEADERS HEADER_FILE_ONLY SKIP_UNITY_BUILD_INCLUSION)
+      get_source_file_property(_value "${_src}" ${_prop})
+      if(_value)
+        set(_own TRUE)
+      endif()
+    endforeach()
+    # LANGUAGE reads as the language CMake determines (CXX) when unset.
+    get_source_file_property(_language "${_src}" LANGUAGE)
+    if(_own OR NOT _language STREQUAL "CXX")
       continue()
     endif()
     list(APPEND _eligible "${_src}")

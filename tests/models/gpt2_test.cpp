@@ -4,6 +4,7 @@
 // loaded by from_pretrained and pruned heads: tests/parity/gpt2_parity.py.
 #include <ember/core/error.h>
 #include <ember/models/gpt2.h>
+#include <ember/prune/heads.h>
 #include <ember/train/pretrained.h>
 #include <ember/train/safetensors.h>
 #include <gtest/gtest.h>
@@ -79,19 +80,14 @@ TEST(Gpt2, HuggingFaceFileNamesBothWays) {
     EXPECT_FALSE(Gpt2Impl::hf_transposed(t)) << t;
 }
 
-TEST(Gpt2, ConfigJsonNamesThePrunedHeadsAndRefusesOtherModules) {
+TEST(Gpt2, ConfigJsonDescribesThisModelAndItsPrunedHeads) {
   models::Gpt2 m(tiny_gpt2().layer_norm_epsilon(1e-6).dropout(0.1));
   const std::string plain = m->hf_config_json();
-  for (const char* s : {"\"n_layer\": 2,", "\"n_head\": 4,", "\"n_embd\": 32,", "\"vocab_size\": 50,",
-                        "\"n_positions\": 16,", "\"layer_norm_epsilon\": 9.9999999999999995e-07,",
-                        "\"attn_pdrop\": 0.10000000000000001,", "\"pruned_heads\": {}"})
+  for (const char* s :
+       {"\"n_layer\": 2,", "\"n_head\": 4,", "\"n_embd\": 32,", "\"vocab_size\": 50,", "\"n_positions\": 16,",
+        "\"n_inner\": 128,", "\"layer_norm_epsilon\": 9.9999999999999995e-07,",
+        "\"attn_pdrop\": 0.10000000000000001,", "\"pruned_heads\": {}"})
     EXPECT_NE(plain.find(s), std::string::npos) << s << " in\n" << plain;
-  // Blocks in order; a block with no head removed is left out.
-  const std::string pruned =
-      m->hf_config_json({{"transformer.h.1.attn", {0, 3}}, {"transformer.h.0.attn", {2}}});
-  EXPECT_NE(pruned.find("\"pruned_heads\": {\"0\": [2], \"1\": [0, 3]}"), std::string::npos) << pruned;
-  const std::string none_removed = m->hf_config_json({{"transformer.h.1.attn", {}}});
-  EXPECT_NE(none_removed.find("\"pruned_heads\": {}"), std::string::npos) << none_removed;
   for (const char* bad : {"transformer.h.2.attn", "transformer.h.0.mlp", "h.0.attn", "transformer.h.x.attn",
                           "transformer.h..attn"}) {
     const std::string e = test_util::error_of([&] { m->hf_config_json({{bad, {0}}}); });
@@ -99,6 +95,34 @@ TEST(Gpt2, ConfigJsonNamesThePrunedHeadsAndRefusesOtherModules) {
               std::string::npos)
         << e;
   }
+  // Removed heads that this model does not lack are refused, naming the block.
+  const std::string unpruned = test_util::error_of([&] {
+    m->hf_config_json({{"transformer.h.0.attn", {2}}});
+  });
+  EXPECT_NE(unpruned.find("layer 0 has 4 heads, but the removed heads given for it leave 3 of 4"),
+            std::string::npos)
+      << unpruned;
+
+  // Heads removed by Ember, in their original numbering, blocks in order.
+  const prune::HeadSelection removed = prune::removed_heads(
+      prune::prune_heads(*m, {{"transformer.h.1.attn", {3, 0}}, {"transformer.h.0.attn", {2}}}));
+  const std::string pruned = m->hf_config_json(removed);
+  EXPECT_NE(pruned.find("\"pruned_heads\": {\"0\": [2], \"1\": [0, 3]}"), std::string::npos) << pruned;
+  EXPECT_NE(m->hf_config_json({{"transformer.h.0.attn", {2}}, {"transformer.h.1.attn", {0, 3}}}), "");
+  for (const auto& wrong :
+       std::vector<prune::HeadSelection>{{{"transformer.h.0.attn", {2}}},  // block 1 left out
+                                         {{"transformer.h.0.attn", {2}}, {"transformer.h.1.attn", {0, 0}}},
+                                         {{"transformer.h.0.attn", {4}}, {"transformer.h.1.attn", {0, 3}}}})
+    EXPECT_NE(test_util::error_of([&] { m->hf_config_json(wrong); }).find("removed heads given for it"),
+              std::string::npos);
+
+  // One MLP width for every block: n_inner. Two widths: no config can say it.
+  auto& mlp = *m->transformer->h->ptr(1)->as<models::Gpt2Block>()->mlp;
+  mlp.c_fc = mlp.replace_module("c_fc", torch::nn::Linear(32, 64));
+  mlp.c_proj = mlp.replace_module("c_proj", torch::nn::Linear(64, 32));
+  const std::string widths = test_util::error_of([&] { m->hf_config_json(removed); });
+  EXPECT_NE(widths.find("the MLPs have different widths (layer 0: 128, layer 1: 64)"), std::string::npos)
+      << widths;
 }
 
 // Token t's logits depend on tokens 0..t only, and a context past n_positions is refused.

@@ -10,6 +10,10 @@
 //       --input X.safetensors --out Y.safetensors [--prune-heads BLOCK:H,H;BLOCK:H] [--export-hf DIR]
 //   ember_pretrained_driver --model vit_small_patch16_224|vit:DEPTH,HEADS,DIM,PATCH,IMG --weights PATH
 //       --input X.safetensors --out Y.safetensors [--num-classes N] [--reinit head.] [--export E.safetensors]
+//   ember_pretrained_driver --model bert:LAYERS,HEADS,HIDDEN,INTERMEDIATE,VOCAB,POSITIONS,LABELS --weights
+//   PATH
+//       --input X.safetensors --out Y.safetensors [--reinit classifier.] [--prune-heads SPEC] [--export-hf
+//       DIR]
 //
 // GPT-2 (models::Gpt2) reads Hugging Face's naming (Gpt2Impl::from_hf_name,
 // its Conv1D weights transposed); x holds int64 tokens [B,T], y the logits.
@@ -20,6 +24,12 @@
 // ViT (models::ViT) reads timm's naming as it is (ViTImpl::timm_map: a
 // position table made for another image size is resampled); x holds images
 // [B,C,H,W], y the logits.
+//
+// BERT (models::Bert) reads Hugging Face's naming (BertImpl::hf_map: old
+// gamma/beta names, BertModel names, pre-training heads not read); the input
+// file holds int64 token ids "x" [B,T] and optionally "mask" (1 = token) and
+// "types" (token types), y the logits [B,labels]. --prune-heads and
+// --export-hf as for GPT-2 (DIR/config.json from BertImpl::hf_config_json).
 //
 // Exit 0 with the load report's counts on stdout; exit 1 with the error on
 // stderr (strict loading refused).
@@ -58,14 +68,33 @@ models::ViTOptions vit_options(const std::string& name, int64_t num_classes) {
       .num_classes(num_classes);
 }
 
-// "0:1,3;2:0" with prefix "transformer.h." -> {"transformer.h.0.attn": {1, 3}, "transformer.h.2.attn": {0}}
-prune::HeadSelection head_selection(const std::string& spec, const std::string& prefix) {
+// "bert:LAYERS,HEADS,HIDDEN,INTERMEDIATE,VOCAB,POSITIONS,LABELS"; dropout as transformers' defaults.
+models::BertOptions bert_options(const std::string& name) {
+  std::vector<int64_t> v;
+  std::stringstream in(name.substr(5));
+  for (std::string part; std::getline(in, part, ',');) v.push_back(std::stoll(part));
+  if (v.size() != 7)
+    throw Error("--model bert:LAYERS,HEADS,HIDDEN,INTERMEDIATE,VOCAB,POSITIONS,LABELS, got " + name);
+  return models::BertOptions()
+      .num_hidden_layers(v[0])
+      .num_attention_heads(v[1])
+      .hidden_size(v[2])
+      .intermediate_size(v[3])
+      .vocab_size(v[4])
+      .max_position_embeddings(v[5])
+      .num_labels(v[6]);
+}
+
+// "0:1,3;2:0" with prefix "transformer.h." and suffix ".attn" ->
+// {"transformer.h.0.attn": {1, 3}, "transformer.h.2.attn": {0}}
+prune::HeadSelection head_selection(const std::string& spec, const std::string& prefix,
+                                    const std::string& suffix = ".attn") {
   prune::HeadSelection out;
   std::stringstream in(spec);
   for (std::string layer; std::getline(in, layer, ';');) {
     const size_t colon = layer.find(':');
     if (colon == std::string::npos) throw Error("--prune-heads BLOCK:H,H;BLOCK:H, got " + spec);
-    std::vector<int64_t>& heads = out[prefix + layer.substr(0, colon) + ".attn"];
+    std::vector<int64_t>& heads = out[prefix + layer.substr(0, colon) + suffix];
     std::stringstream hs(layer.substr(colon + 1));
     for (std::string h; std::getline(hs, h, ',');) heads.push_back(std::stoll(h));
   }
@@ -139,6 +168,30 @@ int main(int argc, char** argv) {
       if (!export_hf.empty()) {
         core::make_dirs(export_hf);
         train::save_pretrained(export_hf + "/model.safetensors", *model, models::Gpt2Impl::hf_export_map());
+        core::write_file_atomic(export_hf + "/config.json", model->hf_config_json(pruned));
+      }
+      return 0;
+    }
+    if (model_name.rfind("bert:", 0) == 0) {
+      models::Bert model(bert_options(model_name));
+      o.map(models::BertImpl::hf_map());
+      print(train::load_pretrained(*model, weights, o));
+      prune::HeadSelection pruned;
+      if (!prune_spec.empty())
+        pruned = prune::removed_heads(
+            prune::prune_heads(*model, head_selection(prune_spec, "bert.encoder.layer.", ".attention")));
+      model->eval();
+      torch::NoGradGuard no_grad;
+      torch::Tensor ids, mask, types;
+      for (const auto& [name, t] : train::load_safetensors(input)) {
+        if (name != "x" && name != "mask" && name != "types")
+          throw Error(input + ": unexpected tensor " + name + " (x, mask, types)");
+        (name == "x" ? ids : name == "mask" ? mask : types) = t;
+      }
+      train::save_safetensors(out, {{"y", model->forward(ids, mask, types)}});
+      if (!export_hf.empty()) {
+        core::make_dirs(export_hf);
+        train::save_pretrained(export_hf + "/model.safetensors", *model);
         core::write_file_atomic(export_hf + "/config.json", model->hf_config_json(pruned));
       }
       return 0;

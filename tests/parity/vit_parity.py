@@ -5,16 +5,21 @@ timm's VisionTransformer (random weights, eval mode, nothing downloaded), its
 state dict saved with safetensors as timm users save it, loaded by
 tests/parity/pretrained_driver.cpp:
   1. vit_small_patch16_224 (12 blocks, 384 wide, 6 heads) on two 224 x 224
-     images: Ember's logits equal timm's bitwise. The same computation: the
-     same ATen operations in the same order on one thread (conv2d for the
-     patches, cat and add of the class token and the position table,
-     layer_norm, linear, scaled_dot_product_attention with its default scale
-     as timm's fused path calls it, gelu, the class token's row, linear);
+     images: Ember's logits equal timm's within 1e-5 of the largest logit
+     (the issue's bound). The same ATen operations in the same order (conv2d
+     for the patches, cat and add of the class token and the position
+     table, layer_norm, scaled_dot_product_attention with its default scale
+     as timm's fused path calls it, gelu, the class token's row) but for the
+     Linear layers on [B,N,D] tokens: PyTorch's nn.Linear is at::linear, one
+     addmm with the bias added inside the GEMM, LibTorch's F::linear a
+     matmul and then `+= bias`, which BLAS may round differently (one
+     rounding per output plus the blocking of the sums); whether the logits
+     came out bitwise equal is printed;
   2. a 2-block ViT saved at 32 x 32 images (a 4 x 4 patch grid) and built at
      48 x 48 (6 x 6): Ember resamples the position table while loading
-     (ViTImpl::timm_map) and its logits equal those of timm's model built at
-     48 and loaded through timm's own checkpoint_filter_fn, bitwise (the
-     same bicubic antialiased interpolate);
+     (ViTImpl::timm_map) with the same F.interpolate (bicubic, antialiased)
+     as timm's checkpoint_filter_fn: the table bitwise equal to timm's, the
+     logits within the same bound of those of timm's model built at 48;
   3. Ember's export (save_safetensors: the same names) loads in timm's model
      with load_state_dict(strict=True), every tensor as it was, the same
      logits;
@@ -23,29 +28,13 @@ tests/parity/pretrained_driver.cpp:
 
     python3 tests/parity/vit_parity.py build/tests/ember_pretrained_driver WORK
 """
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from logits_check import check, close, run
 from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
-
-
-def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
-    if not ok:
-        raise AssertionError(what)
-
-
-def run(driver, *args):
-    r = subprocess.run([driver, *map(str, args)], capture_output=True, text=True, timeout=900)
-    check(r.returncode == 0, f"driver failed ({r.returncode}): {r.stderr[-3000:]}")
-    return r.stdout
-
-
-def bitwise(got, want, what):
-    diff = (got - want).abs().max().item()
-    check(torch.equal(got, want), f"{what}: logits differ by up to {diff:.3e} (the same computation: bitwise)")
 
 
 def make(seed, **kw):
@@ -73,8 +62,8 @@ def vit_small(driver, work):
                  out / "x224.safetensors", "--out", out / "y.safetensors", "--export", out / "export.safetensors")
     n = len(model.state_dict())
     check(f"loaded {n} " in report and "missing 0 unexpected 0 mismatched 0" in report, report)
-    bitwise(load_file(out / "y.safetensors")["y"], want, "vit_small_patch16_224")
-    print(f"vit_small_patch16_224: {n} tensors loaded; logits vs timm's: bitwise equal")
+    got = load_file(out / "y.safetensors")["y"]
+    print(f"vit_small_patch16_224: {n} tensors loaded; logits vs timm's: {close(got, want, 'vit_small_patch16_224')}")
 
     back = make(9, **kw)
     back.load_state_dict(load_file(out / "export.safetensors"), strict=True)
@@ -105,11 +94,13 @@ def vit_resized(driver, work):
     with torch.no_grad():
         want = timm48(x)
     report = run(driver, "--model", "vit:2,4,64,8,48", "--num-classes", "10", "--weights", out / "vit32.safetensors",
-                 "--input", out / "x48.safetensors", "--out", out / "y.safetensors")
+                 "--input", out / "x48.safetensors", "--out", out / "y.safetensors", "--export", out / "e.safetensors")
     check("missing 0 unexpected 0 mismatched 0" in report and "resized pos_embed" in report, report)
-    bitwise(load_file(out / "y.safetensors")["y"], want, "2-block ViT, 32 -> 48 pixels")
-    print("vit 2 blocks saved at 32 px, run at 48 px: pos_embed resampled 4x4 -> 6x6 as timm does; "
-          "logits vs timm's: bitwise equal")
+    check(torch.equal(load_file(out / "e.safetensors")["pos_embed"], timm48.pos_embed.detach()),
+          "Ember's resampled position table differs from timm's")
+    got = load_file(out / "y.safetensors")["y"]
+    print("vit 2 blocks saved at 32 px, run at 48 px: pos_embed resampled 4x4 -> 6x6, bitwise timm's; "
+          f"logits vs timm's: {close(got, want, '2-block ViT, 32 -> 48 pixels')}")
 
 
 def main():

@@ -272,8 +272,10 @@ LoadReport load_pretrained(torch::nn::Module& model, const std::string& path, co
           if (p.transpose) t = t.t();
           if (p.resize) {
             t = o.map().resize.apply(p.name, t, p.target.sizes().vec());
-            EMBER_CHECK(t.sizes() == p.target.sizes(), "{}: resizing '{}' gave {}, the model's is {}", where,
-                        p.name, shape_str(t.sizes().vec()), shape_str(p.target.sizes().vec()));
+            EMBER_CHECK(t.sizes() == p.target.sizes(),
+                        "{}: resizing '{}' gave {}, the model's is {} (a bug of WeightMap::resize; the "
+                        "tensors read before it are loaded: rebuild the model before using it)",
+                        where, p.name, shape_str(t.sizes().vec()), shape_str(p.target.sizes().vec()));
           }
           p.target.copy_(t);
         });

@@ -88,6 +88,16 @@ torch::Tensor checkpoint(TensorFn forward, const torch::Tensor& input, std::vect
 /// The same over a module: Recomputed::of(module, forward).
 torch::Tensor checkpoint(torch::nn::Module& module, TensorFn forward, const torch::Tensor& input);
 
+/// A layer norm's forward as the `fn` of linear_after (pre-norm blocks: norm
+/// -> projection). It draws no random numbers: no RNG state is kept.
+inline Recomputed recomputed_layer_norm(const torch::nn::LayerNorm& ln, std::string name) {
+  const std::shared_ptr<torch::nn::LayerNormImpl> m = ln.ptr();
+  Recomputed r = Recomputed::of(
+      *m, [m](const torch::Tensor& t) { return m->forward(t); }, std::move(name));
+  r.options.preserve_rng_state(false);
+  return r;
+}
+
 /// linear->forward(fn(input)) keeping `input` but not fn(input): fn is
 /// recomputed in backward. The forward is the module's own (under autocast:
 /// in the autocast dtype, as without checkpointing); the gradients are

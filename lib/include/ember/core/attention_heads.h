@@ -50,6 +50,28 @@ struct HeadLayout {
 };
 
 /// A self-attention module whose whole heads can be removed.
+/// The layout of multi-head attention (as many kv heads as heads) with one
+/// fused input projection `qkv` ([3A, C]: rows q | k | v, head h at
+/// h * head_dim within each; its bias likewise, when it has one) and an
+/// output projection `proj` ([C, A]: head h's columns at h * head_dim), where
+/// A = n_head * head_dim: GPT-2's c_attn/c_proj, timm's qkv/proj.
+inline HeadLayout fused_qkv_layout(int64_t n_head, int64_t head_dim, const std::string& qkv, bool qkv_bias,
+                                   const std::string& proj) {
+  const int64_t A = n_head * head_dim;
+  HeadLayout l;
+  l.n_head = l.n_kv_head = n_head;
+  l.head_dim = head_dim;
+  std::vector<std::string> rows = {qkv + ".weight"};
+  if (qkv_bias) rows.push_back(qkv + ".bias");
+  for (const std::string& p : rows) {
+    l.spans.push_back({p, 0, 0, HeadRole::kQuery});
+    l.spans.push_back({p, 0, A, HeadRole::kKeyValue});
+    l.spans.push_back({p, 0, 2 * A, HeadRole::kKeyValue});
+  }
+  l.spans.push_back({proj + ".weight", 1, 0, HeadRole::kQuery});
+  return l;
+}
+
 class HeadedAttention {
  public:
   virtual ~HeadedAttention() = default;

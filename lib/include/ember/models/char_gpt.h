@@ -70,19 +70,7 @@ struct CausalSelfAttentionImpl : torch::nn::Module, core::HeadedAttention {
   }
   /// qkv rows [q | k | v], A each, head h at h * head_dim in each; proj's columns [A].
   core::HeadLayout head_layout() const override {
-    const int64_t A = proj->weight.size(1);
-    core::HeadLayout l;
-    l.n_head = l.n_kv_head = n_head;
-    l.head_dim = A / n_head;
-    const auto q = core::HeadRole::kQuery, kv = core::HeadRole::kKeyValue;
-    for (const char* p : {"qkv.weight", "qkv.bias"}) {
-      if (std::string(p) == "qkv.bias" && !qkv->bias.defined()) continue;
-      l.spans.push_back({p, 0, 0, q});
-      l.spans.push_back({p, 0, A, kv});
-      l.spans.push_back({p, 0, 2 * A, kv});
-    }
-    l.spans.push_back({"proj.weight", 1, 0, q});
-    return l;
+    return core::fused_qkv_layout(n_head, proj->weight.size(1) / n_head, "qkv", qkv->bias.defined(), "proj");
   }
   void set_head_count(int64_t heads, int64_t kv_heads) override {
     TORCH_CHECK(heads >= 1 && kv_heads == heads, "[char_gpt] attention keeps as many kv heads as heads, got ",
@@ -116,8 +104,8 @@ struct BlockImpl : torch::nn::Module {
   /// through core::linear_after: the two norms' and the GELU's outputs (6 d
   /// values a token) are recomputed in backward instead of kept.
   torch::Tensor forward_light(torch::Tensor x) {
-    x = x + attn->attend(core::linear_after(recomputed(ln_1, "ln_1"), x, attn->qkv));
-    const torch::Tensor h = core::linear_after(recomputed(ln_2, "ln_2"), x, fc);
+    x = x + attn->attend(core::linear_after(core::recomputed_layer_norm(ln_1, "ln_1"), x, attn->qkv));
+    const torch::Tensor h = core::linear_after(core::recomputed_layer_norm(ln_2, "ln_2"), x, fc);
     core::Recomputed gelu;
     gelu.forward = [](const torch::Tensor& t) { return torch::gelu(t); };
     gelu.options.name("gelu").preserve_rng_state(false);
@@ -127,15 +115,6 @@ struct BlockImpl : torch::nn::Module {
   CausalSelfAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, proj{nullptr};
   torch::nn::Dropout resid_drop{nullptr};
-
- private:
-  static core::Recomputed recomputed(const torch::nn::LayerNorm& ln, const char* name) {
-    const std::shared_ptr<torch::nn::LayerNormImpl> m = ln.ptr();
-    core::Recomputed r = core::Recomputed::of(
-        *m, [m](const torch::Tensor& t) { return m->forward(t); }, name);
-    r.options.preserve_rng_state(false);  // a norm draws no random numbers
-    return r;
-  }
 };
 TORCH_MODULE(Block);
 

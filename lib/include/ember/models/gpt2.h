@@ -18,15 +18,18 @@
 //     Linear layers. Loading and exporting transpose them.
 //   - lm_head.weight is tied to transformer.wte.weight (GPT-2 always ties
 //     them): the model has one tensor, under the embedding's name; a file's
-//     lm_head.weight is not read.
+//     lm_head.weight is not read. A fine-tune saved with
+//     tie_word_embeddings=false (an untied head) is not supported: it would
+//     load with the embedding as its head.
 //   - Older files hold the causal masks as buffers (h.{i}.attn.bias,
 //     attn.masked_bias): not weights, not read. Files saved from GPT2Model
 //     (the Hub's original gpt2) lack the "transformer." prefix: added.
 //
 // The activation is Hugging Face's gelu_new, computed with the same
 // operations as its NewGELUActivation (the tanh approximation written out),
-// and attention is scaled_dot_product_attention with is_causal and the scale
-// head_dim^-0.5, as transformers' sdpa path calls it.
+// and attention is scaled_dot_product_attention with is_causal and its
+// default scale (1/sqrt(head_dim)), as transformers' sdpa path calls it for
+// GPT-2 (no scale passed).
 //
 // Initialised as transformers' GPT2PreTrainedModel (every weight N(0, 0.02),
 // biases 0, norms 1 and 0, the residual projections attn.c_proj and
@@ -36,8 +39,10 @@
 // prunable like any Linear pair.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <locale>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -49,6 +54,7 @@
 #include "ember/core/blocks.h"
 #include "ember/core/error.h"
 #include "ember/core/weight_map.h"
+#include "ember/models/hf_config.h"
 
 namespace ember::models {
 
@@ -109,24 +115,13 @@ struct Gpt2AttentionImpl : torch::nn::Module, core::HeadedAttention {
     const int64_t B = qkv.size(0), T = qkv.size(1), A = n_head * head_dim;
     // [B,T,3A] -> [3,B,H,T,hd]: the strides of transformers' split + view + transpose.
     const torch::Tensor heads = qkv.view({B, T, 3, n_head, head_dim}).permute({2, 0, 3, 1, 4});
-    torch::Tensor y = torch::scaled_dot_product_attention(
-        heads[0], heads[1], heads[2], /*attn_mask=*/{}, is_training() ? dropout_p : 0.0,
-        /*is_causal=*/true, /*scale=*/std::pow(static_cast<double>(head_dim), -0.5));
+    torch::Tensor y = torch::scaled_dot_product_attention(heads[0], heads[1], heads[2], /*attn_mask=*/{},
+                                                          is_training() ? dropout_p : 0.0,
+                                                          /*is_causal=*/true);
     return resid_dropout(c_proj(y.transpose(1, 2).reshape({B, T, A})));
   }
   core::HeadLayout head_layout() const override {
-    const int64_t A = n_head * head_dim;
-    core::HeadLayout l;
-    l.n_head = l.n_kv_head = n_head;
-    l.head_dim = head_dim;
-    const auto q = core::HeadRole::kQuery, kv = core::HeadRole::kKeyValue;
-    for (const char* p : {"c_attn.weight", "c_attn.bias"}) {
-      l.spans.push_back({p, 0, 0, q});
-      l.spans.push_back({p, 0, A, kv});
-      l.spans.push_back({p, 0, 2 * A, kv});
-    }
-    l.spans.push_back({"c_proj.weight", 1, 0, q});
-    return l;
+    return core::fused_qkv_layout(n_head, head_dim, "c_attn", /*qkv_bias=*/true, "c_proj");
   }
   void set_head_count(int64_t heads, int64_t kv_heads) override {
     TORCH_CHECK(heads >= 1 && kv_heads == heads,
@@ -173,8 +168,8 @@ struct Gpt2BlockImpl : torch::nn::Module {
   /// gelu_new -> c_proj through core::linear_after: the norms' and the
   /// activation's outputs are recomputed in backward instead of kept.
   torch::Tensor forward_light(torch::Tensor x) {
-    x = x + attn->attend(core::linear_after(recomputed(ln_1, "ln_1"), x, attn->c_attn));
-    const torch::Tensor h = core::linear_after(recomputed(ln_2, "ln_2"), x, mlp->c_fc);
+    x = x + attn->attend(core::linear_after(core::recomputed_layer_norm(ln_1, "ln_1"), x, attn->c_attn));
+    const torch::Tensor h = core::linear_after(core::recomputed_layer_norm(ln_2, "ln_2"), x, mlp->c_fc);
     core::Recomputed gelu;
     gelu.forward = [](const torch::Tensor& t) { return gelu_new(t); };
     gelu.options.name("gelu_new").preserve_rng_state(false);
@@ -183,15 +178,6 @@ struct Gpt2BlockImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Gpt2Attention attn{nullptr};
   Gpt2Mlp mlp{nullptr};
-
- private:
-  static core::Recomputed recomputed(const torch::nn::LayerNorm& ln, const char* name) {
-    const std::shared_ptr<torch::nn::LayerNormImpl> m = ln.ptr();
-    core::Recomputed r = core::Recomputed::of(
-        *m, [m](const torch::Tensor& t) { return m->forward(t); }, name);
-    r.options.preserve_rng_state(false);  // a norm draws no random numbers
-    return r;
-  }
 };
 TORCH_MODULE(Gpt2Block);
 
@@ -314,63 +300,29 @@ struct Gpt2Impl : torch::nn::Module, core::BlockModel {
   /// numbered as in the unpruned model, as prune::removed_heads gives them;
   /// written as config.pruned_heads, which transformers 4 prunes before loading.
   std::string hf_config_json(const std::map<std::string, std::vector<int64_t>>& removed_heads = {}) const {
-    std::map<int64_t, std::vector<int64_t>> by_block;
-    const std::string prefix = "transformer.h.", suffix = ".attn";
-    for (const auto& [module, heads] : removed_heads) {
-      const bool named = module.rfind(prefix, 0) == 0 && ends_with(module, suffix) &&
-                         module.size() > prefix.size() + suffix.size();
-      const std::string index =
-          named ? module.substr(prefix.size(), module.size() - prefix.size() - suffix.size()) : std::string();
-      if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoll(index) >= options.n_layer())
-        throw Error("[models::Gpt2] '" + module +
-                    "' is not one of this model's attention modules (transformer.h.N.attn)");
-      if (!heads.empty()) by_block[std::stoll(index)] = heads;
-    }
-    std::string pruned;
-    for (const auto& [block, heads] : by_block) {
-      pruned += (pruned.empty() ? "\"" : ", \"") + std::to_string(block) + "\": [";
-      for (size_t j = 0; j < heads.size(); ++j) pruned += (j ? ", " : "") + std::to_string(heads[j]);
-      pruned += "]";
-    }
-    const auto num = [](double v) {
-      std::ostringstream s;
-      s.precision(17);
-      s << v;
-      return s.str();
+    const auto block = [this](int64_t i) -> const Gpt2BlockImpl& {
+      return *transformer->h->ptr(i)->as<Gpt2Block>();
     };
-    return "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
-           "  \"vocab_size\": " +
-           std::to_string(options.vocab_size()) +
-           ",\n"
-           "  \"n_positions\": " +
-           std::to_string(options.n_positions()) +
-           ",\n"
-           "  \"n_embd\": " +
-           std::to_string(options.n_embd()) +
-           ",\n"
-           "  \"n_layer\": " +
-           std::to_string(options.n_layer()) +
-           ",\n"
-           "  \"n_head\": " +
-           std::to_string(options.n_head()) +
-           ",\n"
-           "  \"activation_function\": \"gelu_new\",\n"
-           "  \"layer_norm_epsilon\": " +
-           num(options.layer_norm_epsilon()) +
-           ",\n"
-           "  \"resid_pdrop\": " +
-           num(options.dropout()) +
-           ",\n"
-           "  \"embd_pdrop\": " +
-           num(options.dropout()) +
-           ",\n"
-           "  \"attn_pdrop\": " +
-           num(options.dropout()) +
-           ",\n"
-           "  \"tie_word_embeddings\": true,\n"
-           "  \"pruned_heads\": {" +
-           pruned + "}\n}\n";
+    const auto by_block =
+        hf::pruned_heads(removed_heads, "models::Gpt2", "transformer.h.", ".attn", options.n_layer(),
+                         options.n_head(), [&](int64_t i) { return block(i).attn->n_head; });
+    const int64_t inner = hf::uniform_width("models::Gpt2", "n_inner", options.n_layer(), [&](int64_t i) {
+      return block(i).mlp->c_fc->options.out_features();
+    });
+    std::ostringstream json;
+    json.imbue(std::locale::classic());
+    json.precision(17);
+    const double p = options.dropout();
+    json << "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+         << "  \"vocab_size\": " << options.vocab_size() << ",\n  \"n_positions\": " << options.n_positions()
+         << ",\n  \"n_embd\": " << options.n_embd() << ",\n  \"n_layer\": " << options.n_layer()
+         << ",\n  \"n_head\": " << options.n_head() << ",\n  \"n_inner\": " << inner
+         << ",\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": "
+         << options.layer_norm_epsilon() << ",\n  \"resid_pdrop\": " << p << ",\n  \"embd_pdrop\": " << p
+         << ",\n  \"attn_pdrop\": " << p
+         << ",\n  \"tie_word_embeddings\": true,\n  \"pruned_heads\": " << hf::pruned_heads_json(by_block)
+         << "\n}\n";
+    return json.str();
   }
 
   Gpt2Options options;

@@ -16,7 +16,7 @@
 // Attention is scaled_dot_product_attention with its default scale, as
 // timm's fused path (its default) calls it; layer norms have eps 1e-6.
 // Initialised as timm's default ('' weight init: Linear weights N(0, 0.02)
-// (timm truncates at +-2, twenty standard deviations out), biases 0,
+// (timm truncates at +-2, a hundred standard deviations out), biases 0,
 // pos_embed N(0, 0.02), cls_token N(0, 1e-6), the patch convolution as
 // PyTorch initialises a Conv2d). A core::BlockModel whose blocks are
 // `blocks` (activation checkpointing, sharding); its attention is a
@@ -41,7 +41,8 @@ namespace ember::models {
 struct ViTOptions {
   /// timm's names "vit_{tiny,small,base,large}_patch{P}_{size}" (tiny: 192
   /// wide, 3 heads; small: 384, 6; base: 768, 12; large: 1024, 16, 24
-  /// blocks; the others 12 blocks); ember::Error for another name.
+  /// blocks; the others 12 blocks; size a multiple of P); ember::Error for
+  /// another name.
   static ViTOptions preset(const std::string& name) {
     // "vit_" size "_patch" digits "_" digits
     const auto number = [](const std::string& s) {
@@ -55,7 +56,7 @@ struct ViTOptions {
       const int64_t p = number(name.substr(patch + 6, last - patch - 6)), img = number(name.substr(last + 1));
       ViTOptions o;
       o.patch_size(p).img_size(img);
-      if (p > 0 && img > 0) {
+      if (p > 0 && img > 0 && img % p == 0) {
         if (size == "tiny") return o.embed_dim(192).depth(12).num_heads(3);
         if (size == "small") return o.embed_dim(384).depth(12).num_heads(6);
         if (size == "base") return o.embed_dim(768).depth(12).num_heads(12);
@@ -116,20 +117,7 @@ struct ViTAttentionImpl : torch::nn::Module, core::HeadedAttention {
     return proj_drop(proj(y.transpose(1, 2).reshape({B, N, A})));
   }
   core::HeadLayout head_layout() const override {
-    const int64_t A = num_heads * head_dim;
-    core::HeadLayout l;
-    l.n_head = l.n_kv_head = num_heads;
-    l.head_dim = head_dim;
-    const auto q = core::HeadRole::kQuery, kv = core::HeadRole::kKeyValue;
-    std::vector<const char*> rows = {"qkv.weight"};
-    if (qkv->options.bias()) rows.push_back("qkv.bias");
-    for (const char* p : rows) {
-      l.spans.push_back({p, 0, 0, q});
-      l.spans.push_back({p, 0, A, kv});
-      l.spans.push_back({p, 0, 2 * A, kv});
-    }
-    l.spans.push_back({"proj.weight", 1, 0, q});
-    return l;
+    return core::fused_qkv_layout(num_heads, head_dim, "qkv", qkv->bias.defined(), "proj");
   }
   void set_head_count(int64_t heads, int64_t kv_heads) override {
     TORCH_CHECK(heads >= 1 && kv_heads == heads,
@@ -178,27 +166,21 @@ struct ViTBlockImpl : torch::nn::Module {
   /// GELU -> fc2 through core::linear_after: the norms' and the activation's
   /// outputs are recomputed in backward instead of kept.
   torch::Tensor forward_light(torch::Tensor x) {
-    x = x + attn->attend(core::linear_after(recomputed(norm1, "norm1"), x, attn->qkv));
-    const torch::Tensor h = core::linear_after(recomputed(norm2, "norm2"), x, mlp->fc1);
+    x = x + attn->attend(core::linear_after(core::recomputed_layer_norm(norm1, "norm1"), x, attn->qkv));
+    const torch::Tensor h = core::linear_after(core::recomputed_layer_norm(norm2, "norm2"), x, mlp->fc1);
     core::Recomputed gelu;
     gelu.forward = [drop1 = mlp->drop1.ptr()](const torch::Tensor& t) {
       return drop1->forward(torch::gelu(t));
     };
-    gelu.options.name("gelu");  // drop1 draws random numbers when dropout is on: the RNG is preserved
+    // drop1 runs inside the recompute: with dropout on, the RNG state is kept
+    // so that it draws the forward's mask; off, nothing is saved (and the
+    // block can be captured in a CUDA graph).
+    gelu.options.name("gelu").preserve_rng_state(mlp->drop1->options.p() > 0);
     return x + mlp->drop2(core::linear_after(std::move(gelu), h, mlp->fc2));
   }
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   ViTAttention attn{nullptr};
   ViTMlp mlp{nullptr};
-
- private:
-  static core::Recomputed recomputed(const torch::nn::LayerNorm& ln, const char* name) {
-    const std::shared_ptr<torch::nn::LayerNormImpl> m = ln.ptr();
-    core::Recomputed r = core::Recomputed::of(
-        *m, [m](const torch::Tensor& t) { return m->forward(t); }, name);
-    r.options.preserve_rng_state(false);  // a norm draws no random numbers
-    return r;
-  }
 };
 TORCH_MODULE(ViTBlock);
 
@@ -278,8 +260,8 @@ struct ViTImpl : torch::nn::Module, core::BlockModel {
   int64_t flops_per_sample() const { return 3 * forward_flops_per_sample(); }
 
   /// timm's resample_abs_pos_embed: the table's grid part [1, 1+g*g, D]
-  /// resized to new_grid x new_grid with bicubic interpolation (antialiased
-  /// when shrinking), in float32, the class token's row kept.
+  /// resized to new_grid x new_grid by F.interpolate bicubic with
+  /// antialias=true (timm's defaults), in float32, the class token's row kept.
   static torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t new_grid) {
     const int64_t rows = pos_embed.size(1) - 1;
     const auto old_grid = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(rows))));
@@ -305,10 +287,11 @@ struct ViTImpl : torch::nn::Module, core::BlockModel {
     core::WeightMap map;
     map.resize.accepts = [](const std::string& name, const std::vector<int64_t>& file,
                             const std::vector<int64_t>& model) {
-      if (name != "pos_embed" || file.size() != 3 || model.size() != 3 || file[0] != 1 || file[2] != model[2])
+      if (name != "pos_embed" || file.size() != 3 || model.size() != 3 || file[0] != 1 ||
+          file[2] != model[2] || file[1] < 2)
         return false;
       const auto g = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(file[1] - 1))));
-      return file[1] >= 2 && g * g == file[1] - 1;
+      return g * g == file[1] - 1;
     };
     map.resize.apply = [](const std::string&, const torch::Tensor& t, const std::vector<int64_t>& model) {
       const auto g = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(model[1] - 1))));

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# End to end: the finetune recipe on generated PNG folders (3 classes), from
+# checkpoints PyTorch saved (torchvision resnet18 and timm vit_tiny, random
+# weights: nothing is downloaded) and from its own export:
+#   - a 1000-class checkpoint with the recipe's own 3 classes is refused,
+#     naming fc.weight's shapes and model.new_head=true, and the corrected
+#     command then runs in the same run.dir;
+#   - with model.new_head=true it trains (every other tensor read), and the
+#     export at the end loads into torchvision's resnet18(num_classes=3)
+#     with load_state_dict(strict=True);
+#   - fine-tuning starts from what it loads: one epoch from the export of a
+#     run trained on these classes (the head new) tests far above one epoch
+#     from the library's initialisation;
+#   - a ViT at another image size (32 px from a 224 px checkpoint: the
+#     position table resampled) trains and its export loads into timm strict;
+#   - a ViT whose image size is not augment.size is refused under --check.
+set -euo pipefail
+bin="$1"; py="$2"; out="$3"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/checks.sh"
+rm -rf "$out"; mkdir -p "$out"
+"$py" "$here/make_image_folder.py" "$out/images" 30 10 >/dev/null
+"$py" - "$out" <<'EOF'
+import sys
+import timm
+import torch
+import torchvision
+from safetensors.torch import save_file
+out = sys.argv[1]
+torch.manual_seed(0)
+save_file({k: v.contiguous() for k, v in torchvision.models.resnet18().state_dict().items()}, f"{out}/rn18.safetensors")
+save_file({k: v.contiguous() for k, v in timm.create_model("vit_tiny_patch16_224").state_dict().items()},
+          f"{out}/vit.safetensors")
+EOF
+
+common=(data.root="$out/images" data.size=[36,36] augment.size=[32,32] augment.scale=[0.35,1.0]
+        data.batch_size=30 data.eval_batch_size=30 trainer.threads=1 optim.lr=0.02 sched.warmup_epochs=0)
+run() {  # run NAME ARGS...: the recipe into $out/NAME, its stdout and stderr beside it
+  local name="$1"; shift
+  "$bin" "${common[@]}" run.dir="$out/$name" "$@" >"$out/$name.out" 2>"$out/$name.err"
+}
+accuracy() { "$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['test_accuracy'])" "$out/$1/summary.json"; }
+
+# A 1000-class head into 3 classes: refused by name, with the key to set.
+set +e
+run refused model.arch=resnet18 model.pretrained="$out/rn18.safetensors" trainer.epochs=1; rc=$?
+set -e
+if grep -q "built without OpenCV" "$out/refused.err"; then skip "Ember built without OpenCV"; fi
+[[ $rc -ne 0 ]] || fail "a 1000-class checkpoint loaded into a 3-class model without model.new_head"
+expect_in "$out/refused.err" "fc.weight"
+expect_in "$out/refused.err" "model.new_head=true"
+# The refusal left nothing in the way: the same run.dir takes the corrected command.
+run refused model.arch=resnet18 model.pretrained="$out/rn18.safetensors" model.new_head=true trainer.epochs=1 ||
+  { cat "$out/refused.err"; fail "the corrected command was refused in the refused run's folder"; }
+
+# The head new, every other tensor read; the export back into torchvision.
+run rn18 model.arch=resnet18 model.pretrained="$out/rn18.safetensors" model.new_head=true trainer.epochs=2 ||
+  { cat "$out/rn18.err"; fail "the resnet18 fine-tuning failed (its stderr above)"; }
+expect_in "$out/rn18.err" "model.pretrained: 120 tensors from 1 file(s) of .*; new head: fc.weight, fc.bias"
+expect_in "$out/rn18.err" "wrote .*rn18/model.safetensors"
+"$py" - "$out" <<'EOF'
+import sys
+import torch
+import torchvision
+from safetensors.torch import load_file
+out = sys.argv[1]
+model = torchvision.models.resnet18(num_classes=3)
+model.load_state_dict(load_file(f"{out}/rn18/model.safetensors"), strict=True)
+before = load_file(f"{out}/rn18.safetensors")
+moved = [k for k, v in model.state_dict().items() if k.endswith(".weight") and not k.startswith("fc.")
+         and not torch.equal(v, before[k])]
+assert len(moved) > 10, f"fine-tuning changed only {moved}"
+print(f"finetune: the resnet18 export loads into torchvision strict; {len(moved)} weights moved by fine-tuning")
+EOF
+
+# Fine-tuning starts from what it loads: one epoch from a run that learnt these classes (its head new).
+run pretrain model.arch=resnet18 trainer.epochs=6 || { cat "$out/pretrain.err"; fail "the pretraining run failed"; }
+run scratch1 model.arch=resnet18 trainer.epochs=1 trainer.seed=7 || fail "the one-epoch run failed"
+run tuned1 model.arch=resnet18 trainer.epochs=1 trainer.seed=7 model.new_head=true \
+  model.pretrained="$out/pretrain/model.safetensors" optim.lr=0.002 || fail "the one-epoch fine-tuning failed"
+pre=$(accuracy pretrain); scratch=$(accuracy scratch1); tuned=$(accuracy tuned1)
+echo "finetune: test accuracy after 6 epochs from the initialisation $pre; one epoch from the initialisation" \
+  "$scratch, one epoch from those weights with a new head $tuned"
+"$py" -c "import sys; pre, s, t = map(float, sys.argv[1:]); sys.exit(0 if pre > 0.8 and t > 0.8 and t > s + 0.2 else 1)" \
+  "$pre" "$scratch" "$tuned" || fail "fine-tuning from trained weights should test above 0.8 and 0.2 above one epoch from scratch"
+
+# A ViT at 32 px from a 224 px checkpoint: the position table resampled; the export back into timm.
+run vit model.arch=vit_tiny_patch16_224 model.img_size=32 model.pretrained="$out/vit.safetensors" \
+  model.new_head=true trainer.epochs=1 optim.name=adamw optim.lr=1e-3 ||
+  { cat "$out/vit.err"; fail "the ViT fine-tuning failed (its stderr above)"; }
+expect_in "$out/vit.err" "resampled: pos_embed"
+"$py" - "$out" <<'EOF'
+import sys
+import timm
+from safetensors.torch import load_file
+out = sys.argv[1]
+model = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=3)
+model.load_state_dict(load_file(f"{out}/vit/model.safetensors"), strict=True)
+print("finetune: the ViT export (32 px) loads into timm strict")
+EOF
+
+# A ViT whose images are not augment.size: refused before any work.
+set +e
+"$bin" "${common[@]}" model.arch=vit_tiny_patch16_224 --check >"$out/check.out" 2>"$out/check.err"; rc=$?
+set -e
+[[ $rc -ne 0 ]] || fail "--check accepted a 224 px ViT with augment.size=[32,32]"
+expect_in "$out/check.err" "set augment.size=\[224, 224\]"
+echo "finetune_subset: OK"
