@@ -67,26 +67,18 @@ class CharGptTask : public train::Task {
   }
 
   /// llm.c token files (data.tokens, data.val_tokens): windows of block_size + 1
-  /// tokens in the sharded datasets' elastic order (data/tokens.h).
+  /// tokens in the sharded datasets' elastic order (recipe/tokens.h).
   void from_tokens(const core::Config& c, const recipe::RunContext& ctx) {
-    const std::vector<data::TokenFileInfo> train = data::token_files(c.get_string("data.tokens"));
-    vocab_ = c.get_int("data.vocab_size") > 0 ? c.get_int("data.vocab_size")
-                                              : data::natural_vocab_size(train.front().format);
+    recipe::TokenData d = recipe::token_data_from_config(c, ctx, block_);
+    vocab_ = d.vocab_size;
     net_ = CharGpt(models::char_gpt_options_from_config(c).block_size(block_).vocab_size(vocab_));
     net_->to(ctx.device());
-    data::TokenLoaderOptions o;
-    o.batch_size(recipe::train_batch_size(c, ctx)).block(block_).vocab_size(vocab_).device(ctx.device());
-    o.order().seed(ctx.seed()).num_replicas(ctx.world_size()).rank(ctx.rank());
-    train_ = std::make_unique<data::TokenLoader>(train, o);
-    if (const std::string val = c.get_string("data.val_tokens"); !val.empty()) {
-      o.batch_size(c.get_int("data.eval_batch_size"));
-      o.order().shuffle(false).num_replicas(1).rank(0);
-      val_ = std::make_unique<data::TokenLoader>(data::token_files(val), o);
-    }
+    train_ = std::move(d.train);
+    val_ = std::move(d.val);
     std::cerr << fmt::format(
         "char_gpt: {} token files ({} train windows of {}+1 tokens, {} validation), "
         "vocabulary {}\n",
-        train.size(), train_->num_samples(), block_, val_ ? val_->num_samples() : 0, vocab_);
+        d.train_files, train_->num_samples(), block_, val_ ? val_->num_samples() : 0, vocab_);
   }
 
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
@@ -96,11 +88,9 @@ class CharGptTask : public train::Task {
   }
   /// batch.input: uint8 [B, T+1] (bytes) or int32 (tokens); predicts 1..T from 0..T-1.
   train::StepOutput training_step(const data::Batch& b) override {
-    const torch::Tensor x = b.input.narrow(1, 0, block_).to(torch::kLong);
-    const torch::Tensor y = b.input.narrow(1, 1, block_).to(torch::kLong);
-    const torch::Tensor logits = net_->forward(x);  // [B, T, 256]
-    train::StepOutput out;                          // loss only: no per-sample accuracy for a language model
-    out.loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+    train::StepOutput out;  // loss only: no per-sample accuracy for a language model
+    out.loss =
+        recipe::next_token_loss(net_->forward(recipe::window_inputs(b.input, block_)), b.input, block_);
     return out;
   }
   data::Loader& train_loader() override { return *train_; }
@@ -160,17 +150,7 @@ int main(int argc, char** argv) {
     c.declare("data.path", "/usr/share/games/fortunes",
               "a text file, or a folder whose regular files without an extension are concatenated by name",
               core::OnResume::kMayChange);
-    c.declare(
-        "data.tokens", "",
-        "llm.c token files (.bin) to train on instead of data.path, e.g. tok/train-{000000..000009}.bin "
-        "(tools/ember shards write TEXT OUT --from text)",
-        core::OnResume::kMayChange);
-    c.declare("data.val_tokens", "", "token files to validate on (with data.tokens; \"\" = none)",
-              core::OnResume::kMayChange);
-    c.declare("data.vocab_size", 0,
-              "the model's vocabulary with data.tokens (0 = the token format's: 50257 GPT-2, 128256 LLaMA-3; "
-              "256 for byte tokens)",
-              core::Bounds::between(0, 1 << 24));
+    recipe::declare_token_keys(c);
     c.declare("data.block_size", CharGptOptions().block_size(), "context length in bytes (T)",
               core::Bounds::between(1, 1 << 16));
     c.declare("data.stride", 0, "bytes between the starts of training windows (0 = block_size)",

@@ -4,7 +4,8 @@
 // on an image folder or WebDataset shards (recipe/image_folder.h) with
 // ImageNet-style augmentation, label smoothing, warm-up and cosine, and
 // written back at the end in the source's own naming (<run.dir>/model.safetensors,
-// which torchvision's or timm's model loads with load_state_dict strict).
+// which torchvision's or timm's model loads with load_state_dict strict, and
+// model.json for tools/pytorch/ember_pruned.py: train::save_for_pytorch).
 // A classifier for another number of classes is new only when
 // model.new_head=true says so; otherwise the file's head must fit. See README.md.
 #include <ember/ember.h>
@@ -150,12 +151,26 @@ int main(int argc, char** argv) {
   spec.finish = [](train::Task& task, const core::Config& c, const recipe::RunContext& ctx,
                    const train::FitResult&, recipe::RunSummary& summary) {
     if (!c.get_bool("model.export") || ctx.run_dir().empty()) return;
-    const std::string path = ctx.run_dir() + "/model.safetensors";
-    train::save_safetensors(path, *task.model());
+    const std::string arch = c.get_string("model.arch");
+    const int64_t classes = dynamic_cast<recipe::ClassificationTask&>(task).num_classes();
+    const std::vector<double> size = c.get_float_list("augment.size");
+    train::PytorchBuilder builder;
+    builder.example_input = {1, 3, static_cast<int64_t>(size.at(0)), static_cast<int64_t>(size.at(1))};
+    if (is_vit(arch)) {
+      builder.name = "timm.create_model";
+      builder.kwargs_json = fmt::format(R"({{"model_name": "{}", "num_classes": {}, "img_size": {}}})", arch,
+                                        classes, builder.example_input[2]);
+    } else {
+      builder.name = "torchvision.models." + arch;
+      builder.kwargs_json = fmt::format(R"({{"num_classes": {}}})", classes);
+    }
+    train::save_for_pytorch(ctx.run_dir(), *task.model(), builder);
     summary.extra["exported_tensors"] =
         static_cast<double>(task.model()->named_parameters().size() + task.model()->named_buffers().size());
-    std::cerr << "[finetune] wrote " << path << " (" << c.get_string("model.arch") << ", "
-              << (is_vit(c.get_string("model.arch")) ? "timm" : "torchvision") << "'s naming)\n";
+    std::cerr << fmt::format(
+        "[finetune] wrote {0}/model.safetensors ({1}'s naming) and {0}/model.json "
+        "(tools/pytorch/ember_pruned.py builds it in PyTorch)\n",
+        ctx.run_dir(), is_vit(arch) ? "timm" : "torchvision");
   };
   return recipe::run_recipe(argc, argv, spec);
 }

@@ -58,19 +58,24 @@ run rn18 model.arch=resnet18 model.pretrained="$out/rn18.safetensors" model.new_
   { cat "$out/rn18.err"; fail "the resnet18 fine-tuning failed (its stderr above)"; }
 expect_in "$out/rn18.err" "model.pretrained: 120 tensors from 1 file(s) of .*; new head: fc.weight, fc.bias"
 expect_in "$out/rn18.err" "wrote .*rn18/model.safetensors"
-"$py" - "$out" <<'EOF'
+"$py" - "$out" "$here/../../tools/pytorch" <<'EOF'
 import sys
 import torch
 import torchvision
 from safetensors.torch import load_file
 out = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+import ember_pruned
+built = ember_pruned.load(f"{out}/rn18")  # from model.json: torchvision.models.resnet18(num_classes=3)
+assert isinstance(built, torchvision.models.ResNet) and built.fc.out_features == 3, built.fc
 model = torchvision.models.resnet18(num_classes=3)
 model.load_state_dict(load_file(f"{out}/rn18/model.safetensors"), strict=True)
 before = load_file(f"{out}/rn18.safetensors")
 moved = [k for k, v in model.state_dict().items() if k.endswith(".weight") and not k.startswith("fc.")
          and not torch.equal(v, before[k])]
 assert len(moved) > 10, f"fine-tuning changed only {moved}"
-print(f"finetune: the resnet18 export loads into torchvision strict; {len(moved)} weights moved by fine-tuning")
+print(f"finetune: the resnet18 export loads into torchvision strict (and through its model.json); "
+      f"{len(moved)} weights moved by fine-tuning")
 EOF
 
 # Fine-tuning starts from what it loads: one epoch from a run that learnt these classes (its head new).
@@ -89,14 +94,17 @@ run vit model.arch=vit_tiny_patch16_224 model.img_size=32 model.pretrained="$out
   model.new_head=true trainer.epochs=1 optim.name=adamw optim.lr=1e-3 ||
   { cat "$out/vit.err"; fail "the ViT fine-tuning failed (its stderr above)"; }
 expect_in "$out/vit.err" "resampled: pos_embed"
-"$py" - "$out" <<'EOF'
+"$py" - "$out" "$here/../../tools/pytorch" <<'EOF'
 import sys
 import timm
 from safetensors.torch import load_file
 out = sys.argv[1]
 model = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=3)
 model.load_state_dict(load_file(f"{out}/vit/model.safetensors"), strict=True)
-print("finetune: the ViT export (32 px) loads into timm strict")
+sys.path.insert(0, sys.argv[2])
+import ember_pruned
+assert ember_pruned.load(f"{out}/vit").patch_embed.img_size == (32, 32)  # timm.create_model(img_size=32)
+print("finetune: the ViT export (32 px) loads into timm strict (and through its model.json)")
 EOF
 
 # A ViT whose images are not augment.size: refused before any work.

@@ -5,7 +5,7 @@
 //
 //   ember_pretrained_driver --model resnet18|resnet34|resnet50|resnet101 --weights PATH
 //       --input X.safetensors --out Y.safetensors [--export E.safetensors] [--num-classes N]
-//       [--reinit PREFIX] [--lenient]
+//       [--reinit PREFIX] [--lenient] [--prune-channels RATIO --export-pytorch DIR]
 //   ember_pretrained_driver --model gpt2|gpt2:LAYERS,HEADS,EMBD,VOCAB,POSITIONS --weights PATH
 //       --input X.safetensors --out Y.safetensors [--prune-heads BLOCK:H,H;BLOCK:H] [--export-hf DIR]
 //   ember_pretrained_driver --model vit_small_patch16_224|vit:DEPTH,HEADS,DIM,PATCH,IMG --weights PATH
@@ -14,6 +14,10 @@
 //   PATH
 //       --input X.safetensors --out Y.safetensors [--reinit classifier.] [--prune-heads SPEC] [--export-hf
 //       DIR]
+//
+// --prune-channels removes that fraction of a ResNet's channels (prune::Pruner,
+// L1, multiples of 8) after loading; --export-pytorch writes DIR for
+// tools/pytorch/ember_pruned.py (train::save_for_pytorch, torchvision's builder).
 //
 // GPT-2 (models::Gpt2) reads Hugging Face's naming (Gpt2Impl::from_hf_name,
 // its Conv1D weights transposed); x holds int64 tokens [B,T], y the logits.
@@ -116,7 +120,8 @@ torch::Tensor input_x(const std::string& input) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name, weights, input, out, export_path, reinit, prune_spec, export_hf;
+  std::string model_name, weights, input, out, export_path, reinit, prune_spec, export_hf, export_pytorch;
+  double prune_ratio = 0;
   int64_t num_classes = 1000;
   bool strict = true;
   for (int i = 1; i < argc; ++i) {
@@ -140,12 +145,17 @@ int main(int argc, char** argv) {
       prune_spec = argv[++i];
     } else if (a == "--export-hf" && has) {
       export_hf = argv[++i];
+    } else if (a == "--prune-channels" && has) {
+      prune_ratio = std::stod(argv[++i]);
+    } else if (a == "--export-pytorch" && has) {
+      export_pytorch = argv[++i];
     } else if (a == "--lenient") {
       strict = false;
     } else {
       std::cerr
           << "usage: ember_pretrained_driver --model NAME --weights PATH --input X --out Y [--export E] "
-             "[--num-classes N] [--reinit PREFIX] [--lenient] [--prune-heads SPEC] [--export-hf DIR]\n";
+             "[--num-classes N] [--reinit PREFIX] [--lenient] [--prune-heads SPEC] [--export-hf DIR] "
+             "[--prune-channels RATIO] [--export-pytorch DIR]\n";
       return 2;
     }
   }
@@ -213,10 +223,23 @@ int main(int argc, char** argv) {
     models::ResNet model(
         models::ResNetOptions().depth(std::stoll(model_name.substr(6))).num_classes(num_classes));
     print(train::load_pretrained(*model, weights, o));
+    const torch::Tensor x = input_x(input);
     model->eval();
+    if (prune_ratio > 0) {  // channels by L1 group importance, multiples of 8 (the residual stages as groups)
+      prune::Pruner pruner(
+          *model, [&] { return std::vector<torch::Tensor>{model->forward(x)}; },
+          prune::PrunerOptions().round_to(8));
+      const prune::PruneResult r = pruner.step(prune_ratio);
+      std::cout << "pruned macs " << r.before.macs << " -> " << r.after.macs << "\n";
+    }
     torch::NoGradGuard no_grad;
-    train::save_safetensors(out, {{"y", model->forward(input_x(input))}});
+    train::save_safetensors(out, {{"y", model->forward(x)}});
     if (!export_path.empty()) train::save_safetensors(export_path, *model);
+    if (!export_pytorch.empty())
+      train::save_for_pytorch(export_pytorch, *model,
+                              {"torchvision.models." + model_name,
+                               "{\"num_classes\": " + std::to_string(num_classes) + "}",
+                               {1, x.size(1), x.size(2), x.size(3)}});
   } catch (const std::exception& e) {
     std::cerr << "ember_pretrained_driver: " << e.what() << "\n";
     return 1;

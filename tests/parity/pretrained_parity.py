@@ -18,7 +18,15 @@ saves a state dict, loaded by tests/parity/pretrained_driver.cpp:
      and one reshaped are all three reported, nothing loaded; a checkpoint in
      another naming (every name under "model.") is refused with the closest
      names; a head of another size is refused unless --reinit fc. leaves it
-     as initialised (1000 -> 10 classes), and then the rest loads.
+     as initialised (1000 -> 10 classes), and then the rest loads;
+  5. a channel-pruned ResNet goes back to plain PyTorch: Ember prunes half of
+     every group's channels of resnet18 and resnet50 (L1, multiples of 8),
+     writes the folder train::save_for_pytorch makes (model.safetensors and
+     model.json naming torchvision's builder), and tools/pytorch/ember_pruned.py
+     rebuilds the network with torchvision alone, every narrowed layer at the
+     file's sizes, loads it strict, and computes Ember's pruned logits bitwise
+     (the same computation on the same shapes); torch.export.export of it
+     runs and gives them within 1e-5 of the largest logit.
 
     python3 tests/parity/pretrained_parity.py build/tests/ember_pretrained_driver WORK
 """
@@ -30,6 +38,9 @@ from pathlib import Path
 import torch
 import torchvision
 from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "pytorch"))
+import ember_pruned  # noqa: E402  (the loader users run; no Ember in it)
 
 def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
     if not ok:
@@ -139,6 +150,38 @@ def strictness(driver, work, state):
     print("another number of classes: refused, then loaded with --reinit fc. (the head left as initialised)")
 
 
+def pruned_export(driver, work, name):
+    model = make(name, seed=len(name) + 1)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, work / f"{name}.p.safetensors")
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, 64, 64)
+    save_file({"x": x}, work / "x64.safetensors")
+    out = run(driver, "--model", name, "--weights", work / f"{name}.p.safetensors", "--input", work / "x64.safetensors",
+              "--out", work / f"{name}.pruned.y.safetensors", "--prune-channels", 0.5,
+              "--export-pytorch", work / f"{name}-pruned")
+    macs = [int(v) for v in out.split("pruned macs ")[1].split()[::2]]
+    check(macs[1] < macs[0] / 2, f"{name}: pruning half the channels left {macs}")
+    rebuilt_model, rebuilt = ember_pruned.build(work / f"{name}-pruned")
+    spec = json.loads((work / f"{name}-pruned" / "model.json").read_text())
+    check(spec["builder"] == f"torchvision.models.{name}" and spec["example_input"] == [1, 3, 64, 64], str(spec))
+    dense = sum(p.numel() for p in model.parameters())
+    kept = sum(p.numel() for p in rebuilt_model.parameters())
+    check(len(rebuilt) > 10 and kept < dense / 2, f"{name}: {len(rebuilt)} layers rebuilt, {kept} of {dense} parameters")
+    with torch.no_grad():
+        got = rebuilt_model(x)
+    want = load_file(work / f"{name}.pruned.y.safetensors")["y"]
+    check(torch.equal(got, want), f"{name}: the rebuilt pruned model's logits differ from Ember's by "
+                                  f"{(got - want).abs().max().item():.2e}")
+    exported = torch.export.export(rebuilt_model, (x,))
+    with torch.no_grad():
+        again = exported.module()(x)
+    diff, scale = (again - want).abs().max().item(), want.abs().max().item()
+    check(diff <= 1e-5 * scale, f"{name}: torch.export's program differs by {diff:.2e} (largest logit {scale:.2e})")
+    print(f"{name}: half the channels pruned by Ember (MACs {macs[0]} -> {macs[1]}, parameters {dense} -> {kept}), "
+          f"rebuilt in plain PyTorch by ember_pruned ({len(rebuilt)} layers at the file's sizes): Ember's logits, "
+          f"bitwise; torch.export runs it ({'bitwise' if diff == 0 else f'{diff:.1e}'})")
+
+
 def main():
     driver, work = sys.argv[1], Path(sys.argv[2])
     subprocess.run(["rm", "-rf", str(work)], check=True)
@@ -147,6 +190,8 @@ def main():
     state18 = parity(driver, work, "resnet18")
     parity(driver, work, "resnet50")
     strictness(driver, work, state18)
+    pruned_export(driver, work, "resnet18")
+    pruned_export(driver, work, "resnet50")
     print("pretrained_parity: OK")
 
 

@@ -72,6 +72,7 @@
 #include "ember/recipe/prune_finetune.h"
 #include "ember/recipe/recipe.h"
 #include "ember/recipe/run_context.h"
+#include "ember/recipe/tokens.h"
 #include "ember/train/accuracy.h"
 #include "ember/train/batch_size_finder.h"
 #include "ember/train/callback.h"

@@ -302,4 +302,28 @@ void save_pretrained(const std::string& path, torch::nn::Module& model, const We
   save_safetensors(path, out, {{"format", "pt"}});
 }
 
+void save_for_pytorch(const std::string& dir, torch::nn::Module& model, const PytorchBuilder& builder,
+                      const WeightMap& to_file) {
+  EMBER_CHECK(
+      !builder.name.empty() && builder.name.find('.') != std::string::npos,
+      "[train::save_for_pytorch] {}: the builder must be a dotted Python path (torchvision.models.resnet50), "
+      "got '{}'",
+      dir, builder.name);
+  nlohmann::json kwargs;
+  try {
+    kwargs = nlohmann::json::parse(builder.kwargs_json.empty() ? std::string("{}") : builder.kwargs_json);
+  } catch (const nlohmann::json::exception& e) {
+    EMBER_CHECK(false, "[train::save_for_pytorch] {}: the builder's kwargs are not JSON ({}): {}", dir,
+                e.what(), builder.kwargs_json);
+  }
+  EMBER_CHECK(kwargs.is_object(),
+              "[train::save_for_pytorch] {}: the builder's kwargs must be a JSON object, got {}", dir,
+              builder.kwargs_json);
+  nlohmann::json spec = {{"format", "ember-pytorch-v1"}, {"builder", builder.name}, {"kwargs", kwargs}};
+  if (!builder.example_input.empty()) spec["example_input"] = builder.example_input;
+  core::make_dirs(dir);
+  save_pretrained(dir + "/model.safetensors", model, to_file);
+  core::write_file_atomic(dir + "/model.json", spec.dump(2) + "\n");
+}
+
 }  // namespace ember::train

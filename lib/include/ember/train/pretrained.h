@@ -30,6 +30,7 @@
 
 #include "ember/core/weight_map.h"
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -85,5 +86,20 @@ LoadReport load_pretrained(torch::nn::Module& model, const std::string& path,
 /// tensors the file stores transposed. The metadata is {"format": "pt"}, which
 /// transformers' from_pretrained requires. Written atomically.
 void save_pretrained(const std::string& path, torch::nn::Module& model, const WeightMap& to_file = {});
+
+/// The Python callable that builds a model's unpruned network, for save_for_pytorch.
+struct PytorchBuilder {
+  std::string name;                    ///< a dotted path: "torchvision.models.resnet50", "timm.create_model"
+  std::string kwargs_json;             ///< its keyword arguments as a JSON object: {"num_classes": 10}
+  std::vector<int64_t> example_input;  ///< an input's shape for torch.export ([1, 3, 224, 224]); empty: none
+};
+
+/// A model handed to plain PyTorch, also after channel pruning: `dir`/model.safetensors
+/// (save_pretrained with `to_file`) and `dir`/model.json naming `builder`.
+/// tools/pytorch/ember_pruned.py builds the network with the builder, rebuilds
+/// every layer whose tensors in the file have other sizes (the channels
+/// Ember's pruner removed) and loads the file strict: no Ember needed.
+void save_for_pytorch(const std::string& dir, torch::nn::Module& model, const PytorchBuilder& builder,
+                      const WeightMap& to_file = {});
 
 }  // namespace ember::train

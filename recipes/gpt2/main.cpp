@@ -1,0 +1,155 @@
+// gpt2: GPT-2 (models::Gpt2, Hugging Face's GPT2LMHeadModel) trained on llm.c
+// token files (data.tokens: nanoGPT's and llm.c's own data preparation write
+// them, as does `tools/ember shards tokenize`), from scratch or from Hugging
+// Face weights (model.pretrained), and written back at the end as a folder
+// that GPT2LMHeadModel.from_pretrained loads (model.safetensors and
+// config.json, with any heads removed listed as pruned_heads). Reports
+// validation loss, tokens/s and MFU. gpu.toml is llm.c's GPT-2 124M
+// reproduction. See README.md.
+#include <ember/ember.h>
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "default_config.h"
+
+namespace {
+
+using namespace ember;
+
+// The model the model.* keys describe: a preset of Hugging Face's sizes, or
+// model.n_layer/n_head/n_embd with model.preset="".
+models::Gpt2Options gpt2_options(const core::Config& c, int64_t vocab, int64_t block) {
+  const std::string preset = c.get_string("model.preset");
+  models::Gpt2Options o;
+  if (!preset.empty()) {
+    try {
+      o = models::Gpt2Options::preset(preset);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kConfig,
+                  std::string("model.preset: ") + e.what() + " (or \"\" for model.n_layer...)");
+    }
+  } else {
+    o.n_layer(c.get_int("model.n_layer")).n_head(c.get_int("model.n_head")).n_embd(c.get_int("model.n_embd"));
+    if (o.n_embd() % o.n_head() != 0)
+      throw Error(ErrorKind::kConfig, fmt::format("model.n_embd={} must be a multiple of model.n_head={}",
+                                                  o.n_embd(), o.n_head()));
+  }
+  return o.vocab_size(vocab)
+      .n_positions(std::max<int64_t>(c.get_int("model.n_positions"), block))
+      .dropout(c.get_float("model.dropout"))
+      .activation_checkpointing(
+          core::ActivationCheckpointing()
+              .every(c.get_int("model.activation_checkpoint_every"))
+              .mode(core::parse_checkpoint_mode(c.get_string("model.activation_checkpoint"))));
+}
+
+class Gpt2Task : public train::Task {
+ public:
+  Gpt2Task(const core::Config& c, const recipe::RunContext& ctx) : block_(c.get_int("data.block_size")) {
+    recipe::TokenData d = recipe::token_data_from_config(c, ctx, block_);
+    net_ = models::Gpt2(gpt2_options(c, d.vocab_size, block_));
+    if (const std::string path = c.get_string("model.pretrained"); !path.empty()) {
+      const train::LoadReport r =
+          train::load_pretrained(*net_, path, train::PretrainedOptions().map(models::Gpt2Impl::hf_map()));
+      if (ctx.rank() == 0)
+        std::cerr << fmt::format("[gpt2] model.pretrained: {} tensors from {} file(s) of {}\n",
+                                 r.loaded.size(), r.files.size(), path);
+    }
+    net_->to(ctx.device());
+    train_ = std::move(d.train);
+    val_ = std::move(d.val);
+    std::cerr << fmt::format(
+        "gpt2: {} token files ({} train windows of {}+1 tokens, {} validation), vocabulary {}\n",
+        d.train_files, train_->num_samples(), block_, val_ ? val_->num_samples() : 0, d.vocab_size);
+  }
+
+  std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
+  int64_t tokens_per_sample() const override { return block_; }
+  double train_flops_per_sample() const override {
+    return static_cast<double>(net_->flops_per_token(block_)) * static_cast<double>(block_);
+  }
+  /// batch.input: int32 [B, T+1]; predicts tokens 1..T from 0..T-1.
+  train::StepOutput training_step(const data::Batch& b) override {
+    train::StepOutput out;  // loss only
+    out.loss =
+        recipe::next_token_loss(net_->forward(recipe::window_inputs(b.input, block_)), b.input, block_);
+    return out;
+  }
+  data::Loader& train_loader() override { return *train_; }
+  data::Loader* val_loader() override { return val_.get(); }
+
+  models::Gpt2& net() { return net_; }
+  int64_t block_size() const { return block_; }
+
+ private:
+  int64_t block_;
+  models::Gpt2 net_{nullptr};
+  std::unique_ptr<data::Loader> train_, val_;
+};
+
+// After training: tokens/s, MFU, and the folder from_pretrained loads.
+void finish(train::Task& task, const core::Config& c, const recipe::RunContext& ctx, const train::FitResult&,
+            recipe::RunSummary& summary) {
+  auto& t = dynamic_cast<Gpt2Task&>(task);
+  summary.extra["flops_per_token"] = static_cast<double>(t.net()->flops_per_token(t.block_size()));
+  summary.extra["tokens_per_second"] = summary.samples_per_second * static_cast<double>(t.block_size());
+  if (const auto mfu = summary.monitor.find("mfu"); mfu != summary.monitor.end())
+    summary.extra["mfu"] = mfu->second;
+  if (!c.get_bool("model.export") || ctx.run_dir().empty()) return;
+  const std::string dir = ctx.run_dir() + "/hf";
+  core::make_dirs(dir);
+  train::save_pretrained(dir + "/model.safetensors", *t.net(), models::Gpt2Impl::hf_export_map());
+  core::write_file_atomic(dir + "/config.json", t.net()->hf_config_json());
+  std::cerr << fmt::format("[gpt2] wrote {} (GPT2LMHeadModel.from_pretrained loads it)\n", dir);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  recipe::RecipeSpec spec;
+  spec.name = "gpt2";
+  spec.default_config = kDefaultConfig;
+  spec.declare = [](core::Config& c) {
+    recipe::declare_token_keys(c);
+    c.declare("data.block_size", 1024, "context length in tokens (T)", core::Bounds::between(1, 1 << 16));
+    c.declare("data.batch_size", 8, "training windows per batch", core::Bounds::between(1, 1 << 20));
+    c.declare("data.eval_batch_size", 8, "validation windows per batch", core::Bounds::between(1, 1 << 20),
+              core::OnResume::kMayChange);
+    c.declare("model.preset", "gpt2",
+              "gpt2 (124M) | gpt2-medium | gpt2-large | gpt2-xl, or \"\" for model.n_layer, n_head, n_embd");
+    c.declare("model.n_layer", 12, "transformer blocks (model.preset=\"\")", core::Bounds::between(1, 1024));
+    c.declare("model.n_head", 12, "attention heads (model.preset=\"\")", core::Bounds::between(1, 1024));
+    c.declare("model.n_embd", 768, "width of the residual stream (model.preset=\"\")",
+              core::Bounds::between(1, 1 << 16));
+    c.declare("model.n_positions", 1024, "rows of the position table (at least data.block_size)",
+              core::Bounds::between(1, 1 << 20));
+    c.declare("model.dropout", 0.0, "dropout on embeddings, attention and residual branches",
+              core::Bounds::between(0, 1));
+    c.declare("model.activation_checkpoint_every", 0,
+              "recompute every k-th block's activations in backward (0 = off)",
+              core::Bounds::between(0, 1 << 20));
+    c.declare("model.activation_checkpoint", "full", "full | light");
+    c.declare(
+        "model.pretrained", "",
+        "Hugging Face GPT-2 weights to start from: a model.safetensors, a sharded checkpoint's index, or "
+        "save_pretrained's folder (\"\": initialised as transformers does)");
+    c.declare("model.export", true,
+              "write <run.dir>/hf: model.safetensors and config.json for from_pretrained",
+              core::OnResume::kMayChange);
+  };
+  spec.check = [](const core::Config& c, int64_t) {
+    if (c.get_string("data.tokens").empty())
+      throw Error(
+          ErrorKind::kConfig,
+          "[gpt2] data.tokens names no token files: tokenize a text first (tools/ember shards tokenize, or "
+          "llm.c's and nanoGPT's data preparation) and pass data.tokens=DIR/train-{000000..N}.bin");
+    gpt2_options(c, 50257, c.get_int("data.block_size"));  // the model keys' refusals, before any work
+    core::parse_checkpoint_mode(c.get_string("model.activation_checkpoint"));
+  };
+  spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
+    return std::make_unique<Gpt2Task>(c, ctx);
+  };
+  spec.finish = finish;
+  return recipe::run_recipe(argc, argv, spec);
+}

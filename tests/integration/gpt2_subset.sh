@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# End to end: the gpt2 recipe on llm.c token files (GPT-2's format, byte
+# tokens of a generated text; vocabulary 256):
+#   - without data.tokens it is refused under --check, saying what to pass;
+#   - a 2-layer GPT-2 from scratch learns the text (validation loss well
+#     under ln 256);
+#   - from a model transformers saved (save_pretrained, random weights: no
+#     download), it loads every tensor, trains, and writes <run.dir>/hf,
+#     which GPT2LMHeadModel.from_pretrained loads; transformers' validation
+#     loss of that model on the same windows, batches and averaging equals
+#     the recipe's within a bound derived from the logits' (2 x 1e-5 of the
+#     largest logit: a cross-entropy moves at most twice as far as any of
+#     its logits), and is below the loss of the weights it started from.
+set -euo pipefail
+bin="$1"; py="$2"; out="$3"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/checks.sh"
+rm -rf "$out"; mkdir -p "$out"
+
+"$py" - "$out" <<'EOF'
+import random
+import sys
+import numpy as np
+out = sys.argv[1]
+rng = random.Random(0)
+subjects, verbs, objects = ["the cat", "a dog", "my friend", "the old man"], ["sees", "likes", "finds"], \
+    ["the ball.", "a red hat.", "the small house.", "some bread."]
+text = " ".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}" for _ in range(4000)).encode()
+def write(path, tokens):  # llm.c's GPT-2 format: 256 int32 header (magic, version 1, count), uint16 tokens
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, len(tokens))
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.frombuffer(tokens, dtype=np.uint8).astype(np.uint16).tobytes())
+n = len(text)
+write(f"{out}/train-000000.bin", text[: n * 45 // 100])
+write(f"{out}/train-000001.bin", text[n * 45 // 100 : n * 9 // 10])
+write(f"{out}/val-000000.bin", text[n * 9 // 10 :])
+EOF
+
+small=(model.preset= model.n_layer=2 model.n_head=2 model.n_embd=64 model.n_positions=64 data.block_size=32
+       data.vocab_size=256 data.batch_size=16 data.eval_batch_size=8 trainer.threads=1 sched.warmup_epochs=0
+       data.tokens="$out/train-{000000..000001}.bin" data.val_tokens="$out/val-000000.bin")
+
+set +e
+"$bin" model.preset= --check >"$out/check.out" 2>"$out/check.err"; rc=$?
+set -e
+[[ $rc -ne 0 ]] || fail "--check accepted a run without data.tokens"
+expect_in "$out/check.err" "data.tokens names no token files"
+
+"$bin" "${small[@]}" trainer.epochs=2 optim.lr=3e-3 run.dir="$out/scratch" >"$out/scratch.out" 2>"$out/scratch.err" ||
+  { cat "$out/scratch.err"; fail "the gpt2 run from scratch failed (its stderr above)"; }
+"$py" -c "
+import json, math, sys
+s = json.load(open(sys.argv[1]))
+if not s['val_loss'] < 0.5 * math.log(256):
+    sys.exit(f'FAILED: val_loss {s[\"val_loss\"]} is not under half of ln 256 = {math.log(256):.3f}')
+print(f'gpt2 from scratch: val_loss {s[\"val_loss\"]:.4f} (ln 256 = {math.log(256):.4f})')" "$out/scratch/summary.json"
+
+"$py" - "$out" <<'EOF'
+import sys
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(1)
+GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=256)).save_pretrained(
+    f"{sys.argv[1]}/hf_start")
+EOF
+"$bin" "${small[@]}" trainer.epochs=1 optim.lr=1e-3 model.pretrained="$out/hf_start" run.dir="$out/tuned" \
+  >"$out/tuned.out" 2>"$out/tuned.err" || { cat "$out/tuned.err"; fail "the gpt2 run from Hugging Face weights failed"; }
+expect_in "$out/tuned.err" "model.pretrained: 28 tensors from 1 file(s)"
+expect_in "$out/tuned.err" "wrote .*tuned/hf"
+"$py" - "$out" <<'EOF'
+import json
+import sys
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import GPT2LMHeadModel
+out = sys.argv[1]
+torch.set_num_threads(1)
+tokens = torch.from_numpy(np.fromfile(f"{out}/val-000000.bin", dtype=np.uint16)[512:].astype(np.int64))
+T, B = 32, 8
+starts = range(0, len(tokens) - T, T)  # windows of T + 1 tokens, one every T
+windows = torch.stack([tokens[s : s + T + 1] for s in starts])
+def val_loss(model):  # the trainer's: each batch's mean (float32), times its size, summed in float64
+    total, largest = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(windows), B):
+            w = windows[i : i + B]
+            logits = model(w[:, :T]).logits
+            largest = max(largest, logits.abs().max().item())
+            total += F.cross_entropy(logits.reshape(-1, 256), w[:, 1:].reshape(-1)).item() * len(w)
+    return total / len(windows), largest
+tuned = GPT2LMHeadModel.from_pretrained(f"{out}/tuned/hf").eval()
+start = GPT2LMHeadModel.from_pretrained(f"{out}/hf_start").eval()
+ember = json.load(open(f"{out}/tuned/summary.json"))["val_loss"]
+got, largest = val_loss(tuned)
+before, _ = val_loss(start)
+bound = 2 * 1e-5 * largest
+assert abs(got - ember) <= bound, f"transformers' val loss {got} vs the recipe's {ember}: over {bound:.2e}"
+assert got < before, f"fine-tuning did not lower the loss: {before} -> {got}"
+print(f"gpt2 from Hugging Face weights: val_loss {before:.4f} -> {got:.4f} ({len(windows)} windows); transformers "
+      f"computes the recipe's {ember:.6f} from the export (difference {abs(got - ember):.1e}, bound {bound:.1e})")
+EOF
+echo "gpt2_subset: OK"
