@@ -49,8 +49,16 @@ std::shared_ptr<torch::nn::Module> make_model(const core::Config& c, int64_t cla
 // none of make_model's, and a ViT whose image size is not augment.size.
 void check_model(const core::Config& c, int64_t /*world_size*/) {
   const std::string arch = c.get_string("model.arch");
+  if (c.get_bool("model.new_head") && c.get_string("model.pretrained").empty())
+    throw Error(
+        ErrorKind::kConfig,
+        "[finetune] model.new_head=true starts the classifier new instead of reading it from "
+        "model.pretrained, but model.pretrained is \"\": name the weights, or leave model.new_head false");
   if (!is_vit(arch)) {
     resnet_depth(arch);
+    if (c.get_int("model.img_size") != 0)
+      throw Error(ErrorKind::kConfig, "[finetune] model.img_size is a ViT's (its position table); " + arch +
+                                          " takes any image size: leave model.img_size 0");
     return;
   }
   models::ViTOptions o;
@@ -85,14 +93,17 @@ void load_weights(const core::Config& c, torch::nn::Module& model, const recipe:
   try {
     report = train::load_pretrained(model, path, o);
   } catch (const Error& e) {
-    const std::string hint =
-        c.get_bool("model.new_head")
-            ? ""
-            : fmt::format(
-                  "\n[finetune] a checkpoint for another number of classes needs model.new_head=true "
-                  "(its {}* tensors are then not read: the classifier starts new)",
-                  head_prefix(arch));
-    throw Error(e.kind(), std::string(e.what()) + hint);
+    const std::string what = e.what();
+    std::string hint;
+    if (!c.get_bool("model.new_head") && what.find("wrong shape: " + head_prefix(arch)) != std::string::npos)
+      hint = fmt::format(
+          "\n[finetune] a checkpoint for another number of classes needs model.new_head=true (its "
+          "{}* tensors are then not read: the classifier starts new)",
+          head_prefix(arch));
+    if (!c.get_string("trainer.resume").empty())
+      hint +=
+          "\n[finetune] resuming: the checkpoint holds the weights, so model.pretrained=\"\" skips this file";
+    throw Error(e.kind(), what + hint);
   }
   if (ctx.rank() == 0)
     std::cerr << fmt::format(
@@ -126,7 +137,8 @@ int main(int argc, char** argv) {
     c.declare(
         "model.pretrained", "",
         "weights to start from: a .safetensors file, a sharded checkpoint's .index.json or a folder with "
-        "either (\"\": the library's initialisation)");
+        "either (\"\": the library's initialisation; a resumed run takes its checkpoint's weights)",
+        core::OnResume::kMayChange);
     c.declare("model.new_head", false,
               "start the classifier (fc. or head.) new instead of reading it from model.pretrained: for "
               "another number of classes");
@@ -139,6 +151,9 @@ int main(int argc, char** argv) {
               core::OnResume::kMayChange);
   };
   spec.check = check_model;
+  spec.make_model = [](const core::Config& c) {
+    return make_model(c, 2);
+  };  // refusals before work (dist.sharding)
   spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
     return recipe::image_folder_task(c, ctx, "finetune", [&](int64_t classes) {
       std::shared_ptr<torch::nn::Module> model = make_model(c, classes);

@@ -35,8 +35,14 @@ models::Gpt2Options gpt2_options(const core::Config& c, int64_t vocab, int64_t b
       throw Error(ErrorKind::kConfig, fmt::format("model.n_embd={} must be a multiple of model.n_head={}",
                                                   o.n_embd(), o.n_head()));
   }
+  if (block > c.get_int("model.n_positions"))
+    throw Error(
+        ErrorKind::kConfig,
+        fmt::format("data.block_size={} exceeds model.n_positions={}: the position table has a row per "
+                    "token of a context (GPT-2's files have 1024)",
+                    block, c.get_int("model.n_positions")));
   return o.vocab_size(vocab)
-      .n_positions(std::max<int64_t>(c.get_int("model.n_positions"), block))
+      .n_positions(c.get_int("model.n_positions"))
       .dropout(c.get_float("model.dropout"))
       .activation_checkpointing(
           core::ActivationCheckpointing()
@@ -59,9 +65,10 @@ class Gpt2Task : public train::Task {
     net_->to(ctx.device());
     train_ = std::move(d.train);
     val_ = std::move(d.val);
-    std::cerr << fmt::format(
-        "gpt2: {} token files ({} train windows of {}+1 tokens, {} validation), vocabulary {}\n",
-        d.train_files, train_->num_samples(), block_, val_ ? val_->num_samples() : 0, d.vocab_size);
+    if (ctx.rank() == 0)
+      std::cerr << fmt::format(
+          "gpt2: {} token files ({} train windows of {}+1 tokens, {} validation), vocabulary {}\n",
+          d.train_files, train_->num_samples(), block_, val_ ? val_->num_samples() : 0, d.vocab_size);
   }
 
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
@@ -133,7 +140,9 @@ int main(int argc, char** argv) {
     c.declare(
         "model.pretrained", "",
         "Hugging Face GPT-2 weights to start from: a model.safetensors, a sharded checkpoint's index, or "
-        "save_pretrained's folder (\"\": initialised as transformers does)");
+        "save_pretrained's folder (\"\": initialised as transformers does; a resumed run takes its "
+        "checkpoint's weights)",
+        core::OnResume::kMayChange);
     c.declare("model.export", true,
               "write <run.dir>/hf: model.safetensors and config.json for from_pretrained",
               core::OnResume::kMayChange);

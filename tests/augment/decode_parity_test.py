@@ -13,8 +13,10 @@ torchvision's RandomResizedCrop runs on uint8 tensors).
    resized. CMYK is checked separately: torchvision and Ember convert it
    with formulas of their own (C*K/255 on Adobe's inverted values; bound 1).
 2. A crop resized to 224, no DCT scaling: Ember decodes only the crop's rows
-   and iMCU columns, then runs the same ATen resize on the same crop, so the
-   result is torchvision's bitwise, except where libjpeg's crop decoding
+   and iMCU columns, then runs the resize torchvision picks for the CPU's
+   dispatch level on the same crop (ATen's uint8 kernel at AVX2 and AVX-512,
+   float32 and rounding below: torchvision's _do_native_uint8_resize_on_cpu),
+   so the result is torchvision's bitwise at every level, except where libjpeg's crop decoding
    changes the chroma upsampling at the crop's edge (4:2:0 only): at most a
    few pixel columns of the output may differ (counted below; bound: the
    output columns within one iMCU, 16 source pixels, of either edge).

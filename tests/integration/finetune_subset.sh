@@ -13,7 +13,8 @@
 #     from the library's initialisation;
 #   - a ViT at another image size (32 px from a 224 px checkpoint: the
 #     position table resampled) trains and its export loads into timm strict;
-#   - a ViT whose image size is not augment.size is refused under --check.
+#   - a ViT whose image size is not augment.size, and model.new_head=true
+#     without model.pretrained, are refused under --check.
 set -euo pipefail
 bin="$1"; py="$2"; out="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -113,4 +114,9 @@ set +e
 set -e
 [[ $rc -ne 0 ]] || fail "--check accepted a 224 px ViT with augment.size=[32,32]"
 expect_in "$out/check.err" "set augment.size=\[224, 224\]"
+set +e
+"$bin" "${common[@]}" model.new_head=true --check >"$out/check2.out" 2>"$out/check2.err"; rc=$?
+set -e
+[[ $rc -ne 0 ]] || fail "--check accepted model.new_head=true without model.pretrained"
+expect_in "$out/check2.err" "model.pretrained is \"\""
 echo "finetune_subset: OK"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End to end: the gpt2 recipe on llm.c token files (GPT-2's format, byte
 # tokens of a generated text; vocabulary 256):
-#   - without data.tokens it is refused under --check, saying what to pass;
+#   - without data.tokens, or with contexts longer than the position table,
+#     it is refused under --check, saying what to pass;
 #   - a 2-layer GPT-2 from scratch learns the text (validation loss well
 #     under ln 256);
 #   - from a model transformers saved (save_pretrained, random weights: no
@@ -47,6 +48,11 @@ set +e
 set -e
 [[ $rc -ne 0 ]] || fail "--check accepted a run without data.tokens"
 expect_in "$out/check.err" "data.tokens names no token files"
+set +e
+"$bin" "${small[@]}" data.block_size=65 --check >"$out/check2.out" 2>"$out/check2.err"; rc=$?
+set -e
+[[ $rc -ne 0 ]] || fail "--check accepted data.block_size above model.n_positions"
+expect_in "$out/check2.err" "data.block_size=65 exceeds model.n_positions=64"
 
 "$bin" "${small[@]}" trainer.epochs=2 optim.lr=3e-3 run.dir="$out/scratch" >"$out/scratch.out" 2>"$out/scratch.err" ||
   { cat "$out/scratch.err"; fail "the gpt2 run from scratch failed (its stderr above)"; }

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "models/checkpoint_grads.h"
 #include "train/test_task.h"
 
 using namespace ember;
@@ -144,23 +145,15 @@ TEST(Gpt2, LogitsAreCausal) {
 // Checkpointed blocks (full and light) recompute the same operations with the
 // forward's dropout masks: the same loss and gradients, bitwise.
 TEST(Gpt2, ActivationCheckpointingGivesTheSameGradients) {
-  const auto grads = [](core::CheckpointMode mode, int64_t every) {
-    torch::manual_seed(5);
-    models::Gpt2 m(tiny_gpt2().dropout(0.1).activation_checkpointing(
-        core::ActivationCheckpointing().every(every).mode(mode)));
-    torch::manual_seed(6);
-    const torch::Tensor idx = torch::randint(50, {2, 12}, torch::kLong);
-    m->forward(idx).square().sum().backward();
-    std::vector<torch::Tensor> g;
-    for (const auto& p : m->parameters()) g.push_back(p.grad().clone());
-    return g;
-  };
-  const auto plain = grads(core::CheckpointMode::kFull, 0);
-  for (const auto mode : {core::CheckpointMode::kFull, core::CheckpointMode::kLight}) {
-    const auto got = grads(mode, 1);
-    ASSERT_EQ(got.size(), plain.size());
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], plain[i])) << i;
-  }
+  test_util::expect_same_gradients_when_checkpointed(
+      [](const core::ActivationCheckpointing& policy) {
+        torch::manual_seed(5);
+        models::Gpt2 m(tiny_gpt2().dropout(0.1).activation_checkpointing(policy));
+        torch::manual_seed(6);
+        m->forward(torch::randint(50, {2, 12}, torch::kLong)).square().sum().backward();
+        return m.ptr();
+      },
+      1);
 }
 
 // nanoGPT's estimate_mfu: 6 N + 12 L d T per token, N the weights (position

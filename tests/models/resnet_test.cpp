@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "models/checkpoint_grads.h"
+
 using namespace ember;
 
 // torchvision's parameter counts and names (torchvision.models.resnet18/50).
@@ -31,21 +33,13 @@ TEST(ResNet, TorchvisionsArchitecture) {
 
 // Checkpointed blocks recompute the same operations: the same loss and gradients, bitwise.
 TEST(ResNet, ActivationCheckpointingGivesTheSameGradients) {
-  const auto grads = [](core::CheckpointMode mode, int64_t every) {
-    torch::manual_seed(5);
-    models::ResNet m(models::ResNetOptions().depth(18).num_classes(4).activation_checkpointing(
-        core::ActivationCheckpointing().every(every).mode(mode)));
-    torch::manual_seed(6);
-    const torch::Tensor x = torch::randn({2, 3, 48, 48});
-    m->forward(x).square().sum().backward();
-    std::vector<torch::Tensor> g;
-    for (const auto& p : m->parameters()) g.push_back(p.grad().clone());
-    return g;
-  };
-  const auto plain = grads(core::CheckpointMode::kFull, 0);
-  for (const auto mode : {core::CheckpointMode::kFull, core::CheckpointMode::kLight}) {
-    const auto got = grads(mode, 2);
-    ASSERT_EQ(got.size(), plain.size());
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], plain[i])) << i;
-  }
+  test_util::expect_same_gradients_when_checkpointed(
+      [](const core::ActivationCheckpointing& policy) {
+        torch::manual_seed(5);
+        models::ResNet m(models::ResNetOptions().depth(18).num_classes(4).activation_checkpointing(policy));
+        torch::manual_seed(6);
+        m->forward(torch::randn({2, 3, 48, 48})).square().sum().backward();
+        return m.ptr();
+      },
+      2);
 }

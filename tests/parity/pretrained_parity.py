@@ -31,6 +31,7 @@ saves a state dict, loaded by tests/parity/pretrained_driver.cpp:
     python3 tests/parity/pretrained_parity.py build/tests/ember_pretrained_driver WORK
 """
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,12 +40,10 @@ import torch
 import torchvision
 from safetensors.torch import load_file, save_file
 
+from logits_check import check
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "pytorch"))
 import ember_pruned  # noqa: E402  (the loader users run; no Ember in it)
-
-def check(ok, what):  # an assert that PYTHONOPTIMIZE cannot remove
-    if not ok:
-        raise AssertionError(what)
 
 
 def make(name, seed):
@@ -159,7 +158,9 @@ def pruned_export(driver, work, name):
     out = run(driver, "--model", name, "--weights", work / f"{name}.p.safetensors", "--input", work / "x64.safetensors",
               "--out", work / f"{name}.pruned.y.safetensors", "--prune-channels", 0.5,
               "--export-pytorch", work / f"{name}-pruned")
-    macs = [int(v) for v in out.split("pruned macs ")[1].split()[::2]]
+    found = re.search(r"pruned macs (\d+) -> (\d+)", out)
+    check(found is not None, f"{name}: no MACs line in the driver's output: {out}")
+    macs = [int(found.group(1)), int(found.group(2))]
     check(macs[1] < macs[0] / 2, f"{name}: pruning half the channels left {macs}")
     rebuilt_model, rebuilt = ember_pruned.build(work / f"{name}-pruned")
     spec = json.loads((work / f"{name}-pruned" / "model.json").read_text())

@@ -2,6 +2,8 @@
 // (libpng) into a resized, flipped uint8 crop.
 #include "ember/augment/decode.h"
 
+#include <ATen/Version.h>
+
 #include <c10/util/ParallelGuard.h>
 #include <jpeglib.h>
 // (after jpeglib.h, which it needs)
@@ -240,12 +242,24 @@ torch::Tensor decode_crop(std::string_view bytes, const CropBox& box, const std:
     if (d.box.height == size[0] && d.box.width == size[1]) {
       out = crop.clone(at::MemoryFormat::ChannelsLast);
     } else {
-      out = torch::nn::functional::interpolate(crop.contiguous(at::MemoryFormat::ChannelsLast),
-                                               torch::nn::functional::InterpolateFuncOptions()
-                                                   .size(std::vector<int64_t>{size[0], size[1]})
-                                                   .mode(torch::kBilinear)
-                                                   .align_corners(false)
-                                                   .antialias(true));
+      // torchvision resizes uint8 on the CPU with ATen's uint8 kernel only
+      // where ATen dispatches to AVX2 or AVX-512; below that, in float32 and
+      // rounded back (its _do_native_uint8_resize_on_cpu). The same choice
+      // gives torchvision's pixels at every dispatch level.
+      static const bool native_uint8 = [] {
+        const std::string level = at::get_cpu_capability();
+        return level == "AVX2" || level == "AVX512";
+      }();
+      const torch::Tensor input = crop.contiguous(at::MemoryFormat::ChannelsLast);
+      const auto options = torch::nn::functional::InterpolateFuncOptions()
+                               .size(std::vector<int64_t>{size[0], size[1]})
+                               .mode(torch::kBilinear)
+                               .align_corners(false)
+                               .antialias(true);
+      out = native_uint8 ? torch::nn::functional::interpolate(input, options)
+                         : torch::nn::functional::interpolate(input.to(torch::kFloat), options)
+                               .round_()
+                               .to(torch::kUInt8);
     }
   }
   out = out.permute({0, 2, 3, 1})[0];  // [H, W, 3]

@@ -49,7 +49,6 @@ struct HeadLayout {
   std::vector<HeadSpan> spans;  ///< every parameter dimension laid out in heads
 };
 
-/// A self-attention module whose whole heads can be removed.
 /// The layout of multi-head attention (as many kv heads as heads) with one
 /// fused input projection `qkv` ([3A, C]: rows q | k | v, head h at
 /// h * head_dim within each; its bias likewise, when it has one) and an
@@ -72,6 +71,7 @@ inline HeadLayout fused_qkv_layout(int64_t n_head, int64_t head_dim, const std::
   return l;
 }
 
+/// A self-attention module whose whole heads can be removed.
 class HeadedAttention {
  public:
   virtual ~HeadedAttention() = default;

@@ -17,8 +17,11 @@
 // Self-attention (attention.self: query, key, value, each H -> A) is
 // scaled_dot_product_attention with its default scale and, when a mask is
 // given, an additive float mask (0 where attended, the dtype's lowest value
-// at padding), as transformers' sdpa path calls it (which passes no mask when
-// every position is a token). The activation is GELU with erf ("gelu").
+// at padding: under autocast the autocast dtype's), as transformers' sdpa
+// path calls it. transformers passes no mask when every position is a token
+// (after a check that syncs); Ember passes what it is given, so leave the
+// mask out when nothing is padded: on a GPU a mask rules out the flash
+// kernel. The activation is GELU with erf ("gelu").
 //
 // Differences from the files, handled by hf_map:
 //   - Older files (bert-base-uncased's own) name the norms' tensors
@@ -38,6 +41,7 @@
 // are bert.encoder.layer (activation checkpointing, sharding); its attention
 // is a core::HeadedAttention (prune::prune_heads), whose removed heads
 // hf_config_json writes as config.pruned_heads.
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -331,14 +335,31 @@ struct BertImpl : torch::nn::Module, core::BlockModel {
       TORCH_CHECK(!t.defined() || t.sizes() == ids.sizes(),
                   "[models::Bert] the attention mask and token types ", "must have the ids' shape ",
                   ids.sizes(), ", got ", t.sizes());
+    if (ids.device()
+            .is_cpu()) {  // (on a GPU an out-of-range id is a device-side assert; checking would sync)
+      const auto in_range = [](const torch::Tensor& t, int64_t n, const char* what, const char* key) {
+        TORCH_CHECK(t.numel() == 0 || (t.min().item<int64_t>() >= 0 && t.max().item<int64_t>() < n),
+                    "[models::Bert] ", what, " must be in 0..", n - 1, " (", key, "), got ",
+                    t.min().item<int64_t>(), "..", t.max().item<int64_t>());
+      };
+      in_range(ids, options.vocab_size(), "token ids", "vocab_size");
+      if (token_types.defined())
+        in_range(token_types, options.type_vocab_size(), "token types", "type_vocab_size");
+    }
     torch::Tensor x =
         bert->embeddings(ids, token_types.defined() ? token_types : torch::zeros_like(ids, torch::kLong));
     // transformers' _prepare_4d_attention_mask_for_sdpa: (1 - mask) with its
-    // 1s set to the lowest value of the hidden states' dtype.
+    // 1s set to the lowest value of the hidden states' dtype. Under autocast
+    // the lowest of the autocast dtype, into which SDPA casts the mask (float32's
+    // would become -inf there, and a sequence of padding alone NaN).
     torch::Tensor mask;
     if (attention_mask.defined()) {
       const torch::Tensor inverted = 1.0 - attention_mask.reshape({B, 1, 1, T}).to(x.scalar_type());
-      mask = inverted.masked_fill(inverted.to(torch::kBool), lowest(x.scalar_type()));
+      const c10::DeviceType device = x.device().type();
+      const torch::ScalarType fill = at::autocast::is_autocast_enabled(device)
+                                         ? at::autocast::get_autocast_dtype(device)
+                                         : x.scalar_type();
+      mask = inverted.masked_fill(inverted.to(torch::kBool), lowest(fill));
     }
     for (int64_t i = 0; i < static_cast<int64_t>(bert->encoder->layer->size()); ++i) {
       const std::shared_ptr<BertLayerImpl> l = bert->encoder->layer->ptr<BertLayerImpl>(i);
@@ -385,9 +406,9 @@ struct BertImpl : torch::nn::Module, core::BlockModel {
     std::string m = name;
     for (const char* body : {"embeddings.", "encoder.", "pooler."})
       if (m.rfind(body, 0) == 0) m = "bert." + m;
-    if (ends_with(m, ".position_ids") || ends_with(m, ".token_type_ids")) return "";
-    if (ends_with(m, ".LayerNorm.gamma")) return m.substr(0, m.size() - 5) + "weight";
-    if (ends_with(m, ".LayerNorm.beta")) return m.substr(0, m.size() - 4) + "bias";
+    if (hf::ends_with(m, ".position_ids") || hf::ends_with(m, ".token_type_ids")) return "";
+    if (hf::ends_with(m, ".LayerNorm.gamma")) return m.substr(0, m.size() - 5) + "weight";
+    if (hf::ends_with(m, ".LayerNorm.beta")) return m.substr(0, m.size() - 4) + "bias";
     return m;
   }
   /// Loading a Hugging Face file: from_hf_name (nothing is transposed; the
@@ -450,15 +471,12 @@ struct BertImpl : torch::nn::Module, core::BlockModel {
   torch::nn::Linear classifier{nullptr};
 
  private:
-  static bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  }
   static double lowest(torch::ScalarType t) {
     switch (t) {
       case torch::kHalf:
-        return -65504.0;
+        return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
       case torch::kBFloat16:
-        return -3.3895313892515355e38;
+        return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
       case torch::kDouble:
         return std::numeric_limits<double>::lowest();
       default:

@@ -267,7 +267,7 @@ struct Gpt2Impl : torch::nn::Module, core::BlockModel {
   static std::string from_hf_name(const std::string& name) {
     if (name == "lm_head.weight") return "";
     const std::string m = name.rfind("transformer.", 0) == 0 ? name : "transformer." + name;
-    if (ends_with(m, ".attn.bias") || ends_with(m, ".attn.masked_bias")) return "";
+    if (hf::ends_with(m, ".attn.bias") || hf::ends_with(m, ".attn.masked_bias")) return "";
     return m;
   }
   /// Whether Hugging Face stores this model tensor transposed (its Conv1D
@@ -275,7 +275,7 @@ struct Gpt2Impl : torch::nn::Module, core::BlockModel {
   static bool hf_transposed(const std::string& model_name) {
     for (const char* s :
          {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
-      if (ends_with(model_name, s)) return true;
+      if (hf::ends_with(model_name, s)) return true;
     return false;
   }
 
@@ -329,9 +329,6 @@ struct Gpt2Impl : torch::nn::Module, core::BlockModel {
   Gpt2Transformer transformer{nullptr};
 
  private:
-  static bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  }
   void reset_parameters() {
     torch::NoGradGuard no_grad;
     for (auto& m : modules(/*include_self=*/false)) {

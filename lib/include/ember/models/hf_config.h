@@ -1,6 +1,6 @@
 #pragma once
-// What the Hugging Face config.json writers of models::Gpt2 and models::Bert
-// share: the removed heads as transformers' `pruned_heads` (checked against
+// What the Hugging Face name maps and config.json writers of models::Gpt2 and
+// models::Bert share: the removed heads as transformers' `pruned_heads` (checked against
 // the model they describe) and one MLP width for every layer.
 //
 // transformers 4 keeps `config.pruned_heads` ({"layer": [heads]}, heads
@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <locale>
 #include <map>
 #include <sstream>
 #include <string>
@@ -18,6 +19,11 @@
 #include "ember/core/error.h"
 
 namespace ember::models::hf {
+
+/// Whether `s` ends with `suffix` (the name maps' test for a tensor's kind).
+inline bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 /// removed_heads ("PREFIX{i}SUFFIX" -> heads removed, numbered in the
 /// unpruned model) -> layer i -> those heads, sorted; layers without removed
@@ -32,11 +38,11 @@ inline std::map<int64_t, std::vector<int64_t>> pruned_heads(
   std::map<int64_t, std::vector<int64_t>> by_layer;
   for (const auto& [module, heads] : removed_heads) {
     const bool named = module.size() > prefix.size() + suffix.size() && module.rfind(prefix, 0) == 0 &&
-                       module.compare(module.size() - suffix.size(), suffix.size(), suffix) == 0;
+                       ends_with(module, suffix);
     const std::string index =
         named ? module.substr(prefix.size(), module.size() - prefix.size() - suffix.size()) : std::string();
     if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoll(index) >= n_layer)
+        (index.size() > 1 && index[0] == '0') || std::stoll(index) >= n_layer)
       throw Error("[" + model + "] '" + module + "' is not one of this model's attention modules (" + prefix +
                   "N" + suffix + ", N < " + std::to_string(n_layer) + ")");
     if (heads.empty()) continue;
@@ -63,6 +69,7 @@ inline std::map<int64_t, std::vector<int64_t>> pruned_heads(
 /// `{"0": [1, 5], "3": [2]}`: the value of config.pruned_heads.
 inline std::string pruned_heads_json(const std::map<int64_t, std::vector<int64_t>>& by_layer) {
   std::ostringstream json;
+  json.imbue(std::locale::classic());
   json << "{";
   for (auto it = by_layer.begin(); it != by_layer.end(); ++it) {
     json << (it == by_layer.begin() ? "\"" : ", \"") << it->first << "\": [";
