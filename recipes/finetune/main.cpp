@@ -7,7 +7,10 @@
 // which torchvision's or timm's model loads with load_state_dict strict, and
 // model.json for tools/pytorch/ember_pruned.py: train::save_for_pytorch).
 // A classifier for another number of classes is new only when
-// model.new_head=true says so; otherwise the file's head must fit. See README.md.
+// model.new_head=true says so; otherwise the file's head must fit. With
+// prune.ratio, prune.target_macs or prune.target=latency set, the fine-tuned
+// model is then pruned and fine-tuned again (recipe::prune_and_finetune, in
+// <run.dir>/finetune) and the export is the pruned model. See README.md.
 #include <ember/ember.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -45,9 +48,23 @@ std::shared_ptr<torch::nn::Module> make_model(const core::Config& c, int64_t cla
   return models::ViT(o).ptr();
 }
 
+// Whether the prune.* keys ask for pruning after fine-tuning (prune.ratio is 0 by default here).
+bool prunes(const core::Config& c) {
+  return c.get_float("prune.ratio") > 0 || c.get_float("prune.target_macs") > 0 ||
+         c.get_float("prune.heads") > 0 || c.get_string("prune.target") == "latency";
+}
+
 // Refuses before any work (and under --check) an architecture name that is
-// none of make_model's, and a ViT whose image size is not augment.size.
-void check_model(const core::Config& c, int64_t /*world_size*/) {
+// none of make_model's, a ViT whose image size is not augment.size, and
+// pruning under a layout it cannot run in (recipe::check_prune_finetune_launch).
+void check_model(const core::Config& c, int64_t world_size) {
+  if (prunes(c)) recipe::check_prune_finetune_launch(c, world_size);
+  if (is_vit(c.get_string("model.arch")) && c.get_float("prune.heads") > 0 && c.get_bool("model.export"))
+    throw Error(
+        ErrorKind::kConfig,
+        "[finetune] prune.heads on a ViT: timm builds its attention from num_heads, so an export with "
+        "heads removed would not load there; prune channels (prune.ratio or prune.target_macs), or set "
+        "model.export=false");
   const std::string arch = c.get_string("model.arch");
   if (c.get_bool("model.new_head") && c.get_string("model.pretrained").empty())
     throw Error(
@@ -149,6 +166,10 @@ int main(int argc, char** argv) {
     c.declare("model.export", true,
               "write <run.dir>/model.safetensors at the end, in torchvision's or timm's naming",
               core::OnResume::kMayChange);
+    // Pruning after fine-tuning: off unless prune.ratio, prune.target_macs or prune.target=latency says how
+    // much.
+    recipe::declare_prune_finetune_keys(
+        c, prune::PruningCallbackOptions().ratio(0.0).eval(prune::EvalSplit::kTest));
   };
   spec.check = check_model;
   spec.make_model = [](const core::Config& c) {
@@ -164,8 +185,12 @@ int main(int argc, char** argv) {
     });
   };
   spec.finish = [](train::Task& task, const core::Config& c, const recipe::RunContext& ctx,
-                   const train::FitResult&, recipe::RunSummary& summary) {
-    if (!c.get_bool("model.export") || ctx.run_dir().empty()) return;
+                   const train::FitResult& fit, recipe::RunSummary& summary) {
+    if (prunes(c)) {
+      recipe::prune_and_finetune(task, c, ctx, fit, summary);  // every rank: data-parallel fine-tuning
+      if (!summary.stop_reason.empty()) return;                // stopped: no half-tuned export
+    }
+    if (ctx.rank() != 0 || !c.get_bool("model.export") || ctx.run_dir().empty()) return;
     const std::string arch = c.get_string("model.arch");
     const int64_t classes = dynamic_cast<recipe::ClassificationTask&>(task).num_classes();
     const std::vector<double> size = c.get_float_list("augment.size");
@@ -187,5 +212,6 @@ int main(int argc, char** argv) {
         "(tools/pytorch/ember_pruned.py builds it in PyTorch)\n",
         ctx.run_dir(), is_vit(arch) ? "timm" : "torchvision");
   };
+  spec.finish_on_every_rank = true;  // pruning's fine-tuning is data-parallel; rank 0 exports
   return recipe::run_recipe(argc, argv, spec);
 }

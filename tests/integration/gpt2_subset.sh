@@ -11,7 +11,11 @@
 #     loss of that model on the same windows, batches and averaging equals
 #     the recipe's within a bound derived from the logits' (2 x 1e-5 of the
 #     largest logit: a cross-entropy moves at most twice as far as any of
-#     its logits), and is below the loss of the weights it started from.
+#     its logits), and is below the loss of the weights it started from;
+#   - sharded: the same start trained on 2 Gloo ranks x 8 sequences with
+#     dist.sharding=parameters (ZeRO-3: GPT-2's tied wte/lm_head in one
+#     shard) and every block checkpointed ends within a float32 bound of one
+#     process x 16, and its export loads in from_pretrained.
 set -euo pipefail
 bin="$1"; py="$2"; out="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -107,5 +111,42 @@ assert abs(got - ember) <= bound, f"transformers' val loss {got} vs the recipe's
 assert got < before, f"fine-tuning did not lower the loss: {before} -> {got}"
 print(f"gpt2 from Hugging Face weights: val_loss {before:.4f} -> {got:.4f} ({len(windows)} windows); transformers "
       f"computes the recipe's {ember:.6f} from the export (difference {abs(got - ember):.1e}, bound {bound:.1e})")
+EOF
+# ZeRO-3 with checkpointing on 2 ranks against one process, from the same Hugging Face start.
+torchrun="$(dirname "$py")/torchrun"
+zero=(trainer.max_steps=8 optim.lr=1e-3 sched.name=constant model.pretrained="$out/hf_start")
+"$bin" "${small[@]}" "${zero[@]}" run.dir="$out/one" >"$out/one.out" 2>"$out/one.err" ||
+  { cat "$out/one.err"; fail "the one-process run failed"; }
+"$torchrun" --standalone --nproc-per-node 2 --no-python "$bin" "${small[@]}" "${zero[@]}" data.batch_size=8 \
+  dist.sharding=parameters model.activation_checkpoint_every=1 run.dir="$out/zero" >"$out/zero.out" 2>"$out/zero.err" ||
+  { cat "$out/zero.out" "$out/zero.err"; fail "the sharded run failed"; }
+expect_in "$out/zero.err" "x 2 ranks (gloo)"
+"$py" - "$out" "$here/../tolerance.py" <<'EOF'
+import importlib.util
+import sys
+from safetensors.torch import load_file
+from transformers import GPT2LMHeadModel
+spec = importlib.util.spec_from_file_location("tolerance", sys.argv[2])
+tol = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tol)
+out = sys.argv[1]
+a, b = load_file(f"{out}/zero/hf/model.safetensors"), load_file(f"{out}/one/hf/model.safetensors")
+start = load_file(f"{out}/hf_start/model.safetensors")
+# Not one computation: 2 ranks x 8 (sharded, other GEMM shapes, gradients summed over ranks) against 1 x 16.
+# The longest float32 reduction whose order differs is the clip's squared norm over all P parameters
+# (trainer.clip_grad_norm=1: per shard, then over ranks, against per tensor), n = P; AdamW (lr 1e-3, betas
+# 0.9 and 0.95, weight decay 0.1) carries it through the 8 steps (tolerance.adamw_bound).
+P = sum(t.numel() for t in b.values())
+limit = tol.adamw_bound(tol.EPS32, n=P, steps=8, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1,
+                        max_weight=max(t.abs().max().item() for t in b.values()))
+d, at = tol.max_abs(a, b)
+moved, _ = tol.max_abs(b, {k: v for k, v in start.items() if k in b})
+if not d <= limit:
+    sys.exit(f"FAILED: ZeRO-3 on 2 ranks: {at} differs by {d:.2e} from one process (bound {limit:.1e})")
+if not moved > 10 * limit:
+    sys.exit(f"FAILED: the weights moved by {moved:.1e} only: the comparison would not see a difference")
+GPT2LMHeadModel.from_pretrained(f"{out}/zero/hf")
+print(f"gpt2 ZeRO-3 + checkpointing, 2 ranks x 8 against 1 x 16, 8 steps: weights within {d:.1e} "
+      f"(bound {limit:.1e}; they moved {moved:.1e} from the start); the export loads in from_pretrained")
 EOF
 echo "gpt2_subset: OK"

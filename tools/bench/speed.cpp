@@ -3,13 +3,19 @@
 //   mlp  Fashion-MNIST MLP: [N,1,28,28] -> flatten -> 784 -> 512 -> ReLU -> 256 -> ReLU -> 10
 //   cnn  models::FashionNet (the fashion_mnist recipe's network)
 //   gpt  models::CharGpt at small width: 2 layers, n_embd 64, 4 heads, block 64
+// and two real models at full size (issue 44's "speed, side by side"):
+//   resnet50  models::ResNet depth 50, 1000 classes, [N,3,224,224] images
+//             (torchvision.models.resnet50 on the Python side)
+//   gpt2      models::Gpt2 "gpt2" (124M parameters), sequences of 128 tokens of
+//             its 50257-token vocabulary (transformers' GPT2LMHeadModel)
 // SGD (lr 0.05, momentum 0.9, Nesterov, weight decay 5e-4 on all parameters)
-// for mlp and cnn; AdamW (lr 1e-3, weight decay 0.1 on all parameters) for gpt.
+// for mlp, cnn and resnet50; AdamW (lr 1e-3, weight decay 0.1 on all
+// parameters) for gpt and gpt2.
 // The Python twin (speed.py) runs the same models and steps in PyTorch eager,
 // with fused optimizers, under torch.compile and in Lightning, and drives this
 // program, so all are measured side by side in one run.
 //
-//   ember_bench_speed --model mlp|cnn|gpt [--batch B] [--steps N] [--warmup W] [--threads T]
+//   ember_bench_speed --model mlp|cnn|gpt|resnet50|gpt2 [--batch B] [--steps N] [--warmup W] [--threads T]
 //                     [--device cpu|cuda] [--precision fp32|tf32|bf16-mixed|fp16-mixed]
 //                     [--fused on|off] [--channels-last on|off] [--cuda-graph on|off]
 // prints one JSON line: {"median_ms": m, "steps": n, "batch": b, "warmup_s": w, ...}
@@ -30,6 +36,8 @@ using namespace ember;
 
 // The small GPT's shape (speed.py's GPT_* constants are the same).
 constexpr int64_t kGptLayers = 2, kGptEmbd = 64, kGptHeads = 4, kGptBlock = 64;
+// The real models' inputs (speed.py's RESNET_SIZE and GPT2_BLOCK).
+constexpr int64_t kResNetSize = 224, kGpt2Block = 128;
 
 struct Args {
   std::string model = "mlp", precision = "fp32", device = "cpu";
@@ -58,8 +66,8 @@ TORCH_MODULE(Mlp);
 class SyntheticTask : public train::Task {
  public:
   SyntheticTask(const Args& a, torch::Device device) : model_name_(a.model) {
-    const bool gpt = model_name_ == "gpt";
-    batch_ = a.batch > 0 ? a.batch : (gpt ? 16 : 32);
+    const bool gpt = model_name_ == "gpt", gpt2 = model_name_ == "gpt2", resnet = model_name_ == "resnet50";
+    batch_ = a.batch > 0 ? a.batch : (gpt ? 16 : (gpt2 || resnet) ? 2 : 32);
     // Every batch full (static shapes for CUDA graphs), one spare.
     const int64_t n = batch_ * (a.steps + a.warmup + 1);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
@@ -72,6 +80,16 @@ class SyntheticTask : public train::Task {
                                  .block_size(kGptBlock));
       gpt_->to(device);
       ds = {torch::randint(0, 256, {n, kGptBlock + 1}, gen, torch::kUInt8), torch::zeros({n}, torch::kInt64)};
+    } else if (gpt2) {
+      gpt2_ = models::Gpt2(models::Gpt2Options::preset("gpt2"));
+      gpt2_->to(device);
+      ds = {torch::randint(0, gpt2_->options.vocab_size(), {n, kGpt2Block + 1}, gen, torch::kInt64),
+            torch::zeros({n}, torch::kInt64)};
+    } else if (resnet) {
+      resnet_ = models::ResNet(models::ResNetOptions().depth(50));
+      resnet_->to(device);
+      ds = {torch::randint(0, 256, {n, 3, kResNetSize, kResNetSize}, gen, torch::kUInt8),
+            torch::randint(0, 1000, {n}, gen, torch::kInt64)};
     } else {
       if (model_name_ == "cnn") {
         cnn_ = models::FashionNet(models::FashionNetOptions());
@@ -81,13 +99,23 @@ class SyntheticTask : public train::Task {
         mlp_->to(device);
       } else {
         throw Error(ErrorKind::kConfig,
-                    "[ember_bench_speed] --model: expected mlp, cnn or gpt, got '" + model_name_ + "'");
+                    "[ember_bench_speed] --model: expected mlp, cnn, gpt, resnet50 or gpt2, got '" +
+                        model_name_ + "'");
       }
       ds = {torch::randint(0, 256, {n, 28, 28}, gen, torch::kUInt8),
             torch::randint(0, 10, {n}, gen, torch::kInt64)};
     }
     auto opts = data::TensorLoaderOptions().batch_size(batch_).seed(0).prefetch(0).device(device);
-    if (!gpt)
+    if (resnet)
+      opts.transform(
+          [](data::Batch b) {  // uint8 [N,3,H,W] -> float, ImageNet's mean and std (speed.py's twin)
+            const auto f = b.input.options().dtype(torch::kFloat);
+            const torch::Tensor mean = torch::tensor({0.485, 0.456, 0.406}, f).view({1, 3, 1, 1});
+            const torch::Tensor std = torch::tensor({0.229, 0.224, 0.225}, f).view({1, 3, 1, 1});
+            b.input = b.input.to(torch::kFloat).div_(255).sub_(mean).div_(std);
+            return b;
+          });
+    else if (!gpt && !gpt2)
       opts.transform([](data::Batch b) {
         b.input = models::normalize_fashion(b.input);  // uint8 [N,28,28] -> float [N,1,28,28]
         return b;
@@ -96,19 +124,23 @@ class SyntheticTask : public train::Task {
   }
   std::shared_ptr<torch::nn::Module> model() override {
     if (gpt_) return gpt_.ptr();
+    if (gpt2_) return gpt2_.ptr();
+    if (resnet_) return resnet_.ptr();
     if (cnn_) return cnn_.ptr();
     return mlp_.ptr();
   }
   train::StepOutput training_step(const data::Batch& b) override {
-    if (gpt_) {
-      const torch::Tensor w = b.input.to(torch::kLong);  // [N, T+1] bytes
+    if (gpt_ || gpt2_) {
+      const torch::Tensor w = b.input.to(torch::kLong);  // [N, T+1] bytes or GPT-2 tokens
       const torch::Tensor x = w.narrow(1, 0, w.size(1) - 1), y = w.narrow(1, 1, w.size(1) - 1);
-      const torch::Tensor logits = gpt_->forward(x);  // [N, T, 256]
+      const torch::Tensor logits = gpt_ ? gpt_->forward(x) : gpt2_->forward(x);  // [N, T, vocab]
       train::StepOutput out;
       out.loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape(-1));
       return out;
     }
-    torch::Tensor logits = cnn_ ? cnn_->forward(b.input) : mlp_->forward(b.input);  // [N, 10]
+    torch::Tensor logits = resnet_ ? resnet_->forward(b.input)
+                           : cnn_  ? cnn_->forward(b.input)
+                                   : mlp_->forward(b.input);  // [N, classes]
     return {torch::nn::functional::cross_entropy(logits, b.target), logits, b.target};
   }
   data::Loader& train_loader() override { return *loader_; }
@@ -117,6 +149,8 @@ class SyntheticTask : public train::Task {
  private:
   std::string model_name_;
   models::CharGpt gpt_{nullptr};
+  models::Gpt2 gpt2_{nullptr};
+  models::ResNet resnet_{nullptr};
   models::FashionNet cnn_{nullptr};
   Mlp mlp_{nullptr};
   std::unique_ptr<data::TensorLoader> loader_;
@@ -180,7 +214,7 @@ int main(int argc, char** argv) {
     o.channels_last(parse_on_off("--channels-last", a.channels_last));
     o.cuda_graph(cuda_graph);
     o.optimizer().fused(parse_on_off("--fused", a.fused));
-    if (a.model == "gpt") {
+    if (a.model == "gpt" || a.model == "gpt2") {
       o.optimizer().kind(optim::OptimizerKind::kAdamW).lr(1e-3).weight_decay(0.1);
     } else {
       o.optimizer().kind(optim::OptimizerKind::kSgd).lr(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4);

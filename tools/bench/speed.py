@@ -5,6 +5,10 @@ Three small models, the same on every side:
   mlp  Fashion-MNIST MLP: flatten -> 784 -> 512 -> ReLU -> 256 -> ReLU -> 10; SGD
   cnn  FashionNet (lib/include/ember/models/fashion_net.h; twin in fashion_epoch.py); SGD
   gpt  CharGpt, 2 layers, n_embd 64, 4 heads, block 64 (twin in amp_step.py); AdamW
+and two real models at full size, the peers' own implementations:
+  resnet50  torchvision.models.resnet50 (Ember: models::ResNet depth 50), [N,3,224,224]; SGD
+  gpt2      transformers' GPT2LMHeadModel, the 124M configuration with dropout 0 as Ember's
+            default (Ember: models::Gpt2 "gpt2"), sequences of 128 tokens; AdamW
 SGD: lr 0.05, momentum 0.9, Nesterov, weight decay 5e-4 on all parameters;
 AdamW: lr 1e-3, weight decay 0.1 on all parameters. Synthetic data held in
 memory (uint8 images normalised per batch, random bytes for the GPT), the
@@ -29,6 +33,8 @@ medians, and x = python ms / side ms: > 1 means faster than PyTorch eager.
     python3 tools/bench/speed.py --binary build/bin/ember_bench_speed --models mlp cnn --reps 5
     python3 tools/bench/speed.py --sides python python-fused compile --steps 5 --warmup 2 --reps 1
     python3 tools/bench/speed.py --binary ... --device cuda --json speed.json   # GPU (device check)
+    python3 tools/bench/speed.py --binary build/bin/ember_bench_speed --models resnet50 gpt2 \
+        --steps 5 --warmup 2 --sides ember python python-fused                # the real models on a CPU
 """
 import argparse
 import json
@@ -47,7 +53,10 @@ from amp_step import CharGpt  # noqa: E402
 from fashion_epoch import FashionNet, MEAN, STD  # noqa: E402
 
 GPT_LAYERS, GPT_EMBD, GPT_HEADS, GPT_BLOCK = 2, 64, 4, 64  # as kGpt* in speed.cpp
-DEFAULT_BATCHES = {"mlp": [32, 128], "cnn": [32, 128], "gpt": [16, 64]}  # gpt: sequences of GPT_BLOCK
+RESNET_SIZE, GPT2_BLOCK = 224, 128  # as kResNetSize and kGpt2Block in speed.cpp
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# gpt: sequences of GPT_BLOCK, gpt2: of GPT2_BLOCK; the real models at CPU sizes (a GPU run passes --batches).
+DEFAULT_BATCHES = {"mlp": [32, 128], "cnn": [32, 128], "gpt": [16, 64], "resnet50": [2], "gpt2": [2]}
 SIDES = ["ember", "ember-graph", "python", "python-fused", "compile", "lightning"]
 COMPILE_MIN_WARMUP = 3  # compile, then (reduce-overhead) CUDA graph warm-up and recording
 GOAL = 1.2  # CPU goal: Ember >= 1.2x PyTorch eager on mlp/cnn at batch 32 and 128
@@ -63,20 +72,49 @@ def mlp():
                          nn.Linear(256, 10))
 
 
+def gpt2_124m():
+    """transformers' GPT2LMHeadModel at the 124M size, dropout off (as models::Gpt2's default), SDPA attention."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as e:
+        raise SideFailed(f"import transformers failed ({e}): the gpt2 model's Python side needs it") from e
+    config = GPT2Config(n_layer=12, n_head=12, n_embd=768, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config)
+
+    class Logits(nn.Module):  # the logits tensor, as the other models return
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, idx):
+            return self.net(idx, use_cache=False).logits
+
+    return Logits()
+
+
 class Case:
     """One model at one batch size with its synthetic data, as speed.cpp's SyntheticTask."""
 
     def __init__(self, args, model_name, batch, total_steps):
         torch.manual_seed(0)
         self.device = torch.device(args.device)
-        self.gpt = model_name == "gpt"
-        self.channels_last = model_name == "cnn" and args.channels_last == "on"
+        self.gpt = model_name in ("gpt", "gpt2")  # token models: next-token loss, AdamW
+        self.resnet = model_name == "resnet50"
+        self.channels_last = model_name in ("cnn", "resnet50") and args.channels_last == "on"
         self.batch = batch
         n = batch * (total_steps + 1)
         g = torch.Generator().manual_seed(0)
-        if self.gpt:
+        if model_name == "gpt":
             self.model = CharGpt(GPT_LAYERS, GPT_EMBD, GPT_HEADS, GPT_BLOCK).to(self.device)
             self.data = torch.randint(0, 256, (n, GPT_BLOCK + 1), generator=g, dtype=torch.uint8)
+        elif model_name == "gpt2":
+            self.model = gpt2_124m().to(self.device)
+            self.data = torch.randint(0, 50257, (n, GPT2_BLOCK + 1), generator=g)
+        elif self.resnet:
+            import torchvision
+            self.model = torchvision.models.resnet50().to(self.device)
+            self.data = torch.randint(0, 256, (n, 3, RESNET_SIZE, RESNET_SIZE), generator=g, dtype=torch.uint8)
+            self.labels = torch.randint(0, 1000, (n,), generator=g)
         else:
             self.model = (FashionNet() if model_name == "cnn" else mlp()).to(self.device)
             self.data = torch.randint(0, 256, (n, 1, 28, 28), generator=g, dtype=torch.uint8)
@@ -98,7 +136,12 @@ class Case:
         if self.gpt:
             w = self.data.index_select(0, idx).to(device).long()
             return w[:, :-1], w[:, 1:]
-        x = self.data.index_select(0, idx).float().div_(255).sub_(MEAN).div_(STD)
+        if self.resnet:
+            mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+            std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+            x = self.data.index_select(0, idx).float().div_(255).sub_(mean).div_(std)
+        else:
+            x = self.data.index_select(0, idx).float().div_(255).sub_(MEAN).div_(STD)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x.to(device), self.labels.index_select(0, idx).to(device)
@@ -277,9 +320,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--binary", help="ember_bench_speed (needed for the ember sides)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--models", nargs="+", default=["mlp", "cnn", "gpt"], choices=list(DEFAULT_BATCHES))
+    p.add_argument("--models", nargs="+", default=["mlp", "cnn", "gpt"], choices=list(DEFAULT_BATCHES),
+                   help="default: mlp cnn gpt; the real models resnet50 and gpt2 when named")
     p.add_argument("--batches", nargs="+", type=int,
-                   help="batch sizes for every model (default: 32 128; gpt: 16 64 sequences)")
+                   help="batch sizes for every model (default: 32 128; gpt: 16 64 sequences; resnet50 and gpt2: 2)")
     p.add_argument("--sides", nargs="+", choices=SIDES,
                    help="default: all that apply (ember-graph and lightning only with --device cuda)")
     p.add_argument("--reps", type=int, default=3)
@@ -354,14 +398,14 @@ def main():
           f"{torch.__version__}")
     print("ms = median over reps of each rep's median step [min..max of those]; "
           "x = python ms / side ms (> 1 = faster than Python eager)")
-    print(f"{'model':5} {'batch':>5} " + " ".join(f"{s + ' ms':{width}} {'x':>6}" for s in sides))
+    print(f"{'model':8} {'batch':>5} " + " ".join(f"{s + ' ms':{width}} {'x':>6}" for s in sides))
     for row in rows:
         cells = []
         for side in sides:
             r = row["sides"][side]
             x = r.get("x_vs_python")
             cells.append(f"{cell(r if 'median_ms' in r else None, width)} {f'{x:5.2f}x' if x else 'n/a':>6}")
-        print(f"{row['model']:5} {row['batch']:5} " + " ".join(cells))
+        print(f"{row['model']:8} {row['batch']:5} " + " ".join(cells))
     ember_sides = [s for s in sides if s.startswith("ember")]
     if ember_sides:
         print("like for like: x = the faster of python and python-fused / side (> 1 = faster than Python eager "
@@ -369,7 +413,7 @@ def main():
         for row in rows:
             cells = [f"{side} {row['sides'][side]['x_vs_best_eager']:.2f}x"
                      if "x_vs_best_eager" in row["sides"][side] else f"{side} n/a" for side in ember_sides]
-            print(f"{row['model']:5} {row['batch']:5} " + ", ".join(cells))
+            print(f"{row['model']:8} {row['batch']:5} " + ", ".join(cells))
     if args.device == "cpu":
         for row in rows:
             if row["model"] not in ("mlp", "cnn") or row["batch"] not in (32, 128):

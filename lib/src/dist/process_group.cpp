@@ -447,6 +447,22 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
                     size, to_string(backend), options.timeout().count() / 1000.0, ex.what()));
   }
   group->pg_->setGroupName("0");
+  if (backend == Backend::kGloo) {
+    // c10d's flight recorder (torch 2.11, FlightRecorderDetail.hpp) adds a
+    // group to a process-wide map (all_pg_status_) at the group's first
+    // recorded operation without taking its lock: groups of one process
+    // starting their first operations at once (ranks as threads, as the
+    // tests run pipelines of 4) corrupted it (a crash in its tree insert).
+    // Each group's first record is made here, one group at a time; a rank
+    // returns once every rank's group has made it.
+    static std::mutex first_record;
+    c10::intrusive_ptr<c10d::Work> work;
+    {
+      const std::lock_guard<std::mutex> lock(first_record);
+      work = group->pg_->barrier();
+    }
+    group->collective("barrier", [&] { work->wait(); });
+  }
   group->start_heartbeat();
   return group;
 }
@@ -629,6 +645,37 @@ ProcessGroup::Pending ProcessGroup::start_all_gather(torch::Tensor& output, torc
   c10::intrusive_ptr<c10d::Work> work;
   collective("all-gather", [&] { work = pg_->_allgather_base(output, input, c10d::AllgatherOptions{}); });
   return Pending(this, "all-gather", std::move(work));
+}
+
+namespace {
+void check_peer(const char* what, const torch::Tensor& tensor, int64_t peer, int64_t tag, int64_t rank,
+                int64_t size, Backend backend) {
+  EMBER_CHECK(backend != Backend::kReplicas,
+              "[dist::ProcessGroup] {}: a replica group stands for identical ranks and has no peer to "
+              "exchange with; point-to-point needs a Gloo or NCCL group",
+              what);
+  EMBER_CHECK(peer >= 0 && peer < size && peer != rank,
+              "[dist::ProcessGroup] {}: peer rank {} is not another rank of this group of {} (this rank: {})",
+              what, peer, size, rank);
+  EMBER_CHECK(tag >= 0 && tensor.is_contiguous(),
+              "[dist::ProcessGroup] {}: needs a tag >= 0 (got {}) and a contiguous tensor", what, tag);
+}
+}  // namespace
+
+ProcessGroup::Pending ProcessGroup::start_send(torch::Tensor& tensor, int64_t dst, int64_t tag) {
+  check_peer("send", tensor, dst, tag, rank_, size_, backend_);
+  std::vector<torch::Tensor> t{tensor};
+  c10::intrusive_ptr<c10d::Work> work;
+  collective("send", [&] { work = pg_->send(t, static_cast<int>(dst), static_cast<int>(tag)); });
+  return Pending(this, "send", std::move(work));
+}
+
+ProcessGroup::Pending ProcessGroup::start_recv(torch::Tensor& tensor, int64_t src, int64_t tag) {
+  check_peer("recv", tensor, src, tag, rank_, size_, backend_);
+  std::vector<torch::Tensor> t{tensor};
+  c10::intrusive_ptr<c10d::Work> work;
+  collective("recv", [&] { work = pg_->recv(t, static_cast<int>(src), static_cast<int>(tag)); });
+  return Pending(this, "recv", std::move(work));
 }
 
 void ProcessGroup::broadcast_module_state(torch::nn::Module& model, bool parameters) {

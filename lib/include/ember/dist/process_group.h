@@ -163,6 +163,15 @@ class ProcessGroup {
   /// Starts an all-gather: every rank's `input` lands in `output` (world_size x
   /// input.numel() elements, contiguous) at chunk rank. `input` must not alias `output`.
   Pending start_all_gather(torch::Tensor& output, torch::Tensor& input);
+  /// Point-to-point (pipeline stages): starts sending `tensor` (contiguous)
+  /// to rank `dst` under `tag` (>= 0); it must stay alive and unchanged until
+  /// the Pending is waited for. Gloo and NCCL match a send with the receive of
+  /// the same peer and tag, so messages with different tags may be posted in
+  /// any order. Not on a replica group (identical ranks have no peer).
+  Pending start_send(torch::Tensor& tensor, int64_t dst, int64_t tag);
+  /// Starts receiving into `tensor` (contiguous; the sender's shape and dtype)
+  /// from rank `src` under `tag`; its values are there once the Pending is waited for.
+  Pending start_recv(torch::Tensor& tensor, int64_t src, int64_t tag);
 
   /// Every rank passes its `value` (e.g. a hash of its config); an error on
   /// every rank names the ranks whose value differs from rank 0's, so ranks

@@ -53,6 +53,7 @@
 #include "ember/core/attention_heads.h"
 #include "ember/core/blocks.h"
 #include "ember/core/error.h"
+#include "ember/core/pipeline_pieces.h"
 #include "ember/core/weight_map.h"
 #include "ember/models/hf_config.h"
 
@@ -259,6 +260,58 @@ struct Gpt2Impl : torch::nn::Module, core::BlockModel {
   }
   /// Training FLOPs per token: forward + backward (twice the forward) = 3x.
   int64_t flops_per_token(int64_t T = 0) const { return 3 * forward_flops_per_token(T); }
+
+  /// The model cut for pipeline parallelism (dist::PipelineRunner): the
+  /// embedding (wte and wpe summed, dropout; int64 tokens [B,T] -> [B,T,C]),
+  /// each block, and the head (ln_f, then the logits through wte: a
+  /// parameter tied between the first and the last piece). Run in order on
+  /// one process they are forward() without activation checkpointing and
+  /// block hooks. Costs: forward FLOPs per token at a context of T tokens
+  /// (n_positions when T = 0), as forward_flops_per_token counts them.
+  std::vector<core::PipelinePiece> pipeline_pieces(int64_t T = 0) {
+    if (T <= 0) T = options.n_positions();
+    const auto params = [](const std::string& prefix, const torch::nn::Module& m) {
+      std::vector<std::pair<std::string, torch::Tensor>> out;
+      for (const auto& p : m.named_parameters()) out.emplace_back(prefix + p.key(), p.value());
+      return out;
+    };
+    std::vector<core::PipelinePiece> pieces;
+    core::PipelinePiece embedding;
+    embedding.name = "embedding";
+    embedding.parameters = params("transformer.wte.", *transformer->wte);
+    for (auto& p : params("transformer.wpe.", *transformer->wpe)) embedding.parameters.push_back(p);
+    embedding.forward = [t = transformer.ptr(), n = options.n_positions()](const torch::Tensor& idx) {
+      TORCH_CHECK(idx.size(1) <= n, "[models::Gpt2] a sequence of ", idx.size(1),
+                  " tokens exceeds n_positions ", n);
+      const torch::Tensor pos = torch::arange(idx.size(1), idx.options().dtype(torch::kLong));
+      return t->drop(t->wte(idx) + t->wpe(pos));
+    };
+    embedding.cost = static_cast<double>(options.n_embd());
+    pieces.push_back(std::move(embedding));
+    for (int64_t i = 0; i < static_cast<int64_t>(transformer->h->size()); ++i) {
+      const std::shared_ptr<Gpt2BlockImpl> b = transformer->h->ptr<Gpt2BlockImpl>(i);
+      core::PipelinePiece piece;
+      piece.name = "h." + std::to_string(i);
+      piece.parameters = params("transformer.h." + std::to_string(i) + ".", *b);
+      piece.forward = [b](const torch::Tensor& x) { return b->forward(x); };
+      double flops = 2.0 * 2.0 * static_cast<double>(T * b->attn->n_head * b->attn->head_dim);
+      for (const auto& m : b->modules(/*include_self=*/false))
+        if (const auto* lin = m->as<torch::nn::Linear>())
+          flops += 2.0 * static_cast<double>(lin->options.in_features() * lin->options.out_features());
+      piece.cost = flops;
+      pieces.push_back(std::move(piece));
+    }
+    core::PipelinePiece head;
+    head.name = "head";
+    head.parameters = params("transformer.ln_f.", *transformer->ln_f);
+    for (auto& p : params("transformer.wte.", *transformer->wte)) head.parameters.push_back(p);
+    head.forward = [t = transformer.ptr()](const torch::Tensor& x) {
+      return torch::nn::functional::linear(t->ln_f(x), t->wte->weight);
+    };
+    head.cost = 2.0 * static_cast<double>(options.n_embd() * options.vocab_size());
+    pieces.push_back(std::move(head));
+    return pieces;
+  }
 
   /// A Hugging Face GPT-2 file's tensor name -> this model's ("" = not read:
   /// lm_head.weight, tied to transformer.wte.weight, and the causal-mask

@@ -1,0 +1,135 @@
+#pragma once
+// Pipeline parallelism: a model's pieces (core::PipelinePiece) cut into
+// stages over the ranks of a process group, one step's microbatches run by a
+// validated per-rank plan (pipeline_schedule.h: GPipe, 1F1B, interleaved
+// 1F1B) over point-to-point sends and receives.
+//
+//   auto pieces = gpt2->pipeline_pieces();                  // every rank builds the whole model, same seed
+//   dist::PipelineRunner pipe(group, pieces, dist::PipelineOptions(dist::PipelineSchedule::k1F1B, 8));
+//   torch::optim::AdamW opt(pipe.parameters(), ...);         // this rank's stages only
+//   for (batch : loader) {
+//     opt.zero_grad();
+//     torch::Tensor loss = pipe.step(batch.input, batch.target, cross_entropy);  // the same batch on every
+//     rank pipe.clip_grad_norm_(1.0); opt.step();
+//   }
+//
+// What one step computes, and why it equals one process:
+//   - the batch is split into m equal microbatches along dim 0 (a batch that
+//     m does not divide is refused); the last stage computes each
+//     microbatch's loss and backpropagates loss / m, so the gradients that
+//     accumulate over the m microbatches are those of the batch's mean loss:
+//     what one process gets by accumulating the same microbatches (the same
+//     operations on the same shapes: bitwise equal for every parameter held
+//     by one stage);
+//   - a tied parameter (listed by pieces of stages on different ranks:
+//     GPT-2's wte) gets its gradient from every stage that reads it: the
+//     holders exchange their gradients and each adds them in rank order, so
+//     all hold the same sum (one process adds the two uses inside autograd,
+//     in another order: equal to float rounding);
+//   - step() returns the batch's mean loss on every rank (an all-reduce from
+//     the last stage), clip_grad_norm_ takes the norm over every stage (a
+//     tied parameter counted once) so that every rank scales alike.
+// Activations sent forward are kept until their gradient comes back (the
+// backward of that microbatch), then freed: at most min(p - s, m)
+// microbatches are live on stage s under 1F1B, m under GPipe
+// (PipelineStepStats::peak_live_microbatches measures it).
+//
+// Not yet: dropout with masks equal to one process's, activation
+// checkpointing of a stage, loss scaling and mixed precision, data
+// parallelism across pipelines, the Trainer's keys (dist.pipeline), freeing
+// the parameters of other stages (every rank builds and keeps the whole
+// model; its optimizer holds only its own stages' state).
+
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ember/core/pipeline_pieces.h"
+#include "ember/dist/pipeline_schedule.h"
+#include "ember/dist/process_group.h"
+
+namespace ember::dist {
+
+/// Each stage's pieces as [begin, end), in stage order.
+using StageSplit = std::vector<std::pair<int, int>>;
+
+struct PipelineOptions {
+  PipelineOptions(PipelineSchedule schedule, int64_t microbatches)
+      : schedule_(schedule), microbatches_(microbatches) {}
+  /// GPipe, 1F1B or interleaved 1F1B.
+  TORCH_ARG(PipelineSchedule, schedule);
+  /// m: microbatches per step (>= the number of ranks for the 1F1B family).
+  TORCH_ARG(int64_t, microbatches);
+  /// v: stages per rank; 0 = the schedule's default (1; 2 for interleaved 1F1B).
+  TORCH_ARG(int64_t, stages_per_rank) = 0;
+  /// Each stage's pieces as [begin, end); empty = balance_stages by the pieces' costs.
+  TORCH_ARG(StageSplit, split) = {};
+};
+
+/// (output of the last piece, the microbatch's target) -> the microbatch's mean loss (a scalar).
+using PipelineLoss = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+
+struct PipelineStepStats {
+  /// Per stage of the plan (-1 for stages on other ranks): the most
+  /// microbatches whose activations this rank kept at once.
+  std::vector<int> peak_live_microbatches;
+  /// Messages and bytes this rank sent in the step (activations, their
+  /// shapes, gradients, tied gradients).
+  int64_t messages_sent = 0;
+  int64_t bytes_sent = 0;
+};
+
+class PipelineRunner {
+ public:
+  /// Cuts `pieces` into stages (options.split, or balanced by cost), makes and
+  /// validates the plan; the same on every rank of `group`. Refuses (config
+  /// errors, before any communication) fewer pieces than stages, fewer
+  /// microbatches than the schedule needs, a bad split.
+  PipelineRunner(std::shared_ptr<ProcessGroup> group, std::vector<core::PipelinePiece> pieces,
+                 const PipelineOptions& options);
+
+  const PipelinePlan& plan() const { return plan_; }
+  /// [begin, end) of the pieces of every stage.
+  const std::vector<std::pair<int, int>>& split() const { return split_; }
+  /// The stages this rank runs, in order.
+  std::vector<int> local_stages() const;
+  /// The parameters of this rank's stages, each once, with their names: what
+  /// this rank's optimizer steps.
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
+  std::vector<torch::Tensor> parameters() const;
+
+  /// One step's forwards and backwards (see the top of this file); the
+  /// gradients accumulate into this rank's parameters. `input` and `target`
+  /// are the whole batch, the same on every rank (the first stage reads
+  /// `input`, the last `target`). Returns the batch's mean loss (float64) on every rank.
+  torch::Tensor step(const torch::Tensor& input, const torch::Tensor& target, const PipelineLoss& loss);
+
+  /// Clips the gradients of the whole model, as torch::nn::utils::clip_grad_norm_
+  /// (2-norm over every parameter; coefficient max_norm / (norm + 1e-6) when
+  /// below 1), each stage scaling its own; returns the norm, the same on every rank.
+  double clip_grad_norm_(double max_norm);
+
+  const PipelineStepStats& last_step() const { return stats_; }
+
+ private:
+  struct Tied {
+    torch::Tensor parameter;
+    std::vector<int64_t> ranks;  // the ranks whose stages read it, ascending
+  };
+  void exchange_tied_gradients();
+
+  std::shared_ptr<ProcessGroup> group_;
+  std::vector<core::PipelinePiece> pieces_;
+  std::vector<std::pair<int, int>> split_;
+  PipelinePlan plan_;
+  std::vector<std::pair<std::string, torch::Tensor>> local_parameters_;
+  std::vector<Tied> tied_;
+  std::vector<bool> counts_in_norm_;  // per local parameter: this rank adds it to the norm
+  PipelineStepStats stats_;
+};
+
+}  // namespace ember::dist

@@ -1,0 +1,317 @@
+// Pipeline parallelism: the runtime that executes a PipelinePlan over the
+// group's point-to-point sends and receives (see pipeline.h).
+//
+// Messages. A forward message is two: the activation's shape and dtype
+// (int64 [kHeader]: dtype, ndim, sizes) under tag 2t, then its values under
+// tag 2t + 1, where t = message_tag(plan, action) is shared by the SEND and
+// its RECV; a gradient message is its values under tag 2t + 1 (the receiver
+// knows the shape: that of its own output). Tied gradients use tags from
+// 4 S m up, one per (tied parameter, sender). Every send is posted
+// asynchronously (the plans are validated for async sends) and waited for:
+// a forward send at that microbatch's backward (its gradient has come back,
+// so the receiver has long had it), the others at the end of the step.
+#include "ember/dist/pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <unordered_map>
+
+#include "core/check.h"
+
+namespace ember::dist {
+
+namespace {
+
+constexpr int64_t kMaxDims = 8;
+constexpr int64_t kHeader = 2 + kMaxDims;  // dtype, ndim, sizes
+
+torch::Tensor shape_header(const torch::Tensor& t) {
+  EMBER_CHECK(t.dim() <= kMaxDims,
+              "[dist::PipelineRunner] an activation of {} dimensions (at most {} are sent)", t.dim(),
+              kMaxDims);
+  torch::Tensor h = torch::zeros({kHeader}, torch::kInt64);
+  auto a = h.accessor<int64_t, 1>();
+  a[0] = static_cast<int64_t>(t.scalar_type());
+  a[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) a[2 + d] = t.size(d);
+  return h;
+}
+
+torch::Tensor from_header(const torch::Tensor& h, const torch::Device& device) {
+  auto a = h.accessor<int64_t, 1>();
+  std::vector<int64_t> sizes(static_cast<size_t>(a[1]));
+  for (int64_t d = 0; d < a[1]; ++d) sizes[static_cast<size_t>(d)] = a[2 + d];
+  return torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(a[0])).device(device));
+}
+
+using Key = std::pair<int, int>;  // (stage, microbatch)
+
+torch::Tensor take(std::map<Key, torch::Tensor>& box, const Key& k, const char* what) {
+  auto it = box.find(k);
+  EMBER_CHECK(it != box.end(), "[dist::PipelineRunner] internal: no {} for stage {} microbatch {}", what,
+              k.first, k.second);
+  torch::Tensor t = std::move(it->second);
+  box.erase(it);
+  return t;
+}
+
+}  // namespace
+
+PipelineRunner::PipelineRunner(std::shared_ptr<ProcessGroup> group, std::vector<core::PipelinePiece> pieces,
+                               const PipelineOptions& options)
+    : group_(std::move(group)), pieces_(std::move(pieces)) {
+  EMBER_CHECK(group_ != nullptr, "[dist::PipelineRunner] needs a process group (one rank per stage group)");
+  EMBER_CHECK_KIND(kConfig, !pieces_.empty(), "[dist::PipelineRunner] the model has no pieces to pipeline");
+  PipelinePlanOptions po(options.schedule(), static_cast<int>(group_->size()),
+                         static_cast<int>(options.microbatches()));
+  if (options.stages_per_rank() > 0) po.stages_per_rank(static_cast<int>(options.stages_per_rank()));
+  const int stages = static_cast<int>(group_->size()) * po.stages_per_rank();
+  EMBER_CHECK_KIND(
+      kConfig, static_cast<int>(pieces_.size()) >= stages,
+      "[dist::PipelineRunner] {} stages ({} ranks x {} per rank) need at least {} pieces, the model "
+      "has {} (embedding, blocks, head): use fewer ranks or stages per rank",
+      stages, group_->size(), po.stages_per_rank(), stages, pieces_.size());
+  plan_ = make_pipeline_plan(po);  // refuses too few microbatches, with the reason
+  validate_pipeline_plan(plan_);
+  if (options.split().empty()) {
+    std::vector<double> costs;
+    for (const auto& p : pieces_) costs.push_back(p.cost);
+    split_ = balance_stages(costs, stages);
+  } else {
+    split_ = options.split();
+    EMBER_CHECK_KIND(kConfig, static_cast<int>(split_.size()) == stages,
+                     "[dist::PipelineRunner] the split has {} stages, the plan {}", split_.size(), stages);
+  }
+  check_stage_split(split_, static_cast<int>(pieces_.size()));
+
+  // Which ranks read each parameter (by tensor identity, in piece order).
+  const int64_t rank = group_->rank();
+  std::vector<const torch::TensorImpl*> order;
+  std::unordered_map<const torch::TensorImpl*, std::pair<std::string, torch::Tensor>> named;
+  std::unordered_map<const torch::TensorImpl*, std::vector<int64_t>> readers;
+  for (int s = 0; s < stages; ++s)
+    for (int i = split_[s].first; i < split_[s].second; ++i)
+      for (const auto& [name, t] : pieces_[i].parameters) {
+        const torch::TensorImpl* key = t.unsafeGetTensorImpl();
+        if (!named.count(key)) {
+          order.push_back(key);
+          named.emplace(key, std::make_pair(name, t));
+        }
+        std::vector<int64_t>& r = readers[key];
+        const int64_t owner = plan_.rank_of_stage(s);
+        if (std::find(r.begin(), r.end(), owner) == r.end()) r.push_back(owner);
+      }
+  for (const torch::TensorImpl* key : order) {
+    std::vector<int64_t> r = readers[key];
+    std::sort(r.begin(), r.end());
+    if (std::find(r.begin(), r.end(), rank) == r.end()) continue;
+    local_parameters_.push_back(named[key]);
+    counts_in_norm_.push_back(r.front() == rank);  // a tied parameter counts once, at its lowest rank
+    if (r.size() > 1) tied_.push_back({named[key].second, r});
+  }
+}
+
+std::vector<int> PipelineRunner::local_stages() const {
+  std::vector<int> out;
+  for (int s = 0; s < plan_.stages; ++s)
+    if (plan_.rank_of_stage(s) == group_->rank()) out.push_back(s);
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> PipelineRunner::named_parameters() const {
+  return local_parameters_;
+}
+
+std::vector<torch::Tensor> PipelineRunner::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : local_parameters_) out.push_back(p.second);
+  return out;
+}
+
+torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tensor& target,
+                                   const PipelineLoss& loss_fn) {
+  const int m = plan_.microbatches, S = plan_.stages;
+  const int64_t rank = group_->rank();
+  EMBER_CHECK_KIND(kConfig, input.dim() >= 1 && input.size(0) % m == 0 && target.size(0) == input.size(0),
+                   "[dist::PipelineRunner] a batch of {} samples (targets: {}) does not split into {} equal "
+                   "microbatches: make the batch a multiple of the microbatches",
+                   input.dim() >= 1 ? input.size(0) : 0, target.dim() >= 1 ? target.size(0) : 0, m);
+  const std::vector<torch::Tensor> xs = input.chunk(m), ys = target.chunk(m);
+  stats_ = PipelineStepStats{};
+  stats_.peak_live_microbatches.assign(static_cast<size_t>(S), -1);
+  for (const int s : local_stages()) stats_.peak_live_microbatches[static_cast<size_t>(s)] = 0;
+  std::vector<int> live_count(static_cast<size_t>(S), 0);
+
+  struct Slot {
+    torch::Tensor in, out, loss;
+  };
+  std::map<Key, Slot> live;
+  std::map<Key, torch::Tensor> activations, gradients, outgoing;  // received / passed in memory / to send
+  std::map<Key, std::vector<ProcessGroup::Pending>> forward_sends;
+  std::vector<ProcessGroup::Pending> other_sends;
+  std::vector<torch::Tensor> send_buffers;  // alive until their sends are waited for
+  torch::Tensor loss_sum = torch::zeros({}, torch::kFloat64);
+
+  const auto send = [&](torch::Tensor t, int64_t dst, int64_t tag) {
+    stats_.messages_sent += 1;
+    stats_.bytes_sent += t.numel() * static_cast<int64_t>(t.element_size());
+    send_buffers.push_back(t);
+    return group_->start_send(send_buffers.back(), dst, tag);
+  };
+  for (const Action& a : plan_.actions[static_cast<size_t>(rank)]) {
+    const Key k{a.stage, a.microbatch};
+    const int s = a.stage;
+    switch (a.kind) {
+      case ActionKind::kRecvForward: {
+        const int64_t t = message_tag(plan_, a), src = plan_.rank_of_stage(s - 1);
+        torch::Tensor header = torch::empty({kHeader}, torch::kInt64);
+        group_->start_recv(header, src, 2 * t).wait();
+        torch::Tensor x = from_header(header, input.device());
+        group_->start_recv(x, src, 2 * t + 1).wait();
+        activations[k] = x;
+        break;
+      }
+      case ActionKind::kForward: {
+        torch::Tensor x = s == 0 ? xs[static_cast<size_t>(a.microbatch)] : take(activations, k, "activation");
+        if (s > 0 && x.is_floating_point()) x = x.detach().requires_grad_(true);
+        torch::Tensor y = x;
+        for (int i = split_[s].first; i < split_[s].second; ++i) y = pieces_[i].forward(y);
+        Slot slot{x, y, {}};
+        if (s == S - 1) {
+          const torch::Tensor l = loss_fn(y, ys[static_cast<size_t>(a.microbatch)]);
+          slot.loss = l / m;
+          loss_sum += l.detach().to(torch::kFloat64).cpu();
+        } else if (plan_.rank_of_stage(s + 1) == rank) {
+          activations[{s + 1, a.microbatch}] = y.detach();  // the next stage is here: passed in memory
+        }
+        live[k] = std::move(slot);
+        int& n = live_count[static_cast<size_t>(s)];
+        ++n;
+        int& peak = stats_.peak_live_microbatches[static_cast<size_t>(s)];
+        peak = std::max(peak, n);
+        break;
+      }
+      case ActionKind::kSendForward: {
+        const int64_t t = message_tag(plan_, a), dst = plan_.rank_of_stage(s + 1);
+        const torch::Tensor y = live.at(k).out.detach().contiguous();
+        std::vector<ProcessGroup::Pending>& pending = forward_sends[k];
+        pending.push_back(send(shape_header(y), dst, 2 * t));
+        pending.push_back(send(y, dst, 2 * t + 1));
+        break;
+      }
+      case ActionKind::kRecvBackward: {
+        const int64_t t = message_tag(plan_, a), src = plan_.rank_of_stage(s + 1);
+        torch::Tensor g = torch::empty_like(live.at(k).out, at::MemoryFormat::Contiguous);
+        group_->start_recv(g, src, 2 * t + 1).wait();
+        gradients[k] = g;
+        break;
+      }
+      case ActionKind::kBackward: {
+        auto it = live.find(k);
+        EMBER_CHECK(it != live.end(), "[dist::PipelineRunner] internal: B before F at stage {} microbatch {}",
+                    s, a.microbatch);
+        Slot slot = std::move(it->second);
+        live.erase(it);
+        --live_count[static_cast<size_t>(s)];
+        if (s == S - 1)
+          slot.loss.backward();
+        else
+          slot.out.backward(take(gradients, k, "output gradient"));
+        if (s > 0) {
+          torch::Tensor g = slot.in.grad();
+          EMBER_CHECK(g.defined(),
+                      "[dist::PipelineRunner] stage {}'s input got no gradient: its pieces do not "
+                      "use their input differentiably",
+                      s);
+          if (plan_.rank_of_stage(s - 1) == rank)
+            gradients[{s - 1, a.microbatch}] = g;
+          else
+            outgoing[k] = g;
+        }
+        // The activation sent forward is free once its gradient is back.
+        if (auto f = forward_sends.find(k); f != forward_sends.end()) {
+          for (auto& p : f->second) p.wait();
+          forward_sends.erase(f);
+        }
+        break;
+      }
+      case ActionKind::kSendBackward: {
+        const int64_t t = message_tag(plan_, a), dst = plan_.rank_of_stage(s - 1);
+        other_sends.push_back(send(take(outgoing, k, "input gradient").contiguous(), dst, 2 * t + 1));
+        break;
+      }
+    }
+  }
+  for (auto& [key, pending] : forward_sends)
+    for (auto& p : pending) p.wait();
+  for (auto& p : other_sends) p.wait();
+  EMBER_CHECK(live.empty() && activations.empty() && gradients.empty() && outgoing.empty(),
+              "[dist::PipelineRunner] internal: the plan left {} microbatches live", live.size());
+  exchange_tied_gradients();
+  // The batch's mean loss on every rank: the last stage's sum over microbatches / m.
+  torch::Tensor mean = loss_sum / m;
+  group_->all_reduce_sum_(mean);
+  return mean;
+}
+
+void PipelineRunner::exchange_tied_gradients() {
+  const int64_t rank = group_->rank(), p = group_->size();
+  const int64_t base = 4 * static_cast<int64_t>(plan_.stages) * plan_.microbatches;
+  for (size_t k = 0; k < tied_.size(); ++k) {
+    const Tied& tied = tied_[k];
+    torch::Tensor mine = tied.parameter.grad();
+    if (!mine.defined()) mine = torch::zeros_like(tied.parameter);
+    mine = mine.contiguous();
+    std::vector<ProcessGroup::Pending> sends;
+    std::map<int64_t, torch::Tensor> got;
+    const int64_t tag_of = base + static_cast<int64_t>(k) * p;  // + the sender's rank
+    for (const int64_t r : tied.ranks)
+      if (r != rank) {
+        stats_.messages_sent += 1;
+        stats_.bytes_sent += mine.numel() * static_cast<int64_t>(mine.element_size());
+        sends.push_back(group_->start_send(mine, r, tag_of + rank));
+      }
+    for (const int64_t r : tied.ranks)
+      if (r != rank) {
+        got[r] = torch::empty_like(mine);
+        group_->start_recv(got[r], r, tag_of + r).wait();
+      }
+    for (auto& s : sends) s.wait();
+    // The same additions in the same order on every holder: equal sums.
+    torch::Tensor sum;
+    for (const int64_t r : tied.ranks) {
+      const torch::Tensor& g = r == rank ? mine : got[r];
+      sum = sum.defined() ? sum + g : g.clone();
+    }
+    torch::NoGradGuard no_grad;
+    if (tied.parameter.grad().defined())
+      tied.parameter.mutable_grad().copy_(sum);
+    else
+      tied.parameter.mutable_grad() = sum;
+  }
+}
+
+double PipelineRunner::clip_grad_norm_(double max_norm) {
+  // Squares of per-tensor norms, summed in float64: per rank, then over ranks.
+  torch::Tensor total = torch::zeros({}, torch::kFloat64);
+  std::vector<torch::Tensor> grads;
+  for (size_t i = 0; i < local_parameters_.size(); ++i) {
+    const torch::Tensor& g = local_parameters_[i].second.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    if (counts_in_norm_[i]) total += g.norm().to(torch::kFloat64).cpu().square();
+  }
+  group_->all_reduce_sum_(total);
+  const double norm = std::sqrt(total.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    torch::NoGradGuard no_grad;
+    for (auto& g : grads) g.mul_(coef);
+  }
+  return norm;
+}
+
+}  // namespace ember::dist

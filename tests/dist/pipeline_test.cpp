@@ -1,0 +1,292 @@
+// dist::PipelineRunner: a GPT-2 cut into stages over 2 and 4 Gloo ranks (threads
+// over one store), GPipe and 1F1B, against the unsplit model on one process
+// accumulating the same microbatches:
+//   - the first step's gradients: bit for bit for every parameter one stage
+//     holds (the same operations on the same shapes), and for the tied wte
+//     within the rounding of its sum (one process adds the embedding's and
+//     the head's uses inside autograd microbatch by microbatch, the pipeline
+//     sums each stage's and then adds the two);
+//   - 20 AdamW steps with clipping: every weight within 1e-5 of the largest in
+//     float32 (the bound), and in float64 within the rounding bound;
+//   - the activations kept: 1F1B's live microbatches per stage are min(p - s, m),
+//     GPipe's m, as the plan's simulation says;
+//   - refusals before any communication: fewer microbatches than stages under
+//     1F1B, a batch the microbatches do not divide.
+#include <ember/dist/pipeline.h>
+#include <ember/dist/process_group.h>
+#include <ember/models/gpt2.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <map>
+#include <thread>
+
+#include "tolerance.h"
+
+namespace ember::dist {
+namespace {
+
+constexpr int64_t kPlVocab = 37, kPlBlock = 8, kPlBatch = 16;
+
+models::Gpt2Options pl_options(int64_t layers) {
+  return models::Gpt2Options().vocab_size(kPlVocab).n_positions(kPlBlock).n_layer(layers).n_head(2).n_embd(
+      16);
+}
+
+models::Gpt2 pl_model(int64_t layers, torch::ScalarType dtype) {
+  torch::manual_seed(0);
+  models::Gpt2 model(pl_options(layers));
+  model->to(dtype);
+  return model;
+}
+
+/// Step `step`'s batch: tokens [kPlBatch, kPlBlock + 1], the same on every rank;
+/// two batches in turn (random tokens, so that the steps can learn them).
+torch::Tensor pl_batch(int64_t step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + step % 2);
+  return torch::randint(0, kPlVocab, {kPlBatch, kPlBlock + 1}, gen, torch::kLong);
+}
+
+torch::Tensor pl_loss(const torch::Tensor& logits, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape(-1));
+}
+
+struct PlResult {
+  std::map<std::string, torch::Tensor> first_grads, weights;  // by state_dict name
+  std::vector<double> losses;
+  std::vector<int> peak_live;  // per stage (pipeline runs)
+};
+
+/// The same norm as PipelineRunner::clip_grad_norm_ on one process: per-tensor
+/// norms, squared and summed in float64.
+void pl_clip(const std::vector<torch::Tensor>& params, double max_norm) {
+  double total = 0;
+  for (const auto& p : params)
+    if (p.grad().defined()) total += std::pow(p.grad().norm().to(torch::kFloat64).item<double>(), 2);
+  const double coef = max_norm / (std::sqrt(total) + 1e-6);
+  if (coef < 1.0)
+    for (const auto& p : params)
+      if (p.grad().defined()) p.grad().mul_(coef);
+}
+
+torch::optim::AdamWOptions pl_adamw() {
+  return torch::optim::AdamWOptions(1e-3).weight_decay(0.1);
+}
+
+/// One process: each step accumulates the m microbatches' loss / m, clips, steps.
+PlResult pl_reference(int64_t layers, torch::ScalarType dtype, int64_t m, int64_t steps, double clip) {
+  models::Gpt2 model = pl_model(layers, dtype);
+  torch::optim::AdamW opt(model->parameters(), pl_adamw());
+  PlResult r;
+  for (int64_t step = 0; step < steps; ++step) {
+    opt.zero_grad();
+    const torch::Tensor w = pl_batch(step);
+    const auto xs = w.narrow(1, 0, kPlBlock).chunk(m), ys = w.narrow(1, 1, kPlBlock).chunk(m);
+    double loss = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const torch::Tensor l = pl_loss(model->forward(xs[i]), ys[i]);
+      (l / m).backward();
+      loss += l.item<double>();
+    }
+    r.losses.push_back(loss / m);
+    if (step == 0)
+      for (const auto& p : model->named_parameters()) r.first_grads[p.key()] = p.value().grad().clone();
+    if (clip > 0) pl_clip(model->parameters(), clip);
+    opt.step();
+  }
+  for (const auto& p : model->named_parameters()) r.weights[p.key()] = p.value().detach().clone();
+  return r;
+}
+
+/// fn(rank, group) on `ranks` Gloo ranks in threads over one HashStore; each rank's error.
+std::vector<std::string> pl_on_ranks(int64_t ranks, const std::function<void(int64_t, ProcessGroup&)>& fn) {
+  const auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto g = ProcessGroup::create(
+            store, r, ranks, ProcessGroupOptions().backend(Backend::kGloo).timeout(std::chrono::seconds(60)));
+        fn(r, *g);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+/// The pipeline: each rank its own copy of the model (built here, in this
+/// thread: the global generator), its own AdamW over its stages' parameters.
+/// Each rank's parameters are merged into one result (a tied one from the
+/// lowest rank holding it; they are equal: checked).
+PlResult pl_pipeline(int64_t layers, torch::ScalarType dtype, int64_t ranks, PipelineSchedule schedule,
+                     int64_t m, int64_t steps, double clip) {
+  std::vector<models::Gpt2> models;
+  for (int64_t r = 0; r < ranks; ++r) models.push_back(pl_model(layers, dtype));
+  std::vector<PlResult> per_rank(static_cast<size_t>(ranks));
+  const std::vector<std::string> errors = pl_on_ranks(ranks, [&](int64_t r, ProcessGroup& g) {
+    std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});
+    PipelineRunner pipe(group, models[r]->pipeline_pieces(kPlBlock), PipelineOptions(schedule, m));
+    torch::optim::AdamW opt(pipe.parameters(), pl_adamw());
+    PlResult& out = per_rank[static_cast<size_t>(r)];
+    for (int64_t step = 0; step < steps; ++step) {
+      opt.zero_grad();
+      const torch::Tensor w = pl_batch(step);
+      const torch::Tensor loss = pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock), pl_loss);
+      out.losses.push_back(loss.item<double>());
+      if (step == 0) {
+        for (const auto& [name, p] : pipe.named_parameters()) out.first_grads[name] = p.grad().clone();
+        out.peak_live = pipe.last_step().peak_live_microbatches;
+      }
+      if (clip > 0) pipe.clip_grad_norm_(clip);
+      opt.step();
+    }
+    for (const auto& [name, p] : pipe.named_parameters()) out.weights[name] = p.detach().clone();
+  });
+  for (int64_t r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  PlResult merged;
+  merged.losses = per_rank[0].losses;
+  merged.peak_live.assign(per_rank[0].peak_live.size(), -1);
+  for (int64_t r = 0; r < ranks; ++r) {
+    const PlResult& one = per_rank[static_cast<size_t>(r)];
+    EXPECT_EQ(one.losses, merged.losses) << "rank " << r << " reports another loss";
+    for (size_t s = 0; s < one.peak_live.size(); ++s)
+      if (one.peak_live[s] >= 0) merged.peak_live[s] = one.peak_live[s];
+    for (const auto& [name, t] : one.weights) {
+      if (merged.weights.count(name)) {  // tied: every holder the same, bit for bit
+        EXPECT_TRUE(torch::equal(merged.weights[name], t)) << name << " differs between the ranks holding it";
+        EXPECT_TRUE(torch::equal(merged.first_grads[name], one.first_grads.at(name))) << name;
+        continue;
+      }
+      merged.weights[name] = t;
+      merged.first_grads[name] = one.first_grads.at(name);
+    }
+  }
+  return merged;
+}
+
+struct PlCase {
+  int64_t layers, ranks, microbatches;
+  PipelineSchedule schedule;
+};
+
+std::vector<PlCase> pl_cases() {
+  std::vector<PlCase> out;
+  for (const auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B})
+    for (const int64_t layers : {2, 4})
+      for (const int64_t ranks : {2, 4}) out.push_back({layers, ranks, 2 * ranks, schedule});
+  return out;
+}
+
+std::string pl_name(const PlCase& c) {
+  return std::string(to_string(c.schedule)) + ", " + std::to_string(c.layers) + " layers, " +
+         std::to_string(c.ranks) + " ranks, " + std::to_string(c.microbatches) + " microbatches";
+}
+
+// One step in float64: every gradient a stage holds alone is one process's bit for
+// bit; the tied wte's is the same sum of 2m microbatch terms added in another order.
+TEST(Pipeline, FirstStepGradientsAreOneProcesssBitForBit) {
+  for (const PlCase& c : pl_cases()) {
+    SCOPED_TRACE(pl_name(c));
+    const PlResult want = pl_reference(c.layers, torch::kFloat64, c.microbatches, 1, 0.0);
+    const PlResult got = pl_pipeline(c.layers, torch::kFloat64, c.ranks, c.schedule, c.microbatches, 1, 0.0);
+    ASSERT_EQ(got.first_grads.size(), want.first_grads.size());
+    for (const auto& [name, g] : want.first_grads) {
+      ASSERT_TRUE(got.first_grads.count(name)) << name << " is on no rank";
+      if (name == "transformer.wte.weight") {
+        // 2m terms (the head's and the embedding's per microbatch), each rounded
+        // sum erring by eps per addition of at most the sum of |terms|.
+        const double scale = test_util::max_abs(g) * 2 * static_cast<double>(c.microbatches);
+        EXPECT_TRUE(test_util::near(got.first_grads.at(name), g,
+                                    test_util::rounding_bound(torch::kFloat64, 2.0 * c.microbatches, scale)))
+            << name;
+      } else {
+        EXPECT_TRUE(torch::equal(got.first_grads.at(name), g)) << name << " differs from one process's";
+      }
+    }
+    EXPECT_NEAR(got.losses[0], want.losses[0], 1e-12 * want.losses[0]);
+  }
+}
+
+// 20 AdamW steps with the gradient clipped to norm 1: in float32 every weight
+// within 1e-5 of the largest weight (the bound), in float64 within the
+// same bound scaled by eps64 / eps32 (2^-29: about 1.9e-14 of it). What
+// differs from one process is two reductions: the tied wte's gradient (the
+// two stages' sums added, against autograd's per-microbatch adds) and the
+// clip's norm (per-rank sums, then over ranks); AdamW carries their rounding
+// into every later step.
+TEST(Pipeline, TwentyAdamWStepsWithClippingEqualOneProcess) {
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (const PlCase& c : pl_cases()) {
+      SCOPED_TRACE(pl_name(c) + (dtype == torch::kFloat32 ? ", float32" : ", float64"));
+      const PlResult want = pl_reference(c.layers, dtype, c.microbatches, 20, 1.0);
+      const PlResult got = pl_pipeline(c.layers, dtype, c.ranks, c.schedule, c.microbatches, 20, 1.0);
+      double largest = 0;
+      for (const auto& [name, w] : want.weights) largest = std::max(largest, test_util::max_abs(w));
+      const double bound = 1e-5 * test_util::eps(dtype) / test_util::eps(torch::kFloat32) * largest;
+      for (const auto& [name, w] : want.weights) {
+        ASSERT_TRUE(got.weights.count(name)) << name;
+        EXPECT_TRUE(test_util::near(got.weights.at(name), w, bound)) << name;
+      }
+      for (size_t i = 0; i < want.losses.size(); ++i)
+        EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]) << "step " << i;
+      EXPECT_LT(want.losses.back(), want.losses.front() - 0.05);  // it trained
+    }
+  }
+}
+
+// The activations a stage keeps at once, as the plan's simulation counts them:
+// min(p - s, m) under 1F1B, m under GPipe.
+TEST(Pipeline, LiveMicrobatchesPerStageAreThePlans) {
+  for (const auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
+    const int64_t ranks = 4, m = 8;
+    const PlResult got = pl_pipeline(4, torch::kFloat32, ranks, schedule, m, 1, 0.0);
+    const PipelineStats sim = simulate_pipeline_plan(
+        make_pipeline_plan(PipelinePlanOptions(schedule, static_cast<int>(ranks), static_cast<int>(m))));
+    ASSERT_EQ(got.peak_live.size(), static_cast<size_t>(ranks));
+    for (int64_t s = 0; s < ranks; ++s) {
+      const int64_t want = schedule == PipelineSchedule::k1F1B ? std::min(ranks - s, m) : m;
+      EXPECT_EQ(got.peak_live[static_cast<size_t>(s)], want) << to_string(schedule) << " stage " << s;
+      EXPECT_EQ(got.peak_live[static_cast<size_t>(s)], sim.peak_live_microbatches[static_cast<size_t>(s)]);
+    }
+  }
+}
+
+// Refused on every rank before any message (no rank waits for one that gave up).
+TEST(Pipeline, TooFewMicrobatchesAndUnevenBatchesAreRefused) {
+  std::vector<models::Gpt2> models;
+  for (int r = 0; r < 4; ++r) models.push_back(pl_model(2, torch::kFloat32));
+  std::vector<std::string> errors = pl_on_ranks(4, [&](int64_t r, ProcessGroup& g) {
+    std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});
+    PipelineRunner pipe(group, models[r]->pipeline_pieces(kPlBlock),
+                        PipelineOptions(PipelineSchedule::k1F1B, 2));
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("1f1b with 4 stages needs at least 4 microbatches per step, got 2"), std::string::npos)
+        << e;
+  errors = pl_on_ranks(2, [&](int64_t r, ProcessGroup& g) {
+    std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});
+    PipelineRunner pipe(group, models[r]->pipeline_pieces(kPlBlock),
+                        PipelineOptions(PipelineSchedule::kGPipe, 3));
+    const torch::Tensor w = pl_batch(0);
+    pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock), pl_loss);
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("a batch of 16 samples (targets: 16) does not split into 3 equal microbatches"),
+              std::string::npos)
+        << e;
+  // Six pieces (embedding, 4 blocks, head) split over 8 stages: refused by name.
+  errors = pl_on_ranks(1, [&](int64_t, ProcessGroup& g) {
+    std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});
+    PipelineRunner pipe(group, models[0]->pipeline_pieces(kPlBlock),
+                        PipelineOptions(PipelineSchedule::kInterleaved1F1B, 8).stages_per_rank(8));
+  });
+  EXPECT_NE(errors[0].find("8 stages (1 ranks x 8 per rank) need at least 8 pieces, the model has 4"),
+            std::string::npos)
+      << errors[0];
+}
+
+}  // namespace
+}  // namespace ember::dist
