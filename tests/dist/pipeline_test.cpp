@@ -1,6 +1,6 @@
 // dist::PipelineRunner: a GPT-2 cut into stages over 2 and 4 Gloo ranks (threads
-// over one store), GPipe and 1F1B, against the unsplit model on one process
-// accumulating the same microbatches:
+// over one store), GPipe, 1F1B and interleaved 1F1B (2 stages per rank), against the unsplit model on one
+// process accumulating the same microbatches:
 //   - the first step's gradients: bit for bit for every parameter one stage
 //     holds (the same operations on the same shapes), and for the tied wte
 //     within the rounding of its sum (one process adds the embedding's and
@@ -16,11 +16,10 @@
 #include <ember/dist/process_group.h>
 #include <ember/models/gpt2.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <map>
-#include <thread>
 
+#include "dist/thread_ranks.h"
 #include "tolerance.h"
 
 namespace ember::dist {
@@ -98,25 +97,6 @@ PlResult pl_reference(int64_t layers, torch::ScalarType dtype, int64_t m, int64_
   return r;
 }
 
-/// fn(rank, group) on `ranks` Gloo ranks in threads over one HashStore; each rank's error.
-std::vector<std::string> pl_on_ranks(int64_t ranks, const std::function<void(int64_t, ProcessGroup&)>& fn) {
-  const auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto g = ProcessGroup::create(
-            store, r, ranks, ProcessGroupOptions().backend(Backend::kGloo).timeout(std::chrono::seconds(60)));
-        fn(r, *g);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
 /// The pipeline: each rank its own copy of the model (built here, in this
 /// thread: the global generator), its own AdamW over its stages' parameters.
 /// Each rank's parameters are merged into one result (a tied one from the
@@ -126,25 +106,26 @@ PlResult pl_pipeline(int64_t layers, torch::ScalarType dtype, int64_t ranks, Pip
   std::vector<models::Gpt2> models;
   for (int64_t r = 0; r < ranks; ++r) models.push_back(pl_model(layers, dtype));
   std::vector<PlResult> per_rank(static_cast<size_t>(ranks));
-  const std::vector<std::string> errors = pl_on_ranks(ranks, [&](int64_t r, ProcessGroup& g) {
-    std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});
-    PipelineRunner pipe(group, models[r]->pipeline_pieces(kPlBlock), PipelineOptions(schedule, m));
-    torch::optim::AdamW opt(pipe.parameters(), pl_adamw());
-    PlResult& out = per_rank[static_cast<size_t>(r)];
-    for (int64_t step = 0; step < steps; ++step) {
-      opt.zero_grad();
-      const torch::Tensor w = pl_batch(step);
-      const torch::Tensor loss = pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock), pl_loss);
-      out.losses.push_back(loss.item<double>());
-      if (step == 0) {
-        for (const auto& [name, p] : pipe.named_parameters()) out.first_grads[name] = p.grad().clone();
-        out.peak_live = pipe.last_step().peak_live_microbatches;
-      }
-      if (clip > 0) pipe.clip_grad_norm_(clip);
-      opt.step();
-    }
-    for (const auto& [name, p] : pipe.named_parameters()) out.weights[name] = p.detach().clone();
-  });
+  const std::vector<std::string> errors =
+      test_util::run_thread_ranks(ranks, [&](const std::shared_ptr<ProcessGroup>& group) {
+        const int64_t r = group->rank();
+        PipelineRunner pipe(group, models[r]->pipeline_pieces(kPlBlock), PipelineOptions(schedule, m));
+        torch::optim::AdamW opt(pipe.parameters(), pl_adamw());
+        PlResult& out = per_rank[static_cast<size_t>(r)];
+        for (int64_t step = 0; step < steps; ++step) {
+          opt.zero_grad();
+          const torch::Tensor w = pl_batch(step);
+          const torch::Tensor loss = pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock), pl_loss);
+          out.losses.push_back(loss.item<double>());
+          if (step == 0) {
+            for (const auto& [name, p] : pipe.named_parameters()) out.first_grads[name] = p.grad().clone();
+            out.peak_live = pipe.last_step().peak_live_microbatches;
+          }
+          if (clip > 0) pipe.clip_grad_norm_(clip);
+          opt.step();
+        }
+        for (const auto& [name, p] : pipe.named_parameters()) out.weights[name] = p.detach().clone();
+      });
   for (int64_t r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
   PlResult merged;
   merged.losses = per_rank[0].losses;
@@ -177,6 +158,8 @@ std::vector<PlCase> pl_cases() {
   for (const auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B})
     for (const int64_t layers : {2, 4})
       for (const int64_t ranks : {2, 4}) out.push_back({layers, ranks, 2 * ranks, schedule});
+  // Interleaved 1F1B: 2 ranks x 2 stages each (6 pieces into 4 stages), m a multiple of p.
+  out.push_back({4, 2, 4, PipelineSchedule::kInterleaved1F1B});
   return out;
 }
 
@@ -258,17 +241,16 @@ TEST(Pipeline, LiveMicrobatchesPerStageAreThePlans) {
 TEST(Pipeline, TooFewMicrobatchesAndUnevenBatchesAreRefused) {
   std::vector<models::Gpt2> models;
   for (int r = 0; r < 4; ++r) models.push_back(pl_model(2, torch::kFloat32));
-  std::vector<std::string> errors = pl_on_ranks(4, [&](int64_t r, ProcessGroup& g) {
-    std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});
-    PipelineRunner pipe(group, models[r]->pipeline_pieces(kPlBlock),
-                        PipelineOptions(PipelineSchedule::k1F1B, 2));
-  });
+  std::vector<std::string> errors =
+      test_util::run_thread_ranks(4, [&](const std::shared_ptr<ProcessGroup>& group) {
+        PipelineRunner pipe(group, models[group->rank()]->pipeline_pieces(kPlBlock),
+                            PipelineOptions(PipelineSchedule::k1F1B, 2));
+      });
   for (const std::string& e : errors)
     EXPECT_NE(e.find("1f1b with 4 stages needs at least 4 microbatches per step, got 2"), std::string::npos)
         << e;
-  errors = pl_on_ranks(2, [&](int64_t r, ProcessGroup& g) {
-    std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});
-    PipelineRunner pipe(group, models[r]->pipeline_pieces(kPlBlock),
+  errors = test_util::run_thread_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
+    PipelineRunner pipe(group, models[group->rank()]->pipeline_pieces(kPlBlock),
                         PipelineOptions(PipelineSchedule::kGPipe, 3));
     const torch::Tensor w = pl_batch(0);
     pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock), pl_loss);
@@ -278,8 +260,7 @@ TEST(Pipeline, TooFewMicrobatchesAndUnevenBatchesAreRefused) {
               std::string::npos)
         << e;
   // Six pieces (embedding, 4 blocks, head) split over 8 stages: refused by name.
-  errors = pl_on_ranks(1, [&](int64_t, ProcessGroup& g) {
-    std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});
+  errors = test_util::run_thread_ranks(1, [&](const std::shared_ptr<ProcessGroup>& group) {
     PipelineRunner pipe(group, models[0]->pipeline_pieces(kPlBlock),
                         PipelineOptions(PipelineSchedule::kInterleaved1F1B, 8).stages_per_rank(8));
   });

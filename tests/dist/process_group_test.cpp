@@ -20,6 +20,7 @@
 #include <chrono>
 #include <thread>
 
+#include "dist/thread_ranks.h"
 #include "tolerance.h"
 #include "train/test_task.h"
 
@@ -126,59 +127,44 @@ TEST(ProcessGroup, ARankWhoseStoreIsNotThereIsToldWithoutStackFrames) {
   EXPECT_LT(took, 2 + 20) << "a bound on a hang (20 s: a loaded machine), not a speed";
 }
 
-/// fn(group) on `size` Gloo ranks in threads over one HashStore; each rank's error, if any.
-std::vector<std::string> p2p_on_ranks(int64_t size, const std::function<void(ProcessGroup&)>& fn) {
-  const auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(*ProcessGroup::create(
-            store, r, size, ProcessGroupOptions().backend(Backend::kGloo).timeout(std::chrono::seconds(60))));
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
 // Point-to-point as pipeline stages use it: sends posted before the matching
 // receives, and receives posted in another order than the sends (matched by
 // tag, not by order), around a ring of 3 ranks; misuse refused by name.
 TEST(ProcessGroup, SendAndRecvMatchByPeerAndTagInAnyOrder) {
-  const std::vector<std::string> errors = p2p_on_ranks(3, [](ProcessGroup& g) {
-    const int64_t r = g.rank(), next = (r + 1) % 3, prev = (r + 2) % 3;
-    std::vector<torch::Tensor> out;
-    std::vector<ProcessGroup::Pending> sends;
-    for (int64_t tag = 0; tag < 3; ++tag) {  // tag k carries 100 r + k
-      out.push_back(torch::full({2, 3}, static_cast<double>(100 * r + tag), torch::kFloat64));
-      sends.push_back(g.start_send(out.back(), next, tag));
-    }
-    std::vector<torch::Tensor> in(3);
-    std::vector<ProcessGroup::Pending> recvs;
-    for (const int64_t tag : {2, 0, 1}) {
-      in[static_cast<size_t>(tag)] = torch::empty({2, 3}, torch::kFloat64);
-      recvs.push_back(g.start_recv(in[static_cast<size_t>(tag)], prev, tag));
-    }
-    for (auto& p : recvs) p.wait();
-    for (auto& p : sends) p.wait();
-    for (int64_t tag = 0; tag < 3; ++tag)
-      if (!torch::equal(in[static_cast<size_t>(tag)],
-                        torch::full({2, 3}, static_cast<double>(100 * prev + tag), torch::kFloat64)))
-        throw Error("rank " + std::to_string(r) + " tag " + std::to_string(tag) +
-                    ": received the wrong values");
-    torch::Tensor t = torch::zeros({2});
-    for (const int64_t bad : {r, int64_t{3}, int64_t{-1}}) {
-      try {
-        g.start_send(t, bad, 0);
-        throw Error("a send to rank " + std::to_string(bad) + " was accepted");
-      } catch (const Error& e) {
-        if (std::string(e.what()).find("is not another rank of this group of 3") == std::string::npos) throw;
-      }
-    }
-  });
+  const std::vector<std::string> errors =
+      test_util::run_thread_ranks(3, [](const std::shared_ptr<ProcessGroup>& group) {
+        ProcessGroup& g = *group;
+        const int64_t r = g.rank(), next = (r + 1) % 3, prev = (r + 2) % 3;
+        std::vector<torch::Tensor> out;
+        std::vector<ProcessGroup::Pending> sends;
+        for (int64_t tag = 0; tag < 3; ++tag) {  // tag k carries 100 r + k
+          out.push_back(torch::full({2, 3}, static_cast<double>(100 * r + tag), torch::kFloat64));
+          sends.push_back(g.start_send(out.back(), next, tag));
+        }
+        std::vector<torch::Tensor> in(3);
+        std::vector<ProcessGroup::Pending> recvs;
+        for (const int64_t tag : {2, 0, 1}) {
+          in[static_cast<size_t>(tag)] = torch::empty({2, 3}, torch::kFloat64);
+          recvs.push_back(g.start_recv(in[static_cast<size_t>(tag)], prev, tag));
+        }
+        for (auto& p : recvs) p.wait();
+        for (auto& p : sends) p.wait();
+        for (int64_t tag = 0; tag < 3; ++tag)
+          if (!torch::equal(in[static_cast<size_t>(tag)],
+                            torch::full({2, 3}, static_cast<double>(100 * prev + tag), torch::kFloat64)))
+            throw Error("rank " + std::to_string(r) + " tag " + std::to_string(tag) +
+                        ": received the wrong values");
+        torch::Tensor t = torch::zeros({2});
+        for (const int64_t bad : {r, int64_t{3}, int64_t{-1}}) {
+          try {
+            g.start_send(t, bad, 0);
+            throw Error("a send to rank " + std::to_string(bad) + " was accepted");
+          } catch (const Error& e) {
+            if (std::string(e.what()).find("is not another rank of this group of 3") == std::string::npos)
+              throw;
+          }
+        }
+      });
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   const auto replicas = ProcessGroup::create_replicas(0, 2, {});
   torch::Tensor t = torch::zeros({2});

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cuda_test.h"
+#include "dist/thread_ranks.h"
 #include "train/test_task.h"
 
 namespace ember::dist {
@@ -126,24 +127,6 @@ void expect_bitwise(const Trained& a, const Trained& b, const std::string& what)
     EXPECT_TRUE(torch::equal(a.weights[i], b.weights[i])) << what << ", " << i;
 }
 
-/// fn(group) on 2 Gloo ranks in threads over one HashStore.
-void on_two_ranks(const std::function<void(const std::shared_ptr<ProcessGroup>&)>& fn) {
-  const auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(ProcessGroup::create(
-            store, r, 2, ProcessGroupOptions().backend(Backend::kGloo).timeout(std::chrono::seconds(60))));
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int64_t r = 0; r < 2; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-}
-
 // Each step gathers every block twice (forward, then backward); with
 // prefetch all but the first of each pass are started while the previous
 // block computes, at most three blocks are whole at once; the weights are
@@ -151,7 +134,7 @@ void on_two_ranks(const std::function<void(const std::shared_ptr<ProcessGroup>&)
 TEST(ShardingGather, PrefetchStartsTheNextBlocksGatherAndChangesNoValue) {
   const int64_t steps = 3;
   std::vector<Trained> with(2), without(2);
-  on_two_ranks([&](const std::shared_ptr<ProcessGroup>& group) {
+  test_util::on_thread_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
     const ShardingOptions o = ShardingOptions().stage(Sharding::kParameters);
     with[group->rank()] = train(group, ShardingOptions(o).prefetch(true), torch::kCPU, steps);
     without[group->rank()] = train(group, ShardingOptions(o).prefetch(false), torch::kCPU, steps);
@@ -179,7 +162,7 @@ TEST(ShardingGather, PrefetchStartsTheNextBlocksGatherAndChangesNoValue) {
 TEST(ShardingGather, Bf16MixedGathersInBf16WithAutocastsValues) {
   const int64_t steps = 3;
   std::vector<Trained> bf16(2), fp32(2);
-  on_two_ranks([&](const std::shared_ptr<ProcessGroup>& group) {
+  test_util::on_thread_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
     const ShardingOptions o = ShardingOptions().stage(Sharding::kParameters);
     bf16[group->rank()] = train(group, ShardingOptions(o).gather_in_compute_dtype(true), torch::kCPU, steps,
                                 amp::Precision::kBf16Mixed);
@@ -204,7 +187,7 @@ TEST(ShardingGather, Bf16MixedGathersInBf16WithAutocastsValues) {
 TEST(ShardingGather, Bf16MixedWithNormsTrainsOnTheCpuByDefault) {
   std::vector<Trained> by_default(2), off(2);
   std::vector<std::string> errors(2);
-  on_two_ranks([&](const std::shared_ptr<ProcessGroup>& group) {
+  test_util::on_thread_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
     const ShardingOptions o = ShardingOptions().stage(Sharding::kParameters);
     by_default[group->rank()] = train(group, o, torch::kCPU, 2, amp::Precision::kBf16Mixed, /*norms=*/true);
     off[group->rank()] = train(group, ShardingOptions(o).gather_in_compute_dtype(false), torch::kCPU, 2,

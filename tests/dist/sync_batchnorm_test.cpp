@@ -17,35 +17,16 @@
 #include <sstream>
 #include <thread>
 
+#include "dist/thread_ranks.h"
 #include "tolerance.h"
 #include "train/test_task.h"
 
 namespace ember::dist {
 namespace {
 
-/// fn(group) on `world` ranks, one thread each, Gloo over one HashStore.
-/// Collectives fail after `timeout` instead of hanging.
-void on_ranks(int64_t world, const std::function<void(const std::shared_ptr<ProcessGroup>&)>& fn,
-              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  const auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        const auto group = ProcessGroup::create(
-            store, r, world, ProcessGroupOptions().backend(Backend::kGloo).timeout(timeout));
-        fn(group);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int64_t r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-}
-
 using test_util::max_abs;
 using test_util::near;
+using test_util::on_thread_ranks;
 using test_util::rounding_bound;
 
 /// How much centring x magnifies the rounding of its batch statistics: max |x| over the smallest
@@ -104,7 +85,7 @@ void check_against_batch_norm(const std::vector<int64_t>& sizes, std::optional<d
     ref_dx.push_back(x.grad());
   }
   std::vector<std::vector<RankResult>> results(static_cast<size_t>(world));
-  on_ranks(world, [&](const std::shared_ptr<ProcessGroup>& group) {
+  on_thread_ranks(world, [&](const std::shared_ptr<ProcessGroup>& group) {
     const int64_t r = group->rank();
     int64_t offset = 0;
     for (int64_t i = 0; i < r; ++i) offset += sizes[i];
@@ -177,7 +158,7 @@ TEST(SyncBatchNorm, OneDimensionalFloatInputs) {
   torch::nn::BatchNorm1d ref(6);
   const torch::Tensor want = ref(x).detach();
   std::vector<torch::Tensor> got(2);
-  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
+  on_thread_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
     SyncBatchNorm1d bn(torch::nn::BatchNormOptions(6), group);
     got[group->rank()] = bn(x.narrow(0, 4 * group->rank(), 4)).detach();
   });
@@ -195,7 +176,7 @@ TEST(SyncBatchNorm, EvalModeIsBatchNormWithoutCommunication) {
   init->running_mean.normal_();
   init->running_var.uniform_(0.5, 2);
   init->eval();
-  on_ranks(
+  on_thread_ranks(
       2,
       [&](const std::shared_ptr<ProcessGroup>& group) {
         auto copy = std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(init->clone());
@@ -212,7 +193,7 @@ TEST(SyncBatchNorm, EvalModeIsBatchNormWithoutCommunication) {
 // One rank (a Gloo group of one, or the module without a group's
 // communication): BatchNorm's forward, bit for bit, running statistics too.
 TEST(SyncBatchNorm, OneRankIsBatchNorm) {
-  on_ranks(1, [&](const std::shared_ptr<ProcessGroup>& group) {
+  on_thread_ranks(1, [&](const std::shared_ptr<ProcessGroup>& group) {
     torch::nn::BatchNorm2d ref = random_bn(3, 0.1);
     auto copy = std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(ref->clone());
     SyncBatchNorm2d bn(*copy, group);
@@ -430,7 +411,7 @@ TEST(SyncBatchNorm, ResNetGradientsOnTwoRanksAreOneProcesssOnTheWholeBatch) {
     for (size_t i = 0; i < want.size(); ++i) ASSERT_TRUE(torch::equal(got[i], want[i])) << "replica " << r;
   }
   std::vector<std::vector<torch::Tensor>> grads(2);
-  on_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
+  on_thread_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
     const int64_t r = group->rank();
     models::CifarResNet net = nets[r];
     convert_sync_batchnorm(*net, group);

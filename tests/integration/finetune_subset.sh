@@ -12,6 +12,8 @@
 #   after it: finetune_transfer.sh);
 #   - a ViT at another image size (32 px from a 224 px checkpoint: the
 #     position table resampled) trains and its export loads into timm strict;
+#   - the planner's measurement (--measure) of a ResNet-50 counts its
+#     parameters and MACs as torchvision's module does;
 #   - a ViT whose image size is not augment.size, and model.new_head=true
 #     without model.pretrained, are refused under --check.
 set -euo pipefail
@@ -93,6 +95,41 @@ sys.path.insert(0, sys.argv[2])
 import ember_pruned
 assert ember_pruned.load(f"{out}/vit").patch_embed.img_size == (32, 32)  # timm.create_model(img_size=32)
 print("finetune: the ViT export (32 px) loads into timm strict (and through its model.json)")
+EOF
+
+# The planner sizes the real model: --measure of a torchvision ResNet-50 (64 px) counts its
+# parameters and forward MACs as torchvision's own module does (hooks on every Conv2d and Linear).
+"$bin" --measure "$out/measure.json" model.arch=resnet50 data.root="$out/images" data.size=[72,72] \
+  augment.size=[64,64] data.batch_size=8 trainer.threads=1 plan.precisions=fp32 plan.timed_steps=2 \
+  >"$out/measure.out" 2>"$out/measure.err" || { cat "$out/measure.err"; fail "finetune --measure failed"; }
+"$py" - "$out/measure.json" <<'EOF'
+import json
+import sys
+import torch
+import torchvision
+m = json.load(open(sys.argv[1]))
+model = torchvision.models.resnet50(num_classes=3).eval()
+macs = 0
+def conv(mod, inputs, out):
+    global macs
+    macs += out.numel() * (mod.in_channels // mod.groups) * mod.kernel_size[0] * mod.kernel_size[1]
+def linear(mod, inputs, out):
+    global macs
+    macs += out.numel() * mod.in_features
+for mod in model.modules():
+    if isinstance(mod, torch.nn.Conv2d):
+        mod.register_forward_hook(conv)
+    elif isinstance(mod, torch.nn.Linear):
+        mod.register_forward_hook(linear)
+with torch.no_grad():
+    model(torch.zeros(1, 3, 64, 64))
+params = sum(p.numel() for p in model.parameters())
+if (m["parameters"], m["forward_macs_per_sample"]) != (params, macs):
+    sys.exit(f"FAILED: --measure counts {m['parameters']} parameters and {m['forward_macs_per_sample']} MACs, "
+             f"torchvision's resnet50 {params} and {macs}")
+if m["train_flops_per_sample"] != 6 * macs:
+    sys.exit(f"FAILED: training FLOPs {m['train_flops_per_sample']} are not 6 x {macs} MACs")
+print(f"finetune --measure: resnet50 at 64 px, {params} parameters and {macs} MACs per image, as torchvision's")
 EOF
 
 # A ViT whose images are not augment.size: refused before any work.

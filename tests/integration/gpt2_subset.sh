@@ -12,6 +12,8 @@
 #     the recipe's within a bound derived from the logits' (2 x 1e-5 of the
 #     largest logit: a cross-entropy moves at most twice as far as any of
 #     its logits), and is below the loss of the weights it started from;
+#   - the planner's measurement (--measure) counts transformers' parameters
+#     and GPT-2's training FLOPs;
 #   - sharded: the same start trained on 2 Gloo ranks x 8 sequences with
 #     dist.sharding=parameters (ZeRO-3: GPT-2's tied wte/lm_head in one
 #     shard) and every block checkpointed ends within a float32 bound of one
@@ -112,6 +114,26 @@ assert got < before, f"fine-tuning did not lower the loss: {before} -> {got}"
 print(f"gpt2 from Hugging Face weights: val_loss {before:.4f} -> {got:.4f} ({len(windows)} windows); transformers "
       f"computes the recipe's {ember:.6f} from the export (difference {abs(got - ember):.1e}, bound {bound:.1e})")
 EOF
+# The planner sizes it: --measure counts transformers' parameters (wte tied: once) and the
+# training FLOPs 3 x T x (2 x the blocks' matmul weights + 2 C V for the head + 4 T C per block).
+"$bin" "${small[@]}" --measure "$out/measure.json" plan.precisions=fp32 plan.timed_steps=2 \
+  >"$out/measure.out" 2>"$out/measure.err" || { cat "$out/measure.err"; fail "gpt2 --measure failed"; }
+"$py" - "$out/measure.json" <<'EOF'
+import json
+import sys
+from transformers import GPT2Config, GPT2LMHeadModel
+m = json.load(open(sys.argv[1]))
+model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=256))
+params = sum(p.numel() for p in model.parameters())  # parameters() yields the tied wte once
+T, C, V, L = 32, 64, 256, 2
+matmul = sum(p.numel() for n, p in model.named_parameters() if ".h." in n and n.endswith(".weight") and p.dim() == 2)
+flops = 3 * T * (2 * matmul + 2 * C * V + L * 4 * T * C)
+if (m["parameters"], m["train_flops_per_sample"]) != (params, flops):
+    sys.exit(f"FAILED: --measure: {m['parameters']} parameters, {m['train_flops_per_sample']} training FLOPs per "
+             f"sequence; transformers' model {params}, the formula {flops}")
+print(f"gpt2 --measure: {params} parameters (transformers' count), {flops} training FLOPs per sequence of {T}")
+EOF
+
 # ZeRO-3 with checkpointing on 2 ranks against one process, from the same Hugging Face start.
 torchrun="$(dirname "$py")/torchrun"
 zero=(trainer.max_steps=8 optim.lr=1e-3 sched.name=constant model.pretrained="$out/hf_start")
