@@ -27,7 +27,7 @@ CAP_FACTOR = 2  # a row is stopped at CAP_FACTOR x its estimate
 SETUP_ESTIMATE = 15
 MAX_LOG_BYTES = 2 << 20  # per log in the tarball (the tail is kept)
 # Executables the rows run, by folder of the binaries' layout (a build tree or .device/build).
-RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune", "image_folder")
+RECIPES = ("fashion_mnist", "char_gpt", "cifar_resnet", "prune_finetune", "image_folder", "gpt2")
 BENCHES = ("ember_bench_amp_step", "ember_bench_augment", "ember_bench_monitor", "ember_bench_prune",
            "ember_bench_heads", "ember_bench_ddp", "ember_bench_speed", "ember_bench_sharding",
            "ember_bench_activation_checkpoint", "ember_bench_data")

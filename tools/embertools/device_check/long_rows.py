@@ -447,3 +447,51 @@ def ddp_bench(c: Check):
               "ddp_bench.log",
               detail=lambda n, out: short(" ".join(re.findall(
                   r'"(?:overlap_bucketed|overlap_per_param|local_backward_ms)": [-0-9.]+', out))))
+
+
+# llm.c's GPT-2 124M reproduction (discussion #481): 10B tokens in 90 minutes on 8 A100s, about 231K
+# tokens/s per GPU; 6 x 124M FLOPs a token (attention aside) makes that about 0.55 of an A100's 312 TFLOP/s.
+LLMC_124M_TOKENS_PER_S_A100 = 10e9 / (90 * 60) / 8
+GPT2_ROW = "gpt2 gpu.toml (llm.c's 124M), 10 steps of 524,288 tokens (cuda)"
+
+
+@step(GPT2_ROW)
+def gpt2_llmc(c: Check):
+    """The gpt2 recipe's GPU config, llm.c's 124M reproduction (bf16, micro-batch 64 x 1024 tokens, 8
+    accumulated): 10 optimizer steps on llm.c token files of random tokens written here (6M tokens), its
+    tokens/s and MFU beside llm.c's published figure (an A100's; an H100 should go well past it)."""
+    tokens = c.work / "gpt2_tokens"
+    rc, out = c.run([c.python, "-c", (
+        "import numpy as np, sys, pathlib\n"
+        "d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True)\n"
+        "for i in range(2):\n"
+        "    t = np.random.default_rng(i).integers(0, 50257, 3 << 20, dtype=np.uint16)\n"
+        "    h = np.zeros(256, np.int32); h[:3] = (20240520, 1, len(t))\n"
+        "    (d / f'train-{i:06d}.bin').write_bytes(h.tobytes() + t.tobytes())\n"), tokens], "gpt2_tokens.log")
+    if rc != 0:
+        c.report(GPT2_ROW, "FAIL", f"writing the token files: {first_failure(out)}")
+        return
+    ref = LLMC_124M_TOKENS_PER_S_A100
+    recipe_row(c, GPT2_ROW, "gpt2",
+               ["--config", ROOT / "recipes" / "gpt2" / "gpu.toml",
+                f"data.tokens={tokens}/train-{{000000..000001}}.bin", "data.val_tokens=", "trainer.max_steps=10",
+                f"run.dir={c.runs_dir('gpt2')}"], "gpt2.log",
+               want=lambda v: ("tokens_per_second" in v, "no tokens_per_second in its result line"),
+               detail=lambda v: f"{v.get('tokens_per_second', 0):.0f} tokens/s, MFU {v.get('mfu', 0):.3f}; llm.c "
+                                f"(discussion #481) about {ref:.0f} tokens/s per A100, MFU about 0.55",
+               needs=None)
+
+
+REAL_SPEED_ROW = "speed bench: ResNet-50 and GPT-2 124M steps, bf16, Ember vs Python eager (cuda)"
+
+
+@step(REAL_SPEED_ROW)
+def real_model_speed(c: Check):
+    """The real models' training step at bf16 (docs/training.md, "Measured"): torchvision's ResNet-50 at
+    batch 64 (224 px) and transformers' GPT-2 124M at 8 x 128 tokens against Ember's, eager, 1 rep."""
+    js = c.work / "speed_real.json"
+    bench_row(c, REAL_SPEED_ROW,
+              speed_cmd(c, js, "--models", "resnet50", "gpt2", "--batches", "64", "--precision", "bf16-mixed",
+                        "--sides", "ember", "python", "python-fused", "--reps", "1", "--steps", "20", "--warmup",
+                        "5"),
+              "speed_real.log", numbers=lambda _: speed_numbers(js), detail=speed_detail)

@@ -6,7 +6,7 @@ from .cases import (BS_FIND_ROW, GPU_CASES_ROW, PLAN_ROW, SHARDING_GPUS_ROW, SHA
     WAVE3_AC_ROW, WAVE3_SHARDING_ROW)
 from .common import CAP_FACTOR, SETUP_ESTIMATE
 from .goals import DOCTOR_ROW, STEPS
-from .long_rows import DECODE_ROW, LOADER_ROW, SPEEDRUN_ROW, SPEED_TABLE_ROW
+from .long_rows import DECODE_ROW, GPT2_ROW, LOADER_ROW, REAL_SPEED_ROW, SPEEDRUN_ROW, SPEED_TABLE_ROW
 
 
 # ---- the plan ---------------------------------------------------------------------------
@@ -84,6 +84,8 @@ PLAN = [
     (3, "fashion_mnist bf16-mixed, default config (cuda)", 25, "as fp32"),
     (3, "fashion_mnist fp16-mixed, default config (cuda)", 25, "as fp32; the precisions' agreement row after it"),
     (3, "char_gpt gpu.toml, 150 steps (cuda)", 60, "150 steps of 65,536 tokens on 85M weights (~0.1 s each)"),
+    (3, GPT2_ROW, 60, "10 steps of 524,288 tokens on 124M weights (llm.c: ~0.3 s each on 8 A100s' share)"),
+    (3, REAL_SPEED_ROW, 60, "2 models x 3 sides x 25 steps, each side a process"),
     (3, "cifar_resnet, generated data, bf16, 5 epochs (cuda)", 60, "2000 generated images, 5 epochs"),
     (3, "prune_finetune 3 + 2 epochs (cuda)", 60, "3 dense epochs, pruning, 2 fine-tuning epochs"),
     (3, "fashion_mnist augment.toml, with and without augmentation (cuda)", 240, "2 full trainings"),
