@@ -8,10 +8,14 @@
 //     sums each stage's and then adds the two);
 //   - 20 AdamW steps with clipping: every weight within 1e-5 of the largest in
 //     float32 (the bound), and in float64 within the rounding bound;
+//   - bf16-mixed, and fp16-mixed with loss scaling (an overflowing step
+//     skipped on every stage alike);
 //   - the activations kept: 1F1B's live microbatches per stage are min(p - s, m),
 //     GPipe's m, as the plan's simulation says;
 //   - refusals before any communication: fewer microbatches than stages under
 //     1F1B, a batch the microbatches do not divide.
+#include <ember/amp/autocast.h>
+#include <ember/amp/grad_scaler.h>
 #include <ember/dist/pipeline.h>
 #include <ember/dist/process_group.h>
 #include <ember/models/gpt2.h>
@@ -216,6 +220,134 @@ TEST(Pipeline, TwentyAdamWStepsWithClippingEqualOneProcess) {
       for (size_t i = 0; i < want.losses.size(); ++i)
         EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]) << "step " << i;
       EXPECT_LT(want.losses.back(), want.losses.front() - 0.05);  // it trained
+    }
+  }
+}
+
+/// One process or the pipeline under autocast (`half`: fp16 with a GradScaler
+/// whose first scale overflows, else bf16 without one), 12 AdamW steps with
+/// clipping; the steps the scaler skipped, the final weights by name.
+struct PlMixed {
+  std::vector<bool> stepped;
+  std::map<std::string, torch::Tensor> weights;
+};
+
+amp::GradScalerOptions pl_scaler_options() {
+  return amp::GradScalerOptions().init_scale(std::ldexp(1.0, 24)).growth_interval(4);  // 2^24 overflows fp16
+}
+
+PlMixed pl_mixed_reference(torch::ScalarType half, int64_t m, int64_t steps) {
+  models::Gpt2 model = pl_model(2, torch::kFloat32);
+  torch::optim::AdamW opt(model->parameters(), pl_adamw());
+  amp::GradScaler scaler(pl_scaler_options().enabled(half == torch::kHalf));
+  PlMixed r;
+  for (int64_t step = 0; step < steps; ++step) {
+    opt.zero_grad();
+    const torch::Tensor w = pl_batch(step);
+    const auto xs = w.narrow(1, 0, kPlBlock).chunk(m), ys = w.narrow(1, 1, kPlBlock).chunk(m);
+    for (int64_t i = 0; i < m; ++i) {
+      torch::Tensor l;
+      {
+        amp::AutocastGuard ac(torch::kCPU, half);
+        l = pl_loss(model->forward(xs[i]), ys[i]);
+      }
+      scaler.scale(l / m).backward();
+    }
+    scaler.unscale_(opt);
+    pl_clip(model->parameters(), 1.0);
+    r.stepped.push_back(scaler.step(opt));
+    scaler.update();
+  }
+  for (const auto& p : model->named_parameters()) r.weights[p.key()] = p.value().detach().clone();
+  return r;
+}
+
+PlMixed pl_mixed_pipeline(torch::ScalarType half, int64_t ranks, PipelineSchedule schedule, int64_t m,
+                          int64_t steps) {
+  std::vector<models::Gpt2> models;
+  for (int64_t r = 0; r < ranks; ++r) models.push_back(pl_model(2, torch::kFloat32));
+  std::vector<PlMixed> per_rank(static_cast<size_t>(ranks));
+  const std::vector<std::string> errors =
+      test_util::run_thread_ranks(ranks, [&](const std::shared_ptr<ProcessGroup>& group) {
+        const int64_t r = group->rank();
+        PipelineRunner pipe(group, models[r]->pipeline_pieces(kPlBlock), PipelineOptions(schedule, m));
+        torch::optim::AdamW opt(pipe.parameters(), pl_adamw());
+        amp::GradScaler scaler(pl_scaler_options().enabled(half == torch::kHalf));
+        PlMixed& out = per_rank[static_cast<size_t>(r)];
+        for (int64_t step = 0; step < steps; ++step) {
+          opt.zero_grad();
+          const torch::Tensor w = pl_batch(step);
+          {
+            amp::AutocastGuard ac(torch::kCPU, half);
+            pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock), pl_loss,
+                      scaler.scale(torch::ones({})));
+          }
+          scaler.unscale_(opt);
+          pipe.agree_found_inf(scaler, opt);
+          pipe.clip_grad_norm_(1.0);
+          out.stepped.push_back(scaler.step(opt));
+          scaler.update();
+        }
+        for (const auto& [name, p] : pipe.named_parameters()) out.weights[name] = p.detach().clone();
+      });
+  for (int64_t r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  PlMixed merged;
+  merged.stepped = per_rank[0].stepped;
+  for (int64_t r = 0; r < ranks; ++r) {
+    EXPECT_EQ(per_rank[static_cast<size_t>(r)].stepped, merged.stepped)
+        << "rank " << r << " skipped other steps";
+    for (const auto& [name, t] : per_rank[static_cast<size_t>(r)].weights) merged.weights.emplace(name, t);
+  }
+  return merged;
+}
+
+/// tests/tolerance.py's adamw_step_ratio: the largest |m_hat| / sqrt(v_hat)
+/// AdamW (betas 0.9, 0.999) can take within `steps` steps, whatever the gradients.
+double pl_adamw_step_ratio(int64_t steps) {
+  const double b1 = 0.9, b2 = 0.999;
+  double worst = 0;
+  for (int64_t t = 1; t <= steps; ++t) {
+    double sum = 0;
+    for (int64_t i = 1; i <= t; ++i) {
+      const double a = (1 - b1) * std::pow(b1, t - i) / (1 - std::pow(b1, t));
+      const double b = (1 - b2) * std::pow(b2, t - i) / (1 - std::pow(b2, t));
+      sum += a * a / b;
+    }
+    worst = std::max(worst, std::sqrt(sum));
+  }
+  return worst;
+}
+
+// bf16-mixed, and fp16-mixed with loss scaling from a scale that overflows:
+// every stage skips exactly the steps one process skips (the found-inf flags
+// agreed over the pipeline). The weights: the two sides run the same autocast
+// operations on the same shapes, and differ by the float32 rounding of the
+// tied sum and of the clip's norm; where such a difference flips one
+// half-precision rounding of an activation, a gradient moves by up to one
+// half-precision eps relative, which AdamW carries into every later step
+// (tests/tolerance.py's adamw_bound with that eps and n = 1): elementwise
+// 2 eps(half) steps lr (step ratio + weight decay max |w|). In float32 the
+// issue's 1e-5 holds (the test above); under autocast one flip is enough to
+// pass it (measured: 2.1e-5 of a near-zero bias in fp16 after 12 steps).
+TEST(Pipeline, MixedPrecisionAndLossScalingEqualOneProcess) {
+  for (const auto half : {torch::kBFloat16, torch::kHalf}) {
+    for (const auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
+      SCOPED_TRACE(std::string(to_string(schedule)) +
+                   (half == torch::kHalf ? ", fp16 + loss scaling" : ", bf16"));
+      const PlMixed want = pl_mixed_reference(half, 4, 12);
+      const PlMixed got = pl_mixed_pipeline(half, 2, schedule, 4, 12);
+      EXPECT_EQ(got.stepped, want.stepped);
+      if (half == torch::kHalf) {
+        EXPECT_FALSE(want.stepped.front()) << "the first scale (2^24) should overflow fp16 and skip the step";
+        EXPECT_TRUE(want.stepped.back());
+      }
+      double largest = 0;
+      for (const auto& [name, w] : want.weights) largest = std::max(largest, test_util::max_abs(w));
+      const double lr = pl_adamw().get_lr(), decay = pl_adamw().weight_decay();
+      const double bound = 2 * test_util::eps(half) * 12 * lr * (pl_adamw_step_ratio(12) + decay * largest);
+      ASSERT_EQ(got.weights.size(), want.weights.size());
+      for (const auto& [name, w] : want.weights)
+        EXPECT_TRUE(test_util::near(got.weights.at(name), w, bound)) << name;
     }
   }
 }

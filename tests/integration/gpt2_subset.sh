@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End to end: the gpt2 recipe on llm.c token files (GPT-2's format, byte
-# tokens of a generated text; vocabulary 256):
+# tokens of a generated text, written by ember_shards write --from text;
+# vocabulary 256):
 #   - without data.tokens, or with contexts longer than the position table,
 #     it is refused under --check, saying what to pass;
 #   - a 2-layer GPT-2 from scratch learns the text (validation loss well
@@ -19,31 +20,24 @@
 #     shard) and every block checkpointed ends within a float32 bound of one
 #     process x 16, and its export loads in from_pretrained.
 set -euo pipefail
-bin="$1"; py="$2"; out="$3"
+bin="$1"; py="$2"; out="$3"; shards="$4"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/checks.sh"
 rm -rf "$out"; mkdir -p "$out"
 
-"$py" - "$out" <<'EOF'
+# The token files as users make them: tools/ember shards (ember_shards write --from text), byte tokens.
+"$py" - "$out/text.txt" <<'EOF'
 import random
 import sys
-import numpy as np
-out = sys.argv[1]
 rng = random.Random(0)
 subjects, verbs, objects = ["the cat", "a dog", "my friend", "the old man"], ["sees", "likes", "finds"], \
     ["the ball.", "a red hat.", "the small house.", "some bread."]
-text = " ".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}" for _ in range(4000)).encode()
-def write(path, tokens):  # llm.c's GPT-2 format: 256 int32 header (magic, version 1, count), uint16 tokens
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (20240520, 1, len(tokens))
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.frombuffer(tokens, dtype=np.uint8).astype(np.uint16).tobytes())
-n = len(text)
-write(f"{out}/train-000000.bin", text[: n * 45 // 100])
-write(f"{out}/train-000001.bin", text[n * 45 // 100 : n * 9 // 10])
-write(f"{out}/val-000000.bin", text[n * 9 // 10 :])
+open(sys.argv[1], "w").write(" ".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}"
+                                      for _ in range(4000)))
 EOF
+"$shards" write "$out/text.txt" "$out" --from text --tokenizer bytes --tokens-per-shard 50000 --val-fraction 0.1 \
+  >"$out/shards.out" 2>"$out/shards.err" || { cat "$out/shards.err"; fail "ember_shards write --from text failed"; }
+expect_in "$out/shards.err" "in 2 token files: .*train-{000000..000001}.bin"
 
 small=(model.preset= model.n_layer=2 model.n_head=2 model.n_embd=64 model.n_positions=64 data.block_size=32
        data.vocab_size=256 data.batch_size=16 data.eval_batch_size=8 trainer.threads=1 sched.warmup_epochs=0

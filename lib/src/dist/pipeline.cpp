@@ -132,7 +132,7 @@ std::vector<torch::Tensor> PipelineRunner::parameters() const {
 }
 
 torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tensor& target,
-                                   const PipelineLoss& loss_fn) {
+                                   const PipelineLoss& loss_fn, const torch::Tensor& loss_scale) {
   const int m = plan_.microbatches, S = plan_.stages;
   const int64_t rank = group_->rank();
   EMBER_CHECK_KIND(kConfig, input.dim() >= 1 && input.size(0) % m == 0 && target.size(0) == input.size(0),
@@ -167,9 +167,11 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
     switch (a.kind) {
       case ActionKind::kRecvForward: {
         const int64_t t = message_tag(plan_, a), src = plan_.rank_of_stage(s - 1);
-        torch::Tensor header = torch::empty({kHeader}, torch::kInt64);
+        // The shape travels on the group's device (NCCL sends CUDA tensors only).
+        torch::Tensor header =
+            torch::empty({kHeader}, torch::TensorOptions(torch::kInt64).device(group_->device()));
         group_->start_recv(header, src, 2 * t).wait();
-        torch::Tensor x = from_header(header, input.device());
+        torch::Tensor x = from_header(header.cpu(), group_->device());
         group_->start_recv(x, src, 2 * t + 1).wait();
         activations[k] = x;
         break;
@@ -198,7 +200,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
         const int64_t t = message_tag(plan_, a), dst = plan_.rank_of_stage(s + 1);
         const torch::Tensor y = live.at(k).out.detach().contiguous();
         std::vector<ProcessGroup::Pending>& pending = forward_sends[k];
-        pending.push_back(send(shape_header(y), dst, 2 * t));
+        pending.push_back(send(shape_header(y).to(group_->device()), dst, 2 * t));
         pending.push_back(send(y, dst, 2 * t + 1));
         break;
       }
@@ -217,7 +219,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
         live.erase(it);
         --live_count[static_cast<size_t>(s)];
         if (s == S - 1)
-          slot.loss.backward();
+          (loss_scale.defined() ? slot.loss * loss_scale : slot.loss).backward();
         else
           slot.out.backward(take(gradients, k, "output gradient"));
         if (s > 0) {
@@ -252,9 +254,9 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
               "[dist::PipelineRunner] internal: the plan left {} microbatches live", live.size());
   exchange_tied_gradients();
   // The batch's mean loss on every rank: the last stage's sum over microbatches / m.
-  torch::Tensor mean = loss_sum / m;
+  torch::Tensor mean = (loss_sum / m).to(group_->device());
   group_->all_reduce_sum_(mean);
-  return mean;
+  return mean.cpu();
 }
 
 void PipelineRunner::exchange_tied_gradients() {
@@ -294,6 +296,17 @@ void PipelineRunner::exchange_tied_gradients() {
   }
 }
 
+void PipelineRunner::agree_found_inf(amp::GradScaler& scaler, const torch::optim::Optimizer& optimizer) {
+  // One flag per rank, whatever devices its stages' gradients are on, so that
+  // every rank makes exactly one all-reduce.
+  std::map<std::string, torch::Tensor> flags = scaler.found_inf_per_device(optimizer);
+  // On the group's device: NCCL reduces CUDA tensors only.
+  torch::Tensor any = torch::zeros({1}, torch::TensorOptions(torch::kFloat32).device(group_->device()));
+  for (const auto& [device, flag] : flags) any = torch::maximum(any, flag.to(any.options()).reshape({1}));
+  group_->all_reduce_max_(any);
+  for (auto& [device, flag] : flags) flag.copy_(any.reshape(flag.sizes()).to(flag.device()));
+}
+
 double PipelineRunner::clip_grad_norm_(double max_norm) {
   // Squares of per-tensor norms, summed in float64: per rank, then over ranks.
   torch::Tensor total = torch::zeros({}, torch::kFloat64);
@@ -304,6 +317,7 @@ double PipelineRunner::clip_grad_norm_(double max_norm) {
     grads.push_back(g);
     if (counts_in_norm_[i]) total += g.norm().to(torch::kFloat64).cpu().square();
   }
+  total = total.to(group_->device());  // NCCL reduces CUDA tensors only
   group_->all_reduce_sum_(total);
   const double norm = std::sqrt(total.item<double>());
   const double coef = max_norm / (norm + 1e-6);

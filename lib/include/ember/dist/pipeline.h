@@ -28,14 +28,29 @@
 //     in another order: equal to float rounding);
 //   - step() returns the batch's mean loss on every rank (an all-reduce from
 //     the last stage), clip_grad_norm_ takes the norm over every stage (a
-//     tied parameter counted once) so that every rank scales alike.
+//     tied parameter counted once) so that every rank scales alike;
+//   - mixed precision: the caller's amp::AutocastGuard around step() covers
+//     every piece's forward and the loss (autocast is per thread); under
+//     fp16, each rank keeps a GradScaler (the same scale everywhere: the same
+//     init and the same agreed updates), passes scaler.scale(1) as
+//     `loss_scale` (the last stage backpropagates loss / m x scale), and calls
+//     agree_found_inf after unscale_, so that every stage skips the same steps:
+//
+//       torch::Tensor loss;
+//       { amp::AutocastGuard ac(torch::kCUDA, torch::kHalf);
+//         loss = pipe.step(x, y, cross_entropy, scaler.scale(torch::ones({}, device))); }
+//       scaler.unscale_(opt);
+//       pipe.agree_found_inf(scaler, opt);  // an inf on any stage skips the step on all
+//       pipe.clip_grad_norm_(1.0);
+//       scaler.step(opt);
+//       scaler.update();
 // Activations sent forward are kept until their gradient comes back (the
 // backward of that microbatch), then freed: at most min(p - s, m)
 // microbatches are live on stage s under 1F1B, m under GPipe
 // (PipelineStepStats::peak_live_microbatches measures it).
 //
 // Not yet: dropout with masks equal to one process's, activation
-// checkpointing of a stage, loss scaling and mixed precision, data
+// checkpointing of a stage, data
 // parallelism across pipelines, the Trainer's keys (dist.pipeline), freeing
 // the parameters of other stages (every rank builds and keeps the whole
 // model; its optimizer holds only its own stages' state).
@@ -48,6 +63,7 @@
 #include <utility>
 #include <vector>
 
+#include "ember/amp/grad_scaler.h"
 #include "ember/core/pipeline_pieces.h"
 #include "ember/dist/pipeline_schedule.h"
 #include "ember/dist/process_group.h"
@@ -105,8 +121,17 @@ class PipelineRunner {
   /// One step's forwards and backwards (see the top of this file); the
   /// gradients accumulate into this rank's parameters. `input` and `target`
   /// are the whole batch, the same on every rank (the first stage reads
-  /// `input`, the last `target`). Returns the batch's mean loss (float64) on every rank.
-  torch::Tensor step(const torch::Tensor& input, const torch::Tensor& target, const PipelineLoss& loss);
+  /// `input`, the last `target`). `loss_scale` (a 0-dim tensor, e.g.
+  /// GradScaler::scale(ones)): the last stage backpropagates each
+  /// microbatch's loss / m times it (fp16 loss scaling). Returns the batch's
+  /// mean loss (float64, unscaled) on every rank.
+  torch::Tensor step(const torch::Tensor& input, const torch::Tensor& target, const PipelineLoss& loss,
+                     const torch::Tensor& loss_scale = {});
+
+  /// After scaler.unscale_(optimizer) on every rank: the inf/NaN flags of
+  /// every stage max-reduced over the group (one all-reduce), so that
+  /// scaler.step skips the step on every stage when any stage overflowed.
+  void agree_found_inf(amp::GradScaler& scaler, const torch::optim::Optimizer& optimizer);
 
   /// Clips the gradients of the whole model, as torch::nn::utils::clip_grad_norm_
   /// (2-norm over every parameter; coefficient max_norm / (norm + 1e-6) when
