@@ -150,16 +150,23 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
   };
   std::map<Key, Slot> live;
   std::map<Key, torch::Tensor> activations, gradients, outgoing;  // received / passed in memory / to send
-  std::map<Key, std::vector<ProcessGroup::Pending>> forward_sends;
-  std::vector<ProcessGroup::Pending> other_sends;
-  std::vector<torch::Tensor> send_buffers;  // alive until their sends are waited for
-  torch::Tensor loss_sum = torch::zeros({}, torch::kFloat64);
+  // A send and the tensor it reads, released together: an activation's memory
+  // goes when its forward send is dropped at that microbatch's backward.
+  struct Sent {
+    torch::Tensor buffer;
+    ProcessGroup::Pending pending;
+  };
+  std::map<Key, std::vector<Sent>> forward_sends;
+  std::vector<Sent> other_sends;
+  // On the group's device, added to there: no host sync per microbatch.
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(group_->device()));
 
   const auto send = [&](torch::Tensor t, int64_t dst, int64_t tag) {
     stats_.messages_sent += 1;
     stats_.bytes_sent += t.numel() * static_cast<int64_t>(t.element_size());
-    send_buffers.push_back(t);
-    return group_->start_send(send_buffers.back(), dst, tag);
+    Sent sent{std::move(t), {}};
+    sent.pending = group_->start_send(sent.buffer, dst, tag);
+    return sent;
   };
   for (const Action& a : plan_.actions[static_cast<size_t>(rank)]) {
     const Key k{a.stage, a.microbatch};
@@ -185,7 +192,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
         if (s == S - 1) {
           const torch::Tensor l = loss_fn(y, ys[static_cast<size_t>(a.microbatch)]);
           slot.loss = l / m;
-          loss_sum += l.detach().to(torch::kFloat64).cpu();
+          loss_sum += l.detach().to(loss_sum.options());
         } else if (plan_.rank_of_stage(s + 1) == rank) {
           activations[{s + 1, a.microbatch}] = y.detach();  // the next stage is here: passed in memory
         }
@@ -199,7 +206,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
       case ActionKind::kSendForward: {
         const int64_t t = message_tag(plan_, a), dst = plan_.rank_of_stage(s + 1);
         const torch::Tensor y = live.at(k).out.detach().contiguous();
-        std::vector<ProcessGroup::Pending>& pending = forward_sends[k];
+        std::vector<Sent>& pending = forward_sends[k];
         pending.push_back(send(shape_header(y).to(group_->device()), dst, 2 * t));
         pending.push_back(send(y, dst, 2 * t + 1));
         break;
@@ -235,7 +242,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
         }
         // The activation sent forward is free once its gradient is back.
         if (auto f = forward_sends.find(k); f != forward_sends.end()) {
-          for (auto& p : f->second) p.wait();
+          for (auto& sent : f->second) sent.pending.wait();
           forward_sends.erase(f);
         }
         break;
@@ -247,14 +254,14 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
       }
     }
   }
-  for (auto& [key, pending] : forward_sends)
-    for (auto& p : pending) p.wait();
-  for (auto& p : other_sends) p.wait();
+  for (auto& [key, sends] : forward_sends)
+    for (auto& sent : sends) sent.pending.wait();
+  for (auto& sent : other_sends) sent.pending.wait();
   EMBER_CHECK(live.empty() && activations.empty() && gradients.empty() && outgoing.empty(),
               "[dist::PipelineRunner] internal: the plan left {} microbatches live", live.size());
   exchange_tied_gradients();
   // The batch's mean loss on every rank: the last stage's sum over microbatches / m.
-  torch::Tensor mean = (loss_sum / m).to(group_->device());
+  torch::Tensor mean = loss_sum / m;
   group_->all_reduce_sum_(mean);
   return mean.cpu();
 }
@@ -309,15 +316,15 @@ void PipelineRunner::agree_found_inf(amp::GradScaler& scaler, const torch::optim
 
 double PipelineRunner::clip_grad_norm_(double max_norm) {
   // Squares of per-tensor norms, summed in float64: per rank, then over ranks.
-  torch::Tensor total = torch::zeros({}, torch::kFloat64);
+  // On the group's device (NCCL reduces CUDA tensors only); one host read, at the end.
+  torch::Tensor total = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(group_->device()));
   std::vector<torch::Tensor> grads;
   for (size_t i = 0; i < local_parameters_.size(); ++i) {
     const torch::Tensor& g = local_parameters_[i].second.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
-    if (counts_in_norm_[i]) total += g.norm().to(torch::kFloat64).cpu().square();
+    if (counts_in_norm_[i]) total += g.norm().to(total.options()).square();
   }
-  total = total.to(group_->device());  // NCCL reduces CUDA tensors only
   group_->all_reduce_sum_(total);
   const double norm = std::sqrt(total.item<double>());
   const double coef = max_norm / (norm + 1e-6);
