@@ -19,10 +19,12 @@
 #include <ember/dist/pipeline.h>
 #include <ember/dist/process_group.h>
 #include <ember/models/gpt2.h>
+#include <ember/train/safetensors.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 
 #include "dist/thread_ranks.h"
 #include "tolerance.h"
@@ -365,6 +367,155 @@ TEST(Pipeline, LiveMicrobatchesPerStageAreThePlans) {
       EXPECT_EQ(got.peak_live[static_cast<size_t>(s)], sim.peak_live_microbatches[static_cast<size_t>(s)]);
     }
   }
+}
+
+/// Dropout 0.1, GPT-2 of 4 layers in float64, pipelined with dropout_seed
+/// `seed` (1 rank: the whole model as one stage, i.e. one process): step 0's
+/// loss and gradients by name (a tied one from its lowest rank).
+PlResult pl_dropout_run(int64_t ranks, PipelineSchedule schedule, uint64_t seed, bool checkpoint) {
+  std::vector<models::Gpt2> models;
+  for (int64_t r = 0; r < ranks; ++r) {
+    torch::manual_seed(0);
+    models.push_back(models::Gpt2(pl_options(4).dropout(0.1)));
+    models.back()->to(torch::kFloat64);
+  }
+  PlResult out;
+  std::mutex mutex;
+  test_util::on_thread_ranks(ranks, [&](const std::shared_ptr<ProcessGroup>& group) {
+    PipelineRunner pipe(group, models[static_cast<size_t>(group->rank())]->pipeline_pieces(kPlBlock),
+                        PipelineOptions(schedule, 4).dropout_seed(seed).checkpoint_pieces(checkpoint));
+    const torch::Tensor w = pl_batch(0);
+    const double loss = pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock), pl_loss).item<double>();
+    std::lock_guard<std::mutex> lock(mutex);
+    out.losses = {loss};
+    for (const auto& [name, p] : pipe.named_parameters())
+      if (!out.first_grads.count(name)) out.first_grads[name] = p.grad().clone();
+  });
+  return out;
+}
+
+// With dropout_seed, the masks are keyed by (step, microbatch, piece): GPipe
+// and 1F1B on 2 and 4 ranks, and 1F1B with every piece checkpointed
+// (recomputed in backward under the same seeds), give one process's loss
+// bit for bit and its gradients bit for bit (the tied wte within the
+// rounding of its sum, as without dropout). Another seed drops other units.
+TEST(Pipeline, DropoutMasksAndCheckpointedStagesEqualOneProcess) {
+  const PlResult want = pl_dropout_run(1, PipelineSchedule::kGPipe, 11, false);
+  const PlResult plain = pl_reference(4, torch::kFloat64, 4, 1, 0.0);
+  EXPECT_NE(want.losses[0], plain.losses[0]) << "dropout should change the loss";
+  struct Case {
+    int64_t ranks;
+    PipelineSchedule schedule;
+    bool checkpoint;
+  };
+  for (const Case& c : std::vector<Case>{{2, PipelineSchedule::kGPipe, false},
+                                         {2, PipelineSchedule::k1F1B, false},
+                                         {4, PipelineSchedule::k1F1B, false},
+                                         {2, PipelineSchedule::k1F1B, true},
+                                         {1, PipelineSchedule::kGPipe, true}}) {
+    SCOPED_TRACE(std::string(to_string(c.schedule)) + ", " + std::to_string(c.ranks) + " ranks" +
+                 (c.checkpoint ? ", checkpointed pieces" : ""));
+    const PlResult got = pl_dropout_run(c.ranks, c.schedule, 11, c.checkpoint);
+    EXPECT_EQ(got.losses[0], want.losses[0]);
+    ASSERT_EQ(got.first_grads.size(), want.first_grads.size());
+    for (const auto& [name, g] : want.first_grads) {
+      if (name == "transformer.wte.weight") {
+        const double scale = test_util::max_abs(g) * 2 * 4;
+        EXPECT_TRUE(test_util::near(got.first_grads.at(name), g,
+                                    test_util::rounding_bound(torch::kFloat64, 8, scale)));
+      } else {
+        EXPECT_TRUE(torch::equal(got.first_grads.at(name), g)) << name;
+      }
+    }
+  }
+  EXPECT_NE(pl_dropout_run(2, PipelineSchedule::k1F1B, 12, false).losses[0], want.losses[0])
+      << "another seed should draw other masks";
+  // Each microbatch draws its own masks: four copies of one microbatch give four losses.
+  torch::manual_seed(0);
+  models::Gpt2 model(pl_options(2).dropout(0.1));
+  std::vector<double> per_microbatch;
+  test_util::on_thread_ranks(1, [&](const std::shared_ptr<ProcessGroup>& group) {
+    PipelineRunner pipe(group, model->pipeline_pieces(kPlBlock),
+                        PipelineOptions(PipelineSchedule::kGPipe, 4).dropout_seed(11));
+    const torch::Tensor w = pl_batch(0).narrow(0, 0, kPlBatch / 4).repeat({4, 1});
+    pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock),
+              [&](const torch::Tensor& out, const torch::Tensor& target) {
+                torch::Tensor l = pl_loss(out, target);
+                per_microbatch.push_back(l.item<double>());
+                return l;
+              });
+  });
+  ASSERT_EQ(per_microbatch.size(), 4u);
+  for (size_t i = 1; i < 4; ++i) EXPECT_NE(per_microbatch[i], per_microbatch[0]) << "microbatch " << i;
+}
+
+// A pipeline checkpointed after 3 of 6 steps (each rank its stage's
+// parameters, AdamW moments and the runner's step count, in its own file)
+// and resumed into freshly built models continues bit for bit, dropout masks
+// included: the same weights as the run that was not interrupted.
+TEST(Pipeline, ResumesFromPerStageCheckpointsBitForBit) {
+  const std::string dir = ::testing::TempDir();
+  const auto run = [&](int64_t from, int64_t until, bool save) {
+    std::vector<models::Gpt2> models;
+    for (int r = 0; r < 2; ++r) {
+      torch::manual_seed(from == 0 ? 0 : 99);  // a resumed run must not depend on its initialisation
+      models.push_back(models::Gpt2(pl_options(2).dropout(0.1)));
+    }
+    std::map<std::string, torch::Tensor> weights;
+    std::mutex mutex;
+    test_util::on_thread_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
+      const int64_t r = group->rank();
+      PipelineRunner pipe(group, models[static_cast<size_t>(r)]->pipeline_pieces(kPlBlock),
+                          PipelineOptions(PipelineSchedule::k1F1B, 4).dropout_seed(5));
+      const auto params = pipe.named_parameters();
+      torch::optim::AdamW opt(pipe.parameters(), pl_adamw());
+      const std::string file = dir + "/pipeline_stage_" + std::to_string(r) + ".safetensors";
+      if (from > 0) {
+        std::map<std::string, std::string> meta;
+        std::map<std::string, torch::Tensor> saved;
+        for (auto& [name, t] : train::load_safetensors(file, &meta)) saved[name] = t;
+        pipe.set_steps(std::stoll(meta.at("steps")));
+        torch::NoGradGuard no_grad;
+        for (const auto& [name, p] : params) {
+          p.copy_(saved.at(name));
+          auto state = std::make_unique<torch::optim::AdamWParamState>();
+          state->step(std::stoll(meta.at("adam_step")));
+          state->exp_avg(saved.at("exp_avg." + name));
+          state->exp_avg_sq(saved.at("exp_avg_sq." + name));
+          opt.state()[p.unsafeGetTensorImpl()] = std::move(state);
+        }
+      }
+      for (int64_t step = from; step < until; ++step) {
+        opt.zero_grad();
+        const torch::Tensor w = pl_batch(step);
+        pipe.step(w.narrow(1, 0, kPlBlock), w.narrow(1, 1, kPlBlock), pl_loss);
+        pipe.clip_grad_norm_(1.0);
+        opt.step();
+      }
+      if (save) {
+        train::NamedTensors out;
+        int64_t adam_step = 0;
+        for (const auto& [name, p] : params) {
+          const auto& st =
+              static_cast<torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+          out.emplace_back(name, p.detach());
+          out.emplace_back("exp_avg." + name, st.exp_avg());
+          out.emplace_back("exp_avg_sq." + name, st.exp_avg_sq());
+          adam_step = st.step();
+        }
+        train::save_safetensors(
+            file, out, {{"steps", std::to_string(pipe.steps())}, {"adam_step", std::to_string(adam_step)}});
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& [name, p] : params) weights.emplace(name, p.detach().clone());
+    });
+    return weights;
+  };
+  const auto straight = run(0, 6, false);
+  run(0, 3, true);
+  const auto resumed = run(3, 6, false);
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (const auto& [name, w] : straight) EXPECT_TRUE(torch::equal(resumed.at(name), w)) << name;
 }
 
 // Refused on every rank before any message (no rank waits for one that gave up).

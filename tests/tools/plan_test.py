@@ -535,7 +535,9 @@ class Plans(unittest.TestCase):
         self.assertAlmostEqual(eight["speedup"], 8 * eight["efficiency"])
         rec = result["recommendation"]
         self.assertEqual(set(rec), {"gpu", "precision", "world_size", "sharding", "activation_checkpoint", "text",
-                                    "reasons"})
+                                    "reasons", "layout"})
+        self.assertIsNone(rec["layout"])  # plain data parallelism (a pipeline/tensor layout: plan_parallel_test.py)
+        self.assertFalse(result["layouts"]["shown"])  # one GPU: nothing to lay out
         self.assertEqual(rec["gpu"], "T4")  # all launch-bound, no prices: the smallest GPU
         self.assertTrue(any("one GPU" in r for r in rec["reasons"]))
 

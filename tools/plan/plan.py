@@ -9,10 +9,13 @@ sharding and activation checkpointing.
                           [--host-ram-gib 16] [--gpu NAME ...]
                           [--precision P ...] [--world-size N] [--sharding S ...]
                           [--activation-checkpoint M ...] [--link L] [--nodes N] [--gpus-per-node G]
-                          [--intra-link L] [--inter-link L] [--nics-per-node K] [--json] [--check]
+                          [--intra-link L] [--inter-link L] [--nics-per-node K] [--pipeline P] [--tensor T]
+                          [--microbatches M] [--schedule 1f1b|gpipe] [--heads H] [--width C] [--seq-len S]
+                          [--json] [--check]
     python3 tools/plan/plan.py m.json --price L4=0.80 --price H100=2.99 --gpu L4 --gpu H100-SXM
     python3 tools/plan/plan.py m.json --world-size 8 --sharding all --activation-checkpoint all
     python3 tools/plan/plan.py m.json --nodes 4 --gpus-per-node 8 --inter-link ib-ndr --nics-per-node 8
+    python3 tools/plan/plan.py m.json --nodes 4 --heads 64 --width 8192 --seq-len 4096 [--pipeline 4 --tensor 8]
 
 --price takes a table name (H100-SXM) or a family (H100: every H100 row); an
 exact name wins over its family. --gpu and --precision narrow the rows shown.
@@ -43,7 +46,16 @@ GPU of the table (tools/plan/gpus.toml, editable) and prints:
      N nodes, its communication with latency and overlap, samples/s at the same
      per-GPU batch and at the same global batch, and whether a second node pays
      or costs more than it saves;
-  6. a one-line recommendation and its reasons.
+  6. layouts (shown at --world-size N > 1 for a model with blocks): pipeline P x
+     tensor T x data D = N (ranks tensor fastest, then data, then pipeline, as
+     Megatron-LM numbers them; T divides a node's GPUs, at most --heads; P at most
+     the blocks + embedding + head), each at the same global batch: the memory
+     of its busiest rank, the pipeline's bubble, tensor all-reduces, sends
+     between stages, the data group's exposed reduction, the step (--pipeline,
+     --tensor: only that layout beside plain data parallelism; --microbatches,
+     --schedule); estimates from arithmetic, not measurements;
+  7. a one-line recommendation and its reasons: the fastest layout that fits,
+     and a sentence when plain data parallelism is as good.
 --json prints the same as one JSON object (docs/planning.md, "JSON output").
 
 The model (its rules, constants and defaults) and both JSON formats, MEASURE.json and
@@ -67,9 +79,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shar
 
 from embertools.errors import UsageError
 from embertools.plan.constants import (CHECKPOINT_MODES, CONTEXT_GIB, DEFAULT_GPUS, DEFAULT_HOST_RAM_GIB,
-    DEFAULT_INTER_LINK, DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_NICS_PER_NODE, GPUS_PER_NODE, GRAPH_LAUNCH_US,
-    INTER_LINKS, INTRA_LINKS, KERNEL_US, LAUNCH_US, LINK_CHOICES, LINK_NETWORKS, MAX_GIB, MAX_LINK_GB_S,
-    MAX_NICS_PER_NODE, MAX_STEP_FLOOR_MS, MAX_US, MAX_WORLD_SIZE, PRECISIONS, PlanError, SHARDING, STEP_FLOOR_MS)
+    DEFAULT_INTER_LINK, DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_NICS_PER_NODE, DEFAULT_SCHEDULE, GPUS_PER_NODE,
+    GRAPH_LAUNCH_US, INTER_LINKS, INTRA_LINKS, KERNEL_US, LAUNCH_US, LINK_CHOICES, LINK_NETWORKS, MAX_GIB, MAX_HEADS,
+    MAX_LINK_GB_S, MAX_MICROBATCHES, MAX_NICS_PER_NODE, MAX_SEQ_LEN, MAX_STEP_FLOOR_MS, MAX_US, MAX_WIDTH,
+    MAX_WORLD_SIZE, PRECISIONS, SCHEDULES, PlanError, SHARDING, STEP_FLOOR_MS)
 from embertools.plan.inputs import load_gpus, load_measurement, parse_price, parse_prices
 from embertools.plan.nodes import make_plan, select_gpus
 from embertools.plan.render import render
@@ -135,6 +148,23 @@ def parse_args(argv):
                    help="one link for all --world-size GPUs, the older spelling: nvlink or pcie (one node of them "
                         "all), 25gbe, 100gbe or 400g-ib (a node per GPU, one NIC each); default auto: the topology of "
                         "--nodes, --gpus-per-node, --intra-link, --inter-link and --nics-per-node")
+    p.add_argument("--pipeline", type=_whole("--pipeline", MAX_WORLD_SIZE, "4"), default=None, metavar="P",
+                   help="plan only layouts of P pipeline stages (beside plain data parallelism); default: every P")
+    p.add_argument("--tensor", type=_whole("--tensor", MAX_HEADS, "8"), default=None, metavar="T",
+                   help="plan only layouts of T tensor-parallel ranks (T divides --gpus-per-node, at most --heads); "
+                        "default: every T")
+    p.add_argument("--microbatches", type=_whole("--microbatches", MAX_MICROBATCHES, "32"), default=None, metavar="M",
+                   help="microbatches a pipeline (of P x T GPUs, P x T > 1) runs per optimizer step (>= P under "
+                        "1F1B); default: the fastest that fits of those that split its samples evenly")
+    p.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
+                   help=f"pipeline schedule: 1f1b keeps min(P - s, m) microbatches' activations on stage s, gpipe "
+                        f"all m (default {DEFAULT_SCHEDULE})")
+    p.add_argument("--heads", type=_whole("--heads", MAX_HEADS, "12"), default=None, metavar="H",
+                   help="the model's attention heads (tensor parallelism splits them: without, T = 1)")
+    p.add_argument("--width", type=_whole("--width", MAX_WIDTH, "768"), default=None, metavar="C",
+                   help="the model's hidden width (default: estimated from a block's parameters, 12 C^2 + 13 C)")
+    p.add_argument("--seq-len", type=_whole("--seq-len", MAX_SEQ_LEN, "1024"), default=None, metavar="S",
+                   help="tokens a sample (default: estimated as train FLOPs / (6 x parameters))")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-color", action="store_true", help="accepted for tools/ember; the output has no colour")
     p.add_argument("--check", action="store_true",
@@ -174,6 +204,10 @@ def parse_args(argv):
     except UsageError as e:
         p.error(str(e))
     args.world_size = args.topology["world_size"]
+    try:
+        check_layout_options(args)
+    except UsageError as e:
+        p.error(str(e))
     asked = [s for s in args.sharding or [] if s != "all"]
     args.sharding_asked = [] if not args.sharding or "all" in args.sharding else [s for s in SHARDING if s in asked]
     args.sharding = args.sharding_asked or list(SHARDING)
@@ -186,6 +220,34 @@ def parse_args(argv):
         else [c for c in CHECKPOINT_MODES if c in args.activation_checkpoint]
     args.activation_checkpoint = args.checkpoint_asked or list(CHECKPOINT_MODES)
     return args
+
+
+def check_layout_options(args):
+    """--pipeline, --tensor, --microbatches and --heads against the topology: UsageError for a layout that
+    cannot be (T not dividing a node's GPUs or the heads, P x T not dividing the world size, fewer
+    microbatches than stages under 1F1B)."""
+    world, per_node = args.world_size, args.topology["gpus_per_node"]
+    pipeline, tensor = args.pipeline or 1, args.tensor or 1
+    if world == 1 and pipeline * tensor > 1:
+        flag = "--pipeline" if pipeline > 1 else "--tensor"
+        raise UsageError(f"{flag} {pipeline if pipeline > 1 else tensor}: a layout splits the model over several "
+                         f"GPUs; give --world-size N with N > 1 (e.g. --world-size 8)")
+    if tensor > 1:
+        if per_node % tensor:
+            raise UsageError(f"--tensor {tensor}: a tensor-parallel group stays inside one node: T must divide its "
+                             f"{per_node} GPUs (--gpus-per-node)")
+        if args.heads is None:
+            raise UsageError(f"--tensor {tensor}: tensor parallelism splits the attention heads: give --heads H "
+                             f"(e.g. --heads 64)")
+        if tensor > args.heads:
+            raise UsageError(f"--tensor {tensor}: each tensor-parallel rank needs a head: T must be at most the "
+                             f"{args.heads} attention heads (--heads)")
+    if world % (pipeline * tensor):
+        raise UsageError(f"--pipeline {pipeline} x --tensor {tensor} = {pipeline * tensor} does not divide the "
+                         f"{world} GPUs: the data-parallel degree D = world / (P x T) must be whole")
+    if args.microbatches is not None and args.schedule == "1f1b" and args.microbatches < pipeline:
+        raise UsageError(f"--microbatches {args.microbatches}: 1F1B needs at least one microbatch a stage "
+                         f"(--pipeline {pipeline}); give --microbatches {pipeline} or more, or --schedule gpipe")
 
 
 def _world_size(text):

@@ -12,14 +12,19 @@
 // so the receiver has long had it), the others at the end of the step.
 #include "ember/dist/pipeline.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 
 #include "core/check.h"
+#include "ember/core/activation_checkpoint.h"
+#include "ember/dist/parallel_layout.h"
 
 namespace ember::dist {
 
@@ -62,7 +67,10 @@ torch::Tensor take(std::map<Key, torch::Tensor>& box, const Key& k, const char* 
 
 PipelineRunner::PipelineRunner(std::shared_ptr<ProcessGroup> group, std::vector<core::PipelinePiece> pieces,
                                const PipelineOptions& options)
-    : group_(std::move(group)), pieces_(std::move(pieces)) {
+    : group_(std::move(group)),
+      pieces_(std::move(pieces)),
+      dropout_seed_(options.dropout_seed()),
+      checkpoint_pieces_(options.checkpoint_pieces()) {
   EMBER_CHECK(group_ != nullptr, "[dist::PipelineRunner] needs a process group (one rank per stage group)");
   EMBER_CHECK_KIND(kConfig, !pieces_.empty(), "[dist::PipelineRunner] the model has no pieces to pipeline");
   PipelinePlanOptions po(options.schedule(), static_cast<int>(group_->size()),
@@ -112,6 +120,16 @@ PipelineRunner::PipelineRunner(std::shared_ptr<ProcessGroup> group, std::vector<
     counts_in_norm_.push_back(r.front() == rank);  // a tied parameter counts once, at its lowest rank
     if (r.size() > 1) tied_.push_back({named[key].second, r});
   }
+  if (options.release_other_stages()) {
+    torch::NoGradGuard no_grad;
+    for (const torch::TensorImpl* key : order) {
+      const std::vector<int64_t>& r = readers[key];
+      if (std::find(r.begin(), r.end(), rank) != r.end()) continue;
+      torch::Tensor t = named[key].second;
+      t.set_data(torch::empty({0}, t.options()));  // the model object's tensor, emptied in place
+      t.mutable_grad() = torch::Tensor();
+    }
+  }
 }
 
 std::vector<int> PipelineRunner::local_stages() const {
@@ -131,6 +149,69 @@ std::vector<torch::Tensor> PipelineRunner::parameters() const {
   return out;
 }
 
+namespace {
+
+/// splitmix64's finaliser: the dropout key of (seed, step, microbatch, piece).
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// Held while a piece runs under its own seed: the default generators are
+/// the process's (ranks as threads of one process take turns).
+std::mutex& keyed_rng_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace
+
+torch::Tensor PipelineRunner::run_piece(int piece, int microbatch, const torch::Tensor& x) {
+  const core::PipelinePiece& p = pieces_[static_cast<size_t>(piece)];
+  core::TensorFn forward = p.forward;
+  if (dropout_seed_) {
+    const uint64_t key = mix64(mix64(mix64(mix64(*dropout_seed_) ^ static_cast<uint64_t>(steps_)) ^
+                                     static_cast<uint64_t>(microbatch)) ^
+                               static_cast<uint64_t>(piece));
+    forward = [inner = std::move(forward), key](const torch::Tensor& in) {
+      std::lock_guard<std::mutex> lock(keyed_rng_mutex());
+      std::vector<at::Generator> gens = {at::detail::getDefaultCPUGenerator()};
+      // The piece computes where its input is (the first piece's tokens are on the model's device).
+      if (in.is_cuda()) gens.push_back(at::globalContext().defaultGenerator(in.device()));
+      std::vector<at::Tensor> saved;
+      for (auto& g : gens) {
+        std::lock_guard<std::mutex> g_lock(g.mutex());
+        saved.push_back(g.get_state());
+        g.set_current_seed(key);
+      }
+      // Put back even when the forward throws.
+      struct Restore {
+        std::vector<at::Generator>& gens;
+        std::vector<at::Tensor>& saved;
+        ~Restore() {
+          for (size_t i = 0; i < gens.size(); ++i) {
+            std::lock_guard<std::mutex> g_lock(gens[i].mutex());
+            gens[i].set_state(saved[i]);
+          }
+        }
+      } restore{gens, saved};
+      return inner(in);
+    };
+  }
+  if (!checkpoint_pieces_) return forward(x);
+  core::Recomputed fn;
+  fn.forward = std::move(forward);
+  for (const auto& named : p.parameters) fn.params.push_back(named.second);
+  fn.options.name("pipeline piece " + p.name);
+  // Keyed: the recompute seeds its own generators as the forward did, so the
+  // checkpoint need not capture and restore them (which, outside the key's
+  // lock, would race with ranks that are threads of one process).
+  fn.options.preserve_rng_state(!dropout_seed_);
+  return core::checkpoint(std::move(fn), x);
+}
+
 torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tensor& target,
                                    const PipelineLoss& loss_fn, const torch::Tensor& loss_scale) {
   const int m = plan_.microbatches, S = plan_.stages;
@@ -139,8 +220,12 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
                    "[dist::PipelineRunner] a batch of {} samples (targets: {}) does not split into {} equal "
                    "microbatches: make the batch a multiple of the microbatches",
                    input.dim() >= 1 ? input.size(0) : 0, target.dim() >= 1 ? target.size(0) : 0, m);
+  const auto step_start = std::chrono::steady_clock::now();
   const std::vector<torch::Tensor> xs = input.chunk(m), ys = target.chunk(m);
   stats_ = PipelineStepStats{};
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   stats_.peak_live_microbatches.assign(static_cast<size_t>(S), -1);
   for (const int s : local_stages()) stats_.peak_live_microbatches[static_cast<size_t>(s)] = 0;
   std::vector<int> live_count(static_cast<size_t>(S), 0);
@@ -184,10 +269,11 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
         break;
       }
       case ActionKind::kForward: {
+        const auto compute_start = std::chrono::steady_clock::now();
         torch::Tensor x = s == 0 ? xs[static_cast<size_t>(a.microbatch)] : take(activations, k, "activation");
         if (s > 0 && x.is_floating_point()) x = x.detach().requires_grad_(true);
         torch::Tensor y = x;
-        for (int i = split_[s].first; i < split_[s].second; ++i) y = pieces_[i].forward(y);
+        for (int i = split_[s].first; i < split_[s].second; ++i) y = run_piece(i, a.microbatch, y);
         Slot slot{x, y, {}};
         if (s == S - 1) {
           const torch::Tensor l = loss_fn(y, ys[static_cast<size_t>(a.microbatch)]);
@@ -201,6 +287,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
         ++n;
         int& peak = stats_.peak_live_microbatches[static_cast<size_t>(s)];
         peak = std::max(peak, n);
+        stats_.compute_seconds += seconds_since(compute_start);
         break;
       }
       case ActionKind::kSendForward: {
@@ -222,6 +309,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
         auto it = live.find(k);
         EMBER_CHECK(it != live.end(), "[dist::PipelineRunner] internal: B before F at stage {} microbatch {}",
                     s, a.microbatch);
+        const auto compute_start = std::chrono::steady_clock::now();
         Slot slot = std::move(it->second);
         live.erase(it);
         --live_count[static_cast<size_t>(s)];
@@ -240,6 +328,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
           else
             outgoing[k] = g;
         }
+        stats_.compute_seconds += seconds_since(compute_start);
         // The activation sent forward is free once its gradient is back.
         if (auto f = forward_sends.find(k); f != forward_sends.end()) {
           for (auto& sent : f->second) sent.pending.wait();
@@ -263,7 +352,10 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
   // The batch's mean loss on every rank: the last stage's sum over microbatches / m.
   torch::Tensor mean = loss_sum / m;
   group_->all_reduce_sum_(mean);
-  return mean.cpu();
+  ++steps_;
+  torch::Tensor out = mean.cpu();
+  stats_.step_seconds = seconds_since(step_start);
+  return out;
 }
 
 void PipelineRunner::exchange_tied_gradients() {
@@ -304,14 +396,7 @@ void PipelineRunner::exchange_tied_gradients() {
 }
 
 void PipelineRunner::agree_found_inf(amp::GradScaler& scaler, const torch::optim::Optimizer& optimizer) {
-  // One flag per rank, whatever devices its stages' gradients are on, so that
-  // every rank makes exactly one all-reduce.
-  std::map<std::string, torch::Tensor> flags = scaler.found_inf_per_device(optimizer);
-  // On the group's device: NCCL reduces CUDA tensors only.
-  torch::Tensor any = torch::zeros({1}, torch::TensorOptions(torch::kFloat32).device(group_->device()));
-  for (const auto& [device, flag] : flags) any = torch::maximum(any, flag.to(any.options()).reshape({1}));
-  group_->all_reduce_max_(any);
-  for (auto& [device, flag] : flags) flag.copy_(any.reshape(flag.sizes()).to(flag.device()));
+  dist::agree_found_inf(scaler, optimizer, *group_);
 }
 
 double PipelineRunner::clip_grad_norm_(double max_norm) {

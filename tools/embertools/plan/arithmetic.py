@@ -5,7 +5,8 @@ import math
 
 from .constants import (ESTIMATED_GROUPS, FUSED_FP16_KERNELS_PER_BUCKET, FUSED_KERNELS_PER_BUCKET, GIB,
     GRAD_SCALER_KERNELS, GRAPH_LAUNCH_US, KERNELS_PER_FORWARD_NODE, KERNEL_US, LIGHT_RECOMPUTED_SHARE,
-    LOADER_HOST_BATCHES, NCCL_BASE_US, RING_SHARE, SHARDING, STEP_FLOOR_MS, UNFUSED_KERNELS_PER_TENSOR)
+    LOADER_HOST_BATCHES, NCCL_BASE_US, RING_SHARE, SHARDING, STEP_FLOOR_MS, TENSOR_ALLREDUCES_PER_BLOCK,
+    UNFUSED_KERNELS_PER_TENSOR)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -356,3 +357,75 @@ def light_recompute_seconds(batch, recomputed_bytes_per_sample, hbm_bytes_per_s)
     memory-bound, each recomputed byte read once (its input) and written once, at the board's
     memory bandwidth."""
     return 2.0 * batch * recomputed_bytes_per_sample / hbm_bytes_per_s
+
+
+# Pipeline x tensor x data layouts (docs/distributed.md, "Pipeline, tensor and data degrees in the plan").
+
+def divisors(n):
+    """The divisors of n >= 1, ascending."""
+    n = int(n)
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def pipeline_bubble(stages, microbatches):
+    """The idle share of a pipeline step under GPipe or 1F1B: (P - 1) / (m + P - 1) (each of P stages waits
+    P - 1 microbatch slots of m + P - 1 as the pipeline fills and drains). 0 for one stage."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def live_microbatches(stages, microbatches, stage, schedule):
+    """Microbatches whose activations stage `stage` (0 = first) holds at its peak: 1F1B min(P - s, m)
+    (a stage runs P - s forwards before its first backward), GPipe all m (every forward before any
+    backward)."""
+    return microbatches if schedule == "gpipe" else min(stages - stage, microbatches)
+
+
+def stage_blocks(blocks, stages, stage):
+    """Blocks stage `stage` holds of `blocks` split into `stages` contiguous stages as evenly as they go,
+    the first stages taking one more when they do not divide (the first stage holds the most microbatches
+    under 1F1B: the conservative side)."""
+    return blocks // stages + (1 if stage < blocks % stages else 0)
+
+
+def parallel_layouts(world, gpus_per_node, heads=None, pieces=None, pipeline=None, tensor=None):
+    """[(P, T, D)] with P x T x D = world: T divides gpus_per_node (a tensor group stays in one node, its
+    ranks consecutive: tensor fastest, then data, then pipeline, as Megatron-LM numbers them) and is at
+    most the heads (each rank needs one; T = 1 only without them); P at most `pieces` (the model's blocks,
+    its embedding and head). A given `pipeline` or `tensor` is the only value taken (P = T = 1, plain data
+    parallelism, always stays). Ordered by P x T, then T."""
+    out = []
+    for t in divisors(gpus_per_node):
+        if world % t or (t > 1 and (heads is None or t > heads)) or (tensor is not None and t not in (1, tensor)):
+            continue
+        for p in divisors(world // t):
+            if (pieces is not None and p > pieces) or (pipeline is not None and p not in (1, pipeline)):
+                continue
+            forced = (pipeline is None or p == pipeline) and (tensor is None or t == tensor)
+            if forced or (p, t) == (1, 1):
+                out.append((p, t, world // (p * t)))
+    return sorted(out, key=lambda x: (x[0] * x[1], x[1]))
+
+
+def tensor_share(heads, tensor):
+    """The share of a block the busiest of `tensor` ranks holds and computes: its heads' share, ceil(H/T)/H,
+    when T does not divide the H heads (Ember cuts them unevenly, the longer parts first: dist/tensor_parallel.h's
+    even_part; Megatron-LM requires T | H), else 1/T. 1/T without heads."""
+    if tensor <= 1:
+        return 1.0
+    if not heads:
+        return 1.0 / tensor
+    return -(-heads // tensor) / heads
+
+
+def tensor_parallel_seconds(blocks, micro_batch, boundary_bytes_per_sample, tensor, bus_bytes_per_s,
+                            hop_seconds):
+    """A stage's tensor-parallel communication per microbatch: TENSOR_ALLREDUCES_PER_BLOCK all-reduces a
+    block of its output (micro_batch x boundary bytes: B x S x C elements) over the `tensor` ranks of one
+    node (collective_seconds: bytes at the link's bus bandwidth + NCCL's latency, `hop_seconds` a step).
+    On the critical path: no overlap. 0 without tensor parallelism."""
+    if tensor <= 1:
+        return 0.0
+    one = collective_seconds("all-reduce", micro_batch * boundary_bytes_per_sample, tensor, 1, bus_bytes_per_s,
+                             hop_seconds, hop_seconds)
+    return TENSOR_ALLREDUCES_PER_BLOCK * blocks * one

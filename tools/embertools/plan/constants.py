@@ -102,6 +102,23 @@ NET_HOP_US = 9.6
 # The gradients' reduction overlaps it (DDP's buckets, dist.sharding's units reduce-scatter as backward
 # produces them); recomputation of checkpointed activations also runs in backward.
 BACKWARD_SHARE = 2.0 / 3.0
+# Pipeline x tensor x data layouts (--pipeline, --tensor, --microbatches, --schedule, --heads, --width,
+# --seq-len). Schedules: 1F1B keeps min(P - s, m) microbatches' activations on stage s, GPipe all m.
+SCHEDULES = ("1f1b", "gpipe")
+DEFAULT_SCHEDULE = "1f1b"
+# Megatron-LM's tensor parallelism (Shoeybi et al. 2019, figure 3): a transformer block's attention and
+# MLP each end in an all-reduce of the block's output (B x S x C) in forward (g) and begin with one in
+# backward (f): 4 a block a microbatch. With sequence parallelism (Korthikanti et al. 2022) each becomes a
+# reduce-scatter and an all-gather: the same bytes.
+TENSOR_ALLREDUCES_PER_BLOCK = 4
+# The sharding stages a layout with P x T > 1 is planned with: ZeRO-1 over the data group (Megatron-LM's
+# distributed optimizer); ZeRO-2/3 split what a pipeline accumulates over its microbatches.
+LAYOUT_SHARDING = ("none", "optimizer")
+ACTIVATION_ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16-mixed": 2, "fp16-mixed": 2}  # what stages send
+MAX_HEADS = 65536  # --heads, --tensor
+MAX_WIDTH = 2**20  # --width
+MAX_SEQ_LEN = 2**24  # --seq-len: 16M tokens a sample
+MAX_MICROBATCHES = 2**20  # --microbatches
 
 
 # Bad input (exit 1), and a bad option such as a --price or --gpu naming no row of the table (exit 2).

@@ -306,6 +306,9 @@ def make_plan(m, gpus, prices, args, measurement_path):
         recommendation["reasons"].append(
             f"on {nodes['nodes']} nodes of {nodes['gpus_per_node']}: " + verdict["text"]
             + (f"; plan --nodes {most}, the most nodes that pay" if most and most < nodes["nodes"] else ""))
+    from .layouts import layout_recommendation, plan_layouts  # layouts uses this module's step_communication
+    layouts = plan_layouts(m, gpus, rows, recommendation, mfus, floor_seconds, context_bytes, args)
+    recommendation = layout_recommendation(m, layouts, recommendation)
     notes = [batch_note] if batch_note else []
     if (m.get("memory_method") or "").lower().startswith("cpu"):
         notes.append("memory measured with CPU allocator statistics: a GPU adds cuDNN workspaces and "
@@ -374,6 +377,7 @@ def make_plan(m, gpus, prices, args, measurement_path):
                       for s in args.sharding},
             "activations": acts, "rows": [asdict(r) for r in crows]},
         "nodes": nodes,
+        "layouts": layouts,
         "recommendation": recommendation,
         "notes": notes,
     }

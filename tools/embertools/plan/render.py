@@ -1,7 +1,7 @@
 """The plan as text: the rows, the configurations and the nodes sections (render, --json aside).
 """
 
-from .constants import COLLECTIVE_OF, GIB, GPU_COUNTS, PAYS_EFFICIENCY, ZERO_NAMES
+from .constants import COLLECTIVE_OF, GIB, GPU_COUNTS, PAYS_EFFICIENCY, TENSOR_ALLREDUCES_PER_BLOCK, ZERO_NAMES
 from .formats import fmt_bytes, fmt_cores, fmt_count, fmt_rate, fmt_seconds, fmt_si, fmt_usd, table
 from .nodes import _nodes_word
 from .rows import largest_paying
@@ -148,6 +148,10 @@ def render(plan):
     if plan["nodes"]["shown"]:
         out.append("")
         out.extend(render_nodes(plan))
+
+    if plan["layouts"]["shown"]:
+        out.append("")
+        out.extend(render_layouts(plan))
 
     for note in plan["notes"]:
         out.append(f"note: {note}")
@@ -311,4 +315,62 @@ def render_nodes(plan):
     out.append(f"  Verdict: {nd['verdict']['text']}")
     if nd["verdict"]["strong_text"]:
         out.append(f"  Fixed global batch: {nd['verdict']['strong_text']}")
+    return out
+
+
+def render_layouts(plan):
+    """The text of the layouts section: the model's shape and how it is known, the rules in three lines, one
+    row per layout, and the verdict."""
+    ly = plan["layouts"]
+    shape, n, g = ly["model"], ly["world_size"], ly["gpus_per_node"]
+    src = shape["sources"]
+    where = f"{ly['nodes']} node{'s' if ly['nodes'] > 1 else ''} of {g}"
+    out = [f"Layouts: pipeline P x tensor T x data D = {n} GPUs ({where}), {ly['gpu']} {ly['precision']}, the same "
+           f"{fmt_count(ly['global_batch'])} samples a step for each (estimates from arithmetic, not measurements)"]
+    heads = f"{shape['heads']} heads" if shape["heads"] is not None else "heads not given (--heads): T = 1 only"
+    out.append(f"  model: {shape['blocks']} blocks ({shape['pieces']} pieces to put in stages), {heads}, width "
+               f"{shape['width']}" + ("" if src["width"] == "--width" else " (estimated: --width)")
+               + f", {fmt_count(shape['seq_len'])} tokens a sample" + ("" if src["seq_len"] == "--seq-len"
+                                                                     else " (estimated: --seq-len)")
+               + f": {fmt_bytes(shape['boundary_bytes_per_sample'])} a sample between blocks "
+                 f"({shape['element_bytes']}-byte activations); {src['activations']}")
+    out.append("  ranks tensor fastest, then data, then pipeline (Megatron-LM): a tensor group shares a node "
+               "(T divides its GPUs, at most the heads: ceil(H/T) of H heads on the busiest rank); stages split "
+               "the blocks evenly, the embedding and head on the end stages")
+    live = "min(P - s, m)" if ly["schedule"] == "1f1b" else "all m"
+    out.append(f"  memory: the busiest rank's (stage s): its blocks (+ the embedding/head at an end) / T of the "
+               f"parameters, gradients, optimizer state (ZeRO-1: that / D) and F; + {live} microbatches' "
+               f"activations of its blocks / T ({ly['schedule'].upper() if ly['schedule'] == 'gpipe' else '1F1B'}; "
+               f"sequence parallelism: all of a block's split T ways)")
+    out.append(f"  step: (m + P - 1) slots x (the busiest stage's share of a microbatch's math / T at the MFU (1/(P T) "
+               f"when P divides the blocks) + {TENSOR_ALLREDUCES_PER_BLOCK} tensor all-reduces of B x S x C a block + "
+               f"a send each way between stages of its 1/T) + the data group's exposed reduction; bubble "
+               f"(P - 1)/(m + P - 1)")
+    heads_row = ["P", "T", "D", "sharding", "microbatches", "memory", "fits", "bubble", "tensor", "sends",
+                 "data exposed", "step", "samples/s", ""]
+    body = []
+    rec = ly["verdict"]["recommended"]
+    for i, r in enumerate(ly["rows"]):
+        sharding = r["sharding"] + ("" if r["activation_checkpoint"] == "none" else f" +{r['activation_checkpoint']}")
+        body.append([str(r["pipeline"]), str(r["tensor"]), str(r["data"]), sharding,
+                     f"{r['microbatches']} x {r['micro_batch']}", fmt_bytes(r["memory_needed_bytes"]),
+                     "yes" if r["fits"] else "no", f"{r['bubble']:.1%}" if r["pipeline"] > 1 else "-",
+                     fmt_seconds(r["tensor_seconds"]) if r["tensor"] > 1 else "-",
+                     fmt_seconds(r["pipeline_seconds"]) if r["pipeline"] > 1 else "-",
+                     fmt_seconds(r["exposed_seconds"]) if r["data"] > 1 else "-",
+                     (fmt_seconds(r["step_seconds"]) + ("*" if r["launch_bound"] else "")) if r["fits"] else "-",
+                     (fmt_count(r["samples_per_second"]) if r["samples_per_second"] >= 100
+                      else f"{r['samples_per_second']:.3g}") if r["fits"] else "-",
+                     "<- recommended" if i == rec else ""])
+    usable = 1 - plan["assumptions"]["margin"]
+    out.append(f"  per layout its fastest sharding and microbatches (m x samples) that fit, else its least memory; "
+               f"fits: within {usable:.0%} of {fmt_bytes(ly['memory_budget_bytes'] / usable)}; P = T = 1 is section "
+               f"4's configuration:")
+    out.extend("  " + line for line in table(heads_row, body, right=set(heads_row[:3]) | set(heads_row[5:13]))
+               .split("\n"))
+    for x in ly["excluded"]:
+        out.append(f"  P {x['pipeline']} x T {x['tensor']} x D {x['data']}: not planned: {x['why']}")
+    for note in ly.get("notes") or []:
+        out.append(f"  ({note})")
+    out.append(f"  Layout: {ly['verdict']['text']}")
     return out

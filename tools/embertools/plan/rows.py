@@ -226,7 +226,7 @@ def add_cpu_cores(plan):
     picked = next((r for r in cfg["rows"] if cfg["shown"] and r["world_size"] == rec.get("world_size") and r["fits"]
                    and (r["gpu"], r["precision"], r["sharding"], r["activation_checkpoint"]) == key), None)
     picked = picked or next((r for r in plan["rows"] if r["fits"] and (r["gpu"], r["precision"]) == key[:2]), None)
-    if picked is not None:
+    if picked is not None and rec.get("layout") is None:  # a pipeline/tensor layout's speed: not a row's
         sps = picked["cpu_cores_per_gpu"] * per_core
         rec["reasons"].append(f"feeding it takes {fmt_cores(picked['cpu_cores_per_gpu'])} CPU cores per GPU "
                               f"({fmt_count(sps)} samples/s a GPU; one core decodes {per_core:,.1f})")

@@ -49,16 +49,21 @@
 // microbatches are live on stage s under 1F1B, m under GPipe
 // (PipelineStepStats::peak_live_microbatches measures it).
 //
-// Not yet: dropout with masks equal to one process's, activation
-// checkpointing of a stage, data
-// parallelism across pipelines, the Trainer's keys (dist.pipeline), freeing
-// the parameters of other stages (every rank builds and keeps the whole
-// model; its optimizer holds only its own stages' state).
+// Dropout equal to one process: options.dropout_seed (masks keyed by step,
+// microbatch and piece). Data parallelism across pipelines:
+// dist/parallel_layout.h.
+//
+// Every rank builds the whole model (the same seed or weights), and the
+// runner frees the parameters of the stages it does not run
+// (options.release_other_stages).
+//
+// Not yet: the Trainer's keys (dist.pipeline).
 
 #include <torch/types.h>
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,6 +89,28 @@ struct PipelineOptions {
   TORCH_ARG(int64_t, stages_per_rank) = 0;
   /// Each stage's pieces as [begin, end); empty = balance_stages by the pieces' costs.
   TORCH_ARG(StageSplit, split) = {};
+  /// Random numbers (dropout) of piece k on microbatch i of step n drawn
+  /// from the default generators (CPU, and the piece's CUDA device) seeded
+  /// by (seed, n, i, k) for that piece's forward, then put back: the masks
+  /// do not depend on the split, the schedule or the number of ranks, so a
+  /// run at any layout (one rank included) drops the same units. Unset: the
+  /// generators as they come (masks then depend on the order this rank
+  /// runs its pieces). Replicas of a data-parallel layout pass different seeds.
+  /// Limits: the default generators are the process's, so the key holds a
+  /// process-wide lock while a piece runs (ranks as threads of one process
+  /// take turns; a piece must not communicate, e.g. a tensor-parallel stage),
+  /// and other code drawing from them meanwhile on another thread breaks the
+  /// masks; not inside a CUDA graph capture (the CUDA generator's state is read).
+  TORCH_ARG(std::optional<uint64_t>, dropout_seed) = std::nullopt;
+  /// Activation checkpointing inside the stages: each piece keeps only its
+  /// input and recomputes its activations in backward (core::checkpoint,
+  /// under the forward's random generators: the same masks).
+  TORCH_ARG(bool, checkpoint_pieces) = false;
+  /// Frees, at construction, the parameters (and their gradients) of the
+  /// pieces this rank does not run (set to empty tensors; buffers are kept;
+  /// run those pieces and they fail). Off: every rank keeps the whole model
+  /// (e.g. to gather it without files).
+  TORCH_ARG(bool, release_other_stages) = true;
 };
 
 /// (output of the last piece, the microbatch's target) -> the microbatch's mean loss (a scalar).
@@ -97,6 +124,14 @@ struct PipelineStepStats {
   /// shapes, gradients, tied gradients).
   int64_t messages_sent = 0;
   int64_t bytes_sent = 0;
+  /// Wall time of the step on this rank, and the part spent computing this
+  /// rank's forwards, losses and backwards (the rest: waiting for messages,
+  /// the tied-gradient exchange and the loss's all-reduce). Idle share =
+  /// 1 - compute / step (GPipe and 1F1B with equal stages: (p - 1)/(m + p - 1)
+  /// plus the messages' cost). Host time: on CUDA compute_seconds is the
+  /// launches' (the kernels' time lands in the waits) unless the pieces synchronise.
+  double step_seconds = 0;
+  double compute_seconds = 0;
 };
 
 class PipelineRunner {
@@ -139,6 +174,10 @@ class PipelineRunner {
   double clip_grad_norm_(double max_norm);
 
   const PipelineStepStats& last_step() const { return stats_; }
+  /// Steps run (the n of dropout_seed's key): saved with a checkpoint and
+  /// set back when resuming, so that the masks continue where they were.
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
 
  private:
   struct Tied {
@@ -146,6 +185,7 @@ class PipelineRunner {
     std::vector<int64_t> ranks;  // the ranks whose stages read it, ascending
   };
   void exchange_tied_gradients();
+  torch::Tensor run_piece(int piece, int microbatch, const torch::Tensor& x);
 
   std::shared_ptr<ProcessGroup> group_;
   std::vector<core::PipelinePiece> pieces_;
@@ -155,6 +195,9 @@ class PipelineRunner {
   std::vector<Tied> tied_;
   std::vector<bool> counts_in_norm_;  // per local parameter: this rank adds it to the norm
   PipelineStepStats stats_;
+  std::optional<uint64_t> dropout_seed_;
+  bool checkpoint_pieces_ = false;
+  int64_t steps_ = 0;
 };
 
 }  // namespace ember::dist

@@ -112,14 +112,20 @@ struct Gpt2AttentionImpl : torch::nn::Module, core::HeadedAttention {
   /// [B,T,C] -> [B,T,C]
   torch::Tensor forward(const torch::Tensor& x) { return attend(c_attn(x)); }
   /// The rest of forward after c_attn: [B,T,3A] -> [B,T,C].
-  torch::Tensor attend(const torch::Tensor& qkv) {
-    const int64_t B = qkv.size(0), T = qkv.size(1), A = n_head * head_dim;
+  torch::Tensor attend(const torch::Tensor& qkv) { return resid_dropout(c_proj(attention(qkv))); }
+  /// The heads' causal attention, before c_proj: [B,T,3A] (q | k | v, head h
+  /// at h * head_dim in each) -> [B,T,A], with A = qkv's width / 3 (any
+  /// number of whole heads: a tensor-parallel rank passes its own).
+  torch::Tensor attention(const torch::Tensor& qkv) const {
+    const int64_t B = qkv.size(0), T = qkv.size(1), A = qkv.size(2) / 3, H = A / head_dim;
+    TORCH_CHECK(qkv.size(2) == 3 * H * head_dim, "[models::Gpt2] attention input width ", qkv.size(2),
+                " is not 3 x whole heads of ", head_dim);
     // [B,T,3A] -> [3,B,H,T,hd]: the strides of transformers' split + view + transpose.
-    const torch::Tensor heads = qkv.view({B, T, 3, n_head, head_dim}).permute({2, 0, 3, 1, 4});
+    const torch::Tensor heads = qkv.view({B, T, 3, H, head_dim}).permute({2, 0, 3, 1, 4});
     torch::Tensor y = torch::scaled_dot_product_attention(heads[0], heads[1], heads[2], /*attn_mask=*/{},
                                                           is_training() ? dropout_p : 0.0,
                                                           /*is_causal=*/true);
-    return resid_dropout(c_proj(y.transpose(1, 2).reshape({B, T, A})));
+    return y.transpose(1, 2).reshape({B, T, A});
   }
   core::HeadLayout head_layout() const override {
     return core::fused_qkv_layout(n_head, head_dim, "c_attn", /*qkv_bias=*/true, "c_proj");

@@ -1,0 +1,148 @@
+#pragma once
+// GPT-2 cut for tensor parallelism (Megatron-LM's layout) over the ranks of a
+// process group: every rank builds the same models::Gpt2 (same seed, or the
+// same pretrained weights), and Gpt2TensorParallel cuts its parameters in
+// place to this rank's part:
+//
+//   transformer.wte.weight        rows [v0, v1) of the vocabulary (embedding and tied head)
+//   h.i.attn.c_attn.weight/bias   this rank's heads' rows of q, of k and of v  (column-parallel)
+//   h.i.attn.c_proj.weight        the same heads' columns                      (row-parallel)
+//   h.i.mlp.c_fc.weight/bias      rows [f0, f1) of the 4C hidden features       (column-parallel)
+//   h.i.mlp.c_proj.weight         columns [f0, f1)                              (row-parallel)
+//   the rest (wpe, norms, the row-parallel biases)   whole on every rank
+//
+// Cuts are dist::even_part's: the vocabulary (50257 is prime to every
+// degree), the heads and the hidden width need not divide by the tensor
+// degree (each rank needs at least one head and one class). Per block and
+// direction: two all-reduces (or an all-gather and a reduce-scatter with
+// sequence parallelism); the loss is dist::vocab_parallel_cross_entropy on
+// this rank's logits, so the [B, T, vocab] logits are never gathered.
+//
+//   models::Gpt2 model(options);            // the same on every rank of `tp`
+//   dist::Gpt2TensorParallel gpt(model, tp);
+//   torch::optim::AdamW opt(model->parameters(), ...);   // this rank's parts
+//   opt.zero_grad();
+//   gpt.loss(x, y).backward();
+//   gpt.finish_gradients();  gpt.clip_grad_norm_(1.0);  opt.step();
+//
+// Dropout (options.dropout > 0, in training): masks are drawn for the whole
+// tensor from (dropout_seed, forward call, site) and each rank uses its part
+// (its heads of the attention weights, its tokens under sequence
+// parallelism), so that a run at any tensor degree applies the masks the
+// same run on one process applies: equal within the tensor-parallel group by
+// construction; data-parallel replicas pass different seeds. Masks are drawn
+// on the CPU (then moved): their cost is the whole tensor's on every rank.
+//
+// A checkpoint: gather_whole the parameters and the optimizer's moments
+// (every rank), save them as one file with forward_calls() (dropout's key),
+// and to resume at any degree build the whole model from it, cut it,
+// cut_part the moments and set_forward_calls (the tests resume
+// bit-identically at the same degree, within rounding at another).
+//
+// Not yet: activation checkpointing of the blocks, autocast (the collectives
+// would sum half-precision partial sums), heads that were pruned.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ember/dist/process_group.h"
+#include "ember/dist/tensor_parallel.h"
+#include "ember/models/gpt2.h"
+
+namespace ember::dist {
+
+struct TensorParallelOptions {
+  /// Norms, dropout and residual adds on this rank's tokens only (1/T of
+  /// those activations; the sequence length must divide by the degree).
+  TORCH_ARG(bool, sequence_parallel) = false;
+  /// Seed of the dropout masks: the same on the ranks of one tensor-parallel
+  /// group, different across data-parallel replicas.
+  TORCH_ARG(uint64_t, dropout_seed) = 0;
+};
+
+/// Where one parameter of this rank sits in the whole model.
+struct TensorParallelShard {
+  std::string name;  ///< its state_dict name
+  /// The dimension cut (-1: the whole tensor on every rank).
+  int64_t dim = -1;
+  /// This rank's ranges along `dim` in the whole tensor, in the order the
+  /// part holds them (c_attn: q's, k's and v's rows of this rank's heads).
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::vector<int64_t> full_shape;
+  /// Read in the sequence-parallel region: its gradient is a partial sum
+  /// per rank until finish_gradients().
+  bool sequence_parallel = false;
+};
+
+class Gpt2TensorParallel {
+ public:
+  /// Cuts `model`'s parameters (in place: they become this rank's parts, so
+  /// an optimizer built on model->parameters() steps this rank's part).
+  /// Refuses a model whose heads were pruned, activation checkpointing, and a
+  /// degree above the heads or the vocabulary (ember::Error, config).
+  Gpt2TensorParallel(models::Gpt2 model, std::shared_ptr<ProcessGroup> group,
+                     TensorParallelOptions options = {});
+
+  /// idx int64 [B, T] -> this rank's logits [B, T, v1 - v0] (classes vocab_range()).
+  torch::Tensor logits(const torch::Tensor& idx);
+  /// The batch's mean next-token cross-entropy (targets int64 [B, T]), the
+  /// same scalar on every rank, backpropagating into this rank's parts.
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& target);
+  /// After backward (and accumulation), before clipping and the step: sums
+  /// the gradients of the parameters read in the sequence-parallel region
+  /// over the group (nothing without sequence parallelism).
+  void finish_gradients();
+  /// Clips the whole model's gradient to `max_norm` (2-norm, as
+  /// torch::nn::utils::clip_grad_norm_: coefficient max_norm / (norm + 1e-6)
+  /// when below 1): the cut parameters' squares summed over the group, the
+  /// whole ones counted once. Returns the norm, the same on every rank.
+  double clip_grad_norm_(double max_norm);
+
+  /// [v0, v1): the vocabulary rows (and logits) of this rank.
+  std::pair<int64_t, int64_t> vocab_range() const { return vocab_; }
+  /// Every parameter of this rank, in model->named_parameters() order.
+  const std::vector<TensorParallelShard>& layout() const { return layout_; }
+  /// The whole model's parameters assembled from every rank's parts (every
+  /// rank takes part; every rank gets them): for an export as one ordinary
+  /// file (train::save_safetensors), or to compare with one process.
+  std::map<std::string, torch::Tensor> gather_parameters();
+  /// A tensor shaped like this rank's part of layout()[i] (the parameter, its
+  /// gradient, its AdamW moments) assembled into the whole tensor: every rank
+  /// takes part and gets it; exact (each element one rank's value plus zeros).
+  /// With cut_part, what a checkpoint of a cut model needs to be saved whole
+  /// and loaded at another degree.
+  torch::Tensor gather_whole(size_t i, const torch::Tensor& part);
+  /// This rank's part of a whole tensor of layout()[i] (no communication).
+  torch::Tensor cut_part(size_t i, const torch::Tensor& whole) const;
+
+  /// Forwards run so far: the dropout masks' key. Save it with a checkpoint
+  /// and set it back when resuming, so that the masks continue where they were.
+  int64_t forward_calls() const { return forward_calls_; }
+  void set_forward_calls(int64_t calls) { forward_calls_ = calls; }
+
+  models::Gpt2& model() { return model_; }
+  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
+
+ private:
+  torch::Tensor hidden(const torch::Tensor& idx);
+  torch::Tensor dropout(const torch::Tensor& x, double p, int64_t sequence_dim);
+  torch::Tensor attention(const models::Gpt2AttentionImpl& attn, const torch::Tensor& qkv);
+  bool sequence_parallel() const { return options_.sequence_parallel() && group_->size() > 1; }
+
+  models::Gpt2 model_;
+  std::shared_ptr<ProcessGroup> group_;
+  TensorParallelOptions options_;
+  std::pair<int64_t, int64_t> vocab_, heads_, hidden_features_;
+  std::vector<TensorParallelShard> layout_;
+  std::vector<torch::Tensor> sequence_parallel_parameters_;
+  int64_t forward_calls_ = 0;  // dropout masks: one key per forward
+  int64_t dropout_site_ = 0;   // and per dropout within it
+};
+
+}  // namespace ember::dist
