@@ -447,8 +447,8 @@ MUTANTS = (
            ("ember_tests",), r"TensorParallel\.MixedPrecision|Pipeline\.MixedPrecision",
            "an overflow in one rank's part of the model skips the step on that rank only"),
     Mutant("pipeline_dropout_key_ignores_microbatch", "lib/src/dist/pipeline.cpp",
-           "static_cast<uint64_t>(microbatch)) ^",
-           "static_cast<uint64_t>(0)) ^",
+           "static_cast<uint64_t>(microbatch), static_cast<uint64_t>(piece));",
+           "static_cast<uint64_t>(0), static_cast<uint64_t>(piece));",
            ("ember_tests",), r"Pipeline\.",
            "every microbatch of a step draws the same dropout masks"),
 )

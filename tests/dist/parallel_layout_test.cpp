@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 
+#include "dist/reference_clip.h"
 #include "dist/thread_ranks.h"
 #include "tolerance.h"
 
@@ -100,12 +101,7 @@ std::map<std::string, torch::Tensor> ly_reference(int64_t steps) {
     opt.zero_grad();
     const torch::Tensor w = ly_batch(step);
     ly_loss(model->forward(w.narrow(1, 0, kLyBlock)), w.narrow(1, 1, kLyBlock)).backward();
-    double total = 0;
-    for (const auto& p : model->parameters())
-      total += std::pow(p.grad().norm().to(torch::kFloat64).item<double>(), 2);
-    const double coef = 1.0 / (std::sqrt(total) + 1e-6);
-    if (coef < 1.0)
-      for (const auto& p : model->parameters()) p.grad().mul_(coef);
+    test_util::clip_grad_norm_f64(model->parameters(), 1.0);
     opt.step();
   }
   std::map<std::string, torch::Tensor> out;

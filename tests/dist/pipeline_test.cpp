@@ -26,6 +26,7 @@
 #include <map>
 #include <mutex>
 
+#include "dist/reference_clip.h"
 #include "dist/thread_ranks.h"
 #include "tolerance.h"
 
@@ -63,18 +64,6 @@ struct PlResult {
   std::vector<int> peak_live;  // per stage (pipeline runs)
 };
 
-/// The same norm as PipelineRunner::clip_grad_norm_ on one process: per-tensor
-/// norms, squared and summed in float64.
-void pl_clip(const std::vector<torch::Tensor>& params, double max_norm) {
-  double total = 0;
-  for (const auto& p : params)
-    if (p.grad().defined()) total += std::pow(p.grad().norm().to(torch::kFloat64).item<double>(), 2);
-  const double coef = max_norm / (std::sqrt(total) + 1e-6);
-  if (coef < 1.0)
-    for (const auto& p : params)
-      if (p.grad().defined()) p.grad().mul_(coef);
-}
-
 torch::optim::AdamWOptions pl_adamw() {
   return torch::optim::AdamWOptions(1e-3).weight_decay(0.1);
 }
@@ -97,7 +86,7 @@ PlResult pl_reference(int64_t layers, torch::ScalarType dtype, int64_t m, int64_
     r.losses.push_back(loss / m);
     if (step == 0)
       for (const auto& p : model->named_parameters()) r.first_grads[p.key()] = p.value().grad().clone();
-    if (clip > 0) pl_clip(model->parameters(), clip);
+    if (clip > 0) test_util::clip_grad_norm_f64(model->parameters(), clip);
     opt.step();
   }
   for (const auto& p : model->named_parameters()) r.weights[p.key()] = p.value().detach().clone();
@@ -262,7 +251,7 @@ PlMixed pl_mixed_reference(torch::ScalarType half, int64_t m, int64_t steps) {
       scaler.scale(l / m).backward();
     }
     scaler.unscale_(opt);
-    pl_clip(model->parameters(), 1.0);
+    test_util::clip_grad_norm_f64(model->parameters(), 1.0);
     r.stepped.push_back(scaler.step(opt));
     scaler.update();
   }

@@ -35,6 +35,7 @@
 #include <map>
 
 #include "cuda_test.h"
+#include "dist/reference_clip.h"
 #include "dist/thread_ranks.h"
 #include "tolerance.h"
 
@@ -185,12 +186,7 @@ TpResult tp_reference(int64_t layers, torch::ScalarType dtype, int64_t steps) {
     r.losses.push_back(loss);
     if (step == 0)
       for (const auto& p : model->named_parameters()) r.first_grads[p.key()] = p.value().grad().clone();
-    double total = 0;
-    for (const auto& p : model->parameters())
-      total += std::pow(p.grad().norm().to(torch::kFloat64).item<double>(), 2);
-    const double coef = 1.0 / (std::sqrt(total) + 1e-6);
-    if (coef < 1.0)
-      for (const auto& p : model->parameters()) p.grad().mul_(coef);
+    test_util::clip_grad_norm_f64(model->parameters(), 1.0);
     opt.step();
   }
   for (const auto& p : model->named_parameters()) r.weights[p.key()] = p.value().detach().clone();

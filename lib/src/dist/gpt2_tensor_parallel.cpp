@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "dist/dropout_key.h"
 #include "ember/core/error.h"
 
 namespace ember::dist {
@@ -19,14 +20,6 @@ torch::Tensor ranges_of(const torch::Tensor& t, int64_t dim, const Ranges& range
   std::vector<torch::Tensor> parts;
   for (const auto& [begin, end] : ranges) parts.push_back(t.narrow(dim, begin, end - begin));
   return torch::cat(parts, dim).contiguous();
-}
-
-/// splitmix64: a well-mixed 64-bit key for the dropout generator.
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 Error config_error(const std::string& what) {
@@ -100,9 +93,8 @@ torch::Tensor Gpt2TensorParallel::dropout(const torch::Tensor& x, double p, int6
   std::vector<int64_t> full = x.sizes().vec();
   const bool cut_tokens = sequence_parallel();
   if (cut_tokens) full[static_cast<size_t>(sequence_dim)] *= group_->size();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(
-      mix(mix(mix(options_.dropout_seed()) ^ static_cast<uint64_t>(forward_calls_)) ^
-          static_cast<uint64_t>(site)));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(detail::dropout_key(
+      options_.dropout_seed(), static_cast<uint64_t>(forward_calls_), static_cast<uint64_t>(site)));
   torch::Tensor keep = torch::empty(full, torch::kFloat32).bernoulli_(1.0 - p, gen);
   if (cut_tokens)
     keep = keep.narrow(sequence_dim, group_->rank() * x.size(sequence_dim), x.size(sequence_dim));
@@ -119,9 +111,8 @@ torch::Tensor Gpt2TensorParallel::attention(const models::Gpt2AttentionImpl& att
   torch::Tensor w = torch::matmul(heads[0], heads[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
   const torch::Tensor future = torch::ones({T, T}, qkv.options().dtype(torch::kBool)).triu(1);
   w = torch::softmax(w.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(
-      mix(mix(mix(options_.dropout_seed()) ^ static_cast<uint64_t>(forward_calls_)) ^
-          static_cast<uint64_t>(site)));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(detail::dropout_key(
+      options_.dropout_seed(), static_cast<uint64_t>(forward_calls_), static_cast<uint64_t>(site)));
   const torch::Tensor keep = torch::empty({B, attn.n_head, T, T}, torch::kFloat32)
                                  .bernoulli_(1.0 - p, gen)
                                  .narrow(1, heads_.first, H);

@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "dist/dropout_key.h"
 #include "ember/core/activation_checkpoint.h"
 #include "ember/dist/parallel_layout.h"
 
@@ -151,14 +152,6 @@ std::vector<torch::Tensor> PipelineRunner::parameters() const {
 
 namespace {
 
-/// splitmix64's finaliser: the dropout key of (seed, step, microbatch, piece).
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 /// Held while a piece runs under its own seed: the default generators are
 /// the process's (ranks as threads of one process take turns).
 std::mutex& keyed_rng_mutex() {
@@ -172,9 +165,8 @@ torch::Tensor PipelineRunner::run_piece(int piece, int microbatch, const torch::
   const core::PipelinePiece& p = pieces_[static_cast<size_t>(piece)];
   core::TensorFn forward = p.forward;
   if (dropout_seed_) {
-    const uint64_t key = mix64(mix64(mix64(mix64(*dropout_seed_) ^ static_cast<uint64_t>(steps_)) ^
-                                     static_cast<uint64_t>(microbatch)) ^
-                               static_cast<uint64_t>(piece));
+    const uint64_t key = detail::dropout_key(*dropout_seed_, static_cast<uint64_t>(steps_),
+                                             static_cast<uint64_t>(microbatch), static_cast<uint64_t>(piece));
     forward = [inner = std::move(forward), key](const torch::Tensor& in) {
       std::lock_guard<std::mutex> lock(keyed_rng_mutex());
       std::vector<at::Generator> gens = {at::detail::getDefaultCPUGenerator()};
