@@ -409,6 +409,8 @@ TEST(Pipeline, DropoutMasksAndCheckpointedStagesEqualOneProcess) {
     ASSERT_EQ(got.first_grads.size(), want.first_grads.size());
     for (const auto& [name, g] : want.first_grads) {
       if (name == "transformer.wte.weight") {
+        // The tied sum of 2m = 8 microbatch terms in another order (as in the first test), scale = their
+        // sum's bound.
         const double scale = test_util::max_abs(g) * 2 * 4;
         EXPECT_TRUE(test_util::near(got.first_grads.at(name), g,
                                     test_util::rounding_bound(torch::kFloat64, 8, scale)));

@@ -22,6 +22,15 @@ torch::Tensor ranges_of(const torch::Tensor& t, int64_t dim, const Ranges& range
   return torch::cat(parts, dim).contiguous();
 }
 
+/// keep / (1 - p) for [begin, begin + length) along `dim` of a mask of shape
+/// `whole`, drawn from `key` whatever this rank holds of the tensor, then cut.
+torch::Tensor scaled_keep_mask(const std::vector<int64_t>& whole, int64_t dim, int64_t begin, int64_t length,
+                               double p, uint64_t key, const torch::TensorOptions& options) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(key);
+  const torch::Tensor keep = torch::empty(whole, torch::kFloat32).bernoulli_(1.0 - p, gen);
+  return keep.narrow(dim, begin, length).to(options) / (1.0 - p);
+}
+
 Error config_error(const std::string& what) {
   return Error(ErrorKind::kConfig, "[dist::Gpt2TensorParallel] " + what);
 }
@@ -89,16 +98,16 @@ Gpt2TensorParallel::Gpt2TensorParallel(models::Gpt2 model, std::shared_ptr<Proce
 torch::Tensor Gpt2TensorParallel::dropout(const torch::Tensor& x, double p, int64_t sequence_dim) {
   const int64_t site = dropout_site_++;
   if (!model_->is_training() || p <= 0) return x;
-  // The whole tensor's mask (x is this rank's tokens under sequence parallelism), then this rank's part.
-  std::vector<int64_t> full = x.sizes().vec();
-  const bool cut_tokens = sequence_parallel();
-  if (cut_tokens) full[static_cast<size_t>(sequence_dim)] *= group_->size();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(detail::dropout_key(
-      options_.dropout_seed(), static_cast<uint64_t>(forward_calls_), static_cast<uint64_t>(site)));
-  torch::Tensor keep = torch::empty(full, torch::kFloat32).bernoulli_(1.0 - p, gen);
-  if (cut_tokens)
-    keep = keep.narrow(sequence_dim, group_->rank() * x.size(sequence_dim), x.size(sequence_dim));
-  return x * (keep.to(x.options()) / (1.0 - p));
+  // Under sequence parallelism x is this rank's tokens of the whole [B, T, C].
+  std::vector<int64_t> whole = x.sizes().vec();
+  const int64_t tokens = x.size(sequence_dim);
+  const int64_t parts = sequence_parallel() ? group_->size() : 1;
+  whole[static_cast<size_t>(sequence_dim)] *= parts;
+  return x *
+         scaled_keep_mask(whole, sequence_dim, parts > 1 ? group_->rank() * tokens : 0, tokens, p,
+                          detail::dropout_key(options_.dropout_seed(), static_cast<uint64_t>(forward_calls_),
+                                              static_cast<uint64_t>(site)),
+                          x.options());
 }
 
 torch::Tensor Gpt2TensorParallel::attention(const models::Gpt2AttentionImpl& attn, const torch::Tensor& qkv) {
@@ -111,12 +120,10 @@ torch::Tensor Gpt2TensorParallel::attention(const models::Gpt2AttentionImpl& att
   torch::Tensor w = torch::matmul(heads[0], heads[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
   const torch::Tensor future = torch::ones({T, T}, qkv.options().dtype(torch::kBool)).triu(1);
   w = torch::softmax(w.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(detail::dropout_key(
-      options_.dropout_seed(), static_cast<uint64_t>(forward_calls_), static_cast<uint64_t>(site)));
-  const torch::Tensor keep = torch::empty({B, attn.n_head, T, T}, torch::kFloat32)
-                                 .bernoulli_(1.0 - p, gen)
-                                 .narrow(1, heads_.first, H);
-  w = w * (keep.to(w.options()) / (1.0 - p));
+  w = w * scaled_keep_mask({B, attn.n_head, T, T}, 1, heads_.first, H, p,
+                           detail::dropout_key(options_.dropout_seed(), static_cast<uint64_t>(forward_calls_),
+                                               static_cast<uint64_t>(site)),
+                           w.options());
   return torch::matmul(w, heads[2]).transpose(1, 2).reshape({B, T, H * hd});
 }
 
