@@ -63,6 +63,16 @@ class Gpt2Task : public train::Task {
                                  r.loaded.size(), r.files.size(), path);
     }
     net_->to(ctx.device());
+    // dist.tensor > 1: cut over the layout's tensor group when fit starts
+    // (dist::TensorParallelTraining, added by add_callbacks), whole before and after.
+    if (const auto& layout = ctx.layout())
+      tp_ = std::make_shared<dist::Gpt2TensorParallel>(
+          net_, layout->tensor,
+          dist::TensorParallelOptions()
+              .cut(false)
+              .sequence_parallel(c.get_bool("dist.sequence_parallel"))
+              .dropout_seed(ctx.seed() * 0x100000001b3ULL +
+                            static_cast<uint64_t>(ctx.rank())));  // per replica
     train_ = std::move(d.train);
     val_ = std::move(d.val);
     if (ctx.rank() == 0)
@@ -73,14 +83,19 @@ class Gpt2Task : public train::Task {
 
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
   int64_t tokens_per_sample() const override { return block_; }
+  /// This rank's share: a tensor-parallel rank computes 1/T of each sample's work (MFU per GPU).
   double train_flops_per_sample() const override {
-    return static_cast<double>(net_->flops_per_token(block_)) * static_cast<double>(block_);
+    const double tensor = tp_ ? static_cast<double>(tp_->group()->size()) : 1.0;
+    return static_cast<double>(net_->flops_per_token(block_)) * static_cast<double>(block_) / tensor;
   }
   /// batch.input: int32 [B, T+1]; predicts tokens 1..T from 0..T-1.
   train::StepOutput training_step(const data::Batch& b) override {
     train::StepOutput out;  // loss only
-    out.loss =
-        recipe::next_token_loss(net_->forward(recipe::window_inputs(b.input, block_)), b.input, block_);
+    const torch::Tensor x = recipe::window_inputs(b.input, block_);
+    if (tp_ && tp_->is_cut())  // the same batch on every rank of the tensor group
+      out.loss = tp_->loss(x, b.input.narrow(1, 1, block_).to(torch::kLong));
+    else
+      out.loss = recipe::next_token_loss(net_->forward(x), b.input, block_);
     return out;
   }
   data::Loader& train_loader() override { return *train_; }
@@ -88,10 +103,12 @@ class Gpt2Task : public train::Task {
 
   models::Gpt2& net() { return net_; }
   int64_t block_size() const { return block_; }
+  const std::shared_ptr<dist::Gpt2TensorParallel>& tensor_parallel() const { return tp_; }
 
  private:
   int64_t block_;
   models::Gpt2 net_{nullptr};
+  std::shared_ptr<dist::Gpt2TensorParallel> tp_;
   std::unique_ptr<data::Loader> train_, val_;
 };
 
@@ -153,11 +170,33 @@ int main(int argc, char** argv) {
           ErrorKind::kConfig,
           "[gpt2] data.tokens names no token files: tokenize a text first (tools/ember shards tokenize, or "
           "llm.c's and nanoGPT's data preparation) and pass data.tokens=DIR/train-{000000..N}.bin");
-    gpt2_options(c, 50257, c.get_int("data.block_size"));  // the model keys' refusals, before any work
+    const models::Gpt2Options o = gpt2_options(c, 50257, c.get_int("data.block_size"));  // before any work
+    if (const int64_t tensor = c.get_int("dist.tensor"); tensor > 1) {
+      if (o.activation_checkpointing().every() > 0)
+        throw Error(
+            ErrorKind::kConfig,
+            "[gpt2] dist.tensor with model.activation_checkpoint_every > 0: activation checkpointing "
+            "inside tensor-parallel blocks is not supported yet; set model.activation_checkpoint_every=0");
+      if (o.n_head() < tensor)
+        throw Error(ErrorKind::kConfig, fmt::format("[gpt2] dist.tensor={} needs at least as many heads, the "
+                                                    "model has {}: lower dist.tensor",
+                                                    tensor, o.n_head()));
+      if (c.get_bool("dist.sequence_parallel") && c.get_int("data.block_size") % tensor != 0)
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("[gpt2] dist.sequence_parallel=true cuts each window's {} tokens over "
+                                "dist.tensor={} ranks: choose a data.block_size it divides",
+                                c.get_int("data.block_size"), tensor));
+    }
     core::parse_checkpoint_mode(c.get_string("model.activation_checkpoint"));
   };
   spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
     return std::make_unique<Gpt2Task>(c, ctx);
+  };
+  spec.tensor_parallel = true;
+  spec.add_callbacks = [](train::Trainer& trainer, train::Task& task, const core::Config&,
+                          const recipe::RunContext& ctx) {
+    if (const auto& tp = dynamic_cast<Gpt2Task&>(task).tensor_parallel())
+      trainer.add_callback(std::make_shared<dist::TensorParallelTraining>(tp, ctx.layout()));
   };
   spec.finish = finish;
   return recipe::run_recipe(argc, argv, spec);

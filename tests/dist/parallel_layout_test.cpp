@@ -44,7 +44,7 @@ TEST(ParallelLayout, RanksAreNumberedTensorFirstThenDataThenPipeline) {
     ADD_FAILURE() << "4 stages cannot divide 6 ranks";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfig);
-    EXPECT_NE(std::string(e.what()).find("dist.pipeline=4 x dist.tensor=1 must divide the 6 ranks"),
+    EXPECT_NE(std::string(e.what()).find("pipeline 4 x dist.tensor=1 must divide the 6 rank(s)"),
               std::string::npos);
   }
 }

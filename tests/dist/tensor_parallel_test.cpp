@@ -19,13 +19,17 @@
 // every comparison has a rounding bound.
 #include <ember/amp/autocast.h>
 #include <ember/amp/grad_scaler.h>
+#include <ember/data/loader.h>
+#include <ember/dist/distribution.h>
 #include <ember/dist/gpt2_tensor_parallel.h>
 #include <ember/dist/parallel_layout.h>
 #include <ember/dist/pipeline.h>
 #include <ember/dist/process_group.h>
 #include <ember/dist/tensor_parallel.h>
+#include <ember/dist/tensor_parallel_training.h>
 #include <ember/models/gpt2.h>
 #include <ember/train/safetensors.h>
+#include <ember/train/trainer.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,6 +42,7 @@
 #include "dist/reference_clip.h"
 #include "dist/thread_ranks.h"
 #include "tolerance.h"
+#include "train/test_task.h"
 
 namespace ember::dist {
 namespace {
@@ -594,6 +599,117 @@ TEST(TensorParallel, RefusesWhatItCannotCut) {
 
 namespace ember::dist {
 namespace {
+
+/// Next-token prediction on 32 fixed windows through the Trainer: the plain
+/// model's loss, or the cut model's while it is cut (TensorParallelTraining).
+class TpTrainerTask : public train::Task {
+ public:
+  TpTrainerTask(models::Gpt2 model, std::shared_ptr<Gpt2TensorParallel> tp, int64_t replicas, int64_t replica)
+      : model_(std::move(model)), tp_(std::move(tp)) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(300);
+    const torch::Tensor w = torch::randint(0, kTpVocab, {32, kTpBlock + 1}, gen, torch::kLong);
+    loader_ = std::make_unique<data::TensorLoader>(
+        data::TensorDataset{w.narrow(1, 0, kTpBlock).contiguous(), w.narrow(1, 1, kTpBlock).contiguous()},
+        data::TensorLoaderOptions()
+            .batch_size(8 / replicas)
+            .seed(3)
+            .prefetch(0)
+            .num_replicas(replicas)
+            .rank(replica));
+  }
+  std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
+  train::StepOutput training_step(const data::Batch& b) override {
+    train::StepOutput out;
+    if (tp_ && tp_->is_cut())
+      out.loss = tp_->loss(b.input, b.target);
+    else
+      out.loss = torch::nn::functional::cross_entropy(model_->forward(b.input).reshape({-1, kTpVocab}),
+                                                      b.target.reshape(-1));
+    return out;
+  }
+  data::Loader& train_loader() override { return *loader_; }
+
+ private:
+  models::Gpt2 model_;
+  std::shared_ptr<Gpt2TensorParallel> tp_;
+  std::unique_ptr<data::TensorLoader> loader_;
+};
+
+/// `epochs` of the Trainer (2 microbatches accumulated, clipped to norm 1,
+/// AdamW) in `dir` on `ranks` thread ranks at tensor degree `tensor` (data
+/// parallelism over the rest; 1 x 1: one process, no callback), float64;
+/// resuming from `dir`'s last checkpoint when `resume`. Rank 0's weights
+/// after fit (whole again), and the optimizer's second moments.
+std::map<std::string, torch::Tensor> tp_trainer_run(int64_t ranks, int64_t tensor, int64_t epochs,
+                                                    const std::string& dir, bool resume) {
+  std::vector<models::Gpt2> models;
+  for (int64_t r = 0; r < ranks; ++r) models.push_back(tp_model(2, torch::kFloat64));
+  std::map<std::string, torch::Tensor> out;
+  const auto run = [&](const std::shared_ptr<ProcessGroup>& group) {
+    train::TrainerOptions o;
+    o.epochs(epochs).accumulate_grad_batches(2).clip_grad_norm(1.0).run_dir(dir).val_every(0);
+    o.optimizer().kind(optim::OptimizerKind::kAdamW).lr(1e-3).weight_decay(0.1);
+    if (resume) o.resume(train::ResumeFrom::latest());
+    const int64_t r = group ? group->rank() : 0;
+    models::Gpt2 model = models[static_cast<size_t>(r)];
+    std::shared_ptr<ParallelLayout> layout;
+    std::shared_ptr<Gpt2TensorParallel> tp;
+    if (group) {
+      o.distribution(make_distribution(group));
+      layout = std::make_shared<ParallelLayout>(make_parallel_layout(group, 1, tensor));
+      tp = std::make_shared<Gpt2TensorParallel>(model, layout->tensor, TensorParallelOptions().cut(false));
+    }
+    TpTrainerTask task(model, tp, layout ? layout->degrees.data : 1, layout ? layout->at.data : 0);
+    train::Trainer trainer(o);
+    if (tp) trainer.add_callback(std::make_shared<TensorParallelTraining>(tp, layout));
+    trainer.fit(task);
+    EXPECT_FALSE(tp && tp->is_cut()) << "whole again after fit";
+    if (r == 0)
+      for (const auto& p : model->named_parameters()) out[p.key()] = p.value().detach().clone();
+  };
+  if (ranks == 1)
+    run(nullptr);
+  else
+    test_util::on_thread_ranks(ranks, run);
+  return out;
+}
+
+// Through the Trainer (TensorParallelTraining): 3 epochs of 2 steps at tensor
+// 2, and tensor 2 x data 2 (each replica half of each batch), end within the
+// float64 bound of the tests above of one process; the checkpoint of a run at
+// tensor 2 holds whole tensors: resumed at tensor 2 it ends bit-identical to
+// the run straight through (weights and AdamW's moments made whole and cut
+// again in between), resumed in one process within the bound.
+TEST(TensorParallel, TheTrainerTrainsTheCutModelAsOneProcessAndItsCheckpointsResumeAtAnyDegree) {
+  const std::string dir = test_util::temp_dir("tp_trainer");
+  const auto want = tp_trainer_run(1, 1, 3, dir + "/one", false);
+  double largest = 0;
+  for (const auto& [name, t] : want) largest = std::max(largest, test_util::max_abs(t));
+  const double bound = 1e-5 * test_util::eps(torch::kFloat64) / test_util::eps(torch::kFloat32) * largest;
+  const auto check_near = [&](const std::map<std::string, torch::Tensor>& got, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double worst = 0;
+    for (const auto& [name, t] : want) {
+      EXPECT_TRUE(test_util::near(got.at(name), t, bound)) << what << ": " << name;
+      worst = std::max(worst, test_util::max_diff(got.at(name), t));
+    }
+    std::printf("[ measured ] %s: max |difference| %.2g of the largest weight (bound %.2g)\n", what.c_str(),
+                worst / largest, bound / largest);
+  };
+  const auto straight = tp_trainer_run(2, 2, 3, dir + "/straight", false);
+  check_near(straight, "tensor 2");
+  check_near(tp_trainer_run(4, 2, 3, dir + "/tensor_data", false), "tensor 2 x data 2");
+  // A checkpoint after epoch 1 (in a copy of the folder for each resume).
+  tp_trainer_run(2, 2, 1, dir + "/half", false);
+  ASSERT_EQ(std::system(("cp -r '" + dir + "/half' '" + dir + "/half1'").c_str()), 0);
+  const auto resumed = tp_trainer_run(2, 2, 3, dir + "/half", true);
+  for (const auto& [name, t] : straight) EXPECT_TRUE(torch::equal(resumed.at(name), t)) << name;
+  check_near(tp_trainer_run(1, 1, 3, dir + "/half1", true), "tensor 2 resumed in one process");
+  const auto moved = tp_trainer_run(1, 1, 1, dir + "/start", false);
+  double step = 0;
+  for (const auto& [name, t] : want) step = std::max(step, test_util::max_diff(moved.at(name), t));
+  EXPECT_GT(step, 100 * bound) << "epochs 2 and 3 must move the weights beyond the bound";
+}
 
 // On a GPU, one rank (a replica group of one: no communication): the cut
 // model's code paths on CUDA tensors (the vocabulary-parallel embedding and

@@ -42,6 +42,7 @@
 #include "ember/dist/sharding.h"
 #include "ember/dist/sync_batchnorm.h"
 #include "ember/dist/tensor_parallel.h"
+#include "ember/dist/tensor_parallel_training.h"
 #include "ember/dist/topology.h"
 #include "ember/models/bert.h"
 #include "ember/models/char_gpt.h"

@@ -11,6 +11,7 @@
 #include "ember/core/blocks.h"
 #include "ember/core/enum_names.h"
 #include "ember/dist/keys.h"
+#include "ember/dist/parallel_layout.h"
 #include "ember/dist/sync_batchnorm.h"
 
 namespace ember::dist {
@@ -55,10 +56,30 @@ DataParallelPlan data_parallel_plan_from_config(const core::Config& config, int6
   if (world_size <= 1) plan.sharding.stage(Sharding::kNone);  // one process keeps everything whole
   plan.sync_batchnorm = world_size > 1 && config.get_bool("dist.sync_batchnorm");
   plan.cuda_graph = config.has("trainer.cuda_graph") && config.get_bool("trainer.cuda_graph");
+  plan.tensor = config.get_int("dist.tensor");
+  plan.sequence_parallel = plan.tensor > 1 && config.get_bool("dist.sequence_parallel");
+  if (plan.tensor > 1) {
+    parallel_degrees(world_size, 1, plan.tensor);  // a degree that does not divide the world: named
+    plan.kind = kind_of(world_size / plan.tensor, plan.sharding.stage());
+  }
   return plan;
 }
 
 void DataParallelPlan::check(const WorkNeeds& needs) const {
+  if (tensor > 1) {
+    EMBER_CHECK_KIND(kConfig, sharding.stage() == Sharding::kNone,
+                     "[dist] dist.tensor={} with dist.sharding={}: the optimizer state of a tensor-parallel "
+                     "model is already cut {} ways; sharding inside its data group is not supported yet: set "
+                     "dist.sharding=none",
+                     tensor, to_string(sharding.stage()), tensor);
+    EMBER_CHECK_KIND(kConfig, !sync_batchnorm && !cuda_graph,
+                     "[dist] dist.tensor={} with {}: not supported; set it to false", tensor,
+                     sync_batchnorm ? "dist.sync_batchnorm=true" : "trainer.cuda_graph=true");
+    EMBER_CHECK_KIND(kConfig, needs.resizes_parameters.empty(),
+                     "[dist] dist.tensor={} with {}: pruning resizes the parameters cut across ranks; prune "
+                     "the trained model on one rank per replica (dist.tensor=1)",
+                     tensor, needs.resizes_parameters);
+  }
   if (world_size <= 1) return;
   const Sharding stage = sharding.stage();
   EMBER_CHECK_KIND(
@@ -106,7 +127,7 @@ int64_t DataParallelRun::prepare_model(torch::nn::Module& model) const {
 
 void DataParallelRun::attach(train::Trainer& trainer) {
   EMBER_CHECK(callback_ == nullptr, "[dist::DataParallelRun] attach() twice");
-  if (!group_) return;
+  if (!group_ || plan_.tensor_parallel()) return;
   if (plan_.sharded())
     callback_ = sharded_ = std::make_shared<ShardedDataParallel>(group_, plan_.sharding);
   else

@@ -9,6 +9,7 @@
 
 #include "dist/dropout_key.h"
 #include "ember/core/error.h"
+#include "ember/optim/optimizer.h"
 
 namespace ember::dist {
 namespace {
@@ -77,22 +78,53 @@ Gpt2TensorParallel::Gpt2TensorParallel(models::Gpt2 model, std::shared_ptr<Proce
     TensorParallelShard shard;
     shard.name = p.key();
     shard.full_shape = p.value().sizes().vec();
-    const auto c = cuts.find(p.key());
-    if (c != cuts.end() && T > 1) {
+    if (const auto c = cuts.find(p.key()); c != cuts.end()) {
       shard.dim = c->second.first;
-      shard.ranges = c->second.second;
-      torch::NoGradGuard no_grad;
-      p.value().set_data(ranges_of(p.value(), shard.dim, shard.ranges));  // the same Tensor object
-      p.value().mutable_grad() = torch::Tensor();                         // a whole-shaped one would not fit
-    } else if (c != cuts.end()) {
-      shard.dim = c->second.first;
-      shard.ranges = {{0, shard.full_shape[static_cast<size_t>(shard.dim)]}};
+      shard.ranges = T > 1 ? c->second.second : Ranges{{0, shard.full_shape[static_cast<size_t>(shard.dim)]}};
     }
     shard.sequence_parallel = shard.dim < 0 && sequence_parallel();
     if (shard.sequence_parallel && p.value().requires_grad())
       sequence_parallel_parameters_.push_back(p.value());
     layout_.push_back(std::move(shard));
   }
+  if (options_.cut()) cut();
+}
+
+void Gpt2TensorParallel::cut(torch::optim::Optimizer* optimizer) {
+  if (cut_) return;
+  if (optimizer) optim::settle_state(*optimizer);
+  const auto params = model_->parameters();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    if (layout_[i].dim < 0 || group_->size() == 1) continue;
+    torch::Tensor p = params[i];
+    if (optimizer)
+      optim::for_each_state_tensor_of(*optimizer, p, [&](torch::Tensor& t) {
+        if (t.defined() && t.sizes().vec() == layout_[i].full_shape) t = cut_part(i, t);
+      });
+    p.set_data(cut_part(i, p.detach()));  // the same Tensor object: an optimizer keeps stepping it
+    p.mutable_grad() = torch::Tensor();   // a whole-shaped one would not fit
+  }
+  cut_ = true;
+}
+
+void Gpt2TensorParallel::make_whole(torch::optim::Optimizer* optimizer) {
+  if (!cut_) return;
+  if (optimizer) optim::settle_state(*optimizer);
+  const auto params = model_->parameters();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    if (layout_[i].dim < 0 || group_->size() == 1) continue;
+    torch::Tensor p = params[i];
+    // The same state on every rank (the parts step together): the collectives line up.
+    if (optimizer)
+      optim::for_each_state_tensor_of(*optimizer, p, [&](torch::Tensor& t) {
+        if (t.defined() && t.sizes() == p.sizes()) t = gather_whole(i, t);
+      });
+    p.set_data(gather_whole(i, p.detach()));
+    p.mutable_grad() = torch::Tensor();
+  }
+  cut_ = false;
 }
 
 torch::Tensor Gpt2TensorParallel::dropout(const torch::Tensor& x, double p, int64_t sequence_dim) {

@@ -34,6 +34,15 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
       "dist.sync_batchnorm", false,
       "batch-norm statistics over every rank's batch in training (dist::SyncBatchNorm; N ranks of batch "
       "B normalise as one process of N x B); no effect on one process");
+  c.declare("dist.tensor", 1,
+            "tensor-parallel degree T: each layer's heads, MLP width and vocabulary cut over T neighbouring "
+            "ranks (under torchrun: one server's GPUs), data parallelism over the rest; recipes that "
+            "support it: gpt2 (see docs/distributed.md)",
+            Bounds::between(1, 1 << 16), core::OnResume::kMayChange);  // checkpoints hold whole tensors
+  c.declare("dist.sequence_parallel", false,
+            "dist.tensor > 1: norms, dropout and residual adds on 1/T of the tokens (all-gather and "
+            "reduce-scatter instead of all-reduces; data.block_size must divide by dist.tensor)",
+            core::OnResume::kMayChange);
   c.declare("dist.world_size", 1,
             "set by the launcher (WORLD_SIZE): ranks the training data is split between (a resume may "
             "change it with data.batch_size so that the samples per step stay the same)",

@@ -1,6 +1,8 @@
 // Pipeline x data x tensor layouts of the ranks (see parallel_layout.h).
 #include "ember/dist/parallel_layout.h"
 
+#include <fmt/format.h>
+
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -13,9 +15,11 @@ namespace ember::dist {
 
 ParallelDegrees parallel_degrees(int64_t world, int64_t pipeline, int64_t tensor) {
   if (pipeline < 1 || tensor < 1 || world % (pipeline * tensor) != 0)
-    throw Error(ErrorKind::kConfig, "[dist] dist.pipeline=" + std::to_string(pipeline) +
-                                        " x dist.tensor=" + std::to_string(tensor) + " must divide the " +
-                                        std::to_string(world) + " ranks (data parallelism takes the rest)");
+    throw Error(ErrorKind::kConfig,
+                fmt::format("[dist] {}dist.tensor={} must divide the {} rank(s) (data parallelism takes the "
+                            "rest): launch a multiple of {} processes (torchrun --nproc-per-node=...)",
+                            pipeline == 1 ? "" : fmt::format("pipeline {} x ", pipeline), tensor, world,
+                            pipeline * tensor));
   ParallelDegrees d;
   d.pipeline = pipeline;
   d.tensor = tensor;

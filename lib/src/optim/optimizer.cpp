@@ -4,6 +4,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/optim.h>
 
+#include <typeinfo>
 #include <unordered_set>
 
 #include "core/check.h"
@@ -167,6 +168,21 @@ bool for_each_state_tensor(torch::optim::OptimizerParamState& state,
     return false;
   }
   return true;
+}
+
+void for_each_state_tensor_of(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter,
+                              const std::function<void(torch::Tensor&)>& f) {
+  const auto state = optimizer.state().find(parameter.unsafeGetTensorImpl());
+  if (state == optimizer.state().end()) return;
+  EMBER_CHECK(
+      for_each_state_tensor(*state->second, f),
+      "[optim] the state of this optimizer ({}) is of a kind Ember cannot reshape: use SGD, Adam, AdamW, "
+      "RMSprop or Adagrad",
+      typeid(optimizer).name());
+}
+
+void settle_state(torch::optim::Optimizer& optimizer) {
+  if (auto* fused = dynamic_cast<FusedOptimizer*>(&optimizer)) fused->settle_state();
 }
 
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {

@@ -13,6 +13,7 @@
 #include "ember/core/device.h"
 #include "ember/core/file.h"
 #include "ember/dist/keys.h"
+#include "ember/dist/parallel_layout.h"
 #include "ember/dist/sync_batchnorm.h"
 #include "ember/prune/callback.h"
 #include "ember/prune/keys.h"
@@ -65,6 +66,12 @@ Processes start_processes(const core::Config& config, const std::string& recipe_
     p.group =
         dist::ProcessGroup::create(p.env, dist::process_group_options_from_config(config, ctx.device()));
     ctx.group(p.group);
+    // dist.tensor > 1: neighbouring ranks hold the parts of one replica and
+    // read the same batches; the data is split between the replicas.
+    if (const int64_t tensor = config.get_int("dist.tensor"); tensor > 1) {
+      auto layout = std::make_shared<dist::ParallelLayout>(dist::make_parallel_layout(p.group, 1, tensor));
+      ctx.rank(layout->at.data).world_size(layout->degrees.data).layout(std::move(layout));
+    }
     // Rank 0 names the run folder, so that every rank uses (and hashes) the same.
     if (ctx.run_dir().empty()) {
       const std::string key = "ember/run_dir";
@@ -103,6 +110,10 @@ void check_before_work(const RecipeSpec& spec, const core::Config& config, int64
   if (plan.sharded() && spec.make_model) model = spec.make_model(config);
   needs.model = model.get();
   plan.check(needs);
+  EMBER_CHECK_KIND(kConfig, !plan.tensor_parallel() || spec.tensor_parallel,
+                   "[{}] dist.tensor={}: this recipe does not cut its model for tensor parallelism (the gpt2 "
+                   "recipe does); set dist.tensor=1",
+                   spec.name, plan.tensor);
   if (spec.check) spec.check(config, world_size);
 }
 

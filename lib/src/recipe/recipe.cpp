@@ -114,8 +114,8 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   // before the run folder is claimed: a refused command leaves nothing there.
   std::unique_ptr<train::Task> task = spec.make_task(config, ctx);
   // (what the plan refuses was refused before any work: detail::check_before_work)
-  dist::DataParallelRun data_parallel(dist::data_parallel_plan_from_config(config, ctx.world_size()),
-                                      p.group);
+  dist::DataParallelRun data_parallel(
+      dist::data_parallel_plan_from_config(config, p.group ? p.group->size() : 1), p.group);
   data_parallel.prepare_model(*task->model());  // before DDP broadcasts and buckets the model
   train::TrainerOptions options = train::trainer_options_from_config(config);
   options.run_dir(ctx.run_dir());
@@ -138,7 +138,9 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
     std::cerr << fmt::format(
         "{}: {} parameters on {}{}, run folder {}\n", spec.name, train::count_parameters(*task->model()),
         core::describe_device(ctx.device()),
-        p.group ? fmt::format(" x {} ranks ({})", ctx.world_size(), dist::to_string(p.group->backend())) : "",
+        p.group ? fmt::format(" x {} ranks ({}{})", p.group->size(), dist::to_string(p.group->backend()),
+                              ctx.layout() ? ", " + ctx.layout()->describe() : "")
+                : "",
         ctx.run_dir());
   train::FitResult fit;
   try {

@@ -42,10 +42,13 @@ RunSummary summarize(const std::string& recipe, const Processes& p, const train:
   summary.epochs = fit.epochs_completed;
   summary.steps = fit.steps;
   summary.train_seconds = fit.train_seconds;
-  // All ranks together (each trained on an equal shard).
+  // All replicas together (each trained on an equal shard; the ranks of a
+  // tensor-parallel replica on the same one).
   summary.samples_per_second =
       static_cast<double>(fit.samples * p.context.world_size()) / std::max(fit.train_seconds, 1e-9);
-  if (p.group) summary.extra["world_size"] = static_cast<double>(p.context.world_size());
+  if (p.group) summary.extra["world_size"] = static_cast<double>(p.group->size());
+  if (const auto& layout = p.context.layout())
+    summary.extra["tensor_parallel"] = static_cast<double>(layout->degrees.tensor);
   summary.device = p.context.device().str();
   summary.precision = amp::to_string(options.precision());
   summary.parameters = train::count_parameters(model);  // after training: pruning may have shrunk it

@@ -20,6 +20,7 @@ OptimizerStep::OptimizerStep(const FitPlan& plan, torch::optim::Optimizer& optim
 
 StepTaken OptimizerStep::operator()() {
   StepTaken taken;
+  if (partitioned_) partitioned_->reduce_gradients();
   if (scaler_) {
     scaler_->unscale_(optimizer_);  // the inf/NaN check, once per effective batch
     if (partitioned_) partitioned_->agree_found_inf(*scaler_, optimizer_);

@@ -1,16 +1,13 @@
 #pragma once
 // One optimizer step, written once: the eager loop calls it at the end of
 // each accumulation window, and the CUDA graph captures it inside the whole
-// step. In order: unscale the gradients (fp16-mixed; a partitioned step
-// agrees the inf/NaN flags over its ranks), clip them (a partitioned step by
-// the norm over every rank's part), the callbacks' on_before_optimizer_step
-// (the gradients are final there), the step (skipped on the device when
-// sync-free, on the host otherwise, never without loss scaling), the
-// loss-scale update, a partitioned step's after_step (the updated parts
-// shared), and the schedule's advance on the device (DeviceSteps, when the
-// rates live there). Zeroing the
-// gradients and the host's counters are the caller's: a graph keeps its
-// gradient tensors.
+// step. In order: a partitioned step's gradient reductions, unscale the gradients (fp16-mixed; a partitioned
+// step agrees the inf/NaN flags over its ranks), clip them (a partitioned step by the norm over every rank's
+// part), the callbacks' on_before_optimizer_step (the gradients are final there), the step (skipped on the
+// device when sync-free, on the host otherwise, never without loss scaling), the loss-scale update, a
+// partitioned step's after_step (the updated parts shared), and the schedule's advance on the device
+// (DeviceSteps, when the rates live there). Zeroing the gradients and the host's counters are the caller's: a
+// graph keeps its gradient tensors.
 
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>

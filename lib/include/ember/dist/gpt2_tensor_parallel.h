@@ -33,15 +33,17 @@
 // construction; data-parallel replicas pass different seeds. Masks are drawn
 // on the CPU (then moved): their cost is the whole tensor's on every rank.
 //
-// A checkpoint: gather_whole the parameters and the optimizer's moments
-// (every rank), save them as one file with forward_calls() (dropout's key),
-// and to resume at any degree build the whole model from it, cut it,
-// cut_part the moments and set_forward_calls (the tests resume
-// bit-identically at the same degree, within rounding at another).
+// A checkpoint: make_whole (every rank: the parameters and the optimizer's
+// state assembled), save them as one process would, with forward_calls()
+// (dropout's key), then cut() again; to resume at any degree, load the whole
+// model and optimizer, cut(optimizer) and set_forward_calls (the tests resume
+// bit-identically at the same degree, within rounding at another). Through
+// the Trainer: dist::TensorParallelTraining does all of it.
 //
 // Not yet: activation checkpointing of the blocks, autocast (the collectives
 // would sum half-precision partial sums), heads that were pruned.
 
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -64,6 +66,10 @@ struct TensorParallelOptions {
   /// Seed of the dropout masks: the same on the ranks of one tensor-parallel
   /// group, different across data-parallel replicas.
   TORCH_ARG(uint64_t, dropout_seed) = 0;
+  /// Cut the model at construction. false: it stays whole until cut() (the
+  /// Trainer's callback, dist/tensor_parallel_training.h, cuts it when fit
+  /// starts, after a checkpoint of the whole model has loaded).
+  TORCH_ARG(bool, cut) = true;
 };
 
 /// Where one parameter of this rank sits in the whole model.
@@ -121,6 +127,20 @@ class Gpt2TensorParallel {
   /// This rank's part of a whole tensor of layout()[i] (no communication).
   torch::Tensor cut_part(size_t i, const torch::Tensor& whole) const;
 
+  /// Whether the model's parameters are this rank's parts now.
+  bool is_cut() const { return cut_; }
+  /// Cuts the whole parameters to this rank's parts in place (no
+  /// communication), and with them `optimizer`'s state of each (Adam's
+  /// moments, SGD's momentum; may be null); gradients are dropped. Nothing
+  /// when already cut.
+  void cut(torch::optim::Optimizer* optimizer = nullptr);
+  /// The inverse (every rank takes part): each part and its optimizer state
+  /// assembled into the whole tensor in place (gather_whole, exact), so that
+  /// the model and the optimizer are those of one process: what a
+  /// checkpoint saves, an export writes, or a plain forward runs. Nothing
+  /// when whole.
+  void make_whole(torch::optim::Optimizer* optimizer = nullptr);
+
   /// Forwards run so far: the dropout masks' key. Save it with a checkpoint
   /// and set it back when resuming, so that the masks continue where they were.
   int64_t forward_calls() const { return forward_calls_; }
@@ -141,6 +161,7 @@ class Gpt2TensorParallel {
   std::pair<int64_t, int64_t> vocab_, heads_, hidden_features_;
   std::vector<TensorParallelShard> layout_;
   std::vector<torch::Tensor> sequence_parallel_parameters_;
+  bool cut_ = false;
   int64_t forward_calls_ = 0;  // dropout masks: one key per forward
   int64_t dropout_site_ = 0;   // and per dropout within it
 };

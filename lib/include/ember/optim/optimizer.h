@@ -106,6 +106,17 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model
 bool for_each_state_tensor(torch::optim::OptimizerParamState& state,
                            const std::function<void(torch::Tensor&)>& f);
 
+/// for_each_state_tensor on `parameter`'s state in `optimizer` (nothing when
+/// it has none yet); an ember::Error naming the optimizer when its state is
+/// of a kind for_each_state_tensor does not know.
+void for_each_state_tensor_of(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter,
+                              const std::function<void(torch::Tensor&)>& f);
+
+/// Ember's fused optimizers keep some state on the device apart from
+/// Optimizer::state() (FusedOptimizer::settle_state): writes it back, so that
+/// the state can be changed by hand. Nothing for LibTorch's optimizers.
+void settle_state(torch::optim::Optimizer& optimizer);
+
 /// Bytes of the optimizer's per-parameter state tensors (for_each_state_tensor);
 /// 0 before the first step, which allocates them. Other optimizers count 0.
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer);

@@ -104,6 +104,10 @@ struct RecipeSpec {
   /// data-parallel through context.group(), and writes and prints on rank 0
   /// only (prune_finetune's fine-tuning).
   bool finish_on_every_rank = false;
+  /// The recipe cuts its model over context.layout()->tensor when
+  /// dist.tensor > 1 (and adds the callback that trains the parts); the
+  /// runner refuses dist.tensor > 1 for a recipe that does not.
+  bool tensor_parallel = false;
 };
 
 /// Parses the command line, trains, tests, writes the run folder, prints the

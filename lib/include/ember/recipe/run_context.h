@@ -30,6 +30,7 @@
 
 #include "ember/amp/precision.h"
 #include "ember/core/config.h"
+#include "ember/dist/parallel_layout.h"
 #include "ember/dist/process_group.h"
 
 namespace ember::recipe {
@@ -38,13 +39,22 @@ struct RunContext {
   /// The device this process trains on: trainer.device resolved; under a
   /// launcher with CUDA, cuda:LOCAL_RANK.
   TORCH_ARG(torch::Device, device) = torch::kCPU;
-  /// This process's rank among world_size() data-parallel processes (the launcher's RANK; 0 alone).
+  /// This process's rank among world_size() data-parallel processes (the
+  /// launcher's RANK; 0 alone; under a model-parallel layout, its replica:
+  /// layout()->at.data).
   TORCH_ARG(int64_t, rank) = 0;
-  /// Processes the training data is split between (the launcher's WORLD_SIZE; 1 alone).
+  /// Processes the training data is split between (the launcher's
+  /// WORLD_SIZE; 1 alone; under a model-parallel layout, the data degree:
+  /// the ranks of one tensor-parallel group read the same batches).
   TORCH_ARG(int64_t, world_size) = 1;
   /// Their data-parallel group (nullptr alone): a recipe that trains again
   /// after the main fit (prune_finetune) trains data-parallel through it.
+  /// The launcher's whole group under a model-parallel layout.
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
+  /// dist.tensor > 1: the ranks' layout (tensor x data) and its groups;
+  /// null otherwise. A recipe that allows it (RecipeSpec::tensor_parallel)
+  /// cuts its model over layout()->tensor.
+  TORCH_ARG(std::shared_ptr<dist::ParallelLayout>, layout) = nullptr;
   /// The run folder every rank shares: run.dir, or runs/<recipe>-<timestamp>
   /// named by rank 0 when run.dir is empty; "" in the recipe tools (no run folder).
   TORCH_ARG(std::string, run_dir);

@@ -17,6 +17,7 @@
 //       backward of loss / accumulate_grad_batches (x loss scale for fp16-mixed)
 //       at an accumulation boundary (every k-th batch, or the epoch's last):
 //         on_step_phase(kOptimizer)
+//           PartitionedStep::reduce_gradients     <- a partitioned step: reductions the parts need
 //         unscale gradients (fp16-mixed; inf/NaN check, once per effective batch)
 //           PartitionedStep::agree_found_inf      <- a partitioned step: every rank's flags alike
 //         clip gradients (if trainer.clip_grad_norm > 0; no host sync)
@@ -133,6 +134,11 @@ struct StepInfo {
 class PartitionedStep {
  public:
   virtual ~PartitionedStep() = default;
+  /// At the accumulation boundary, before anything reads the gradients:
+  /// the reductions the layout needs once per step (a tensor-parallel
+  /// model's partial sums, the data-parallel average of a model-parallel
+  /// layout). Default: none (a sharded step reduces during backward).
+  virtual void reduce_gradients() {}
   /// fp16-mixed, after unscaling: the GradScaler's inf/NaN flags made the
   /// same on every rank (each saw only its part), so all skip the same steps.
   virtual void agree_found_inf(amp::GradScaler& scaler, torch::optim::Optimizer& optimizer) = 0;
