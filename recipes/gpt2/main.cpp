@@ -50,6 +50,12 @@ models::Gpt2Options gpt2_options(const core::Config& c, int64_t vocab, int64_t b
               .mode(core::parse_checkpoint_mode(c.get_string("model.activation_checkpoint"))));
 }
 
+// dist.microbatches, or 2 x dist.pipeline.
+int64_t microbatches(const core::Config& c) {
+  const int64_t m = c.get_int("dist.microbatches");
+  return m > 0 ? m : 2 * c.get_int("dist.pipeline");
+}
+
 class Gpt2Task : public train::Task {
  public:
   Gpt2Task(const core::Config& c, const recipe::RunContext& ctx) : block_(c.get_int("data.block_size")) {
@@ -64,15 +70,24 @@ class Gpt2Task : public train::Task {
     }
     net_->to(ctx.device());
     // dist.tensor > 1: cut over the layout's tensor group when fit starts
-    // (dist::TensorParallelTraining, added by add_callbacks), whole before and after.
-    if (const auto& layout = ctx.layout())
+    // (dist::TensorParallelTraining, added by add_callbacks); dist.pipeline >
+    // 1: the other stages released then (dist::PipelineTraining). Whole
+    // before and after fit. Dropout masks keyed per replica.
+    const uint64_t dropout_seed = ctx.seed() * 0x100000001b3ULL + static_cast<uint64_t>(ctx.rank());
+    if (const auto& layout = ctx.layout(); layout && layout->degrees.tensor > 1)
       tp_ = std::make_shared<dist::Gpt2TensorParallel>(
           net_, layout->tensor,
           dist::TensorParallelOptions()
               .cut(false)
               .sequence_parallel(c.get_bool("dist.sequence_parallel"))
-              .dropout_seed(ctx.seed() * 0x100000001b3ULL +
-                            static_cast<uint64_t>(ctx.rank())));  // per replica
+              .dropout_seed(dropout_seed));
+    if (const auto& layout = ctx.layout(); layout && layout->degrees.pipeline > 1) {
+      dist::PipelineOptions o(dist::parse_pipeline_schedule(c.get_string("dist.schedule")), microbatches(c));
+      o.release_other_stages(false).tied_gradients_in_step(false).checkpoint_pieces(
+          c.get_int("model.activation_checkpoint_every") > 0);
+      if (c.get_float("model.dropout") > 0) o.dropout_seed(dropout_seed);
+      pipe_ = std::make_shared<dist::PipelineRunner>(layout->pipeline, net_->pipeline_pieces(block_), o);
+    }
     train_ = std::move(d.train);
     val_ = std::move(d.val);
     if (ctx.rank() == 0)
@@ -83,17 +98,36 @@ class Gpt2Task : public train::Task {
 
   std::shared_ptr<torch::nn::Module> model() override { return net_.ptr(); }
   int64_t tokens_per_sample() const override { return block_; }
-  /// This rank's share: a tensor-parallel rank computes 1/T of each sample's work (MFU per GPU).
+  /// This rank's share: a tensor-parallel rank computes 1/T of each
+  /// sample's work, a stage about 1/P (MFU per GPU).
   double train_flops_per_sample() const override {
-    const double tensor = tp_ ? static_cast<double>(tp_->group()->size()) : 1.0;
-    return static_cast<double>(net_->flops_per_token(block_)) * static_cast<double>(block_) / tensor;
+    const double parts = tp_     ? static_cast<double>(tp_->group()->size())
+                         : pipe_ ? static_cast<double>(pipe_->plan().ranks)
+                                 : 1.0;
+    return static_cast<double>(net_->flops_per_token(block_)) * static_cast<double>(block_) / parts;
+  }
+  /// dist.pipeline > 1, while the stages are cut: the forwards and backwards
+  /// of the batch's microbatches interleave across ranks in the schedule.
+  bool backward_in_step() const override { return pipe_ && pipe_->released(); }
+  train::StepOutput training_backward_step(const data::Batch& b, const torch::Tensor& scale) override {
+    train::StepOutput out;
+    out.loss = pipe_->step(recipe::window_inputs(b.input, block_), targets(b.input), token_loss, scale)
+                   .to(scale.device(), torch::kFloat32);
+    return out;
+  }
+  train::StepOutput evaluation_step(const data::Batch& b) override {
+    if (!pipe_ || !pipe_->released()) return training_step(b);
+    train::StepOutput out;
+    out.loss = pipe_->evaluate(recipe::window_inputs(b.input, block_), targets(b.input), token_loss)
+                   .to(torch::kFloat32);
+    return out;
   }
   /// batch.input: int32 [B, T+1]; predicts tokens 1..T from 0..T-1.
   train::StepOutput training_step(const data::Batch& b) override {
     train::StepOutput out;  // loss only
     const torch::Tensor x = recipe::window_inputs(b.input, block_);
     if (tp_ && tp_->is_cut())  // the same batch on every rank of the tensor group
-      out.loss = tp_->loss(x, b.input.narrow(1, 1, block_).to(torch::kLong));
+      out.loss = tp_->loss(x, targets(b.input));
     else
       out.loss = recipe::next_token_loss(net_->forward(x), b.input, block_);
     return out;
@@ -104,11 +138,20 @@ class Gpt2Task : public train::Task {
   models::Gpt2& net() { return net_; }
   int64_t block_size() const { return block_; }
   const std::shared_ptr<dist::Gpt2TensorParallel>& tensor_parallel() const { return tp_; }
+  const std::shared_ptr<dist::PipelineRunner>& pipeline() const { return pipe_; }
 
  private:
+  torch::Tensor targets(const torch::Tensor& windows) const {
+    return windows.narrow(1, 1, block_).to(torch::kLong);
+  }
+  static torch::Tensor token_loss(const torch::Tensor& logits, const torch::Tensor& target) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape(-1));
+  }
+
   int64_t block_;
   models::Gpt2 net_{nullptr};
   std::shared_ptr<dist::Gpt2TensorParallel> tp_;
+  std::shared_ptr<dist::PipelineRunner> pipe_;
   std::unique_ptr<data::Loader> train_, val_;
 };
 
@@ -187,16 +230,34 @@ int main(int argc, char** argv) {
                                 "dist.tensor={} ranks: choose a data.block_size it divides",
                                 c.get_int("data.block_size"), tensor));
     }
+    if (c.get_int("dist.pipeline") > 1) {
+      const int64_t every = o.activation_checkpointing().every();
+      if (every > 1 || (every == 1 && o.activation_checkpointing().mode() != core::CheckpointMode::kFull))
+        throw Error(ErrorKind::kConfig,
+                    "[gpt2] dist.pipeline checkpoints every piece of a stage in full, or none: set "
+                    "model.activation_checkpoint_every=1 (model.activation_checkpoint=full) or 0");
+      if (c.get_int("data.batch_size") < microbatches(c))
+        throw Error(
+            ErrorKind::kConfig,
+            fmt::format("[gpt2] dist.pipeline splits each batch into {} microbatches (dist.microbatches): "
+                        "data.batch_size={} leaves some empty; give at least as many samples (a multiple "
+                        "of them: equal microbatches)",
+                        microbatches(c), c.get_int("data.batch_size")));
+    }
     core::parse_checkpoint_mode(c.get_string("model.activation_checkpoint"));
   };
   spec.make_task = [](const core::Config& c, const recipe::RunContext& ctx) {
     return std::make_unique<Gpt2Task>(c, ctx);
   };
   spec.tensor_parallel = true;
+  spec.pipeline_parallel = true;
   spec.add_callbacks = [](train::Trainer& trainer, train::Task& task, const core::Config&,
                           const recipe::RunContext& ctx) {
-    if (const auto& tp = dynamic_cast<Gpt2Task&>(task).tensor_parallel())
-      trainer.add_callback(std::make_shared<dist::TensorParallelTraining>(tp, ctx.layout()));
+    auto& t = dynamic_cast<Gpt2Task&>(task);
+    if (t.tensor_parallel())
+      trainer.add_callback(std::make_shared<dist::TensorParallelTraining>(t.tensor_parallel(), ctx.layout()));
+    if (t.pipeline())
+      trainer.add_callback(std::make_shared<dist::PipelineTraining>(t.pipeline(), ctx.layout()));
   };
   spec.finish = finish;
   return recipe::run_recipe(argc, argv, spec);

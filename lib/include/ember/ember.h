@@ -38,6 +38,7 @@
 #include "ember/dist/parallel_layout.h"
 #include "ember/dist/pipeline.h"
 #include "ember/dist/pipeline_schedule.h"
+#include "ember/dist/pipeline_training.h"
 #include "ember/dist/process_group.h"
 #include "ember/dist/sharding.h"
 #include "ember/dist/sync_batchnorm.h"

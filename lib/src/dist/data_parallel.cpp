@@ -58,27 +58,34 @@ DataParallelPlan data_parallel_plan_from_config(const core::Config& config, int6
   plan.cuda_graph = config.has("trainer.cuda_graph") && config.get_bool("trainer.cuda_graph");
   plan.tensor = config.get_int("dist.tensor");
   plan.sequence_parallel = plan.tensor > 1 && config.get_bool("dist.sequence_parallel");
-  if (plan.tensor > 1) {
-    parallel_degrees(world_size, 1, plan.tensor);  // a degree that does not divide the world: named
-    plan.kind = kind_of(world_size / plan.tensor, plan.sharding.stage());
+  plan.pipeline = config.get_int("dist.pipeline");
+  if (plan.model_parallel()) {
+    parallel_degrees(world_size, plan.pipeline, plan.tensor);  // degrees that do not divide the world: named
+    plan.kind = kind_of(plan.data_degree(), plan.sharding.stage());
   }
   return plan;
 }
 
 void DataParallelPlan::check(const WorkNeeds& needs) const {
-  if (tensor > 1) {
+  if (model_parallel()) {
+    const std::string key =
+        tensor > 1 ? fmt::format("dist.tensor={}", tensor) : fmt::format("dist.pipeline={}", pipeline);
+    EMBER_CHECK_KIND(kConfig, tensor == 1 || pipeline == 1,
+                     "[dist] dist.pipeline={} with dist.tensor={}: stages of tensor-parallel blocks (3D "
+                     "layouts) are not supported yet; choose one of them (tools/ember plan compares them)",
+                     pipeline, tensor);
     EMBER_CHECK_KIND(kConfig, sharding.stage() == Sharding::kNone,
-                     "[dist] dist.tensor={} with dist.sharding={}: the optimizer state of a tensor-parallel "
-                     "model is already cut {} ways; sharding inside its data group is not supported yet: set "
+                     "[dist] {} with dist.sharding={}: the optimizer state is already cut with the model; "
+                     "sharding inside the data group of a model-parallel layout is not supported yet: set "
                      "dist.sharding=none",
-                     tensor, to_string(sharding.stage()), tensor);
+                     key, to_string(sharding.stage()));
     EMBER_CHECK_KIND(kConfig, !sync_batchnorm && !cuda_graph,
-                     "[dist] dist.tensor={} with {}: not supported; set it to false", tensor,
+                     "[dist] {} with {}: not supported; set it to false", key,
                      sync_batchnorm ? "dist.sync_batchnorm=true" : "trainer.cuda_graph=true");
     EMBER_CHECK_KIND(kConfig, needs.resizes_parameters.empty(),
-                     "[dist] dist.tensor={} with {}: pruning resizes the parameters cut across ranks; prune "
-                     "the trained model on one rank per replica (dist.tensor=1)",
-                     tensor, needs.resizes_parameters);
+                     "[dist] {} with {}: pruning resizes the parameters cut across ranks; prune the trained "
+                     "model on one rank per replica",
+                     key, needs.resizes_parameters);
   }
   if (world_size <= 1) return;
   const Sharding stage = sharding.stage();
@@ -127,7 +134,7 @@ int64_t DataParallelRun::prepare_model(torch::nn::Module& model) const {
 
 void DataParallelRun::attach(train::Trainer& trainer) {
   EMBER_CHECK(callback_ == nullptr, "[dist::DataParallelRun] attach() twice");
-  if (!group_ || plan_.tensor_parallel()) return;
+  if (!group_ || plan_.model_parallel()) return;
   if (plan_.sharded())
     callback_ = sharded_ = std::make_shared<ShardedDataParallel>(group_, plan_.sharding);
   else

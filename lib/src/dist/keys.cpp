@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "ember/dist/pipeline_schedule.h"
 
 namespace ember::dist {
 
@@ -39,6 +40,19 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
             "ranks (under torchrun: one server's GPUs), data parallelism over the rest; recipes that "
             "support it: gpt2 (see docs/distributed.md)",
             Bounds::between(1, 1 << 16), core::OnResume::kMayChange);  // checkpoints hold whole tensors
+  c.declare("dist.pipeline", 1,
+            "pipeline degree P: the model's pieces (embedding, blocks, head) cut into P stages over ranks "
+            "P apart (under torchrun: across servers), data parallelism over the rest; recipes that support "
+            "it: gpt2 (see docs/distributed.md)",
+            Bounds::between(1, 1 << 16), core::OnResume::kMayChange);  // checkpoints hold whole tensors
+  c.declare("dist.schedule", "1f1b",
+            "dist.pipeline > 1: 1f1b (at most P microbatches' activations live), gpipe (all m), or "
+            "interleaved_1f1b (2 stages per rank, a smaller bubble)",
+            core::OnResume::kMayChange);
+  c.declare("dist.microbatches", 0,
+            "dist.pipeline > 1: microbatches m each batch is split into (0 = 2 x dist.pipeline); the bubble "
+            "is (P - 1) / (m + P - 1); data.batch_size >= m (a multiple of m: equal microbatches)",
+            Bounds::between(0, 1 << 20), core::OnResume::kMayChange);
   c.declare("dist.sequence_parallel", false,
             "dist.tensor > 1: norms, dropout and residual adds on 1/T of the tokens (all-gather and "
             "reduce-scatter instead of all-reduces; data.block_size must divide by dist.tensor)",
@@ -53,6 +67,7 @@ void declare_dist_keys(core::Config& c, const DdpOptions& d, const ProcessGroupO
     ddp_options_from_config(config);
     sharding_options_from_config(config);
     process_group_options_from_config(config, torch::kCPU);  // dist.backend's name
+    parse_pipeline_schedule(config.get_string("dist.schedule"));
     EMBER_CHECK_KIND(kConfig, config.get_int("dist.rank") < config.get_int("dist.world_size"),
                      "[dist] dist.rank={} must be below dist.world_size={}", config.get_int("dist.rank"),
                      config.get_int("dist.world_size"));

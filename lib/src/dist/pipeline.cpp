@@ -26,6 +26,7 @@
 #include "dist/dropout_key.h"
 #include "ember/core/activation_checkpoint.h"
 #include "ember/dist/parallel_layout.h"
+#include "ember/optim/optimizer.h"
 
 namespace ember::dist {
 
@@ -70,6 +71,7 @@ PipelineRunner::PipelineRunner(std::shared_ptr<ProcessGroup> group, std::vector<
                                const PipelineOptions& options)
     : group_(std::move(group)),
       pieces_(std::move(pieces)),
+      tied_in_step_(options.tied_gradients_in_step()),
       dropout_seed_(options.dropout_seed()),
       checkpoint_pieces_(options.checkpoint_pieces()) {
   EMBER_CHECK(group_ != nullptr, "[dist::PipelineRunner] needs a process group (one rank per stage group)");
@@ -121,16 +123,56 @@ PipelineRunner::PipelineRunner(std::shared_ptr<ProcessGroup> group, std::vector<
     counts_in_norm_.push_back(r.front() == rank);  // a tied parameter counts once, at its lowest rank
     if (r.size() > 1) tied_.push_back({named[key].second, r});
   }
-  if (options.release_other_stages()) {
-    torch::NoGradGuard no_grad;
-    for (const torch::TensorImpl* key : order) {
-      const std::vector<int64_t>& r = readers[key];
-      if (std::find(r.begin(), r.end(), rank) != r.end()) continue;
-      torch::Tensor t = named[key].second;
-      t.set_data(torch::empty({0}, t.options()));  // the model object's tensor, emptied in place
-      t.mutable_grad() = torch::Tensor();
-    }
+  for (const torch::TensorImpl* key : order) {
+    const std::vector<int64_t>& r = readers[key];
+    const torch::Tensor& t = named[key].second;
+    whole_.push_back({t, t.sizes().vec(), *std::min_element(r.begin(), r.end()),
+                      std::find(r.begin(), r.end(), rank) != r.end()});
   }
+  if (options.release_other_stages()) release();
+}
+
+void PipelineRunner::release(torch::optim::Optimizer* optimizer) {
+  if (released_) return;
+  if (optimizer) optim::settle_state(*optimizer);
+  torch::NoGradGuard no_grad;
+  for (Whole& w : whole_) {
+    if (w.here) continue;
+    if (optimizer) optimizer->state().erase(w.tensor.unsafeGetTensorImpl());
+    w.tensor.set_data(torch::empty({0}, w.tensor.options()));  // the model object's tensor, emptied in place
+    w.tensor.mutable_grad() = torch::Tensor();
+  }
+  released_ = true;
+}
+
+void PipelineRunner::make_whole(torch::optim::Optimizer* optimizer) {
+  if (!released_) return;
+  std::unique_ptr<torch::optim::OptimizerParamState> like;  // this rank's kind of state, if it has any yet
+  if (optimizer) {
+    optim::settle_state(*optimizer);
+    for (const auto& [name, t] : local_parameters_)
+      if (auto it = optimizer->state().find(t.unsafeGetTensorImpl()); it != optimizer->state().end()) {
+        like = it->second->clone();
+        break;
+      }
+  }
+  // Every rank's state exists alike (the stages step together): the broadcasts line up.
+  torch::NoGradGuard no_grad;
+  for (Whole& w : whole_) {
+    torch::Tensor p = w.tensor;
+    if (!w.here) p.set_data(torch::empty(w.shape, p.options()));
+    torch::Tensor data = p.detach();
+    group_->broadcast_(data, w.owner);
+    if (!like) continue;
+    auto& state = optimizer->state()[p.unsafeGetTensorImpl()];
+    if (!state) state = like->clone();
+    optim::for_each_state_tensor_of(*optimizer, p, [&](torch::Tensor& t) {
+      if (!t.defined()) return;
+      if (!w.here) t = torch::empty(w.shape, t.options());
+      group_->broadcast_(t, w.owner);
+    });
+  }
+  released_ = false;
 }
 
 std::vector<int> PipelineRunner::local_stages() const {
@@ -208,12 +250,17 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
                                    const PipelineLoss& loss_fn, const torch::Tensor& loss_scale) {
   const int m = plan_.microbatches, S = plan_.stages;
   const int64_t rank = group_->rank();
-  EMBER_CHECK_KIND(kConfig, input.dim() >= 1 && input.size(0) % m == 0 && target.size(0) == input.size(0),
-                   "[dist::PipelineRunner] a batch of {} samples (targets: {}) does not split into {} equal "
-                   "microbatches: make the batch a multiple of the microbatches",
-                   input.dim() >= 1 ? input.size(0) : 0, target.dim() >= 1 ? target.size(0) : 0, m);
+  EMBER_CHECK_KIND(kConfig, input.dim() >= 1 && target.dim() >= 1 && target.size(0) == input.size(0),
+                   "[dist::PipelineRunner] a batch of {} samples with {} targets",
+                   input.dim() >= 1 ? input.size(0) : 0, target.dim() >= 1 ? target.size(0) : 0);
   const auto step_start = std::chrono::steady_clock::now();
-  const std::vector<torch::Tensor> xs = input.chunk(m), ys = target.chunk(m);
+  // m microbatches whose sizes differ by one at most (an epoch's short last
+  // batch; some may be empty); each microbatch's mean loss weighs its share
+  // of the batch, n_i / N, which is 1 / m when m divides N (computed as / m:
+  // what one process accumulating the m microbatches computes).
+  const int64_t N = input.size(0);
+  const bool even = N % m == 0;
+  const std::vector<torch::Tensor> xs = input.tensor_split(m), ys = target.tensor_split(m);
   stats_ = PipelineStepStats{};
   const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -268,9 +315,16 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
         for (int i = split_[s].first; i < split_[s].second; ++i) y = run_piece(i, a.microbatch, y);
         Slot slot{x, y, {}};
         if (s == S - 1) {
-          const torch::Tensor l = loss_fn(y, ys[static_cast<size_t>(a.microbatch)]);
-          slot.loss = l / m;
-          loss_sum += l.detach().to(loss_sum.options());
+          const torch::Tensor& target_i = ys[static_cast<size_t>(a.microbatch)];
+          const int64_t n = target_i.size(0);
+          if (n == 0) {  // an empty microbatch: no loss, zero gradients through the stages
+            slot.loss = y.sum() * 0.0;
+          } else {
+            const torch::Tensor l = loss_fn(y, target_i);
+            slot.loss = even ? l / m : l * (static_cast<double>(n) / static_cast<double>(N));
+            const torch::Tensor ld = l.detach().to(loss_sum.options());
+            loss_sum += even ? ld : ld * (static_cast<double>(n * m) / static_cast<double>(N));
+          }
         } else if (plan_.rank_of_stage(s + 1) == rank) {
           activations[{s + 1, a.microbatch}] = y.detach();  // the next stage is here: passed in memory
         }
@@ -340,7 +394,7 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
   for (auto& sent : other_sends) sent.pending.wait();
   EMBER_CHECK(live.empty() && activations.empty() && gradients.empty() && outgoing.empty(),
               "[dist::PipelineRunner] internal: the plan left {} microbatches live", live.size());
-  exchange_tied_gradients();
+  if (tied_in_step_) exchange_tied_gradients();
   // The batch's mean loss on every rank: the last stage's sum over microbatches / m.
   torch::Tensor mean = loss_sum / m;
   group_->all_reduce_sum_(mean);
@@ -348,6 +402,48 @@ torch::Tensor PipelineRunner::step(const torch::Tensor& input, const torch::Tens
   torch::Tensor out = mean.cpu();
   stats_.step_seconds = seconds_since(step_start);
   return out;
+}
+
+void PipelineRunner::finish_gradients() {
+  if (!tied_in_step_) exchange_tied_gradients();
+}
+
+torch::Tensor PipelineRunner::evaluate(const torch::Tensor& input, const torch::Tensor& target,
+                                       const PipelineLoss& loss_fn) {
+  torch::NoGradGuard no_grad;
+  const int S = plan_.stages;
+  const int64_t rank = group_->rank();
+  // Tags above every step's (4 S m, then the tied gradients' k p + rank with k below the model's
+  // parameter count: the same bound on every rank, which tied_ is not): a pair per stage boundary.
+  const int64_t base = 4 * static_cast<int64_t>(S) * plan_.microbatches +
+                       static_cast<int64_t>(whole_.size() + 1) * group_->size();
+  torch::Tensor loss = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(group_->device()));
+  torch::Tensor x;
+  for (int s = 0; s < S; ++s) {
+    if (plan_.rank_of_stage(s) != rank) continue;
+    const int64_t tag = base + 2 * static_cast<int64_t>(s);
+    if (s == 0) {
+      x = input;
+    } else if (const int64_t src = plan_.rank_of_stage(s - 1); src != rank) {
+      torch::Tensor header =
+          torch::empty({kHeader}, torch::TensorOptions(torch::kInt64).device(group_->device()));
+      group_->start_recv(header, src, tag).wait();
+      x = from_header(header.cpu(), group_->device());
+      group_->start_recv(x, src, tag + 1).wait();
+    }
+    for (int i = split_[s].first; i < split_[s].second; ++i) x = pieces_[static_cast<size_t>(i)].forward(x);
+    if (s == S - 1) {
+      loss = loss_fn(x, target).to(loss.options());
+    } else if (const int64_t dst = plan_.rank_of_stage(s + 1); dst != rank) {
+      torch::Tensor header = shape_header(x).to(group_->device()), values = x.contiguous();
+      auto a = group_->start_send(header, dst, tag + 2);
+      auto b = group_->start_send(values, dst, tag + 3);
+      a.wait();
+      b.wait();
+    }
+  }
+  group_->all_reduce_sum_(loss);  // the last stage's; zeros elsewhere
+  return loss.cpu();
 }
 
 void PipelineRunner::exchange_tied_gradients() {

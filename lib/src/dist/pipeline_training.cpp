@@ -8,13 +8,15 @@
 
 namespace ember::dist {
 
-PipelineTraining::PipelineTraining(std::shared_ptr<PipelineRunner> pipe, std::shared_ptr<ParallelLayout> layout)
+PipelineTraining::PipelineTraining(std::shared_ptr<PipelineRunner> pipe,
+                                   std::shared_ptr<ParallelLayout> layout)
     : pipe_(std::move(pipe)), layout_(std::move(layout)) {
   EMBER_CHECK(pipe_ && layout_ && layout_->pipeline && layout_->data && layout_->world,
               "[dist::PipelineTraining] needs a pipeline and a layout with its groups");
-  EMBER_CHECK(layout_->degrees.tensor == 1,
-              "[dist::PipelineTraining] a layout with tensor-parallel parts ({}) is not trained by this callback",
-              layout_->degrees.tensor);
+  EMBER_CHECK(
+      layout_->degrees.tensor == 1,
+      "[dist::PipelineTraining] a layout with tensor-parallel parts ({}) is not trained by this callback",
+      layout_->degrees.tensor);
   EMBER_CHECK(!pipe_->tied_gradients_in_step(),
               "[dist::PipelineTraining] the pipeline must leave the tied gradients to the callback: "
               "PipelineOptions().tied_gradients_in_step(false)");

@@ -66,10 +66,12 @@ Processes start_processes(const core::Config& config, const std::string& recipe_
     p.group =
         dist::ProcessGroup::create(p.env, dist::process_group_options_from_config(config, ctx.device()));
     ctx.group(p.group);
-    // dist.tensor > 1: neighbouring ranks hold the parts of one replica and
-    // read the same batches; the data is split between the replicas.
-    if (const int64_t tensor = config.get_int("dist.tensor"); tensor > 1) {
-      auto layout = std::make_shared<dist::ParallelLayout>(dist::make_parallel_layout(p.group, 1, tensor));
+    // dist.tensor or dist.pipeline > 1: the ranks of one replica's parts or
+    // stages read the same batches; the data is split between the replicas.
+    const int64_t tensor = config.get_int("dist.tensor"), pipeline = config.get_int("dist.pipeline");
+    if (tensor > 1 || pipeline > 1) {
+      auto layout =
+          std::make_shared<dist::ParallelLayout>(dist::make_parallel_layout(p.group, pipeline, tensor));
       ctx.rank(layout->at.data).world_size(layout->degrees.data).layout(std::move(layout));
     }
     // Rank 0 names the run folder, so that every rank uses (and hashes) the same.
@@ -114,6 +116,10 @@ void check_before_work(const RecipeSpec& spec, const core::Config& config, int64
                    "[{}] dist.tensor={}: this recipe does not cut its model for tensor parallelism (the gpt2 "
                    "recipe does); set dist.tensor=1",
                    spec.name, plan.tensor);
+  EMBER_CHECK_KIND(kConfig, !plan.pipeline_parallel() || spec.pipeline_parallel,
+                   "[{}] dist.pipeline={}: this recipe does not cut its model into pipeline stages (the gpt2 "
+                   "recipe does); set dist.pipeline=1",
+                   spec.name, plan.pipeline);
   if (spec.check) spec.check(config, world_size);
 }
 

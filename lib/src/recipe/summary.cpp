@@ -47,8 +47,10 @@ RunSummary summarize(const std::string& recipe, const Processes& p, const train:
   summary.samples_per_second =
       static_cast<double>(fit.samples * p.context.world_size()) / std::max(fit.train_seconds, 1e-9);
   if (p.group) summary.extra["world_size"] = static_cast<double>(p.group->size());
-  if (const auto& layout = p.context.layout())
+  if (const auto& layout = p.context.layout()) {
     summary.extra["tensor_parallel"] = static_cast<double>(layout->degrees.tensor);
+    summary.extra["pipeline_parallel"] = static_cast<double>(layout->degrees.pipeline);
+  }
   summary.device = p.context.device().str();
   summary.precision = amp::to_string(options.precision());
   summary.parameters = train::count_parameters(model);  // after training: pruning may have shrunk it

@@ -83,6 +83,12 @@ void check_loss(const StepOutput& out, const char* where) {
 
 }  // namespace
 
+StepOutput Task::training_backward_step(const data::Batch&, const torch::Tensor&) {
+  ember::detail::fail(
+      "[train::Task] backward_in_step() is true but training_backward_step is not overridden: a task whose "
+      "step runs its own backward must implement it");
+}
+
 ResumeFrom ResumeFrom::parse(const std::string& text) {
   if (text.empty()) return fresh();
   if (text == "auto") return latest();
@@ -426,16 +432,29 @@ StepOutput Trainer::forward(Fit& f, const data::Batch& batch, const MicroBatch& 
   return out;
 }
 
+StepOutput Trainer::forward_backward(Fit& f, const data::Batch& batch, const MicroBatch& micro) {
+  for (auto& cb : callbacks_) cb->on_before_forward(*this, micro);
+  torch::Tensor scale =
+      torch::full({}, 1.0 / static_cast<double>(micro.count), torch::TensorOptions(f.plan.device));
+  if (grad_scaler_) scale = grad_scaler_->scale(scale);
+  StepOutput out = amp::run_with_precision(f.plan.precision, f.plan.device.type(),
+                                           [&] { return task_->training_backward_step(batch, scale); });
+  check_loss(out, "training_backward_step");
+  out.loss = out.loss.detach();
+  return out;
+}
+
 std::optional<StepTaken> Trainer::eager_batch(Fit& f, const data::Batch& batch) {
   const int64_t window_start = state_.batch - state_.batch % f.plan.accumulate;
   const int64_t window = std::min(f.plan.accumulate, f.plan.batches_per_epoch - window_start);
   const MicroBatch micro{state_.batch - window_start, window};
-  StepOutput out = forward(f, batch, micro);
+  const bool in_step = task_->backward_in_step();  // the task's step backpropagates (a pipeline)
+  StepOutput out = in_step ? forward_backward(f, batch, micro) : forward(f, batch, micro);
   phase(StepPhase::kBackward);
   for (auto& cb : callbacks_) cb->on_before_backward(*this, out, micro);
   // Without accumulation, no extra autograd node and division.
   const torch::Tensor loss = window == 1 ? out.loss : out.loss / static_cast<double>(window);
-  grad_scaler_ ? grad_scaler_->scale(loss).backward() : loss.backward();
+  if (!in_step) grad_scaler_ ? grad_scaler_->scale(loss).backward() : loss.backward();
   {
     torch::NoGradGuard no_grad;
     f.step_loss = f.step_loss.defined() ? f.step_loss + loss.detach() : loss.detach();

@@ -15,9 +15,10 @@
 //   trainer.fit(*task);
 //   run.summarize(summary_numbers);           // a collective: every rank calls it
 //
-// The plan is the seam a layout of ranks is decided at: tensor parallelism
-// (dist.tensor) adds its degree to the plan and its refusals to check(); the
-// recipe cuts the model and adds the callback that trains its parts.
+// The plan is the seam a layout of ranks is decided at: model parallelism
+// (dist.tensor, dist.pipeline) adds its degrees to the plan and its refusals
+// to check(); the recipe cuts the model and adds the callback that trains
+// its parts.
 
 #include <torch/nn/module.h>
 
@@ -73,26 +74,32 @@ struct DataParallelPlan {
   ShardingOptions sharding = ShardingOptions().stage(Sharding::kNone);
   bool sync_batchnorm = false;
   bool cuda_graph = false;
-  /// dist.tensor and dist.sequence_parallel: above 1, the model is cut over
-  /// `tensor` neighbouring ranks and the data split over world_size / tensor
-  /// replicas, by the recipe's model-parallel callback
-  /// (dist::TensorParallelTraining), which also averages the replicas'
-  /// gradients: the run then adds no DDP.
+  /// dist.tensor and dist.sequence_parallel, dist.pipeline (dist.schedule,
+  /// dist.microbatches): above 1, the model is cut over `tensor` neighbouring
+  /// ranks, or into `pipeline` stages, and the data split over world_size /
+  /// (pipeline x tensor) replicas, by the recipe's model-parallel callback
+  /// (dist::TensorParallelTraining, dist::PipelineTraining), which also
+  /// averages the replicas' gradients: the run then adds no DDP.
   int64_t tensor = 1;
   bool sequence_parallel = false;
+  int64_t pipeline = 1;
 
   /// kZero1, kZero2 or kZero3.
   bool sharded() const { return sharding.stage() != Sharding::kNone; }
   /// dist.tensor > 1.
   bool tensor_parallel() const { return tensor > 1; }
-  /// The data-parallel replicas: world_size / tensor.
-  int64_t data_degree() const { return world_size / tensor; }
+  /// dist.pipeline > 1.
+  bool pipeline_parallel() const { return pipeline > 1; }
+  bool model_parallel() const { return tensor > 1 || pipeline > 1; }
+  /// The data-parallel replicas: world_size / (pipeline x tensor).
+  int64_t data_degree() const { return world_size / (pipeline * tensor); }
   /// Refuses what this layout cannot do (Error(kConfig), naming the keys and
   /// what to set instead): on several ranks, sharding with CUDA graphs,
   /// ZeRO-3 on a model without blocks, sharding with work that resizes
   /// parameters, and a decision from each rank's own gradients; with
-  /// dist.tensor > 1, a world size it does not divide, sharding, synced
-  /// batch norms, CUDA graphs and pruning.
+  /// dist.tensor or dist.pipeline > 1, a world size they do not divide, both
+  /// at once (3D layouts: not yet), sharding, synced batch norms, CUDA
+  /// graphs and pruning.
   void check(const WorkNeeds& needs) const;
 };
 
@@ -112,7 +119,7 @@ class DataParallelRun {
   int64_t prepare_model(torch::nn::Module& model) const;
   /// Adds DDP or the sharded step to `trainer`, after the callbacks that
   /// change the model (pruning); nothing for one process, nor under
-  /// dist.tensor > 1 (the recipe's tensor-parallel callback averages).
+  /// dist.tensor or dist.pipeline > 1 (the recipe's model-parallel callback averages).
   void attach(train::Trainer& trainer);
   /// After fit, on every rank (a collective when sharded): summary.json's
   /// data-parallel numbers, the most any rank kept between steps

@@ -14,8 +14,10 @@
 //   }
 //
 // What one step computes, and why it equals one process:
-//   - the batch is split into m equal microbatches along dim 0 (a batch that
-//     m does not divide is refused); the last stage computes each
+//   - the batch is split into m microbatches along dim 0 (equal when m
+//     divides it; else sizes that differ by one, each microbatch's loss
+//     weighted by its share of the batch, an empty one contributing
+//     nothing: an epoch's short last batch); the last stage computes each
 //     microbatch's loss and backpropagates loss / m, so the gradients that
 //     accumulate over the m microbatches are those of the batch's mean loss:
 //     what one process gets by accumulating the same microbatches (the same
@@ -55,9 +57,10 @@
 //
 // Every rank builds the whole model (the same seed or weights), and the
 // runner frees the parameters of the stages it does not run
-// (options.release_other_stages).
+// (options.release_other_stages; release() and make_whole() later).
 //
-// Not yet: the Trainer's keys (dist.pipeline).
+// In the Trainer (keys dist.pipeline, dist.microbatches, dist.schedule):
+// dist/pipeline_training.h.
 
 #include <torch/types.h>
 
@@ -111,6 +114,12 @@ struct PipelineOptions {
   /// run those pieces and they fail). Off: every rank keeps the whole model
   /// (e.g. to gather it without files).
   TORCH_ARG(bool, release_other_stages) = true;
+  /// Sum the tied parameters' gradients over their holders at the end of
+  /// each step(). false: the caller calls finish_gradients() once, after the
+  /// last step() whose gradients accumulate into one optimizer step (the
+  /// Trainer's accumulation: exchanging after each step() of the window would
+  /// add the sums of the earlier ones again).
+  TORCH_ARG(bool, tied_gradients_in_step) = true;
 };
 
 /// (output of the last piece, the microbatch's target) -> the microbatch's mean loss (a scalar).
@@ -144,6 +153,8 @@ class PipelineRunner {
                  const PipelineOptions& options);
 
   const PipelinePlan& plan() const { return plan_; }
+  /// options.tied_gradients_in_step.
+  bool tied_gradients_in_step() const { return tied_in_step_; }
   /// [begin, end) of the pieces of every stage.
   const std::vector<std::pair<int, int>>& split() const { return split_; }
   /// The stages this rank runs, in order.
@@ -162,6 +173,33 @@ class PipelineRunner {
   /// mean loss (float64, unscaled) on every rank.
   torch::Tensor step(const torch::Tensor& input, const torch::Tensor& target, const PipelineLoss& loss,
                      const torch::Tensor& loss_scale = {});
+
+  /// With options.tied_gradients_in_step(false): the tied parameters'
+  /// gradients summed over the ranks that hold them (every rank calls it,
+  /// once per optimizer step, before reading the gradients). Nothing when
+  /// step() does it.
+  void finish_gradients();
+
+  /// The batch's mean loss (float64, on every rank) with no gradients: the
+  /// whole batch through the stages in order, one stage after the other
+  /// (validation: no schedule, no microbatches). Every rank calls it with
+  /// the same batch; the model in eval mode.
+  torch::Tensor evaluate(const torch::Tensor& input, const torch::Tensor& target, const PipelineLoss& loss);
+
+  /// Whether the parameters of the stages this rank does not run are
+  /// released (emptied) now.
+  bool released() const { return released_; }
+  /// Empties the parameters (and gradients) of the pieces this rank does not
+  /// run, in place, and drops their state from `optimizer` (may be null).
+  /// Nothing when released.
+  void release(torch::optim::Optimizer* optimizer = nullptr);
+  /// The inverse (every rank takes part): each parameter, and its state in
+  /// `optimizer`, broadcast from the lowest rank that runs it, so that every
+  /// rank holds the whole model and optimizer as one process would (a
+  /// checkpoint, an export, a plain forward). A parameter this rank does not
+  /// run gets state made like its own parameters' (the same kind and step
+  /// count: all step together) with the owner's tensors. Nothing when whole.
+  void make_whole(torch::optim::Optimizer* optimizer = nullptr);
 
   /// After scaler.unscale_(optimizer) on every rank: the inf/NaN flags of
   /// every stage max-reduced over the group (one all-reduce), so that
@@ -193,6 +231,15 @@ class PipelineRunner {
   PipelinePlan plan_;
   std::vector<std::pair<std::string, torch::Tensor>> local_parameters_;
   std::vector<Tied> tied_;
+  struct Whole {  // every parameter of the model, in piece order
+    torch::Tensor tensor;
+    std::vector<int64_t> shape;
+    int64_t owner = 0;  // the lowest rank that runs it
+    bool here = false;  // this rank runs it
+  };
+  std::vector<Whole> whole_;
+  bool released_ = false;
+  bool tied_in_step_ = true;
   std::vector<bool> counts_in_norm_;  // per local parameter: this rank adds it to the norm
   PipelineStepStats stats_;
   std::optional<uint64_t> dropout_seed_;

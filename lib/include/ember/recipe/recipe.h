@@ -108,6 +108,9 @@ struct RecipeSpec {
   /// dist.tensor > 1 (and adds the callback that trains the parts); the
   /// runner refuses dist.tensor > 1 for a recipe that does not.
   bool tensor_parallel = false;
+  /// The same for dist.pipeline > 1: the recipe cuts its model into stages
+  /// over context.layout()->pipeline.
+  bool pipeline_parallel = false;
 };
 
 /// Parses the command line, trains, tests, writes the run folder, prints the

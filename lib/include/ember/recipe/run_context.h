@@ -51,9 +51,10 @@ struct RunContext {
   /// after the main fit (prune_finetune) trains data-parallel through it.
   /// The launcher's whole group under a model-parallel layout.
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
-  /// dist.tensor > 1: the ranks' layout (tensor x data) and its groups;
-  /// null otherwise. A recipe that allows it (RecipeSpec::tensor_parallel)
-  /// cuts its model over layout()->tensor.
+  /// dist.tensor or dist.pipeline > 1: the ranks' layout (tensor x data or
+  /// pipeline x data) and its groups; null otherwise. A recipe that allows
+  /// it (RecipeSpec::tensor_parallel, pipeline_parallel) cuts its model over
+  /// layout()->tensor or into stages over layout()->pipeline.
   TORCH_ARG(std::shared_ptr<dist::ParallelLayout>, layout) = nullptr;
   /// The run folder every rank shares: run.dir, or runs/<recipe>-<timestamp>
   /// named by rank 0 when run.dir is empty; "" in the recipe tools (no run folder).

@@ -32,6 +32,19 @@ class Task {
   /// Forward pass and loss for one training batch (autograd on).
   virtual StepOutput training_step(const data::Batch& batch) = 0;
 
+  /// A task whose forward and backward of a batch cannot be split in two
+  /// (pipeline stages over ranks: the microbatches' forwards and backwards
+  /// interleave, and the backward starts on another rank) returns true; the
+  /// Trainer then calls training_backward_step instead of training_step and
+  /// backward.
+  virtual bool backward_in_step() const { return false; }
+  /// Forward and backward of one training batch: the gradients of the loss
+  /// times `gradient_scale` (a 0-dim float32 tensor on the model's device:
+  /// 1 / the accumulation window, times the loss scale under fp16-mixed)
+  /// accumulate into the parameters. Returns the batch's loss (detached).
+  /// Called only when backward_in_step(); the default throws.
+  virtual StepOutput training_backward_step(const data::Batch& batch, const torch::Tensor& gradient_scale);
+
   /// Forward pass for validation/test (the Trainer sets eval mode and
   /// disables autograd). Defaults to training_step.
   virtual StepOutput evaluation_step(const data::Batch& batch) { return training_step(batch); }

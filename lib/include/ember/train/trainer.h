@@ -249,6 +249,7 @@ class Trainer {
   void make_graph(Fit& f, Task& task);
   void begin_epoch(Fit& f);
   StepOutput forward(Fit& f, const data::Batch& batch, const MicroBatch& micro);
+  StepOutput forward_backward(Fit& f, const data::Batch& batch, const MicroBatch& micro);
   std::optional<StepTaken> eager_batch(Fit& f, const data::Batch& batch);
   StepTaken graph_batch(Fit& f, const data::Batch& batch);
   void end_step(Fit& f, const StepTaken& taken);
