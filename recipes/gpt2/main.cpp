@@ -64,7 +64,7 @@ class Gpt2Task : public train::Task {
     if (const std::string path = c.get_string("model.pretrained"); !path.empty()) {
       const train::LoadReport r =
           train::load_pretrained(*net_, path, train::PretrainedOptions().map(models::Gpt2Impl::hf_map()));
-      if (ctx.rank() == 0)
+      if (!ctx.group() || ctx.group()->rank() == 0)  // the writer
         std::cerr << fmt::format("[gpt2] model.pretrained: {} tensors from {} file(s) of {}\n",
                                  r.loaded.size(), r.files.size(), path);
     }
@@ -90,7 +90,7 @@ class Gpt2Task : public train::Task {
     }
     train_ = std::move(d.train);
     val_ = std::move(d.val);
-    if (ctx.rank() == 0)
+    if (!ctx.group() || ctx.group()->rank() == 0)  // the writer
       std::cerr << fmt::format(
           "gpt2: {} token files ({} train windows of {}+1 tokens, {} validation), vocabulary {}\n",
           d.train_files, train_->num_samples(), block_, val_ ? val_->num_samples() : 0, d.vocab_size);

@@ -521,7 +521,8 @@ TEST(Pipeline, ResumesFromPerStageCheckpointsBitForBit) {
 /// cut (PipelineTraining).
 class PlTrainerTask : public train::Task {
  public:
-  PlTrainerTask(models::Gpt2 model, std::shared_ptr<PipelineRunner> pipe, int64_t replicas, int64_t replica)
+  PlTrainerTask(models::Gpt2 model, std::shared_ptr<PipelineRunner> pipe, int64_t replicas, int64_t replica,
+                int64_t batch = kPlBatch)
       : model_(std::move(model)), pipe_(std::move(pipe)) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(400);
     const torch::Tensor w = torch::randint(0, kPlVocab, {96, kPlBlock + 1}, gen, torch::kLong);
@@ -530,7 +531,7 @@ class PlTrainerTask : public train::Task {
                                  w.narrow(0, from, n).narrow(1, 1, kPlBlock).contiguous()};
     };
     train_ = std::make_unique<data::TensorLoader>(dataset(0, 64), data::TensorLoaderOptions()
-                                                                      .batch_size(kPlBatch / replicas)
+                                                                      .batch_size(batch / replicas)
                                                                       .seed(5)
                                                                       .prefetch(0)
                                                                       .num_replicas(replicas)
@@ -589,7 +590,7 @@ PlTrained pl_trainer_run(int64_t ranks, int64_t pipeline, PipelineSchedule sched
     std::shared_ptr<ParallelLayout> layout;
     std::shared_ptr<PipelineRunner> pipe;
     if (group) {
-      o.distribution(make_distribution(group));
+      o.distribution(make_distribution(group, pipeline));
       layout = std::make_shared<ParallelLayout>(make_parallel_layout(group, pipeline, 1));
       pipe = std::make_shared<PipelineRunner>(
           layout->pipeline, model->pipeline_pieces(kPlBlock),
@@ -600,6 +601,7 @@ PlTrained pl_trainer_run(int64_t ranks, int64_t pipeline, PipelineSchedule sched
     if (pipe) trainer.add_callback(std::make_shared<PipelineTraining>(pipe, layout));
     const train::FitResult fit = trainer.fit(task);
     EXPECT_FALSE(pipe && pipe->released()) << "whole again after fit";
+    EXPECT_EQ(fit.last_train.samples, 64) << "each sample counted once, whatever the layout";
     if (r == 0) {
       for (const auto& p : model->named_parameters()) out.weights[p.key()] = p.value().detach().clone();
       out.val_loss = fit.last_val.loss;
@@ -661,6 +663,50 @@ TEST(Pipeline, TheTrainerTrainsTheStagesAsOneProcessAndItsCheckpointsResumeAtAny
   for (const auto& [name, t] : want.weights)
     step = std::max(step, test_util::max_diff(moved.weights.at(name), t));
   EXPECT_GT(step, 100 * scaled * largest) << "epochs 2 and 3 must move the weights beyond the bound";
+}
+
+// fp16-mixed through the Trainer from a loss scale that overflows (2^24): the
+// Trainer's scale reaches the last stage's backward (training_backward_step's
+// gradient_scale), and over 12 steps the 2 stages skip exactly the steps one
+// process skips that runs the same microbatches (8 samples, 4 accumulated,
+// against 16 split in 2, 2 accumulated: the same autocast operations on the
+// same shapes), on every rank; the weights after it are not compared (see
+// MixedPrecisionAndLossScalingEqualOneProcess: a half-precision rounding
+// flipped by the tied sum's float32 order compounds).
+TEST(Pipeline, TheTrainersLossScaleReachesTheStagesAndEveryRankSkipsAlike) {
+  const std::string dir = test_util::temp_dir("pl_fp16");
+  const auto options = [&](int64_t accumulate, const std::string& run) {
+    train::TrainerOptions o;
+    o.epochs(6).accumulate_grad_batches(accumulate).clip_grad_norm(1.0).run_dir(dir + run).val_every(0);
+    o.precision(amp::Precision::kFp16Mixed).grad_scaler(amp::GradScalerOptions().init_scale(16777216.0));
+    o.optimizer().kind(optim::OptimizerKind::kAdamW).lr(1e-3).weight_decay(0.1);
+    return o;
+  };
+  models::Gpt2 plain = pl_model(2, torch::kFloat32);
+  PlTrainerTask reference(plain, nullptr, 1, 0, 8);
+  train::Trainer one(options(4, "/one"));
+  const train::FitResult want = one.fit(reference);
+  ASSERT_EQ(want.steps, 12);
+  EXPECT_GT(want.skipped_steps, 0) << "2^24 must overflow at first";
+  EXPECT_LT(want.skipped_steps, want.steps) << "the scale must come down to one that fits";
+  std::vector<models::Gpt2> models = {pl_model(2, torch::kFloat32), pl_model(2, torch::kFloat32)};
+  std::vector<int64_t> skipped(2, -1);
+  test_util::on_thread_ranks(2, [&](const std::shared_ptr<ProcessGroup>& group) {
+    const auto r = static_cast<size_t>(group->rank());
+    train::TrainerOptions o = options(2, "/pipeline");
+    o.distribution(make_distribution(group, 2));
+    auto layout = std::make_shared<ParallelLayout>(make_parallel_layout(group, 2, 1));
+    auto pipe = std::make_shared<PipelineRunner>(layout->pipeline, models[r]->pipeline_pieces(kPlBlock),
+                                                 PipelineOptions(PipelineSchedule::k1F1B, 2)
+                                                     .release_other_stages(false)
+                                                     .tied_gradients_in_step(false));
+    PlTrainerTask task(models[r], pipe, 1, 0);
+    train::Trainer trainer(o);
+    trainer.add_callback(std::make_shared<PipelineTraining>(pipe, layout));
+    skipped[r] = trainer.fit(task).skipped_steps;
+  });
+  EXPECT_EQ(skipped[0], want.skipped_steps);
+  EXPECT_EQ(skipped[1], want.skipped_steps);
 }
 
 // A batch the microbatches do not divide (an epoch's short last batch): 16

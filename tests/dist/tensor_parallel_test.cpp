@@ -655,15 +655,16 @@ std::map<std::string, torch::Tensor> tp_trainer_run(int64_t ranks, int64_t tenso
     std::shared_ptr<ParallelLayout> layout;
     std::shared_ptr<Gpt2TensorParallel> tp;
     if (group) {
-      o.distribution(make_distribution(group));
+      o.distribution(make_distribution(group, tensor));
       layout = std::make_shared<ParallelLayout>(make_parallel_layout(group, 1, tensor));
       tp = std::make_shared<Gpt2TensorParallel>(model, layout->tensor, TensorParallelOptions().cut(false));
     }
     TpTrainerTask task(model, tp, layout ? layout->degrees.data : 1, layout ? layout->at.data : 0);
     train::Trainer trainer(o);
     if (tp) trainer.add_callback(std::make_shared<TensorParallelTraining>(tp, layout));
-    trainer.fit(task);
+    const train::FitResult fit = trainer.fit(task);
     EXPECT_FALSE(tp && tp->is_cut()) << "whole again after fit";
+    EXPECT_EQ(fit.last_train.samples, 32) << "each sample counted once, whatever the layout";
     if (r == 0)
       for (const auto& p : model->named_parameters()) out[p.key()] = p.value().detach().clone();
   };

@@ -340,8 +340,10 @@ TEST(RunFolder, TheKeysAResumeMayChangeAreOutputMonitoringDevicesDataPlacesAndSt
       "data.stream.http_stall_seconds", "data.stream.max_member_bytes", "data.stream.cache_dir",
       "data.stream.cache_gib", "data.stream.cache_verify", "data.stream.served_log", "data.tokens",
       "data.val_tokens",
-      // how the ranks share the state (checkpoints hold no shards)
-      "dist.sharding"};
+      // how the ranks share the state (checkpoints hold no shards, no parts, no stages: whole tensors; the
+      // samples per step are checked through dist.world_size, the data-parallel degree)
+      "dist.sharding", "dist.tensor", "dist.sequence_parallel", "dist.pipeline", "dist.schedule",
+      "dist.microbatches"};
   const auto sorted = [](std::vector<std::string> v) {
     std::sort(v.begin(), v.end());
     return v;

@@ -56,6 +56,7 @@ DataParallelPlan data_parallel_plan_from_config(const core::Config& config, int6
   if (world_size <= 1) plan.sharding.stage(Sharding::kNone);  // one process keeps everything whole
   plan.sync_batchnorm = world_size > 1 && config.get_bool("dist.sync_batchnorm");
   plan.cuda_graph = config.has("trainer.cuda_graph") && config.get_bool("trainer.cuda_graph");
+  plan.detect_anomaly = config.has("trainer.detect_anomaly") && config.get_bool("trainer.detect_anomaly");
   plan.tensor = config.get_int("dist.tensor");
   plan.sequence_parallel = plan.tensor > 1 && config.get_bool("dist.sequence_parallel");
   plan.pipeline = config.get_int("dist.pipeline");
@@ -82,6 +83,13 @@ void DataParallelPlan::check(const WorkNeeds& needs) const {
     EMBER_CHECK_KIND(kConfig, !sync_batchnorm && !cuda_graph,
                      "[dist] {} with {}: not supported; set it to false", key,
                      sync_batchnorm ? "dist.sync_batchnorm=true" : "trainer.cuda_graph=true");
+    // Its scan reads each rank's own part of the gradients before the step's reductions: the ranks
+    // could judge differently and leave the others waiting.
+    EMBER_CHECK_KIND(kConfig, !detect_anomaly,
+                     "[dist] {} with trainer.detect_anomaly=true: each rank would judge its own part of the "
+                     "gradients; not supported yet: set trainer.detect_anomaly=false (the loss's divergence "
+                     "checks still run)",
+                     key);
     EMBER_CHECK_KIND(kConfig, needs.resizes_parameters.empty(),
                      "[dist] {} with {}: pruning resizes the parameters cut across ranks; prune the trained "
                      "model on one rank per replica",

@@ -156,19 +156,36 @@ void PipelineRunner::make_whole(torch::optim::Optimizer* optimizer) {
         break;
       }
   }
-  // Every rank's state exists alike (the stages step together): the broadcasts line up.
   torch::NoGradGuard no_grad;
+  const int64_t rank = group_->rank();
   for (Whole& w : whole_) {
     torch::Tensor p = w.tensor;
     if (!w.here) p.set_data(torch::empty(w.shape, p.options()));
     torch::Tensor data = p.detach();
     group_->broadcast_(data, w.owner);
-    if (!like) continue;
-    auto& state = optimizer->state()[p.unsafeGetTensorImpl()];
-    if (!state) state = like->clone();
+    if (!optimizer) continue;
+    // Whether the owner has state for it (a frozen parameter has none): its word, so that every rank
+    // makes the same broadcasts.
+    auto& states = optimizer->state();
+    auto it = states.find(p.unsafeGetTensorImpl());
+    torch::Tensor has = torch::full({1}, w.owner == rank && it != states.end() ? 1.0 : 0.0,
+                                    torch::TensorOptions(torch::kFloat32).device(group_->device()));
+    group_->broadcast_(has, w.owner);
+    if (has.item<float>() == 0) {
+      if (it != states.end() && !w.here) states.erase(it);
+      continue;
+    }
+    const bool made = it == states.end();  // made here like this rank's own, then the owner's tensors
+    if (made) {
+      EMBER_CHECK(like != nullptr,
+                  "[dist::PipelineRunner] rank {} holds no optimizer state of its own to make the state of "
+                  "another stage's parameter from (are all its parameters frozen?)",
+                  rank);
+      states[p.unsafeGetTensorImpl()] = like->clone();
+    }
     optim::for_each_state_tensor_of(*optimizer, p, [&](torch::Tensor& t) {
       if (!t.defined()) return;
-      if (!w.here) t = torch::empty(w.shape, t.options());
+      if (made || !w.here) t = torch::empty(w.shape, t.options());  // never write into `like`'s tensors
       group_->broadcast_(t, w.owner);
     });
   }

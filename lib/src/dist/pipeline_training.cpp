@@ -26,8 +26,14 @@ void PipelineTraining::on_fit_start(train::Trainer& trainer) {
   const train::Distribution& d = *trainer.options().distribution();
   EMBER_CHECK(d.world_size() == layout_->world->size() && d.rank() == layout_->world->rank(),
               "[dist::PipelineTraining] the Trainer's distribution is {} process(es), rank {}, but the "
-              "layout's world has {}, rank {}: give the Trainer dist::make_distribution(layout->world)",
+              "layout's world has {}, rank {}: give the Trainer dist::make_distribution(layout->world, "
+              "pipeline x tensor)",
               d.world_size(), d.rank(), layout_->world->size(), layout_->world->rank());
+  EMBER_CHECK(d.sample_copies() == layout_->degrees.pipeline * layout_->degrees.tensor,
+              "[dist::PipelineTraining] the Trainer's distribution counts each sample {} time(s), the layout "
+              "trains it "
+              "on {} ranks: give the Trainer dist::make_distribution(layout->world, pipeline x tensor)",
+              d.sample_copies(), layout_->degrees.pipeline * layout_->degrees.tensor);
   pipe_->release(trainer.optimizer());
   trainable_.clear();
   for (const auto& p : pipe_->parameters())

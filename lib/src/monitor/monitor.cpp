@@ -316,7 +316,8 @@ void Monitor::write_histograms(train::Trainer& trainer, int64_t step, Histogram 
   try {
     for (const auto& item : trainer.task()->model()->named_parameters()) {
       const torch::Tensor t = weights ? item.value().detach() : item.value().grad();
-      if (t.defined())
+      // (a pipeline stage's rank holds the other stages' parameters released: empty)
+      if (t.defined() && t.numel() > 0)
         tensorboard_->add_histogram((weights ? "weights/" : "gradients/") + item.key(), t, step);
     }
   } catch (const std::exception& e) {

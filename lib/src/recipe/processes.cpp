@@ -66,14 +66,6 @@ Processes start_processes(const core::Config& config, const std::string& recipe_
     p.group =
         dist::ProcessGroup::create(p.env, dist::process_group_options_from_config(config, ctx.device()));
     ctx.group(p.group);
-    // dist.tensor or dist.pipeline > 1: the ranks of one replica's parts or
-    // stages read the same batches; the data is split between the replicas.
-    const int64_t tensor = config.get_int("dist.tensor"), pipeline = config.get_int("dist.pipeline");
-    if (tensor > 1 || pipeline > 1) {
-      auto layout =
-          std::make_shared<dist::ParallelLayout>(dist::make_parallel_layout(p.group, pipeline, tensor));
-      ctx.rank(layout->at.data).world_size(layout->degrees.data).layout(std::move(layout));
-    }
     // Rank 0 names the run folder, so that every rank uses (and hashes) the same.
     if (ctx.run_dir().empty()) {
       const std::string key = "ember/run_dir";
@@ -88,6 +80,15 @@ Processes start_processes(const core::Config& config, const std::string& recipe_
     // The ranks train with one config: what the user gave (the folder rank 0
     // named and the launcher's world size are the same everywhere by construction).
     p.group->check_same_everywhere("config", config.to_toml());
+    // dist.tensor or dist.pipeline > 1 (the same on every rank: checked above):
+    // the ranks of one replica's parts or stages read the same batches; the
+    // data is split between the replicas.
+    const int64_t tensor = config.get_int("dist.tensor"), pipeline = config.get_int("dist.pipeline");
+    if (tensor > 1 || pipeline > 1) {
+      auto layout =
+          std::make_shared<dist::ParallelLayout>(dist::make_parallel_layout(p.group, pipeline, tensor));
+      ctx.rank(layout->at.data).world_size(layout->degrees.data).layout(std::move(layout));
+    }
   } else if (ctx.run_dir().empty()) {
     ctx.run_dir(fresh_dir);
   }

@@ -120,7 +120,8 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
   train::TrainerOptions options = train::trainer_options_from_config(config);
   options.run_dir(ctx.run_dir());
   if (p.group)  // a stop must be agreed by every rank: torchrun ends the group on a signal
-    options.distribution(dist::make_distribution(p.group));
+    options.distribution(dist::make_distribution(
+        p.group, ctx.layout() ? ctx.layout()->degrees.pipeline * ctx.layout()->degrees.tensor : 1));
   else  // Ctrl-C saves a checkpoint (the handlers are installed around fit)
     options.stop_signal(detail::stop_signal_flag());
   train::Trainer trainer(options);
@@ -158,7 +159,7 @@ int train_recipe(const RecipeSpec& spec, const core::Config& config, Started& st
       throw Error(ErrorKind::kDistributed, p.group->explain_failure(message_of(e)));
     if (std::optional<std::string> why = p.group->explain_peer_failure(message_of(e)))
       throw Error(ErrorKind::kDistributed, *why);
-    throw Error(fmt::format("[recipe] rank {}: {}", ctx.rank(), message_of(e)));
+    throw Error(fmt::format("[recipe] rank {}: {}", p.group->rank(), message_of(e)));
   }
   if (fit.stop_cause == train::StopCause::kSignal) {
     std::cerr << fmt::format("{}: {}; checkpoint saved to {}\nresume with: run.dir={} trainer.resume=auto\n",

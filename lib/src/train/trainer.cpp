@@ -238,6 +238,9 @@ void Trainer::reduce_across_processes(PassSums& sums) const {
   if (sums.correct.defined()) packed[1] = sums.correct.to(torch::kFloat64);
   packed[2] = static_cast<double>(sums.samples);
   options_.distribution()->all_reduce_sum(packed);
+  // The ranks of one model-parallel replica added the same batches.
+  if (const int64_t copies = options_.distribution()->sample_copies(); copies > 1)
+    packed.div_(static_cast<double>(copies));
   const torch::Tensor host = packed.cpu();
   if (sums.loss_sum.defined()) sums.loss_sum = packed[0].clone();
   if (sums.correct.defined()) sums.correct = packed[1].to(torch::kInt64);

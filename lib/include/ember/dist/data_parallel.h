@@ -74,6 +74,7 @@ struct DataParallelPlan {
   ShardingOptions sharding = ShardingOptions().stage(Sharding::kNone);
   bool sync_batchnorm = false;
   bool cuda_graph = false;
+  bool detect_anomaly = false;  ///< trainer.detect_anomaly
   /// dist.tensor and dist.sequence_parallel, dist.pipeline (dist.schedule,
   /// dist.microbatches): above 1, the model is cut over `tensor` neighbouring
   /// ranks, or into `pipeline` stages, and the data split over world_size /

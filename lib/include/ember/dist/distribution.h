@@ -16,6 +16,9 @@
 
 namespace ember::dist {
 
-std::shared_ptr<train::Distribution> make_distribution(std::shared_ptr<ProcessGroup> group);
+/// `sample_copies`: the ranks that train on each sample (a model-parallel
+/// layout's pipeline x tensor degrees; 1 under data parallelism).
+std::shared_ptr<train::Distribution> make_distribution(std::shared_ptr<ProcessGroup> group,
+                                                       int64_t sample_copies = 1);
 
 }  // namespace ember::dist

@@ -40,8 +40,12 @@
 // bit-identically at the same degree, within rounding at another). Through
 // the Trainer: dist::TensorParallelTraining does all of it.
 //
-// Not yet: activation checkpointing of the blocks, autocast (the collectives
-// would sum half-precision partial sums), heads that were pruned.
+// Mixed precision: under autocast the row-parallel all-reduces sum each
+// rank's half-precision partial products (one process sums in the matmul's
+// accumulator): the ranks agree with each other bit for bit, but not with
+// one process to float32 rounding (tensor_parallel_test.cpp).
+//
+// Not yet: activation checkpointing of the blocks, heads that were pruned.
 
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>

@@ -22,6 +22,11 @@ class Distribution {
   /// Processes training together, and this one's index among them.
   virtual int64_t world_size() const { return 1; }
   virtual int64_t rank() const { return 0; }
+  /// Processes that train on each sample: 1 under data parallelism; P x T
+  /// under a model-parallel layout, whose ranks of one replica (its stages,
+  /// its tensor-parallel parts) read the same batches. The epoch's sums over
+  /// the processes are divided by it.
+  virtual int64_t sample_copies() const { return 1; }
   /// Whether this process writes what the run leaves behind (checkpoints,
   /// reports): rank 0. Every process reads checkpoints to resume.
   bool is_writer() const { return rank() == 0; }
