@@ -70,8 +70,8 @@ class Gpt2Task : public train::Task {
     }
     net_->to(ctx.device());
     // dist.tensor > 1: cut over the layout's tensor group when fit starts
-    // (dist::TensorParallelTraining, added by add_callbacks); dist.pipeline >
-    // 1: the other stages released then (dist::PipelineTraining). Whole
+    // (dist::ModelParallelTraining, added by add_callbacks); dist.pipeline >
+    // 1: the other stages released then. Whole
     // before and after fit. Dropout masks keyed per replica.
     const uint64_t dropout_seed = ctx.seed() * 0x100000001b3ULL + static_cast<uint64_t>(ctx.rank());
     if (const auto& layout = ctx.layout(); layout && layout->degrees.tensor > 1)
@@ -108,7 +108,7 @@ class Gpt2Task : public train::Task {
   }
   /// dist.pipeline > 1, while the stages are cut: the forwards and backwards
   /// of the batch's microbatches interleave across ranks in the schedule.
-  bool backward_in_step() const override { return pipe_ && pipe_->released(); }
+  bool backward_in_step() const override { return pipe_ && pipe_->is_cut(); }
   train::StepOutput training_backward_step(const data::Batch& b, const torch::Tensor& scale) override {
     train::StepOutput out;
     out.loss = pipe_->step(recipe::window_inputs(b.input, block_), targets(b.input), token_loss, scale)
@@ -116,7 +116,7 @@ class Gpt2Task : public train::Task {
     return out;
   }
   train::StepOutput evaluation_step(const data::Batch& b) override {
-    if (!pipe_ || !pipe_->released()) return training_step(b);
+    if (!pipe_ || !pipe_->is_cut()) return training_step(b);
     train::StepOutput out;
     out.loss = pipe_->evaluate(recipe::window_inputs(b.input, block_), targets(b.input), token_loss)
                    .to(torch::kFloat32);
@@ -254,10 +254,9 @@ int main(int argc, char** argv) {
   spec.add_callbacks = [](train::Trainer& trainer, train::Task& task, const core::Config&,
                           const recipe::RunContext& ctx) {
     auto& t = dynamic_cast<Gpt2Task&>(task);
-    if (t.tensor_parallel())
-      trainer.add_callback(std::make_shared<dist::TensorParallelTraining>(t.tensor_parallel(), ctx.layout()));
-    if (t.pipeline())
-      trainer.add_callback(std::make_shared<dist::PipelineTraining>(t.pipeline(), ctx.layout()));
+    std::shared_ptr<dist::PartitionedModel> parts = t.tensor_parallel();
+    if (!parts) parts = t.pipeline();
+    if (parts) trainer.add_callback(std::make_shared<dist::ModelParallelTraining>(parts, ctx.layout()));
   };
   spec.finish = finish;
   return recipe::run_recipe(argc, argv, spec);

@@ -18,9 +18,9 @@
 #include <ember/amp/grad_scaler.h>
 #include <ember/data/loader.h>
 #include <ember/dist/distribution.h>
+#include <ember/dist/model_parallel_training.h>
 #include <ember/dist/parallel_layout.h>
 #include <ember/dist/pipeline.h>
-#include <ember/dist/pipeline_training.h>
 #include <ember/dist/process_group.h>
 #include <ember/models/gpt2.h>
 #include <ember/train/safetensors.h>
@@ -518,7 +518,7 @@ TEST(Pipeline, ResumesFromPerStageCheckpointsBitForBit) {
 // Refused on every rank before any message (no rank waits for one that gave up).
 /// Next-token prediction on 64 fixed windows through the Trainer (32 more
 /// for validation): the plain model, or the pipeline while its stages are
-/// cut (PipelineTraining).
+/// cut (ModelParallelTraining).
 class PlTrainerTask : public train::Task {
  public:
   PlTrainerTask(models::Gpt2 model, std::shared_ptr<PipelineRunner> pipe, int64_t replicas, int64_t replica,
@@ -540,7 +540,7 @@ class PlTrainerTask : public train::Task {
         dataset(64, 32), data::TensorLoaderOptions().batch_size(16).shuffle(false).prefetch(0));
   }
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
-  bool backward_in_step() const override { return pipe_ && pipe_->released(); }
+  bool backward_in_step() const override { return pipe_ && pipe_->is_cut(); }
   train::StepOutput training_backward_step(const data::Batch& b, const torch::Tensor& scale) override {
     train::StepOutput out;
     out.loss = pipe_->step(b.input, b.target, pl_loss, scale);
@@ -598,9 +598,9 @@ PlTrained pl_trainer_run(int64_t ranks, int64_t pipeline, PipelineSchedule sched
     }
     PlTrainerTask task(model, pipe, layout ? layout->degrees.data : 1, layout ? layout->at.data : 0);
     train::Trainer trainer(o);
-    if (pipe) trainer.add_callback(std::make_shared<PipelineTraining>(pipe, layout));
+    if (pipe) trainer.add_callback(std::make_shared<ModelParallelTraining>(pipe, layout));
     const train::FitResult fit = trainer.fit(task);
-    EXPECT_FALSE(pipe && pipe->released()) << "whole again after fit";
+    EXPECT_FALSE(pipe && pipe->is_cut()) << "whole again after fit";
     EXPECT_EQ(fit.last_train.samples, 64) << "each sample counted once, whatever the layout";
     if (r == 0) {
       for (const auto& p : model->named_parameters()) out.weights[p.key()] = p.value().detach().clone();
@@ -614,7 +614,7 @@ PlTrained pl_trainer_run(int64_t ranks, int64_t pipeline, PipelineSchedule sched
   return out;
 }
 
-// Through the Trainer (PipelineTraining, Task::backward_in_step): 3 epochs of
+// Through the Trainer (ModelParallelTraining, Task::backward_in_step): 3 epochs of
 // 2 steps (2 batches of 16 accumulated) at 2 stages (1F1B, interleaved 1F1B
 // with 4 stages on 2 ranks) and at 2 stages x 2 replicas end within the
 // float64 bound of the tests above of one process, validation through the
@@ -702,7 +702,7 @@ TEST(Pipeline, TheTrainersLossScaleReachesTheStagesAndEveryRankSkipsAlike) {
                                                      .tied_gradients_in_step(false));
     PlTrainerTask task(models[r], pipe, 1, 0);
     train::Trainer trainer(o);
-    trainer.add_callback(std::make_shared<PipelineTraining>(pipe, layout));
+    trainer.add_callback(std::make_shared<ModelParallelTraining>(pipe, layout));
     skipped[r] = trainer.fit(task).skipped_steps;
   });
   EXPECT_EQ(skipped[0], want.skipped_steps);

@@ -22,11 +22,11 @@
 #include <ember/data/loader.h>
 #include <ember/dist/distribution.h>
 #include <ember/dist/gpt2_tensor_parallel.h>
+#include <ember/dist/model_parallel_training.h>
 #include <ember/dist/parallel_layout.h>
 #include <ember/dist/pipeline.h>
 #include <ember/dist/process_group.h>
 #include <ember/dist/tensor_parallel.h>
-#include <ember/dist/tensor_parallel_training.h>
 #include <ember/models/gpt2.h>
 #include <ember/train/safetensors.h>
 #include <ember/train/trainer.h>
@@ -601,7 +601,7 @@ namespace ember::dist {
 namespace {
 
 /// Next-token prediction on 32 fixed windows through the Trainer: the plain
-/// model's loss, or the cut model's while it is cut (TensorParallelTraining).
+/// model's loss, or the cut model's while it is cut (ModelParallelTraining).
 class TpTrainerTask : public train::Task {
  public:
   TpTrainerTask(models::Gpt2 model, std::shared_ptr<Gpt2TensorParallel> tp, int64_t replicas, int64_t replica)
@@ -661,7 +661,7 @@ std::map<std::string, torch::Tensor> tp_trainer_run(int64_t ranks, int64_t tenso
     }
     TpTrainerTask task(model, tp, layout ? layout->degrees.data : 1, layout ? layout->at.data : 0);
     train::Trainer trainer(o);
-    if (tp) trainer.add_callback(std::make_shared<TensorParallelTraining>(tp, layout));
+    if (tp) trainer.add_callback(std::make_shared<ModelParallelTraining>(tp, layout));
     const train::FitResult fit = trainer.fit(task);
     EXPECT_FALSE(tp && tp->is_cut()) << "whole again after fit";
     EXPECT_EQ(fit.last_train.samples, 32) << "each sample counted once, whatever the layout";
@@ -675,7 +675,7 @@ std::map<std::string, torch::Tensor> tp_trainer_run(int64_t ranks, int64_t tenso
   return out;
 }
 
-// Through the Trainer (TensorParallelTraining): 3 epochs of 2 steps at tensor
+// Through the Trainer (ModelParallelTraining): 3 epochs of 2 steps at tensor
 // 2, and tensor 2 x data 2 (each replica half of each batch), end within the
 // float64 bound of the tests above of one process; the checkpoint of a run at
 // tensor 2 holds whole tensors: resumed at tensor 2 it ends bit-identical to

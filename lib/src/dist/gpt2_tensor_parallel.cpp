@@ -87,7 +87,7 @@ Gpt2TensorParallel::Gpt2TensorParallel(models::Gpt2 model, std::shared_ptr<Proce
       sequence_parallel_parameters_.push_back(p.value());
     layout_.push_back(std::move(shard));
   }
-  if (options_.cut()) cut();
+  if (options_.cut()) cut(nullptr);
 }
 
 void Gpt2TensorParallel::cut(torch::optim::Optimizer* optimizer) {

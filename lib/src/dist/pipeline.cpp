@@ -129,10 +129,10 @@ PipelineRunner::PipelineRunner(std::shared_ptr<ProcessGroup> group, std::vector<
     whole_.push_back({t, t.sizes().vec(), *std::min_element(r.begin(), r.end()),
                       std::find(r.begin(), r.end(), rank) != r.end()});
   }
-  if (options.release_other_stages()) release();
+  if (options.release_other_stages()) cut(nullptr);
 }
 
-void PipelineRunner::release(torch::optim::Optimizer* optimizer) {
+void PipelineRunner::cut(torch::optim::Optimizer* optimizer) {
   if (released_) return;
   if (optimizer) optim::settle_state(*optimizer);
   torch::NoGradGuard no_grad;

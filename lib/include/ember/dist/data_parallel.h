@@ -79,7 +79,7 @@ struct DataParallelPlan {
   /// dist.microbatches): above 1, the model is cut over `tensor` neighbouring
   /// ranks, or into `pipeline` stages, and the data split over world_size /
   /// (pipeline x tensor) replicas, by the recipe's model-parallel callback
-  /// (dist::TensorParallelTraining, dist::PipelineTraining), which also
+  /// (dist::ModelParallelTraining), which also
   /// averages the replicas' gradients: the run then adds no DDP.
   int64_t tensor = 1;
   bool sequence_parallel = false;

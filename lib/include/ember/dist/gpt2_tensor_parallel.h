@@ -38,7 +38,7 @@
 // (dropout's key), then cut() again; to resume at any degree, load the whole
 // model and optimizer, cut(optimizer) and set_forward_calls (the tests resume
 // bit-identically at the same degree, within rounding at another). Through
-// the Trainer: dist::TensorParallelTraining does all of it.
+// the Trainer: dist::ModelParallelTraining does all of it.
 //
 // Mixed precision: under autocast the row-parallel all-reduces sum each
 // rank's half-precision partial products (one process sums in the matmul's
@@ -57,6 +57,7 @@
 #include <utility>
 #include <vector>
 
+#include "ember/dist/partitioned_model.h"
 #include "ember/dist/process_group.h"
 #include "ember/dist/tensor_parallel.h"
 #include "ember/models/gpt2.h"
@@ -71,7 +72,7 @@ struct TensorParallelOptions {
   /// group, different across data-parallel replicas.
   TORCH_ARG(uint64_t, dropout_seed) = 0;
   /// Cut the model at construction. false: it stays whole until cut() (the
-  /// Trainer's callback, dist/tensor_parallel_training.h, cuts it when fit
+  /// Trainer's callback, dist/model_parallel_training.h, cuts it when fit
   /// starts, after a checkpoint of the whole model has loaded).
   TORCH_ARG(bool, cut) = true;
 };
@@ -90,7 +91,7 @@ struct TensorParallelShard {
   bool sequence_parallel = false;
 };
 
-class Gpt2TensorParallel {
+class Gpt2TensorParallel : public PartitionedModel {
  public:
   /// Cuts `model`'s parameters (in place: they become this rank's parts, so
   /// an optimizer built on model->parameters() steps this rank's part).
@@ -107,12 +108,12 @@ class Gpt2TensorParallel {
   /// After backward (and accumulation), before clipping and the step: sums
   /// the gradients of the parameters read in the sequence-parallel region
   /// over the group (nothing without sequence parallelism).
-  void finish_gradients();
+  void finish_gradients() override;
   /// Clips the whole model's gradient to `max_norm` (2-norm, as
   /// torch::nn::utils::clip_grad_norm_: coefficient max_norm / (norm + 1e-6)
   /// when below 1): the cut parameters' squares summed over the group, the
   /// whole ones counted once. Returns the norm, the same on every rank.
-  double clip_grad_norm_(double max_norm);
+  double clip_grad_norm_(double max_norm) override;
 
   /// [v0, v1): the vocabulary rows (and logits) of this rank.
   std::pair<int64_t, int64_t> vocab_range() const { return vocab_; }
@@ -132,26 +133,30 @@ class Gpt2TensorParallel {
   torch::Tensor cut_part(size_t i, const torch::Tensor& whole) const;
 
   /// Whether the model's parameters are this rank's parts now.
-  bool is_cut() const { return cut_; }
+  bool is_cut() const override { return cut_; }
   /// Cuts the whole parameters to this rank's parts in place (no
   /// communication), and with them `optimizer`'s state of each (Adam's
   /// moments, SGD's momentum; may be null); gradients are dropped. Nothing
   /// when already cut.
-  void cut(torch::optim::Optimizer* optimizer = nullptr);
+  void cut(torch::optim::Optimizer* optimizer) override;
   /// The inverse (every rank takes part): each part and its optimizer state
   /// assembled into the whole tensor in place (gather_whole, exact), so that
   /// the model and the optimizer are those of one process: what a
   /// checkpoint saves, an export writes, or a plain forward runs. Nothing
   /// when whole.
-  void make_whole(torch::optim::Optimizer* optimizer = nullptr);
+  void make_whole(torch::optim::Optimizer* optimizer) override;
 
   /// Forwards run so far: the dropout masks' key. Save it with a checkpoint
   /// and set it back when resuming, so that the masks continue where they were.
   int64_t forward_calls() const { return forward_calls_; }
   void set_forward_calls(int64_t calls) { forward_calls_ = calls; }
+  /// PartitionedModel: the forward calls, and every parameter of this rank.
+  int64_t rng_key() const override { return forward_calls_; }
+  void set_rng_key(int64_t key) override { forward_calls_ = key; }
+  std::vector<torch::Tensor> local_parameters() const override { return model_->parameters(); }
 
   models::Gpt2& model() { return model_; }
-  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
+  const std::shared_ptr<ProcessGroup>& group() const override { return group_; }
 
  private:
   torch::Tensor hidden(const torch::Tensor& idx);

@@ -57,10 +57,10 @@
 //
 // Every rank builds the whole model (the same seed or weights), and the
 // runner frees the parameters of the stages it does not run
-// (options.release_other_stages; release() and make_whole() later).
+// (options.release_other_stages; cut() and make_whole() later).
 //
 // In the Trainer (keys dist.pipeline, dist.microbatches, dist.schedule):
-// dist/pipeline_training.h.
+// dist/model_parallel_training.h.
 
 #include <torch/types.h>
 
@@ -73,6 +73,7 @@
 
 #include "ember/amp/grad_scaler.h"
 #include "ember/core/pipeline_pieces.h"
+#include "ember/dist/partitioned_model.h"
 #include "ember/dist/pipeline_schedule.h"
 #include "ember/dist/process_group.h"
 
@@ -143,7 +144,7 @@ struct PipelineStepStats {
   double compute_seconds = 0;
 };
 
-class PipelineRunner {
+class PipelineRunner : public PartitionedModel {
  public:
   /// Cuts `pieces` into stages (options.split, or balanced by cost), makes and
   /// validates the plan; the same on every rank of `group`. Refuses (config
@@ -163,6 +164,11 @@ class PipelineRunner {
   /// this rank's optimizer steps.
   std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
   std::vector<torch::Tensor> parameters() const;
+  /// PartitionedModel: parameters(), the steps run (rng_key), the group.
+  std::vector<torch::Tensor> local_parameters() const override { return parameters(); }
+  int64_t rng_key() const override { return steps_; }
+  void set_rng_key(int64_t key) override { steps_ = key; }
+  const std::shared_ptr<ProcessGroup>& group() const override { return group_; }
 
   /// One step's forwards and backwards (see the top of this file); the
   /// gradients accumulate into this rank's parameters. `input` and `target`
@@ -178,7 +184,7 @@ class PipelineRunner {
   /// gradients summed over the ranks that hold them (every rank calls it,
   /// once per optimizer step, before reading the gradients). Nothing when
   /// step() does it.
-  void finish_gradients();
+  void finish_gradients() override;
 
   /// The batch's mean loss (float64, on every rank) with no gradients: the
   /// whole batch through the stages in order, one stage after the other
@@ -188,18 +194,18 @@ class PipelineRunner {
 
   /// Whether the parameters of the stages this rank does not run are
   /// released (emptied) now.
-  bool released() const { return released_; }
+  bool is_cut() const override { return released_; }
   /// Empties the parameters (and gradients) of the pieces this rank does not
   /// run, in place, and drops their state from `optimizer` (may be null).
   /// Nothing when released.
-  void release(torch::optim::Optimizer* optimizer = nullptr);
+  void cut(torch::optim::Optimizer* optimizer) override;
   /// The inverse (every rank takes part): each parameter, and its state in
   /// `optimizer`, broadcast from the lowest rank that runs it, so that every
   /// rank holds the whole model and optimizer as one process would (a
   /// checkpoint, an export, a plain forward). A parameter this rank does not
   /// run gets state made like its own parameters' (the same kind and step
   /// count: all step together) with the owner's tensors. Nothing when whole.
-  void make_whole(torch::optim::Optimizer* optimizer = nullptr);
+  void make_whole(torch::optim::Optimizer* optimizer) override;
 
   /// After scaler.unscale_(optimizer) on every rank: the inf/NaN flags of
   /// every stage max-reduced over the group (one all-reduce), so that
@@ -209,7 +215,7 @@ class PipelineRunner {
   /// Clips the gradients of the whole model, as torch::nn::utils::clip_grad_norm_
   /// (2-norm over every parameter; coefficient max_norm / (norm + 1e-6) when
   /// below 1), each stage scaling its own; returns the norm, the same on every rank.
-  double clip_grad_norm_(double max_norm);
+  double clip_grad_norm_(double max_norm) override;
 
   const PipelineStepStats& last_step() const { return stats_; }
   /// Steps run (the n of dropout_seed's key): saved with a checkpoint and
