@@ -97,7 +97,7 @@ killed_and_resumed() {  # NAME ARGS...: $out/NAME straight through, $out/NAME_ki
     run.dir="$out/${name}_killed" >"$out/${name}_killed.out" 2>"$out/${name}_killed.err" &
   local pid=$! victims v
   for _ in $(seq 1 1200); do
-    [[ -f "$out/${name}_killed/checkpoints/last.pt" ]] && break
+    if [[ -f "$out/${name}_killed/checkpoints/last.pt" ]]; then break; fi
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.05
   done
